@@ -1,0 +1,81 @@
+//! Engine configuration (the server maps its vLLM-style flags onto this).
+
+use std::path::PathBuf;
+
+/// Where the model comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ModelSource {
+    /// The small built-in Qwen3-MoE with dummy weights and the real Qwen3
+    /// tokenizer; needs no files.
+    Embedded,
+    /// A local directory holding `config.json`, safetensors and tokenizer files.
+    Path(PathBuf),
+    /// A Hugging Face hub id, resolved through the local hf-hub cache.
+    HubId(String),
+}
+
+impl ModelSource {
+    /// `None` or an empty string -> embedded; an existing directory -> path;
+    /// otherwise a hub id.
+    pub fn parse(model: Option<&str>) -> Self {
+        match model {
+            None | Some("") => ModelSource::Embedded,
+            Some(m) if std::path::Path::new(m).exists() => ModelSource::Path(PathBuf::from(m)),
+            Some(m) => ModelSource::HubId(m.to_string()),
+        }
+    }
+}
+
+/// How to obtain weights.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LoadFormat {
+    /// Read safetensors.
+    #[default]
+    Auto,
+    /// Random weights from a fixed seed, for any config.
+    Dummy,
+}
+
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    pub model: ModelSource,
+    pub load_format: LoadFormat,
+    /// Name reported by `/v1/models` and accepted in requests; defaults to the
+    /// model path / hub id, or `kvc-default` for the embedded model.
+    pub served_model_name: Option<String>,
+    /// "f32", "bf16", "f16" or None for the checkpoint's dtype (f32 on CPU
+    /// when the checkpoint is bf16 and the device is a CPU).
+    pub dtype: Option<String>,
+    /// KV block size in tokens.
+    pub block_size: usize,
+    /// Number of KV blocks; when None, derived from `kv_cache_memory_bytes`.
+    pub num_kv_blocks: Option<usize>,
+    /// Memory budget for the KV pool when `num_kv_blocks` is None.
+    pub kv_cache_memory_bytes: usize,
+    /// Sequences per step.
+    pub max_num_seqs: usize,
+    /// Tokens per step (prefill chunks + decodes).
+    pub max_num_batched_tokens: usize,
+    /// Context cap; None = the model's `max_position_embeddings`.
+    pub max_model_len: Option<usize>,
+    /// Seed for dummy weights.
+    pub seed: u64,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            model: ModelSource::Embedded,
+            load_format: LoadFormat::Auto,
+            served_model_name: None,
+            dtype: None,
+            block_size: 16,
+            num_kv_blocks: None,
+            kv_cache_memory_bytes: 512 << 20,
+            max_num_seqs: 64,
+            max_num_batched_tokens: 512,
+            max_model_len: None,
+            seed: 0,
+        }
+    }
+}

@@ -1,0 +1,59 @@
+//! The engine crate's one error type.
+
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum EngineError {
+    /// A request parameter is out of range; `param` names it as the OpenAI
+    /// API spells it.
+    #[error("{message}")]
+    InvalidParam { param: String, message: String },
+    #[error("This model's maximum context length is {max_model_len} tokens. However, you requested {requested} tokens ({prompt_tokens} in the prompt, {max_tokens} for the completion). Please reduce the length of the prompt or the completion.")]
+    PromptTooLong { prompt_tokens: usize, max_tokens: usize, requested: usize, max_model_len: usize },
+    #[error("token id {token} is out of range: the model's vocabulary has {vocab_size} tokens")]
+    TokenOutOfRange { token: u32, vocab_size: usize },
+    #[error("the prompt is empty")]
+    EmptyPrompt,
+    #[error("chat template error: {0}")]
+    Template(String),
+    #[error("tokenizer error: {0}")]
+    Tokenizer(String),
+    #[error("model error: {0}")]
+    Model(String),
+    #[error("failed to load model: {0}")]
+    Load(String),
+    #[error("the engine is shutting down")]
+    ShuttingDown,
+}
+
+impl EngineError {
+    /// True for errors caused by the request (HTTP 400), false for errors of
+    /// the server (HTTP 500/503).
+    pub fn is_client_error(&self) -> bool {
+        matches!(
+            self,
+            EngineError::InvalidParam { .. }
+                | EngineError::PromptTooLong { .. }
+                | EngineError::TokenOutOfRange { .. }
+                | EngineError::EmptyPrompt
+                | EngineError::Template(_)
+        )
+    }
+
+    /// The OpenAI `param` field for client errors.
+    pub fn param(&self) -> Option<&str> {
+        match self {
+            EngineError::InvalidParam { param, .. } => Some(param),
+            EngineError::PromptTooLong { .. } | EngineError::TokenOutOfRange { .. } | EngineError::EmptyPrompt => {
+                Some("messages")
+            }
+            _ => None,
+        }
+    }
+}
+
+impl From<candle_core::Error> for EngineError {
+    fn from(e: candle_core::Error) -> Self {
+        EngineError::Model(e.to_string())
+    }
+}

@@ -1,0 +1,164 @@
+//! The cloneable front of the engine: submit, cancel, render, inspect.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc as std_mpsc, Arc, RwLock};
+
+use tokio::sync::mpsc;
+
+use crate::chat_template::ChatTemplate;
+use crate::engine_loop::{Command, EngineLoop};
+use crate::tokenizer::TextTokenizer;
+use crate::{EngineConfig, EngineError, GenerateRequest, RequestStream};
+
+/// Static facts about the served model.
+#[derive(Debug, Clone)]
+pub struct ModelInfo {
+    /// Name served by `/v1/models`.
+    pub id: String,
+    /// Longest prompt + completion accepted.
+    pub max_model_len: usize,
+    /// Size of the model's embedding table (valid token ids are below it).
+    pub vocab_size: usize,
+    /// Token ids that end generation unless `ignore_eos`.
+    pub eos_token_ids: Vec<u32>,
+    /// Unix seconds when the engine started.
+    pub created: u64,
+    pub block_size: usize,
+    pub num_kv_blocks: usize,
+}
+
+/// Live counters, refreshed by the step loop after every step.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EngineStats {
+    pub free_blocks: usize,
+    pub total_blocks: usize,
+    pub running: usize,
+    pub waiting: usize,
+    pub steps: u64,
+    pub preemptions: u64,
+    pub prompt_tokens_computed: u64,
+    pub generated_tokens: u64,
+}
+
+struct Inner {
+    info: ModelInfo,
+    tokenizer: Arc<TextTokenizer>,
+    template: Option<ChatTemplate>,
+    commands: std_mpsc::Sender<Command>,
+    stats: Arc<RwLock<EngineStats>>,
+    next_id: AtomicU64,
+    thread: std::sync::Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        let _ = self.commands.send(Command::Shutdown);
+        if let Some(t) = self.thread.lock().ok().and_then(|mut t| t.take()) {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Cheap to clone; the engine stops when the last clone is dropped.
+#[derive(Clone)]
+pub struct EngineHandle {
+    inner: Arc<Inner>,
+}
+
+/// Sends a cancel for its request when dropped (a no-op for finished ones).
+pub struct CancelGuard {
+    pub(crate) seq_id: u64,
+    commands: std_mpsc::Sender<Command>,
+}
+
+impl Drop for CancelGuard {
+    fn drop(&mut self) {
+        let _ = self.commands.send(Command::Cancel(self.seq_id));
+    }
+}
+
+impl EngineHandle {
+    /// Loads model and tokenizer, allocates the KV pool, starts the loop.
+    pub fn start(config: EngineConfig) -> Result<Self, EngineError> {
+        let loaded = crate::model_source::load(&config)?;
+        let stats = Arc::new(RwLock::new(EngineStats::default()));
+        let (tx, rx) = std_mpsc::channel();
+        let tokenizer = Arc::new(loaded.tokenizer);
+        let template = loaded.template;
+        let engine_loop = EngineLoop::new(loaded.model, loaded.pool, &config, tokenizer.clone(), loaded.eos_token_ids.clone(), stats.clone())?;
+        let info = ModelInfo {
+            id: loaded.served_name,
+            max_model_len: engine_loop.max_model_len(),
+            vocab_size: loaded.vocab_size,
+            eos_token_ids: loaded.eos_token_ids,
+            created: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0),
+            block_size: engine_loop.block_size(),
+            num_kv_blocks: engine_loop.num_blocks(),
+        };
+        let thread = std::thread::Builder::new()
+            .name("kvc-engine".into())
+            .spawn(move || engine_loop.run(rx))
+            .map_err(|e| EngineError::Load(format!("cannot start engine thread: {e}")))?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                info,
+                tokenizer,
+                template,
+                commands: tx,
+                stats,
+                next_id: AtomicU64::new(1),
+                thread: std::sync::Mutex::new(Some(thread)),
+            }),
+        })
+    }
+
+    pub fn info(&self) -> &ModelInfo {
+        &self.inner.info
+    }
+
+    pub fn tokenizer(&self) -> &TextTokenizer {
+        &self.inner.tokenizer
+    }
+
+    /// The model's chat template, if it has one.
+    pub fn chat_template(&self) -> Option<&ChatTemplate> {
+        self.inner.template.as_ref()
+    }
+
+    pub fn stats(&self) -> EngineStats {
+        self.inner.stats.read().map(|s| s.clone()).unwrap_or_default()
+    }
+
+    /// Checks the request against the model (token range, context length)
+    /// and hands it to the step loop.
+    pub fn submit(&self, req: GenerateRequest) -> Result<RequestStream, EngineError> {
+        req.sampling.validate()?;
+        if req.prompt_tokens.is_empty() {
+            return Err(EngineError::EmptyPrompt);
+        }
+        let vocab = self.inner.info.vocab_size;
+        if let Some(&t) = req.prompt_tokens.iter().find(|&&t| t as usize >= vocab) {
+            return Err(EngineError::TokenOutOfRange { token: t, vocab_size: vocab });
+        }
+        let max = self.inner.info.max_model_len;
+        let requested = req.prompt_tokens.len() + req.sampling.max_tokens;
+        if req.prompt_tokens.len() >= max || requested > max {
+            return Err(EngineError::PromptTooLong {
+                prompt_tokens: req.prompt_tokens.len(),
+                max_tokens: req.sampling.max_tokens,
+                requested,
+                max_model_len: max,
+            });
+        }
+        let seq_id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = mpsc::unbounded_channel();
+        self.inner
+            .commands
+            .send(Command::Submit { seq_id, req, tx })
+            .map_err(|_| EngineError::ShuttingDown)?;
+        Ok(RequestStream { rx, cancel: CancelGuard { seq_id, commands: self.inner.commands.clone() } })
+    }
+}

@@ -1,0 +1,26 @@
+//! kvc's engine: the step loop that turns requests into tokens.
+//!
+//! [`EngineHandle::start`] loads the model and tokenizer, allocates the KV
+//! pool and runs the step loop on its own thread (scheduler -> batch ->
+//! model -> sampler -> detokenizer -> per-request streams). The handle is
+//! cheap to clone and is all the server needs.
+
+pub mod chat_template;
+pub mod config;
+pub mod detokenizer;
+mod engine_loop;
+pub mod error;
+mod handle;
+pub mod model_source;
+pub mod request;
+pub mod sampler;
+pub mod stop;
+pub mod tokenizer;
+
+pub use config::{EngineConfig, LoadFormat, ModelSource};
+pub use error::EngineError;
+pub use handle::{CancelGuard, EngineHandle, EngineStats, ModelInfo};
+pub use request::{
+    FinishReason, GenerateRequest, Logprobs, MatchedStop, RequestStream, SamplingParams, StreamEvent,
+    TokenLogprob, Usage,
+};
