@@ -1,1 +1,29 @@
-//! (in progress)
+//! Qwen3 (dense) and Qwen3-MoE in candle, over kvc's paged KV pool.
+//!
+//! The forward pass takes a flattened variable-length batch
+//! ([`BatchInput`]): prefill chunks and decode tokens of many sequences run
+//! in one call, each sequence reading its context through its block table.
+
+mod attention;
+mod batch;
+mod config;
+mod mlp;
+mod model;
+mod rope;
+pub mod weights;
+
+pub use batch::{BatchInput, SeqChunk};
+pub use config::{MoeConfig, Qwen3Config};
+pub use model::{parse_dtype, read_config, Qwen3Model};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error("config: {0}")]
+    Config(String),
+    #[error("weights: {0}")]
+    Weights(String),
+    #[error("bad input: {0}")]
+    Input(String),
+    #[error(transparent)]
+    Candle(#[from] candle_core::Error),
+}

@@ -1,0 +1,268 @@
+//! Per-layer K/V storage in host memory, read and written through block
+//! tables. (Device storage comes with the CUDA engine.)
+
+use candle_core::{DType, Device, Tensor, WithDType};
+use half::{bf16, f16};
+
+use crate::{BlockId, KvLayout, KvPoolError};
+
+/// A raw memory range of the storage, for registration with a transport.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemoryRegion {
+    pub addr: usize,
+    pub len: usize,
+}
+
+enum Data {
+    F32(Vec<f32>),
+    BF16(Vec<bf16>),
+    F16(Vec<f16>),
+}
+
+pub struct KvStorage {
+    layout: KvLayout,
+    num_blocks: usize,
+    data: Data,
+}
+
+fn zeroed<T: Clone + Default>(n: usize, bytes_per_block: usize, blocks: usize) -> Result<Vec<T>, KvPoolError> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(n).map_err(|_| KvPoolError::TooLarge { blocks, bytes_per_block })?;
+    v.resize(n, T::default());
+    Ok(v)
+}
+
+/// Runs `$body` with `$v` bound to the typed vector.
+macro_rules! with_data {
+    ($data:expr, $v:ident => $body:expr) => {
+        match $data {
+            Data::F32($v) => $body,
+            Data::BF16($v) => $body,
+            Data::F16($v) => $body,
+        }
+    };
+}
+
+impl KvStorage {
+    pub fn new(layout: KvLayout, num_blocks: usize) -> Result<Self, KvPoolError> {
+        let n = layout
+            .num_layers
+            .checked_mul(num_blocks)
+            .and_then(|x| x.checked_mul(layout.block_elems()))
+            .ok_or(KvPoolError::TooLarge { blocks: num_blocks, bytes_per_block: layout.bytes_per_block() })?;
+        let bpb = layout.bytes_per_block();
+        let data = match layout.dtype {
+            DType::F32 => Data::F32(zeroed(n, bpb, num_blocks)?),
+            DType::BF16 => Data::BF16(zeroed(n, bpb, num_blocks)?),
+            DType::F16 => Data::F16(zeroed(n, bpb, num_blocks)?),
+            other => return Err(KvPoolError::UnsupportedDType(other)),
+        };
+        Ok(Self { layout, num_blocks, data })
+    }
+
+    pub fn layout(&self) -> &KvLayout {
+        &self.layout
+    }
+
+    pub fn num_blocks(&self) -> usize {
+        self.num_blocks
+    }
+
+    /// The raw memory of the storage (one region).
+    pub fn regions(&self) -> Vec<MemoryRegion> {
+        with_data!(&self.data, v => vec![MemoryRegion {
+            addr: v.as_ptr() as usize,
+            len: std::mem::size_of_val(v.as_slice()),
+        }])
+    }
+
+    /// Byte offset of (layer, block) from the start of the storage region.
+    pub fn byte_offset(&self, layer: usize, block: BlockId) -> usize {
+        self.layout.block_offset(self.num_blocks, layer, block as usize) * self.layout.dtype.size_in_bytes()
+    }
+
+    /// Writes K and V (`[tokens, kv_heads, head_dim]`) of `tokens` tokens at
+    /// the given slots (`block * block_size + offset`).
+    pub fn write(&mut self, layer: usize, slots: &[usize], k: &Tensor, v: &Tensor) -> Result<(), KvPoolError> {
+        let te = self.layout.token_elems();
+        let expect = slots.len() * te;
+        if k.elem_count() != expect || v.elem_count() != expect {
+            return Err(KvPoolError::Shape(format!(
+                "k {:?} / v {:?} for {} slots of {} elements",
+                k.shape(),
+                v.shape(),
+                slots.len(),
+                te
+            )));
+        }
+        let (layout, nb) = (self.layout, self.num_blocks);
+        with_data!(&mut self.data, dst => write_typed(dst, &layout, nb, layer, slots, k, v))
+    }
+
+    /// K and V of the first `len` tokens of a sequence, gathered through its
+    /// block table: two tensors `[len, kv_heads, head_dim]` on `device`.
+    pub fn gather(&self, layer: usize, table: &[BlockId], len: usize, device: &Device) -> Result<(Tensor, Tensor), KvPoolError> {
+        let bs = self.layout.block_size;
+        if len > table.len() * bs {
+            return Err(KvPoolError::SlotOutOfRange { slot: len, blocks: table.len(), block_size: bs });
+        }
+        let (layout, nb) = (self.layout, self.num_blocks);
+        with_data!(&self.data, src => gather_typed(src, &layout, nb, layer, table, len, device))
+    }
+
+    /// Copies every layer of block `src` into block `dst` (copy-on-write of a
+    /// shared partial block).
+    pub fn copy_block(&mut self, src: BlockId, dst: BlockId) {
+        let (layout, nb) = (self.layout, self.num_blocks);
+        let be = layout.block_elems();
+        with_data!(&mut self.data, v => {
+            for layer in 0..layout.num_layers {
+                let s = layout.block_offset(nb, layer, src as usize);
+                let d = layout.block_offset(nb, layer, dst as usize);
+                v.copy_within(s..s + be, d);
+            }
+        })
+    }
+
+    /// The bytes of one block of one layer (K then V).
+    pub fn block_bytes(&self, layer: usize, block: BlockId) -> &[u8] {
+        let off = self.layout.block_offset(self.num_blocks, layer, block as usize);
+        let be = self.layout.block_elems();
+        with_data!(&self.data, v => as_bytes(&v[off..off + be]))
+    }
+
+    /// Overwrites one block of one layer from bytes produced by [`Self::block_bytes`].
+    pub fn set_block_bytes(&mut self, layer: usize, block: BlockId, bytes: &[u8]) -> Result<(), KvPoolError> {
+        let off = self.layout.block_offset(self.num_blocks, layer, block as usize);
+        let be = self.layout.block_elems();
+        if bytes.len() != self.layout.layer_block_bytes() {
+            return Err(KvPoolError::Shape(format!("{} bytes for a block of {}", bytes.len(), self.layout.layer_block_bytes())));
+        }
+        with_data!(&mut self.data, v => {
+            let dst = as_bytes_mut(&mut v[off..off + be]);
+            dst.copy_from_slice(bytes);
+        });
+        Ok(())
+    }
+}
+
+fn as_bytes<T: WithDType>(v: &[T]) -> &[u8] {
+    // SAFETY: f32/bf16/f16 are plain old data without padding.
+    unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v)) }
+}
+
+fn as_bytes_mut<T: WithDType>(v: &mut [T]) -> &mut [u8] {
+    // SAFETY: as above; every bit pattern is a valid value of these types.
+    unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u8, std::mem::size_of_val(v)) }
+}
+
+fn write_typed<T: WithDType>(
+    dst: &mut [T],
+    layout: &KvLayout,
+    num_blocks: usize,
+    layer: usize,
+    slots: &[usize],
+    k: &Tensor,
+    v: &Tensor,
+) -> Result<(), KvPoolError> {
+    let te = layout.token_elems();
+    let bs = layout.block_size;
+    let kv = k.to_dtype(T::DTYPE)?.flatten_all()?.to_vec1::<T>()?;
+    let vv = v.to_dtype(T::DTYPE)?.flatten_all()?.to_vec1::<T>()?;
+    for (i, &slot) in slots.iter().enumerate() {
+        let (block, off) = (slot / bs, slot % bs);
+        if block >= num_blocks {
+            return Err(KvPoolError::BlockOutOfRange { block: block as u32, num_blocks });
+        }
+        let base = layout.block_offset(num_blocks, layer, block);
+        let k_at = base + off * te;
+        let v_at = base + (bs + off) * te;
+        dst[k_at..k_at + te].copy_from_slice(&kv[i * te..(i + 1) * te]);
+        dst[v_at..v_at + te].copy_from_slice(&vv[i * te..(i + 1) * te]);
+    }
+    Ok(())
+}
+
+fn gather_typed<T: WithDType>(
+    src: &[T],
+    layout: &KvLayout,
+    num_blocks: usize,
+    layer: usize,
+    table: &[BlockId],
+    len: usize,
+    device: &Device,
+) -> Result<(Tensor, Tensor), KvPoolError> {
+    let te = layout.token_elems();
+    let bs = layout.block_size;
+    let mut k = Vec::with_capacity(len * te);
+    let mut v = Vec::with_capacity(len * te);
+    let mut remaining = len;
+    for &block in table {
+        if remaining == 0 {
+            break;
+        }
+        if block as usize >= num_blocks {
+            return Err(KvPoolError::BlockOutOfRange { block, num_blocks });
+        }
+        let n = remaining.min(bs);
+        let base = layout.block_offset(num_blocks, layer, block as usize);
+        k.extend_from_slice(&src[base..base + n * te]);
+        v.extend_from_slice(&src[base + bs * te..base + (bs + n) * te]);
+        remaining -= n;
+    }
+    let shape = (len, layout.num_kv_heads, layout.head_dim);
+    Ok((Tensor::from_vec(k, shape, device)?, Tensor::from_vec(v, shape, device)?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn layout(dtype: DType) -> KvLayout {
+        KvLayout { num_layers: 2, num_kv_heads: 2, head_dim: 4, block_size: 4, dtype }
+    }
+
+    #[test]
+    fn gather_returns_what_was_written_through_a_scattered_table() {
+        for dtype in [DType::F32, DType::BF16, DType::F16] {
+            let mut s = KvStorage::new(layout(dtype), 8).unwrap();
+            let table: Vec<BlockId> = vec![5, 1, 6];
+            let len = 10; // not a multiple of the block size
+            let slots: Vec<usize> = (0..len).map(|p| table[p / 4] as usize * 4 + p % 4).collect();
+            let k = Tensor::arange(0f32, (len * 8) as f32, &Device::Cpu).unwrap().reshape((len, 2, 4)).unwrap();
+            let v = (k.clone() * -1.0).unwrap();
+            s.write(1, &slots, &k, &v).unwrap();
+            let (gk, gv) = s.gather(1, &table, len, &Device::Cpu).unwrap();
+            let gk = gk.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            let gv = gv.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            assert_eq!(gk, k.flatten_all().unwrap().to_vec1::<f32>().unwrap());
+            assert_eq!(gv, v.flatten_all().unwrap().to_vec1::<f32>().unwrap());
+            // layer 0 untouched
+            let (z, _) = s.gather(0, &table, len, &Device::Cpu).unwrap();
+            assert_eq!(z.to_dtype(DType::F32).unwrap().abs().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap(), 0.0);
+        }
+    }
+
+    #[test]
+    fn block_bytes_round_trip_and_regions_cover_storage() {
+        let l = layout(DType::F32);
+        let mut s = KvStorage::new(l, 3).unwrap();
+        let k = Tensor::ones((1, 2, 4), DType::F32, &Device::Cpu).unwrap();
+        s.write(0, &[4], &k, &k).unwrap(); // block 1, slot 0
+        let bytes = s.block_bytes(0, 1).to_vec();
+        s.set_block_bytes(1, 2, &bytes).unwrap();
+        let (gk, _) = s.gather(1, &[2], 1, &Device::Cpu).unwrap();
+        assert_eq!(gk.sum_all().unwrap().to_scalar::<f32>().unwrap(), 8.0);
+        let r = s.regions();
+        assert_eq!(r.len(), 1);
+        assert_eq!(r[0].len, l.bytes_per_block() * 3);
+        assert_eq!(s.byte_offset(1, 2), (3 + 2) * l.layer_block_bytes());
+    }
+
+    #[test]
+    fn write_rejects_mismatched_shapes() {
+        let mut s = KvStorage::new(layout(DType::F32), 2).unwrap();
+        let k = Tensor::ones((2, 2, 4), DType::F32, &Device::Cpu).unwrap();
+        assert!(s.write(0, &[0], &k, &k).is_err());
+    }
+}

@@ -1,0 +1,150 @@
+//! Qwen3 / Qwen3-MoE causal LM over the paged KV pool.
+
+use std::path::Path;
+
+use candle_core::{DType, Device, Module, Tensor};
+use candle_nn::{Embedding, RmsNorm, VarBuilder};
+use kvc_kv_pool::{KvLayout, KvStorage};
+
+use crate::attention::Attention;
+use crate::batch::BatchInput;
+use crate::config::Qwen3Config;
+use crate::mlp::FeedForward;
+use crate::rope::Rope;
+use crate::{weights, ModelError};
+
+struct DecoderLayer {
+    input_layernorm: RmsNorm,
+    self_attn: Attention,
+    post_attention_layernorm: RmsNorm,
+    mlp: FeedForward,
+}
+
+pub struct Qwen3Model {
+    config: Qwen3Config,
+    embed_tokens: Embedding,
+    layers: Vec<DecoderLayer>,
+    norm: RmsNorm,
+    lm_head: Tensor,
+    rope: Rope,
+    device: Device,
+    dtype: DType,
+}
+
+/// The dtype named by a config or flag ("float32", "bf16", ...).
+pub fn parse_dtype(s: &str) -> Result<DType, ModelError> {
+    match s.to_ascii_lowercase().as_str() {
+        "float32" | "f32" | "float" => Ok(DType::F32),
+        "bfloat16" | "bf16" => Ok(DType::BF16),
+        "float16" | "f16" | "half" => Ok(DType::F16),
+        other => Err(ModelError::Config(format!("unsupported dtype {other:?} (float32, bfloat16, float16)"))),
+    }
+}
+
+impl Qwen3Model {
+    pub fn new(config: Qwen3Config, vb: VarBuilder) -> Result<Self, ModelError> {
+        let device = vb.device().clone();
+        let dtype = vb.dtype();
+        let m = vb.pp("model");
+        let embed_tokens = candle_nn::embedding(config.vocab_size, config.hidden_size, m.pp("embed_tokens"))?;
+        let mut layers = Vec::with_capacity(config.num_hidden_layers);
+        for l in 0..config.num_hidden_layers {
+            let lv = m.pp("layers").pp(l.to_string());
+            layers.push(DecoderLayer {
+                input_layernorm: candle_nn::rms_norm(config.hidden_size, config.rms_norm_eps, lv.pp("input_layernorm"))?,
+                self_attn: Attention::new(&config, lv.pp("self_attn"))?,
+                post_attention_layernorm: candle_nn::rms_norm(
+                    config.hidden_size,
+                    config.rms_norm_eps,
+                    lv.pp("post_attention_layernorm"),
+                )?,
+                mlp: FeedForward::new(&config, l, lv.pp("mlp"))?,
+            });
+        }
+        let norm = candle_nn::rms_norm(config.hidden_size, config.rms_norm_eps, m.pp("norm"))?;
+        let lm_head = if config.tie_word_embeddings {
+            embed_tokens.embeddings().clone()
+        } else {
+            vb.pp("lm_head").get((config.vocab_size, config.hidden_size), "weight")?
+        };
+        let rope = Rope::new(config.head_dim, config.rope_theta);
+        Ok(Self { config, embed_tokens, layers, norm, lm_head, rope, device, dtype })
+    }
+
+    /// Loads `config.json` and safetensors from a directory. `dtype` None
+    /// means the checkpoint's own dtype.
+    pub fn load(dir: &Path, dtype: Option<DType>, device: &Device) -> Result<Self, ModelError> {
+        let config = Qwen3Config::from_json(&read_config(dir)?)?;
+        let dtype = match dtype {
+            Some(d) => d,
+            None => config.dtype.as_deref().map(parse_dtype).transpose()?.unwrap_or(DType::F32),
+        };
+        let vb = weights::safetensors_var_builder(dir, dtype, device)?;
+        Self::new(config, vb)
+    }
+
+    /// Random weights for `config` (deterministic in `seed`).
+    pub fn dummy(config: Qwen3Config, seed: u64, dtype: DType, device: &Device) -> Result<Self, ModelError> {
+        let vb = weights::dummy_var_builder(seed, dtype, device);
+        Self::new(config, vb)
+    }
+
+    pub fn config(&self) -> &Qwen3Config {
+        &self.config
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// The KV layout this model needs.
+    pub fn kv_layout(&self, block_size: usize) -> KvLayout {
+        KvLayout {
+            num_layers: self.config.num_hidden_layers,
+            num_kv_heads: self.config.num_key_value_heads,
+            head_dim: self.config.head_dim,
+            block_size,
+            dtype: self.dtype,
+        }
+    }
+
+    /// Runs a flattened batch; writes its K/V into `kv`; returns f32 logits
+    /// `[batch.logits_rows.len(), vocab]`.
+    pub fn forward(&self, batch: &BatchInput, kv: &mut KvStorage) -> Result<Tensor, ModelError> {
+        let t = batch.tokens.len();
+        if t == 0 || batch.logits_rows.is_empty() {
+            return Err(ModelError::Input("empty batch".into()));
+        }
+        let bs = kv.layout().block_size;
+        for s in &batch.seqs {
+            if s.len == 0 || s.context_len < s.len || s.start + s.len > t || s.block_table.len() * bs < s.context_len {
+                return Err(ModelError::Input(format!("inconsistent sequence chunk {s:?}")));
+            }
+        }
+        let positions = batch.positions();
+        let slots = batch.slots(bs);
+        let cos_sin = self.rope.cos_sin(&positions, &self.device)?;
+        let ids = Tensor::from_vec(batch.tokens.clone(), t, &self.device)?;
+        let mut x = self.embed_tokens.forward(&ids)?;
+        for (l, layer) in self.layers.iter().enumerate() {
+            let h = layer.input_layernorm.forward(&x)?;
+            let h = layer.self_attn.forward(&h, batch, &slots, &cos_sin, kv, l)?;
+            x = (x + h)?;
+            let h = layer.mlp.forward(&layer.post_attention_layernorm.forward(&x)?)?;
+            x = (x + h)?;
+        }
+        let rows = Tensor::from_vec(batch.logits_rows.iter().map(|&r| r as u32).collect::<Vec<_>>(), batch.logits_rows.len(), &self.device)?;
+        let x = self.norm.forward(&x.index_select(&rows, 0)?)?;
+        let logits = x.matmul(&self.lm_head.t()?)?;
+        Ok(logits.to_dtype(DType::F32)?)
+    }
+}
+
+pub fn read_config(dir: &Path) -> Result<String, ModelError> {
+    let p = dir.join("config.json");
+    std::fs::read_to_string(&p).map_err(|e| ModelError::Config(format!("{}: {e}", p.display())))
+}
