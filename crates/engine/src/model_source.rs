@@ -1,9 +1,48 @@
-//! Resolves a ModelSource into weights, tokenizer and template. (stub)
-use crate::{chat_template::ChatTemplate, tokenizer::TextTokenizer, EngineConfig, EngineError};
+//! Resolves a [`ModelSource`] into a model, tokenizer, chat template and KV pool.
+
+use std::path::{Path, PathBuf};
+
+use candle_core::{DType, Device};
+use kvc_kv_pool::KvPool;
+use kvc_model_qwen3::{parse_dtype, read_config, Qwen3Config, Qwen3Model};
+
+use crate::chat_template::ChatTemplate;
+use crate::tokenizer::TextTokenizer;
+use crate::{EngineConfig, EngineError, LoadFormat, ModelSource};
+
+/// Name served for the embedded model.
+pub const EMBEDDED_MODEL_NAME: &str = "kvc-default";
+
+/// The built-in model: a small Qwen3-MoE (8 experts, top-2) with the real
+/// Qwen3 vocabulary, filled with dummy weights. Quick on two CPU cores.
+pub const EMBEDDED_CONFIG: &str = r#"{
+  "architectures": ["Qwen3MoeForCausalLM"],
+  "model_type": "qwen3_moe",
+  "vocab_size": 151936,
+  "hidden_size": 128,
+  "intermediate_size": 512,
+  "moe_intermediate_size": 128,
+  "num_hidden_layers": 4,
+  "num_attention_heads": 4,
+  "num_key_value_heads": 2,
+  "head_dim": 32,
+  "num_experts": 8,
+  "num_experts_per_tok": 2,
+  "norm_topk_prob": true,
+  "decoder_sparse_step": 1,
+  "mlp_only_layers": [],
+  "max_position_embeddings": 32768,
+  "rms_norm_eps": 1e-6,
+  "rope_theta": 1000000.0,
+  "tie_word_embeddings": true,
+  "torch_dtype": "float32",
+  "bos_token_id": 151643,
+  "eos_token_id": 151645
+}"#;
 
 pub(crate) struct Loaded {
-    pub model: (),
-    pub pool: (),
+    pub model: Qwen3Model,
+    pub pool: KvPool,
     pub tokenizer: TextTokenizer,
     pub template: Option<ChatTemplate>,
     pub eos_token_ids: Vec<u32>,
@@ -11,6 +50,84 @@ pub(crate) struct Loaded {
     pub served_name: String,
 }
 
-pub(crate) fn load(_config: &EngineConfig) -> Result<Loaded, EngineError> {
-    todo!()
+fn load_err(e: impl std::fmt::Display) -> EngineError {
+    EngineError::Load(e.to_string())
+}
+
+/// Finds a hub id's snapshot in the local Hugging Face cache.
+fn resolve_hub_id(id: &str) -> Result<PathBuf, EngineError> {
+    let cache = hf_hub::Cache::from_env();
+    let repo = cache.model(id.to_string());
+    match repo.get("config.json") {
+        Some(p) => Ok(p.parent().map(Path::to_path_buf).unwrap_or_default()),
+        None => Err(EngineError::Load(format!(
+            "model {id:?} is neither a local directory nor in the Hugging Face cache at {} \
+             (kvc does not download weights: fetch them first, e.g. `huggingface-cli download {id}`, \
+             or pass a directory with config.json and safetensors)",
+            cache.path().display()
+        ))),
+    }
+}
+
+/// Compute dtype: the flag, else the checkpoint's, except that bf16/f16
+/// checkpoints run in f32 on a CPU (candle's CPU half-precision matmuls are slow).
+fn compute_dtype(flag: Option<&str>, config: &Qwen3Config, device: &Device) -> Result<DType, EngineError> {
+    if let Some(f) = flag.filter(|f| *f != "auto") {
+        return parse_dtype(f).map_err(load_err);
+    }
+    let ckpt = config.dtype.as_deref().map(parse_dtype).transpose().map_err(load_err)?.unwrap_or(DType::F32);
+    Ok(if device.is_cpu() { DType::F32 } else { ckpt })
+}
+
+pub(crate) fn load(config: &EngineConfig) -> Result<Loaded, EngineError> {
+    let device = Device::Cpu;
+    let (dir, served_default) = match &config.model {
+        ModelSource::Embedded => (None, EMBEDDED_MODEL_NAME.to_string()),
+        ModelSource::Path(p) => (Some(p.clone()), p.display().to_string()),
+        ModelSource::HubId(id) => (Some(resolve_hub_id(id)?), id.clone()),
+    };
+    let config_text = match &dir {
+        None => EMBEDDED_CONFIG.to_string(),
+        Some(d) => read_config(d).map_err(load_err)?,
+    };
+    let model_config = Qwen3Config::from_json(&config_text).map_err(load_err)?;
+    let dtype = compute_dtype(config.dtype.as_deref(), &model_config, &device)?;
+    let model = match (&dir, config.load_format) {
+        (Some(d), LoadFormat::Auto) => Qwen3Model::load(d, Some(dtype), &device).map_err(load_err)?,
+        _ => Qwen3Model::dummy(model_config.clone(), config.seed, dtype, &device).map_err(load_err)?,
+    };
+    let tokenizer = match &dir {
+        None => TextTokenizer::embedded_qwen3()?,
+        Some(d) => TextTokenizer::from_dir(d)?,
+    };
+    let template = tokenizer.chat_template_source().map(ChatTemplate::new).transpose()?;
+    let mut eos_token_ids = tokenizer.eos_token_ids();
+    for id in &model_config.eos_token_ids {
+        if !eos_token_ids.contains(id) {
+            eos_token_ids.push(*id);
+        }
+    }
+    let layout = model.kv_layout(config.block_size.max(1));
+    let num_blocks = config
+        .num_kv_blocks
+        .unwrap_or_else(|| KvPool::blocks_for_budget(&layout, config.kv_cache_memory_bytes));
+    let pool = KvPool::new(layout, num_blocks).map_err(load_err)?;
+    tracing::info!(
+        model = %served_default,
+        params = model_config.num_parameters(),
+        ?dtype,
+        kv_blocks = num_blocks,
+        block_size = layout.block_size,
+        kv_bytes = num_blocks * layout.bytes_per_block(),
+        "model loaded"
+    );
+    Ok(Loaded {
+        vocab_size: model_config.vocab_size,
+        model,
+        pool,
+        tokenizer,
+        template,
+        eos_token_ids,
+        served_name: config.served_model_name.clone().unwrap_or(served_default),
+    })
 }

@@ -1,1 +1,226 @@
-//! sampler (stub)
+//! Turning one row of logits into one token: biases and penalties, then
+//! greedy or temperature / top-k / top-p / min-p sampling with the
+//! request's own RNG (so a seed reproduces, whatever else is batched).
+
+use std::collections::HashMap;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use crate::{Logprobs, SamplingParams, TokenLogprob};
+
+/// Per-request sampling state.
+pub struct Sampler {
+    params: SamplingParams,
+    rng: StdRng,
+    /// Generated-token counts, for frequency / presence penalties.
+    counts: HashMap<u32, u32>,
+}
+
+impl Sampler {
+    pub fn new(params: SamplingParams, default_seed: u64) -> Self {
+        let seed = params.seed.unwrap_or(default_seed);
+        Self { params, rng: StdRng::seed_from_u64(seed), counts: HashMap::new() }
+    }
+
+    pub fn params(&self) -> &SamplingParams {
+        &self.params
+    }
+
+    /// Chooses the next token. `context` is prompt + generated tokens (for
+    /// the repetition penalty). Logprobs, when asked for, are those of the
+    /// model's raw distribution (as vLLM reports by default).
+    pub fn sample(&mut self, logits: &[f32], context: &[u32]) -> (u32, Option<Logprobs>) {
+        let mut l = logits.to_vec();
+        let p = &self.params;
+        for &(tok, bias) in &p.logit_bias {
+            if let Some(x) = l.get_mut(tok as usize) {
+                *x += bias;
+            }
+        }
+        if p.repetition_penalty != 1.0 {
+            let mut seen = std::collections::HashSet::new();
+            for &t in context {
+                if seen.insert(t) {
+                    if let Some(x) = l.get_mut(t as usize) {
+                        *x = if *x > 0.0 { *x / p.repetition_penalty } else { *x * p.repetition_penalty };
+                    }
+                }
+            }
+        }
+        if p.frequency_penalty != 0.0 || p.presence_penalty != 0.0 {
+            for (&t, &c) in &self.counts {
+                if let Some(x) = l.get_mut(t as usize) {
+                    *x -= p.frequency_penalty * c as f32 + p.presence_penalty;
+                }
+            }
+        }
+        let greedy = p.temperature == 0.0;
+        let token = if greedy { argmax(&l) } else { self.draw(&mut l) };
+        *self.counts.entry(token).or_insert(0) += 1;
+        let logprobs = self.params.logprobs.map(|top| logprobs_of(logits, token, top));
+        (token, logprobs)
+    }
+
+    fn draw(&mut self, l: &mut [f32]) -> u32 {
+        let p = &self.params;
+        let inv_t = 1.0 / p.temperature;
+        let max = l.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        // Candidates sorted by probability, best first.
+        let mut cand: Vec<(u32, f32)> = l
+            .iter()
+            .enumerate()
+            .filter(|(_, &x)| x.is_finite())
+            .map(|(i, &x)| (i as u32, ((x - max) * inv_t).exp()))
+            .collect();
+        if cand.is_empty() {
+            return argmax(l);
+        }
+        cand.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        if p.top_k > 0 && p.top_k < cand.len() {
+            cand.truncate(p.top_k);
+        }
+        let total: f32 = cand.iter().map(|c| c.1).sum();
+        if p.min_p > 0.0 {
+            let threshold = p.min_p * cand[0].1;
+            cand.retain(|c| c.1 >= threshold);
+        }
+        if p.top_p < 1.0 {
+            let mut acc = 0.0;
+            let mut keep = cand.len();
+            for (i, c) in cand.iter().enumerate() {
+                acc += c.1 / total;
+                if acc >= p.top_p {
+                    keep = i + 1;
+                    break;
+                }
+            }
+            cand.truncate(keep.max(1));
+        }
+        let sum: f32 = cand.iter().map(|c| c.1).sum();
+        let mut r = self.rng.random::<f32>() * sum;
+        for &(t, w) in &cand {
+            if r < w {
+                return t;
+            }
+            r -= w;
+        }
+        cand.last().map(|c| c.0).unwrap_or(0)
+    }
+}
+
+fn argmax(l: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &x) in l.iter().enumerate() {
+        if x > l[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// Log-softmax of `logits` at `token` and the `top` best alternatives.
+pub fn logprobs_of(logits: &[f32], token: u32, top: usize) -> Logprobs {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let lse = max + logits.iter().map(|&x| (x - max).exp()).sum::<f32>().ln();
+    let lp = |t: u32| TokenLogprob { token_id: t, logprob: logits[t as usize] - lse };
+    let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
+    let top = top.min(idx.len());
+    if top > 0 {
+        idx.select_nth_unstable_by(top - 1, |&a, &b| logits[b as usize].total_cmp(&logits[a as usize]));
+        idx.truncate(top);
+        idx.sort_by(|&a, &b| logits[b as usize].total_cmp(&logits[a as usize]).then(a.cmp(&b)));
+    } else {
+        idx.clear();
+    }
+    Logprobs { chosen: lp(token), top: idx.into_iter().map(lp).collect() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(f: impl FnOnce(&mut SamplingParams)) -> SamplingParams {
+        let mut p = SamplingParams { max_tokens: 1, ..Default::default() };
+        f(&mut p);
+        p
+    }
+
+    #[test]
+    fn greedy_picks_the_largest_logit() {
+        let mut s = Sampler::new(params(|p| p.temperature = 0.0), 0);
+        assert_eq!(s.sample(&[0.1, 3.0, -1.0, 2.9], &[]).0, 1);
+    }
+
+    #[test]
+    fn same_seed_same_tokens_different_seed_differs() {
+        let logits: Vec<f32> = (0..50).map(|i| (i as f32 * 0.37).sin()).collect();
+        let run = |seed| {
+            let mut s = Sampler::new(params(|p| p.seed = Some(seed)), 0);
+            (0..32).map(|_| s.sample(&logits, &[]).0).collect::<Vec<_>>()
+        };
+        assert_eq!(run(1), run(1));
+        assert_ne!(run(1), run(2));
+    }
+
+    #[test]
+    fn top_k_one_is_greedy() {
+        let mut s = Sampler::new(params(|p| p.top_k = 1), 3);
+        for _ in 0..20 {
+            assert_eq!(s.sample(&[0.0, 1.0, 0.9], &[]).0, 1);
+        }
+    }
+
+    #[test]
+    fn top_p_keeps_only_the_nucleus() {
+        // p = [0.9, 0.05, 0.05]: top_p 0.5 leaves only token 0.
+        let l = [0.9f32.ln(), 0.05f32.ln(), 0.05f32.ln()];
+        let mut s = Sampler::new(params(|p| p.top_p = 0.5), 5);
+        for _ in 0..50 {
+            assert_eq!(s.sample(&l, &[]).0, 0);
+        }
+    }
+
+    #[test]
+    fn min_p_removes_unlikely_tokens() {
+        let l = [0.0f32, -10.0, -10.0];
+        let mut s = Sampler::new(params(|p| p.min_p = 0.1), 5);
+        for _ in 0..50 {
+            assert_eq!(s.sample(&l, &[]).0, 0);
+        }
+    }
+
+    #[test]
+    fn logit_bias_can_force_a_token() {
+        let mut s = Sampler::new(params(|p| {
+            p.temperature = 0.0;
+            p.logit_bias = vec![(2, 100.0)];
+        }), 0);
+        assert_eq!(s.sample(&[5.0, 1.0, 0.0], &[]).0, 2);
+    }
+
+    #[test]
+    fn penalties_discourage_repeats() {
+        let mut s = Sampler::new(params(|p| {
+            p.temperature = 0.0;
+            p.presence_penalty = 2.0;
+        }), 0);
+        let l = [1.0f32, 0.5];
+        assert_eq!(s.sample(&l, &[]).0, 0);
+        assert_eq!(s.sample(&l, &[0]).0, 1);
+        let mut r = Sampler::new(params(|p| {
+            p.temperature = 0.0;
+            p.repetition_penalty = 4.0;
+        }), 0);
+        assert_eq!(r.sample(&l, &[0]).0, 1);
+    }
+
+    #[test]
+    fn logprobs_are_normalised_and_sorted() {
+        let l = [1.0f32, 3.0, 2.0];
+        let lp = logprobs_of(&l, 0, 2);
+        let total: f32 = l.iter().map(|&x| (x - 1.0 + lp.chosen.logprob).exp()).sum();
+        assert!((total - 1.0).abs() < 1e-5);
+        assert_eq!(lp.top.iter().map(|t| t.token_id).collect::<Vec<_>>(), vec![1, 2]);
+    }
+}

@@ -1,0 +1,158 @@
+//! End-to-end properties of the engine on the embedded model: batching,
+//! chunking and preemption never change greedy output, and every block
+//! comes back.
+
+use kvc_engine::{EngineConfig, EngineHandle, FinishReason, GenerateRequest, SamplingParams, StreamEvent};
+
+fn engine(f: impl FnOnce(&mut EngineConfig)) -> EngineHandle {
+    let mut c = EngineConfig { num_kv_blocks: Some(512), ..Default::default() };
+    f(&mut c);
+    EngineHandle::start(c).expect("engine starts")
+}
+
+fn greedy(max_tokens: usize) -> SamplingParams {
+    SamplingParams { temperature: 0.0, max_tokens, ignore_eos: true, ..Default::default() }
+}
+
+/// Eight prompts of different lengths (not multiples of the block size).
+fn prompts() -> Vec<Vec<u32>> {
+    (0..8u32)
+        .map(|i| (0..(5 + 7 * i)).map(|j| (1000 + 37 * i + 11 * j) % 150000).collect())
+        .collect()
+}
+
+struct Output {
+    tokens: Vec<u32>,
+    text: String,
+    reason: FinishReason,
+    completion_tokens: usize,
+}
+
+fn collect(mut s: kvc_engine::RequestStream) -> Output {
+    let mut out = Output { tokens: vec![], text: String::new(), reason: FinishReason::Abort, completion_tokens: 0 };
+    while let Some(ev) = s.blocking_recv() {
+        match ev {
+            StreamEvent::Token { token_id, text, .. } => {
+                out.tokens.push(token_id);
+                out.text.push_str(&text);
+            }
+            StreamEvent::Finished { reason, text, usage, .. } => {
+                out.text.push_str(&text);
+                out.reason = reason;
+                out.completion_tokens = usage.completion_tokens;
+                break;
+            }
+            StreamEvent::Error(e) => panic!("engine error: {e}"),
+        }
+    }
+    out
+}
+
+fn submit(e: &EngineHandle, prompt: &[u32], p: SamplingParams) -> kvc_engine::RequestStream {
+    e.submit(GenerateRequest { request_id: "t".into(), prompt_tokens: prompt.to_vec(), sampling: p }).unwrap()
+}
+
+fn alone(e: &EngineHandle, max_tokens: usize) -> Vec<Vec<u32>> {
+    prompts().iter().map(|p| collect(submit(e, p, greedy(max_tokens))).tokens).collect()
+}
+
+fn concurrent(e: &EngineHandle, max_tokens: usize) -> Vec<Vec<u32>> {
+    let streams: Vec<_> = prompts().iter().map(|p| submit(e, p, greedy(max_tokens))).collect();
+    streams.into_iter().map(|s| collect(s).tokens).collect()
+}
+
+/// Waits (bounded) until the engine's published stats satisfy `f`.
+fn wait_stats(e: &EngineHandle, f: impl Fn(&kvc_engine::EngineStats) -> bool) -> kvc_engine::EngineStats {
+    for _ in 0..2000 {
+        let s = e.stats();
+        if f(&s) {
+            return s;
+        }
+        std::thread::yield_now();
+        std::thread::park_timeout(std::time::Duration::from_millis(5));
+    }
+    e.stats()
+}
+
+#[test]
+fn batch_invariance_concurrent_prompts_match_each_served_alone() {
+    let e = engine(|_| {});
+    let reference = alone(&e, 10);
+    assert!(reference.iter().all(|t| t.len() == 10));
+    assert_eq!(concurrent(&e, 10), reference);
+}
+
+#[test]
+fn tiny_step_budget_chunks_prefill_without_changing_output() {
+    let reference = alone(&engine(|_| {}), 6);
+    let chunked = engine(|c| c.max_num_batched_tokens = 5);
+    assert_eq!(concurrent(&chunked, 6), reference);
+}
+
+#[test]
+fn preemption_under_a_small_pool_keeps_outputs_and_returns_every_block() {
+    let reference = alone(&engine(|_| {}), 24);
+    // 8 sequences need about 3-5 blocks of 16 each; 12 blocks cannot hold them all.
+    let small = engine(|c| c.num_kv_blocks = Some(12));
+    let initial_free = small.stats().free_blocks;
+    assert_eq!(initial_free, 12);
+    assert_eq!(concurrent(&small, 24), reference);
+    let s = wait_stats(&small, |s| s.running == 0 && s.waiting == 0);
+    assert!(s.preemptions > 0, "the pool was meant to be too small: {s:?}");
+    assert_eq!(s.free_blocks, initial_free);
+}
+
+#[test]
+fn dropping_a_stream_cancels_and_frees_blocks() {
+    let e = engine(|_| {});
+    let total = e.stats().total_blocks;
+    let mut s = submit(&e, &prompts()[7], greedy(4000));
+    // Wait for generation to start, then walk away.
+    assert!(matches!(s.blocking_recv(), Some(StreamEvent::Token { .. })));
+    drop(s);
+    let stats = wait_stats(&e, |s| s.free_blocks == total && s.running == 0);
+    assert_eq!(stats.free_blocks, total);
+}
+
+#[test]
+fn max_tokens_and_stop_strings_end_generation() {
+    let e = engine(|_| {});
+    let out = collect(submit(&e, &prompts()[2], greedy(7)));
+    assert_eq!(out.reason, FinishReason::Length);
+    assert_eq!(out.completion_tokens, 7);
+    // A stop string taken from the unconstrained output ends it there.
+    let full = collect(submit(&e, &prompts()[2], greedy(20)));
+    let chars: Vec<char> = full.text.chars().collect();
+    assert!(chars.len() > 6, "need some text: {:?}", full.text);
+    let stop: String = chars[3..5].iter().collect();
+    let cut = full.text.find(&stop).unwrap();
+    let out = collect(submit(&e, &prompts()[2], SamplingParams { stop: vec![stop.clone()], ..greedy(20) }));
+    assert_eq!(out.reason, FinishReason::Stop);
+    assert_eq!(out.text, full.text[..cut]);
+}
+
+#[test]
+fn seeded_sampling_is_reproducible() {
+    let e = engine(|_| {});
+    let p = |seed| SamplingParams { temperature: 1.0, seed: Some(seed), max_tokens: 12, ignore_eos: true, ..Default::default() };
+    let a = collect(submit(&e, &prompts()[1], p(42))).tokens;
+    let b = collect(submit(&e, &prompts()[1], p(42))).tokens;
+    let c = collect(submit(&e, &prompts()[1], p(43))).tokens;
+    assert_eq!(a, b);
+    assert_ne!(a, c);
+}
+
+#[test]
+fn invalid_requests_are_refused_before_scheduling() {
+    let e = engine(|_| {});
+    let vocab = e.info().vocab_size as u32;
+    let bad_token = e.submit(GenerateRequest { request_id: "t".into(), prompt_tokens: vec![1, vocab], sampling: greedy(1) });
+    assert!(matches!(bad_token, Err(kvc_engine::EngineError::TokenOutOfRange { .. })));
+    let long = vec![1u32; e.info().max_model_len];
+    assert!(matches!(
+        e.submit(GenerateRequest { request_id: "t".into(), prompt_tokens: long, sampling: greedy(1) }),
+        Err(kvc_engine::EngineError::PromptTooLong { .. })
+    ));
+    let bad_temp = SamplingParams { temperature: -1.0, ..greedy(1) };
+    assert!(e.submit(GenerateRequest { request_id: "t".into(), prompt_tokens: vec![1], sampling: bad_temp }).is_err());
+}

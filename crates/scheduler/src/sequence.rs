@@ -1,0 +1,56 @@
+//! A request as the scheduler sees it: tokens, progress, blocks.
+
+use kvc_kv_pool::BlockTable;
+
+pub type SeqId = u64;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SeqStatus {
+    Waiting,
+    Running,
+}
+
+#[derive(Debug, Clone)]
+pub struct Sequence {
+    pub id: SeqId,
+    /// Prompt followed by the tokens generated so far.
+    pub tokens: Vec<u32>,
+    pub prompt_len: usize,
+    /// Leading tokens whose KV is in the pool.
+    pub num_computed: usize,
+    pub block_table: BlockTable,
+    pub status: SeqStatus,
+    /// Submission order; preemption picks the highest.
+    pub arrival: u64,
+    /// Times this sequence was preempted.
+    pub preemptions: u32,
+}
+
+impl Sequence {
+    pub fn new(id: SeqId, prompt: Vec<u32>, arrival: u64) -> Self {
+        let prompt_len = prompt.len();
+        Self {
+            id,
+            tokens: prompt,
+            prompt_len,
+            num_computed: 0,
+            block_table: Vec::new(),
+            status: SeqStatus::Waiting,
+            arrival,
+            preemptions: 0,
+        }
+    }
+
+    /// Tokens still to run through the model before the next sample.
+    pub fn remaining(&self) -> usize {
+        self.tokens.len() - self.num_computed
+    }
+
+    pub fn num_generated(&self) -> usize {
+        self.tokens.len() - self.prompt_len
+    }
+
+    pub fn generated(&self) -> &[u32] {
+        &self.tokens[self.prompt_len..]
+    }
+}

@@ -1,0 +1,243 @@
+#!/usr/bin/env python3
+"""Renders a set of conversations with Hugging Face transformers' own
+`apply_chat_template` for the real Qwen3 tokenizer and writes them as
+reference fixtures for kvc's minijinja renderer.
+
+    /tmp/refvenv/bin/python scripts/make_chat_template_fixtures.py \
+        [--tokenizer /work/shared/data/qwen3-tokenizer] \
+        [--out crates/engine/tests/fixtures/chat_template_cases.json]
+
+Each case: {name, messages, tools|null, add_generation_prompt, kwargs, expected}.
+`crates/engine/tests/chat_template_reference.rs` renders every case with the
+template embedded in kvc and asserts byte equality with `expected`.
+"""
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+from transformers import AutoTokenizer  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the current weather in a given city.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "description": "City name, e.g. \"Paris\" or 'Tokyo'"},
+                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"], "default": "celsius"},
+            },
+            "required": ["city"],
+        },
+    },
+}
+
+SEARCH_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "search_docs",
+        "description": "Search the documentation.\nReturns <= 10 hits & snippets; 搜索文档 🔎",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "query": {"type": "string"},
+                "limit": {"type": "integer", "minimum": 1, "maximum": 10, "default": 5},
+                "threshold": {"type": "number", "default": 0.5, "minimum": 1e-05, "maximum": 1e20},
+                "exact": {"type": "boolean", "default": False},
+                "filter": {"type": ["string", "null"], "default": None},
+                "path": {"type": "string", "default": "C:\\docs\\\ttab"},
+            },
+            "required": ["query"],
+        },
+    },
+}
+
+TOOLS = [WEATHER_TOOL, SEARCH_TOOL]
+
+
+def case(name, messages, tools=None, add_generation_prompt=True, kwargs=None):
+    return {
+        "name": name,
+        "messages": messages,
+        "tools": tools,
+        "add_generation_prompt": add_generation_prompt,
+        "kwargs": kwargs or {},
+    }
+
+
+def cases():
+    return [
+        case("single_user", [{"role": "user", "content": "Hello!"}]),
+        case(
+            "system_and_user",
+            [
+                {"role": "system", "content": "You are a terse assistant."},
+                {"role": "user", "content": "What is 2+2?"},
+            ],
+        ),
+        case(
+            "multi_turn",
+            [
+                {"role": "system", "content": "You are helpful."},
+                {"role": "user", "content": "Hi"},
+                {"role": "assistant", "content": "Hello! How can I help?"},
+                {"role": "user", "content": "Tell me a joke."},
+                {"role": "assistant", "content": "Why did the chicken cross the road?"},
+                {"role": "user", "content": "Why?"},
+            ],
+        ),
+        case(
+            "previous_turn_reasoning_is_dropped",
+            [
+                {"role": "user", "content": "What is 3*7?"},
+                {"role": "assistant", "content": "<think>\n3 times 7 is 21.\n</think>\n\n21"},
+                {"role": "user", "content": "And 3*8?"},
+            ],
+        ),
+        case(
+            "current_turn_reasoning_is_kept",
+            [
+                {"role": "user", "content": "What is 3*7?"},
+                {"role": "assistant", "content": "<think>\n3 times 7 is 21.\n</think>\n\n21"},
+            ],
+            add_generation_prompt=False,
+        ),
+        case(
+            "reasoning_content_field",
+            [
+                {"role": "user", "content": "Capital of France?"},
+                {"role": "assistant", "content": "Paris.", "reasoning_content": "The user asks about France."},
+            ],
+            add_generation_prompt=False,
+        ),
+        case(
+            "enable_thinking_false",
+            [{"role": "user", "content": "Answer quickly: 1+1?"}],
+            kwargs={"enable_thinking": False},
+        ),
+        case(
+            "enable_thinking_true",
+            [{"role": "user", "content": "Answer quickly: 1+1?"}],
+            kwargs={"enable_thinking": True},
+        ),
+        case(
+            "tools",
+            [{"role": "user", "content": "What's the weather in Paris?"}],
+            tools=TOOLS,
+        ),
+        case(
+            "tools_with_system",
+            [
+                {"role": "system", "content": "You are a weather bot."},
+                {"role": "user", "content": "Weather in Tokyo?"},
+            ],
+            tools=TOOLS,
+        ),
+        case(
+            "tool_call_and_result",
+            [
+                {"role": "user", "content": "What's the weather in Paris and in 東京?"},
+                {
+                    "role": "assistant",
+                    "content": "",
+                    "tool_calls": [
+                        {
+                            "id": "call_1",
+                            "type": "function",
+                            "function": {"name": "get_weather", "arguments": {"city": "Paris"}},
+                        },
+                        {
+                            "id": "call_2",
+                            "type": "function",
+                            "function": {"name": "get_weather", "arguments": {"city": "東京", "unit": "celsius"}},
+                        },
+                    ],
+                },
+                {"role": "tool", "tool_call_id": "call_1", "content": "{\"temp\": 18, \"sky\": \"cloudy\"}"},
+                {"role": "tool", "tool_call_id": "call_2", "content": "{\"temp\": 22.5, \"sky\": \"晴れ\"}"},
+            ],
+            tools=TOOLS,
+        ),
+        case(
+            "tool_call_with_text_then_final_answer",
+            [
+                {"role": "user", "content": "Search the docs for 'rope scaling'."},
+                {
+                    "role": "assistant",
+                    "content": "<think>\nI should search.\n</think>\n\nLet me search.",
+                    "tool_calls": [
+                        {
+                            "type": "function",
+                            "function": {
+                                "name": "search_docs",
+                                "arguments": {"query": "rope scaling", "limit": 3, "threshold": 0.25, "exact": True},
+                            },
+                        }
+                    ],
+                },
+                {"role": "tool", "content": "1 hit: rope_scaling.md"},
+                {"role": "assistant", "content": "<think>\nFound it.\n</think>\n\nSee rope_scaling.md."},
+            ],
+            tools=TOOLS,
+            add_generation_prompt=False,
+        ),
+        case(
+            "add_generation_prompt_false",
+            [
+                {"role": "user", "content": "Hi"},
+                {"role": "assistant", "content": "Hello."},
+            ],
+            add_generation_prompt=False,
+        ),
+        case(
+            "non_ascii",
+            [
+                {"role": "system", "content": "你是一个乐于助人的助手。"},
+                {"role": "user", "content": "你好！今天天气怎么样？🌤️👍🏽 Ünïcödé — “quotes” \\ back\\slash\ttab"},
+                {"role": "assistant", "content": "今天晴朗 ☀️，气温 25°C。"},
+                {"role": "user", "content": "谢谢 🙏\n\n多行\n文本"},
+            ],
+        ),
+        case(
+            "extra_unused_kwargs",
+            [{"role": "user", "content": "ping"}],
+            kwargs={"some_flag": 1, "enable_thinking": True},
+        ),
+    ]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tokenizer", default="/work/shared/data/qwen3-tokenizer")
+    ap.add_argument("--out", default=str(ROOT / "crates/engine/tests/fixtures/chat_template_cases.json"))
+    args = ap.parse_args()
+
+    tok = AutoTokenizer.from_pretrained(args.tokenizer)
+    out = []
+    for c in cases():
+        expected = tok.apply_chat_template(
+            c["messages"],
+            tools=c["tools"],
+            add_generation_prompt=c["add_generation_prompt"],
+            tokenize=False,
+            **c["kwargs"],
+        )
+        assert isinstance(expected, str), type(expected)
+        out.append({**c, "expected": expected})
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    with open(args.out, "w", encoding="utf-8") as f:
+        json.dump(out, f, ensure_ascii=False, indent=2)
+        f.write("\n")
+    print(f"wrote {len(out)} cases to {args.out}")
+
+
+if __name__ == "__main__":
+    main()
