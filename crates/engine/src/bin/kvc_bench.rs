@@ -1,0 +1,122 @@
+//! `kvc-bench engine`: tokens/s of the engine at several batch sizes.
+//!
+//! ```text
+//! kvc-bench engine [--batch 1,16] [--prompt-len 128] [--gen-len 64] [--model DIR] [--load-format dummy]
+//! ```
+//! Each batch size runs B concurrent greedy requests of `prompt-len`
+//! tokens generating `gen-len` tokens each (EOS ignored), after one warm-up
+//! request. Prints prefill time (submission to the last request's first
+//! token), decode tokens/s (tokens after the first, over the time after the
+//! last first token), and overall output tokens/s.
+
+use std::time::Instant;
+
+use kvc_engine::{EngineConfig, EngineHandle, GenerateRequest, LoadFormat, ModelSource, SamplingParams, StreamEvent};
+
+struct Args {
+    batches: Vec<usize>,
+    prompt_len: usize,
+    gen_len: usize,
+    model: Option<String>,
+    dummy: bool,
+}
+
+fn parse() -> Result<Args, String> {
+    let mut a = Args { batches: vec![1, 16], prompt_len: 128, gen_len: 64, model: None, dummy: false };
+    let mut it = std::env::args().skip(1);
+    match it.next().as_deref() {
+        Some("engine") => {}
+        other => return Err(format!("usage: kvc-bench engine [options]; got {other:?}")),
+    }
+    while let Some(flag) = it.next() {
+        let mut val = || it.next().ok_or(format!("{flag} needs a value"));
+        match flag.as_str() {
+            "--batch" => {
+                a.batches = val()?.split(',').map(|b| b.trim().parse().map_err(|e| format!("--batch: {e}"))).collect::<Result<_, _>>()?
+            }
+            "--prompt-len" => a.prompt_len = val()?.parse().map_err(|e| format!("--prompt-len: {e}"))?,
+            "--gen-len" => a.gen_len = val()?.parse().map_err(|e| format!("--gen-len: {e}"))?,
+            "--model" => a.model = Some(val()?),
+            "--load-format" => a.dummy = val()? == "dummy",
+            other => return Err(format!("unknown flag {other}")),
+        }
+    }
+    Ok(a)
+}
+
+fn main() {
+    let args = match parse() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("{e}");
+            std::process::exit(2);
+        }
+    };
+    let max_batch = *args.batches.iter().max().unwrap_or(&1);
+    let config = EngineConfig {
+        model: ModelSource::parse(args.model.as_deref()),
+        load_format: if args.dummy { LoadFormat::Dummy } else { LoadFormat::Auto },
+        max_num_seqs: max_batch.max(1),
+        max_num_batched_tokens: (args.prompt_len * max_batch).clamp(512, 8192),
+        ..Default::default()
+    };
+    let engine = EngineHandle::start(config).unwrap_or_else(|e| {
+        eprintln!("engine failed to start: {e}");
+        std::process::exit(1)
+    });
+    let info = engine.info().clone();
+    println!("model {} | prompt {} | gen {} | threads {}", info.id, args.prompt_len, args.gen_len, std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
+    println!("{:>6} {:>12} {:>16} {:>16}", "batch", "prefill_s", "decode_tok/s", "output_tok/s");
+    run(&engine, 1, args.prompt_len, 4); // warm-up
+    for &b in &args.batches {
+        let (prefill, decode, overall) = run(&engine, b, args.prompt_len, args.gen_len);
+        println!("{b:>6} {prefill:>12.3} {decode:>16.1} {overall:>16.1}");
+    }
+}
+
+/// Returns (prefill seconds, decode tok/s, overall output tok/s).
+fn run(engine: &EngineHandle, batch: usize, prompt_len: usize, gen_len: usize) -> (f64, f64, f64) {
+    let t0 = Instant::now();
+    let mut streams: Vec<_> = (0..batch)
+        .map(|i| {
+            let prompt = (0..prompt_len).map(|j| ((i * 7919 + j * 104729) % 150000) as u32 + 10).collect();
+            engine
+                .submit(GenerateRequest {
+                    request_id: format!("bench-{i}"),
+                    prompt_tokens: prompt,
+                    sampling: SamplingParams { temperature: 0.0, max_tokens: gen_len, ignore_eos: true, ..Default::default() },
+                })
+                .expect("submit")
+        })
+        .collect();
+    let mut first = vec![None; batch];
+    let mut done = 0;
+    let mut tokens = 0usize;
+    // Round-robin over streams; each blocking_recv returns as soon as that
+    // request has an event, so time stamps are per-event accurate enough.
+    while done < batch {
+        for (i, s) in streams.iter_mut().enumerate() {
+            if first[i].is_some() && matches!(first[i], Some((_, true))) {
+                continue;
+            }
+            match s.blocking_recv() {
+                Some(StreamEvent::Token { .. }) => {
+                    tokens += 1;
+                    if first[i].is_none() {
+                        first[i] = Some((t0.elapsed().as_secs_f64(), false));
+                    }
+                }
+                Some(StreamEvent::Finished { .. }) | None => {
+                    let t = first[i].map(|f| f.0).unwrap_or(0.0);
+                    first[i] = Some((t, true));
+                    done += 1;
+                }
+                Some(StreamEvent::Error(e)) => panic!("{e}"),
+            }
+        }
+    }
+    let total = t0.elapsed().as_secs_f64();
+    let prefill = first.iter().map(|f| f.unwrap().0).fold(0.0, f64::max);
+    let decode_tokens = tokens.saturating_sub(batch) as f64;
+    (prefill, decode_tokens / (total - prefill).max(1e-9), tokens as f64 / total)
+}
