@@ -128,6 +128,11 @@ impl EngineHandle {
         self.inner.template.as_ref()
     }
 
+    /// False once the step loop has exited (shutdown or a panic).
+    pub fn is_alive(&self) -> bool {
+        self.inner.thread.lock().map(|t| t.as_ref().is_some_and(|t| !t.is_finished())).unwrap_or(false)
+    }
+
     pub fn stats(&self) -> EngineStats {
         self.inner.stats.read().map(|s| s.clone()).unwrap_or_default()
     }
@@ -144,7 +149,7 @@ impl EngineHandle {
             return Err(EngineError::TokenOutOfRange { token: t, vocab_size: vocab });
         }
         let max = self.inner.info.max_model_len;
-        let requested = req.prompt_tokens.len() + req.sampling.max_tokens;
+        let requested = req.prompt_tokens.len().saturating_add(req.sampling.max_tokens);
         if req.prompt_tokens.len() >= max || requested > max {
             return Err(EngineError::PromptTooLong {
                 prompt_tokens: req.prompt_tokens.len(),

@@ -1,0 +1,232 @@
+//! Command-line flags, spelled like vLLM's, and their mapping onto
+//! [`EngineConfig`].
+
+use clap::{Parser, ValueEnum};
+use kvc_engine::{EngineConfig, LoadFormat, ModelSource};
+
+/// Which part a `kvc-server` process plays (DESIGN.md §4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Role {
+    /// A complete worker: prefill and decode in one process.
+    Both,
+    /// Prefill worker for disaggregated serving.
+    Prefill,
+    /// Decode worker for disaggregated serving.
+    Decode,
+    /// OpenAI front routing to several workers.
+    Router,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LoadFormatArg {
+    /// Read the checkpoint's safetensors.
+    Auto,
+    /// Random weights from `--seed` (any config, no weight files needed).
+    Dummy,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum DtypeArg {
+    /// The checkpoint's dtype (f32 on CPU for bf16 checkpoints).
+    Auto,
+    #[value(alias = "float")]
+    Float32,
+    Bfloat16,
+    #[value(alias = "half")]
+    Float16,
+}
+
+/// kvc's OpenAI-compatible inference server for Qwen3 / Qwen3-MoE.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "kvc-server", version, about)]
+pub struct Args {
+    /// Role of this process; only `both` is implemented so far.
+    #[arg(long, value_enum, default_value_t = Role::Both)]
+    pub role: Role,
+
+    /// Model directory or Hugging Face hub id; omitted = the embedded tiny
+    /// Qwen3-MoE with random weights and the real Qwen3 tokenizer.
+    #[arg(long)]
+    pub model: Option<String>,
+
+    /// Name served by /v1/models and required in requests' `model` field
+    /// (default: the model path / hub id, or `kvc-default`).
+    #[arg(long)]
+    pub served_model_name: Option<String>,
+
+    /// Address to bind. 0.0.0.0 (all interfaces) like vLLM; pass 127.0.0.1
+    /// to serve only this machine.
+    #[arg(long, default_value = "0.0.0.0")]
+    pub host: String,
+
+    #[arg(long, default_value_t = 8000)]
+    pub port: u16,
+
+    /// Most sequences in one engine step.
+    #[arg(long, default_value_t = 64)]
+    pub max_num_seqs: usize,
+
+    /// Most tokens (prefill chunks + decodes) in one engine step.
+    #[arg(long, default_value_t = 512)]
+    pub max_num_batched_tokens: usize,
+
+    /// Context cap (prompt + completion); default: the model's maximum.
+    #[arg(long)]
+    pub max_model_len: Option<usize>,
+
+    /// Number of KV blocks; overrides --kv-cache-memory.
+    #[arg(long)]
+    pub num_kv_blocks: Option<usize>,
+
+    /// KV pool budget in bytes; suffixes KiB/MiB/GiB/TiB (or K/M/G/T) are
+    /// powers of 1024, KB/MB/GB/TB powers of 1000.
+    #[arg(long, default_value = "512MiB", value_parser = parse_bytes)]
+    pub kv_cache_memory: usize,
+
+    /// KV block size in tokens.
+    #[arg(long, default_value_t = 16)]
+    pub block_size: usize,
+
+    #[arg(long, value_enum, default_value_t = LoadFormatArg::Auto)]
+    pub load_format: LoadFormatArg,
+
+    #[arg(long, value_enum, default_value_t = DtypeArg::Auto)]
+    pub dtype: DtypeArg,
+
+    /// Seed for dummy weights.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+impl Args {
+    /// Refuses roles that are not built yet, with a message for the user.
+    pub fn check_role(&self) -> Result<(), String> {
+        match self.role {
+            Role::Both => Ok(()),
+            other => {
+                let name = other.to_possible_value().map(|v| v.get_name().to_string()).unwrap_or_default();
+                Err(format!("--role {name} is not implemented yet; only --role both is available"))
+            }
+        }
+    }
+
+    pub fn engine_config(&self) -> EngineConfig {
+        EngineConfig {
+            model: ModelSource::parse(self.model.as_deref()),
+            load_format: match self.load_format {
+                LoadFormatArg::Auto => LoadFormat::Auto,
+                LoadFormatArg::Dummy => LoadFormat::Dummy,
+            },
+            served_model_name: self.served_model_name.clone(),
+            dtype: match self.dtype {
+                DtypeArg::Auto => None,
+                DtypeArg::Float32 => Some("f32".to_string()),
+                DtypeArg::Bfloat16 => Some("bf16".to_string()),
+                DtypeArg::Float16 => Some("f16".to_string()),
+            },
+            block_size: self.block_size,
+            num_kv_blocks: self.num_kv_blocks,
+            kv_cache_memory_bytes: self.kv_cache_memory,
+            max_num_seqs: self.max_num_seqs,
+            max_num_batched_tokens: self.max_num_batched_tokens,
+            max_model_len: self.max_model_len,
+            seed: self.seed,
+        }
+    }
+}
+
+/// Parses a byte count such as `1073741824`, `512MiB`, `2GiB`, `2G` or `1.5GB`.
+pub fn parse_bytes(s: &str) -> Result<usize, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
+    let (num, unit) = (&s[..split], s[split..].trim());
+    let scale: f64 = match unit.to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kib" => 1024.0,
+        "m" | "mib" => 1024.0 * 1024.0,
+        "g" | "gib" => 1024.0 * 1024.0 * 1024.0,
+        "t" | "tib" => 1024.0_f64.powi(4),
+        "kb" => 1e3,
+        "mb" => 1e6,
+        "gb" => 1e9,
+        "tb" => 1e12,
+        _ => return Err(format!("unknown unit {unit:?} in {s:?} (use e.g. 512MiB, 2GiB, 1GB or a plain byte count)")),
+    };
+    let value: f64 = num.parse().map_err(|_| format!("{s:?} is not a byte count (use e.g. 512MiB, 2GiB)"))?;
+    let bytes = value * scale;
+    if !bytes.is_finite() || bytes < 1.0 || bytes > usize::MAX as f64 {
+        return Err(format!("{s:?} is out of range"));
+    }
+    Ok(bytes as usize)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Args, clap::Error> {
+        Args::try_parse_from(std::iter::once("kvc-server").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn byte_sizes_accept_binary_and_decimal_suffixes() {
+        assert_eq!(parse_bytes("1024").unwrap(), 1024);
+        assert_eq!(parse_bytes("512MiB").unwrap(), 512 << 20);
+        assert_eq!(parse_bytes("2GiB").unwrap(), 2 << 30);
+        assert_eq!(parse_bytes("2g").unwrap(), 2 << 30);
+        assert_eq!(parse_bytes("1GB").unwrap(), 1_000_000_000);
+        assert_eq!(parse_bytes("1.5KiB").unwrap(), 1536);
+        assert!(parse_bytes("12 parsecs").is_err());
+        assert!(parse_bytes("MiB").is_err());
+        assert!(parse_bytes("0").is_err());
+    }
+
+    #[test]
+    fn defaults_match_vllm_and_engine() {
+        let a = parse(&[]).unwrap();
+        assert_eq!(a.role, Role::Both);
+        assert_eq!(a.host, "0.0.0.0");
+        assert_eq!(a.port, 8000);
+        let c = a.engine_config();
+        let d = EngineConfig::default();
+        assert_eq!(c.model, ModelSource::Embedded);
+        assert_eq!(c.block_size, d.block_size);
+        assert_eq!(c.kv_cache_memory_bytes, d.kv_cache_memory_bytes);
+        assert_eq!(c.max_num_seqs, d.max_num_seqs);
+        assert_eq!(c.max_num_batched_tokens, d.max_num_batched_tokens);
+        assert_eq!(c.dtype, None);
+    }
+
+    #[test]
+    fn flags_map_onto_engine_config() {
+        let a = parse(&[
+            "--served-model-name", "m", "--max-model-len", "4096", "--num-kv-blocks", "100",
+            "--kv-cache-memory", "2GiB", "--block-size", "32", "--load-format", "dummy",
+            "--dtype", "bfloat16", "--seed", "7", "--max-num-seqs", "8", "--max-num-batched-tokens", "1024",
+        ])
+        .unwrap();
+        let c = a.engine_config();
+        assert_eq!(c.served_model_name.as_deref(), Some("m"));
+        assert_eq!(c.max_model_len, Some(4096));
+        assert_eq!(c.num_kv_blocks, Some(100));
+        assert_eq!(c.kv_cache_memory_bytes, 2 << 30);
+        assert_eq!(c.block_size, 32);
+        assert_eq!(c.load_format, LoadFormat::Dummy);
+        assert_eq!(c.dtype.as_deref(), Some("bf16"));
+        assert_eq!(c.seed, 7);
+        assert_eq!(c.max_num_seqs, 8);
+        assert_eq!(c.max_num_batched_tokens, 1024);
+        assert_eq!(parse(&["--dtype", "half"]).unwrap().engine_config().dtype.as_deref(), Some("f16"));
+    }
+
+    #[test]
+    fn other_roles_parse_but_are_refused_clearly() {
+        for role in ["prefill", "decode", "router"] {
+            let a = parse(&["--role", role]).unwrap();
+            let err = a.check_role().unwrap_err();
+            assert!(err.contains("not implemented yet") && err.contains(role), "{err}");
+        }
+        assert!(parse(&["--role", "both"]).unwrap().check_role().is_ok());
+        assert!(parse(&["--role", "nonsense"]).is_err());
+    }
+}

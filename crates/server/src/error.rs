@@ -1,0 +1,204 @@
+//! The server's one error type and the one function that turns any error
+//! into an HTTP status plus OpenAI's error JSON:
+//! `{"error": {"message", "type", "param", "code"}}`.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use kvc_engine::EngineError;
+use serde::Serialize;
+
+/// Everything a handler can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// The request is malformed or a parameter is out of range (400).
+    #[error("{message}")]
+    BadRequest { message: String, param: Option<String> },
+    /// A feature the API defines but kvc does not implement yet (400).
+    #[error("{feature} is not supported yet")]
+    Unsupported { feature: String, param: Option<String> },
+    /// The `model` field names a model this server does not serve (404).
+    #[error("The model `{model}` does not exist.")]
+    ModelNotFound { model: String },
+    /// No route for this path (404).
+    #[error("no route for {method} {path}")]
+    NoRoute { method: String, path: String },
+    /// The path exists but not for this method (405).
+    #[error("method {method} is not allowed for {path}")]
+    MethodNotAllowed { method: String, path: String },
+    /// The body is larger than the configured limit (413).
+    #[error("request body is larger than the limit of {limit} bytes")]
+    PayloadTooLarge { limit: usize },
+    /// An error from the engine. `prompt_param` is how the endpoint names its
+    /// prompt (`messages` for chat, `prompt` for completions), used for
+    /// prompt-related engine errors.
+    #[error("{source}")]
+    Engine { source: EngineError, prompt_param: &'static str },
+    /// A bug or an unexpected failure on our side (500).
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl ApiError {
+    pub fn bad_request(message: impl Into<String>, param: Option<&str>) -> Self {
+        ApiError::BadRequest { message: message.into(), param: param.map(str::to_string) }
+    }
+
+    pub fn unsupported(feature: impl Into<String>, param: &str) -> Self {
+        ApiError::Unsupported { feature: feature.into(), param: Some(param.to_string()) }
+    }
+
+    pub fn chat_engine(source: EngineError) -> Self {
+        ApiError::Engine { source, prompt_param: "messages" }
+    }
+
+    pub fn completion_engine(source: EngineError) -> Self {
+        ApiError::Engine { source, prompt_param: "prompt" }
+    }
+}
+
+/// The `error` object of OpenAI's error response.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ErrorDetail {
+    pub message: String,
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub param: Option<String>,
+    pub code: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+/// The one mapping from errors to HTTP status and OpenAI error JSON.
+///
+/// Types follow OpenAI: `invalid_request_error` for 4xx (the `openai`
+/// client raises `BadRequestError` for 400 and `NotFoundError` for 404
+/// whatever the type), `internal_server_error` for 500 and
+/// `service_unavailable_error` for 503.
+pub fn error_response(err: &ApiError) -> (StatusCode, ErrorBody) {
+    let message = err.to_string();
+    let invalid = |status: StatusCode, param: Option<String>, code: Option<&str>| {
+        (status, "invalid_request_error", param, code.map(str::to_string))
+    };
+    let (status, kind, param, code) = match err {
+        ApiError::BadRequest { param, .. } => invalid(StatusCode::BAD_REQUEST, param.clone(), None),
+        ApiError::Unsupported { param, .. } => invalid(StatusCode::BAD_REQUEST, param.clone(), Some("unsupported_parameter")),
+        ApiError::ModelNotFound { .. } => invalid(StatusCode::NOT_FOUND, Some("model".into()), Some("model_not_found")),
+        ApiError::NoRoute { .. } => invalid(StatusCode::NOT_FOUND, None, Some("unknown_url")),
+        ApiError::MethodNotAllowed { .. } => invalid(StatusCode::METHOD_NOT_ALLOWED, None, Some("method_not_allowed")),
+        ApiError::PayloadTooLarge { .. } => invalid(StatusCode::PAYLOAD_TOO_LARGE, None, Some("request_too_large")),
+        ApiError::Engine { source, prompt_param } if source.is_client_error() => {
+            let param = source.param().map(|p| if p == "messages" { *prompt_param } else { p });
+            let code = match source {
+                EngineError::PromptTooLong { .. } => Some("context_length_exceeded"),
+                EngineError::TokenOutOfRange { .. } => Some("invalid_token_id"),
+                _ => None,
+            };
+            invalid(StatusCode::BAD_REQUEST, param.map(str::to_string), code)
+        }
+        ApiError::Engine { source: EngineError::ShuttingDown, .. } => {
+            (StatusCode::SERVICE_UNAVAILABLE, "service_unavailable_error", None, None)
+        }
+        ApiError::Engine { .. } | ApiError::Internal(_) => {
+            (StatusCode::INTERNAL_SERVER_ERROR, "internal_server_error", None, None)
+        }
+    };
+    let body = ErrorBody { error: ErrorDetail { message, kind: kind.to_string(), param, code } };
+    (status, body)
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let (status, body) = error_response(&self);
+        if status.is_server_error() {
+            tracing::error!(status = status.as_u16(), error = %self, "request failed");
+        } else {
+            tracing::info!(status = status.as_u16(), error = %self, "request rejected");
+        }
+        (status, Json(body)).into_response()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn map(err: ApiError) -> (u16, ErrorDetail) {
+        let (status, body) = error_response(&err);
+        (status.as_u16(), body.error)
+    }
+
+    #[test]
+    fn bad_request_is_400_invalid_request_error_with_param() {
+        let (status, e) = map(ApiError::bad_request("n must be 1", Some("n")));
+        assert_eq!(status, 400);
+        assert_eq!(e.kind, "invalid_request_error");
+        assert_eq!(e.param.as_deref(), Some("n"));
+        assert_eq!(e.message, "n must be 1");
+    }
+
+    #[test]
+    fn unsupported_feature_is_400_and_says_not_supported_yet() {
+        let (status, e) = map(ApiError::unsupported("logprobs", "logprobs"));
+        assert_eq!(status, 400);
+        assert!(e.message.contains("not supported yet"), "{}", e.message);
+        assert_eq!(e.code.as_deref(), Some("unsupported_parameter"));
+    }
+
+    #[test]
+    fn unknown_model_is_404_model_not_found() {
+        let (status, e) = map(ApiError::ModelNotFound { model: "gpt-4".into() });
+        assert_eq!(status, 404);
+        assert_eq!(e.code.as_deref(), Some("model_not_found"));
+        assert!(e.message.contains("gpt-4"));
+    }
+
+    #[test]
+    fn oversized_body_is_413() {
+        assert_eq!(map(ApiError::PayloadTooLarge { limit: 10 }).0, 413);
+    }
+
+    #[test]
+    fn engine_client_errors_are_400_with_endpoint_prompt_param() {
+        let too_long = || EngineError::PromptTooLong { prompt_tokens: 10, max_tokens: 5, requested: 15, max_model_len: 12 };
+        let (status, e) = map(ApiError::chat_engine(too_long()));
+        assert_eq!(status, 400);
+        assert_eq!(e.param.as_deref(), Some("messages"));
+        assert_eq!(e.code.as_deref(), Some("context_length_exceeded"));
+        assert!(e.message.contains("maximum context length"));
+        let (_, e) = map(ApiError::completion_engine(too_long()));
+        assert_eq!(e.param.as_deref(), Some("prompt"));
+
+        let (status, e) = map(ApiError::completion_engine(EngineError::TokenOutOfRange { token: 9, vocab_size: 5 }));
+        assert_eq!(status, 400);
+        assert_eq!(e.param.as_deref(), Some("prompt"));
+
+        let invalid = EngineError::InvalidParam { param: "top_p".into(), message: "top_p must be in (0, 1]".into() };
+        let (status, e) = map(ApiError::chat_engine(invalid));
+        assert_eq!(status, 400);
+        assert_eq!(e.param.as_deref(), Some("top_p"));
+    }
+
+    #[test]
+    fn engine_server_errors_are_5xx() {
+        let (status, e) = map(ApiError::chat_engine(EngineError::Model("boom".into())));
+        assert_eq!(status, 500);
+        assert_eq!(e.kind, "internal_server_error");
+        assert_eq!(map(ApiError::chat_engine(EngineError::ShuttingDown)).0, 503);
+        assert_eq!(map(ApiError::Internal("x".into())).0, 500);
+    }
+
+    #[test]
+    fn error_json_has_openai_shape() {
+        let (_, body) = error_response(&ApiError::bad_request("bad", None));
+        let v = serde_json::to_value(body).unwrap();
+        let e = &v["error"];
+        for key in ["message", "type", "param", "code"] {
+            assert!(e.get(key).is_some(), "missing {key} in {v}");
+        }
+        assert!(e["param"].is_null());
+    }
+}

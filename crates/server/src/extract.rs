@@ -1,0 +1,133 @@
+//! Request bodies: JSON whose every failure (syntax, types, missing
+//! fields, size) becomes an OpenAI error instead of axum's plain-text
+//! rejection.
+
+use axum::body::Bytes;
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{FromRequest, Request};
+use axum::http::StatusCode;
+use axum::Json;
+use serde::de::DeserializeOwned;
+
+use crate::app::MAX_BODY_BYTES;
+use crate::error::ApiError;
+
+/// A request body type. Bodies that share fields (the sampling fields of
+/// chat and completions) read them in a second pass over the same bytes
+/// instead of `#[serde(flatten)]`, which would hide the field name from
+/// type errors.
+pub trait JsonBody: Sized {
+    fn parse(bytes: &[u8]) -> Result<Self, ApiError>;
+}
+
+/// Deserializes `bytes`; errors name the offending field's path
+/// (`messages[0].role: unknown variant ...`).
+pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    Json::<T>::from_bytes(bytes).map(|Json(v)| v).map_err(|r| {
+        let text = r.body_text();
+        let param = match &r {
+            JsonRejection::JsonDataError(_) => top_level_field(&text),
+            _ => None,
+        };
+        ApiError::BadRequest { message: text, param }
+    })
+}
+
+/// The top-level field in a data error's path: `messages` for
+/// "...target type: messages[0].role: unknown variant ...".
+fn top_level_field(text: &str) -> Option<String> {
+    let detail = text.split_once("target type: ")?.1;
+    let (path, _) = detail.split_once(": ")?;
+    if path.contains(' ') {
+        return None; // no path: the message starts right away
+    }
+    let field = path.split(['.', '[']).next()?;
+    (!field.is_empty()).then(|| field.to_string())
+}
+
+/// Extractor for a [`JsonBody`]. The content type is not checked (clients
+/// such as curl often omit it).
+pub struct OpenAiJson<T>(pub T);
+
+impl<S: Send + Sync, T: JsonBody> FromRequest<S> for OpenAiJson<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        let bytes = Bytes::from_request(req, state).await.map_err(|r| {
+            if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                ApiError::PayloadTooLarge { limit: MAX_BODY_BYTES }
+            } else {
+                ApiError::bad_request(r.body_text(), None)
+            }
+        })?;
+        T::parse(&bytes).map(OpenAiJson)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::error_response;
+    use crate::openai_types::{ChatCompletionRequest, CompletionRequest};
+    use axum::body::Body;
+
+    async fn extract<T: JsonBody>(body: impl Into<Body>) -> Result<T, ApiError> {
+        let req = Request::builder().method("POST").uri("/v1/x").body(body.into()).unwrap();
+        OpenAiJson::<T>::from_request(req, &()).await.map(|OpenAiJson(v)| v)
+    }
+
+    fn status_and_message(err: ApiError) -> (u16, String) {
+        let (status, body) = error_response(&err);
+        (status.as_u16(), body.error.message)
+    }
+
+    #[tokio::test]
+    async fn body_is_parsed_without_a_content_type() {
+        let req: ChatCompletionRequest =
+            extract(r#"{"messages": [{"role": "user", "content": "hi"}], "temperature": 0.5}"#).await.unwrap();
+        assert_eq!(req.messages.len(), 1);
+        assert_eq!(req.sampling.temperature, Some(0.5));
+        let req: CompletionRequest = extract(r#"{"prompt": "x", "max_tokens": 3}"#).await.unwrap();
+        assert_eq!(req.sampling.max_tokens, Some(3));
+    }
+
+    #[tokio::test]
+    async fn malformed_json_is_a_400_openai_error() {
+        let (status, msg) = status_and_message(extract::<ChatCompletionRequest>(r#"{"messages": ["#).await.unwrap_err());
+        assert_eq!(status, 400);
+        assert!(msg.contains("parse"), "{msg}");
+        let (status, _) = status_and_message(extract::<ChatCompletionRequest>("").await.unwrap_err());
+        assert_eq!(status, 400);
+    }
+
+    #[tokio::test]
+    async fn type_errors_name_the_field() {
+        let cases = [
+            (r#"{"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}"#, "temperature"),
+            (r#"{"messages": [{"role": "user", "content": "x"}], "n": "two"}"#, "n"),
+            (r#"{"messages": [{"role": "user", "content": 5}]}"#, "messages[0].content"),
+            (r#"{"messages": [{"role": "user", "content": "x"}], "stop": 5}"#, "stop"),
+            (r#"{"model": "m"}"#, "messages"),
+        ];
+        for (body, field) in cases {
+            let err = extract::<ChatCompletionRequest>(body).await.unwrap_err();
+            let (status, detail) = error_response(&err);
+            assert_eq!(status.as_u16(), 400);
+            assert!(detail.error.message.contains(field), "{field} not named in {}", detail.error.message);
+            if field != "messages" || body.contains("content") {
+                let top = field.split(['.', '[']).next().unwrap();
+                assert_eq!(detail.error.param.as_deref(), Some(top), "{}", detail.error.message);
+            }
+        }
+        let (_, msg) = status_and_message(extract::<CompletionRequest>(r#"{"prompt": "x", "top_p": []}"#).await.unwrap_err());
+        assert!(msg.contains("top_p"), "{msg}");
+    }
+
+    #[tokio::test]
+    async fn bodies_over_the_limit_are_413() {
+        // Without the router's DefaultBodyLimit layer axum's default (2 MB) applies.
+        let big = vec![b' '; 3 << 20];
+        let (status, _) = status_and_message(extract::<ChatCompletionRequest>(big).await.unwrap_err());
+        assert_eq!(status, 413);
+    }
+}

@@ -1,0 +1,28 @@
+//! `kvc-server`: parse flags, load the engine, serve HTTP.
+
+use std::io::IsTerminal;
+
+use anyhow::Context;
+use clap::{CommandFactory, Parser};
+use kvc_engine::EngineHandle;
+use kvc_server::args::Args;
+use tracing_subscriber::EnvFilter;
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")))
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
+    if let Err(msg) = args.check_role() {
+        Args::command().error(clap::error::ErrorKind::InvalidValue, msg).exit();
+    }
+    let config = args.engine_config();
+    tracing::info!(?config, "starting engine");
+    // The engine loads the model and runs its own thread; start it before
+    // the async runtime so the load does not block a worker.
+    let engine = EngineHandle::start(config).context("cannot start the engine")?;
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    runtime.block_on(kvc_server::app::serve(engine, &args.host, args.port))
+}

@@ -1,0 +1,78 @@
+//! `GET /metrics`: Prometheus text exposition of the engine's live counters
+//! ([`EngineStats`]) and the server's own.
+
+use std::fmt::Write;
+use std::sync::atomic::Ordering;
+
+use axum::extract::State;
+use axum::http::header;
+use axum::response::IntoResponse;
+use kvc_engine::EngineStats;
+
+use crate::app::{AppState, ServerCounters};
+use crate::openai_types::{PATH_LOCAL, REASON_SINGLE_WORKER};
+
+pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
+    let body = render(&state.engine.stats(), &state.counters);
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], body)
+}
+
+/// The exposition text; one `# HELP` / `# TYPE` pair per metric.
+pub fn render(s: &EngineStats, c: &ServerCounters) -> String {
+    let mut out = String::new();
+    let mut metric = |name: &str, kind: &str, help: &str, samples: &[(&str, u64)]| {
+        let _ = writeln!(out, "# HELP {name} {help}");
+        let _ = writeln!(out, "# TYPE {name} {kind}");
+        for (labels, value) in samples {
+            let _ = writeln!(out, "{name}{labels} {value}");
+        }
+    };
+    metric("kvc_kv_blocks_free", "gauge", "KV blocks not held by any request.", &[("", s.free_blocks as u64)]);
+    metric("kvc_kv_blocks_total", "gauge", "KV blocks in the pool.", &[("", s.total_blocks as u64)]);
+    metric("kvc_requests_running", "gauge", "Requests being prefilled or decoded.", &[("", s.running as u64)]);
+    metric("kvc_requests_waiting", "gauge", "Requests queued for admission.", &[("", s.waiting as u64)]);
+    metric("kvc_engine_steps_total", "counter", "Engine steps run.", &[("", s.steps)]);
+    metric("kvc_preemptions_total", "counter", "Requests preempted for lack of KV blocks.", &[("", s.preemptions)]);
+    metric("kvc_prompt_tokens_computed_total", "counter", "Prompt tokens run through the model.", &[("", s.prompt_tokens_computed)]);
+    metric("kvc_generation_tokens_total", "counter", "Tokens generated.", &[("", s.generated_tokens)]);
+    let path_labels = format!("{{path=\"{PATH_LOCAL}\",reason=\"{REASON_SINGLE_WORKER}\"}}");
+    metric(
+        "kvc_served_requests_total",
+        "counter",
+        "Requests handed to the engine, by serving path and reason.",
+        &[(&path_labels, c.local_requests.load(Ordering::Relaxed))],
+    );
+    metric(
+        "kvc_streams_cancelled_total",
+        "counter",
+        "Streaming responses whose client went away before the end.",
+        &[("", c.streams_cancelled.load(Ordering::Relaxed))],
+    );
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exposition_names_every_engine_stat_with_help_and_type() {
+        let s = EngineStats {
+            free_blocks: 7, total_blocks: 9, running: 1, waiting: 2, steps: 3,
+            preemptions: 4, prompt_tokens_computed: 5, generated_tokens: 6,
+        };
+        let text = render(&s, &ServerCounters::default());
+        for line in [
+            "kvc_kv_blocks_free 7", "kvc_kv_blocks_total 9", "kvc_requests_running 1", "kvc_requests_waiting 2",
+            "kvc_engine_steps_total 3", "kvc_preemptions_total 4", "kvc_prompt_tokens_computed_total 5",
+            "kvc_generation_tokens_total 6",
+            "kvc_served_requests_total{path=\"local\",reason=\"single_worker\"} 0",
+            "# TYPE kvc_preemptions_total counter", "# TYPE kvc_kv_blocks_free gauge",
+        ] {
+            assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
+        }
+        let helps = text.lines().filter(|l| l.starts_with("# HELP")).count();
+        let types = text.lines().filter(|l| l.starts_with("# TYPE")).count();
+        assert_eq!(helps, types);
+    }
+}

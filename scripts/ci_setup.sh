@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Idempotent set-up of what the test suites need beyond cargo: a Python
+# virtual environment in .venv with the pinned OpenAI client and pytest.
+# Safe to run again: an existing .venv is reused and pip skips what is
+# already installed at the pinned version.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="$ROOT/.venv"
+PYTHON="${PYTHON:-python3}"
+
+# Pinned versions of the suite's Python dependencies (httpx is the openai
+# client's own transport; the raw-HTTP tests use it directly).
+REQUIREMENTS=(
+    "openai==3.51.0"
+    "httpx==0.28.1"
+    "pytest==9.2.0"
+)
+
+if [ ! -x "$VENV/bin/python" ]; then
+    echo "ci_setup: creating $VENV"
+    "$PYTHON" -m venv "$VENV"
+fi
+
+if "$VENV/bin/python" - "${REQUIREMENTS[@]}" <<'PY'
+import sys
+from importlib.metadata import version, PackageNotFoundError
+for req in sys.argv[1:]:
+    name, want = req.split("==")
+    try:
+        if version(name) != want:
+            sys.exit(1)
+    except PackageNotFoundError:
+        sys.exit(1)
+PY
+then
+    echo "ci_setup: python packages already installed (${REQUIREMENTS[*]})"
+else
+    echo "ci_setup: installing ${REQUIREMENTS[*]}"
+    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "${REQUIREMENTS[@]}"
+fi
