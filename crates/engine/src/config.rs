@@ -60,6 +60,12 @@ pub struct EngineConfig {
     pub max_model_len: Option<usize>,
     /// Seed for dummy weights.
     pub seed: u64,
+    /// Reuse full blocks across requests by chained hash.
+    pub enable_prefix_caching: bool,
+    /// Host-memory tier for evicted session KV, in bytes (0 disables it).
+    pub swap_space_bytes: usize,
+    /// Idle sessions are deleted after this many seconds.
+    pub session_ttl_s: u64,
 }
 
 impl Default for EngineConfig {
@@ -76,6 +82,9 @@ impl Default for EngineConfig {
             max_num_batched_tokens: 512,
             max_model_len: None,
             seed: 0,
+            enable_prefix_caching: true,
+            swap_space_bytes: 1 << 30,
+            session_ttl_s: 600,
         }
     }
 }

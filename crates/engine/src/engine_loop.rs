@@ -2,12 +2,15 @@
 //! detokenization, stop checks, events out. Runs on its own thread.
 
 use std::collections::HashMap;
-use std::sync::{mpsc as std_mpsc, Arc, RwLock};
+use std::sync::{mpsc as std_mpsc, Arc};
+use std::time::{Duration, Instant};
 
-use kvc_kv_pool::{BlockAllocator, KvPool, KvStorage};
+use arc_swap::ArcSwap;
+use kvc_kv_pool::{BlockAllocator, BlockId, KvPool, KvStorage};
 use kvc_model_qwen3::{BatchInput, Qwen3Model, SeqChunk};
-use kvc_scheduler::{ScheduledChunk, Scheduler, SchedulerConfig, SeqId};
-use tokio::sync::mpsc;
+use kvc_scheduler::{ScheduledChunk, Scheduler, SchedulerConfig, SchedulerHooks, SeqId, Sequence};
+use kvc_session_cache::{BlockHash, CacheConfig, SessionAwareCache};
+use tokio::sync::{mpsc, oneshot};
 
 use crate::detokenizer::IncrementalDecoder;
 use crate::sampler::Sampler;
@@ -20,6 +23,8 @@ use crate::{
 pub(crate) enum Command {
     Submit { seq_id: u64, req: GenerateRequest, tx: mpsc::UnboundedSender<StreamEvent> },
     Cancel(u64),
+    DeleteSession(String, oneshot::Sender<bool>),
+    ResetPrefixCache(oneshot::Sender<usize>),
     Shutdown,
 }
 
@@ -31,7 +36,15 @@ struct Active {
     stop: StopMatcher,
     stop_token_ids: Vec<u32>,
     prompt_len: usize,
+    session_id: Option<String>,
+    /// The session's busy mark was taken (released by commit or abandon).
+    turn_open: bool,
     cached_tokens: usize,
+    reuse_reason: &'static str,
+    restored_blocks: usize,
+    /// Full blocks already offered to the prefix index, and the last one's hash.
+    registered_blocks: usize,
+    last_hash: Option<BlockHash>,
 }
 
 pub(crate) struct EngineLoop {
@@ -39,10 +52,12 @@ pub(crate) struct EngineLoop {
     storage: KvStorage,
     allocator: BlockAllocator,
     scheduler: Scheduler,
+    cache: SessionAwareCache,
+    last_expiry: Instant,
     tokenizer: Arc<TextTokenizer>,
     eos_token_ids: Vec<u32>,
     active: HashMap<SeqId, Active>,
-    stats: Arc<RwLock<EngineStats>>,
+    stats: Arc<ArcSwap<EngineStats>>,
     local: EngineStats,
     max_model_len: usize,
 }
@@ -54,7 +69,7 @@ impl EngineLoop {
         config: &EngineConfig,
         tokenizer: Arc<TextTokenizer>,
         eos_token_ids: Vec<u32>,
-        stats: Arc<RwLock<EngineStats>>,
+        stats: Arc<ArcSwap<EngineStats>>,
     ) -> Result<Self, EngineError> {
         let block_size = pool.block_size();
         let capacity = pool.num_blocks() * block_size;
@@ -77,13 +92,31 @@ impl EngineLoop {
             block_size,
         });
         let KvPool { allocator, storage } = pool;
-        let local = EngineStats { free_blocks: allocator.num_free(), total_blocks: allocator.num_blocks(), ..Default::default() };
-        *stats.write().expect("stats lock") = local.clone();
+        let host_blocks = config.swap_space_bytes / storage.layout().bytes_per_block().max(1);
+        let cache = SessionAwareCache::new(
+            CacheConfig {
+                block_size,
+                enable_prefix_caching: config.enable_prefix_caching,
+                host_blocks,
+                session_ttl: Duration::from_secs(config.session_ttl_s),
+            },
+            allocator.num_blocks(),
+        );
+        let local = EngineStats {
+            free_blocks: allocator.num_free(),
+            total_blocks: allocator.num_blocks(),
+            host_total_blocks: host_blocks,
+            host_free_blocks: host_blocks,
+            ..Default::default()
+        };
+        stats.store(Arc::new(local.clone()));
         Ok(Self {
             model,
             storage,
             allocator,
             scheduler,
+            cache,
+            last_expiry: Instant::now(),
             tokenizer,
             eos_token_ids,
             active: HashMap::new(),
@@ -109,13 +142,20 @@ impl EngineLoop {
         loop {
             // Block while idle; otherwise take what has arrived and step.
             if self.scheduler.is_idle() {
-                match rx.recv() {
+                match rx.recv_timeout(Duration::from_secs(1)) {
                     Ok(cmd) => {
                         if !self.handle(cmd) {
                             break;
                         }
                     }
-                    Err(_) => break,
+                    Err(std_mpsc::RecvTimeoutError::Timeout) => {}
+                    Err(std_mpsc::RecvTimeoutError::Disconnected) => break,
+                }
+            }
+            if self.last_expiry.elapsed() >= Duration::from_secs(1) {
+                self.last_expiry = Instant::now();
+                if self.cache.expire(&mut self.allocator) > 0 {
+                    self.publish();
                 }
             }
             let mut shutdown = false;
@@ -157,7 +197,13 @@ impl EngineLoop {
                     sampler: Sampler::new(req.sampling, seq_id),
                     stop_token_ids,
                     prompt_len: req.prompt_tokens.len(),
+                    session_id: req.session_id.clone(),
+                    turn_open: false,
                     cached_tokens: 0,
+                    reuse_reason: "cold",
+                    restored_blocks: 0,
+                    registered_blocks: 0,
+                    last_hash: None,
                 };
                 tracing::debug!(request_id = %req.request_id, seq_id, prompt_tokens = active.prompt_len, "admitted");
                 self.active.insert(seq_id, active);
@@ -170,8 +216,34 @@ impl EngineLoop {
                 }
                 true
             }
+            Command::DeleteSession(id, reply) => {
+                let _ = reply.send(self.cache.delete(&id, &mut self.allocator));
+                self.publish();
+                true
+            }
+            Command::ResetPrefixCache(reply) => {
+                let _ = reply.send(self.cache.reset_prefix_cache(&mut self.allocator));
+                self.publish();
+                true
+            }
             Command::Shutdown => false,
         }
+    }
+
+    /// Offers a sequence's newly full blocks to the prefix index.
+    fn register_full_blocks(&mut self, id: SeqId) {
+        let (Some(seq), Some(a)) = (self.scheduler.get(id), self.active.get_mut(&id)) else { return };
+        let bs = self.storage.layout().block_size;
+        let full = seq.num_computed / bs;
+        for j in a.registered_blocks..full {
+            a.last_hash = Some(self.cache.register_block(
+                a.last_hash,
+                &seq.tokens[j * bs..(j + 1) * bs],
+                seq.block_table[j],
+                &mut self.allocator,
+            ));
+        }
+        a.registered_blocks = a.registered_blocks.max(full);
     }
 
     fn cancel_disconnected(&mut self) {
@@ -182,7 +254,8 @@ impl EngineLoop {
     }
 
     fn step(&mut self) {
-        let plan = self.scheduler.schedule(&mut self.allocator);
+        let mut hooks = CacheHooks { cache: &mut self.cache, storage: &mut self.storage, active: &mut self.active };
+        let plan = self.scheduler.schedule(&mut self.allocator, &mut hooks);
         self.local.preemptions += plan.preempted.len() as u64;
         for id in plan.unfittable {
             // Only reachable when generation outgrows the pool: the prompt
@@ -209,6 +282,7 @@ impl EngineLoop {
         let mut row = 0;
         for c in &plan.chunks {
             self.scheduler.mark_computed(c.seq_id, c.len);
+            self.register_full_blocks(c.seq_id);
             let seq_prompt = self.scheduler.get(c.seq_id).map(|s| s.prompt_len).unwrap_or(0);
             self.local.prompt_tokens_computed += c.len.min(seq_prompt.saturating_sub(c.start)) as u64;
             if c.sample {
@@ -274,6 +348,7 @@ impl EngineLoop {
     /// Sends the final event and frees the sequence's blocks.
     fn finish(&mut self, id: SeqId, reason: FinishReason, matched_stop: Option<MatchedStop>) {
         let completion_tokens = self.scheduler.get(id).map(|s| s.num_generated()).unwrap_or(0);
+        self.close_turn(id, reason != FinishReason::Abort);
         if let Some(mut a) = self.active.remove(&id) {
             let text = match (&matched_stop, self.scheduler.get(id)) {
                 (None, Some(seq)) => {
@@ -284,23 +359,84 @@ impl EngineLoop {
                 }
                 _ => String::new(),
             };
-            let usage = Usage { prompt_tokens: a.prompt_len, completion_tokens, cached_tokens: a.cached_tokens };
+            let usage = Usage {
+                prompt_tokens: a.prompt_len,
+                completion_tokens,
+                cached_tokens: a.cached_tokens,
+                reuse_reason: a.reuse_reason,
+                restored_blocks: a.restored_blocks,
+            };
             let _ = a.tx.send(StreamEvent::Finished { reason, text, matched_stop, usage });
         }
         self.scheduler.remove(id, &mut self.allocator);
     }
 
+    /// Commits a finished turn's KV to its session, or releases the
+    /// session's busy mark without committing.
+    fn close_turn(&mut self, id: SeqId, commit: bool) {
+        let Some(a) = self.active.get_mut(&id) else { return };
+        let Some(session) = a.session_id.clone() else { return };
+        let was_open = std::mem::replace(&mut a.turn_open, false);
+        match self.scheduler.get(id) {
+            Some(seq) if commit && seq.num_computed > 0 => {
+                if !was_open {
+                    // Never admitted (finished while waiting): nothing to keep.
+                    return;
+                }
+                let tokens = &seq.tokens[..seq.num_computed];
+                self.cache.commit(&session, tokens, &seq.block_table, &mut self.allocator);
+            }
+            _ if was_open => self.cache.abandon(&session),
+            _ => {}
+        }
+    }
+
     fn drop_seq(&mut self, id: SeqId) {
+        self.close_turn(id, false);
         self.active.remove(&id);
         self.scheduler.remove(id, &mut self.allocator);
     }
 
+    /// Publishes an immutable snapshot; readers never touch the loop.
     fn publish(&mut self) {
         self.local.free_blocks = self.allocator.num_free();
         self.local.running = self.scheduler.num_running();
         self.local.waiting = self.scheduler.num_waiting();
-        if let Ok(mut s) = self.stats.write() {
-            *s = self.local.clone();
-        }
+        self.local.evictable_blocks = self.cache.evictable_blocks(&self.allocator);
+        self.local.cached_blocks = self.cache.indexed_blocks();
+        self.local.host_free_blocks = self.cache.host_free_blocks();
+        self.local.cache = self.cache.stats.clone();
+        self.local.sessions = Arc::new(self.cache.sessions().into_iter().map(|s| (s.id.clone(), s)).collect());
+        self.local.published_at = Some(Instant::now());
+        self.stats.store(Arc::new(self.local.clone()));
+    }
+}
+
+/// The scheduler's view of the caches: reclaim cached KV, and find reusable
+/// KV for a sequence at admission (a session's first admission uses the
+/// session; a re-admission after preemption uses the prefix index).
+struct CacheHooks<'a> {
+    cache: &'a mut SessionAwareCache,
+    storage: &'a mut KvStorage,
+    active: &'a mut HashMap<SeqId, Active>,
+}
+
+impl SchedulerHooks for CacheHooks<'_> {
+    fn reclaim(&mut self, n: usize, alloc: &mut BlockAllocator) {
+        self.cache.reclaim(n, alloc, self.storage);
+    }
+
+    fn acquire(&mut self, seq: &Sequence, alloc: &mut BlockAllocator) -> Option<(Vec<BlockId>, usize)> {
+        let a = self.active.get_mut(&seq.id)?;
+        let session = if a.turn_open { None } else { a.session_id.clone() };
+        let got = self.cache.acquire(session.as_deref(), &seq.tokens, alloc, self.storage);
+        a.turn_open |= session.is_some();
+        a.cached_tokens = got.tokens;
+        a.reuse_reason = got.source.as_str();
+        a.restored_blocks += got.restored_blocks;
+        a.registered_blocks = 0;
+        a.last_hash = None;
+        tracing::debug!(event = "reuse", seq_id = seq.id, session = ?a.session_id, reused = got.tokens, reason = a.reuse_reason, restored = got.restored_blocks);
+        (got.tokens > 0).then_some((got.blocks, got.tokens))
     }
 }

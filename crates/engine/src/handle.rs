@@ -1,7 +1,12 @@
 //! The cloneable front of the engine: submit, cancel, render, inspect.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{mpsc as std_mpsc, Arc, RwLock};
+use std::collections::HashMap;
+use std::sync::{mpsc as std_mpsc, Arc};
+use std::time::Instant;
+
+use arc_swap::ArcSwap;
+use kvc_session_cache::{CacheStats, SessionInfo};
 
 use tokio::sync::mpsc;
 
@@ -27,17 +32,29 @@ pub struct ModelInfo {
     pub num_kv_blocks: usize,
 }
 
-/// Live counters, refreshed by the step loop after every step.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// The engine's state as of its last step: an immutable snapshot the step
+/// loop publishes (arc-swap) so that probes, metrics and routing never enter
+/// the loop.
+#[derive(Debug, Clone, Default)]
 pub struct EngineStats {
     pub free_blocks: usize,
     pub total_blocks: usize,
+    /// Blocks held only by caches (prefix index, idle sessions): reclaimable.
+    pub evictable_blocks: usize,
+    /// Blocks in the prefix index.
+    pub cached_blocks: usize,
+    pub host_free_blocks: usize,
+    pub host_total_blocks: usize,
     pub running: usize,
     pub waiting: usize,
     pub steps: u64,
     pub preemptions: u64,
     pub prompt_tokens_computed: u64,
     pub generated_tokens: u64,
+    /// Session hits, reuse, evictions by tier and reason, host restores.
+    pub cache: CacheStats,
+    pub sessions: Arc<HashMap<String, SessionInfo>>,
+    pub published_at: Option<Instant>,
 }
 
 struct Inner {
@@ -45,7 +62,7 @@ struct Inner {
     tokenizer: Arc<TextTokenizer>,
     template: Option<ChatTemplate>,
     commands: std_mpsc::Sender<Command>,
-    stats: Arc<RwLock<EngineStats>>,
+    stats: Arc<ArcSwap<EngineStats>>,
     next_id: AtomicU64,
     thread: std::sync::Mutex<Option<std::thread::JoinHandle<()>>>,
 }
@@ -81,7 +98,7 @@ impl EngineHandle {
     /// Loads model and tokenizer, allocates the KV pool, starts the loop.
     pub fn start(config: EngineConfig) -> Result<Self, EngineError> {
         let loaded = crate::model_source::load(&config)?;
-        let stats = Arc::new(RwLock::new(EngineStats::default()));
+        let stats = Arc::new(ArcSwap::from_pointee(EngineStats::default()));
         let (tx, rx) = std_mpsc::channel();
         let tokenizer = Arc::new(loaded.tokenizer);
         let template = loaded.template;
@@ -134,7 +151,26 @@ impl EngineHandle {
     }
 
     pub fn stats(&self) -> EngineStats {
-        self.inner.stats.read().map(|s| s.clone()).unwrap_or_default()
+        (*self.snapshot()).clone()
+    }
+
+    /// The latest published snapshot (a pointer load; never blocks the loop).
+    pub fn snapshot(&self) -> Arc<EngineStats> {
+        self.inner.stats.load_full()
+    }
+
+    /// Deletes a session and frees its KV; false if it did not exist.
+    pub async fn delete_session(&self, id: &str) -> Result<bool, EngineError> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.inner.commands.send(Command::DeleteSession(id.to_string(), tx)).map_err(|_| EngineError::ShuttingDown)?;
+        rx.await.map_err(|_| EngineError::ShuttingDown)
+    }
+
+    /// Drops every prefix-cache block that nothing else uses; returns how many.
+    pub async fn reset_prefix_cache(&self) -> Result<usize, EngineError> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.inner.commands.send(Command::ResetPrefixCache(tx)).map_err(|_| EngineError::ShuttingDown)?;
+        rx.await.map_err(|_| EngineError::ShuttingDown)
     }
 
     /// Checks the request against the model (token range, context length)

@@ -97,12 +97,15 @@ impl SamplingParams {
 }
 
 /// One generation request, prompt already tokenized.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct GenerateRequest {
     /// Caller's id, used in logs (`chatcmpl-...`).
     pub request_id: String,
     pub prompt_tokens: Vec<u32>,
     pub sampling: SamplingParams,
+    /// The session this turn belongs to (matched exactly); its KV is kept
+    /// after the turn and reused by the next one.
+    pub session_id: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -126,13 +129,24 @@ impl FinishReason {
     }
 }
 
-/// Token counts for OpenAI's `usage`.
+/// Token counts for OpenAI's `usage`, and how the prompt was served.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct Usage {
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
     /// Prompt tokens whose KV was reused instead of computed.
     pub cached_tokens: usize,
+    /// Why: "cold", "session_hit" or "prefix_hit".
+    pub reuse_reason: &'static str,
+    /// Blocks of this request's reused KV brought back from host memory.
+    pub restored_blocks: usize,
+}
+
+impl Usage {
+    /// Prompt tokens that went through the model.
+    pub fn computed_tokens(&self) -> usize {
+        self.prompt_tokens - self.cached_tokens
+    }
 }
 
 /// Log-probability of one candidate token.

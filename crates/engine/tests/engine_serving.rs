@@ -49,7 +49,7 @@ fn collect(mut s: kvc_engine::RequestStream) -> Output {
 }
 
 fn submit(e: &EngineHandle, prompt: &[u32], p: SamplingParams) -> kvc_engine::RequestStream {
-    e.submit(GenerateRequest { request_id: "t".into(), prompt_tokens: prompt.to_vec(), sampling: p }).unwrap()
+    e.submit(GenerateRequest { request_id: "t".into(), prompt_tokens: prompt.to_vec(), sampling: p, ..Default::default() }).unwrap()
 }
 
 fn alone(e: &EngineHandle, max_tokens: usize) -> Vec<Vec<u32>> {
@@ -99,7 +99,12 @@ fn preemption_under_a_small_pool_keeps_outputs_and_returns_every_block() {
     assert_eq!(concurrent(&small, 24), reference);
     let s = wait_stats(&small, |s| s.running == 0 && s.waiting == 0);
     assert!(s.preemptions > 0, "the pool was meant to be too small: {s:?}");
-    assert_eq!(s.free_blocks, initial_free);
+    // What is not free is only the prefix cache's (reclaimable) blocks...
+    assert_eq!(s.free_blocks + s.evictable_blocks, initial_free);
+    // ...and dropping the prefix cache returns every block.
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(small.reset_prefix_cache()).unwrap();
+    assert_eq!(wait_stats(&small, |s| s.free_blocks == initial_free).free_blocks, initial_free);
 }
 
 #[test]
@@ -110,8 +115,8 @@ fn dropping_a_stream_cancels_and_frees_blocks() {
     // Wait for generation to start, then walk away.
     assert!(matches!(s.blocking_recv(), Some(StreamEvent::Token { .. })));
     drop(s);
-    let stats = wait_stats(&e, |s| s.free_blocks == total && s.running == 0);
-    assert_eq!(stats.free_blocks, total);
+    let stats = wait_stats(&e, |s| s.free_blocks + s.evictable_blocks == total && s.running == 0);
+    assert_eq!(stats.free_blocks + stats.evictable_blocks, total);
 }
 
 #[test]
@@ -146,13 +151,13 @@ fn seeded_sampling_is_reproducible() {
 fn invalid_requests_are_refused_before_scheduling() {
     let e = engine(|_| {});
     let vocab = e.info().vocab_size as u32;
-    let bad_token = e.submit(GenerateRequest { request_id: "t".into(), prompt_tokens: vec![1, vocab], sampling: greedy(1) });
+    let bad_token = e.submit(GenerateRequest { request_id: "t".into(), prompt_tokens: vec![1, vocab], sampling: greedy(1), ..Default::default() });
     assert!(matches!(bad_token, Err(kvc_engine::EngineError::TokenOutOfRange { .. })));
     let long = vec![1u32; e.info().max_model_len];
     assert!(matches!(
-        e.submit(GenerateRequest { request_id: "t".into(), prompt_tokens: long, sampling: greedy(1) }),
+        e.submit(GenerateRequest { request_id: "t".into(), prompt_tokens: long, sampling: greedy(1), ..Default::default() }),
         Err(kvc_engine::EngineError::PromptTooLong { .. })
     ));
     let bad_temp = SamplingParams { temperature: -1.0, ..greedy(1) };
-    assert!(e.submit(GenerateRequest { request_id: "t".into(), prompt_tokens: vec![1], sampling: bad_temp }).is_err());
+    assert!(e.submit(GenerateRequest { request_id: "t".into(), prompt_tokens: vec![1], sampling: bad_temp, ..Default::default() }).is_err());
 }

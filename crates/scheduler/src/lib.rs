@@ -10,5 +10,5 @@
 mod scheduler;
 mod sequence;
 
-pub use scheduler::{Schedule, ScheduledChunk, Scheduler, SchedulerConfig};
+pub use scheduler::{NoCache, Schedule, SchedulerHooks, ScheduledChunk, Scheduler, SchedulerConfig};
 pub use sequence::{SeqId, SeqStatus, Sequence};

@@ -2,9 +2,30 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use kvc_kv_pool::BlockAllocator;
+use kvc_kv_pool::{BlockAllocator, BlockId};
 
 use crate::sequence::{SeqId, SeqStatus, Sequence};
+
+/// What the scheduler asks of the KV caches around it.
+pub trait SchedulerHooks {
+    /// Frees cached KV that no running sequence uses until `n` blocks are
+    /// free, if it can.
+    fn reclaim(&mut self, n: usize, alloc: &mut BlockAllocator);
+    /// Blocks (one reference each, now owned by the sequence) already
+    /// holding the KV of the first `tokens` tokens of a sequence about to
+    /// be admitted; None when nothing is reusable.
+    fn acquire(&mut self, seq: &Sequence, alloc: &mut BlockAllocator) -> Option<(Vec<BlockId>, usize)>;
+}
+
+/// Hooks for a scheduler without caches.
+pub struct NoCache;
+
+impl SchedulerHooks for NoCache {
+    fn reclaim(&mut self, _n: usize, _alloc: &mut BlockAllocator) {}
+    fn acquire(&mut self, _seq: &Sequence, _alloc: &mut BlockAllocator) -> Option<(Vec<BlockId>, usize)> {
+        None
+    }
+}
 
 #[derive(Debug, Clone, Copy)]
 pub struct SchedulerConfig {
@@ -112,13 +133,23 @@ impl Scheduler {
         Some(seq)
     }
 
-    /// Makes sure `id` has blocks for its first `tokens` tokens.
-    fn grow(&mut self, id: SeqId, tokens: usize, alloc: &mut BlockAllocator) -> bool {
-        let seq = self.seqs.get_mut(&id).expect("scheduled sequence exists");
+    /// Waiting sequences in admission order.
+    pub fn waiting(&self) -> impl Iterator<Item = &Sequence> {
+        self.waiting.iter().map(|id| &self.seqs[id])
+    }
+
+    /// Makes sure `id` has blocks for its first `tokens` tokens, asking
+    /// `reclaim` to free cached KV when the pool is short.
+    fn grow(&mut self, id: SeqId, tokens: usize, alloc: &mut BlockAllocator, hooks: &mut dyn SchedulerHooks) -> bool {
+        let seq = &self.seqs[&id];
         let need = tokens.div_ceil(self.config.block_size).saturating_sub(seq.block_table.len());
         if need == 0 {
             return true;
         }
+        if alloc.num_free() < need {
+            hooks.reclaim(need, alloc);
+        }
+        let seq = self.seqs.get_mut(&id).expect("scheduled sequence exists");
         match alloc.allocate(need) {
             Some(blocks) => {
                 seq.block_table.extend(blocks);
@@ -133,6 +164,7 @@ impl Scheduler {
         alloc.free_all(&seq.block_table);
         seq.block_table.clear();
         seq.num_computed = 0;
+        seq.acquired = false;
         seq.status = SeqStatus::Waiting;
         seq.preemptions += 1;
         self.preemptions_total += 1;
@@ -143,7 +175,22 @@ impl Scheduler {
     }
 
     /// Plans one step.
-    pub fn schedule(&mut self, alloc: &mut BlockAllocator) -> Schedule {
+    /// Releases reused blocks of a waiting sequence that could not be
+    /// admitted (it acquires again when its turn comes). True if it had any.
+    fn unseed_waiting_head(&mut self, alloc: &mut BlockAllocator) -> bool {
+        let Some(&id) = self.waiting.front() else { return false };
+        let seq = self.seqs.get_mut(&id).expect("waiting sequence exists");
+        if seq.block_table.is_empty() {
+            return false;
+        }
+        alloc.free_all(&seq.block_table);
+        seq.block_table.clear();
+        seq.num_computed = 0;
+        seq.acquired = false;
+        true
+    }
+
+    pub fn schedule(&mut self, alloc: &mut BlockAllocator, hooks: &mut dyn SchedulerHooks) -> Schedule {
         let mut out = Schedule::default();
         let mut budget = self.config.max_num_batched_tokens;
         let capacity_tokens = alloc.num_blocks() * self.config.block_size;
@@ -163,7 +210,10 @@ impl Scheduler {
                 continue;
             }
             let mut scheduled = true;
-            while !self.grow(id, end, alloc) {
+            while !self.grow(id, end, alloc, hooks) {
+                if self.unseed_waiting_head(alloc) {
+                    continue;
+                }
                 let newest = *self.running.last().expect("running is not empty");
                 self.preempt(newest, alloc);
                 out.preempted.push(newest);
@@ -199,14 +249,31 @@ impl Scheduler {
                 out.unfittable.push(id);
                 continue;
             }
+            if !seq.acquired {
+                let found = hooks.acquire(seq, alloc);
+                let seq = self.seqs.get_mut(&id).expect("waiting sequence exists");
+                seq.acquired = true;
+                if let Some((blocks, tokens)) = found {
+                    debug_assert!(seq.block_table.is_empty() && tokens < seq.tokens.len());
+                    seq.block_table = blocks;
+                    seq.num_computed = tokens;
+                }
+            }
+            let seq = &self.seqs[&id];
             let start = seq.num_computed;
+            let want_blocks = (start + seq.remaining().min(budget)).div_ceil(self.config.block_size);
+            let missing = want_blocks.saturating_sub(seq.block_table.len());
+            if alloc.num_free() < missing {
+                hooks.reclaim(missing, alloc);
+            }
+            let seq = &self.seqs[&id];
             let have = seq.block_table.len() * self.config.block_size;
             let fit = have + alloc.num_free() * self.config.block_size - start;
             let len = seq.remaining().min(budget).min(fit);
             if len == 0 {
                 break;
             }
-            let ok = self.grow(id, start + len, alloc);
+            let ok = self.grow(id, start + len, alloc, hooks);
             debug_assert!(ok, "blocks were counted as free");
             self.waiting.pop_front();
             let seq = self.seqs.get_mut(&id).expect("waiting sequence exists");
@@ -246,7 +313,7 @@ mod tests {
         s.add(1, vec![1; 20]);
         let lens: Vec<(usize, usize, bool)> = (0..3)
             .map(|_| {
-                let p = s.schedule(&mut alloc);
+                let p = s.schedule(&mut alloc, &mut NoCache);
                 apply(&mut s, &p);
                 (p.chunks[0].start, p.chunks[0].len, p.chunks[0].sample)
             })
@@ -259,10 +326,10 @@ mod tests {
         let mut alloc = BlockAllocator::new(100);
         let mut s = sched(8, 6);
         s.add(1, vec![1; 3]);
-        let p = s.schedule(&mut alloc);
+        let p = s.schedule(&mut alloc, &mut NoCache);
         apply(&mut s, &p);
         s.add(2, vec![1; 10]);
-        let p = s.schedule(&mut alloc);
+        let p = s.schedule(&mut alloc, &mut NoCache);
         assert_eq!(p.chunks[0], ScheduledChunk { seq_id: 1, start: 3, len: 1, sample: true });
         assert_eq!(p.chunks[1], ScheduledChunk { seq_id: 2, start: 0, len: 5, sample: false });
     }
@@ -274,7 +341,7 @@ mod tests {
         for id in 0..3 {
             s.add(id, vec![1; 2]);
         }
-        let p = s.schedule(&mut alloc);
+        let p = s.schedule(&mut alloc, &mut NoCache);
         assert_eq!(p.chunks.len(), 2);
         assert_eq!(s.num_waiting(), 1);
     }
@@ -286,18 +353,18 @@ mod tests {
         s.add(1, vec![1; 4]);
         s.add(2, vec![1; 4]);
         s.add(3, vec![1; 4]);
-        let p = s.schedule(&mut alloc);
+        let p = s.schedule(&mut alloc, &mut NoCache);
         apply(&mut s, &p);
         assert_eq!(p.chunks.len(), 3);
         // Every sequence now needs a second block; only one is free.
-        let p = s.schedule(&mut alloc);
+        let p = s.schedule(&mut alloc, &mut NoCache);
         assert_eq!(p.preempted, vec![3]);
         assert_eq!(p.chunks.iter().map(|c| c.seq_id).collect::<Vec<_>>(), vec![1, 2]);
         apply(&mut s, &p);
         // Drive to completion: each sequence generates 6 tokens.
         let mut done = Vec::new();
         for _ in 0..200 {
-            let p = s.schedule(&mut alloc);
+            let p = s.schedule(&mut alloc, &mut NoCache);
             apply(&mut s, &p);
             for c in p.chunks.iter().filter(|c| c.sample) {
                 if s.get(c.seq_id).unwrap().num_generated() >= 6 {
@@ -320,7 +387,7 @@ mod tests {
         let mut alloc = BlockAllocator::new(2);
         let mut s = sched(8, 100);
         s.add(1, vec![1; 9]);
-        let p = s.schedule(&mut alloc);
+        let p = s.schedule(&mut alloc, &mut NoCache);
         assert_eq!(p.unfittable, vec![1]);
         assert!(p.chunks.is_empty());
         s.remove(1, &mut alloc);
@@ -332,7 +399,7 @@ mod tests {
         let mut alloc = BlockAllocator::new(10);
         let mut s = sched(8, 100);
         s.add(1, vec![1; 9]);
-        let p = s.schedule(&mut alloc);
+        let p = s.schedule(&mut alloc, &mut NoCache);
         apply(&mut s, &p);
         assert_eq!(alloc.num_free(), 7);
         s.remove(1, &mut alloc);

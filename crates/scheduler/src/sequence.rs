@@ -24,6 +24,8 @@ pub struct Sequence {
     pub arrival: u64,
     /// Times this sequence was preempted.
     pub preemptions: u32,
+    /// Reusable KV was looked up since the last (re)admission.
+    pub acquired: bool,
 }
 
 impl Sequence {
@@ -38,6 +40,7 @@ impl Sequence {
             status: SeqStatus::Waiting,
             arrival,
             preemptions: 0,
+            acquired: false,
         }
     }
 

@@ -85,6 +85,7 @@ fn run(engine: &EngineHandle, batch: usize, prompt_len: usize, gen_len: usize) -
                     request_id: format!("bench-{i}"),
                     prompt_tokens: prompt,
                     sampling: SamplingParams { temperature: 0.0, max_tokens: gen_len, ignore_eos: true, ..Default::default() },
+                    ..Default::default()
                 })
                 .expect("submit")
         })

@@ -1,0 +1,470 @@
+//! SessionAwareCache: sessions' KV across turns, the prefix index, and
+//! tiered eviction (unreferenced cached blocks -> host tier -> drop).
+//!
+//! Reference counting: every holder of a device block owns one allocator
+//! reference: running requests (their block tables), the prefix index (one
+//! per indexed block) and sessions (one per device block they hold).
+//! `cache_refs[b]` counts the index's and sessions' references, so
+//! `refcount(b) - cache_refs[b]` is the number of running requests using
+//! `b`; a block with running users is never evicted.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use kvc_kv_pool::{BlockAllocator, BlockId, KvStorage};
+
+use crate::block_hash::{hash_block, BlockHash};
+use crate::eviction::{choose_victim, EvictionAction, EvictionDecision, VictimCandidate};
+use crate::host_tier::HostTier;
+use crate::prefix_index::PrefixIndex;
+use crate::session::{common_prefix, BlockLoc, Session, SessionInfo};
+use crate::stats::CacheStats;
+
+#[derive(Debug, Clone)]
+pub struct CacheConfig {
+    pub block_size: usize,
+    pub enable_prefix_caching: bool,
+    /// Blocks of the host tier (0 disables it).
+    pub host_blocks: usize,
+    /// Idle sessions older than this are deleted.
+    pub session_ttl: Duration,
+}
+
+/// Where a request's reused KV came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReuseSource {
+    None,
+    Session,
+    Prefix,
+}
+
+impl ReuseSource {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReuseSource::None => "cold",
+            ReuseSource::Session => "session_hit",
+            ReuseSource::Prefix => "prefix_hit",
+        }
+    }
+}
+
+/// What [`SessionAwareCache::acquire`] hands a new request: blocks (one
+/// reference each, owned by the request) holding its first `tokens` tokens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Acquired {
+    pub blocks: Vec<BlockId>,
+    pub tokens: usize,
+    pub source: ReuseSource,
+    /// Blocks copied back from the host tier for this request.
+    pub restored_blocks: usize,
+}
+
+pub struct SessionAwareCache {
+    config: CacheConfig,
+    index: PrefixIndex,
+    sessions: HashMap<String, Session>,
+    host: HostTier,
+    cache_refs: Vec<u32>,
+    tick: u64,
+    pub stats: CacheStats,
+}
+
+impl SessionAwareCache {
+    pub fn new(config: CacheConfig, num_blocks: usize) -> Self {
+        Self {
+            host: HostTier::new(config.host_blocks),
+            config,
+            index: PrefixIndex::default(),
+            sessions: HashMap::new(),
+            cache_refs: vec![0; num_blocks],
+            tick: 1,
+            stats: CacheStats::default(),
+        }
+    }
+
+    pub fn config(&self) -> &CacheConfig {
+        &self.config
+    }
+
+    fn next_tick(&mut self) -> u64 {
+        self.tick += 1;
+        self.tick
+    }
+
+    /// Running requests using `b` (references beyond the cache's own).
+    fn running_refs(&self, alloc: &BlockAllocator, b: BlockId) -> u32 {
+        alloc.refcount(b) - self.cache_refs[b as usize]
+    }
+
+    fn take_ref(&mut self, alloc: &mut BlockAllocator, b: BlockId) {
+        alloc.incref(b);
+        self.cache_refs[b as usize] += 1;
+    }
+
+    fn drop_ref(&mut self, alloc: &mut BlockAllocator, b: BlockId) {
+        self.cache_refs[b as usize] -= 1;
+        alloc.free(b);
+    }
+
+    fn release_loc(&mut self, alloc: &mut BlockAllocator, loc: BlockLoc) {
+        match loc {
+            BlockLoc::Device(b) => {
+                // A superseded block goes to the front of the eviction order.
+                self.index.demote(b);
+                self.drop_ref(alloc, b)
+            }
+            BlockLoc::Host(h) => self.host.release(h),
+        }
+    }
+
+    // ---- requests ---------------------------------------------------------
+
+    /// Finds reusable KV for a new request: the session's committed tokens
+    /// (longest common prefix, checked token by token), else whole blocks
+    /// of the prefix index. At least the prompt's last token is left to
+    /// compute. Host-tier blocks are copied back. A session's blocks past
+    /// the common prefix are superseded by this turn and released now.
+    pub fn acquire(
+        &mut self,
+        session: Option<&str>,
+        prompt: &[u32],
+        alloc: &mut BlockAllocator,
+        storage: &mut KvStorage,
+    ) -> Acquired {
+        let max_reuse = prompt.len().saturating_sub(1);
+        let mut out = Acquired { blocks: Vec::new(), tokens: 0, source: ReuseSource::None, restored_blocks: 0 };
+        if let Some(id) = session {
+            let s = self.sessions.entry(id.to_string()).or_default();
+            s.busy += 1;
+            s.last_use = Instant::now();
+            let k = common_prefix(&s.tokens[..], &prompt[..max_reuse]);
+            self.reuse_session(id, k, alloc, storage, &mut out);
+            if out.tokens > 0 {
+                out.source = ReuseSource::Session;
+                self.stats.session_hits += 1;
+            }
+        }
+        if self.config.enable_prefix_caching {
+            let before = out.tokens;
+            self.extend_from_index(prompt, max_reuse, alloc, &mut out);
+            if out.source == ReuseSource::None && out.tokens > before {
+                out.source = ReuseSource::Prefix;
+                self.stats.prefix_hits += 1;
+            }
+        }
+        self.stats.reused_tokens += out.tokens as u64;
+        self.stats.computed_tokens += (prompt.len() - out.tokens) as u64;
+        out
+    }
+
+    fn reuse_session(&mut self, id: &str, k: usize, alloc: &mut BlockAllocator, storage: &mut KvStorage, out: &mut Acquired) {
+        let bs = self.config.block_size;
+        // Whole blocks only: the block holding position k is rewritten by
+        // this turn, so it is recomputed (at most block_size - 1 tokens).
+        let full = k / bs;
+        // Release the superseded tail now (a newer turn replaces that branch).
+        let tail: Vec<BlockLoc> = {
+            let s = self.sessions.get_mut(id).expect("session exists");
+            let tail = s.blocks.split_off(full.min(s.blocks.len()));
+            s.tokens.truncate(full * bs);
+            tail
+        };
+        for loc in tail {
+            self.release_loc(alloc, loc);
+        }
+        for i in 0..full {
+            let Some(b) = self.device_block_of(id, i, alloc, storage, out) else { break };
+            alloc.incref(b);
+            out.blocks.push(b);
+            out.tokens += bs;
+        }
+    }
+
+    /// Block `i` of a session on the device, restoring it from the host
+    /// tier if needed (None if there is no room).
+    fn device_block_of(
+        &mut self,
+        id: &str,
+        i: usize,
+        alloc: &mut BlockAllocator,
+        storage: &mut KvStorage,
+        out: &mut Acquired,
+    ) -> Option<BlockId> {
+        match self.sessions[id].blocks.get(i).copied()? {
+            BlockLoc::Device(b) => Some(b),
+            BlockLoc::Host(h) => {
+                let dst = self.allocate(1, alloc, storage)?[0];
+                self.host.restore(storage, h, dst);
+                // The session now holds the device block (the allocation's reference).
+                self.cache_refs[dst as usize] += 1;
+                self.sessions.get_mut(id).expect("session exists").blocks[i] = BlockLoc::Device(dst);
+                out.restored_blocks += 1;
+                self.stats.host_restores += 1;
+                Some(dst)
+            }
+        }
+    }
+
+    fn extend_from_index(&mut self, prompt: &[u32], max_reuse: usize, alloc: &mut BlockAllocator, out: &mut Acquired) {
+        let bs = self.config.block_size;
+        let mut parent: Option<BlockHash> = None;
+        let mut i = 0;
+        while (i + 1) * bs <= max_reuse {
+            let blk = &prompt[i * bs..(i + 1) * bs];
+            let h = hash_block(parent, blk);
+            parent = Some(h);
+            if i >= out.blocks.len() {
+                let tick = self.next_tick();
+                let Some(b) = self.index.lookup(h, blk, tick) else { break };
+                alloc.incref(b);
+                out.blocks.push(b);
+                out.tokens += bs;
+            }
+            i += 1;
+        }
+    }
+
+    /// Allocates, reclaiming cached KV if the pool is short.
+    pub fn allocate(&mut self, n: usize, alloc: &mut BlockAllocator, storage: &KvStorage) -> Option<Vec<BlockId>> {
+        if alloc.num_free() < n {
+            self.reclaim(n, alloc, storage);
+        }
+        alloc.allocate(n)
+    }
+
+    /// Indexes a sequence's newly full block (the index takes a reference).
+    /// Returns the block's hash, the parent of the next one.
+    pub fn register_block(&mut self, parent: Option<BlockHash>, tokens: &[u32], block: BlockId, alloc: &mut BlockAllocator) -> BlockHash {
+        let h = hash_block(parent, tokens);
+        if self.config.enable_prefix_caching && !self.index.contains_hash(h) && !self.index.contains_block(block) {
+            let tick = self.next_tick();
+            self.index.insert(h, tokens, block, tick);
+            self.take_ref(alloc, block);
+        }
+        h
+    }
+
+    /// Stores a finished turn in its session: `tokens` (those with KV) and
+    /// the blocks covering them. The session takes its own references.
+    pub fn commit(&mut self, id: &str, tokens: &[u32], blocks: &[BlockId], alloc: &mut BlockAllocator) {
+        let needed = tokens.len().div_ceil(self.config.block_size);
+        let blocks = &blocks[..needed.min(blocks.len())];
+        for &b in blocks {
+            self.take_ref(alloc, b);
+        }
+        let old = {
+            let s = self.sessions.entry(id.to_string()).or_default();
+            s.tokens = tokens[..(blocks.len() * self.config.block_size).min(tokens.len())].to_vec();
+            s.turns += 1;
+            s.busy = s.busy.saturating_sub(1);
+            s.last_use = Instant::now();
+            std::mem::replace(&mut s.blocks, blocks.iter().map(|&b| BlockLoc::Device(b)).collect())
+        };
+        for loc in old {
+            self.release_loc(alloc, loc);
+        }
+    }
+
+    /// A turn ended without committing (cancelled, failed).
+    pub fn abandon(&mut self, id: &str) {
+        if let Some(s) = self.sessions.get_mut(id) {
+            s.busy = s.busy.saturating_sub(1);
+            s.last_use = Instant::now();
+        }
+    }
+
+    // ---- sessions ---------------------------------------------------------
+
+    pub fn session_info(&self, id: &str) -> Option<SessionInfo> {
+        self.sessions.get(id).map(|s| s.info(id, Instant::now()))
+    }
+
+    pub fn sessions(&self) -> Vec<SessionInfo> {
+        let now = Instant::now();
+        self.sessions.iter().map(|(id, s)| s.info(id, now)).collect()
+    }
+
+    /// Deletes a session and releases its KV. False if unknown.
+    pub fn delete(&mut self, id: &str, alloc: &mut BlockAllocator) -> bool {
+        let Some(s) = self.sessions.remove(id) else { return false };
+        for loc in s.blocks {
+            self.release_loc(alloc, loc);
+        }
+        true
+    }
+
+    /// Deletes idle sessions unused for longer than the TTL.
+    pub fn expire(&mut self, alloc: &mut BlockAllocator) -> usize {
+        let ttl = self.config.session_ttl;
+        let now = Instant::now();
+        let old: Vec<String> = self
+            .sessions
+            .iter()
+            .filter(|(_, s)| s.busy == 0 && now.saturating_duration_since(s.last_use) > ttl)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in &old {
+            self.delete(id, alloc);
+            self.stats.sessions_expired += 1;
+        }
+        old.len()
+    }
+
+    /// Drops every indexed block that no session or request uses.
+    pub fn reset_prefix_cache(&mut self, alloc: &mut BlockAllocator) -> usize {
+        let blocks: Vec<BlockId> = self.index.lru_blocks(|_| true);
+        let mut n = 0;
+        for b in blocks {
+            if self.index.remove_block(b) {
+                self.drop_ref(alloc, b);
+                n += 1;
+            }
+        }
+        n
+    }
+
+    // ---- eviction ---------------------------------------------------------
+
+    /// Blocks that eviction could free now (indexed or held by idle
+    /// sessions, with no running user).
+    pub fn evictable_blocks(&self, alloc: &BlockAllocator) -> usize {
+        (0..self.cache_refs.len() as BlockId)
+            .filter(|&b| self.cache_refs[b as usize] > 0 && self.running_refs(alloc, b) == 0)
+            .count()
+    }
+
+    pub fn host_free_blocks(&self) -> usize {
+        self.host.num_free()
+    }
+
+    pub fn host_capacity(&self) -> usize {
+        self.host.capacity()
+    }
+
+    pub fn indexed_blocks(&self) -> usize {
+        self.index.len()
+    }
+
+    /// Frees device blocks until `need` are free or nothing more can go:
+    /// 1. indexed blocks nobody else uses (LRU), 2. idle sessions' blocks to
+    /// the host tier (victim by [`choose_victim`]), 3. drop the victim.
+    pub fn reclaim(&mut self, need: usize, alloc: &mut BlockAllocator, storage: &KvStorage) -> usize {
+        let start = alloc.num_free();
+        while alloc.num_free() < need {
+            if self.evict_index_only(need - alloc.num_free(), alloc) > 0 {
+                continue;
+            }
+            let Some(decision) = self.pick_victim(alloc) else { break };
+            if decision.action == EvictionAction::Drop && self.host.capacity() > 0 {
+                // Make room in the host tier from older host-resident sessions first.
+                if self.drop_coldest_host_session(&decision.session, alloc) {
+                    continue;
+                }
+            }
+            let moved = self.evict_session(&decision, alloc, storage);
+            tracing::info!(
+                event = "eviction",
+                session = %decision.session,
+                action = ?decision.action,
+                reason = decision.reason,
+                score = decision.score,
+                blocks = moved,
+                "evicted idle session KV"
+            );
+            if moved == 0 {
+                break;
+            }
+        }
+        alloc.num_free() - start
+    }
+
+    fn evict_index_only(&mut self, want: usize, alloc: &mut BlockAllocator) -> usize {
+        let cache_refs = &self.cache_refs;
+        let victims = self.index.lru_blocks(|b| cache_refs[b as usize] == 1 && alloc.refcount(b) == 1);
+        let mut freed = 0;
+        for b in victims.into_iter().take(want) {
+            self.index.remove_block(b);
+            self.drop_ref(alloc, b);
+            freed += 1;
+        }
+        if freed > 0 {
+            self.stats.count_eviction("device", "prefix_lru", freed as u64);
+            tracing::debug!(event = "eviction", tier = "device", reason = "prefix_lru", blocks = freed);
+        }
+        freed
+    }
+
+    fn pick_victim(&self, alloc: &BlockAllocator) -> Option<EvictionDecision> {
+        let now = Instant::now();
+        let candidates: Vec<VictimCandidate> = self
+            .sessions
+            .iter()
+            .filter(|(_, s)| s.busy == 0)
+            .map(|(id, s)| VictimCandidate {
+                session: id.clone(),
+                idle_s: now.saturating_duration_since(s.last_use).as_secs_f64(),
+                device_blocks: s
+                    .blocks
+                    .iter()
+                    .filter(|l| matches!(l, BlockLoc::Device(b) if self.running_refs(alloc, *b) == 0))
+                    .count(),
+                turns: s.turns,
+            })
+            .collect();
+        choose_victim(&candidates, self.host.num_free(), alloc.num_blocks())
+    }
+
+    /// Offloads (or drops) a session's device blocks that no request uses.
+    fn evict_session(&mut self, d: &EvictionDecision, alloc: &mut BlockAllocator, storage: &KvStorage) -> usize {
+        let locs = self.sessions[&d.session].blocks.clone();
+        let mut moved = 0;
+        match d.action {
+            EvictionAction::Offload => {
+                for (i, loc) in locs.iter().enumerate().rev() {
+                    let BlockLoc::Device(b) = *loc else { continue };
+                    if self.running_refs(alloc, b) > 0 {
+                        continue;
+                    }
+                    let Some(h) = self.host.store(storage, b) else { break };
+                    self.sessions.get_mut(&d.session).expect("victim exists").blocks[i] = BlockLoc::Host(h);
+                    self.drop_ref(alloc, b);
+                    moved += 1;
+                }
+                self.stats.count_eviction("host", d.reason, moved as u64);
+            }
+            EvictionAction::Drop => {
+                let s = self.sessions.get_mut(&d.session).expect("victim exists");
+                let blocks = std::mem::take(&mut s.blocks);
+                s.tokens.clear();
+                moved = blocks.iter().filter(|l| matches!(l, BlockLoc::Device(_))).count();
+                for loc in blocks {
+                    self.release_loc(alloc, loc);
+                }
+                self.stats.count_eviction("dropped", d.reason, moved as u64);
+            }
+        }
+        moved
+    }
+
+    /// Drops the KV of the idle session with host blocks that has been idle
+    /// longest (other than `except`). False if there is none.
+    fn drop_coldest_host_session(&mut self, except: &str, alloc: &mut BlockAllocator) -> bool {
+        let victim = self
+            .sessions
+            .iter()
+            .filter(|(id, s)| s.busy == 0 && id.as_str() != except && s.blocks.iter().any(|l| matches!(l, BlockLoc::Host(_))))
+            .min_by_key(|(_, s)| s.last_use)
+            .map(|(id, _)| id.clone());
+        let Some(id) = victim else { return false };
+        let s = self.sessions.get_mut(&id).expect("victim exists");
+        let blocks = std::mem::take(&mut s.blocks);
+        s.tokens.clear();
+        let n = blocks.len() as u64;
+        for loc in blocks {
+            self.release_loc(alloc, loc);
+        }
+        self.stats.count_eviction("dropped", "host_full", n);
+        tracing::info!(event = "eviction", session = %id, action = "drop", reason = "host_full", blocks = n);
+        true
+    }
+}

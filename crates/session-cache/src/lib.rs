@@ -1,0 +1,18 @@
+//! SessionAwareCache: a session's KV kept across turns, a prefix cache for
+//! every request, and block-granular tiered eviction (unreferenced cached
+//! blocks, then idle sessions to host memory, then drop), with the victim
+//! chosen by one explicit cost function.
+
+mod block_hash;
+mod cache;
+mod eviction;
+mod host_tier;
+mod prefix_index;
+mod session;
+mod stats;
+
+pub use block_hash::{hash_block, hash_blocks, BlockHash};
+pub use cache::{Acquired, CacheConfig, ReuseSource, SessionAwareCache};
+pub use eviction::{choose_victim, EvictionAction, EvictionDecision, VictimCandidate};
+pub use session::{common_prefix, SessionInfo, Tier};
+pub use stats::CacheStats;
