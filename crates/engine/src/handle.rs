@@ -30,6 +30,7 @@ pub struct ModelInfo {
     pub created: u64,
     pub block_size: usize,
     pub num_kv_blocks: usize,
+    pub max_num_seqs: usize,
 }
 
 /// The engine's state as of its last step: an immutable snapshot the step
@@ -114,6 +115,7 @@ impl EngineHandle {
                 .unwrap_or(0),
             block_size: engine_loop.block_size(),
             num_kv_blocks: engine_loop.num_blocks(),
+            max_num_seqs: config.max_num_seqs,
         };
         let thread = std::thread::Builder::new()
             .name("kvc-engine".into())
@@ -157,6 +159,12 @@ impl EngineHandle {
     /// The latest published snapshot (a pointer load; never blocks the loop).
     pub fn snapshot(&self) -> Arc<EngineStats> {
         self.inner.stats.load_full()
+    }
+
+    /// The admission probe, answered from the latest snapshot.
+    pub fn admission(&self, q: &crate::AdmissionQuery) -> crate::AdmissionDecision {
+        let i = &self.inner.info;
+        crate::decide_admission(&self.snapshot(), q, i.block_size, i.max_model_len, i.max_num_seqs)
     }
 
     /// Deletes a session and frees its KV; false if it did not exist.

@@ -5,6 +5,7 @@
 //! model -> sampler -> detokenizer -> per-request streams). The handle is
 //! cheap to clone and is all the server needs.
 
+pub mod admission;
 pub mod chat_template;
 pub mod config;
 pub mod detokenizer;
@@ -17,6 +18,7 @@ pub mod sampler;
 pub mod stop;
 pub mod tokenizer;
 
+pub use admission::{decide_admission, AdmissionDecision, AdmissionQuery};
 pub use config::{EngineConfig, LoadFormat, ModelSource};
 pub use error::EngineError;
 pub use handle::{CancelGuard, EngineHandle, EngineStats, ModelInfo};
@@ -24,3 +26,4 @@ pub use request::{
     FinishReason, GenerateRequest, Logprobs, MatchedStop, RequestStream, SamplingParams, StreamEvent,
     TokenLogprob, Usage,
 };
+pub use kvc_session_cache::{CacheStats, SessionInfo, Tier};

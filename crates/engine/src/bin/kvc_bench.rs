@@ -2,7 +2,11 @@
 //!
 //! ```text
 //! kvc-bench engine [--batch 1,16] [--prompt-len 128] [--gen-len 64] [--model DIR] [--load-format dummy]
+//! kvc-bench admission [--prompt-len 4096]
 //! ```
+//! `admission` measures the admission probe's latency while the engine
+//! runs a long prefill plus decodes, and the engine's decode throughput
+//! with and without 100 probes per second.
 //! Each batch size runs B concurrent greedy requests of `prompt-len`
 //! tokens generating `gen-len` tokens each (EOS ignored), after one warm-up
 //! request. Prints prefill time (submission to the last request's first
@@ -26,7 +30,11 @@ fn parse() -> Result<Args, String> {
     let mut it = std::env::args().skip(1);
     match it.next().as_deref() {
         Some("engine") => {}
-        other => return Err(format!("usage: kvc-bench engine [options]; got {other:?}")),
+        Some("admission") => {
+            a.prompt_len = 4096;
+            a.batches = vec![0];
+        }
+        other => return Err(format!("usage: kvc-bench engine|admission [options]; got {other:?}")),
     }
     while let Some(flag) = it.next() {
         let mut val = || it.next().ok_or(format!("{flag} needs a value"));
@@ -52,6 +60,9 @@ fn main() {
             std::process::exit(2);
         }
     };
+    if args.batches == [0] {
+        return admission_bench(args.prompt_len);
+    }
     let max_batch = *args.batches.iter().max().unwrap_or(&1);
     let config = EngineConfig {
         model: ModelSource::parse(args.model.as_deref()),
@@ -120,4 +131,80 @@ fn run(engine: &EngineHandle, batch: usize, prompt_len: usize, gen_len: usize) -
     let prefill = first.iter().map(|f| f.unwrap().0).fold(0.0, f64::max);
     let decode_tokens = tokens.saturating_sub(batch) as f64;
     (prefill, decode_tokens / (total - prefill).max(1e-9), tokens as f64 / total)
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+/// Probe latency during a long prefill, and throughput with/without probes.
+fn admission_bench(prompt_len: usize) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let engine = EngineHandle::start(EngineConfig { max_num_batched_tokens: 512, ..Default::default() }).expect("engine");
+    run(&engine, 1, 16, 4); // warm-up
+    // Latency while a long prompt is prefilled in 512-token chunks next to 8 decodes.
+    let stop = Arc::new(AtomicBool::new(false));
+    let prober = {
+        let (engine, stop) = (engine.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut lat = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                let t = Instant::now();
+                let d = engine.admission(&kvc_engine::AdmissionQuery { session_id: Some("probe"), prompt_tokens: 2048 });
+                lat.push(t.elapsed().as_secs_f64() * 1e3);
+                std::hint::black_box(d);
+                std::thread::sleep(std::time::Duration::from_micros(500));
+            }
+            lat
+        })
+    };
+    let long = engine
+        .submit(GenerateRequest {
+            request_id: "long".into(),
+            prompt_tokens: (0..prompt_len).map(|j| (j * 7919 % 150000) as u32 + 10).collect(),
+            sampling: SamplingParams { temperature: 0.0, max_tokens: 4, ignore_eos: true, ..Default::default() },
+            ..Default::default()
+        })
+        .expect("submit");
+    let t0 = Instant::now();
+    let (_, decode_tps, _) = run(&engine, 8, 32, 64);
+    drop_until_done(long);
+    stop.store(true, Ordering::Relaxed);
+    let mut lat = prober.join().unwrap();
+    lat.sort_by(|a, b| a.total_cmp(b));
+    println!("admission probe during a {prompt_len}-token prefill + 8 decodes ({:.1} s, {} probes):", t0.elapsed().as_secs_f64(), lat.len());
+    println!("  p50 {:.4} ms  p99 {:.4} ms  max {:.4} ms  (decode {decode_tps:.1} tok/s)", percentile(&lat, 0.5), percentile(&lat, 0.99), lat[lat.len() - 1]);
+    // Throughput with and without 100 probes/s, alternating runs.
+    let mut with = Vec::new();
+    let mut without = Vec::new();
+    for round in 0..6 {
+        let probing = round % 2 == 1;
+        let stop = Arc::new(AtomicBool::new(false));
+        let h = probing.then(|| {
+            let (engine, stop) = (engine.clone(), stop.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    std::hint::black_box(engine.admission(&kvc_engine::AdmissionQuery { session_id: None, prompt_tokens: 512 }));
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+            })
+        });
+        let (_, tps, _) = run(&engine, 16, 64, 48);
+        stop.store(true, Ordering::Relaxed);
+        if let Some(h) = h {
+            h.join().unwrap();
+        }
+        if probing { with.push(tps) } else { without.push(tps) }
+    }
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+    println!("decode tok/s at batch 16, 3 runs each: without probes {:.1} {:?}; with 100 probes/s {:.1} {:?}", mean(&without), without.iter().map(|x| x.round()).collect::<Vec<_>>(), mean(&with), with.iter().map(|x| x.round()).collect::<Vec<_>>());
+}
+
+fn drop_until_done(mut s: kvc_engine::RequestStream) {
+    while let Some(ev) = s.blocking_recv() {
+        if matches!(ev, StreamEvent::Finished { .. } | StreamEvent::Error(_)) {
+            break;
+        }
+    }
 }
