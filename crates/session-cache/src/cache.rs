@@ -468,3 +468,97 @@ impl SessionAwareCache {
         true
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use candle_core::{DType, Device, Tensor};
+    use kvc_kv_pool::KvLayout;
+
+    use super::*;
+
+    const BS: usize = 4;
+
+    fn setup(blocks: usize, host: usize) -> (SessionAwareCache, BlockAllocator, KvStorage) {
+        let layout = KvLayout { num_layers: 2, num_kv_heads: 1, head_dim: 2, block_size: BS, dtype: DType::F32 };
+        let cfg = CacheConfig { block_size: BS, enable_prefix_caching: true, host_blocks: host, session_ttl: Duration::from_secs(60) };
+        (SessionAwareCache::new(cfg, blocks), BlockAllocator::new(blocks), KvStorage::new(layout, blocks).unwrap())
+    }
+
+    /// Writes distinct values into every slot of `blocks` and returns them.
+    fn fill(storage: &mut KvStorage, blocks: &[BlockId], seed: f32) -> Vec<Vec<u8>> {
+        let slots: Vec<usize> = blocks.iter().flat_map(|&b| (0..BS).map(move |o| b as usize * BS + o)).collect();
+        for layer in 0..2 {
+            let n = slots.len();
+            let k = Tensor::arange(0f32, (n * 2) as f32, &Device::Cpu).unwrap().affine(1.0, (seed + layer as f32) as f64).unwrap().reshape((n, 1, 2)).unwrap();
+            storage.write(layer, &slots, &k, &(k.clone() * 2.0).unwrap()).unwrap();
+        }
+        blocks.iter().map(|&b| (0..2).flat_map(|l| storage.block_bytes(l, b).to_vec()).collect()).collect()
+    }
+
+    #[test]
+    fn a_session_offloaded_to_host_comes_back_byte_identical() {
+        let (mut cache, mut alloc, mut storage) = setup(4, 8);
+        // A turn of 12 tokens ran in blocks [0, 1, 2]; commit it to "s".
+        let blocks = alloc.allocate(3).unwrap();
+        let original = fill(&mut storage, &blocks, 100.0);
+        let tokens: Vec<u32> = (0..12).collect();
+        cache.acquire(Some("s"), &tokens, &mut alloc, &mut storage);
+        cache.commit("s", &tokens, &blocks, &mut alloc);
+        alloc.free_all(&blocks); // the request ends
+        // Another request needs the whole pool: "s" must move to the host tier.
+        assert_eq!(cache.reclaim(4, &mut alloc, &storage), 3);
+        assert_eq!(alloc.num_free(), 4);
+        assert_eq!(cache.session_info("s").unwrap().tier, crate::Tier::Host);
+        let other = alloc.allocate(4).unwrap();
+        fill(&mut storage, &other, -7.0); // overwrite every device block
+        alloc.free_all(&other);
+        // The next turn extends the session: its blocks are restored.
+        let mut next = tokens.clone();
+        next.extend([50, 51, 52]);
+        let got = cache.acquire(Some("s"), &next, &mut alloc, &mut storage);
+        assert_eq!((got.tokens, got.source, got.restored_blocks), (12, ReuseSource::Session, 3));
+        for (i, &b) in got.blocks.iter().enumerate() {
+            let bytes: Vec<u8> = (0..2).flat_map(|l| storage.block_bytes(l, b).to_vec()).collect();
+            assert_eq!(bytes, original[i], "block {i}");
+        }
+        assert_eq!(cache.stats.host_restores, 3);
+        // Releasing everything returns every block and host slot.
+        alloc.free_all(&got.blocks);
+        cache.delete("s", &mut alloc);
+        cache.reset_prefix_cache(&mut alloc);
+        assert_eq!((alloc.num_free(), cache.host_free_blocks()), (4, 8));
+    }
+
+    #[test]
+    fn blocks_of_a_running_request_are_never_evicted() {
+        let (mut cache, mut alloc, mut storage) = setup(3, 8);
+        let blocks = alloc.allocate(2).unwrap();
+        let tokens: Vec<u32> = (0..8).collect();
+        cache.acquire(Some("s"), &tokens, &mut alloc, &mut storage);
+        cache.commit("s", &tokens, &blocks, &mut alloc);
+        // The request still runs (holds its references): nothing can be freed.
+        assert_eq!(cache.reclaim(3, &mut alloc, &storage), 0);
+        assert_eq!(cache.evictable_blocks(&alloc), 0);
+        alloc.free_all(&blocks);
+        assert_eq!(cache.evictable_blocks(&alloc), 2);
+        assert_eq!(cache.reclaim(3, &mut alloc, &storage), 2);
+    }
+
+    #[test]
+    fn without_a_host_tier_the_coldest_session_is_dropped() {
+        let (mut cache, mut alloc, mut storage) = setup(2, 0);
+        for (id, first) in [("old", 0u32), ("new", 100)] {
+            let b = alloc.allocate(1).unwrap();
+            let t: Vec<u32> = (first..first + 4).collect();
+            cache.acquire(Some(id), &t, &mut alloc, &mut storage);
+            cache.commit(id, &t, &b, &mut alloc);
+            alloc.free_all(&b);
+            std::thread::sleep(Duration::from_millis(2)); // distinct last-use times
+        }
+        cache.reset_prefix_cache(&mut alloc);
+        assert_eq!(cache.reclaim(1, &mut alloc, &storage), 1);
+        assert_eq!(cache.session_info("old").unwrap().tier, crate::Tier::None);
+        assert_eq!(cache.session_info("new").unwrap().tier, crate::Tier::Device);
+        assert!(cache.stats.evictions.keys().any(|(tier, _)| tier == "dropped"), "{:?}", cache.stats.evictions);
+    }
+}
