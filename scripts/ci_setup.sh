@@ -10,11 +10,14 @@ VENV="$ROOT/.venv"
 PYTHON="${PYTHON:-python3}"
 
 # Pinned versions of the suite's Python dependencies (httpx is the openai
-# client's own transport; the raw-HTTP tests use it directly).
+# client's own transport; the raw-HTTP tests use it directly; jinja2 renders
+# Qwen3's chat template independently of the server, as transformers does).
 REQUIREMENTS=(
     "openai==3.51.0"
     "httpx==0.28.1"
     "pytest==9.2.0"
+    "jinja2==3.1.6"
+    "markupsafe==3.0.2"
 )
 
 if [ ! -x "$VENV/bin/python" ]; then

@@ -1,9 +1,13 @@
-"""Fixtures for the OpenAI-API suite: one real `kvc-server` process per
-test session, driven with the real `openai` client.
+"""Fixtures for the OpenAI-API suite: real `kvc-server` processes driven
+with the real `openai` client.
 
-The server runs the embedded default model (a tiny random Qwen3-MoE with the
+The servers run the embedded default model (a tiny random Qwen3-MoE with the
 real Qwen3 tokenizer): answers are gibberish but deterministic for greedy
 decoding and for a fixed seed.
+
+- `server`: one default server for the whole session.
+- `start_server(*flags)`: a further server with its own flags (limits, API
+  key, shutdown), stopped at the end of the test module or on request.
 
 Environment:
     KVC_SERVER_BIN            server binary (default target/debug/kvc-server)
@@ -14,6 +18,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import socket
 import subprocess
 import time
@@ -24,6 +29,7 @@ import openai
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+SAMPLE = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? (\S+)")
 
 
 def _free_port() -> int:
@@ -39,6 +45,18 @@ def _log_tail(path: Path, lines: int = 40) -> str:
         return "(no log)"
 
 
+def wait_for(predicate, timeout_s, what):
+    """Polls `predicate` until it returns something truthy (no fixed sleeps)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        time.sleep(0.05)
+
+
 class Server:
     def __init__(self, proc: subprocess.Popen, base_url: str, log_path: Path):
         self.proc = proc
@@ -49,28 +67,51 @@ class Server:
         return _log_tail(self.log_path)
 
     def metrics(self) -> dict[str, float]:
-        """The unlabelled samples of /metrics, by name."""
+        """The samples of /metrics by name; labelled ones as name{labels}."""
         text = httpx.get(f"{self.base_url}/metrics", timeout=10).text
         out = {}
         for line in text.splitlines():
-            m = re.fullmatch(r"([a-zA-Z_:][a-zA-Z0-9_:]*) (\S+)", line)
+            m = SAMPLE.fullmatch(line)
             if m:
-                out[m.group(1)] = float(m.group(2))
+                out[m.group(1) + (m.group(2) or "")] = float(m.group(3))
         return out
 
+    def client(self, api_key: str = "unused", **kw) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{self.base_url}/v1", api_key=api_key, max_retries=0, timeout=300, **kw)
 
-@pytest.fixture(scope="session")
-def server(tmp_path_factory) -> Server:
+    def wait_idle(self, timeout_s: float = 30) -> dict[str, float]:
+        """Waits until no request runs and every KV block is free again or
+        held only by the prefix cache (reclaimable)."""
+        return wait_for(
+            lambda: (m := self.metrics())["kvc_requests_running"] == 0
+            and m["kvc_requests_waiting"] == 0
+            and m["kvc_kv_blocks_free"] + m["kvc_kv_blocks_evictable"] == m["kvc_kv_blocks_total"] and m,
+            timeout_s, "an idle engine with every KV block free or reclaimable")
+
+    def stop(self, sig=signal.SIGTERM, timeout_s: float = 60) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise
+
+
+def launch(tmp_dir: Path, *flags: str) -> Server:
     binary = Path(os.environ.get("KVC_SERVER_BIN", ROOT / "target" / "debug" / "kvc-server"))
     if not binary.is_file():
         pytest.fail(f"server binary {binary} not found: run `cargo build -p kvc-server` or set KVC_SERVER_BIN")
     port = _free_port()
-    log_path = tmp_path_factory.mktemp("server") / "kvc-server.log"
+    log_path = tmp_dir / f"kvc-server-{port}.log"
     env = dict(os.environ)
     env.setdefault("RUST_LOG", "info")
+    env.pop("KVC_API_KEY", None)
+    env.pop("KVC_CLUSTER_TOKEN", None)
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
-            [str(binary), "--host", "127.0.0.1", "--port", str(port)],
+            [str(binary), "--host", "127.0.0.1", "--port", str(port), *flags],
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -78,31 +119,47 @@ def server(tmp_path_factory) -> Server:
         )
     srv = Server(proc, f"http://127.0.0.1:{port}", log_path)
     deadline = time.monotonic() + float(os.environ.get("KVC_SERVER_START_TIMEOUT", "300"))
+    while True:
+        if proc.poll() is not None:
+            pytest.fail(f"kvc-server exited with {proc.returncode} before it was healthy:\n{srv.log_tail()}")
+        try:
+            if httpx.get(f"{srv.base_url}/health", timeout=2).status_code == 200:
+                return srv
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"kvc-server not healthy before the deadline:\n{srv.log_tail()}")
+        time.sleep(0.1)
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory) -> Server:
+    srv = launch(tmp_path_factory.mktemp("server"))
     try:
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"kvc-server exited with {proc.returncode} before it was healthy:\n{srv.log_tail()}")
-            try:
-                if httpx.get(f"{srv.base_url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"kvc-server not healthy before the deadline:\n{srv.log_tail()}")
-            time.sleep(0.1)
         yield srv
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        srv.stop(timeout_s=20)
+
+
+@pytest.fixture(scope="module")
+def start_server(tmp_path_factory):
+    started: list[Server] = []
+
+    def start(*flags: str) -> Server:
+        srv = launch(tmp_path_factory.mktemp("server"), *flags)
+        started.append(srv)
+        return srv
+
+    yield start
+    for srv in started:
+        if srv.proc.poll() is None:
+            srv.stop(timeout_s=20)
 
 
 @pytest.fixture(scope="session")
 def client(server: Server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0, timeout=300)
+    return server.client()
 
 
 @pytest.fixture(scope="session")

@@ -37,7 +37,7 @@ def test_non_streaming_answer_has_openai_shape_and_kvc_extension(client, model):
     assert isinstance(r.choices[0].message.content, str)
     assert r.choices[0].finish_reason in ("stop", "length")
     kvc = r.model_extra["kvc"]
-    assert kvc["path"] == "local" and kvc["reason"] == "single_worker"
+    assert kvc["path"] == "local" and kvc["reason"] in ("cold", "prefix_hit", "session_hit")
     assert kvc["transferred_tokens"] == 0
     assert kvc["cached_tokens"] + kvc["computed_tokens"] == r.usage.prompt_tokens
     assert r.usage.prompt_tokens_details.cached_tokens == kvc["cached_tokens"]
@@ -153,9 +153,20 @@ def test_rich_message_shapes_are_accepted(client, model):
     assert r.usage.prompt_tokens > without_tools.usage.prompt_tokens
 
 
-def test_model_field_is_optional_and_unknown_fields_are_ignored(server):
+def test_model_field_is_optional_and_known_extensions_are_accepted(server):
     r = httpx.post(f"{server.base_url}/v1/chat/completions", timeout=60, json={
-        "messages": HELLO, "max_tokens": 2, "some_future_field": {"x": 1}, "session_id": "s1",
+        "messages": HELLO, "max_tokens": 2, "session_id": "s1", "top_k": 5, "min_p": 0.1, "repetition_penalty": 1.1,
+        "skip_special_tokens": True, "metadata": {"team": "a"}, "store": False, "functions": None,
     })
     assert r.status_code == 200, r.text
     assert r.json()["object"] == "chat.completion"
+
+
+def test_unknown_top_level_fields_are_refused_like_openai(client, model):
+    import openai
+    import pytest
+
+    with pytest.raises(openai.BadRequestError) as e:
+        chat(client, model, max_tokens=2, extra_body={"some_future_field": {"x": 1}})
+    assert e.value.body["param"] == "some_future_field"
+    assert "Unrecognized request argument supplied: some_future_field" in e.value.message

@@ -67,7 +67,9 @@ def test_models_lists_the_served_model(server, client, max_model_len):
     assert body["object"] == "list"
 
 
-def test_health_is_ok(server):
+def test_health_is_readiness_and_health_live_is_liveness(server):
     r = httpx.get(f"{server.base_url}/health", timeout=10)
     assert r.status_code == 200
-    assert r.json() == {"status": "ok"}
+    assert r.json() == {"status": "ready"}
+    r = httpx.get(f"{server.base_url}/health/live", timeout=10)
+    assert (r.status_code, r.json()) == (200, {"status": "alive"})

@@ -1,14 +1,15 @@
 """/metrics, and cancellation: a client that leaves mid-stream frees its KV
 blocks."""
 
-import time
-
 import httpx
 import pytest
+
+from conftest import wait_for
 
 ENGINE_METRICS = [
     "kvc_kv_blocks_free",
     "kvc_kv_blocks_total",
+    "kvc_kv_blocks_evictable",
     "kvc_requests_running",
     "kvc_requests_waiting",
     "kvc_preemptions_total",
@@ -17,15 +18,12 @@ ENGINE_METRICS = [
 ]
 
 
-def wait_for(predicate, timeout_s, what):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        time.sleep(0.05)
+HISTOGRAMS = [
+    "kvc_time_to_first_token_seconds",
+    "kvc_inter_token_latency_seconds",
+    "kvc_e2e_request_latency_seconds",
+    "kvc_request_queue_time_seconds",
+]
 
 
 def test_metrics_expose_engine_stats_in_prometheus_text(server):
@@ -51,8 +49,7 @@ def test_generation_moves_the_counters(server, client, model):
 
 
 def test_client_disconnect_mid_stream_cancels_and_frees_blocks(server, client, model, max_model_len):
-    idle = wait_for(lambda: (m := server.metrics())["kvc_requests_running"] == 0 and m, 30, "an idle engine")
-    assert idle["kvc_kv_blocks_free"] == idle["kvc_kv_blocks_total"]
+    idle = server.wait_idle()
     # Ask for far more tokens than will be produced before we hang up.
     max_tokens = max_model_len - 64
     stream = client.chat.completions.create(
@@ -71,10 +68,8 @@ def test_client_disconnect_mid_stream_cancels_and_frees_blocks(server, client, m
 
     stream.close()  # the client goes away mid-stream
 
-    freed = wait_for(
-        lambda: (m := server.metrics())["kvc_kv_blocks_free"] == m["kvc_kv_blocks_total"]
-        and m["kvc_requests_running"] == 0 and m,
-        30, "the cancelled request's blocks to be freed")
+    # Freed, or kept only by the prefix cache (reclaimable).
+    freed = server.wait_idle()
     generated = freed["kvc_generation_tokens_total"] - idle["kvc_generation_tokens_total"]
     assert generated < max_tokens, "the request ran to completion instead of being cancelled"
     # The server saw the stream end early.
@@ -82,16 +77,38 @@ def test_client_disconnect_mid_stream_cancels_and_frees_blocks(server, client, m
 
 
 def test_client_disconnect_during_non_streaming_request_cancels_it(server, model, max_model_len):
-    idle = wait_for(lambda: (m := server.metrics())["kvc_requests_running"] == 0 and m, 30, "an idle engine")
+    idle = server.wait_idle()
     max_tokens = max_model_len - 64
     body = {"model": model, "messages": [{"role": "user", "content": "Talk forever."}],
             "max_tokens": max_tokens, "ignore_eos": True}
     # The client gives up (and closes the connection) long before the answer.
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(f"{server.base_url}/v1/chat/completions", json=body, timeout=httpx.Timeout(30, read=2.0))
-    freed = wait_for(
-        lambda: (m := server.metrics())["kvc_kv_blocks_free"] == m["kvc_kv_blocks_total"]
-        and m["kvc_requests_running"] == 0 and m,
-        30, "the abandoned request's blocks to be freed")
+    freed = server.wait_idle()
     generated = freed["kvc_generation_tokens_total"] - idle["kvc_generation_tokens_total"]
     assert 0 < generated < max_tokens, "the request ran to completion instead of being cancelled"
+
+
+def test_latency_histograms_and_request_counters_move(server, client, model):
+    before = server.metrics()
+    r = client.completions.create(model=model, prompt=[1, 2, 3], max_tokens=4, temperature=0,
+                                  extra_body={"ignore_eos": True})
+    assert r.usage.completion_tokens == 4
+    with pytest.raises(Exception):
+        client.completions.create(model=model, prompt="x", max_tokens=0)
+    after = wait_for(
+        lambda: (m := server.metrics())["kvc_e2e_request_latency_seconds_count"]
+        >= before["kvc_e2e_request_latency_seconds_count"] + 1 and m, 10, "the e2e histogram")
+    text = httpx.get(f"{server.base_url}/metrics", timeout=10).text
+    for name in HISTOGRAMS:
+        assert f"# TYPE {name} histogram" in text
+        assert f'{name}_bucket{{le="+Inf"}}' in after
+        assert after[f"{name}_count"] == after[f'{name}_bucket{{le="+Inf"}}']
+    delta = lambda k: after[k] - before[k]
+    assert delta("kvc_time_to_first_token_seconds_count") >= 1
+    assert delta("kvc_inter_token_latency_seconds_count") >= 3  # 4 tokens, 3 gaps
+    assert delta("kvc_request_queue_time_seconds_count") >= 1
+    assert delta('kvc_requests_total{status="2xx"}') >= 1
+    assert delta('kvc_requests_total{status="4xx"}') >= 1
+    assert delta('kvc_request_finishes_total{reason="length"}') >= 1
+    assert after["kvc_http_requests_queued"] == 0

@@ -2,22 +2,72 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use axum::extract::DefaultBodyLimit;
+use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{Method, Uri};
+use axum::middleware::{self, Next};
+use axum::response::Response;
 use axum::routing::{get, post};
 use axum::Router;
 use kvc_engine::EngineHandle;
 
+use crate::admission::Admission;
+use crate::auth::{require_api_key, require_cluster_token};
 use crate::error::ApiError;
+use crate::server_metrics::ServerMetrics;
+use crate::shutdown::Lifecycle;
 
-/// Largest request body accepted (vLLM has no limit; 16 MiB holds a
+/// Default largest request body (vLLM has no limit; 16 MiB holds a
 /// ~4M-token prompt).
 pub const MAX_BODY_BYTES: usize = 16 << 20;
 
-/// How long a shutdown waits for open responses (e.g. streams) to finish.
-const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+/// Security, limits and lifecycle settings of the HTTP front. Its `Debug`
+/// never shows the secrets.
+#[derive(Clone, PartialEq)]
+pub struct ServerConfig {
+    pub api_key: Option<String>,
+    pub cluster_token: Option<String>,
+    pub max_request_body_bytes: usize,
+    /// `None`: the model's context length.
+    pub max_prompt_tokens: Option<usize>,
+    /// 0: no limit.
+    pub max_concurrent_requests: usize,
+    pub max_queued_requests: usize,
+    pub request_timeout: Option<Duration>,
+    pub shutdown_timeout: Duration,
+}
+
+impl std::fmt::Debug for ServerConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let secret = |s: &Option<String>| if s.is_some() { "<set>" } else { "<none>" };
+        f.debug_struct("ServerConfig")
+            .field("api_key", &secret(&self.api_key))
+            .field("cluster_token", &secret(&self.cluster_token))
+            .field("max_request_body_bytes", &self.max_request_body_bytes)
+            .field("max_prompt_tokens", &self.max_prompt_tokens)
+            .field("max_concurrent_requests", &self.max_concurrent_requests)
+            .field("max_queued_requests", &self.max_queued_requests)
+            .field("request_timeout", &self.request_timeout)
+            .field("shutdown_timeout", &self.shutdown_timeout)
+            .finish()
+    }
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            api_key: None,
+            cluster_token: None,
+            max_request_body_bytes: MAX_BODY_BYTES,
+            max_prompt_tokens: None,
+            max_concurrent_requests: 1024,
+            max_queued_requests: 1024,
+            request_timeout: None,
+            shutdown_timeout: Duration::from_secs(30),
+        }
+    }
+}
 
 /// Server-side counters exported by `/metrics` next to the engine's.
 #[derive(Debug, Default)]
@@ -26,6 +76,8 @@ pub struct ServerCounters {
     pub local_requests: AtomicU64,
     /// Streams whose client went away before the end (cancelled).
     pub streams_cancelled: AtomicU64,
+    /// Admission probe answers by reason.
+    pub admission_decisions: std::sync::Mutex<std::collections::BTreeMap<&'static str, u64>>,
 }
 
 impl ServerCounters {
@@ -38,11 +90,26 @@ impl ServerCounters {
 pub struct AppState {
     pub engine: EngineHandle,
     pub counters: Arc<ServerCounters>,
+    pub config: Arc<ServerConfig>,
+    pub metrics: Arc<ServerMetrics>,
+    pub admission: Arc<Admission>,
+    pub lifecycle: Arc<Lifecycle>,
 }
 
 impl AppState {
     pub fn new(engine: EngineHandle) -> Self {
-        Self { engine, counters: Arc::new(ServerCounters::default()) }
+        Self::with_config(engine, ServerConfig::default())
+    }
+
+    pub fn with_config(engine: EngineHandle, config: ServerConfig) -> Self {
+        Self {
+            engine,
+            counters: Arc::new(ServerCounters::default()),
+            admission: Arc::new(Admission::new(config.max_concurrent_requests, config.max_queued_requests)),
+            config: Arc::new(config),
+            metrics: Arc::new(ServerMetrics::default()),
+            lifecycle: Arc::new(Lifecycle::default()),
+        }
     }
 
     /// The name clients must use in `model`.
@@ -57,20 +124,59 @@ impl AppState {
             _ => Ok(()),
         }
     }
+
+    /// `--max-prompt-tokens`, or the context length.
+    pub fn max_prompt_tokens(&self) -> usize {
+        self.config.max_prompt_tokens.unwrap_or(self.engine.info().max_model_len)
+    }
 }
 
+/// When the request arrived (set by [`track_request`] on every request).
+#[derive(Debug, Clone, Copy)]
+pub struct Arrival(pub Instant);
+
+/// The body limit in force, for the extractor's error message.
+#[derive(Debug, Clone, Copy)]
+pub struct BodyLimit(pub usize);
+
 pub fn router(state: AppState) -> Router {
-    Router::new()
+    let v1 = Router::new()
         .route("/v1/chat/completions", post(crate::chat::chat_completions))
         .route("/v1/completions", post(crate::completions::completions))
         .route("/v1/models", get(crate::models::list_models))
         .route("/v1/models/{model}", get(crate::models::get_model))
+        .route("/v1/sessions/{id}", get(crate::sessions::get_session).delete(crate::sessions::delete_session))
+        .route("/v1/admission", post(crate::sessions::admission))
+        .route("/reset_prefix_cache", post(crate::sessions::reset_prefix_cache))
+        .route_layer(middleware::from_fn_with_state(state.clone(), require_api_key));
+    let internal =
+        crate::internal::router().route_layer(middleware::from_fn_with_state(state.clone(), require_cluster_token));
+    let ops = Router::new()
         .route("/health", get(crate::health::health))
-        .route("/metrics", get(crate::metrics::metrics))
+        .route("/health/live", get(crate::health::live))
+        .route("/metrics", get(crate::metrics::metrics));
+    Router::new()
+        .merge(v1)
+        .merge(internal)
+        .merge(ops)
         .fallback(no_route)
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(middleware::from_fn_with_state(state.clone(), track_request))
+        .layer(DefaultBodyLimit::max(state.config.max_request_body_bytes))
         .with_state(state)
+}
+
+/// Stamps the arrival time and body limit on the request, and counts the
+/// answer's status class (probes and scrapes excluded).
+async fn track_request(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
+    let probe = matches!(req.uri().path(), "/health" | "/health/live" | "/metrics");
+    req.extensions_mut().insert(Arrival(Instant::now()));
+    req.extensions_mut().insert(BodyLimit(state.config.max_request_body_bytes));
+    let response = next.run(req).await;
+    if !probe {
+        state.metrics.count_status(response.status().as_u16());
+    }
+    response
 }
 
 async fn no_route(method: Method, uri: Uri) -> ApiError {
@@ -81,51 +187,23 @@ async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
     ApiError::MethodNotAllowed { method: method.to_string(), path: uri.path().to_string() }
 }
 
-/// Binds `host:port` and serves until Ctrl-C or SIGTERM.
-pub async fn serve(engine: EngineHandle, host: &str, port: u16) -> anyhow::Result<()> {
+/// Binds `host:port` and serves until SIGINT / SIGTERM, then drains
+/// ([`crate::shutdown`]).
+pub async fn serve(engine: EngineHandle, host: &str, port: u16, config: ServerConfig) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind((host, port))
         .await
         .map_err(|e| anyhow::anyhow!("cannot bind {host}:{port}: {e}"))?;
     let info = engine.info();
     tracing::info!(
         addr = %listener.local_addr()?, model = %info.id, max_model_len = info.max_model_len,
-        num_kv_blocks = info.num_kv_blocks, block_size = info.block_size, "kvc-server listening"
+        num_kv_blocks = info.num_kv_blocks, block_size = info.block_size,
+        api_key = config.api_key.is_some(), cluster_token = config.cluster_token.is_some(),
+        max_concurrent_requests = config.max_concurrent_requests, max_queued_requests = config.max_queued_requests,
+        "kvc-server listening"
     );
-    let app = router(AppState::new(engine));
-    let stopping = Arc::new(tokio::sync::Notify::new());
-    let notify = stopping.clone();
-    let server = axum::serve(listener, app).with_graceful_shutdown(async move {
-        shutdown_signal().await;
-        tracing::info!("shutting down");
-        notify.notify_one();
-    });
-    tokio::select! {
-        r = server => r?,
-        _ = async { stopping.notified().await; tokio::time::sleep(SHUTDOWN_GRACE).await } => {
-            tracing::warn!(grace_s = SHUTDOWN_GRACE.as_secs(), "open responses did not finish in time; exiting");
-        }
-    }
+    let shutdown_timeout = config.shutdown_timeout;
+    let state = AppState::with_config(engine, config);
+    let lifecycle = state.lifecycle.clone();
+    crate::shutdown::serve_until(listener, router(state), lifecycle, shutdown_timeout, crate::shutdown::signal()).await?;
     Ok(())
 }
-
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {},
-        _ = term => {},
-    }
-}
-

@@ -1,8 +1,12 @@
 //! Command-line flags, spelled like vLLM's, and their mapping onto
 //! [`EngineConfig`].
 
+use std::time::Duration;
+
 use clap::{Parser, ValueEnum};
 use kvc_engine::{EngineConfig, LoadFormat, ModelSource};
+
+use crate::app::ServerConfig;
 
 /// Which part a `kvc-server` process plays (DESIGN.md §4).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -96,6 +100,78 @@ pub struct Args {
     /// Seed for dummy weights.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+
+    /// Turn off the prefix cache (vLLM's flag); sessions still keep their KV.
+    #[arg(long)]
+    pub no_enable_prefix_caching: bool,
+
+    /// Host memory for session KV evicted from the pool, in GiB (vLLM's
+    /// `--swap-space`); 0 disables the host tier.
+    #[arg(long, default_value_t = 1.0)]
+    pub swap_space: f64,
+
+    /// Idle sessions are deleted after this many seconds.
+    #[arg(long, default_value_t = 600)]
+    pub session_ttl_s: u64,
+
+    #[command(flatten)]
+    pub serving: ServingArgs,
+}
+
+/// Security, limits and lifecycle of the HTTP front (see [`ServerConfig`]).
+#[derive(Debug, Clone, clap::Args)]
+pub struct ServingArgs {
+    /// Require `Authorization: Bearer <key>` on /v1/* (/health and /metrics
+    /// stay open).
+    #[arg(long, env = "KVC_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+
+    /// Token that worker-to-worker calls (/internal/*) must carry in
+    /// `x-kvc-cluster-token`; without it those routes are off.
+    #[arg(long, env = "KVC_CLUSTER_TOKEN", hide_env_values = true)]
+    pub cluster_token: Option<String>,
+
+    /// Largest request body accepted (413 beyond); units as --kv-cache-memory.
+    #[arg(long, default_value = "16MiB", value_parser = parse_bytes)]
+    pub max_request_body_bytes: usize,
+
+    /// Most prompt tokens accepted (400 beyond); default: --max-model-len.
+    #[arg(long)]
+    pub max_prompt_tokens: Option<usize>,
+
+    /// Generation requests served at once (0: no limit).
+    #[arg(long, default_value_t = 1024)]
+    pub max_concurrent_requests: usize,
+
+    /// Requests that may wait for a slot; beyond it 429 with Retry-After.
+    #[arg(long, default_value_t = 1024)]
+    pub max_queued_requests: usize,
+
+    /// Per-request deadline in seconds, queueing included (0: none). A
+    /// request past it is cancelled: 504, or a final error event in a stream.
+    #[arg(long, default_value_t = 0)]
+    pub request_timeout_s: u64,
+
+    /// On SIGTERM / SIGINT, how long in-flight requests may take to finish
+    /// before they are cancelled.
+    #[arg(long, default_value_t = 30)]
+    pub shutdown_timeout_s: u64,
+}
+
+impl ServingArgs {
+    pub fn server_config(&self) -> ServerConfig {
+        let secs = |s: u64| (s > 0).then(|| Duration::from_secs(s));
+        ServerConfig {
+            api_key: self.api_key.clone().filter(|k| !k.is_empty()),
+            cluster_token: self.cluster_token.clone().filter(|k| !k.is_empty()),
+            max_request_body_bytes: self.max_request_body_bytes,
+            max_prompt_tokens: self.max_prompt_tokens,
+            max_concurrent_requests: self.max_concurrent_requests,
+            max_queued_requests: self.max_queued_requests,
+            request_timeout: secs(self.request_timeout_s),
+            shutdown_timeout: Duration::from_secs(self.shutdown_timeout_s),
+        }
+    }
 }
 
 impl Args {
@@ -131,6 +207,10 @@ impl Args {
             max_num_batched_tokens: self.max_num_batched_tokens,
             max_model_len: self.max_model_len,
             seed: self.seed,
+            enable_prefix_caching: !self.no_enable_prefix_caching,
+            swap_space_bytes: (self.swap_space.max(0.0) * (1u64 << 30) as f64) as usize,
+            session_ttl_s: self.session_ttl_s,
+            ..EngineConfig::default()
         }
     }
 }
@@ -217,6 +297,32 @@ mod tests {
         assert_eq!(c.max_num_seqs, 8);
         assert_eq!(c.max_num_batched_tokens, 1024);
         assert_eq!(parse(&["--dtype", "half"]).unwrap().engine_config().dtype.as_deref(), Some("f16"));
+    }
+
+    #[test]
+    fn serving_flags_map_onto_server_config() {
+        let c = parse(&[]).unwrap().serving.server_config();
+        assert_eq!(c.api_key, None);
+        assert_eq!(c.max_request_body_bytes, 16 << 20);
+        assert_eq!(c.request_timeout, None);
+        assert_eq!(c.shutdown_timeout, Duration::from_secs(30));
+        let c = parse(&[
+            "--api-key", "k", "--cluster-token", "t", "--max-request-body-bytes", "1MiB", "--max-prompt-tokens", "64",
+            "--max-concurrent-requests", "2", "--max-queued-requests", "3", "--request-timeout-s", "5",
+            "--shutdown-timeout-s", "1",
+        ])
+        .unwrap()
+        .serving
+        .server_config();
+        assert_eq!((c.api_key.as_deref(), c.cluster_token.as_deref()), (Some("k"), Some("t")));
+        assert_eq!((c.max_request_body_bytes, c.max_prompt_tokens), (1 << 20, Some(64)));
+        assert_eq!((c.max_concurrent_requests, c.max_queued_requests), (2, 3));
+        assert_eq!((c.request_timeout, c.shutdown_timeout), (Some(Duration::from_secs(5)), Duration::from_secs(1)));
+        // An empty key is no key (a blank environment variable must not lock everyone out).
+        assert_eq!(parse(&["--api-key", ""]).unwrap().serving.server_config().api_key, None);
+        // Secrets stay out of logs.
+        let shown = format!("{:?}", parse(&["--api-key", "hunter2", "--cluster-token", "t0k"]).unwrap().serving.server_config());
+        assert!(!shown.contains("hunter2") && !shown.contains("t0k"), "{shown}");
     }
 
     #[test]

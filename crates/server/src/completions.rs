@@ -1,19 +1,26 @@
 //! `POST /v1/completions`: a raw prompt (text or token ids) -> engine ->
-//! `text_completion` (or a stream of them).
+//! `text_completion` (or a stream of them), with `logprobs`, `echo` and
+//! `n`.
+
+use std::sync::Arc;
+use std::time::Instant;
 
 use axum::extract::State;
+use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
-use axum::Json;
-use kvc_engine::{FinishReason, MatchedStop, Usage};
+use axum::{Extension, Json};
+use kvc_engine::{FinishReason, Logprobs, MatchedStop, Usage};
 use serde_json::Value;
 
-use crate::app::AppState;
-use crate::extract::OpenAiJson;
+use crate::app::{AppState, Arrival};
 use crate::error::ApiError;
-use crate::generate::{collect, new_request_id, serving_headers, submit, unix_now};
-use crate::openai_types::{Completion, CompletionChoice, CompletionRequest, KvcInfo, UsageInfo};
+use crate::extract::OpenAiJson;
+use crate::generate::{admit, check_prompt_bytes, check_prompt_len, serving_headers, submit, within, Submission};
+use crate::logprobs::{CompletionLogprobs, HasTokenizer, MAX_TOP_LOGPROBS};
+use crate::openai_types::{ChunkUsage, Completion, CompletionChoice, CompletionRequest, KvcInfo};
+use crate::response::{collect, Endpoint};
 use crate::sampling::{DefaultMaxTokens, SamplingPlan};
-use crate::sse::{stream_response, ChunkFormat};
+use crate::sse::stream_response;
 
 /// OpenAI's and vLLM's default `max_tokens` for completions.
 pub const DEFAULT_MAX_TOKENS: usize = 16;
@@ -27,66 +34,90 @@ pub enum PromptInput {
 
 pub async fn completions(
     State(state): State<AppState>,
+    arrival: Option<Extension<Arrival>>,
+    headers: HeaderMap,
     OpenAiJson(req): OpenAiJson<CompletionRequest>,
 ) -> Result<Response, ApiError> {
+    let arrival = arrival.map_or_else(Instant::now, |Extension(Arrival(t))| t);
     state.check_model(req.model.as_deref())?;
     let info = state.engine.info().clone();
     let plan = check_request(&req, info.vocab_size)?;
-    let prompt_tokens = match parse_prompt(&req.prompt, info.vocab_size)? {
-        PromptInput::Tokens(t) => t,
-        PromptInput::Text(text) => {
-            let engine = state.engine.clone();
-            let add_special = req.add_special_tokens.unwrap_or(true);
-            tokio::task::spawn_blocking(move || engine.tokenizer().encode(&text, add_special))
-                .await
-                .map_err(|e| ApiError::Internal(format!("tokenization failed: {e}")))?
-                .map_err(ApiError::completion_engine)?
-        }
-    };
-    let sampling =
-        plan.params_for(prompt_tokens.len(), info.max_model_len, DefaultMaxTokens::Fixed(DEFAULT_MAX_TOKENS));
-    let request_id = new_request_id("cmpl");
-    let stream = submit(&state, &request_id, prompt_tokens, sampling, ApiError::completion_engine)?;
-    let format =
-        CompletionFormat { id: request_id.clone(), created: unix_now(), model: info.id, include_usage: plan.include_usage };
-    if plan.stream {
-        return Ok(stream_response(&state, &request_id, stream, format, plan.include_usage));
+    let prompt = parse_prompt(&req.prompt, info.vocab_size)?;
+    if let PromptInput::Text(text) = &prompt {
+        check_prompt_bytes(&state, text.len(), "prompt")?;
     }
-    let out = collect(&request_id, stream).await?;
-    let body = Completion {
-        id: format.id,
-        object: "text_completion",
-        created: format.created,
-        model: format.model,
-        choices: vec![CompletionChoice {
-            index: 0,
-            text: out.text,
-            logprobs: None,
-            finish_reason: Some(out.finish_reason.as_str()),
-            stop_reason: out.matched_stop,
-        }],
-        usage: Some(Some(out.usage.into())),
-        kvc: Some(KvcInfo::local(&out.usage)),
-    };
+    let session_id = crate::sessions::session_id(req.session_id.as_deref(), &headers)?;
+    let admitted = admit(&state, arrival, "cmpl").await?;
+    let echo = req.echo == Some(true);
+    let skip_special = req.sampling.skip_special_tokens.unwrap_or(true);
+    let engine = state.engine.clone();
+    let add_special = req.add_special_tokens.unwrap_or(true);
+    let prepare = tokio::task::spawn_blocking(move || -> Result<(Vec<u32>, Option<String>), ApiError> {
+        match prompt {
+            PromptInput::Tokens(ids) => {
+                let echoed = if echo { Some(engine.tokenizer().decode(&ids, skip_special).map_err(ApiError::completion_engine)?) } else { None };
+                Ok((ids, echoed))
+            }
+            PromptInput::Text(text) => {
+                let ids = engine.tokenizer().encode(&text, add_special).map_err(ApiError::completion_engine)?;
+                Ok((ids, echo.then_some(text)))
+            }
+        }
+    });
+    let (prompt_tokens, echoed) = within(&state, admitted.deadline(), prepare)
+        .await?
+        .map_err(|e| ApiError::Internal(format!("tokenization failed: {e}")))??;
+    check_prompt_len(&state, prompt_tokens.len(), "prompt")?;
+
+    let sampling = plan.params_for(prompt_tokens.len(), info.max_model_len, DefaultMaxTokens::Fixed(DEFAULT_MAX_TOKENS));
+    let n = plan.n;
+    let generation = submit(
+        &state,
+        admitted,
+        Submission { prompt_tokens, sampling, n, session_id, map_err: ApiError::completion_engine },
+    )?;
+    let endpoint = CompletionEndpoint::new(
+        generation.request_id().to_string(),
+        info.id,
+        n,
+        echoed,
+        req.logprobs.is_some(),
+        Arc::new(state.engine.clone()),
+    );
+    if plan.stream {
+        return Ok(stream_response(&state, generation, endpoint, plan.include_usage));
+    }
+    let request_id = generation.request_id().to_string();
+    let body = collect(generation, endpoint).await?;
     Ok((serving_headers(&request_id), Json(body)).into_response())
 }
 
 fn check_request(req: &CompletionRequest, vocab_size: usize) -> Result<SamplingPlan, ApiError> {
-    if req.echo == Some(true) {
-        return Err(ApiError::unsupported("echo", "echo"));
-    }
-    if req.logprobs.is_some() {
-        return Err(ApiError::unsupported("logprobs", "logprobs"));
+    let logprobs = match req.logprobs {
+        None => None,
+        Some(k) if (0..=MAX_TOP_LOGPROBS).contains(&k) => Some(k as usize),
+        Some(k) => {
+            return Err(ApiError::bad_request(format!("logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {k}"), Some("logprobs")))
+        }
+    };
+    if req.echo == Some(true) && logprobs.is_some() {
+        return Err(ApiError::unsupported(
+            "echo together with logprobs (it needs the prompt's logprobs, which the engine cannot compute yet)",
+            "echo",
+        ));
     }
     if req.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
         return Err(ApiError::unsupported("suffix", "suffix"));
     }
     if let Some(b) = req.best_of {
-        if b != 1 {
-            return Err(ApiError::unsupported(format!("best_of = {b} (only 1 is)"), "best_of"));
+        let n = req.sampling.n.unwrap_or(1);
+        if b != n && b != 1 {
+            return Err(ApiError::unsupported(format!("best_of = {b} (only best_of = 1 or = n is)"), "best_of"));
         }
     }
-    SamplingPlan::new(&req.sampling, req.sampling.max_tokens.map(|m| (m, "max_tokens")), vocab_size)
+    let mut plan = SamplingPlan::new(&req.sampling, req.sampling.max_tokens.map(|m| (m, "max_tokens")), vocab_size)?;
+    plan.set_logprobs(logprobs);
+    Ok(plan)
 }
 
 /// Reads `prompt`: a string, a list of token ids, or a one-element list of
@@ -132,53 +163,93 @@ fn token_ids(items: &[Value], vocab_size: usize) -> Result<Vec<u32>, ApiError> {
         .collect()
 }
 
-/// `text_completion` chunks of one stream.
-struct CompletionFormat {
+struct ChoiceState {
+    /// Characters of text so far (the next token's `text_offset`).
+    offset: usize,
+    pending: CompletionLogprobs,
+}
+
+/// `text_completion` deltas for `n` choices.
+pub struct CompletionEndpoint {
     id: String,
     created: u64,
     model: String,
-    include_usage: bool,
+    echo: Option<String>,
+    logprobs: bool,
+    tokens: Arc<dyn HasTokenizer>,
+    choices: Vec<ChoiceState>,
 }
 
-impl CompletionFormat {
-    fn chunk(&self, choices: Vec<CompletionChoice>, usage: Option<UsageInfo>, kvc: Option<KvcInfo>) -> Completion {
-        Completion {
-            id: self.id.clone(),
-            object: "text_completion",
-            created: self.created,
-            model: self.model.clone(),
-            choices,
-            usage: self.include_usage.then_some(usage),
-            kvc,
+impl CompletionEndpoint {
+    pub fn new(id: String, model: String, n: usize, echo: Option<String>, logprobs: bool, tokens: Arc<dyn HasTokenizer>) -> Self {
+        let offset = echo.as_deref().map_or(0, |e| e.chars().count());
+        let choices = (0..n).map(|_| ChoiceState { offset, pending: CompletionLogprobs::default() }).collect();
+        Self { id, created: crate::generate::unix_now(), model, echo, logprobs, tokens, choices }
+    }
+
+    fn take_logprobs(&mut self, index: usize) -> Option<CompletionLogprobs> {
+        let pending = std::mem::take(&mut self.choices[index].pending);
+        self.logprobs.then_some(pending)
+    }
+
+    fn choice(index: usize, text: String, logprobs: Option<CompletionLogprobs>) -> CompletionChoice {
+        CompletionChoice { index, text, logprobs, finish_reason: None, stop_reason: None }
+    }
+}
+
+impl Endpoint for CompletionEndpoint {
+    type Delta = CompletionChoice;
+    type Chunk = Completion;
+    type Body = Completion;
+
+    fn start(&mut self, index: usize) -> Vec<CompletionChoice> {
+        match &self.echo {
+            Some(prompt) if !prompt.is_empty() => vec![Self::choice(index, prompt.clone(), None)],
+            _ => Vec::new(),
         }
     }
-}
 
-impl ChunkFormat for CompletionFormat {
-    type Chunk = Completion;
-
-    fn opening(&self) -> Option<Completion> {
-        None
+    fn token(&mut self, index: usize, _token_id: u32, text: &str, logprobs: Option<&Logprobs>) -> Option<CompletionChoice> {
+        if let (true, Some(lp)) = (self.logprobs, logprobs) {
+            let choice = &mut self.choices[index];
+            choice.offset += choice.pending.push(self.tokens.tokenizer(), lp, choice.offset);
+        }
+        if text.is_empty() {
+            return None;
+        }
+        Some(Self::choice(index, text.to_string(), self.take_logprobs(index)))
     }
 
-    fn text(&self, text: String) -> Completion {
-        let choice = CompletionChoice { index: 0, text, logprobs: None, finish_reason: None, stop_reason: None };
-        self.chunk(vec![choice], None, None)
+    fn finish(&mut self, index: usize, text: &str, reason: FinishReason, stop: Option<MatchedStop>) -> (Vec<CompletionChoice>, &'static str) {
+        let mut last = Self::choice(index, text.to_string(), self.take_logprobs(index));
+        last.finish_reason = Some(reason.as_str());
+        last.stop_reason = stop;
+        (vec![last], reason.as_str())
     }
 
-    fn finish(&self, reason: FinishReason, stop: Option<MatchedStop>, usage: &Usage) -> Completion {
-        let choice = CompletionChoice {
-            index: 0,
-            text: String::new(),
-            logprobs: None,
-            finish_reason: Some(reason.as_str()),
-            stop_reason: stop,
-        };
-        self.chunk(vec![choice], None, Some(KvcInfo::local(usage)))
+    fn chunk(&self, deltas: Vec<CompletionChoice>, usage: ChunkUsage, kvc: Option<KvcInfo>) -> Completion {
+        Completion { id: self.id.clone(), object: "text_completion", created: self.created, model: self.model.clone(), choices: deltas, usage, kvc }
     }
 
-    fn usage(&self, usage: &Usage) -> Completion {
-        self.chunk(vec![], Some((*usage).into()), None)
+    fn body(&self, choices: Vec<Vec<CompletionChoice>>, usage: Usage) -> Completion {
+        let choices = choices
+            .into_iter()
+            .enumerate()
+            .map(|(index, deltas)| {
+                let mut whole = Self::choice(index, String::new(), self.logprobs.then(CompletionLogprobs::default));
+                for d in deltas {
+                    whole.text.push_str(&d.text);
+                    if let (Some(all), Some(lp)) = (whole.logprobs.as_mut(), d.logprobs) {
+                        all.extend(lp);
+                    }
+                    if d.finish_reason.is_some() {
+                        (whole.finish_reason, whole.stop_reason) = (d.finish_reason, d.stop_reason);
+                    }
+                }
+                whole
+            })
+            .collect();
+        self.chunk(choices, Some(Some(usage.into())), Some(KvcInfo::local(&usage)))
     }
 }
 
@@ -186,6 +257,8 @@ impl ChunkFormat for CompletionFormat {
 mod tests {
     use super::*;
     use crate::error::error_response;
+    use kvc_engine::tokenizer::TextTokenizer;
+    use kvc_engine::TokenLogprob;
     use serde_json::json;
 
     fn status_and_param(err: ApiError) -> (u16, Option<String>) {
@@ -227,33 +300,66 @@ mod tests {
     }
 
     #[test]
-    fn unsupported_options_are_400() {
+    fn unsupported_or_invalid_options_are_400() {
         let check = |extra: Value| {
             let mut v = json!({"prompt": "x"});
             v.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
             let req: CompletionRequest = crate::extract::JsonBody::parse(v.to_string().as_bytes()).unwrap();
             check_request(&req, 10).map_err(status_and_param)
         };
-        assert_eq!(check(json!({"echo": true})).unwrap_err(), (400, Some("echo".into())));
-        assert_eq!(check(json!({"logprobs": 0})).unwrap_err(), (400, Some("logprobs".into())));
+        assert_eq!(check(json!({"echo": true, "logprobs": 1})).unwrap_err(), (400, Some("echo".into())));
+        assert_eq!(check(json!({"logprobs": 21})).unwrap_err(), (400, Some("logprobs".into())));
+        assert_eq!(check(json!({"logprobs": -1})).unwrap_err(), (400, Some("logprobs".into())));
         assert_eq!(check(json!({"suffix": "end"})).unwrap_err(), (400, Some("suffix".into())));
         assert_eq!(check(json!({"best_of": 2})).unwrap_err(), (400, Some("best_of".into())));
         assert_eq!(check(json!({"max_tokens": 0})).unwrap_err(), (400, Some("max_tokens".into())));
-        assert!(check(json!({"echo": false, "suffix": "", "best_of": 1})).is_ok());
+        assert!(check(json!({"echo": true, "suffix": "", "best_of": 1, "logprobs": null})).is_ok());
+        assert!(check(json!({"logprobs": 5, "n": 2, "best_of": 2})).is_ok());
+    }
+
+    fn endpoint(echo: Option<&str>, logprobs: bool) -> CompletionEndpoint {
+        let tok = Arc::new(TextTokenizer::embedded_qwen3().unwrap());
+        CompletionEndpoint::new("cmpl-x".into(), "m".into(), 1, echo.map(str::to_string), logprobs, tok)
+    }
+
+    #[test]
+    fn echo_comes_first_and_offsets_count_from_it() {
+        let mut e = endpoint(Some("Say: "), true);
+        let tok = TextTokenizer::embedded_qwen3().unwrap();
+        let ids = tok.encode("hello world", false).unwrap();
+        let mut deltas = e.start(0);
+        assert_eq!(deltas[0].text, "Say: ");
+        for (i, &id) in ids.iter().enumerate() {
+            let text = tok.decode(&ids[i..=i], false).unwrap();
+            let lp = Logprobs { chosen: TokenLogprob { token_id: id, logprob: -1.0 }, top: vec![TokenLogprob { token_id: id, logprob: -1.0 }] };
+            deltas.extend(e.token(0, id, &text, Some(&lp)));
+        }
+        deltas.extend(e.finish(0, "", FinishReason::Length, None).0);
+        let usage = Usage { prompt_tokens: 3, completion_tokens: ids.len(), ..Default::default() };
+        let body = serde_json::to_value(e.body(vec![deltas], usage)).unwrap();
+        let choice = &body["choices"][0];
+        assert_eq!(choice["text"], "Say: hello world");
+        assert_eq!(choice["finish_reason"], "length");
+        assert_eq!(choice["logprobs"]["tokens"], json!(["hello", " world"]));
+        assert_eq!(choice["logprobs"]["text_offset"], json!([5, 10]));
+        assert_eq!(choice["logprobs"]["top_logprobs"][1], json!({" world": -1.0}));
+        assert_eq!(body["usage"]["completion_tokens"], ids.len());
     }
 
     #[test]
     fn stream_chunks_carry_text_then_finish_reason() {
-        let f = CompletionFormat { id: "cmpl-x".into(), created: 1, model: "m".into(), include_usage: false };
-        assert!(f.opening().is_none());
-        let t = serde_json::to_value(f.text("ab".into())).unwrap();
+        let mut e = endpoint(None, false);
+        assert!(e.start(0).is_empty());
+        let delta = e.token(0, 1, "ab", None).unwrap();
+        let t = serde_json::to_value(e.chunk(vec![delta], None, None)).unwrap();
         assert_eq!(t["object"], "text_completion");
         assert_eq!(t["choices"][0]["text"], "ab");
-        assert!(t["choices"][0]["finish_reason"].is_null());
+        assert!(t["choices"][0]["finish_reason"].is_null() && t["choices"][0]["logprobs"].is_null());
         assert!(t.get("usage").is_none());
-        let usage = Usage { prompt_tokens: 1, completion_tokens: 1, cached_tokens: 0 };
-        let fin = serde_json::to_value(f.finish(FinishReason::Stop, Some(MatchedStop::Text("x".into())), &usage)).unwrap();
-        assert_eq!(fin["choices"][0]["finish_reason"], "stop");
+        assert!(e.token(0, 2, "", None).is_none(), "held-back text sends nothing");
+        let (fin, reported) = e.finish(0, "", FinishReason::Stop, Some(MatchedStop::Text("x".into())));
+        let fin = serde_json::to_value(e.chunk(fin, None, None)).unwrap();
+        assert_eq!((fin["choices"][0]["finish_reason"].as_str(), reported), (Some("stop"), "stop"));
         assert_eq!(fin["choices"][0]["stop_reason"], "x");
     }
 }

@@ -2,7 +2,7 @@
 //! into an HTTP status plus OpenAI's error JSON:
 //! `{"error": {"message", "type", "param", "code"}}`.
 
-use axum::http::StatusCode;
+use axum::http::{header, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use kvc_engine::EngineError;
@@ -20,6 +20,9 @@ pub enum ApiError {
     /// The `model` field names a model this server does not serve (404).
     #[error("The model `{model}` does not exist.")]
     ModelNotFound { model: String },
+    /// No session with this id on this worker (404).
+    #[error("session `{id}` does not exist")]
+    SessionNotFound { id: String },
     /// No route for this path (404).
     #[error("no route for {method} {path}")]
     NoRoute { method: String, path: String },
@@ -34,6 +37,25 @@ pub enum ApiError {
     /// prompt-related engine errors.
     #[error("{source}")]
     Engine { source: EngineError, prompt_param: &'static str },
+    /// No or a wrong API key / cluster token (401). `code` says which.
+    #[error("{message}")]
+    Unauthorized { message: String, code: &'static str },
+    /// The endpoint is switched off in this process (403).
+    #[error("{0}")]
+    Forbidden(String),
+    /// Every concurrency slot and queue place is taken (429).
+    #[error("the server is at capacity ({running} requests running, {queued} queued); retry after {retry_after_s} s")]
+    Busy { running: usize, queued: usize, retry_after_s: u64 },
+    /// The prompt has more tokens than `--max-prompt-tokens` allows (400).
+    #[error("the prompt has {tokens} tokens, more than this server accepts ({limit}, --max-prompt-tokens)")]
+    PromptTooLarge { tokens: usize, limit: usize, param: &'static str },
+    /// `--request-timeout-s` passed before the answer was complete (504);
+    /// the engine request was cancelled.
+    #[error("the request did not complete within the server's timeout of {timeout_s} s; it was cancelled")]
+    Timeout { timeout_s: u64 },
+    /// Draining for shutdown, or the engine is gone (503).
+    #[error("{0}")]
+    Unavailable(String),
     /// A bug or an unexpected failure on our side (500).
     #[error("{0}")]
     Internal(String),
@@ -87,6 +109,7 @@ pub fn error_response(err: &ApiError) -> (StatusCode, ErrorBody) {
         ApiError::BadRequest { param, .. } => invalid(StatusCode::BAD_REQUEST, param.clone(), None),
         ApiError::Unsupported { param, .. } => invalid(StatusCode::BAD_REQUEST, param.clone(), Some("unsupported_parameter")),
         ApiError::ModelNotFound { .. } => invalid(StatusCode::NOT_FOUND, Some("model".into()), Some("model_not_found")),
+        ApiError::SessionNotFound { .. } => invalid(StatusCode::NOT_FOUND, None, Some("session_not_found")),
         ApiError::NoRoute { .. } => invalid(StatusCode::NOT_FOUND, None, Some("unknown_url")),
         ApiError::MethodNotAllowed { .. } => invalid(StatusCode::METHOD_NOT_ALLOWED, None, Some("method_not_allowed")),
         ApiError::PayloadTooLarge { .. } => invalid(StatusCode::PAYLOAD_TOO_LARGE, None, Some("request_too_large")),
@@ -99,7 +122,14 @@ pub fn error_response(err: &ApiError) -> (StatusCode, ErrorBody) {
             };
             invalid(StatusCode::BAD_REQUEST, param.map(str::to_string), code)
         }
-        ApiError::Engine { source: EngineError::ShuttingDown, .. } => {
+        ApiError::Unauthorized { code, .. } => invalid(StatusCode::UNAUTHORIZED, None, Some(*code)),
+        ApiError::Forbidden(_) => (StatusCode::FORBIDDEN, "permission_error", None, Some("forbidden".into())),
+        ApiError::Busy { .. } => (StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", None, Some("server_busy".into())),
+        ApiError::PromptTooLarge { param, .. } => {
+            invalid(StatusCode::BAD_REQUEST, Some(param.to_string()), Some("context_length_exceeded"))
+        }
+        ApiError::Timeout { .. } => (StatusCode::GATEWAY_TIMEOUT, "timeout_error", None, Some("request_timeout".into())),
+        ApiError::Engine { source: EngineError::ShuttingDown, .. } | ApiError::Unavailable(_) => {
             (StatusCode::SERVICE_UNAVAILABLE, "service_unavailable_error", None, None)
         }
         ApiError::Engine { .. } | ApiError::Internal(_) => {
@@ -110,6 +140,20 @@ pub fn error_response(err: &ApiError) -> (StatusCode, ErrorBody) {
     (status, body)
 }
 
+/// Headers that go with some errors: `WWW-Authenticate` on 401 (RFC 6750),
+/// `Retry-After` on 429, and `x-should-retry: false` on a timeout (the
+/// `openai` client would otherwise retry work that just took too long).
+pub fn error_headers(err: &ApiError) -> Vec<(HeaderName, HeaderValue)> {
+    match err {
+        ApiError::Unauthorized { .. } => vec![(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"))],
+        ApiError::Busy { retry_after_s, .. } => {
+            vec![(header::RETRY_AFTER, HeaderValue::from(*retry_after_s))]
+        }
+        ApiError::Timeout { .. } => vec![(HeaderName::from_static("x-should-retry"), HeaderValue::from_static("false"))],
+        _ => Vec::new(),
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let (status, body) = error_response(&self);
@@ -118,7 +162,9 @@ impl IntoResponse for ApiError {
         } else {
             tracing::info!(status = status.as_u16(), error = %self, "request rejected");
         }
-        (status, Json(body)).into_response()
+        let mut response = (status, Json(body)).into_response();
+        response.headers_mut().extend(error_headers(&self));
+        response
     }
 }
 
@@ -189,6 +235,27 @@ mod tests {
         assert_eq!(e.kind, "internal_server_error");
         assert_eq!(map(ApiError::chat_engine(EngineError::ShuttingDown)).0, 503);
         assert_eq!(map(ApiError::Internal("x".into())).0, 500);
+    }
+
+    #[test]
+    fn auth_capacity_and_timeout_errors_have_their_status_and_headers() {
+        let unauthorized = ApiError::Unauthorized { message: "no key".into(), code: "invalid_api_key" };
+        let (status, e) = map(ApiError::Unauthorized { message: "no key".into(), code: "invalid_api_key" });
+        assert_eq!((status, e.code.as_deref()), (401, Some("invalid_api_key")));
+        assert_eq!(error_headers(&unauthorized)[0].0, header::WWW_AUTHENTICATE);
+
+        let busy = ApiError::Busy { running: 4, queued: 8, retry_after_s: 2 };
+        assert_eq!(map(ApiError::Busy { running: 4, queued: 8, retry_after_s: 2 }).0, 429);
+        assert_eq!(error_headers(&busy), vec![(header::RETRY_AFTER, HeaderValue::from(2u64))]);
+
+        let timeout = ApiError::Timeout { timeout_s: 5 };
+        assert_eq!(map(ApiError::Timeout { timeout_s: 5 }).0, 504);
+        assert_eq!(error_headers(&timeout)[0].1, "false");
+
+        assert_eq!(map(ApiError::Forbidden("off".into())).0, 403);
+        assert_eq!(map(ApiError::Unavailable("draining".into())).0, 503);
+        let (status, e) = map(ApiError::PromptTooLarge { tokens: 9, limit: 4, param: "prompt" });
+        assert_eq!((status, e.param.as_deref(), e.code.as_deref()), (400, Some("prompt"), Some("context_length_exceeded")));
     }
 
     #[test]

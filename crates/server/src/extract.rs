@@ -1,6 +1,7 @@
 //! Request bodies: JSON whose every failure (syntax, types, missing
-//! fields, size) becomes an OpenAI error instead of axum's plain-text
-//! rejection.
+//! fields, size, invalid UTF-8, nesting deeper than serde_json's recursion
+//! limit of 128) becomes an OpenAI error instead of axum's plain-text
+//! rejection (or a stack overflow).
 
 use axum::body::Bytes;
 use axum::extract::rejection::JsonRejection;
@@ -9,7 +10,7 @@ use axum::http::StatusCode;
 use axum::Json;
 use serde::de::DeserializeOwned;
 
-use crate::app::MAX_BODY_BYTES;
+use crate::app::{BodyLimit, MAX_BODY_BYTES};
 use crate::error::ApiError;
 
 /// A request body type. Bodies that share fields (the sampling fields of
@@ -53,9 +54,10 @@ impl<S: Send + Sync, T: JsonBody> FromRequest<S> for OpenAiJson<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        let limit = req.extensions().get::<BodyLimit>().map_or(MAX_BODY_BYTES, |l| l.0);
         let bytes = Bytes::from_request(req, state).await.map_err(|r| {
             if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                ApiError::PayloadTooLarge { limit: MAX_BODY_BYTES }
+                ApiError::PayloadTooLarge { limit }
             } else {
                 ApiError::bad_request(r.body_text(), None)
             }
@@ -121,6 +123,44 @@ mod tests {
         }
         let (_, msg) = status_and_message(extract::<CompletionRequest>(r#"{"prompt": "x", "top_p": []}"#).await.unwrap_err());
         assert!(msg.contains("top_p"), "{msg}");
+    }
+
+    #[test]
+    fn deeply_nested_json_is_a_400_not_a_stack_overflow() {
+        // 100k nested arrays where any JSON value is allowed (`tools`), in
+        // an unknown field (skipped by the parser), and where a typed value
+        // is expected (`messages`). Run on a small stack to prove the depth
+        // is bounded by the parser, not by luck with the stack size.
+        let nest = |n: usize| format!("{}{}", "[".repeat(n), "]".repeat(n));
+        let bodies = [
+            format!(r#"{{"messages": [{{"role": "user", "content": "x"}}], "tools": {}}}"#, nest(100_000)),
+            format!(r#"{{"messages": [{{"role": "user", "content": "x"}}], "junk": {}}}"#, nest(100_000)),
+            format!(r#"{{"messages": {}}}"#, nest(100_000)),
+        ];
+        for (i, body) in bodies.into_iter().enumerate() {
+            let handle = std::thread::Builder::new()
+                .stack_size(256 << 10)
+                .spawn(move || {
+                    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+                    rt.block_on(extract::<ChatCompletionRequest>(body)).map(|_| ()).map_err(status_and_message)
+                })
+                .unwrap();
+            let (status, msg) = handle.join().expect("no stack overflow").unwrap_err();
+            assert_eq!(status, 400, "body {i}: {msg}");
+            if i == 0 {
+                assert!(msg.contains("recursion limit"), "{msg}");
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn invalid_utf8_and_lone_surrogates_are_400() {
+        let mut body = br#"{"messages": [{"role": "user", "content": ""#.to_vec();
+        body.extend_from_slice(&[0xff, 0xfe]);
+        body.extend_from_slice(br#""}]}"#);
+        assert_eq!(status_and_message(extract::<ChatCompletionRequest>(body).await.unwrap_err()).0, 400);
+        let surrogate = r#"{"messages": [{"role": "user", "content": "\ud800"}]}"#;
+        assert_eq!(status_and_message(extract::<ChatCompletionRequest>(surrogate).await.unwrap_err()).0, 400);
     }
 
     #[tokio::test]

@@ -1,13 +1,22 @@
-//! What chat and completions share once the prompt is tokenized: request
-//! ids, submission to the engine, collecting a whole answer, and the
-//! response headers that say how a request was served.
+//! What chat and completions share once a request is validated: request
+//! ids, admission, the prompt-length limit, submission of the `n` engine
+//! sequences, and reading their events under the request's deadline and
+//! the server's shutdown, with the latency metrics taken on the way.
+
+use std::time::Instant;
 
 use axum::http::{HeaderName, HeaderValue};
-use kvc_engine::{EngineError, FinishReason, GenerateRequest, MatchedStop, RequestStream, SamplingParams, StreamEvent, Usage};
+use futures::stream::{BoxStream, SelectAll};
+use futures::StreamExt;
+use kvc_engine::{
+    EngineError, FinishReason, GenerateRequest, Logprobs, MatchedStop, RequestStream, SamplingParams, StreamEvent, Usage,
+};
 
+use crate::admission::Slot;
 use crate::app::{AppState, ServerCounters};
 use crate::error::ApiError;
 use crate::openai_types::PATH_LOCAL;
+use crate::server_metrics::Finish;
 
 /// `chatcmpl-<uuid>` / `cmpl-<uuid>`.
 pub fn new_request_id(prefix: &str) -> String {
@@ -27,57 +36,290 @@ pub fn serving_headers(request_id: &str) -> [(HeaderName, HeaderValue); 2] {
     ]
 }
 
-/// Hands a tokenized request to the engine. `map_err` attaches the
-/// endpoint's name for the prompt to engine errors.
-pub fn submit(
+/// An admitted request: its id, arrival, deadline and concurrency slot.
+pub struct Admitted {
+    pub request_id: String,
+    arrival: Instant,
+    deadline: Option<Instant>,
+    slot: Slot,
+}
+
+/// Takes a concurrency slot for a request that arrived at `arrival`
+/// (waiting in the queue if need be, 429 if the queue is full, 504 if the
+/// deadline passes first).
+pub async fn admit(state: &AppState, arrival: Instant, id_prefix: &str) -> Result<Admitted, ApiError> {
+    if state.lifecycle.is_draining() {
+        return Err(ApiError::Unavailable("the server is shutting down".into()));
+    }
+    let deadline = state.config.request_timeout.map(|t| arrival + t);
+    let slot = within(state, deadline, state.admission.admit()).await??;
+    Ok(Admitted { request_id: new_request_id(id_prefix), arrival, deadline, slot })
+}
+
+/// Runs `work` (e.g. tokenization) under the request's deadline.
+pub async fn within<T>(
     state: &AppState,
-    request_id: &str,
-    prompt_tokens: Vec<u32>,
-    sampling: SamplingParams,
-    map_err: fn(EngineError) -> ApiError,
-) -> Result<RequestStream, ApiError> {
-    let (prompt_len, max_tokens) = (prompt_tokens.len(), sampling.max_tokens);
-    let req = GenerateRequest { request_id: request_id.to_string(), prompt_tokens, sampling };
-    let stream = state.engine.submit(req).map_err(map_err)?;
-    ServerCounters::inc(&state.counters.local_requests);
-    tracing::info!(request_id, seq_id = stream.id(), prompt_tokens = prompt_len, max_tokens, path = PATH_LOCAL, "request submitted");
-    Ok(stream)
+    deadline: Option<Instant>,
+    work: impl std::future::Future<Output = T>,
+) -> Result<T, ApiError> {
+    match deadline {
+        Some(d) => tokio::time::timeout_at(d.into(), work).await.map_err(|_| timeout_error(state)),
+        None => Ok(work.await),
+    }
 }
 
-/// A whole answer.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Outcome {
-    pub text: String,
-    pub finish_reason: FinishReason,
-    pub matched_stop: Option<MatchedStop>,
-    pub usage: Usage,
+fn timeout_error(state: &AppState) -> ApiError {
+    ApiError::Timeout { timeout_s: state.config.request_timeout.map_or(0, |t| t.as_secs()) }
 }
 
-/// Reads the stream to its end. Dropping this future (client gone) drops
-/// the stream, which cancels the request.
-pub async fn collect(request_id: &str, mut stream: RequestStream) -> Result<Outcome, ApiError> {
-    let mut text = String::new();
-    while let Some(event) = stream.recv().await {
-        match event {
-            StreamEvent::Token { text: t, .. } => text.push_str(&t),
-            StreamEvent::Finished { reason, text: t, matched_stop, usage } => {
-                text.push_str(&t);
-                log_finished(request_id, reason, &usage);
-                return Ok(Outcome { text, finish_reason: reason, matched_stop, usage });
+impl Admitted {
+    pub fn deadline(&self) -> Option<Instant> {
+        self.deadline
+    }
+}
+
+/// Refuses prompts longer than `--max-prompt-tokens`.
+pub fn check_prompt_len(state: &AppState, tokens: usize, param: &'static str) -> Result<(), ApiError> {
+    let limit = state.max_prompt_tokens();
+    if tokens > limit {
+        return Err(ApiError::PromptTooLarge { tokens, limit, param });
+    }
+    Ok(())
+}
+
+/// A prompt text so long that it cannot fit `--max-prompt-tokens` whatever
+/// its tokenization is refused before tokenizing it: a token decodes to at
+/// most `MAX_TOKEN_BYTES` bytes (Qwen3: 128), and NFC normalization
+/// shrinks text at most 3x.
+pub fn check_prompt_bytes(state: &AppState, bytes: usize, param: &'static str) -> Result<(), ApiError> {
+    const MAX_TOKEN_BYTES: usize = 128;
+    let limit = state.max_prompt_tokens();
+    if bytes > limit.saturating_mul(MAX_TOKEN_BYTES * 3) {
+        return Err(ApiError::PromptTooLarge { tokens: bytes / (MAX_TOKEN_BYTES * 3), limit, param });
+    }
+    Ok(())
+}
+
+/// What to submit: one prompt, `n` choices.
+pub struct Submission {
+    pub prompt_tokens: Vec<u32>,
+    pub sampling: SamplingParams,
+    pub n: usize,
+    pub session_id: Option<String>,
+    /// Attaches the endpoint's prompt name to engine errors.
+    pub map_err: fn(EngineError) -> ApiError,
+}
+
+/// Submits `n` sequences with the same prompt (their prompt KV is shared
+/// through the engine's prefix cache). A `seed` becomes `seed + index` per
+/// choice, as in vLLM, so seeded choices differ yet reproduce.
+pub fn submit(state: &AppState, admitted: Admitted, s: Submission) -> Result<Generation, ApiError> {
+    let Admitted { request_id, arrival, deadline, slot } = admitted;
+    let prompt_len = s.prompt_tokens.len();
+    let mut streams = SelectAll::new();
+    for index in 0..s.n {
+        let mut sampling = s.sampling.clone();
+        sampling.seed = choice_seed(sampling.seed, index);
+        let req = GenerateRequest {
+            request_id: if s.n == 1 { request_id.clone() } else { format!("{request_id}-{index}") },
+            prompt_tokens: s.prompt_tokens.clone(),
+            sampling,
+            // Only the first choice continues the session; the others are
+            // alternatives the client has not chosen yet.
+            session_id: if index == 0 { s.session_id.clone() } else { None },
+            ..Default::default()
+        };
+        let stream = state.engine.submit(req).map_err(s.map_err)?;
+        ServerCounters::inc(&state.counters.local_requests);
+        tracing::info!(
+            request_id, index, seq_id = stream.id(), prompt_tokens = prompt_len, max_tokens = s.sampling.max_tokens,
+            path = PATH_LOCAL, "request submitted"
+        );
+        streams.push(events(index, stream));
+    }
+    state.metrics.queue.observe(arrival.elapsed().as_secs_f64());
+    Ok(Generation {
+        state: state.clone(),
+        request_id,
+        arrival,
+        deadline,
+        streams,
+        choices: vec![ChoiceTiming::default(); s.n],
+        first_token: false,
+        cancelled: Box::pin(state.lifecycle.cancelled()),
+        _slot: slot,
+    })
+}
+
+/// The seed of choice `index`: `seed + index` (vLLM's rule), so seeded
+/// choices differ from each other yet each reproduces.
+pub fn choice_seed(seed: Option<u64>, index: usize) -> Option<u64> {
+    seed.map(|s| s.wrapping_add(index as u64))
+}
+
+/// One engine sequence's events, tagged with its choice index; `None`
+/// marks a stream that closed without a final event.
+fn events(index: usize, stream: RequestStream) -> BoxStream<'static, (usize, Option<StreamEvent>)> {
+    futures::stream::unfold(Some(stream), move |stream| async move {
+        let mut stream = stream?;
+        match stream.recv().await {
+            Some(event) => {
+                let last = !matches!(event, StreamEvent::Token { .. });
+                Some(((index, Some(event)), (!last).then_some(stream)))
             }
-            StreamEvent::Error(msg) => return Err(ApiError::Internal(format!("generation failed: {msg}"))),
+            None => Some(((index, None), None)),
+        }
+    })
+    .boxed()
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct ChoiceTiming {
+    last_token: Option<Instant>,
+    finished: bool,
+}
+
+/// An event of one choice.
+#[derive(Debug)]
+pub enum ChoiceEvent {
+    Token { index: usize, token_id: u32, text: String, logprobs: Option<Logprobs> },
+    Finished { index: usize, reason: FinishReason, text: String, matched_stop: Option<MatchedStop>, usage: Usage },
+}
+
+/// The running engine work of one request. Dropping it cancels whatever is
+/// unfinished (the client went away).
+pub struct Generation {
+    state: AppState,
+    request_id: String,
+    arrival: Instant,
+    deadline: Option<Instant>,
+    streams: SelectAll<BoxStream<'static, (usize, Option<StreamEvent>)>>,
+    choices: Vec<ChoiceTiming>,
+    first_token: bool,
+    cancelled: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
+    _slot: Slot,
+}
+
+impl Generation {
+    pub fn request_id(&self) -> &str {
+        &self.request_id
+    }
+
+    pub fn n(&self) -> usize {
+        self.choices.len()
+    }
+
+    /// The next event; `Ok(None)` once every choice has finished. On a
+    /// timeout, a shutdown or an engine failure the unfinished sequences
+    /// are cancelled and the error returned.
+    pub async fn next(&mut self) -> Result<Option<ChoiceEvent>, ApiError> {
+        let deadline = self.deadline;
+        let event = tokio::select! {
+            biased;
+            _ = &mut self.cancelled => {
+                return Err(self.fail(Finish::Shutdown, ApiError::Unavailable("the server is shutting down; the request was cancelled".into())));
+            }
+            _ = async { match deadline { Some(d) => tokio::time::sleep_until(d.into()).await, None => std::future::pending().await } } => {
+                let err = timeout_error(&self.state);
+                return Err(self.fail(Finish::Timeout, err));
+            }
+            event = self.streams.next() => event,
+        };
+        let now = Instant::now();
+        match event {
+            None => Ok(None),
+            Some((index, Some(StreamEvent::Token { token_id, text, logprobs }))) => {
+                if !self.first_token {
+                    self.first_token = true;
+                    self.state.metrics.ttft.observe((now - self.arrival).as_secs_f64());
+                }
+                let timing = &mut self.choices[index];
+                if let Some(last) = timing.last_token.replace(now) {
+                    self.state.metrics.itl.observe((now - last).as_secs_f64());
+                }
+                Ok(Some(ChoiceEvent::Token { index, token_id, text, logprobs }))
+            }
+            Some((index, Some(StreamEvent::Finished { reason, text, matched_stop, usage }))) => {
+                self.choices[index].finished = true;
+                if self.choices.iter().all(|c| c.finished) {
+                    self.state.metrics.e2e.observe((now - self.arrival).as_secs_f64());
+                }
+                Ok(Some(ChoiceEvent::Finished { index, reason, text, matched_stop, usage }))
+            }
+            Some((_, Some(StreamEvent::Error(msg)))) => {
+                Err(self.fail(Finish::Error, ApiError::Internal(format!("generation failed: {msg}"))))
+            }
+            Some((_, None)) => {
+                Err(self.fail(Finish::Error, ApiError::Internal("the engine ended the request without a result".into())))
+            }
         }
     }
-    Err(ApiError::Internal("the engine ended the request without a result".into()))
+
+    /// Records how a finished choice ended, as reported to the client.
+    pub fn record_finish(&self, finish_reason: &str) {
+        self.state.metrics.count_finish(Finish::from_reason(finish_reason));
+    }
+
+    /// Cancels every unfinished sequence and counts it as `finish`.
+    fn fail(&mut self, finish: Finish, err: ApiError) -> ApiError {
+        self.streams = SelectAll::new();
+        for c in self.choices.iter_mut().filter(|c| !c.finished) {
+            c.finished = true;
+            self.state.metrics.count_finish(finish);
+        }
+        tracing::warn!(request_id = %self.request_id, error = %err, "request ended early");
+        err
+    }
 }
 
-pub fn log_finished(request_id: &str, reason: FinishReason, usage: &Usage) {
+impl Drop for Generation {
+    fn drop(&mut self) {
+        let unfinished = self.choices.iter().filter(|c| !c.finished).count();
+        for _ in 0..unfinished {
+            self.state.metrics.count_finish(Finish::Abort);
+        }
+    }
+}
+
+/// Sums the choices' usage: the prompt once, every choice's completion,
+/// and the cached prompt tokens of the choice that reused the least.
+pub fn total_usage(usages: &[Usage]) -> Usage {
+    let Some(first) = usages.first() else { return Usage::default() };
+    Usage {
+        completion_tokens: usages.iter().map(|u| u.completion_tokens).sum(),
+        cached_tokens: usages.iter().map(|u| u.cached_tokens).min().unwrap_or(0),
+        ..*first
+    }
+}
+
+pub fn log_finished(request_id: &str, index: usize, reason: &str, usage: &Usage) {
     tracing::info!(
         request_id,
-        finish_reason = reason.as_str(),
+        index,
+        finish_reason = reason,
         prompt_tokens = usage.prompt_tokens,
         cached_tokens = usage.cached_tokens,
         completion_tokens = usage.completion_tokens,
-        "request finished"
+        "choice finished"
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seeded_choices_get_seed_plus_index_and_unseeded_stay_unseeded() {
+        assert_eq!((0..3).map(|i| choice_seed(Some(100), i)).collect::<Vec<_>>(), vec![Some(100), Some(101), Some(102)]);
+        assert_eq!(choice_seed(Some(u64::MAX), 1), Some(0));
+        assert_eq!(choice_seed(None, 2), None);
+    }
+
+    #[test]
+    fn usage_of_n_choices_counts_the_prompt_once() {
+        let u = |completion, cached| Usage { prompt_tokens: 10, completion_tokens: completion, cached_tokens: cached, ..Default::default() };
+        let total = total_usage(&[u(3, 0), u(5, 8), u(1, 8)]);
+        assert_eq!((total.prompt_tokens, total.completion_tokens, total.cached_tokens), (10, 9, 0));
+        assert_eq!(total_usage(&[]).prompt_tokens, 0);
+    }
 }

@@ -1,26 +1,51 @@
 //! kvc's HTTP front over an [`kvc_engine::EngineHandle`].
 //!
-//! - `POST /v1/chat/completions`, `POST /v1/completions`: OpenAI API (plus
-//!   vLLM's extensions: `top_k`, `min_p`, `repetition_penalty`,
-//!   `stop_token_ids`, `ignore_eos`, `skip_special_tokens`,
-//!   `chat_template_kwargs`, `add_generation_prompt`, `add_special_tokens`),
-//!   streaming as SSE. Every answer says how it was served: header
-//!   `x-kvc-path` and body field `kvc` (DESIGN.md §5).
+//! - `POST /v1/chat/completions`, `POST /v1/completions`: OpenAI API with
+//!   `logprobs`, `n`, `echo`, `logit_bias`, stop strings, tools
+//!   ([`tool_parser`]) and reasoning ([`reasoning_parser`]), plus vLLM's
+//!   extensions (`top_k`, `min_p`, `repetition_penalty`, `stop_token_ids`,
+//!   `ignore_eos`, `skip_special_tokens`, `chat_template_kwargs`,
+//!   `add_generation_prompt`, `add_special_tokens`,
+//!   `continue_final_message`) and kvc's `session_id`; unknown top-level
+//!   fields are refused ([`request_fields`]). Streaming as SSE. Every answer
+//!   says how it was served: header `x-kvc-path` and body field `kvc`
+//!   (DESIGN.md §5).
+//! - Security and limits: [`auth`] (`--api-key`, `--cluster-token`),
+//!   [`admission`] (concurrency, queue, 429), body and prompt limits, a
+//!   per-request timeout ([`generate`]), graceful shutdown ([`shutdown`]).
 //! - `GET /v1/models`, `GET /v1/models/{model}`.
-//! - `GET /health`, `GET /metrics` (Prometheus text).
+//! - Sessions ([`sessions`]): `GET/DELETE /v1/sessions/{id}`, the
+//!   admission probe `POST /v1/admission`, `POST /reset_prefix_cache`.
+//! - `GET /health` (readiness), `GET /health/live`, `GET /metrics`
+//!   (Prometheus text).
+//! - `/internal/*`: worker-to-worker routes behind `--cluster-token`.
 //!
 //! Errors are OpenAI error JSON, produced by [`error::error_response`] only.
 
+pub mod admission;
 pub mod app;
 pub mod args;
+pub mod auth;
 pub mod chat;
+pub mod chat_messages;
+pub mod chat_output;
 pub mod completions;
 pub mod error;
 pub mod extract;
 pub mod generate;
 pub mod health;
+pub mod histogram;
+pub mod internal;
+pub mod logprobs;
 pub mod metrics;
 pub mod models;
 pub mod openai_types;
+pub mod reasoning_parser;
+pub mod request_fields;
+pub mod response;
 pub mod sampling;
+pub mod server_metrics;
+pub mod sessions;
+pub mod shutdown;
 pub mod sse;
+pub mod tool_parser;

@@ -24,5 +24,8 @@ fn main() -> anyhow::Result<()> {
     // the async runtime so the load does not block a worker.
     let engine = EngineHandle::start(config).context("cannot start the engine")?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    runtime.block_on(kvc_server::app::serve(engine, &args.host, args.port))
+    let served = runtime.block_on(kvc_server::app::serve(engine, &args.host, args.port, args.serving.server_config()));
+    // Tokenizations still running in the blocking pool must not hold the exit.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    served
 }

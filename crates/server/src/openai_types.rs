@@ -1,11 +1,14 @@
-//! Serde shapes of the OpenAI API: request bodies (lenient: unknown fields
-//! are ignored, like vLLM) and response objects.
+//! Serde shapes of the OpenAI API: request bodies (unknown top-level fields
+//! are refused like OpenAI does, see [`crate::request_fields`]) and
+//! response objects.
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use crate::error::ApiError;
 use crate::extract::{parse_json, JsonBody};
+use crate::logprobs::{ChatLogprobs, CompletionLogprobs};
+use crate::request_fields::{check_fields, Endpoint};
 
 // ---------------------------------------------------------------- requests
 
@@ -85,6 +88,15 @@ pub struct ChatCompletionRequest {
     pub add_generation_prompt: Option<bool>,
     /// vLLM extension (default false for chat).
     pub add_special_tokens: Option<bool>,
+    /// vLLM extension: the final assistant message is continued (prefill)
+    /// instead of starting a new one.
+    pub continue_final_message: Option<bool>,
+    /// vLLM extension: with `continue_final_message`, the returned message
+    /// includes the continued part.
+    pub echo: Option<bool>,
+    /// kvc extension: the session this turn belongs to (else header
+    /// `x-session-id`).
+    pub session_id: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -160,12 +172,15 @@ pub struct CompletionRequest {
     pub best_of: Option<i64>,
     /// vLLM extension (default true for completions).
     pub add_special_tokens: Option<bool>,
+    /// kvc extension: the session this request belongs to.
+    pub session_id: Option<String>,
 }
 
 impl JsonBody for ChatCompletionRequest {
     fn parse(bytes: &[u8]) -> Result<Self, ApiError> {
         let mut req: Self = parse_json(bytes)?;
         req.sampling = parse_json(bytes)?;
+        check_fields(bytes, Endpoint::Chat)?;
         Ok(req)
     }
 }
@@ -174,6 +189,7 @@ impl JsonBody for CompletionRequest {
     fn parse(bytes: &[u8]) -> Result<Self, ApiError> {
         let mut req: Self = parse_json(bytes)?;
         req.sampling = parse_json(bytes)?;
+        check_fields(bytes, Endpoint::Completions)?;
         Ok(req)
     }
 }
@@ -216,13 +232,12 @@ pub struct KvcInfo {
 
 /// The only path a single `--role both` worker has.
 pub const PATH_LOCAL: &str = "local";
-pub const REASON_SINGLE_WORKER: &str = "single_worker";
 
 impl KvcInfo {
     pub fn local(u: &kvc_engine::Usage) -> Self {
         Self {
             path: PATH_LOCAL,
-            reason: REASON_SINGLE_WORKER,
+            reason: u.reuse_reason,
             cached_tokens: u.cached_tokens,
             computed_tokens: u.prompt_tokens.saturating_sub(u.cached_tokens),
             transferred_tokens: 0,
@@ -233,14 +248,37 @@ impl KvcInfo {
 #[derive(Debug, Clone, Serialize)]
 pub struct AssistantMessage {
     pub role: &'static str,
-    pub content: String,
+    /// `null` when the answer is only tool calls or only reasoning.
+    pub content: Option<String>,
+    /// vLLM / SGLang extension: the `<think>` part.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
+}
+
+/// One tool call in a streamed delta: the whole call at once (kvc emits a
+/// call when its block is complete).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ToolCallDelta {
+    pub index: usize,
+    pub id: String,
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub function: FunctionCallDelta,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct FunctionCallDelta {
+    pub name: String,
+    pub arguments: String,
 }
 
 #[derive(Debug, Clone, Serialize)]
 pub struct ChatChoice {
     pub index: usize,
     pub message: AssistantMessage,
-    pub logprobs: Option<Value>,
+    pub logprobs: Option<ChatLogprobs>,
     pub finish_reason: &'static str,
     /// vLLM extension: the stop string or token id that ended generation.
     pub stop_reason: Option<kvc_engine::MatchedStop>,
@@ -257,19 +295,29 @@ pub struct ChatCompletion {
     pub kvc: KvcInfo,
 }
 
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct ChatDelta {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub role: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCallDelta>>,
+}
+
+impl ChatDelta {
+    pub fn is_empty(&self) -> bool {
+        self.role.is_none() && self.content.is_none() && self.reasoning_content.is_none() && self.tool_calls.is_none()
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]
 pub struct ChatChunkChoice {
     pub index: usize,
     pub delta: ChatDelta,
-    pub logprobs: Option<Value>,
+    pub logprobs: Option<ChatLogprobs>,
     pub finish_reason: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stop_reason: Option<kvc_engine::MatchedStop>,
@@ -296,7 +344,7 @@ pub struct ChatCompletionChunk {
 pub struct CompletionChoice {
     pub index: usize,
     pub text: String,
-    pub logprobs: Option<Value>,
+    pub logprobs: Option<CompletionLogprobs>,
     pub finish_reason: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stop_reason: Option<kvc_engine::MatchedStop>,
@@ -342,7 +390,7 @@ mod tests {
     }
 
     #[test]
-    fn chat_request_accepts_openai_message_shapes_and_ignores_unknown_fields() {
+    fn chat_request_accepts_openai_message_shapes_and_refuses_unknown_fields() {
         let body = json!({
             "model": "m",
             "messages": [
@@ -355,7 +403,7 @@ mod tests {
             "max_tokens": 5, "temperature": 0, "stop": "x", "stream": true,
             "stream_options": {"include_usage": true},
             "chat_template_kwargs": {"enable_thinking": false},
-            "some_future_field": {"anything": 1}
+            "session_id": "s1", "user": "u"
         });
         let req: ChatCompletionRequest = parse(body).unwrap();
         assert_eq!(req.messages.len(), 4);
@@ -366,6 +414,9 @@ mod tests {
         assert_eq!(req.sampling.stop, Some(StopSpec::One("x".into())));
         assert_eq!(req.sampling.stream_options.unwrap().include_usage, Some(true));
         assert_eq!(req.chat_template_kwargs.unwrap()["enable_thinking"], json!(false));
+        assert_eq!(req.session_id.as_deref(), Some("s1"));
+        let unknown = json!({"messages": [], "some_future_field": {"anything": 1}});
+        assert!(parse::<ChatCompletionRequest>(unknown).is_err());
     }
 
     #[test]
@@ -406,7 +457,7 @@ mod tests {
         };
         assert!(chunk(None).get("usage").is_none());
         assert!(chunk(Some(None))["usage"].is_null());
-        let u = kvc_engine::Usage { prompt_tokens: 3, completion_tokens: 2, cached_tokens: 1 };
+        let u = kvc_engine::Usage { prompt_tokens: 3, completion_tokens: 2, cached_tokens: 1, ..Default::default() };
         let v = chunk(Some(Some(u.into())));
         assert_eq!(v["usage"]["total_tokens"], 5);
         assert_eq!(v["usage"]["prompt_tokens_details"]["cached_tokens"], 1);
@@ -414,8 +465,8 @@ mod tests {
 
     #[test]
     fn kvc_info_counts_computed_tokens() {
-        let u = kvc_engine::Usage { prompt_tokens: 10, completion_tokens: 2, cached_tokens: 4 };
+        let u = kvc_engine::Usage { prompt_tokens: 10, completion_tokens: 2, cached_tokens: 4, ..Default::default() };
         let k = KvcInfo::local(&u);
-        assert_eq!((k.path, k.reason, k.cached_tokens, k.computed_tokens, k.transferred_tokens), ("local", "single_worker", 4, 6, 0));
+        assert_eq!((k.path, k.reason, k.cached_tokens, k.computed_tokens, k.transferred_tokens), ("local", "", 4, 6, 0));
     }
 }

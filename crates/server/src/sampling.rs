@@ -9,6 +9,13 @@ use crate::openai_types::SamplingFields;
 /// OpenAI's limit on the number of stop strings.
 pub const MAX_STOP_STRINGS: usize = 4;
 
+/// Most choices per request (OpenAI's limit for `n`).
+pub const MAX_N: i64 = 128;
+
+/// Most entries in `logit_bias` / `stop_token_ids` (each is checked on
+/// every generated token).
+pub const MAX_TOKEN_LIST: usize = 1024;
+
 /// What `max_tokens` means when the request leaves it out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DefaultMaxTokens {
@@ -24,6 +31,8 @@ pub enum DefaultMaxTokens {
 pub struct SamplingPlan {
     params: SamplingParams,
     max_tokens: Option<usize>,
+    /// Choices to generate (`n`).
+    pub n: usize,
     pub stream: bool,
     pub include_usage: bool,
 }
@@ -32,11 +41,11 @@ impl SamplingPlan {
     /// Checks every field (the error names the offending one) and maps them.
     /// `max_tokens` is the already-chosen limit field: `(value, field name)`.
     pub fn new(f: &SamplingFields, max_tokens: Option<(i64, &str)>, vocab_size: usize) -> Result<Self, ApiError> {
-        match f.n {
-            None | Some(1) => {}
-            Some(n) if n < 1 => return Err(ApiError::bad_request(format!("n must be at least 1, got {n}"), Some("n"))),
-            Some(n) => return Err(ApiError::unsupported(format!("n > 1 (got {n})"), "n")),
-        }
+        let n = match f.n {
+            None => 1,
+            Some(n) if (1..=MAX_N).contains(&n) => n as usize,
+            Some(n) => return Err(ApiError::bad_request(format!("n must be between 1 and {MAX_N}, got {n}"), Some("n"))),
+        };
         let max_tokens = match max_tokens {
             None => None,
             Some((v, name)) if v < 1 => {
@@ -60,6 +69,12 @@ impl SamplingPlan {
             ));
         }
         let stop_token_ids = f.stop_token_ids.clone().unwrap_or_default();
+        if stop_token_ids.len() > MAX_TOKEN_LIST {
+            return Err(ApiError::bad_request(
+                format!("at most {MAX_TOKEN_LIST} stop_token_ids are allowed, got {}", stop_token_ids.len()),
+                Some("stop_token_ids"),
+            ));
+        }
         if let Some(&t) = stop_token_ids.iter().find(|&&t| t as usize >= vocab_size) {
             return Err(ApiError::bad_request(
                 format!("stop token id {t} is out of range: the model's vocabulary has {vocab_size} tokens"),
@@ -94,7 +109,12 @@ impl SamplingPlan {
             EngineError::InvalidParam { param, message } => ApiError::BadRequest { message, param: Some(param) },
             other => ApiError::bad_request(other.to_string(), None),
         })?;
-        Ok(Self { params, max_tokens, stream, include_usage })
+        Ok(Self { params, max_tokens, n, stream, include_usage })
+    }
+
+    /// Asks the engine for logprobs with `top` alternatives per token.
+    pub fn set_logprobs(&mut self, top: Option<usize>) {
+        self.params.logprobs = top;
     }
 
     /// The engine's parameters for a prompt of `prompt_len` tokens. Without
@@ -115,6 +135,9 @@ impl SamplingPlan {
 fn parse_logit_bias(f: &SamplingFields, vocab_size: usize) -> Result<Vec<(u32, f32)>, ApiError> {
     let Some(map) = &f.logit_bias else { return Ok(Vec::new()) };
     let bad = |msg: String| ApiError::bad_request(msg, Some("logit_bias"));
+    if map.len() > MAX_TOKEN_LIST {
+        return Err(bad(format!("logit_bias may hold at most {MAX_TOKEN_LIST} tokens, got {}", map.len())));
+    }
     map.iter()
         .map(|(k, v)| {
             let id: u32 = k.trim().parse().map_err(|_| bad(format!("logit_bias key {k:?} is not a token id")))?;
@@ -225,10 +248,25 @@ mod tests {
     }
 
     #[test]
-    fn n_other_than_one_is_rejected() {
-        assert!(plan(json!({"n": 1})).is_ok());
-        assert_eq!(rejected_param(json!({"n": 2})), "n");
-        assert_eq!(rejected_param(json!({"n": 0})), "n");
+    fn n_is_bounded_to_one_to_128() {
+        assert_eq!(plan(json!({})).unwrap().n, 1);
+        assert_eq!(plan(json!({"n": 3})).unwrap().n, 3);
+        assert_eq!(plan(json!({"n": 128})).unwrap().n, 128);
+        for bad in [0, -1, 129, 1_000_000_000] {
+            assert_eq!(rejected_param(json!({"n": bad})), "n");
+        }
+    }
+
+    #[test]
+    fn token_lists_are_bounded() {
+        let ids: Vec<u32> = (0..(MAX_TOKEN_LIST as u32 + 1)).map(|i| i % VOCAB as u32).collect();
+        assert_eq!(rejected_param(json!({"stop_token_ids": ids})), "stop_token_ids");
+        let bias: serde_json::Map<String, serde_json::Value> =
+            (0..=MAX_TOKEN_LIST).map(|i| (i.to_string(), json!(1))).collect();
+        let mut f = fields(json!({}));
+        f.logit_bias = Some(bias);
+        let err = SamplingPlan::new(&f, None, 1 << 20).unwrap_err();
+        assert_eq!(error_response(&err).1.error.param.as_deref(), Some("logit_bias"));
     }
 
     #[test]

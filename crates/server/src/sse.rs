@@ -1,124 +1,124 @@
 //! Server-sent events for streaming responses.
 //!
-//! The SSE body owns the engine's [`RequestStream`]: when the client goes
-//! away, axum drops the body, the stream is dropped with it, and the engine
-//! cancels the request and frees its blocks.
+//! The SSE body owns the [`Generation`]: when the client goes away, axum
+//! drops the body, the generation is dropped with it, and the engine
+//! cancels its sequences and frees their blocks. A request that fails
+//! mid-stream (timeout, shutdown, engine error) ends with one
+//! `data: {"error": {...}}` event (the `openai` client raises it as an
+//! `APIError`) and `data: [DONE]`.
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
 
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use kvc_engine::{FinishReason, MatchedStop, RequestStream, StreamEvent, Usage};
-use serde::Serialize;
+use kvc_engine::Usage;
 
 use crate::app::{AppState, ServerCounters};
 use crate::error::{error_response, ApiError};
-use crate::generate::{log_finished, serving_headers};
+use crate::generate::{log_finished, serving_headers, total_usage, ChoiceEvent, Generation};
+use crate::openai_types::{ChunkUsage, KvcInfo};
+use crate::response::Endpoint;
 
-/// How one endpoint spells its chunks (chat vs completions). Each method
-/// returns a chunk ready to serialize.
-pub trait ChunkFormat: Send + 'static {
-    type Chunk: Serialize;
-    /// Sent before any token (chat's role chunk).
-    fn opening(&self) -> Option<Self::Chunk>;
-    /// A piece of generated text (never empty).
-    fn text(&self, text: String) -> Self::Chunk;
-    /// The chunk carrying `finish_reason`.
-    fn finish(&self, reason: FinishReason, stop: Option<MatchedStop>, usage: &Usage) -> Self::Chunk;
-    /// The final `choices: []` chunk with usage (only with `include_usage`).
-    fn usage(&self, usage: &Usage) -> Self::Chunk;
-}
-
-/// Turns the engine's events for one request into SSE data lines.
-struct Driver<F: ChunkFormat> {
-    events: Option<RequestStream>,
-    format: F,
+/// Turns a generation's events into SSE data lines.
+struct Driver<E: Endpoint> {
+    generation: Generation,
+    endpoint: E,
     include_usage: bool,
+    usages: Vec<Usage>,
     queue: VecDeque<String>,
     finished: bool,
-    request_id: String,
     state: AppState,
 }
 
-impl<F: ChunkFormat> Driver<F> {
-    fn push<T: Serialize>(&mut self, chunk: &T) {
-        match serde_json::to_string(chunk) {
+impl<E: Endpoint> Driver<E> {
+    fn chunk_usage(&self) -> ChunkUsage {
+        self.include_usage.then_some(None)
+    }
+
+    fn push(&mut self, deltas: Vec<E::Delta>, kvc: Option<KvcInfo>) {
+        let chunk = self.endpoint.chunk(deltas, self.chunk_usage(), kvc);
+        match serde_json::to_string(&chunk) {
             Ok(s) => self.queue.push_back(s),
-            Err(e) => self.fail(format!("cannot serialize a chunk: {e}")),
+            Err(e) => self.fail(ApiError::Internal(format!("cannot serialize a chunk: {e}"))),
         }
     }
 
     fn end(&mut self) {
         self.queue.push_back("[DONE]".to_string());
         self.finished = true;
-        self.events = None;
     }
 
-    fn fail(&mut self, message: String) {
-        let err = ApiError::Internal(message);
-        tracing::error!(request_id = %self.request_id, error = %err, "stream failed");
+    fn fail(&mut self, err: ApiError) {
         let (_, body) = error_response(&err);
         self.queue.push_back(serde_json::to_string(&body).unwrap_or_default());
         self.end();
     }
 
-    fn on_event(&mut self, event: Option<StreamEvent>) {
+    fn on_event(&mut self, event: Result<Option<ChoiceEvent>, ApiError>) {
         match event {
-            Some(StreamEvent::Token { text, .. }) => {
-                if !text.is_empty() {
-                    let chunk = self.format.text(text);
-                    self.push(&chunk);
+            Ok(Some(ChoiceEvent::Token { index, token_id, text, logprobs })) => {
+                if let Some(delta) = self.endpoint.token(index, token_id, &text, logprobs.as_ref()) {
+                    self.push(vec![delta], None);
                 }
             }
-            Some(StreamEvent::Finished { reason, text, matched_stop, usage }) => {
-                if !text.is_empty() {
-                    let chunk = self.format.text(text);
-                    self.push(&chunk);
+            Ok(Some(ChoiceEvent::Finished { index, reason, text, matched_stop, usage })) => {
+                let (deltas, reported) = self.endpoint.finish(index, &text, reason, matched_stop);
+                let last = deltas.len().saturating_sub(1);
+                for (i, delta) in deltas.into_iter().enumerate() {
+                    let kvc = (i == last).then(|| KvcInfo::local(&usage));
+                    self.push(vec![delta], kvc);
                 }
-                let chunk = self.format.finish(reason, matched_stop, &usage);
-                self.push(&chunk);
+                self.usages[index] = usage;
+                self.generation.record_finish(reported);
+                log_finished(self.generation.request_id(), index, reported, &usage);
+            }
+            Ok(None) => {
                 if self.include_usage {
-                    let chunk = self.format.usage(&usage);
-                    self.push(&chunk);
+                    let usage = total_usage(&self.usages);
+                    let chunk = self.endpoint.chunk(vec![], Some(Some(usage.into())), None);
+                    match serde_json::to_string(&chunk) {
+                        Ok(s) => self.queue.push_back(s),
+                        Err(e) => return self.fail(ApiError::Internal(format!("cannot serialize a chunk: {e}"))),
+                    }
                 }
-                log_finished(&self.request_id, reason, &usage);
                 self.end();
             }
-            Some(StreamEvent::Error(msg)) => self.fail(format!("generation failed: {msg}")),
-            None => self.fail("the engine ended the request without a result".into()),
+            Err(err) => self.fail(err),
         }
     }
 }
 
-impl<F: ChunkFormat> Drop for Driver<F> {
+impl<E: Endpoint> Drop for Driver<E> {
     fn drop(&mut self) {
         if !self.finished {
             ServerCounters::inc(&self.state.counters.streams_cancelled);
-            tracing::info!(request_id = %self.request_id, "stream dropped before the end (client gone or shutdown); request cancelled");
+            tracing::info!(
+                request_id = %self.generation.request_id(),
+                "stream dropped before the end (client gone or shutdown); request cancelled"
+            );
         }
     }
 }
 
 /// The streaming response: `data: {chunk}` lines, then `data: [DONE]`.
-pub fn stream_response<F: ChunkFormat>(
-    state: &AppState,
-    request_id: &str,
-    events: RequestStream,
-    format: F,
-    include_usage: bool,
-) -> Response {
+pub fn stream_response<E: Endpoint>(state: &AppState, generation: Generation, mut endpoint: E, include_usage: bool) -> Response {
+    let request_id = generation.request_id().to_string();
+    let n = generation.n();
+    let opening: Vec<Vec<E::Delta>> = (0..n).map(|i| endpoint.start(i)).collect();
     let mut driver = Driver {
-        events: Some(events),
-        format,
+        generation,
+        endpoint,
         include_usage,
+        usages: vec![Usage::default(); n],
         queue: VecDeque::new(),
         finished: false,
-        request_id: request_id.to_string(),
         state: state.clone(),
     };
-    if let Some(chunk) = driver.format.opening() {
-        driver.push(&chunk);
+    for deltas in opening {
+        for delta in deltas {
+            driver.push(vec![delta], None);
+        }
     }
     let body = futures::stream::unfold(driver, |mut d| async move {
         loop {
@@ -128,12 +128,10 @@ pub fn stream_response<F: ChunkFormat>(
             if d.finished {
                 return None;
             }
-            let event = match d.events.as_mut() {
-                Some(rx) => rx.recv().await,
-                None => None,
-            };
+            let event = d.generation.next().await;
             d.on_event(event);
         }
     });
-    (serving_headers(request_id), Sse::new(body).keep_alive(KeepAlive::default())).into_response()
+    (serving_headers(&request_id), Sse::new(body).keep_alive(KeepAlive::default())).into_response()
 }
+

@@ -1,0 +1,132 @@
+//! Who may call what.
+//!
+//! - `--api-key`: every `/v1/*` route needs `Authorization: Bearer <key>`
+//!   (what the `openai` client sends). Without it, or with another key:
+//!   401 with OpenAI's error JSON (`code: invalid_api_key`, as OpenAI
+//!   answers; vLLM answers a bare `{"error": "Unauthorized"}`, which the
+//!   `openai` client cannot read as an error object). `/health*` and
+//!   `/metrics` stay open for probes and scrapers.
+//! - `--cluster-token`: the worker-to-worker router (`/internal/*`, P/D)
+//!   needs header `x-kvc-cluster-token: <token>`; without a configured token
+//!   those routes are off (403), so a worker is never open by accident.
+//!
+//! Keys are compared in constant time.
+
+use axum::extract::{Request, State};
+use axum::http::HeaderMap;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+use crate::app::AppState;
+use crate::error::ApiError;
+
+/// Header carrying the cluster token on worker-to-worker calls.
+pub const CLUSTER_TOKEN_HEADER: &str = "x-kvc-cluster-token";
+
+/// Equal-length inputs take the same time whatever they hold.
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// The key of an `Authorization: Bearer <key>` header.
+fn bearer(headers: &HeaderMap) -> Option<&str> {
+    let value = headers.get(axum::http::header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, key) = value.trim().split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| key.trim())
+}
+
+/// The API-key decision alone (unit-testable without a server).
+pub fn check_api_key(expected: Option<&str>, headers: &HeaderMap) -> Result<(), ApiError> {
+    let Some(expected) = expected else { return Ok(()) };
+    let unauthorized = |message: &str| Err(ApiError::Unauthorized { message: message.to_string(), code: "invalid_api_key" });
+    match bearer(headers) {
+        None => unauthorized("You didn't provide an API key. Send it as `Authorization: Bearer <key>`."),
+        Some(key) if constant_time_eq(key.as_bytes(), expected.as_bytes()) => Ok(()),
+        Some(_) => unauthorized("Incorrect API key provided."),
+    }
+}
+
+/// The cluster-token decision alone.
+pub fn check_cluster_token(expected: Option<&str>, headers: &HeaderMap) -> Result<(), ApiError> {
+    let Some(expected) = expected else {
+        return Err(ApiError::Forbidden("internal endpoints are off: start the server with --cluster-token".into()));
+    };
+    let given = headers.get(CLUSTER_TOKEN_HEADER).and_then(|v| v.to_str().ok());
+    match given {
+        Some(t) if constant_time_eq(t.as_bytes(), expected.as_bytes()) => Ok(()),
+        _ => Err(ApiError::Unauthorized {
+            message: format!("missing or wrong {CLUSTER_TOKEN_HEADER}"),
+            code: "invalid_cluster_token",
+        }),
+    }
+}
+
+/// Middleware for the `/v1/*` routes.
+pub async fn require_api_key(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    match check_api_key(state.config.api_key.as_deref(), req.headers()) {
+        Ok(()) => next.run(req).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+/// Middleware for the worker-to-worker routes (`/internal/*`).
+pub async fn require_cluster_token(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    match check_cluster_token(state.config.cluster_token.as_deref(), req.headers()) {
+        Ok(()) => next.run(req).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::error_response;
+
+    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.insert(*k, v.parse().unwrap());
+        }
+        h
+    }
+
+    fn status(r: Result<(), ApiError>) -> u16 {
+        r.map(|_| 200).unwrap_or_else(|e| error_response(&e).0.as_u16())
+    }
+
+    #[test]
+    fn without_a_configured_key_everything_passes() {
+        assert_eq!(status(check_api_key(None, &headers(&[]))), 200);
+    }
+
+    #[test]
+    fn api_key_needs_the_exact_bearer_key() {
+        let key = Some("s3cret");
+        assert_eq!(status(check_api_key(key, &headers(&[("authorization", "Bearer s3cret")]))), 200);
+        assert_eq!(status(check_api_key(key, &headers(&[("authorization", "bearer  s3cret ")]))), 200);
+        for bad in ["Bearer wrong", "Bearer s3cret2", "Basic s3cret", "s3cret", "Bearer "] {
+            assert_eq!(status(check_api_key(key, &headers(&[("authorization", bad)]))), 401, "{bad}");
+        }
+        let err = check_api_key(key, &headers(&[])).unwrap_err();
+        let (_, body) = error_response(&err);
+        assert_eq!(body.error.code.as_deref(), Some("invalid_api_key"));
+        assert!(body.error.message.contains("didn't provide"));
+    }
+
+    #[test]
+    fn cluster_routes_are_off_without_a_token_and_need_it_when_set() {
+        assert_eq!(status(check_cluster_token(None, &headers(&[(CLUSTER_TOKEN_HEADER, "x")]))), 403);
+        let t = Some("tok");
+        assert_eq!(status(check_cluster_token(t, &headers(&[(CLUSTER_TOKEN_HEADER, "tok")]))), 200);
+        assert_eq!(status(check_cluster_token(t, &headers(&[(CLUSTER_TOKEN_HEADER, "tok2")]))), 401);
+        assert_eq!(status(check_cluster_token(t, &headers(&[("authorization", "Bearer tok")]))), 401);
+    }
+
+    #[test]
+    fn constant_time_eq_compares_content_and_length() {
+        assert!(constant_time_eq(b"abc", b"abc"));
+        assert!(!constant_time_eq(b"abc", b"abd"));
+        assert!(!constant_time_eq(b"abc", b"ab"));
+        assert!(constant_time_eq(b"", b""));
+    }
+}

@@ -1,0 +1,135 @@
+//! Session endpoints: `GET/DELETE /v1/sessions/{id}`, the admission probe
+//! `POST /v1/admission`, and vLLM's `POST /reset_prefix_cache`.
+//! Reads come from the engine's published snapshot; only DELETE and reset
+//! enter the step loop (as commands).
+
+use axum::extract::{Path, State};
+use axum::http::HeaderMap;
+use axum::Json;
+use kvc_engine::{AdmissionDecision, AdmissionQuery, SessionInfo};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::app::AppState;
+use crate::error::ApiError;
+use crate::extract::{parse_json, JsonBody, OpenAiJson};
+
+/// The header naming a request's session when the body does not.
+pub const SESSION_HEADER: &str = "x-session-id";
+
+/// Longest accepted session id.
+pub const MAX_SESSION_ID_LEN: usize = 256;
+
+/// The session of a request: the body's `session_id`, else the
+/// `x-session-id` header; matched exactly, never by prefix.
+pub fn session_id(body: Option<&str>, headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+    let from_header = headers.get(SESSION_HEADER).map(|v| {
+        v.to_str().map(str::to_string).map_err(|_| ApiError::bad_request("x-session-id must be visible ASCII", Some("session_id")))
+    });
+    let id = match (body, from_header) {
+        (Some(b), _) => Some(b.to_string()),
+        (None, Some(h)) => Some(h?),
+        (None, None) => None,
+    };
+    match id {
+        Some(id) if id.is_empty() || id.len() > MAX_SESSION_ID_LEN => Err(ApiError::bad_request(
+            format!("session_id must be 1 to {MAX_SESSION_ID_LEN} bytes long"),
+            Some("session_id"),
+        )),
+        other => Ok(other),
+    }
+}
+
+fn not_found(id: &str) -> ApiError {
+    ApiError::SessionNotFound { id: id.to_string() }
+}
+
+fn session_json(s: &SessionInfo) -> Value {
+    json!({
+        "id": s.id,
+        "object": "session",
+        "resident_tokens": s.resident_tokens,
+        "tier": s.tier,
+        "device_blocks": s.device_blocks,
+        "host_blocks": s.host_blocks,
+        "turns": s.turns,
+        "last_used_s_ago": s.idle_s,
+        "busy": s.busy,
+    })
+}
+
+pub async fn get_session(State(state): State<AppState>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
+    let snap = state.engine.snapshot();
+    snap.sessions.get(&id).map(|s| Json(session_json(s))).ok_or_else(|| not_found(&id))
+}
+
+pub async fn delete_session(State(state): State<AppState>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
+    let deleted = state.engine.delete_session(&id).await.map_err(|e| ApiError::Unavailable(e.to_string()))?;
+    if deleted {
+        Ok(Json(json!({"id": id, "object": "session", "deleted": true})))
+    } else {
+        Err(not_found(&id))
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdmissionRequest {
+    #[serde(default)]
+    pub session_id: Option<String>,
+    /// The prompt's token ids ...
+    #[serde(default)]
+    pub prompt_token_ids: Option<Vec<u32>>,
+    /// ... or only their number.
+    #[serde(default)]
+    pub prompt_tokens: Option<usize>,
+}
+
+impl JsonBody for AdmissionRequest {
+    fn parse(bytes: &[u8]) -> Result<Self, ApiError> {
+        parse_json(bytes)
+    }
+}
+
+pub async fn admission(
+    State(state): State<AppState>,
+    OpenAiJson(req): OpenAiJson<AdmissionRequest>,
+) -> Result<Json<AdmissionDecision>, ApiError> {
+    let prompt_tokens = match (&req.prompt_token_ids, req.prompt_tokens) {
+        (Some(ids), _) => ids.len(),
+        (None, Some(n)) => n,
+        (None, None) => {
+            return Err(ApiError::bad_request("give prompt_token_ids or prompt_tokens", Some("prompt_tokens")))
+        }
+    };
+    if prompt_tokens == 0 {
+        return Err(ApiError::bad_request("the prompt must have at least one token", Some("prompt_tokens")));
+    }
+    let decision = state.engine.admission(&AdmissionQuery { session_id: req.session_id.as_deref(), prompt_tokens });
+    if let Ok(mut m) = state.counters.admission_decisions.lock() {
+        *m.entry(decision.reason).or_insert(0) += 1;
+    }
+    tracing::info!(event = "admission", session = ?req.session_id, prompt_tokens, can_admit = decision.can_admit, reason = decision.reason);
+    Ok(Json(decision))
+}
+
+pub async fn reset_prefix_cache(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
+    let freed = state.engine.reset_prefix_cache().await.map_err(|e| ApiError::Unavailable(e.to_string()))?;
+    Ok(Json(json!({"reset": true, "blocks_released": freed})))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn body_session_id_wins_over_the_header_and_ids_are_kept_verbatim() {
+        let mut h = HeaderMap::new();
+        h.insert(SESSION_HEADER, "from-header".parse().unwrap());
+        assert_eq!(session_id(Some("session-1"), &h).unwrap().as_deref(), Some("session-1"));
+        assert_eq!(session_id(None, &h).unwrap().as_deref(), Some("from-header"));
+        assert_eq!(session_id(None, &HeaderMap::new()).unwrap(), None);
+        assert!(session_id(Some(""), &h).is_err());
+        assert!(session_id(Some(&"x".repeat(300)), &h).is_err());
+    }
+}

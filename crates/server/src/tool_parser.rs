@@ -1,0 +1,257 @@
+//! Qwen3 (Hermes-style) tool calls: `<tool_call>{"name": ..., "arguments":
+//! {...}}</tool_call>` blocks in the answer become OpenAI `tool_calls`, as
+//! vLLM's `hermes` tool parser does for Qwen models.
+//!
+//! One streaming parser serves streamed and whole answers alike. Text
+//! outside the blocks passes through as content as soon as it cannot be
+//! the start of a block; a block is held until `</tool_call>` and then
+//! becomes one call.
+//!
+//! Rules:
+//! - a block whose JSON is an object with a string `name` is a call; its
+//!   `arguments` (or `parameters`) become a JSON string (an object is
+//!   serialized, a string kept as it is, none gives `{}`);
+//! - a malformed block (bad JSON, no name) comes back as the text it was,
+//!   tags included: the model's mistake is the user's to see, not an error;
+//! - a block still open when the answer ends is parsed as if closed (a
+//!   model that stops right after the JSON), else returned as text;
+//! - whitespace right before a block, and after the last block at the end
+//!   of the answer, is layout and dropped (so an answer that is only tool
+//!   calls has no content).
+
+use serde_json::Value;
+
+pub const TOOL_CALL_START: &str = "<tool_call>";
+pub const TOOL_CALL_END: &str = "</tool_call>";
+
+/// A parsed call; `arguments` is a JSON string, as OpenAI sends it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParsedToolCall {
+    pub name: String,
+    pub arguments: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ToolOutput {
+    Text(String),
+    Call(ParsedToolCall),
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct ToolCallParser {
+    /// Inside a `<tool_call>` block.
+    inside: bool,
+    /// Outside: text that may start a block (trailing whitespace plus a
+    /// possible partial tag). Inside: the block so far.
+    held: String,
+    calls: usize,
+}
+
+impl ToolCallParser {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Calls found so far.
+    pub fn calls(&self) -> usize {
+        self.calls
+    }
+
+    /// Feeds the next piece of content.
+    pub fn push(&mut self, text: &str) -> Vec<ToolOutput> {
+        self.held.push_str(text);
+        let mut out = Vec::new();
+        loop {
+            if self.inside {
+                let Some(end) = self.held.find(TOOL_CALL_END) else { return out };
+                let block: String = self.held.drain(..end + TOOL_CALL_END.len()).collect();
+                let block = &block[..end];
+                self.inside = false;
+                out.push(self.close_block(block, true));
+                continue;
+            }
+            if let Some(start) = self.held.find(TOOL_CALL_START) {
+                let before = self.held[..start].trim_end();
+                if !before.is_empty() {
+                    out.push(ToolOutput::Text(before.to_string()));
+                }
+                self.held.drain(..start + TOOL_CALL_START.len());
+                self.inside = true;
+                continue;
+            }
+            let keep = possible_block_start_len(&self.held);
+            let cut = self.held.len() - keep;
+            if cut > 0 {
+                out.push(ToolOutput::Text(self.held.drain(..cut).collect()));
+            }
+            return out;
+        }
+    }
+
+    /// The answer ended: an open block is parsed as if closed; held text
+    /// is released (trailing whitespace dropped after a call).
+    pub fn finish(&mut self) -> Vec<ToolOutput> {
+        let held = std::mem::take(&mut self.held);
+        if self.inside {
+            self.inside = false;
+            return vec![self.close_block(&held, false)];
+        }
+        let text = if self.calls > 0 { held.trim_end().to_string() } else { held };
+        if text.is_empty() {
+            Vec::new()
+        } else {
+            vec![ToolOutput::Text(text)]
+        }
+    }
+
+    fn close_block(&mut self, block: &str, closed: bool) -> ToolOutput {
+        match parse_call(block) {
+            Some(call) => {
+                self.calls += 1;
+                ToolOutput::Call(call)
+            }
+            None => {
+                let end = if closed { TOOL_CALL_END } else { "" };
+                ToolOutput::Text(format!("{TOOL_CALL_START}{block}{end}"))
+            }
+        }
+    }
+
+    /// Parses a whole answer (tests and tools; serving streams pushes).
+    pub fn parse_all(text: &str) -> Vec<ToolOutput> {
+        let mut p = Self::new();
+        let mut out = p.push(text);
+        out.extend(p.finish());
+        out
+    }
+}
+
+/// Length of the suffix of `text` that might still turn into the start of
+/// a block: a proper prefix of `<tool_call>` and the whitespace before it.
+fn possible_block_start_len(text: &str) -> usize {
+    let partial = (1..TOOL_CALL_START.len().min(text.len() + 1))
+        .rev()
+        .find(|&k| text.is_char_boundary(text.len() - k) && TOOL_CALL_START.starts_with(&text[text.len() - k..]))
+        .unwrap_or(0);
+    let before = &text[..text.len() - partial];
+    partial + (before.len() - before.trim_end().len())
+}
+
+/// `{"name": "f", "arguments": {...}}` -> a call; anything else -> None.
+pub fn parse_call(block: &str) -> Option<ParsedToolCall> {
+    let value: Value = serde_json::from_str(block.trim()).ok()?;
+    let obj = value.as_object()?;
+    let name = obj.get("name")?.as_str()?.trim();
+    if name.is_empty() {
+        return None;
+    }
+    let arguments = match obj.get("arguments").or_else(|| obj.get("parameters")) {
+        None | Some(Value::Null) => "{}".to_string(),
+        Some(Value::String(s)) => s.clone(),
+        Some(other) => other.to_string(),
+    };
+    Some(ParsedToolCall { name: name.to_string(), arguments })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn call(name: &str, arguments: &str) -> ToolOutput {
+        ToolOutput::Call(ParsedToolCall { name: name.into(), arguments: arguments.into() })
+    }
+
+    fn text(s: &str) -> ToolOutput {
+        ToolOutput::Text(s.into())
+    }
+
+    /// Pushes `pieces` one at a time; adjacent text outputs are merged so
+    /// that results compare independently of how text was cut.
+    fn stream(pieces: &[&str]) -> Vec<ToolOutput> {
+        let mut p = ToolCallParser::new();
+        let mut raw: Vec<ToolOutput> = pieces.iter().flat_map(|s| p.push(s)).collect();
+        raw.extend(p.finish());
+        let mut out: Vec<ToolOutput> = Vec::new();
+        for o in raw {
+            match (out.last_mut(), o) {
+                (Some(ToolOutput::Text(a)), ToolOutput::Text(b)) => a.push_str(&b),
+                (_, o) => out.push(o),
+            }
+        }
+        out
+    }
+
+    const TWO_CALLS: &str = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>\n\
+                             <tool_call>\n{\"name\": \"get_time\", \"arguments\": {}}\n</tool_call>";
+
+    #[test]
+    fn blocks_become_calls_with_json_string_arguments() {
+        assert_eq!(
+            ToolCallParser::parse_all(TWO_CALLS),
+            vec![call("get_weather", r#"{"city":"Paris"}"#), call("get_time", "{}")]
+        );
+    }
+
+    #[test]
+    fn text_around_calls_is_content_and_layout_whitespace_is_dropped() {
+        let answer = format!("Let me check.\n\n{TWO_CALLS}\n");
+        assert_eq!(
+            ToolCallParser::parse_all(&answer),
+            vec![text("Let me check."), call("get_weather", r#"{"city":"Paris"}"#), call("get_time", "{}")]
+        );
+    }
+
+    #[test]
+    fn answer_without_blocks_passes_through_unchanged() {
+        for s in ["Hello, world.\n", "a < b and <tool", "  ", ""] {
+            let expected = if s.is_empty() { vec![] } else { vec![text(s)] };
+            assert_eq!(stream(&[s]), expected, "{s:?}");
+        }
+    }
+
+    #[test]
+    fn malformed_json_comes_back_as_text() {
+        let bad = "<tool_call>\n{\"name\": \"f\", \"arguments\": {oops}\n</tool_call>";
+        assert_eq!(ToolCallParser::parse_all(bad), vec![text(bad)]);
+        let no_name = "<tool_call>{\"arguments\": {}}</tool_call>";
+        assert_eq!(ToolCallParser::parse_all(no_name), vec![text(no_name)]);
+        // A good call after a bad one still parses.
+        let mixed = format!("{no_name}<tool_call>{{\"name\": \"g\"}}</tool_call>");
+        assert_eq!(ToolCallParser::parse_all(&mixed), vec![text(no_name), call("g", "{}")]);
+    }
+
+    #[test]
+    fn unclosed_block_at_the_end_is_parsed_or_returned_as_text() {
+        assert_eq!(ToolCallParser::parse_all("<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n"), vec![call("f", r#"{"a":1}"#)]);
+        assert_eq!(ToolCallParser::parse_all("<tool_call>\n{\"name\": \"f\", \"argu"), vec![text("<tool_call>\n{\"name\": \"f\", \"argu")]);
+    }
+
+    #[test]
+    fn string_arguments_are_kept_and_parameters_is_an_alias() {
+        assert_eq!(ToolCallParser::parse_all(r#"<tool_call>{"name": "f", "arguments": "{\"x\": 1}"}</tool_call>"#), vec![call("f", r#"{"x": 1}"#)]);
+        assert_eq!(ToolCallParser::parse_all(r#"<tool_call>{"name": "f", "parameters": {"y": [1, 2]}}</tool_call>"#), vec![call("f", r#"{"y":[1,2]}"#)]);
+    }
+
+    #[test]
+    fn any_cut_of_the_stream_gives_the_same_result() {
+        let answer = format!("Sure.\n{TWO_CALLS}\nDone.");
+        let whole = ToolCallParser::parse_all(&answer);
+        assert_eq!(whole.len(), 4);
+        for cut in (0..=answer.len()).filter(|&c| answer.is_char_boundary(c)) {
+            assert_eq!(stream(&[&answer[..cut], &answer[cut..]]), whole, "cut at {cut}");
+        }
+        let chars: Vec<String> = answer.chars().map(String::from).collect();
+        assert_eq!(stream(&chars.iter().map(String::as_str).collect::<Vec<_>>()), whole);
+    }
+
+    #[test]
+    fn content_streams_before_a_block_and_the_call_arrives_when_it_closes() {
+        let mut p = ToolCallParser::new();
+        assert_eq!(p.push("Checking"), vec![text("Checking")]);
+        assert_eq!(p.push(" now\n"), vec![text(" now")]);
+        assert_eq!(p.push("<tool_call>\n{\"name\": "), vec![]);
+        assert_eq!(p.push("\"f\"}\n</tool_call>"), vec![call("f", "{}")]);
+        assert_eq!(p.finish(), vec![]);
+        assert_eq!(p.calls(), 1);
+    }
+}

@@ -1,0 +1,145 @@
+"""Security and limits on a server started with them: --api-key,
+--cluster-token, --max-request-body-bytes, --max-prompt-tokens,
+--max-concurrent-requests / --max-queued-requests (429 + Retry-After), and
+--request-timeout-s (504, or a final error event in a stream)."""
+
+import threading
+
+import httpx
+import openai
+import pytest
+
+from conftest import wait_for
+
+KEY = "test-key-123"
+TOKEN = "cluster-secret"
+
+
+@pytest.fixture(scope="module")
+def limited(start_server):
+    return start_server(
+        "--api-key", KEY, "--cluster-token", TOKEN, "--max-request-body-bytes", "1MiB", "--max-prompt-tokens", "64",
+        "--max-concurrent-requests", "1", "--max-queued-requests", "1",
+    )
+
+
+@pytest.fixture(scope="module")
+def timed(start_server):
+    return start_server("--request-timeout-s", "2")
+
+
+def bearer(key):
+    return {"authorization": f"Bearer {key}"}
+
+
+def test_api_key_is_required_on_v1_routes(limited):
+    for headers in ({}, bearer("wrong"), {"authorization": f"Basic {KEY}"}):
+        for method, path in (("GET", "/v1/models"), ("POST", "/v1/completions")):
+            r = httpx.request(method, f"{limited.base_url}{path}", headers=headers, json={"prompt": "x"}, timeout=10)
+            assert r.status_code == 401, (headers, path, r.text)
+            assert r.headers["www-authenticate"] == "Bearer"
+            assert r.json()["error"]["code"] == "invalid_api_key"
+    with pytest.raises(openai.AuthenticationError):
+        limited.client(api_key="wrong").models.list()
+    ok = limited.client(api_key=KEY)
+    assert ok.models.list().data[0].id == "kvc-default"
+    r = ok.completions.create(model="kvc-default", prompt=[1, 2, 3], max_tokens=2)
+    assert r.usage.completion_tokens >= 1
+
+
+def test_probes_and_metrics_stay_open_with_an_api_key(limited):
+    assert httpx.get(f"{limited.base_url}/health", timeout=10).status_code == 200
+    assert httpx.get(f"{limited.base_url}/health/live", timeout=10).status_code == 200
+    assert httpx.get(f"{limited.base_url}/metrics", timeout=10).status_code == 200
+
+
+def test_internal_routes_need_the_cluster_token(limited):
+    url = f"{limited.base_url}/internal/ping"
+    assert httpx.get(url, timeout=10).status_code == 401
+    assert httpx.get(url, headers={"x-kvc-cluster-token": "nope"}, timeout=10).status_code == 401
+    # The API key is not a cluster token.
+    assert httpx.get(url, headers=bearer(KEY), timeout=10).status_code == 401
+    r = httpx.get(url, headers={"x-kvc-cluster-token": TOKEN}, timeout=10)
+    assert r.status_code == 200 and r.json()["status"] == "ok"
+
+
+def test_body_over_the_limit_is_413(limited):
+    body = b'{"prompt": "' + b"a" * (10 << 20) + b'"}'
+    r = httpx.post(f"{limited.base_url}/v1/completions", content=body, headers=bearer(KEY), timeout=60)
+    assert r.status_code == 413
+    assert r.json()["error"]["code"] == "request_too_large"
+    assert "1048576" in r.json()["error"]["message"]
+
+
+def test_prompt_over_max_prompt_tokens_is_400(limited):
+    c = limited.client(api_key=KEY)
+    with pytest.raises(openai.BadRequestError) as e:
+        c.completions.create(model="kvc-default", prompt=[7] * 65, max_tokens=1)
+    assert e.value.body["code"] == "context_length_exceeded"
+    assert e.value.body["param"] == "prompt"
+    with pytest.raises(openai.BadRequestError) as e:
+        c.chat.completions.create(model="kvc-default", messages=[{"role": "user", "content": "word " * 100}], max_tokens=1)
+    assert e.value.body["param"] == "messages"
+    assert c.completions.create(model="kvc-default", prompt=[7] * 64, max_tokens=1).usage.prompt_tokens == 64
+
+
+def test_beyond_slots_and_queue_requests_get_429_with_retry_after(limited):
+    c = limited.client(api_key=KEY)
+    # 1. Hold the only slot with a long stream.
+    stream = c.completions.create(model="kvc-default", prompt=[1, 2, 3], max_tokens=2000, stream=True,
+                                  extra_body={"ignore_eos": True})
+    first = next(iter(stream))
+    assert first.choices
+    # 2. A second request waits in the (one-place) queue.
+    results = {}
+
+    def queued():
+        r = c.completions.create(model="kvc-default", prompt=[4, 5], max_tokens=2)
+        results["queued"] = r.usage.completion_tokens
+
+    t = threading.Thread(target=queued)
+    t.start()
+    wait_for(lambda: limited.metrics()["kvc_http_requests_queued"] == 1, 30, "the second request to queue")
+    # 3. The third finds slot and queue taken.
+    r = httpx.post(f"{limited.base_url}/v1/completions", headers=bearer(KEY), json={"prompt": [1], "max_tokens": 1}, timeout=30)
+    assert r.status_code == 429, r.text
+    assert r.headers["retry-after"] == "1"
+    assert r.json()["error"]["code"] == "server_busy"
+    with pytest.raises(openai.RateLimitError):
+        c.completions.create(model="kvc-default", prompt=[1], max_tokens=1)
+    # 4. Leaving frees the slot: the queued request runs.
+    stream.close()
+    t.join(timeout=120)
+    assert results.get("queued", 0) >= 1
+    limited.wait_idle()
+    assert limited.metrics()['kvc_requests_total{status="4xx"}'] >= 2
+
+
+def test_request_past_the_timeout_is_504_and_cancelled(timed):
+    c = timed.client()
+    before = timed.metrics()
+    with pytest.raises(openai.APIStatusError) as e:
+        c.chat.completions.create(model="kvc-default", messages=[{"role": "user", "content": "go"}], max_tokens=5000,
+                                  extra_body={"ignore_eos": True})
+    assert e.value.status_code == 504
+    assert e.value.body["code"] == "request_timeout"
+    assert e.value.response.headers["x-should-retry"] == "false"
+    idle = timed.wait_idle()
+    generated = idle["kvc_generation_tokens_total"] - before["kvc_generation_tokens_total"]
+    assert 0 < generated < 5000, "the engine request was not cancelled"
+    assert idle['kvc_request_finishes_total{reason="timeout"}'] >= 1
+
+
+def test_stream_past_the_timeout_ends_with_an_error_event(timed):
+    c = timed.client()
+    stream = c.completions.create(model="kvc-default", prompt=[1, 2, 3], max_tokens=5000, stream=True,
+                                  extra_body={"ignore_eos": True})
+    received = 0
+    with pytest.raises(openai.APIError) as e:
+        for chunk in stream:
+            received += 1
+    assert received > 0
+    assert "timeout" in e.value.message
+    timed.wait_idle()
+    # The server is fine afterwards.
+    assert c.completions.create(model="kvc-default", prompt=[1, 2], max_tokens=2).usage.completion_tokens >= 1

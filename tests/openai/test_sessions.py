@@ -1,0 +1,77 @@
+"""Sessions across turns over HTTP: reuse reported in usage and the `kvc`
+field, the session endpoints, the admission probe, and their metrics."""
+
+import httpx
+
+
+def completion(server, session=None, header=None, prompt=None, max_tokens=6):
+    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
+    if session is not None:
+        body["session_id"] = session
+    headers = {"x-session-id": header} if header else {}
+    r = httpx.post(f"{server.base_url}/v1/completions", json=body, headers=headers, timeout=60)
+    assert r.status_code == 200, r.text
+    return r
+
+
+def test_second_turn_reuses_the_session_and_reports_it(server):
+    turn1 = list(range(1000, 1060))
+    r1 = completion(server, session="conv-a", prompt=turn1)
+    assert r1.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    turn2 = turn1 + list(range(5000, 5030))
+    r2 = completion(server, session="conv-a", prompt=turn2)
+    body = r2.json()
+    cached = body["usage"]["prompt_tokens_details"]["cached_tokens"]
+    # Turn 1's 60 prompt tokens are held in whole 16-token blocks: 48 reusable.
+    assert cached == 48
+    assert body["kvc"]["reason"] == "session_hit"
+    assert body["kvc"]["cached_tokens"] == cached
+    assert body["kvc"]["computed_tokens"] == len(turn2) - cached
+    assert r2.headers["x-kvc-path"] == "local"
+
+
+def test_the_session_header_names_the_session_when_the_body_does_not(server):
+    p = list(range(2000, 2040))
+    completion(server, header="conv-h", prompt=p)
+    r = completion(server, header="conv-h", prompt=p + [7, 8, 9])
+    assert r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 32
+
+
+def test_session_endpoints_show_and_delete_a_session(server):
+    p = list(range(3000, 3050))
+    completion(server, session="conv-d", prompt=p)
+    info = httpx.get(f"{server.base_url}/v1/sessions/conv-d").json()
+    assert info["id"] == "conv-d" and info["tier"] == "device"
+    assert info["resident_tokens"] >= 48 and info["turns"] == 1
+    # A different id that shares a prefix is a different session.
+    assert httpx.get(f"{server.base_url}/v1/sessions/conv").status_code == 404
+    probe = httpx.post(f"{server.base_url}/v1/admission", json={"session_id": "conv-d", "prompt_tokens": 80}).json()
+    assert probe["can_admit"] is True and probe["reason"] == "ok"
+    assert probe["resident_tokens"] == info["resident_tokens"]
+    assert probe["estimated_computed_tokens"] < 80
+    r = httpx.delete(f"{server.base_url}/v1/sessions/conv-d")
+    assert r.status_code == 200 and r.json()["deleted"] is True
+    gone = httpx.get(f"{server.base_url}/v1/sessions/conv-d")
+    assert gone.status_code == 404 and gone.json()["error"]["code"] == "session_not_found"
+    assert httpx.delete(f"{server.base_url}/v1/sessions/conv-d").status_code == 404
+
+
+def test_bad_session_and_admission_input_is_a_4xx_with_openai_json(server):
+    r = httpx.post(f"{server.base_url}/v1/completions", json={"prompt": [1, 2], "session_id": "x" * 1000})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "session_id"
+    for bad in [{}, {"prompt_tokens": 0}, {"prompt_tokens": -1}, {"prompt_tokens": 5, "nope": 1}, "not json"]:
+        r = httpx.post(f"{server.base_url}/v1/admission", json=bad) if not isinstance(bad, str) else httpx.post(
+            f"{server.base_url}/v1/admission", content=bad)
+        assert r.status_code == 400, (bad, r.text)
+        assert "message" in r.json()["error"]
+
+
+def test_metrics_count_session_hits_and_reuse(server):
+    p = list(range(4000, 4040))
+    completion(server, session="conv-m", prompt=p)
+    completion(server, session="conv-m", prompt=p + [1, 2, 3])
+    m = server.metrics()
+    assert m["kvc_session_hits_total"] >= 1
+    assert m["kvc_prompt_tokens_reused_total"] >= 32
+    assert m["kvc_sessions_resident"] >= 1
+    assert "kvc_host_kv_blocks_total" in m
