@@ -1,0 +1,91 @@
+//! `kvc-replay compare DIR...`: the headline numbers of several result
+//! directories side by side (a multi-run directory shows median [min-max]).
+
+use std::fmt::Write;
+use std::path::Path;
+
+use crate::error::{ReplayError, Result};
+use crate::runs::Aggregate;
+use crate::summary::{fmt_value, RunMeta, Summary, HEADLINE_ORDER};
+
+/// A result directory's `summary.json`: one run or several.
+pub enum Loaded {
+    Run(Box<Summary>),
+    Runs(Box<Aggregate>),
+}
+
+impl Loaded {
+    pub fn meta(&self) -> &RunMeta {
+        match self {
+            Loaded::Run(s) => &s.meta,
+            Loaded::Runs(a) => &a.meta,
+        }
+    }
+
+    fn runs(&self) -> usize {
+        match self {
+            Loaded::Run(_) => 1,
+            Loaded::Runs(a) => a.runs,
+        }
+    }
+
+    fn cell(&self, key: &str) -> String {
+        match self {
+            Loaded::Run(s) => s.headline().get(key).map_or("–".into(), |v| fmt_value(*v)),
+            Loaded::Runs(a) => a
+                .metrics
+                .get(key)
+                .map_or("–".into(), |s| format!("{} [{}–{}]", fmt_value(s.median), fmt_value(s.min), fmt_value(s.max))),
+        }
+    }
+}
+
+pub fn load(dir: &Path) -> Result<Loaded> {
+    let path = dir.join("summary.json");
+    let text = std::fs::read_to_string(&path).map_err(|e| ReplayError::io(&path, e))?;
+    let v: serde_json::Value = serde_json::from_str(&text)?;
+    if v.get("kind").and_then(|k| k.as_str()) == Some("runs") {
+        Ok(Loaded::Runs(Box::new(serde_json::from_value(v)?)))
+    } else {
+        Ok(Loaded::Run(Box::new(serde_json::from_value(v)?)))
+    }
+}
+
+/// A markdown table, one column per directory.
+pub fn table(dirs: &[&Path]) -> Result<String> {
+    let loaded: Vec<Loaded> = dirs.iter().map(|d| load(d)).collect::<Result<_>>()?;
+    let mut md = String::new();
+    let _ = write!(md, "| |");
+    for d in dirs {
+        let _ = write!(md, " {} |", d.display());
+    }
+    md.push_str("\n|---|");
+    md.push_str(&"---|".repeat(dirs.len()));
+    md.push('\n');
+    let mut row = |name: &str, f: &dyn Fn(&Loaded) -> String| {
+        let _ = write!(md, "| {name} |");
+        for l in &loaded {
+            let _ = write!(md, " {} |", f(l));
+        }
+        md.push('\n');
+    };
+    row("workload", &|l| l.meta().workload.clone());
+    row("endpoint", &|l| l.meta().endpoint.clone());
+    row("time scale", &|l| l.meta().time_scale.to_string());
+    row("concurrency", &|l| l.meta().concurrency.to_string());
+    row("runs", &|l| l.runs().to_string());
+    for (key, name) in HEADLINE_ORDER {
+        row(name, &|l| l.cell(key));
+    }
+    let first = loaded[0].meta();
+    if loaded.iter().any(|l| l.meta().time_scale != first.time_scale) {
+        md.push_str("\n**Warning:** the time scales differ; these runs did not offer the same load.\n");
+    }
+    if loaded.iter().any(|l| l.meta().workload != first.workload) {
+        md.push_str("\n**Warning:** the workloads differ.\n");
+    }
+    if loaded.iter().any(|l| l.runs() < 2) {
+        md.push_str("\nSingle runs have no spread: differences under ~30 % may be noise (DESIGN.md §1 row 9).\n");
+    }
+    Ok(md)
+}

@@ -1,0 +1,423 @@
+//! `kvc-replay`: replay traces against an OpenAI-compatible endpoint.
+//! See the crate README for formats, flags and what the numbers mean.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use clap::{Args, Parser, Subcommand};
+use kvc_replay::client::{first_model, Api, Endpoint};
+use kvc_replay::driver::{self, DriverConfig, Pacing};
+use kvc_replay::http::{self, BaseUrl};
+use kvc_replay::reuse::ReuseOracle;
+use kvc_replay::runs::Aggregate;
+use kvc_replay::summary::{RunMeta, Summary};
+use kvc_replay::synth::agentic::{self, AgenticShape};
+use kvc_replay::synth::microbench::{self, MicroShape};
+use kvc_replay::synth::prompt::SessionContext;
+use kvc_replay::synth::rng::mix_all;
+use kvc_replay::synth::tokens::TokenSynth;
+use kvc_replay::synth::ShapeStats;
+use kvc_replay::trace::session::{self as session_trace, SessionRow};
+use kvc_replay::trace::{self, Format, LoadOptions, Scale, Workload};
+use kvc_replay::{compare, report};
+
+#[derive(Parser)]
+#[command(name = "kvc-replay", version, about = "Replay real and synthetic multi-turn traces against an OpenAI-compatible endpoint")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Replay a trace or a synthetic workload and write a report.
+    Run(RunArgs),
+    /// Write a synthetic workload in kvc's session format and print its shape.
+    Synth(SynthArgs),
+    /// Print a trace's size and the reuse its structure allows (no server).
+    Inspect(SourceArgs),
+    /// Rebuild a result directory's summaries and plots from its rows.
+    Report { dir: PathBuf },
+    /// Side-by-side table of result directories.
+    Compare {
+        #[arg(required = true)]
+        dirs: Vec<PathBuf>,
+    },
+}
+
+#[derive(Args, Clone)]
+struct SourceArgs {
+    /// Trace file (Mooncake, Bailian or session JSONL).
+    #[arg(long, conflicts_with = "synth")]
+    trace: Option<PathBuf>,
+    /// Trace format; default: told from the first line.
+    #[arg(long)]
+    format: Option<Format>,
+    /// Synthetic workload instead of a trace: agentic (seed 003's SWE-bench shape) or microbench.
+    #[arg(long, value_parser = ["agentic", "microbench"])]
+    synth: Option<String>,
+    #[command(flatten)]
+    shape: ShapeArgs,
+    /// Tokens per hash id (Mooncake 512, Bailian 16 by default).
+    #[arg(long)]
+    block_size: Option<usize>,
+    /// Skip this many requests (Mooncake) or sessions first.
+    #[arg(long, default_value_t = 0)]
+    skip: usize,
+    /// Keep at most this many sessions (Mooncake: requests).
+    #[arg(long)]
+    max_sessions: Option<usize>,
+    /// Keep at most this many turns per session.
+    #[arg(long)]
+    max_turns: Option<usize>,
+    /// Block size of the client's reusable-prefix count.
+    #[arg(long, default_value_t = 16)]
+    reuse_block_tokens: usize,
+}
+
+#[derive(Args, Clone)]
+struct ShapeArgs {
+    /// Multiply lengths (and synthetic session counts) by this: 0.1 or 1/32.
+    /// Hash-block traces need block x scale to be whole (1/32 -> 16-token blocks).
+    #[arg(long, default_value = "1")]
+    scale: Scale,
+    /// Seed of the synthetic workload and of the prompt tokens.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Synthetic: number of sessions (after --scale).
+    #[arg(long)]
+    sessions: Option<usize>,
+    /// microbench: turns per session.
+    #[arg(long, default_value_t = 3)]
+    micro_turns: usize,
+    /// microbench: first prompt tokens (before --scale).
+    #[arg(long, default_value_t = 10_000)]
+    micro_first: usize,
+    /// microbench: tokens appended per turn (before --scale).
+    #[arg(long, default_value_t = 1_000)]
+    micro_append: usize,
+    /// microbench: output tokens per turn (before --scale).
+    #[arg(long, default_value_t = 1_000)]
+    micro_output: usize,
+    /// microbench: think time between turns.
+    #[arg(long, default_value_t = 1.0)]
+    micro_gap_s: f64,
+    /// agentic: probability that a turn appends a large tool output.
+    #[arg(long)]
+    large_append_prob: Option<f64>,
+}
+
+#[derive(Args)]
+struct SynthArgs {
+    /// agentic or microbench.
+    #[arg(value_parser = ["agentic", "microbench"])]
+    kind: String,
+    #[command(flatten)]
+    shape: ShapeArgs,
+    /// Keep at most this many turns per session.
+    #[arg(long)]
+    max_turns: Option<usize>,
+    #[arg(long)]
+    out: PathBuf,
+}
+
+#[derive(Args)]
+struct RunArgs {
+    #[command(flatten)]
+    source: SourceArgs,
+    /// Server base URL (plain http); a trailing /v1 is fine.
+    #[arg(long, default_value = "http://127.0.0.1:8000")]
+    url: BaseUrl,
+    #[arg(long, default_value = "completions")]
+    api: Api,
+    /// `model` field; default: the first id of GET /v1/models.
+    #[arg(long)]
+    model: Option<String>,
+    #[arg(long, env = "OPENAI_API_KEY", hide_env_values = true)]
+    api_key: Option<String>,
+    /// Do not send the `session_id` body field (the x-session-id header still goes).
+    #[arg(long)]
+    no_session_field: bool,
+    /// Do not send `ignore_eos` (for servers that refuse it; outputs may be shorter).
+    #[arg(long)]
+    no_ignore_eos: bool,
+    /// 1 = real time (default); N = N times faster than the trace. Printed in every report.
+    #[arg(long, default_value_t = 1.0)]
+    time_scale: f64,
+    /// think: turn N+1 starts think time after turn N ends; arrival: at its trace time, if turn N is done.
+    #[arg(long, default_value = "think")]
+    pacing: Pacing,
+    /// Most requests in flight.
+    #[arg(long, default_value_t = 64)]
+    concurrency: usize,
+    #[arg(long, default_value_t = 600.0)]
+    request_timeout_s: f64,
+    /// Repeat the workload N times (fresh tokens and session ids each run) and report median and spread.
+    #[arg(long, default_value_t = 1)]
+    runs: usize,
+    /// Same prompt tokens and session ids in every run (later runs then hit the cache of earlier ones).
+    #[arg(long)]
+    same_tokens_across_runs: bool,
+    /// Scrape /metrics this often (0: never).
+    #[arg(long, default_value_t = 1.0)]
+    scrape_interval_s: f64,
+    /// Wait this long for GET /health (or /v1/models) to answer 200 before starting.
+    #[arg(long, default_value_t = 60.0)]
+    wait_ready_s: f64,
+    /// Output directory (default runs/replay-<unix time>).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    #[arg(long)]
+    no_progress: bool,
+    /// Exit with status 2 when any request failed.
+    #[arg(long)]
+    fail_on_errors: bool,
+}
+
+fn synth_rows(kind: &str, a: &ShapeArgs, max_turns: Option<usize>) -> Vec<SessionRow> {
+    let mut rows = match kind {
+        "agentic" => {
+            let mut shape = AgenticShape::default();
+            if let Some(n) = a.sessions {
+                // --sessions counts after scaling: undo the scale on the count.
+                shape.sessions = ((n as f64) / a.scale.factor()).round().max(1.0) as usize;
+            }
+            if let Some(p) = a.large_append_prob {
+                shape.large_append_prob = p;
+            }
+            agentic::generate(&shape, a.scale, a.seed)
+        }
+        _ => {
+            let mut shape = MicroShape {
+                turns: a.micro_turns,
+                first_prompt: a.micro_first,
+                append: a.micro_append,
+                output: a.micro_output,
+                gap_s: a.micro_gap_s,
+                ..MicroShape::default()
+            };
+            if let Some(n) = a.sessions {
+                shape.sessions = ((n as f64) / a.scale.factor()).round().max(1.0) as usize;
+            }
+            microbench::generate(&shape, a.scale)
+        }
+    };
+    if let Some(n) = max_turns {
+        rows.retain(|r| r.turn < n);
+    }
+    rows
+}
+
+fn workload(s: &SourceArgs) -> anyhow::Result<Workload> {
+    let mut w = match (&s.trace, &s.synth) {
+        (Some(path), _) => {
+            let opts = LoadOptions { format: s.format, scale: s.shape.scale, block_size: s.block_size, skip: s.skip };
+            trace::load(path, &opts)?
+        }
+        (None, Some(kind)) => {
+            let rows = synth_rows(kind, &s.shape, None).into_iter().enumerate().map(|(i, r)| (i + 1, r)).collect();
+            let mut w = session_trace::from_rows(rows, Scale::ONE, &format!("synth-{kind}"))?;
+            w.source = format!("synthetic {kind} (scale {}, seed {})", s.shape.scale, s.shape.seed);
+            w
+        }
+        (None, None) => bail!("give --trace FILE or --synth agentic|microbench"),
+    };
+    w.truncate(s.max_sessions, s.max_turns);
+    if w.requests() == 0 {
+        bail!("the workload has no requests");
+    }
+    Ok(w)
+}
+
+/// Polls /health (then /v1/models) until one answers 200.
+async fn wait_ready(url: &BaseUrl, within: Duration) -> anyhow::Result<()> {
+    let deadline = Instant::now() + within;
+    loop {
+        for path in ["/health", "/v1/models"] {
+            if let Ok(Ok((200, _))) = tokio::time::timeout(Duration::from_secs(5), http::get(url, path, &[])).await {
+                return Ok(());
+            }
+        }
+        if Instant::now() >= deadline {
+            bail!("{url} did not answer 200 on /health or /v1/models within {within:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+async fn run(a: RunArgs) -> anyhow::Result<()> {
+    if !(a.time_scale > 0.0 && a.time_scale.is_finite()) {
+        bail!("--time-scale must be a positive number");
+    }
+    if a.runs == 0 {
+        bail!("--runs must be at least 1");
+    }
+    let w = Arc::new(workload(&a.source)?);
+    wait_ready(&a.url, Duration::from_secs_f64(a.wait_ready_s.max(0.0))).await?;
+    let model = match &a.model {
+        Some(m) => Some(m.clone()),
+        None => first_model(&a.url, a.api_key.as_deref()).await,
+    };
+    let endpoint = Arc::new(Endpoint {
+        url: a.url.clone(),
+        api: a.api,
+        model: model.clone(),
+        api_key: a.api_key.clone(),
+        session_field: !a.no_session_field,
+        ignore_eos: !a.no_ignore_eos,
+    });
+    let out_dir = a.out.clone().unwrap_or_else(|| {
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+        PathBuf::from(format!("runs/replay-{now}"))
+    });
+    std::fs::create_dir_all(&out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
+    eprintln!(
+        "kvc-replay: {} ({} sessions, {} requests) -> {} | time scale {}{} | concurrency {} | {} run(s) | out {}",
+        w.source,
+        w.sessions.len(),
+        w.requests(),
+        a.url,
+        a.time_scale,
+        if a.time_scale == 1.0 { " (real time)" } else { " (COMPRESSED)" },
+        a.concurrency,
+        a.runs,
+        out_dir.display()
+    );
+
+    let mut summaries = Vec::new();
+    let mut run_dirs = Vec::new();
+    for run in 1..=a.runs {
+        let independent = !a.same_tokens_across_runs;
+        let salt = if independent { mix_all(&[a.source.shape.seed, run as u64]) } else { a.source.shape.seed };
+        let cfg = DriverConfig {
+            run,
+            time_scale: a.time_scale,
+            concurrency: a.concurrency,
+            request_timeout: Duration::from_secs_f64(a.request_timeout_s),
+            pacing: a.pacing,
+            salt,
+            session_suffix: if independent && a.runs > 1 { format!("-r{run}") } else { String::new() },
+            reuse_block_tokens: a.source.reuse_block_tokens,
+            scrape_interval: (a.scrape_interval_s > 0.0).then(|| Duration::from_secs_f64(a.scrape_interval_s)),
+            progress: !a.no_progress,
+            stop_on_ctrl_c: true,
+        };
+        let out = driver::run(w.clone(), endpoint.clone(), cfg).await;
+        let meta = RunMeta {
+            tool: format!("kvc-replay {}", env!("CARGO_PKG_VERSION")),
+            workload: w.source.clone(),
+            endpoint: a.url.to_string(),
+            api: a.api,
+            model: model.clone(),
+            time_scale: a.time_scale,
+            pacing: a.pacing,
+            concurrency: a.concurrency,
+            request_timeout_s: a.request_timeout_s,
+            run,
+            runs: a.runs,
+            salt,
+            started_unix_s: out.started_unix_s,
+            wall_s: out.wall_s,
+            interrupted: out.interrupted,
+            scrape_interval_s: (a.scrape_interval_s > 0.0).then_some(a.scrape_interval_s),
+            reuse_block_tokens: a.source.reuse_block_tokens,
+            requests_planned: w.requests(),
+        };
+        let summary = Summary::new(meta, &out.records, &out.scrapes);
+        let dir = if a.runs == 1 { out_dir.clone() } else { out_dir.join(format!("run-{run}")) };
+        report::write_run(&dir, &summary, &out.records, &out.scrapes)?;
+        eprintln!(
+            "run {run}/{}: {} requests, {} errors, TTFT p50 {} s, latency p50 {} s, reuse {} -> {}",
+            a.runs,
+            summary.requests,
+            summary.errors,
+            report::fmt_opt(summary.ttft_s.p50, 3),
+            report::fmt_opt(summary.latency_s.p50, 3),
+            report::fmt_opt(summary.reuse_ratio, 3),
+            dir.join("summary.md").display()
+        );
+        let interrupted = out.interrupted;
+        summaries.push(summary);
+        run_dirs.push(format!("run-{run}"));
+        if interrupted {
+            break;
+        }
+    }
+    if summaries.len() > 1 {
+        Aggregate::new(&summaries, run_dirs).write(&out_dir)?;
+    }
+    println!("{}", std::fs::read_to_string(out_dir.join("summary.md"))?);
+    if a.fail_on_errors && summaries.iter().any(|s| s.errors > 0) {
+        std::process::exit(2);
+    }
+    Ok(())
+}
+
+/// Sizes and the reuse the trace's own structure allows, in send order.
+fn inspect(s: &SourceArgs) -> anyhow::Result<()> {
+    let w = workload(s)?;
+    let synth = TokenSynth::new(s.shape.seed);
+    let mut oracle = ReuseOracle::new(s.reuse_block_tokens);
+    // Requests in arrival order, each session's turns in order.
+    let mut order: Vec<(f64, usize, usize)> = Vec::new();
+    for (si, sess) in w.sessions.iter().enumerate() {
+        let mut t = sess.turns.first().map_or(0.0, |t| t.arrival_s);
+        for (i, turn) in sess.turns.iter().enumerate() {
+            if i > 0 {
+                t = t.max(turn.arrival_s).max(t + turn.think_s);
+            }
+            order.push((t, si, i));
+        }
+    }
+    order.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
+    let mut ctxs: Vec<SessionContext> = (0..w.sessions.len()).map(|si| SessionContext::new(synth, si as u64, false)).collect();
+    let (mut prompt, mut reusable, mut output) = (0usize, 0usize, 0usize);
+    for (_, si, i) in order {
+        let turn = &w.sessions[si].turns[i];
+        let p = ctxs[si].prompt(i, turn);
+        prompt += p.tokens.len();
+        reusable += oracle.observe(&p.tokens);
+        output += turn.output_tokens;
+        ctxs[si].finish(i, turn, "");
+    }
+    let span = w.sessions.iter().flat_map(|s| s.turns.iter().map(|t| t.arrival_s)).fold(0.0, f64::max);
+    println!(
+        "{}\n{} sessions, {} requests, {} prompt tokens, {} output tokens, last arrival {:.1} s\n\
+         reusable ratio {:.4} (whole {}-token blocks already sent earlier, in arrival order)",
+        w.source,
+        w.sessions.len(),
+        w.requests(),
+        prompt,
+        output,
+        span,
+        reusable as f64 / prompt.max(1) as f64,
+        s.reuse_block_tokens
+    );
+    Ok(())
+}
+
+fn main() -> anyhow::Result<()> {
+    match Cli::parse().cmd {
+        Cmd::Run(a) => tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(run(a)),
+        Cmd::Synth(a) => {
+            let rows = synth_rows(&a.kind, &a.shape, a.max_turns);
+            session_trace::write(&a.out, &rows)?;
+            println!("{}", serde_json::to_string_pretty(&ShapeStats::of(&rows))?);
+            eprintln!("wrote {} turns to {}", rows.len(), a.out.display());
+            Ok(())
+        }
+        Cmd::Inspect(s) => inspect(&s),
+        Cmd::Report { dir } => {
+            report::rebuild(&dir)?;
+            print!("{}", std::fs::read_to_string(dir.join("summary.md"))?);
+            Ok(())
+        }
+        Cmd::Compare { dirs } => {
+            let dirs: Vec<&Path> = dirs.iter().map(PathBuf::as_path).collect();
+            print!("{}", compare::table(&dirs)?);
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,190 @@
+//! One row of `metrics.jsonl` per request.
+
+use std::io::Write;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::client::Outcome;
+use crate::error::{ReplayError, Result};
+use crate::stats::Dist;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Itl {
+    pub mean_s: f64,
+    pub p50_s: f64,
+    pub p90_s: f64,
+    pub max_s: f64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RequestRecord {
+    pub run: usize,
+    pub session: Option<String>,
+    pub turn: usize,
+    /// When the turn was due (trace time / time scale, or previous turn's
+    /// end + think time), seconds from the run's start.
+    pub scheduled_s: f64,
+    /// When it was sent; later than `scheduled_s` when the concurrency
+    /// cap held it back.
+    pub start_s: f64,
+    pub ttft_s: Option<f64>,
+    /// (latency - TTFT) / (output tokens - 1).
+    pub tpot_s: Option<f64>,
+    /// Gaps between output chunks.
+    pub itl: Option<Itl>,
+    pub latency_s: f64,
+    /// The server's count (usage), else the client's.
+    pub prompt_tokens: u64,
+    pub prompt_tokens_sent: u64,
+    /// `usage.prompt_tokens_details.cached_tokens`, else the kvc field.
+    pub cached_tokens: Option<u64>,
+    pub computed_tokens: Option<u64>,
+    /// Longest prefix an earlier request of this run already sent (whole blocks).
+    pub reusable_tokens: u64,
+    /// `usage.completion_tokens`, else the number of output chunks.
+    pub output_tokens: Option<u64>,
+    pub expected_output_tokens: u64,
+    pub ok: bool,
+    pub status: Option<u16>,
+    pub error: Option<String>,
+    /// kvc's serving path (`kvc.path`, else the `x-kvc-path` header).
+    pub path: Option<String>,
+    pub reason: Option<String>,
+    pub path_header: Option<String>,
+    pub transferred_tokens: Option<u64>,
+    pub finish_reason: Option<String>,
+}
+
+/// Where a request sits in the workload and how it was sent.
+pub struct Sent {
+    pub run: usize,
+    pub session: Option<String>,
+    pub turn: usize,
+    pub scheduled_s: f64,
+    pub start_s: f64,
+    pub prompt_tokens_sent: u64,
+    pub reusable_tokens: u64,
+    pub expected_output_tokens: u64,
+}
+
+impl RequestRecord {
+    pub fn new(sent: Sent, o: &Outcome) -> Self {
+        let kvc = o.kvc.clone().unwrap_or_default();
+        let output_tokens = o.completion_tokens.or_else(|| (!o.token_times_s.is_empty()).then_some(o.token_times_s.len() as u64));
+        let prompt_tokens = o.prompt_tokens.unwrap_or(sent.prompt_tokens_sent);
+        let cached_tokens = o.cached_tokens.or(kvc.cached_tokens);
+        let computed_tokens = kvc.computed_tokens.or_else(|| cached_tokens.map(|c| prompt_tokens.saturating_sub(c)));
+        let ok = o.error.is_none();
+        let tpot_s = match (ok, o.ttft_s, output_tokens) {
+            (true, Some(t), Some(n)) if n >= 2 => Some((o.latency_s - t) / (n - 1) as f64),
+            _ => None,
+        };
+        let gaps: Vec<f64> = o.token_times_s.windows(2).map(|w| w[1] - w[0]).collect();
+        let itl = (!gaps.is_empty()).then(|| {
+            let d = Dist::of(gaps);
+            Itl {
+                mean_s: d.mean.unwrap_or(0.0),
+                p50_s: d.p50.unwrap_or(0.0),
+                p90_s: d.p90.unwrap_or(0.0),
+                max_s: d.max.unwrap_or(0.0),
+            }
+        });
+        RequestRecord {
+            run: sent.run,
+            session: sent.session,
+            turn: sent.turn,
+            scheduled_s: sent.scheduled_s,
+            start_s: sent.start_s,
+            ttft_s: o.ttft_s,
+            tpot_s,
+            itl,
+            latency_s: o.latency_s,
+            prompt_tokens,
+            prompt_tokens_sent: sent.prompt_tokens_sent,
+            cached_tokens,
+            computed_tokens,
+            reusable_tokens: sent.reusable_tokens,
+            output_tokens,
+            expected_output_tokens: sent.expected_output_tokens,
+            ok,
+            status: o.status,
+            error: o.error.clone(),
+            path: kvc.path.or_else(|| o.path_header.clone()),
+            reason: kvc.reason,
+            path_header: o.path_header.clone(),
+            transferred_tokens: kvc.transferred_tokens,
+            finish_reason: o.finish_reason.clone(),
+        }
+    }
+
+    /// `path/reason`, the path alone, `unlabelled` (a server without kvc's
+    /// extensions), or `error`.
+    pub fn label(&self) -> String {
+        if !self.ok {
+            return "error".into();
+        }
+        match (&self.path, &self.reason) {
+            (Some(p), Some(r)) => format!("{p}/{r}"),
+            (Some(p), None) => p.clone(),
+            (None, _) => "unlabelled".into(),
+        }
+    }
+}
+
+pub fn write_jsonl<T: Serialize>(path: &Path, rows: &[T]) -> Result<()> {
+    let mut out = Vec::new();
+    for r in rows {
+        serde_json::to_writer(&mut out, r)?;
+        out.push(b'\n');
+    }
+    std::fs::File::create(path).and_then(|mut f| f.write_all(&out)).map_err(|e| ReplayError::io(path, e))
+}
+
+pub fn read_jsonl<T: serde::de::DeserializeOwned>(path: &Path) -> Result<Vec<T>> {
+    let text = std::fs::read_to_string(path).map_err(|e| ReplayError::io(path, e))?;
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+        .map(|(i, l)| serde_json::from_str(l).map_err(|e| ReplayError::trace(path, i + 1, e.to_string())))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::client::KvcInfo;
+
+    fn sent() -> Sent {
+        Sent {
+            run: 1, session: Some("s".into()), turn: 2, scheduled_s: 1.0, start_s: 1.5, prompt_tokens_sent: 100,
+            reusable_tokens: 64, expected_output_tokens: 4,
+        }
+    }
+
+    #[test]
+    fn rows_prefer_the_servers_counts_and_derive_tpot_and_itl() {
+        let o = Outcome {
+            status: Some(200), ttft_s: Some(0.5), token_times_s: vec![0.5, 0.6, 0.8, 0.9], latency_s: 0.9,
+            prompt_tokens: Some(101), completion_tokens: Some(4), cached_tokens: Some(64),
+            kvc: Some(KvcInfo { path: Some("local".into()), reason: Some("prefix_hit".into()), computed_tokens: Some(37), ..Default::default() }),
+            path_header: Some("local".into()), finish_reason: Some("length".into()), ..Default::default()
+        };
+        let r = RequestRecord::new(sent(), &o);
+        assert_eq!((r.prompt_tokens, r.cached_tokens, r.computed_tokens), (101, Some(64), Some(37)));
+        assert!((r.tpot_s.unwrap() - 0.4 / 3.0).abs() < 1e-9);
+        let itl = r.itl.clone().unwrap();
+        assert!((itl.max_s - 0.2).abs() < 1e-9);
+        assert_eq!(r.label(), "local/prefix_hit");
+    }
+
+    #[test]
+    fn a_server_without_extensions_or_usage_still_gives_a_row() {
+        let o = Outcome { status: Some(200), ttft_s: Some(0.1), token_times_s: vec![0.1, 0.2], latency_s: 0.2, finish_reason: Some("stop".into()), ..Default::default() };
+        let r = RequestRecord::new(sent(), &o);
+        assert_eq!((r.prompt_tokens, r.output_tokens, r.cached_tokens), (100, Some(2), None));
+        assert_eq!(r.label(), "unlabelled");
+        let failed = RequestRecord::new(sent(), &Outcome { error: Some("HTTP 500: x".into()), ..Default::default() });
+        assert_eq!((failed.ok, failed.label().as_str()), (false, "error"));
+    }
+}

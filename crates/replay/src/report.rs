@@ -1,0 +1,306 @@
+//! A run's directory: `metrics.jsonl`, `scrape.jsonl`, `summary.json`,
+//! `summary.md` and the SVG plots.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::path::Path;
+
+use crate::error::{ReplayError, Result};
+use crate::metrics::{write_jsonl, RequestRecord};
+use crate::scrape::{pool_series, ScrapeRow};
+use crate::stats::Dist;
+use crate::summary::{RunMeta, Summary};
+use crate::svg::{cdf, Chart, Series, Style};
+
+pub const TTFT_PLOT: &str = "ttft_cdf.svg";
+pub const LATENCY_PLOT: &str = "latency_over_time.svg";
+pub const POOL_PLOT: &str = "pool_usage.svg";
+
+pub fn write_file(path: &Path, text: &str) -> Result<()> {
+    std::fs::write(path, text).map_err(|e| ReplayError::io(path, e))
+}
+
+/// Rebuilds a run directory's summary and plots from its `metrics.jsonl`,
+/// `scrape.jsonl` and the run description in its `summary.json` (after a
+/// kvc-replay update, or to redraw); a multi-run directory is rebuilt run
+/// by run, then aggregated.
+pub fn rebuild(dir: &Path) -> Result<()> {
+    let mut run_dirs: Vec<String> = std::fs::read_dir(dir)
+        .map_err(|e| ReplayError::io(dir, e))?
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().join("metrics.jsonl").exists())
+        .filter_map(|e| e.file_name().to_str().map(str::to_string))
+        .collect();
+    if run_dirs.is_empty() {
+        rebuild_run(dir)?;
+        return Ok(());
+    }
+    run_dirs.sort_by_key(|d| d.trim_start_matches("run-").parse::<usize>().unwrap_or(usize::MAX));
+    let summaries: Vec<Summary> = run_dirs.iter().map(|d| rebuild_run(&dir.join(d))).collect::<Result<_>>()?;
+    crate::runs::Aggregate::new(&summaries, run_dirs).write(dir)
+}
+
+fn rebuild_run(dir: &Path) -> Result<Summary> {
+    let old: Summary = serde_json::from_str(
+        &std::fs::read_to_string(dir.join("summary.json")).map_err(|e| ReplayError::io(&dir.join("summary.json"), e))?,
+    )?;
+    let rows: Vec<RequestRecord> = crate::metrics::read_jsonl(&dir.join("metrics.jsonl"))?;
+    let scrape = dir.join("scrape.jsonl");
+    let scrapes: Vec<ScrapeRow> = if scrape.exists() { crate::metrics::read_jsonl(&scrape)? } else { Vec::new() };
+    let summary = Summary::new(old.meta, &rows, &scrapes);
+    write_reports(dir, &summary, &rows, &scrapes)?;
+    Ok(summary)
+}
+
+/// Writes everything about one run into `dir` (created if missing).
+pub fn write_run(dir: &Path, summary: &Summary, rows: &[RequestRecord], scrapes: &[ScrapeRow]) -> Result<()> {
+    std::fs::create_dir_all(dir).map_err(|e| ReplayError::io(dir, e))?;
+    write_jsonl(&dir.join("metrics.jsonl"), rows)?;
+    if !scrapes.is_empty() {
+        write_jsonl(&dir.join("scrape.jsonl"), scrapes)?;
+    }
+    write_reports(dir, summary, rows, scrapes)
+}
+
+/// `summary.json`, `summary.md` and the plots.
+fn write_reports(dir: &Path, summary: &Summary, rows: &[RequestRecord], scrapes: &[ScrapeRow]) -> Result<()> {
+    write_file(&dir.join("summary.json"), &serde_json::to_string_pretty(summary)?)?;
+    write_file(&dir.join(TTFT_PLOT), &ttft_chart(rows).render())?;
+    write_file(&dir.join(LATENCY_PLOT), &latency_chart(rows).render())?;
+    let pool = pool_chart(scrapes);
+    if !pool.series.is_empty() {
+        write_file(&dir.join(POOL_PLOT), &pool.render())?;
+    }
+    write_file(&dir.join("summary.md"), &markdown(summary, !pool.series.is_empty()))
+}
+
+fn by_label(rows: &[RequestRecord]) -> BTreeMap<String, Vec<&RequestRecord>> {
+    let mut m: BTreeMap<String, Vec<&RequestRecord>> = BTreeMap::new();
+    for r in rows {
+        m.entry(r.label()).or_default().push(r);
+    }
+    m
+}
+
+pub fn ttft_chart(rows: &[RequestRecord]) -> Chart {
+    let series = by_label(rows)
+        .into_iter()
+        .filter(|(l, _)| l != "error")
+        .map(|(l, rs)| {
+            let pts = cdf(rs.iter().filter_map(|r| r.ttft_s).collect());
+            Series { name: format!("{l} (n={})", pts.len()), points: pts, style: Style::Step }
+        })
+        .collect();
+    Chart {
+        title: "TTFT CDF by serving path".into(),
+        x_label: "time to first token (s, log scale)".into(),
+        y_label: "fraction of requests".into(),
+        series,
+        x_log: true,
+        y_range: Some((0.0, 1.0)),
+    }
+}
+
+pub fn latency_chart(rows: &[RequestRecord]) -> Chart {
+    let series = by_label(rows)
+        .into_iter()
+        .map(|(l, rs)| Series {
+            name: format!("{l} (n={})", rs.len()),
+            points: rs.iter().map(|r| (r.start_s, r.latency_s)).collect(),
+            style: Style::Dots,
+        })
+        .collect();
+    Chart {
+        title: "End-to-end latency over the run".into(),
+        x_label: "request sent at (s from run start)".into(),
+        y_label: "latency (s)".into(),
+        series,
+        ..Default::default()
+    }
+}
+
+pub fn pool_chart(scrapes: &[ScrapeRow]) -> Chart {
+    Chart {
+        title: "KV pool usage (scraped from /metrics)".into(),
+        x_label: "s from run start".into(),
+        y_label: "fraction of pool".into(),
+        series: pool_series(scrapes).into_iter().map(|(name, points)| Series { name, points, style: Style::Line }).collect(),
+        x_log: false,
+        y_range: Some((0.0, 1.0)),
+    }
+}
+
+/// `2026-05-06 12:00:00 UTC` from unix seconds.
+pub fn utc(unix_s: f64) -> String {
+    let secs = unix_s.max(0.0) as i64;
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Howard Hinnant's civil_from_days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02} UTC", rem / 3600, rem % 3600 / 60, rem % 60)
+}
+
+pub fn fmt_opt(v: Option<f64>, digits: usize) -> String {
+    v.map_or_else(|| "–".to_string(), |v| format!("{v:.digits$}"))
+}
+
+/// The time-scale line every report carries.
+pub fn time_scale_text(ts: f64) -> String {
+    if ts == 1.0 {
+        "1 (real time)".into()
+    } else {
+        format!(
+            "**{ts}** ({ts}x faster than the trace: arrivals and think times divided by {ts}; sessions are busier \
+             than in reality, see DESIGN.md §1 row 6)"
+        )
+    }
+}
+
+pub fn meta_table(m: &RunMeta) -> String {
+    let mut s = String::from("| | |\n|---|---|\n");
+    let _ = writeln!(s, "| workload | {} ({} requests planned) |", m.workload, m.requests_planned);
+    let _ = writeln!(s, "| endpoint | {} ({} api), model {} |", m.endpoint, format!("{:?}", m.api).to_lowercase(), m.model.as_deref().unwrap_or("(not sent)"));
+    let _ = writeln!(s, "| time scale | {} |", time_scale_text(m.time_scale));
+    let pacing = match m.pacing {
+        crate::driver::Pacing::Think => "think (a session's next turn starts its think time after the previous one ends)",
+        crate::driver::Pacing::Arrival => "arrival (a session's next turn starts at its trace time, or when the previous one ends if later)",
+    };
+    let _ = writeln!(s, "| pacing | {pacing} |");
+    let _ = writeln!(s, "| concurrency cap | {} |", m.concurrency);
+    let _ = writeln!(s, "| request timeout | {} s |", m.request_timeout_s);
+    if m.run == 0 {
+        let _ = writeln!(s, "| runs | {} (each with its own token salt and session ids) |", m.runs);
+    } else {
+        let _ = writeln!(s, "| run | {} of {} (token salt {}) |", m.run, m.runs, m.salt);
+    }
+    let _ = writeln!(s, "| started | {} |", utc(m.started_unix_s));
+    let _ = writeln!(s, "| wall time | {:.1} s{} |", m.wall_s, if m.interrupted { " (**interrupted**)" } else { "" });
+    let scrape = m.scrape_interval_s.map_or("off".to_string(), |s| format!("every {s} s"));
+    let _ = writeln!(s, "| /metrics scraping | {scrape} |");
+    let _ = writeln!(s, "| tool | {} |", m.tool);
+    s
+}
+
+fn dist_row(name: &str, d: &Dist) -> String {
+    format!(
+        "| {name} | {} | {} | {} | {} | {} | {} |\n",
+        d.n,
+        fmt_opt(d.mean, 3),
+        fmt_opt(d.p50, 3),
+        fmt_opt(d.p90, 3),
+        fmt_opt(d.p99, 3),
+        fmt_opt(d.max, 3)
+    )
+}
+
+pub fn markdown(s: &Summary, pool_plot: bool) -> String {
+    let mut md = String::from("# kvc-replay report\n\n");
+    md.push_str(&meta_table(&s.meta));
+    let _ = write!(
+        md,
+        "\n## Results\n\n{} requests: {} ok, **{} errors** (error rate {:.2} %).\n\
+         Throughput: {:.2} requests/s, {:.1} output tokens/s, {:.0} prompt tokens/s.\n\n\
+         | seconds | n | mean | p50 | p90 | p99 | max |\n|---|---|---|---|---|---|---|\n",
+        s.requests,
+        s.ok,
+        s.errors,
+        s.error_rate * 100.0,
+        s.requests_per_s,
+        s.output_tokens_per_s,
+        s.prompt_tokens_per_s
+    );
+    md.push_str(&dist_row("TTFT", &s.ttft_s));
+    md.push_str(&dist_row("TPOT", &s.tpot_s));
+    md.push_str(&dist_row("latency", &s.latency_s));
+    md.push_str(&dist_row("schedule lag", &s.schedule_lag_s));
+    md.push_str(
+        "\nTTFT is measured to the first chunk carrying output; TPOT is (latency - TTFT) / (output tokens - 1); \
+         schedule lag is how late requests left the client behind their schedule (the concurrency cap).\n",
+    );
+
+    md.push_str("\n## Reuse\n\n");
+    match s.reuse_ratio {
+        Some(r) => {
+            let _ = writeln!(
+                md,
+                "- **reuse ratio {:.3}**: {} cached of {} prompt tokens, as the server reported them \
+                 ({} of {} successful requests reported cached tokens).",
+                r, s.cached_tokens, s.prompt_tokens, s.cache_reports, s.ok
+            );
+        }
+        None => md.push_str("- reuse ratio: **unknown**, the server reported no cached tokens.\n"),
+    }
+    let _ = writeln!(
+        md,
+        "- reusable ratio {:.3}: prompt tokens, in whole {}-token blocks, that an earlier request of this run had \
+         already sent (the client's own count; what a perfect cache could reuse).",
+        s.reusable_ratio, s.meta.reuse_block_tokens
+    );
+    if let (Some(r), true) = (s.reuse_ratio, s.reusable_ratio > 0.0) {
+        let _ = writeln!(md, "- the server reused {:.1} % of what was reusable.", 100.0 * r / s.reusable_ratio);
+    }
+    if s.sessions > 0 && s.meta.api == crate::client::Api::Completions {
+        md.push_str(
+            "- Session turns carry a synthesized stand-in for the previous answer (completions API): the server \
+             can reuse the previous prompt but must recompute the stand-in, so session reuse is under-reported by \
+             about one output length per turn (crate README).\n",
+        );
+    }
+
+    md.push_str("\n## Path mix\n\n");
+    if s.kvc_labelled == 0 {
+        md.push_str("The server sent no `x-kvc-path` header or `kvc` field: requests are `unlabelled`.\n\n");
+    }
+    md.push_str("| path/reason | requests | share | TTFT p50 (s) | latency p50 (s) | cached/prompt |\n|---|---|---|---|---|---|\n");
+    for (label, p) in &s.path_mix {
+        let reuse = if p.prompt_tokens > 0 { format!("{:.3}", p.cached_tokens as f64 / p.prompt_tokens as f64) } else { "–".into() };
+        let _ = writeln!(
+            md,
+            "| {label} | {} | {:.1} % | {} | {} | {reuse} |",
+            p.count,
+            p.share * 100.0,
+            fmt_opt(p.ttft_p50_s, 3),
+            fmt_opt(p.latency_p50_s, 3)
+        );
+    }
+    if !s.top_errors.is_empty() {
+        md.push_str("\n## Errors\n\n| count | message |\n|---|---|\n");
+        for (msg, n) in &s.top_errors {
+            let _ = writeln!(md, "| {n} | {} |", msg.replace('|', "\\|").replace('\n', " "));
+        }
+    }
+    md.push_str("\n## Plots\n\n");
+    let _ = writeln!(md, "![TTFT CDF by path]({TTFT_PLOT})\n\n![Latency over time]({LATENCY_PLOT})\n");
+    match (pool_plot, s.pool_peak_usage) {
+        (true, peak) => {
+            let _ = writeln!(md, "![KV pool usage]({POOL_PLOT})\n\nPeak device pool usage: {}.", fmt_opt(peak, 3));
+        }
+        (false, _) => md.push_str("No pool usage plot: /metrics was not scraped or exposes no pool gauges.\n"),
+    }
+    md
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn utc_dates_are_civil() {
+        assert_eq!(utc(0.0), "1970-01-01 00:00:00 UTC");
+        assert_eq!(utc(1_709_251_199.0), "2024-02-29 23:59:59 UTC");
+    }
+
+    #[test]
+    fn every_report_states_its_time_scale() {
+        assert!(time_scale_text(1.0).contains("real time"));
+        let t = time_scale_text(10.0);
+        assert!(t.contains("10x faster") && t.contains("row 6"), "{t}");
+    }
+}
