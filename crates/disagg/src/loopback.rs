@@ -187,6 +187,7 @@ impl PeerProcess {
             .arg(addr.to_string())
             .args(spec.to_args())
             .env("GLOG_minloglevel", "1") // Mooncake's INFO lines are noise here
+            .env("RUST_BACKTRACE", "0") // its error message, not a backtrace, ends its stderr
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
