@@ -16,6 +16,7 @@ pub mod model_source;
 pub mod request;
 pub mod sampler;
 pub mod stop;
+mod template_json;
 pub mod tokenizer;
 
 pub use admission::{decide_admission, AdmissionDecision, AdmissionQuery};
