@@ -10,6 +10,7 @@ mod error;
 pub mod handshake;
 pub mod loopback;
 pub mod plan;
+pub mod protocol;
 pub mod transport;
 
 pub use error::{DisaggError, Result};

@@ -5,12 +5,13 @@
 //! from the returned [`RequestStream`]. Dropping the stream cancels the
 //! request: the engine notices the closed channel and frees its blocks.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
 /// Sampling and stopping parameters, already validated by the caller
-/// (see [`SamplingParams::validate`]).
-#[derive(Debug, Clone, PartialEq)]
+/// (see [`SamplingParams::validate`]). Serializable so a decode worker can
+/// hand them to a prefill worker.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SamplingParams {
     /// 0 means greedy.
     pub temperature: f32,
@@ -150,14 +151,14 @@ impl Usage {
 }
 
 /// Log-probability of one candidate token.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TokenLogprob {
     pub token_id: u32,
     pub logprob: f32,
 }
 
 /// Log-probabilities for one generated token.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Logprobs {
     pub chosen: TokenLogprob,
     /// Most likely alternatives, best first (length = requested top count).

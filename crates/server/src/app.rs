@@ -94,6 +94,8 @@ pub struct AppState {
     pub metrics: Arc<ServerMetrics>,
     pub admission: Arc<Admission>,
     pub lifecycle: Arc<Lifecycle>,
+    /// "both", "prefill" or "decode".
+    pub role: &'static str,
 }
 
 impl AppState {
@@ -109,6 +111,7 @@ impl AppState {
             config: Arc::new(config),
             metrics: Arc::new(ServerMetrics::default()),
             lifecycle: Arc::new(Lifecycle::default()),
+            role: "both",
         }
     }
 
@@ -185,6 +188,11 @@ async fn no_route(method: Method, uri: Uri) -> ApiError {
 
 async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
     ApiError::MethodNotAllowed { method: method.to_string(), path: uri.path().to_string() }
+}
+
+/// Serves a worker role (`both`, `prefill`, `decode`) as the flags say.
+pub async fn serve_worker(engine: EngineHandle, args: &crate::args::Args) -> anyhow::Result<()> {
+    serve(engine, &args.host, args.port, args.serving.server_config()).await
 }
 
 /// Binds `host:port` and serves until SIGINT / SIGTERM, then drains

@@ -44,7 +44,9 @@ pub enum DtypeArg {
 #[derive(Debug, Clone, Parser)]
 #[command(name = "kvc-server", version, about)]
 pub struct Args {
-    /// Role of this process; only `both` is implemented so far.
+    /// Role of this process (DESIGN.md §4): `both` (a complete worker),
+    /// `prefill` / `decode` (disaggregated workers), `router` (OpenAI front
+    /// for several workers).
     #[arg(long, value_enum, default_value_t = Role::Both)]
     pub role: Role,
 
@@ -116,6 +118,56 @@ pub struct Args {
 
     #[command(flatten)]
     pub serving: ServingArgs,
+
+    #[command(flatten)]
+    pub disagg: DisaggArgs,
+}
+
+/// Prefill/decode disaggregation and routing (docs/disaggregation.md).
+#[derive(Debug, Clone, clap::Args)]
+pub struct DisaggArgs {
+    /// A prefill worker's base URL (repeatable). Decode workers send remote
+    /// prefills and session snapshots there.
+    #[arg(long = "prefill-peer", value_name = "URL")]
+    pub prefill_peers: Vec<String>,
+
+    /// A decode (or `both`) worker's base URL (repeatable). The router
+    /// places requests on these.
+    #[arg(long = "decode-peer", value_name = "URL")]
+    pub decode_peers: Vec<String>,
+
+    /// Decode workers: a prompt suffix shorter than this is always computed
+    /// locally (direct append); longer ones go to the cost function
+    /// (default measured, see docs/benchmarks.md).
+    #[arg(long, default_value_t = 512)]
+    pub remote_prefill_min_tokens: usize,
+
+    /// Decode workers: push a session's new KV to a prefill worker after a
+    /// turn once this many tokens are not yet snapshotted (0: never push).
+    #[arg(long, default_value_t = 1024)]
+    pub snapshot_min_tokens: usize,
+
+    /// Prefill workers: most KV blocks the snapshot store may hold
+    /// (default: half of the pool).
+    #[arg(long)]
+    pub snapshot_store_blocks: Option<usize>,
+
+    /// Address peers reach this worker's KV transport at.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub kv_transport_host: String,
+
+    /// Mooncake transport protocol between workers: tcp or rdma.
+    #[arg(long, default_value = "tcp")]
+    pub kv_transport_protocol: String,
+
+    /// Deadline of one KV transfer (remote prefill or snapshot push).
+    #[arg(long, default_value_t = 30)]
+    pub kv_transfer_timeout_s: u64,
+
+    /// Router and decode workers: seconds between polls of each peer's
+    /// published state (health and load).
+    #[arg(long, default_value_t = 0.5)]
+    pub peer_poll_interval_s: f64,
 }
 
 /// Security, limits and lifecycle of the HTTP front (see [`ServerConfig`]).
@@ -175,15 +227,30 @@ impl ServingArgs {
 }
 
 impl Args {
-    /// Refuses roles that are not built yet, with a message for the user.
+    /// Refuses flag combinations a role cannot use, with a message for the user.
     pub fn check_role(&self) -> Result<(), String> {
+        let d = &self.disagg;
         match self.role {
-            Role::Both => Ok(()),
-            other => {
-                let name = other.to_possible_value().map(|v| v.get_name().to_string()).unwrap_or_default();
-                Err(format!("--role {name} is not implemented yet; only --role both is available"))
+            Role::Both | Role::Prefill if !d.prefill_peers.is_empty() || !d.decode_peers.is_empty() => Err(format!(
+                "--role {} takes no --prefill-peer / --decode-peer (decode workers and the router do)",
+                self.role_name()
+            )),
+            Role::Router if d.decode_peers.is_empty() => {
+                Err("--role router needs at least one --decode-peer URL (a decode or both worker)".into())
             }
+            Role::Decode if d.prefill_peers.is_empty() => {
+                Err("--role decode needs at least one --prefill-peer URL".into())
+            }
+            Role::Prefill | Role::Decode | Role::Router if self.serving.cluster_token.as_deref().unwrap_or("").is_empty() => Err(format!(
+                "--role {} needs --cluster-token (or KVC_CLUSTER_TOKEN): worker-to-worker calls are authenticated",
+                self.role_name()
+            )),
+            _ => Ok(()),
         }
+    }
+
+    pub fn role_name(&self) -> String {
+        self.role.to_possible_value().map(|v| v.get_name().to_string()).unwrap_or_default()
     }
 
     pub fn engine_config(&self) -> EngineConfig {
@@ -326,13 +393,19 @@ mod tests {
     }
 
     #[test]
-    fn other_roles_parse_but_are_refused_clearly() {
-        for role in ["prefill", "decode", "router"] {
-            let a = parse(&["--role", role]).unwrap();
-            let err = a.check_role().unwrap_err();
-            assert!(err.contains("not implemented yet") && err.contains(role), "{err}");
-        }
+    fn roles_check_their_peers_and_token() {
+        let err = |args: &[&str]| parse(args).unwrap().check_role().unwrap_err();
+        assert!(err(&["--role", "router"]).contains("--decode-peer"));
+        assert!(err(&["--role", "decode", "--cluster-token", "t"]).contains("--prefill-peer"));
+        assert!(err(&["--role", "decode", "--prefill-peer", "http://p"]).contains("--cluster-token"));
+        assert!(err(&["--role", "prefill"]).contains("--cluster-token"));
+        assert!(err(&["--role", "both", "--prefill-peer", "http://p"]).contains("takes no"));
         assert!(parse(&["--role", "both"]).unwrap().check_role().is_ok());
+        assert!(parse(&["--role", "prefill", "--cluster-token", "t"]).unwrap().check_role().is_ok());
+        let ok = ["--role", "decode", "--cluster-token", "t", "--prefill-peer", "http://p:1", "--prefill-peer", "http://q:2"];
+        assert_eq!(parse(&ok).unwrap().disagg.prefill_peers.len(), 2);
+        assert!(err(&["--role", "router", "--decode-peer", "http://d"]).contains("--cluster-token"));
+        assert!(parse(&["--role", "router", "--decode-peer", "http://d", "--cluster-token", "t"]).unwrap().check_role().is_ok());
         assert!(parse(&["--role", "nonsense"]).is_err());
     }
 }

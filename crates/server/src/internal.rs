@@ -10,7 +10,9 @@ use serde_json::{json, Value};
 use crate::app::AppState;
 
 pub fn router() -> Router<AppState> {
-    Router::new().route("/internal/ping", get(ping))
+    Router::new()
+        .route("/internal/ping", get(ping))
+        .route("/internal/state", get(crate::worker_state::get_state))
 }
 
 async fn ping(State(state): State<AppState>) -> Json<Value> {

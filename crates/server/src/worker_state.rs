@@ -1,0 +1,32 @@
+//! `GET /internal/state`: this worker's published state for the router and
+//! for peers (see `kvc_disagg::protocol::WorkerState`). Read from the
+//! engine's arc-swap snapshot only.
+
+use axum::extract::State;
+use axum::Json;
+use kvc_disagg::protocol::WorkerState;
+
+use crate::app::AppState;
+
+pub fn worker_state(state: &AppState) -> WorkerState {
+    let s = state.engine.snapshot();
+    let info = state.engine.info();
+    WorkerState {
+        role: state.role.to_string(),
+        model: info.id.clone(),
+        ready: state.engine.is_alive() && !state.lifecycle.is_draining(),
+        block_size: info.block_size,
+        total_blocks: s.total_blocks,
+        free_blocks: s.free_blocks,
+        evictable_blocks: s.evictable_blocks,
+        running: s.running,
+        waiting: s.waiting,
+        sessions: s.sessions.iter().map(|(id, i)| (id.clone(), i.resident_tokens)).collect(),
+        snapshots: Default::default(),
+        prefill_tokens_per_s: 0.0,
+    }
+}
+
+pub async fn get_state(State(state): State<AppState>) -> Json<WorkerState> {
+    Json(worker_state(&state))
+}
