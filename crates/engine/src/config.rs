@@ -66,6 +66,11 @@ pub struct EngineConfig {
     pub swap_space_bytes: usize,
     /// Idle sessions are deleted after this many seconds.
     pub session_ttl_s: u64,
+    /// Decode workers: after a committed turn, emit a snapshot job when the
+    /// session has at least this many tokens not yet pushed (0: never).
+    pub snapshot_min_tokens: usize,
+    /// Prefill workers: blocks the snapshot store may hold (0: no store).
+    pub snapshot_store_blocks: usize,
 }
 
 impl Default for EngineConfig {
@@ -78,6 +83,8 @@ impl Default for EngineConfig {
             block_size: 16,
             num_kv_blocks: None,
             kv_cache_memory_bytes: 512 << 20,
+            snapshot_min_tokens: 0,
+            snapshot_store_blocks: 0,
             max_num_seqs: 64,
             max_num_batched_tokens: 512,
             max_model_len: None,

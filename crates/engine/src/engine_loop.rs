@@ -2,6 +2,7 @@
 //! detokenization, stop checks, events out. Runs on its own thread.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc as std_mpsc, Arc};
 use std::time::{Duration, Instant};
 
@@ -9,23 +10,84 @@ use arc_swap::ArcSwap;
 use kvc_kv_pool::{BlockAllocator, BlockId, KvPool, KvStorage};
 use kvc_model_qwen3::{BatchInput, Qwen3Model, SeqChunk};
 use kvc_scheduler::{ScheduledChunk, Scheduler, SchedulerConfig, SchedulerHooks, SeqId, Sequence};
-use kvc_session_cache::{BlockHash, CacheConfig, SessionAwareCache};
+use kvc_session_cache::{hash_blocks, BlockHash, CacheConfig, SessionAwareCache, SnapshotStore};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::detokenizer::IncrementalDecoder;
+use crate::kv_handoff::{KvLease, SnapshotJob, SnapshotSlot};
 use crate::sampler::Sampler;
 use crate::stop::StopMatcher;
 use crate::tokenizer::TextTokenizer;
 use crate::{
-    EngineConfig, EngineError, EngineStats, FinishReason, GenerateRequest, MatchedStop, StreamEvent, Usage,
+    EngineConfig, EngineError, EngineStats, FinishReason, GenerateRequest, Logprobs, MatchedStop, StreamEvent, Usage,
 };
 
 pub(crate) enum Command {
-    Submit { seq_id: u64, req: GenerateRequest, tx: mpsc::UnboundedSender<StreamEvent> },
+    Submit { seq_id: u64, req: GenerateRequest, tx: mpsc::UnboundedSender<StreamEvent>, kv: SubmitKv },
     Cancel(u64),
+    /// Reserve a prompt's blocks (decode worker, before a remote prefill).
+    Reserve { id: u64, session: Option<String>, prompt: Vec<u32>, reply: oneshot::Sender<Result<Reserved, EngineError>> },
+    ReleaseReservation(u64),
+    ReleaseLease(u64),
+    /// Snapshot store (prefill worker): set blocks aside for a push.
+    SnapshotReserve { session: String, tokens: Vec<u32>, reply: oneshot::Sender<Result<SnapshotSlot, EngineError>> },
+    SnapshotCommit { reservation: u64, reply: oneshot::Sender<Result<usize, EngineError>> },
+    SnapshotAbort(u64),
+    /// A snapshot push (decode worker) ended: the pushed tokens, or None.
+    SnapshotPushed { session: String, ok: bool },
     DeleteSession(String, oneshot::Sender<bool>),
     ResetPrefixCache(oneshot::Sender<usize>),
     Shutdown,
+}
+
+impl std::fmt::Debug for Command {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Command::ReleaseReservation(id) => write!(f, "ReleaseReservation({id})"),
+            Command::ReleaseLease(id) => write!(f, "ReleaseLease({id})"),
+            _ => f.write_str("Command"),
+        }
+    }
+}
+
+/// Where a submitted sequence's prompt KV comes from.
+#[derive(Debug)]
+pub(crate) enum SubmitKv {
+    /// Computed here, reusing what the caches hold.
+    Compute,
+    /// Computed here (prefill worker); after the first token the prompt's
+    /// blocks are leased to the caller for transfer.
+    Export,
+    /// From a reservation: its first `computed` tokens have KV; with
+    /// `first`, the prompt is complete and its first token was sampled by
+    /// a peer.
+    Reserved { id: u64, computed: usize, first: Option<(u32, Option<Logprobs>)> },
+}
+
+/// What a reservation answers.
+#[derive(Debug)]
+pub(crate) struct Reserved {
+    pub held_tokens: usize,
+    pub reuse_reason: &'static str,
+    pub restored_blocks: usize,
+    pub blocks: Vec<BlockId>,
+}
+
+/// A reservation waiting for its submission.
+struct ReservationState {
+    session: Option<String>,
+    blocks: Vec<BlockId>,
+    held: usize,
+    reason: &'static str,
+    restored: usize,
+}
+
+/// Blocks held for a transfer out of the pool.
+struct LeaseState {
+    blocks: Vec<BlockId>,
+    /// The session the blocks belong to (snapshot pushes).
+    session: Option<String>,
+    revoked: Arc<AtomicBool>,
 }
 
 /// Per-request state the scheduler does not know about.
@@ -45,7 +107,14 @@ struct Active {
     /// Full blocks already offered to the prefix index, and the last one's hash.
     registered_blocks: usize,
     last_hash: Option<BlockHash>,
+    /// Prefill worker: lease the prompt's KV at the end; the session whose
+    /// snapshot may cover the prompt (bypass).
+    export: bool,
+    snapshot_session: Option<String>,
 }
+
+/// A snapshot reservation whose pusher never committed or aborted.
+const SNAPSHOT_RESERVATION_TTL: Duration = Duration::from_secs(120);
 
 pub(crate) struct EngineLoop {
     model: Qwen3Model,
@@ -60,9 +129,22 @@ pub(crate) struct EngineLoop {
     stats: Arc<ArcSwap<EngineStats>>,
     local: EngineStats,
     max_model_len: usize,
+    /// Sends release commands for leases and reservations (to this loop).
+    commands: std_mpsc::Sender<Command>,
+    reservations: HashMap<u64, ReservationState>,
+    leases: HashMap<u64, LeaseState>,
+    next_lease: u64,
+    snapshots: SnapshotStore,
+    /// Decode worker: where snapshot jobs go, and when.
+    snapshot_jobs: Option<mpsc::UnboundedSender<SnapshotJob>>,
+    snapshot_min_tokens: usize,
+    /// Block hashes of what each session last pushed, and pushes in flight.
+    pushed: HashMap<String, Vec<BlockHash>>,
+    pushing: HashMap<String, Vec<BlockHash>>,
 }
 
 impl EngineLoop {
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         model: Qwen3Model,
         pool: KvPool,
@@ -70,6 +152,8 @@ impl EngineLoop {
         tokenizer: Arc<TextTokenizer>,
         eos_token_ids: Vec<u32>,
         stats: Arc<ArcSwap<EngineStats>>,
+        commands: std_mpsc::Sender<Command>,
+        snapshot_jobs: Option<mpsc::UnboundedSender<SnapshotJob>>,
     ) -> Result<Self, EngineError> {
         let block_size = pool.block_size();
         let capacity = pool.num_blocks() * block_size;
@@ -102,11 +186,13 @@ impl EngineLoop {
             },
             allocator.num_blocks(),
         );
+        let snapshots = SnapshotStore::new(block_size, config.snapshot_store_blocks.min(allocator.num_blocks()));
         let local = EngineStats {
             free_blocks: allocator.num_free(),
             total_blocks: allocator.num_blocks(),
             host_total_blocks: host_blocks,
             host_free_blocks: host_blocks,
+            snapshot_capacity_blocks: snapshots.capacity(),
             ..Default::default()
         };
         stats.store(Arc::new(local.clone()));
@@ -123,6 +209,15 @@ impl EngineLoop {
             stats,
             local,
             max_model_len,
+            commands,
+            reservations: HashMap::new(),
+            leases: HashMap::new(),
+            next_lease: 1,
+            snapshots,
+            snapshot_jobs,
+            snapshot_min_tokens: config.snapshot_min_tokens,
+            pushed: HashMap::new(),
+            pushing: HashMap::new(),
         })
     }
 
@@ -154,7 +249,9 @@ impl EngineLoop {
             }
             if self.last_expiry.elapsed() >= Duration::from_secs(1) {
                 self.last_expiry = Instant::now();
-                if self.cache.expire(&mut self.allocator) > 0 {
+                let expired = self.cache.expire(&mut self.allocator)
+                    + self.snapshots.expire_pending(SNAPSHOT_RESERVATION_TTL, &mut self.allocator);
+                if expired > 0 {
                     self.publish();
                 }
             }
@@ -185,29 +282,8 @@ impl EngineLoop {
     /// Returns false on shutdown.
     fn handle(&mut self, cmd: Command) -> bool {
         match cmd {
-            Command::Submit { seq_id, req, tx } => {
-                let mut stop_token_ids = req.sampling.stop_token_ids.clone();
-                if !req.sampling.ignore_eos {
-                    stop_token_ids.extend(self.eos_token_ids.iter().copied());
-                }
-                let active = Active {
-                    tx,
-                    decoder: IncrementalDecoder::new(req.sampling.skip_special_tokens),
-                    stop: StopMatcher::new(req.sampling.stop.clone()),
-                    sampler: Sampler::new(req.sampling, seq_id),
-                    stop_token_ids,
-                    prompt_len: req.prompt_tokens.len(),
-                    session_id: req.session_id.clone(),
-                    turn_open: false,
-                    cached_tokens: 0,
-                    reuse_reason: "cold",
-                    restored_blocks: 0,
-                    registered_blocks: 0,
-                    last_hash: None,
-                };
-                tracing::debug!(request_id = %req.request_id, seq_id, prompt_tokens = active.prompt_len, "admitted");
-                self.active.insert(seq_id, active);
-                self.scheduler.add(seq_id, req.prompt_tokens);
+            Command::Submit { seq_id, req, tx, kv } => {
+                self.admit(seq_id, req, tx, kv);
                 true
             }
             Command::Cancel(seq_id) => {
@@ -217,8 +293,59 @@ impl EngineLoop {
                 true
             }
             Command::DeleteSession(id, reply) => {
-                let _ = reply.send(self.cache.delete(&id, &mut self.allocator));
+                let deleted = self.cache.delete(&id, &mut self.allocator);
+                let snapshot = self.snapshots.remove(&id, &mut self.allocator);
+                self.revoke_leases_of(|s| s == id);
+                let _ = reply.send(deleted || snapshot);
                 self.publish();
+                true
+            }
+            Command::Reserve { id, session, prompt, reply } => {
+                let _ = reply.send(self.reserve(id, session, &prompt));
+                self.publish();
+                true
+            }
+            Command::ReleaseReservation(id) => {
+                if let Some(r) = self.reservations.remove(&id) {
+                    self.allocator.free_all(&r.blocks);
+                    if let Some(s) = r.session {
+                        self.cache.abandon(&s);
+                    }
+                }
+                true
+            }
+            Command::ReleaseLease(id) => {
+                if let Some(l) = self.leases.remove(&id) {
+                    self.allocator.free_all(&l.blocks);
+                }
+                true
+            }
+            Command::SnapshotReserve { session, tokens, reply } => {
+                let _ = reply.send(self.snapshot_reserve(&session, tokens));
+                true
+            }
+            Command::SnapshotCommit { reservation, reply } => {
+                let r = self.snapshots.commit(reservation, &mut self.allocator).map_err(|e| {
+                    tracing::info!(event = "snapshot_commit_dropped", reservation, error = %e);
+                    EngineError::UnknownReservation(reservation)
+                });
+                if let Ok(tokens) = r {
+                    tracing::info!(event = "snapshot_ingested", reservation, tokens);
+                }
+                let _ = reply.send(r);
+                self.publish();
+                true
+            }
+            Command::SnapshotAbort(id) => {
+                self.snapshots.abort(id, &mut self.allocator);
+                true
+            }
+            Command::SnapshotPushed { session, ok } => {
+                if let Some(hashes) = self.pushing.remove(&session) {
+                    if ok && self.cache.session_info(&session).is_some() {
+                        self.pushed.insert(session, hashes);
+                    }
+                }
                 true
             }
             Command::ResetPrefixCache(reply) => {
@@ -227,6 +354,143 @@ impl EngineLoop {
                 true
             }
             Command::Shutdown => false,
+        }
+    }
+
+    /// Takes a submitted request into the scheduler.
+    fn admit(&mut self, seq_id: u64, req: GenerateRequest, tx: mpsc::UnboundedSender<StreamEvent>, kv: SubmitKv) {
+        let mut stop_token_ids = req.sampling.stop_token_ids.clone();
+        if !req.sampling.ignore_eos {
+            stop_token_ids.extend(self.eos_token_ids.iter().copied());
+        }
+        let export = matches!(kv, SubmitKv::Export);
+        let mut active = Active {
+            tx,
+            decoder: IncrementalDecoder::new(req.sampling.skip_special_tokens),
+            stop: StopMatcher::new(req.sampling.stop.clone()),
+            sampler: Sampler::new(req.sampling, seq_id),
+            stop_token_ids,
+            prompt_len: req.prompt_tokens.len(),
+            // A prefill worker keeps no sessions: the id only names a snapshot.
+            session_id: if export { None } else { req.session_id.clone() },
+            turn_open: false,
+            cached_tokens: 0,
+            reuse_reason: "cold",
+            restored_blocks: 0,
+            registered_blocks: 0,
+            last_hash: None,
+            export,
+            snapshot_session: if export { req.session_id.clone() } else { None },
+        };
+        tracing::debug!(request_id = %req.request_id, seq_id, prompt_tokens = active.prompt_len, "admitted");
+        match kv {
+            SubmitKv::Compute | SubmitKv::Export => {
+                self.active.insert(seq_id, active);
+                self.scheduler.add(seq_id, req.prompt_tokens);
+            }
+            SubmitKv::Reserved { id, computed, first } => {
+                let Some(r) = self.reservations.remove(&id) else {
+                    let _ = active.tx.send(StreamEvent::Error(format!("KV reservation {id} was released before use")));
+                    return;
+                };
+                active.turn_open = r.session.is_some();
+                active.cached_tokens = r.held;
+                active.reuse_reason = r.reason;
+                active.restored_blocks = r.restored;
+                self.active.insert(seq_id, active);
+                let computed = computed.clamp(r.held, req.prompt_tokens.len());
+                self.scheduler.add_seeded(seq_id, req.prompt_tokens, r.blocks, computed, first.is_some());
+                self.register_full_blocks(seq_id);
+                if let Some((token, logprobs)) = first {
+                    if let Some(a) = self.active.get_mut(&seq_id) {
+                        a.sampler.observe(token);
+                    }
+                    self.accept_token(seq_id, token, logprobs);
+                }
+            }
+        }
+    }
+
+    /// Reserves a prompt's blocks: those the caches hold for it, and fresh
+    /// ones for the rest.
+    fn reserve(&mut self, id: u64, session: Option<String>, prompt: &[u32]) -> Result<Reserved, EngineError> {
+        let bs = self.block_size();
+        let got = self.cache.acquire(session.as_deref(), prompt, &mut self.allocator, &mut self.storage);
+        let need = prompt.len().div_ceil(bs) - got.blocks.len();
+        let Some(fresh) = self.cache.allocate(need, &mut self.allocator, &self.storage) else {
+            self.allocator.free_all(&got.blocks);
+            if let Some(s) = &session {
+                self.cache.abandon(s);
+            }
+            return Err(EngineError::NoKvRoom(format!(
+                "{need} free blocks needed for the prompt, {} free",
+                self.allocator.num_free()
+            )));
+        };
+        let mut blocks = got.blocks;
+        blocks.extend(fresh);
+        let reason = got.source.as_str();
+        self.reservations.insert(
+            id,
+            ReservationState { session, blocks: blocks.clone(), held: got.tokens, reason, restored: got.restored_blocks },
+        );
+        Ok(Reserved { held_tokens: got.tokens, reuse_reason: reason, restored_blocks: got.restored_blocks, blocks })
+    }
+
+    fn snapshot_reserve(&mut self, session: &str, tokens: Vec<u32>) -> Result<SnapshotSlot, EngineError> {
+        if self.snapshots.capacity() == 0 {
+            return Err(EngineError::NoKvRoom("this worker keeps no snapshot store".into()));
+        }
+        // Room the store may take from the prefix cache.
+        let need = tokens.len() / self.block_size();
+        if self.allocator.num_free() < need {
+            self.cache.reclaim(need, &mut self.allocator, &self.storage);
+        }
+        let r = self.snapshots.reserve(session, tokens, &mut self.allocator).map_err(|e| EngineError::NoKvRoom(e.to_string()))?;
+        Ok(SnapshotSlot { reservation: r.id, from_block: r.from_block, blocks: r.blocks })
+    }
+
+    /// A lease on `blocks` (new references, released with the lease).
+    fn lease(&mut self, blocks: Vec<BlockId>, session: Option<String>) -> KvLease {
+        for &b in &blocks {
+            self.allocator.incref(b);
+        }
+        let id = self.next_lease;
+        self.next_lease += 1;
+        let revoked = Arc::new(AtomicBool::new(false));
+        self.leases.insert(id, LeaseState { blocks: blocks.clone(), session, revoked: revoked.clone() });
+        KvLease::new(id, blocks, revoked, self.commands.clone())
+    }
+
+    /// Marks the leases of released sessions: their pushes are abandoned.
+    fn revoke_leases_of(&mut self, released: impl Fn(&str) -> bool) {
+        for l in self.leases.values() {
+            if l.session.as_deref().is_some_and(&released) && !l.revoked.swap(true, Ordering::AcqRel) {
+                tracing::info!(event = "snapshot_push_revoked", session = ?l.session, "session released during its snapshot push");
+            }
+        }
+    }
+
+    /// After a committed turn: queue a push of the session's full blocks
+    /// when enough of them are not yet snapshotted.
+    fn maybe_push_snapshot(&mut self, session: &str, tokens: &[u32], blocks: &[BlockId]) {
+        if self.snapshot_jobs.is_none() || self.snapshot_min_tokens == 0 || self.pushing.contains_key(session) {
+            return;
+        }
+        let bs = self.block_size();
+        let full = (tokens.len() / bs).min(blocks.len());
+        let hashes = hash_blocks(&tokens[..full * bs], bs);
+        let same = self.pushed.get(session).map_or(0, |p| p.iter().zip(&hashes).take_while(|(a, b)| a == b).count());
+        if (full - same) * bs < self.snapshot_min_tokens {
+            return;
+        }
+        let job_tokens = tokens[..full * bs].to_vec();
+        let lease = self.lease(blocks[..full].to_vec(), Some(session.to_string()));
+        let job = SnapshotJob { session_id: session.to_string(), tokens: job_tokens, lease };
+        if self.snapshot_jobs.as_ref().is_some_and(|jobs| jobs.send(job).is_ok()) {
+            self.pushing.insert(session.to_string(), hashes);
+            self.local.snapshot_pushes_enqueued += 1;
+            tracing::info!(event = "snapshot_push_enqueued", session, blocks = full, new_blocks = full - same);
         }
     }
 
@@ -254,7 +518,12 @@ impl EngineLoop {
     }
 
     fn step(&mut self) {
-        let mut hooks = CacheHooks { cache: &mut self.cache, storage: &mut self.storage, active: &mut self.active };
+        let mut hooks = CacheHooks {
+            cache: &mut self.cache,
+            storage: &mut self.storage,
+            active: &mut self.active,
+            snapshots: &mut self.snapshots,
+        };
         let plan = self.scheduler.schedule(&mut self.allocator, &mut hooks);
         self.local.preemptions += plan.preempted.len() as u64;
         for id in plan.unfittable {
@@ -265,6 +534,7 @@ impl EngineLoop {
         if plan.chunks.is_empty() {
             return;
         }
+        let started = Instant::now();
         let logits = match self.forward(&plan.chunks) {
             Ok(l) => l,
             Err(e) => {
@@ -279,6 +549,7 @@ impl EngineLoop {
             }
         };
         self.local.steps += 1;
+        self.measure_prefill_rate(&plan.chunks, started.elapsed());
         let mut row = 0;
         for c in &plan.chunks {
             self.scheduler.mark_computed(c.seq_id, c.len);
@@ -290,6 +561,19 @@ impl EngineLoop {
                 row += 1;
             }
         }
+    }
+
+    /// Moving average of tokens per second over steps that are mostly
+    /// prefill (the rate the disaggregation cost function needs).
+    fn measure_prefill_rate(&mut self, chunks: &[ScheduledChunk], took: Duration) {
+        const MIN_TOKENS: usize = 64;
+        let tokens: usize = chunks.iter().map(|c| c.len).sum();
+        if tokens < MIN_TOKENS || took.is_zero() {
+            return;
+        }
+        let rate = tokens as f64 / took.as_secs_f64();
+        let r = &mut self.local.prefill_tokens_per_s;
+        *r = if *r == 0.0 { rate } else { 0.8 * *r + 0.2 * rate };
     }
 
     fn forward(&mut self, chunks: &[ScheduledChunk]) -> Result<Vec<Vec<f32>>, EngineError> {
@@ -323,6 +607,12 @@ impl EngineLoop {
         let Some(seq) = self.scheduler.get(id) else { return };
         let Some(a) = self.active.get_mut(&id) else { return };
         let (token, logprobs) = a.sampler.sample(logits, &seq.tokens);
+        self.accept_token(id, token, logprobs);
+    }
+
+    /// Appends a chosen token, streams it and checks stop conditions.
+    fn accept_token(&mut self, id: SeqId, token: u32, logprobs: Option<Logprobs>) {
+        let Some(a) = self.active.get_mut(&id) else { return };
         self.scheduler.append_token(id, token);
         self.local.generated_tokens += 1;
         let seq = self.scheduler.get(id).expect("sequence exists");
@@ -349,6 +639,7 @@ impl EngineLoop {
     fn finish(&mut self, id: SeqId, reason: FinishReason, matched_stop: Option<MatchedStop>) {
         let completion_tokens = self.scheduler.get(id).map(|s| s.num_generated()).unwrap_or(0);
         self.close_turn(id, reason != FinishReason::Abort);
+        let export = if reason != FinishReason::Abort { self.export_prompt(id) } else { None };
         if let Some(mut a) = self.active.remove(&id) {
             let text = match (&matched_stop, self.scheduler.get(id)) {
                 (None, Some(seq)) => {
@@ -366,9 +657,26 @@ impl EngineLoop {
                 reuse_reason: a.reuse_reason,
                 restored_blocks: a.restored_blocks,
             };
-            let _ = a.tx.send(StreamEvent::Finished { reason, text, matched_stop, usage });
+            let _ = a.tx.send(StreamEvent::Finished { reason, text, matched_stop, usage, export });
         }
         self.scheduler.remove(id, &mut self.allocator);
+    }
+
+    /// Prefill worker: leases a finished export's prompt blocks to the
+    /// caller and keeps them as the session's snapshot.
+    fn export_prompt(&mut self, id: SeqId) -> Option<KvLease> {
+        let a = self.active.get(&id).filter(|a| a.export)?;
+        let seq = self.scheduler.get(id)?;
+        let n = a.prompt_len;
+        if seq.num_computed < n {
+            return None;
+        }
+        let blocks = seq.block_table[..n.div_ceil(self.block_size())].to_vec();
+        if let Some(s) = a.snapshot_session.clone() {
+            let tokens = seq.tokens[..n].to_vec();
+            self.snapshots.ingest_local(&s, &tokens, &blocks, &mut self.allocator);
+        }
+        Some(self.lease(blocks, None))
     }
 
     /// Commits a finished turn's KV to its session, or releases the
@@ -383,8 +691,10 @@ impl EngineLoop {
                     // Never admitted (finished while waiting): nothing to keep.
                     return;
                 }
-                let tokens = &seq.tokens[..seq.num_computed];
-                self.cache.commit(&session, tokens, &seq.block_table, &mut self.allocator);
+                let tokens = seq.tokens[..seq.num_computed].to_vec();
+                let blocks = seq.block_table.clone();
+                self.cache.commit(&session, &tokens, &blocks, &mut self.allocator);
+                self.maybe_push_snapshot(&session, &tokens, &blocks);
             }
             _ if was_open => self.cache.abandon(&session),
             _ => {}
@@ -407,6 +717,15 @@ impl EngineLoop {
         self.local.host_free_blocks = self.cache.host_free_blocks();
         self.local.cache = self.cache.stats.clone();
         self.local.sessions = Arc::new(self.cache.sessions().into_iter().map(|s| (s.id.clone(), s)).collect());
+        if !self.leases.is_empty() {
+            let sessions = self.local.sessions.clone();
+            self.revoke_leases_of(|s| !sessions.contains_key(s));
+        }
+        if self.snapshots.capacity() > 0 {
+            self.local.snapshots = Arc::new(self.snapshots.info());
+            self.local.snapshot_stats = self.snapshots.stats.clone();
+            self.local.snapshot_used_blocks = self.snapshots.used_blocks();
+        }
         self.local.published_at = Some(Instant::now());
         self.stats.store(Arc::new(self.local.clone()));
     }
@@ -419,6 +738,7 @@ struct CacheHooks<'a> {
     cache: &'a mut SessionAwareCache,
     storage: &'a mut KvStorage,
     active: &'a mut HashMap<SeqId, Active>,
+    snapshots: &'a mut SnapshotStore,
 }
 
 impl SchedulerHooks for CacheHooks<'_> {
@@ -429,10 +749,24 @@ impl SchedulerHooks for CacheHooks<'_> {
     fn acquire(&mut self, seq: &Sequence, alloc: &mut BlockAllocator) -> Option<(Vec<BlockId>, usize)> {
         let a = self.active.get_mut(&seq.id)?;
         let session = if a.turn_open { None } else { a.session_id.clone() };
-        let got = self.cache.acquire(session.as_deref(), &seq.tokens, alloc, self.storage);
+        let mut got = self.cache.acquire(session.as_deref(), &seq.tokens, alloc, self.storage);
         a.turn_open |= session.is_some();
-        a.cached_tokens = got.tokens;
         a.reuse_reason = got.source.as_str();
+        // A prefill worker's request for a session: its snapshot, when it
+        // covers more than the prefix cache (prefill bypass).
+        if let Some(s) = a.snapshot_session.as_deref().filter(|_| self.snapshots.capacity() > 0) {
+            match self.snapshots.lookup(s, &seq.tokens, alloc) {
+                Some((blocks, tokens)) if tokens > got.tokens => {
+                    alloc.free_all(&got.blocks);
+                    got.blocks = blocks;
+                    got.tokens = tokens;
+                    a.reuse_reason = "bypass";
+                }
+                Some((blocks, _)) => alloc.free_all(&blocks),
+                None => {}
+            }
+        }
+        a.cached_tokens = got.tokens;
         a.restored_blocks += got.restored_blocks;
         a.registered_blocks = 0;
         a.last_hash = None;

@@ -24,6 +24,13 @@ pub enum EngineError {
     Load(String),
     #[error("the engine is shutting down")]
     ShuttingDown,
+    /// The pool cannot hold the blocks asked for right now (a reservation
+    /// or a snapshot push); the caller falls back or retries later.
+    #[error("no room in the KV pool: {0}")]
+    NoKvRoom(String),
+    /// A reservation or snapshot slot that no longer exists.
+    #[error("unknown or released KV reservation {0}")]
+    UnknownReservation(u64),
 }
 
 impl EngineError {

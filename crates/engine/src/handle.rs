@@ -6,14 +6,16 @@ use std::sync::{mpsc as std_mpsc, Arc};
 use std::time::Instant;
 
 use arc_swap::ArcSwap;
-use kvc_session_cache::{CacheStats, SessionInfo};
+use kvc_kv_pool::{KvLayout, MemoryRegion};
+use kvc_session_cache::{CacheStats, SessionInfo, SnapshotInfo, SnapshotStats};
 
 use tokio::sync::mpsc;
 
 use crate::chat_template::ChatTemplate;
-use crate::engine_loop::{Command, EngineLoop};
+use crate::engine_loop::{Command, EngineLoop, SubmitKv};
+use crate::kv_handoff::{ReleaseOnDrop, Reservation, SnapshotJob, SnapshotSlot};
 use crate::tokenizer::TextTokenizer;
-use crate::{EngineConfig, EngineError, GenerateRequest, RequestStream};
+use crate::{EngineConfig, EngineError, GenerateRequest, Logprobs, RequestStream};
 
 /// Static facts about the served model.
 #[derive(Debug, Clone)]
@@ -31,6 +33,10 @@ pub struct ModelInfo {
     pub block_size: usize,
     pub num_kv_blocks: usize,
     pub max_num_seqs: usize,
+    /// The KV pool's layout and memory (one region), for registration with
+    /// a KV transport. The region lives as long as the engine.
+    pub kv_layout: KvLayout,
+    pub kv_region: MemoryRegion,
 }
 
 /// The engine's state as of its last step: an immutable snapshot the step
@@ -55,6 +61,16 @@ pub struct EngineStats {
     /// Session hits, reuse, evictions by tier and reason, host restores.
     pub cache: CacheStats,
     pub sessions: Arc<HashMap<String, SessionInfo>>,
+    /// Prefill workers: the snapshot store's entries and counters.
+    pub snapshots: Arc<HashMap<String, SnapshotInfo>>,
+    pub snapshot_stats: SnapshotStats,
+    pub snapshot_capacity_blocks: usize,
+    pub snapshot_used_blocks: usize,
+    /// Decode workers: snapshot jobs handed to the pusher.
+    pub snapshot_pushes_enqueued: u64,
+    /// Measured prompt tokens per second of forward passes (moving
+    /// average over steps with a sizeable prefill; 0 until measured).
+    pub prefill_tokens_per_s: f64,
     pub published_at: Option<Instant>,
 }
 
@@ -66,6 +82,7 @@ struct Inner {
     stats: Arc<ArcSwap<EngineStats>>,
     next_id: AtomicU64,
     thread: std::sync::Mutex<Option<std::thread::JoinHandle<()>>>,
+    snapshot_jobs: std::sync::Mutex<Option<mpsc::UnboundedReceiver<SnapshotJob>>>,
 }
 
 impl Drop for Inner {
@@ -103,7 +120,24 @@ impl EngineHandle {
         let (tx, rx) = std_mpsc::channel();
         let tokenizer = Arc::new(loaded.tokenizer);
         let template = loaded.template;
-        let engine_loop = EngineLoop::new(loaded.model, loaded.pool, &config, tokenizer.clone(), loaded.eos_token_ids.clone(), stats.clone())?;
+        let kv_layout = *loaded.pool.layout();
+        let kv_region = loaded.pool.storage.regions()[0];
+        let (jobs_tx, jobs_rx) = if config.snapshot_min_tokens > 0 {
+            let (t, r) = mpsc::unbounded_channel();
+            (Some(t), Some(r))
+        } else {
+            (None, None)
+        };
+        let engine_loop = EngineLoop::new(
+            loaded.model,
+            loaded.pool,
+            &config,
+            tokenizer.clone(),
+            loaded.eos_token_ids.clone(),
+            stats.clone(),
+            tx.clone(),
+            jobs_tx,
+        )?;
         let info = ModelInfo {
             id: loaded.served_name,
             max_model_len: engine_loop.max_model_len(),
@@ -116,6 +150,8 @@ impl EngineHandle {
             block_size: engine_loop.block_size(),
             num_kv_blocks: engine_loop.num_blocks(),
             max_num_seqs: config.max_num_seqs,
+            kv_layout,
+            kv_region,
         };
         let thread = std::thread::Builder::new()
             .name("kvc-engine".into())
@@ -130,6 +166,7 @@ impl EngineHandle {
                 stats,
                 next_id: AtomicU64::new(1),
                 thread: std::sync::Mutex::new(Some(thread)),
+                snapshot_jobs: std::sync::Mutex::new(jobs_rx),
             }),
         })
     }
@@ -184,29 +221,107 @@ impl EngineHandle {
     /// Checks the request against the model (token range, context length)
     /// and hands it to the step loop.
     pub fn submit(&self, req: GenerateRequest) -> Result<RequestStream, EngineError> {
-        req.sampling.validate()?;
-        if req.prompt_tokens.is_empty() {
+        self.submit_kv(req, SubmitKv::Compute)
+    }
+
+    /// Prefill worker: runs the request (normally `max_tokens: 1`), reusing
+    /// the snapshot of `req.session_id` when it covers a prefix, and hands
+    /// the prompt's blocks back in `Finished.export` for transfer.
+    pub fn submit_export(&self, req: GenerateRequest) -> Result<RequestStream, EngineError> {
+        self.submit_kv(req, SubmitKv::Export)
+    }
+
+    /// Decode worker: runs the request from a reservation whose first
+    /// `computed` prompt tokens have KV (`held_tokens` when computing here,
+    /// the whole prompt after a remote prefill, which also gives the first
+    /// token and its logprobs).
+    pub fn submit_reserved(
+        &self,
+        req: GenerateRequest,
+        mut reservation: Reservation,
+        computed: usize,
+        first: Option<(u32, Option<Logprobs>)>,
+    ) -> Result<RequestStream, EngineError> {
+        let kv = SubmitKv::Reserved { id: reservation.id, computed, first };
+        let stream = self.submit_kv(req, kv)?;
+        // The loop owns the reservation now.
+        reservation.release.disarm();
+        Ok(stream)
+    }
+
+    /// Reserves blocks for `prompt` (decode worker): the ones the caches
+    /// hold for it and fresh ones for the rest (evicting cached KV if
+    /// needed). Dropping the reservation unsubmitted gives them back.
+    pub async fn reserve(&self, session_id: Option<&str>, prompt: &[u32]) -> Result<Reservation, EngineError> {
+        self.check_prompt(prompt, 1)?;
+        let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let cmd = Command::Reserve { id, session: session_id.map(str::to_string), prompt: prompt.to_vec(), reply: tx };
+        self.inner.commands.send(cmd).map_err(|_| EngineError::ShuttingDown)?;
+        // Armed before the answer: a reservation the caller never sees
+        // (dropped future) is released too.
+        let release = ReleaseOnDrop::new(self.inner.commands.clone(), Command::ReleaseReservation(id));
+        let r = rx.await.map_err(|_| EngineError::ShuttingDown)??;
+        Ok(Reservation { id, held_tokens: r.held_tokens, reuse_reason: r.reuse_reason, restored_blocks: r.restored_blocks, blocks: r.blocks, release })
+    }
+
+    /// Decode worker: the receiver of snapshot jobs (once; None after, or
+    /// when `snapshot_min_tokens` is 0).
+    pub fn take_snapshot_jobs(&self) -> Option<mpsc::UnboundedReceiver<SnapshotJob>> {
+        self.inner.snapshot_jobs.lock().ok()?.take()
+    }
+
+    /// Decode worker: a snapshot push of `session` ended.
+    pub fn snapshot_pushed(&self, session: &str, ok: bool) {
+        let _ = self.inner.commands.send(Command::SnapshotPushed { session: session.to_string(), ok });
+    }
+
+    /// Prefill worker: sets snapshot-store blocks aside for a push of
+    /// `tokens` (whole blocks) of `session`.
+    pub async fn snapshot_reserve(&self, session: &str, tokens: Vec<u32>) -> Result<SnapshotSlot, EngineError> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let cmd = Command::SnapshotReserve { session: session.to_string(), tokens, reply: tx };
+        self.inner.commands.send(cmd).map_err(|_| EngineError::ShuttingDown)?;
+        rx.await.map_err(|_| EngineError::ShuttingDown)?
+    }
+
+    /// Prefill worker: the push into `reservation` was written; returns the
+    /// tokens the session's snapshot covers now.
+    pub async fn snapshot_commit(&self, reservation: u64) -> Result<usize, EngineError> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.inner.commands.send(Command::SnapshotCommit { reservation, reply: tx }).map_err(|_| EngineError::ShuttingDown)?;
+        rx.await.map_err(|_| EngineError::ShuttingDown)?
+    }
+
+    /// Prefill worker: gives a push's blocks back.
+    pub fn snapshot_abort(&self, reservation: u64) {
+        let _ = self.inner.commands.send(Command::SnapshotAbort(reservation));
+    }
+
+    fn check_prompt(&self, prompt: &[u32], max_tokens: usize) -> Result<(), EngineError> {
+        if prompt.is_empty() {
             return Err(EngineError::EmptyPrompt);
         }
         let vocab = self.inner.info.vocab_size;
-        if let Some(&t) = req.prompt_tokens.iter().find(|&&t| t as usize >= vocab) {
+        if let Some(&t) = prompt.iter().find(|&&t| t as usize >= vocab) {
             return Err(EngineError::TokenOutOfRange { token: t, vocab_size: vocab });
         }
         let max = self.inner.info.max_model_len;
-        let requested = req.prompt_tokens.len().saturating_add(req.sampling.max_tokens);
-        if req.prompt_tokens.len() >= max || requested > max {
-            return Err(EngineError::PromptTooLong {
-                prompt_tokens: req.prompt_tokens.len(),
-                max_tokens: req.sampling.max_tokens,
-                requested,
-                max_model_len: max,
-            });
+        let requested = prompt.len().saturating_add(max_tokens);
+        if prompt.len() >= max || requested > max {
+            return Err(EngineError::PromptTooLong { prompt_tokens: prompt.len(), max_tokens, requested, max_model_len: max });
         }
+        Ok(())
+    }
+
+    fn submit_kv(&self, req: GenerateRequest, kv: SubmitKv) -> Result<RequestStream, EngineError> {
+        req.sampling.validate()?;
+        self.check_prompt(&req.prompt_tokens, req.sampling.max_tokens)?;
         let seq_id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::unbounded_channel();
         self.inner
             .commands
-            .send(Command::Submit { seq_id, req, tx })
+            .send(Command::Submit { seq_id, req, tx, kv })
             .map_err(|_| EngineError::ShuttingDown)?;
         Ok(RequestStream { rx, cancel: CancelGuard { seq_id, commands: self.inner.commands.clone() } })
     }

@@ -12,6 +12,7 @@ pub mod detokenizer;
 mod engine_loop;
 pub mod error;
 mod handle;
+mod kv_handoff;
 pub mod model_source;
 pub mod request;
 pub mod sampler;
@@ -23,8 +24,9 @@ pub use admission::{decide_admission, AdmissionDecision, AdmissionQuery};
 pub use config::{EngineConfig, LoadFormat, ModelSource};
 pub use error::EngineError;
 pub use handle::{CancelGuard, EngineHandle, EngineStats, ModelInfo};
+pub use kv_handoff::{KvLease, Reservation, SnapshotJob, SnapshotSlot};
 pub use request::{
     FinishReason, GenerateRequest, Logprobs, MatchedStop, RequestStream, SamplingParams, StreamEvent,
     TokenLogprob, Usage,
 };
-pub use kvc_session_cache::{CacheStats, SessionInfo, Tier};
+pub use kvc_session_cache::{CacheStats, SessionInfo, SnapshotInfo, SnapshotStats, Tier};

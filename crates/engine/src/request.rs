@@ -183,6 +183,9 @@ pub enum StreamEvent {
         /// The stop string or stop token id that ended generation, if any.
         matched_stop: Option<MatchedStop>,
         usage: Usage,
+        /// Requests submitted with [`crate::EngineHandle::submit_export`]:
+        /// the prompt's blocks, held until the lease is dropped.
+        export: Option<crate::KvLease>,
     },
     Error(String),
 }

@@ -1,6 +1,9 @@
 //! Turning one row of logits into one token: biases and penalties, then
 //! greedy or temperature / top-k / top-p / min-p sampling with the
-//! request's own RNG (so a seed reproduces, whatever else is batched).
+//! request's own random stream (so a seed reproduces, whatever else is
+//! batched). The draw for the i-th generated token comes from a generator
+//! keyed by (seed, i), so a token sampled on another worker (a remote
+//! prefill's first token) leaves the rest of the stream unchanged.
 
 use std::collections::HashMap;
 
@@ -12,7 +15,9 @@ use crate::{Logprobs, SamplingParams, TokenLogprob};
 /// Per-request sampling state.
 pub struct Sampler {
     params: SamplingParams,
-    rng: StdRng,
+    seed: u64,
+    /// Tokens generated so far (the position of the next draw).
+    step: u64,
     /// Generated-token counts, for frequency / presence penalties.
     counts: HashMap<u32, u32>,
 }
@@ -20,7 +25,23 @@ pub struct Sampler {
 impl Sampler {
     pub fn new(params: SamplingParams, default_seed: u64) -> Self {
         let seed = params.seed.unwrap_or(default_seed);
-        Self { params, rng: StdRng::seed_from_u64(seed), counts: HashMap::new() }
+        Self { params, seed, step: 0, counts: HashMap::new() }
+    }
+
+    /// Records a token chosen elsewhere (by a prefill worker with the same
+    /// parameters and seed) as if it had been sampled here.
+    pub fn observe(&mut self, token: u32) {
+        *self.counts.entry(token).or_insert(0) += 1;
+        self.step += 1;
+    }
+
+    /// The generator of the current position.
+    fn rng(&self) -> StdRng {
+        // SplitMix64 finaliser over (seed, step): distinct, well-mixed keys.
+        let mut z = self.seed ^ self.step.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        StdRng::seed_from_u64(z ^ (z >> 31))
     }
 
     pub fn params(&self) -> &SamplingParams {
@@ -57,7 +78,7 @@ impl Sampler {
         }
         let greedy = p.temperature == 0.0;
         let token = if greedy { argmax(&l) } else { self.draw(&mut l) };
-        *self.counts.entry(token).or_insert(0) += 1;
+        self.observe(token);
         let logprobs = self.params.logprobs.map(|top| logprobs_of(logits, token, top));
         (token, logprobs)
     }
@@ -98,7 +119,7 @@ impl Sampler {
             cand.truncate(keep.max(1));
         }
         let sum: f32 = cand.iter().map(|c| c.1).sum();
-        let mut r = self.rng.random::<f32>() * sum;
+        let mut r = self.rng().random::<f32>() * sum;
         for &(t, w) in &cand {
             if r < w {
                 return t;
@@ -161,6 +182,21 @@ mod tests {
         };
         assert_eq!(run(1), run(1));
         assert_ne!(run(1), run(2));
+    }
+
+    #[test]
+    fn a_token_observed_from_elsewhere_leaves_the_rest_of_the_stream_unchanged() {
+        let logits: Vec<f32> = (0..50).map(|i| (i as f32 * 0.37).sin()).collect();
+        let p = params(|p| p.seed = Some(7));
+        let mut here = Sampler::new(p.clone(), 0);
+        let all: Vec<u32> = (0..16).map(|_| here.sample(&logits, &[]).0).collect();
+        // Another worker samples the first token; this one continues.
+        let mut there = Sampler::new(p.clone(), 99);
+        let first = Sampler::new(p, 5).sample(&logits, &[]).0;
+        there.observe(first);
+        let rest: Vec<u32> = (1..16).map(|_| there.sample(&logits, &[]).0).collect();
+        assert_eq!(first, all[0]);
+        assert_eq!(rest, all[1..]);
     }
 
     #[test]

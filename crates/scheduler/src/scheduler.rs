@@ -88,6 +88,27 @@ impl Scheduler {
         self.waiting.push_back(id);
     }
 
+    /// Adds a sequence whose first `computed` tokens already have KV in
+    /// `blocks` (filled by a peer, or reserved with a session's KV). With
+    /// `running`, it joins the running set at once (its prompt is complete
+    /// and a token was appended); otherwise it waits for admission like any
+    /// other, keeping its blocks.
+    pub fn add_seeded(&mut self, id: SeqId, prompt: Vec<u32>, blocks: Vec<BlockId>, computed: usize, running: bool) {
+        debug_assert!(computed <= prompt.len() && computed <= blocks.len() * self.config.block_size);
+        let mut seq = Sequence::new(id, prompt, self.next_arrival);
+        self.next_arrival += 1;
+        seq.block_table = blocks;
+        seq.num_computed = computed;
+        seq.acquired = true;
+        if running {
+            seq.status = SeqStatus::Running;
+            self.running.push(id);
+        } else {
+            self.waiting.push_back(id);
+        }
+        self.seqs.insert(id, seq);
+    }
+
     pub fn get(&self, id: SeqId) -> Option<&Sequence> {
         self.seqs.get(&id)
     }
@@ -304,6 +325,24 @@ mod tests {
                 s.append_token(c.seq_id, 7);
             }
         }
+    }
+
+    #[test]
+    fn seeded_sequences_compute_only_what_they_lack() {
+        let mut alloc = BlockAllocator::new(100);
+        let mut s = sched(8, 64);
+        // A filled prompt of 10 tokens with its first token appended: decodes next.
+        let blocks = alloc.allocate(3).unwrap();
+        let mut filled = vec![1; 10];
+        filled.push(5);
+        s.add_seeded(1, filled, blocks, 10, true);
+        // A reserved prompt of 12 tokens holding 8: computes tokens 8..12.
+        let blocks = alloc.allocate(3).unwrap();
+        s.add_seeded(2, vec![2; 12], blocks, 8, false);
+        let p = s.schedule(&mut alloc, &mut NoCache);
+        let got: Vec<(u64, usize, usize, bool)> = p.chunks.iter().map(|c| (c.seq_id, c.start, c.len, c.sample)).collect();
+        assert_eq!(got, vec![(1, 10, 1, true), (2, 8, 4, true)]);
+        assert_eq!(alloc.num_free(), 94, "no block allocated beyond the seeded ones");
     }
 
     #[test]

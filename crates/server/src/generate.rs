@@ -239,7 +239,7 @@ impl Generation {
                 }
                 Ok(Some(ChoiceEvent::Token { index, token_id, text, logprobs }))
             }
-            Some((index, Some(StreamEvent::Finished { reason, text, matched_stop, usage }))) => {
+            Some((index, Some(StreamEvent::Finished { reason, text, matched_stop, usage, .. }))) => {
                 self.choices[index].finished = true;
                 if self.choices.iter().all(|c| c.finished) {
                     self.state.metrics.e2e.observe((now - self.arrival).as_secs_f64());
