@@ -10,7 +10,9 @@ mod error;
 pub mod handshake;
 pub mod loopback;
 pub mod plan;
+pub mod prefill_path;
 pub mod protocol;
+pub mod routing;
 pub mod transport;
 
 pub use error::{DisaggError, Result};

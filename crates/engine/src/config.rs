@@ -36,6 +36,9 @@ pub enum LoadFormat {
     Dummy,
 }
 
+/// `snapshot_store_blocks` value meaning half of the pool.
+pub const HALF_THE_POOL: usize = usize::MAX;
+
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
     pub model: ModelSource,
@@ -69,7 +72,8 @@ pub struct EngineConfig {
     /// Decode workers: after a committed turn, emit a snapshot job when the
     /// session has at least this many tokens not yet pushed (0: never).
     pub snapshot_min_tokens: usize,
-    /// Prefill workers: blocks the snapshot store may hold (0: no store).
+    /// Prefill workers: blocks the snapshot store may hold (0: no store;
+    /// [`HALF_THE_POOL`]: half of the pool's blocks).
     pub snapshot_store_blocks: usize,
 }
 

@@ -186,7 +186,11 @@ impl EngineLoop {
             },
             allocator.num_blocks(),
         );
-        let snapshots = SnapshotStore::new(block_size, config.snapshot_store_blocks.min(allocator.num_blocks()));
+        let store_blocks = match config.snapshot_store_blocks {
+            crate::config::HALF_THE_POOL => allocator.num_blocks() / 2,
+            n => n.min(allocator.num_blocks()),
+        };
+        let snapshots = SnapshotStore::new(block_size, store_blocks);
         let local = EngineStats {
             free_blocks: allocator.num_free(),
             total_blocks: allocator.num_blocks(),
@@ -656,6 +660,7 @@ impl EngineLoop {
                 cached_tokens: a.cached_tokens,
                 reuse_reason: a.reuse_reason,
                 restored_blocks: a.restored_blocks,
+                ..Default::default()
             };
             let _ = a.tx.send(StreamEvent::Finished { reason, text, matched_stop, usage, export });
         }

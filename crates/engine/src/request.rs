@@ -141,6 +141,12 @@ pub struct Usage {
     pub reuse_reason: &'static str,
     /// Blocks of this request's reused KV brought back from host memory.
     pub restored_blocks: usize,
+    /// Set by a disaggregated server: how the prompt was served
+    /// ("direct_append", "remote_prefill", "bypass"; empty = local) and
+    /// why, and the prompt tokens whose KV arrived by transfer.
+    pub path: &'static str,
+    pub path_reason: &'static str,
+    pub transferred_tokens: usize,
 }
 
 impl Usage {

@@ -96,6 +96,8 @@ pub struct AppState {
     pub lifecycle: Arc<Lifecycle>,
     /// "both", "prefill" or "decode".
     pub role: &'static str,
+    /// Prefill and decode workers: the KV link, peers, counters.
+    pub pd: Option<Arc<crate::pd::PdState>>,
 }
 
 impl AppState {
@@ -112,6 +114,7 @@ impl AppState {
             metrics: Arc::new(ServerMetrics::default()),
             lifecycle: Arc::new(Lifecycle::default()),
             role: "both",
+            pd: None,
         }
     }
 
@@ -149,6 +152,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/models", get(crate::models::list_models))
         .route("/v1/models/{model}", get(crate::models::get_model))
         .route("/v1/sessions/{id}", get(crate::sessions::get_session).delete(crate::sessions::delete_session))
+        .route("/v1/sessions/{id}/snapshot", get(crate::pd::prefill::snapshot_status))
         .route("/v1/admission", post(crate::sessions::admission))
         .route("/reset_prefix_cache", post(crate::sessions::reset_prefix_cache))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_api_key));
@@ -192,25 +196,40 @@ async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
 
 /// Serves a worker role (`both`, `prefill`, `decode`) as the flags say.
 pub async fn serve_worker(engine: EngineHandle, args: &crate::args::Args) -> anyhow::Result<()> {
-    serve(engine, &args.host, args.port, args.serving.server_config()).await
+    use crate::args::Role;
+    let mut state = AppState::with_config(engine.clone(), args.serving.server_config());
+    state.role = match args.role {
+        Role::Prefill => "prefill",
+        Role::Decode => "decode",
+        _ => "both",
+    };
+    if matches!(args.role, Role::Prefill | Role::Decode) {
+        state.pd = Some(crate::pd::PdState::start(&engine, args)?);
+    }
+    serve_state(state, &args.host, args.port).await
 }
 
 /// Binds `host:port` and serves until SIGINT / SIGTERM, then drains
 /// ([`crate::shutdown`]).
 pub async fn serve(engine: EngineHandle, host: &str, port: u16, config: ServerConfig) -> anyhow::Result<()> {
+    serve_state(AppState::with_config(engine, config), host, port).await
+}
+
+async fn serve_state(state: AppState, host: &str, port: u16) -> anyhow::Result<()> {
+    let engine = state.engine.clone();
+    let config = (*state.config).clone();
     let listener = tokio::net::TcpListener::bind((host, port))
         .await
         .map_err(|e| anyhow::anyhow!("cannot bind {host}:{port}: {e}"))?;
     let info = engine.info();
     tracing::info!(
-        addr = %listener.local_addr()?, model = %info.id, max_model_len = info.max_model_len,
+        addr = %listener.local_addr()?, role = state.role, model = %info.id, max_model_len = info.max_model_len,
         num_kv_blocks = info.num_kv_blocks, block_size = info.block_size,
         api_key = config.api_key.is_some(), cluster_token = config.cluster_token.is_some(),
         max_concurrent_requests = config.max_concurrent_requests, max_queued_requests = config.max_queued_requests,
         "kvc-server listening"
     );
     let shutdown_timeout = config.shutdown_timeout;
-    let state = AppState::with_config(engine, config);
     let lifecycle = state.lifecycle.clone();
     crate::shutdown::serve_until(listener, router(state), lifecycle, shutdown_timeout, crate::shutdown::signal()).await?;
     Ok(())

@@ -22,6 +22,12 @@ pub enum Role {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum PathPolicyArg {
+    Cost,
+    Threshold,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LoadFormatArg {
     /// Read the checkpoint's safetensors.
     Auto,
@@ -141,6 +147,12 @@ pub struct DisaggArgs {
     /// (default measured, see docs/benchmarks.md).
     #[arg(long, default_value_t = 512)]
     pub remote_prefill_min_tokens: usize,
+
+    /// Decode workers: how suffixes at or above --remote-prefill-min-tokens
+    /// are placed: `cost` (the cost model: measured rates, queues,
+    /// bandwidth) or `threshold` (always remote, the classic deployment).
+    #[arg(long, value_enum, default_value_t = PathPolicyArg::Cost)]
+    pub remote_prefill_policy: PathPolicyArg,
 
     /// Decode workers: push a session's new KV to a prefill worker after a
     /// turn once this many tokens are not yet snapshotted (0: never push).
@@ -277,6 +289,11 @@ impl Args {
             enable_prefix_caching: !self.no_enable_prefix_caching,
             swap_space_bytes: (self.swap_space.max(0.0) * (1u64 << 30) as f64) as usize,
             session_ttl_s: self.session_ttl_s,
+            snapshot_min_tokens: if self.role == Role::Decode { self.disagg.snapshot_min_tokens } else { 0 },
+            snapshot_store_blocks: match self.role {
+                Role::Prefill => self.disagg.snapshot_store_blocks.unwrap_or(kvc_engine::config::HALF_THE_POOL),
+                _ => 0,
+            },
             ..EngineConfig::default()
         }
     }

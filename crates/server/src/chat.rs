@@ -83,7 +83,8 @@ pub async fn chat_completions(
         &state,
         admitted,
         Submission { prompt_tokens, sampling, n, session_id, map_err: ApiError::chat_engine },
-    )?;
+    )
+    .await?;
     let spec = ChatSpec {
         id: generation.request_id().to_string(),
         model: info.id,
@@ -98,8 +99,9 @@ pub async fn chat_completions(
         return Ok(stream_response(&state, generation, endpoint, plan.sampling.include_usage));
     }
     let request_id = generation.request_id().to_string();
+    let path = generation.path();
     let body = collect(generation, endpoint).await?;
-    Ok((serving_headers(&request_id), Json(body)).into_response())
+    Ok((serving_headers(&request_id, path), Json(body)).into_response())
 }
 
 /// Validates everything that does not need the prompt.

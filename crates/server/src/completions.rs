@@ -75,7 +75,8 @@ pub async fn completions(
         &state,
         admitted,
         Submission { prompt_tokens, sampling, n, session_id, map_err: ApiError::completion_engine },
-    )?;
+    )
+    .await?;
     let endpoint = CompletionEndpoint::new(
         generation.request_id().to_string(),
         info.id,
@@ -88,8 +89,9 @@ pub async fn completions(
         return Ok(stream_response(&state, generation, endpoint, plan.include_usage));
     }
     let request_id = generation.request_id().to_string();
+    let path = generation.path();
     let body = collect(generation, endpoint).await?;
-    Ok((serving_headers(&request_id), Json(body)).into_response())
+    Ok((serving_headers(&request_id, path), Json(body)).into_response())
 }
 
 fn check_request(req: &CompletionRequest, vocab_size: usize) -> Result<SamplingPlan, ApiError> {

@@ -16,6 +16,7 @@ use crate::admission::Slot;
 use crate::app::{AppState, ServerCounters};
 use crate::error::ApiError;
 use crate::openai_types::PATH_LOCAL;
+use crate::pd::decode::Route;
 use crate::server_metrics::Finish;
 
 /// `chatcmpl-<uuid>` / `cmpl-<uuid>`.
@@ -28,10 +29,10 @@ pub fn unix_now() -> u64 {
 }
 
 /// Headers on every generation response (DESIGN.md §5).
-pub fn serving_headers(request_id: &str) -> [(HeaderName, HeaderValue); 2] {
+pub fn serving_headers(request_id: &str, path: &'static str) -> [(HeaderName, HeaderValue); 2] {
     let id = HeaderValue::from_str(request_id).unwrap_or_else(|_| HeaderValue::from_static("invalid"));
     [
-        (HeaderName::from_static("x-kvc-path"), HeaderValue::from_static(PATH_LOCAL)),
+        (HeaderName::from_static("x-kvc-path"), HeaderValue::from_static(path)),
         (HeaderName::from_static("x-request-id"), id),
     ]
 }
@@ -113,11 +114,32 @@ pub struct Submission {
 /// Submits `n` sequences with the same prompt (their prompt KV is shared
 /// through the engine's prefix cache). A `seed` becomes `seed + index` per
 /// choice, as in vLLM, so seeded choices differ yet reproduce.
-pub fn submit(state: &AppState, admitted: Admitted, s: Submission) -> Result<Generation, ApiError> {
+///
+/// On a decode worker a single-choice request goes through
+/// [`crate::pd::decode::start`] (local, direct append or remote prefill).
+pub async fn submit(state: &AppState, admitted: Admitted, s: Submission) -> Result<Generation, ApiError> {
     let Admitted { request_id, arrival, deadline, slot } = admitted;
     let prompt_len = s.prompt_tokens.len();
     let mut streams = SelectAll::new();
-    for index in 0..s.n {
+    let mut route = Route { path: PATH_LOCAL, ..Default::default() };
+    if let (Some(pd), "decode", 1) = (state.pd.as_deref(), state.role, s.n) {
+        let req = GenerateRequest {
+            request_id: request_id.clone(),
+            prompt_tokens: s.prompt_tokens.clone(),
+            sampling: s.sampling.clone(),
+            session_id: s.session_id.clone(),
+        };
+        let started = within(state, deadline, crate::pd::decode::start(state, pd, req)).await;
+        let (stream, r) = started?.map_err(|e| match e {
+            ApiError::Engine { source, .. } => (s.map_err)(source),
+            other => other,
+        })?;
+        route = r;
+        tracing::info!(request_id, seq_id = stream.id(), prompt_tokens = prompt_len, path = route.path, reason = route.reason, "request submitted");
+        streams.push(events(0, stream));
+    }
+    let remote_started = !streams.is_empty();
+    for index in (0..s.n).filter(|_| !remote_started) {
         let mut sampling = s.sampling.clone();
         sampling.seed = choice_seed(sampling.seed, index);
         let req = GenerateRequest {
@@ -140,6 +162,8 @@ pub fn submit(state: &AppState, admitted: Admitted, s: Submission) -> Result<Gen
     state.metrics.queue.observe(arrival.elapsed().as_secs_f64());
     Ok(Generation {
         state: state.clone(),
+        route,
+        prompt_len,
         request_id,
         arrival,
         deadline,
@@ -190,6 +214,8 @@ pub enum ChoiceEvent {
 /// unfinished (the client went away).
 pub struct Generation {
     state: AppState,
+    route: Route,
+    prompt_len: usize,
     request_id: String,
     arrival: Instant,
     deadline: Option<Instant>,
@@ -207,6 +233,11 @@ impl Generation {
 
     pub fn n(&self) -> usize {
         self.choices.len()
+    }
+
+    /// How the prompt was served (`x-kvc-path`).
+    pub fn path(&self) -> &'static str {
+        self.route.path
     }
 
     /// The next event; `Ok(None)` once every choice has finished. On a
@@ -239,7 +270,16 @@ impl Generation {
                 }
                 Ok(Some(ChoiceEvent::Token { index, token_id, text, logprobs }))
             }
-            Some((index, Some(StreamEvent::Finished { reason, text, matched_stop, usage, .. }))) => {
+            Some((index, Some(StreamEvent::Finished { reason, text, matched_stop, mut usage, .. }))) => {
+                if index == 0 && self.route.path != PATH_LOCAL {
+                    usage.path = self.route.path;
+                    usage.path_reason = self.route.reason;
+                    usage.transferred_tokens = self.route.transferred_tokens;
+                    if let Some(c) = self.route.remote_computed_tokens {
+                        // Prompt tokens nobody computed for this request.
+                        usage.cached_tokens = self.prompt_len.saturating_sub(c);
+                    }
+                }
                 self.choices[index].finished = true;
                 if self.choices.iter().all(|c| c.finished) {
                     self.state.metrics.e2e.observe((now - self.arrival).as_secs_f64());

@@ -3,7 +3,7 @@
 //! a ping that proves the guard.
 
 use axum::extract::State;
-use axum::routing::get;
+use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::{json, Value};
 
@@ -13,6 +13,11 @@ pub fn router() -> Router<AppState> {
     Router::new()
         .route("/internal/ping", get(ping))
         .route("/internal/state", get(crate::worker_state::get_state))
+        .route("/internal/kv/handshake", get(crate::pd::prefill::handshake))
+        .route("/internal/prefill", post(crate::pd::prefill::remote_prefill))
+        .route("/internal/snapshot/reserve", post(crate::pd::prefill::snapshot_reserve))
+        .route("/internal/snapshot/commit", post(crate::pd::prefill::snapshot_commit))
+        .route("/internal/snapshot/abort", post(crate::pd::prefill::snapshot_abort))
 }
 
 async fn ping(State(state): State<AppState>) -> Json<Value> {

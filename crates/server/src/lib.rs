@@ -40,6 +40,7 @@ pub mod logprobs;
 pub mod metrics;
 pub mod models;
 pub mod openai_types;
+pub mod pd;
 pub mod reasoning_parser;
 pub mod request_fields;
 pub mod response;

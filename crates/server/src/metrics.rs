@@ -15,6 +15,9 @@ use crate::openai_types::PATH_LOCAL;
 pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
     let mut body = render(&state.engine.stats(), &state.counters);
     state.metrics.render(&mut body);
+    if let Some(pd) = &state.pd {
+        pd.counters.render(&mut body);
+    }
     crate::server_metrics::ServerMetrics::render_admission(&mut body, state.admission.running(), state.admission.queued());
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], body)
 }
@@ -50,6 +53,14 @@ pub fn render(s: &EngineStats, c: &ServerCounters) -> String {
         "Requests handed to the engine, by serving path.",
         &[(&path_labels, c.local_requests.load(Ordering::Relaxed))],
     );
+    let sn = &s.snapshot_stats;
+    metric("kvc_snapshot_push_enqueued_total", "counter", "Session snapshot pushes queued after committed turns (decode workers).", &[("", s.snapshot_pushes_enqueued)]);
+    metric("kvc_snapshot_ingested_total", "counter", "Session snapshot pushes committed into this worker's snapshot store.", &[("", sn.ingested)]);
+    metric("kvc_snapshot_evicted_total", "counter", "Snapshot store entries evicted (LRU) to make room.", &[("", sn.evicted)]);
+    metric("kvc_snapshot_aborted_total", "counter", "Snapshot pushes aborted or expired before commit.", &[("", sn.aborted)]);
+    metric("kvc_snapshot_blocks_used", "gauge", "KV blocks held by the snapshot store.", &[("", s.snapshot_used_blocks as u64)]);
+    metric("kvc_snapshot_blocks_capacity", "gauge", "Most KV blocks the snapshot store may hold.", &[("", s.snapshot_capacity_blocks as u64)]);
+    metric("kvc_snapshot_bypass_tokens_total", "counter", "Prompt tokens served from snapshots (prefill bypass).", &[("", sn.bypass_tokens)]);
     let k = &s.cache;
     metric("kvc_kv_blocks_cached", "gauge", "KV blocks in the prefix index.", &[("", s.cached_blocks as u64)]);
     metric("kvc_host_kv_blocks_free", "gauge", "Free blocks of the host-memory tier.", &[("", s.host_free_blocks as u64)]);

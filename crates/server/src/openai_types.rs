@@ -225,6 +225,9 @@ impl From<kvc_engine::Usage> for UsageInfo {
 pub struct KvcInfo {
     pub path: &'static str,
     pub reason: &'static str,
+    /// What the KV reuse came from: cold, session_hit, prefix_hit (on this
+    /// worker; a remote prefill's bypass shows in `path`).
+    pub reuse: &'static str,
     pub cached_tokens: usize,
     pub computed_tokens: usize,
     pub transferred_tokens: usize,
@@ -236,11 +239,12 @@ pub const PATH_LOCAL: &str = "local";
 impl KvcInfo {
     pub fn local(u: &kvc_engine::Usage) -> Self {
         Self {
-            path: PATH_LOCAL,
-            reason: u.reuse_reason,
+            path: if u.path.is_empty() { PATH_LOCAL } else { u.path },
+            reason: if u.path_reason.is_empty() { u.reuse_reason } else { u.path_reason },
+            reuse: u.reuse_reason,
             cached_tokens: u.cached_tokens,
             computed_tokens: u.prompt_tokens.saturating_sub(u.cached_tokens),
-            transferred_tokens: 0,
+            transferred_tokens: u.transferred_tokens,
         }
     }
 }

@@ -104,6 +104,7 @@ impl<E: Endpoint> Drop for Driver<E> {
 /// The streaming response: `data: {chunk}` lines, then `data: [DONE]`.
 pub fn stream_response<E: Endpoint>(state: &AppState, generation: Generation, mut endpoint: E, include_usage: bool) -> Response {
     let request_id = generation.request_id().to_string();
+    let path = generation.path();
     let n = generation.n();
     let opening: Vec<Vec<E::Delta>> = (0..n).map(|i| endpoint.start(i)).collect();
     let mut driver = Driver {
@@ -132,6 +133,6 @@ pub fn stream_response<E: Endpoint>(state: &AppState, generation: Generation, mu
             d.on_event(event);
         }
     });
-    (serving_headers(&request_id), Sse::new(body).keep_alive(KeepAlive::default())).into_response()
+    (serving_headers(&request_id, path), Sse::new(body).keep_alive(KeepAlive::default())).into_response()
 }
 

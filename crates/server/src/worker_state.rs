@@ -22,8 +22,8 @@ pub fn worker_state(state: &AppState) -> WorkerState {
         running: s.running,
         waiting: s.waiting,
         sessions: s.sessions.iter().map(|(id, i)| (id.clone(), i.resident_tokens)).collect(),
-        snapshots: Default::default(),
-        prefill_tokens_per_s: 0.0,
+        snapshots: s.snapshots.iter().map(|(id, i)| (id.clone(), i.tokens)).collect(),
+        prefill_tokens_per_s: s.prefill_tokens_per_s,
     }
 }
 

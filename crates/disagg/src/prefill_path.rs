@@ -1,0 +1,211 @@
+//! Where a decode worker's prompt suffix gets computed: here (direct
+//! append) or on a prefill worker (remote prefill, possibly bypassing what
+//! its snapshot store covers). One function, [`decide`], returning the
+//! decision and its reason; the caller logs it (`event="prefill_path"`)
+//! and counts it (`kvc_prefill_path_decisions_total{path,reason}`).
+//!
+//! The cost model compares estimated times, from measured rates:
+//!
+//! - local  = suffix / local_rate, plus the stall the prefill imposes on
+//!   the decodes running here (each waits for it): `running * local`.
+//! - remote = round trip + P's queue + (suffix - P's snapshot coverage) /
+//!   P's rate + suffix bytes / transfer bandwidth.
+//!
+//! Suffixes shorter than `min_remote_tokens` never go remote: below it the
+//! fixed costs (a round trip, block reservation, the transfer set-up)
+//! dominate. Its default comes from the measured crossover in
+//! docs/benchmarks.md.
+
+use serde::Serialize;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PrefillPath {
+    /// Computed on this worker, extending KV it holds (a resident session).
+    DirectAppend,
+    /// Computed on this worker from scratch or from its prefix cache.
+    Local,
+    /// Computed on a prefill worker and transferred here.
+    Remote,
+}
+
+impl PrefillPath {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PrefillPath::DirectAppend => "direct_append",
+            PrefillPath::Local => "local",
+            PrefillPath::Remote => "remote_prefill",
+        }
+    }
+}
+
+/// How suffixes at or above the threshold are placed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PathPolicy {
+    /// By the cost model.
+    #[default]
+    Cost,
+    /// Always remote (the classic disaggregated deployment: D never
+    /// prefills more than `min_remote_tokens`).
+    Threshold,
+}
+
+/// What the decode worker knows about a prefill worker.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PeerView {
+    pub healthy: bool,
+    /// Requests running + waiting there.
+    pub queued_requests: usize,
+    /// Its measured prompt tokens/s (0: unknown, assume ours).
+    pub prefill_tokens_per_s: f64,
+    /// Tokens of this session's snapshot there (0: none).
+    pub snapshot_tokens: usize,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PathInputs {
+    pub prompt_tokens: usize,
+    /// Leading tokens whose KV this worker holds (whole blocks).
+    pub held_tokens: usize,
+    /// Whether the held tokens are the request's own session.
+    pub session_hit: bool,
+    /// Requests running here (decodes a local prefill would stall).
+    pub running: usize,
+    /// This worker's measured prompt tokens/s (0: unknown).
+    pub local_tokens_per_s: f64,
+    /// KV bytes per token (all layers, K and V).
+    pub kv_bytes_per_token: u64,
+    /// Measured transfer bandwidth to/from prefill workers, bytes/s.
+    pub transfer_bytes_per_s: f64,
+    /// Measured round trip of a remote prefill's control messages, seconds.
+    pub round_trip_s: f64,
+    pub min_remote_tokens: usize,
+    pub policy: PathPolicy,
+    /// The prefill worker that would serve it, if any is configured.
+    pub peer: Option<PeerView>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct PathDecision {
+    pub path: PrefillPath,
+    pub reason: &'static str,
+    /// Estimated seconds (0 when not estimated).
+    pub local_s: f64,
+    pub remote_s: f64,
+}
+
+/// Rate assumed before any measurement: the embedded CPU model's order of
+/// magnitude; replaced by the first measured step.
+const DEFAULT_TOKENS_PER_S: f64 = 2_000.0;
+
+pub fn decide(i: &PathInputs) -> PathDecision {
+    let suffix = i.prompt_tokens.saturating_sub(i.held_tokens);
+    let here = if i.session_hit && i.held_tokens > 0 { PrefillPath::DirectAppend } else { PrefillPath::Local };
+    let done = |path, reason, local_s, remote_s| PathDecision { path, reason, local_s, remote_s };
+    let Some(peer) = i.peer else { return done(here, "no_prefill_peer", 0.0, 0.0) };
+    if !peer.healthy {
+        return done(here, "prefill_peer_unhealthy", 0.0, 0.0);
+    }
+    // A snapshot on P counts only as far as D does not hold the prompt already.
+    let bypass = peer.snapshot_tokens.min(i.prompt_tokens.saturating_sub(1)).saturating_sub(i.held_tokens);
+    if suffix < i.min_remote_tokens && bypass == 0 {
+        return done(here, "suffix_below_threshold", 0.0, 0.0);
+    }
+    let local_rate = if i.local_tokens_per_s > 0.0 { i.local_tokens_per_s } else { DEFAULT_TOKENS_PER_S };
+    let peer_rate = if peer.prefill_tokens_per_s > 0.0 { peer.prefill_tokens_per_s } else { local_rate };
+    let local_compute = suffix as f64 / local_rate;
+    let local_s = local_compute * (1 + i.running) as f64;
+    let peer_queue_s = peer.queued_requests as f64 * local_compute.max(0.001);
+    let transfer_s = (suffix as u64 * i.kv_bytes_per_token) as f64 / i.transfer_bytes_per_s.max(1.0);
+    let remote_s = i.round_trip_s + peer_queue_s + suffix.saturating_sub(bypass) as f64 / peer_rate + transfer_s;
+    if i.policy == PathPolicy::Threshold {
+        let reason = if bypass > 0 { "snapshot_covers_prefix" } else { "suffix_above_threshold" };
+        return done(PrefillPath::Remote, reason, local_s, remote_s);
+    }
+    if remote_s < local_s {
+        let reason = if bypass > 0 { "snapshot_bypass_cheaper" } else { "remote_cheaper" };
+        done(PrefillPath::Remote, reason, local_s, remote_s)
+    } else {
+        done(here, "local_cheaper", local_s, remote_s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn inputs() -> PathInputs {
+        PathInputs {
+            prompt_tokens: 4096,
+            held_tokens: 0,
+            session_hit: false,
+            running: 0,
+            local_tokens_per_s: 10_000.0,
+            kv_bytes_per_token: 100_000,
+            transfer_bytes_per_s: 10e9,
+            round_trip_s: 0.002,
+            min_remote_tokens: 512,
+            policy: PathPolicy::Cost,
+            peer: Some(PeerView { healthy: true, queued_requests: 0, prefill_tokens_per_s: 10_000.0, snapshot_tokens: 0 }),
+        }
+    }
+
+    #[test]
+    fn no_or_unhealthy_peer_stays_local() {
+        let mut i = inputs();
+        i.peer = None;
+        assert_eq!(decide(&i).reason, "no_prefill_peer");
+        i.peer = Some(PeerView { healthy: false, ..inputs().peer.unwrap() });
+        assert_eq!(decide(&i).reason, "prefill_peer_unhealthy");
+        assert_eq!(decide(&i).path, PrefillPath::Local);
+    }
+
+    #[test]
+    fn a_short_suffix_of_a_resident_session_is_appended_here() {
+        let mut i = inputs();
+        i.held_tokens = 4000;
+        i.session_hit = true;
+        let d = decide(&i);
+        assert_eq!((d.path, d.reason), (PrefillPath::DirectAppend, "suffix_below_threshold"));
+    }
+
+    #[test]
+    fn a_long_cold_prompt_goes_remote_when_decodes_run_here_and_stays_when_idle_and_transfer_is_slow() {
+        let mut i = inputs();
+        i.running = 8;
+        let d = decide(&i);
+        assert_eq!((d.path, d.reason), (PrefillPath::Remote, "remote_cheaper"));
+        assert!(d.remote_s < d.local_s);
+        // Idle here, same rates there, a slow link: local wins.
+        let mut i = inputs();
+        i.transfer_bytes_per_s = 1e8;
+        assert_eq!(decide(&i).reason, "local_cheaper");
+        // A busy prefill worker: local wins.
+        let mut i = inputs();
+        i.running = 1;
+        i.peer = Some(PeerView { queued_requests: 50, ..inputs().peer.unwrap() });
+        assert_eq!(decide(&i).path, PrefillPath::Local);
+    }
+
+    #[test]
+    fn the_threshold_policy_sends_every_long_suffix_remote() {
+        let mut i = inputs();
+        i.policy = PathPolicy::Threshold;
+        assert_eq!(decide(&i).reason, "suffix_above_threshold");
+        i.prompt_tokens = 100;
+        assert_eq!(decide(&i).path, PrefillPath::Local);
+    }
+
+    #[test]
+    fn a_snapshot_on_the_prefill_worker_makes_a_moved_session_go_remote() {
+        let mut i = inputs();
+        i.prompt_tokens = 300;
+        i.peer = Some(PeerView { snapshot_tokens: 288, ..inputs().peer.unwrap() });
+        let d = decide(&i);
+        assert_eq!((d.path, d.reason), (PrefillPath::Remote, "snapshot_bypass_cheaper"));
+        // ... but not when this worker already holds what the snapshot covers.
+        i.held_tokens = 288;
+        i.session_hit = true;
+        assert_eq!(decide(&i).path, PrefillPath::DirectAppend);
+    }
+}

@@ -1,0 +1,187 @@
+//! A decode worker's way of starting a request: reserve the prompt's
+//! blocks, decide where the missing suffix is computed
+//! ([`kvc_disagg::prefill_path::decide`]), and either compute it here or
+//! have a prefill worker compute it into the reserved blocks. Any failure
+//! of the remote path falls back to computing here, into the same blocks:
+//! the answer does not change, the fallback is counted.
+
+use std::time::{Duration, Instant};
+
+use kvc_disagg::prefill_path::{decide, PathInputs, PeerView, PrefillPath};
+use kvc_disagg::protocol::{RemotePrefillRequest, RemotePrefillResponse};
+use kvc_engine::{GenerateRequest, RequestStream, Reservation};
+
+use super::prefill::REMOTE_PREFILL_BUDGET;
+use super::PdState;
+use crate::app::AppState;
+use crate::error::ApiError;
+
+/// How a request's prompt was served (the `kvc` body field and
+/// `x-kvc-path`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Route {
+    /// "local", "direct_append", "remote_prefill" or "bypass".
+    pub path: &'static str,
+    pub reason: &'static str,
+    /// Prompt tokens computed by a prefill worker (remote paths).
+    pub remote_computed_tokens: Option<usize>,
+    pub transferred_tokens: usize,
+}
+
+/// Starts `req` on this decode worker.
+pub async fn start(state: &AppState, pd: &PdState, mut req: GenerateRequest) -> Result<(RequestStream, Route), ApiError> {
+    let engine = &state.engine;
+    let info = engine.info();
+    let n = req.prompt_tokens.len();
+    let peer = pd.peers.pick(req.session_id.as_deref());
+    // Without a session or peer, a prompt below the threshold cannot go
+    // remote: skip the reservation round trip.
+    if peer.is_none() || (n < pd.config.min_remote_tokens && req.session_id.is_none()) {
+        let reason = if peer.is_none() { "no_prefill_peer" } else { "suffix_below_threshold" };
+        return local(state, pd, req, PrefillPath::Local, reason);
+    }
+    let reservation = match engine.reserve(req.session_id.as_deref(), &req.prompt_tokens).await {
+        Ok(r) => r,
+        Err(e) => {
+            // The scheduler can still serve it (it preempts or waits).
+            tracing::info!(event = "reserve_failed", error = %e);
+            return local(state, pd, req, PrefillPath::Local, "no_room_to_reserve");
+        }
+    };
+    let snap = engine.snapshot();
+    let peer = peer.expect("checked above");
+    let view = PeerView {
+        healthy: peer.healthy,
+        queued_requests: peer.state.as_ref().map_or(0, |s| s.running + s.waiting),
+        prefill_tokens_per_s: peer.state.as_ref().map_or(0.0, |s| s.prefill_tokens_per_s),
+        snapshot_tokens: req.session_id.as_ref().and_then(|s| peer.state.as_ref()?.snapshots.get(s).copied()).unwrap_or(0),
+    };
+    let inputs = PathInputs {
+        prompt_tokens: n,
+        held_tokens: reservation.held_tokens,
+        session_hit: reservation.reuse_reason == "session_hit",
+        running: snap.running,
+        local_tokens_per_s: snap.prefill_tokens_per_s,
+        kv_bytes_per_token: (info.kv_layout.bytes_per_block() / info.block_size.max(1)) as u64,
+        transfer_bytes_per_s: match pd.link.bandwidth() {
+            b if b > 0.0 => b,
+            _ => 1e9,
+        },
+        round_trip_s: 0.002,
+        min_remote_tokens: pd.config.min_remote_tokens,
+        policy: pd.config.policy,
+        peer: Some(view),
+    };
+    let d = decide(&inputs);
+    pd.counters.inc("kvc_prefill_path_decisions_total", &[("path", d.path.as_str()), ("reason", d.reason)]);
+    tracing::info!(
+        event = "prefill_path", request_id = %req.request_id, path = d.path.as_str(), reason = d.reason,
+        prompt_tokens = n, held_tokens = reservation.held_tokens, snapshot_tokens = view.snapshot_tokens,
+        est_local_ms = d.local_s * 1e3, est_remote_ms = d.remote_s * 1e3
+    );
+    if d.path != PrefillPath::Remote {
+        let held = reservation.held_tokens;
+        let stream = engine.submit_reserved(req, reservation, held, None).map_err(ApiError::completion_engine)?;
+        return Ok((stream, Route { path: d.path.as_str(), reason: d.reason, ..Default::default() }));
+    }
+    // The first token is sampled on P: give it the seed D continues with.
+    if req.sampling.seed.is_none() {
+        req.sampling.seed = Some(rand::random());
+    }
+    let bs = info.block_size;
+    let body = RemotePrefillRequest {
+        request_id: req.request_id.clone(),
+        session_id: req.session_id.clone(),
+        prompt_tokens: req.prompt_tokens.clone(),
+        sampling: req.sampling.clone(),
+        skip_tokens: reservation.held_tokens,
+        dst: pd.link.record().clone(),
+        dst_blocks: reservation.blocks_to_fill(bs).to_vec(),
+    };
+    let guard = Quarantine::new(reservation, REMOTE_PREFILL_BUDGET + pd.link.timeout + Duration::from_secs(2));
+    let started = Instant::now();
+    let sent = pd
+        .client
+        .post(&format!("{}/internal/prefill", peer.url))
+        .json(&body)
+        // Past this, P has stopped (its budget) and no write of it can land.
+        .timeout(REMOTE_PREFILL_BUDGET + pd.link.timeout + Duration::from_secs(2))
+        .send()
+        .await;
+    let answer: Result<RemotePrefillResponse, String> = match sent {
+        Ok(r) if r.status().is_success() => r.json().await.map_err(|e| format!("bad answer: {e}")),
+        Ok(r) => {
+            let status = r.status();
+            Err(format!("{status}: {}", r.text().await.unwrap_or_default()))
+        }
+        Err(e) => Err(e.to_string()),
+    };
+    let reservation = guard.defuse();
+    match answer {
+        Ok(a) => {
+            pd.counters.inc("kvc_remote_prefill_total", &[("outcome", "ok")]);
+            pd.counters.add("kvc_kv_transfer_bytes_total", &[("kind", "remote_prefill_received")], a.transfer_bytes as f64);
+            let path = if a.bypass_tokens > 0 { "bypass" } else { "remote_prefill" };
+            tracing::info!(
+                event = "remote_prefill_ok", request_id = %req.request_id, path, computed_on_peer = a.computed_tokens,
+                bypass_tokens = a.bypass_tokens, transferred_tokens = a.transferred_tokens, prefill_ms = a.prefill_ms,
+                transfer_ms = a.transfer_ms, total_ms = started.elapsed().as_secs_f64() * 1e3
+            );
+            let route = Route { path, reason: d.reason, remote_computed_tokens: Some(a.computed_tokens), transferred_tokens: a.transferred_tokens };
+            let stream = engine.submit_reserved(req, reservation, n, Some((a.first_token, a.logprobs))).map_err(ApiError::completion_engine)?;
+            Ok((stream, route))
+        }
+        Err(e) => {
+            pd.counters.inc("kvc_remote_prefill_total", &[("outcome", "failed")]);
+            pd.counters.inc("kvc_disagg_fallbacks_total", &[("reason", "remote_prefill_failed")]);
+            pd.peers.mark(&peer.url, false, None, &pd.counters);
+            tracing::warn!(event = "fallback", reason = "remote_prefill_failed", request_id = %req.request_id, peer = %peer.url, error = %e, "computing locally instead");
+            let held = reservation.held_tokens;
+            let here = if reservation.reuse_reason == "session_hit" { PrefillPath::DirectAppend } else { PrefillPath::Local };
+            let stream = engine.submit_reserved(req, reservation, held, None).map_err(ApiError::completion_engine)?;
+            Ok((stream, Route { path: here.as_str(), reason: "fallback_remote_prefill_failed", ..Default::default() }))
+        }
+    }
+}
+
+fn local(state: &AppState, pd: &PdState, req: GenerateRequest, path: PrefillPath, reason: &'static str) -> Result<(RequestStream, Route), ApiError> {
+    pd.counters.inc("kvc_prefill_path_decisions_total", &[("path", path.as_str()), ("reason", reason)]);
+    let stream = state.engine.submit(req).map_err(ApiError::completion_engine)?;
+    Ok((stream, Route { path: path.as_str(), reason, ..Default::default() }))
+}
+
+/// Holds a reservation while a prefill worker may write into it. If the
+/// request is dropped meanwhile (the client went away), the blocks are
+/// kept out of use until no write can still arrive, then released.
+struct Quarantine {
+    reservation: Option<Reservation>,
+    hold: Duration,
+}
+
+impl Quarantine {
+    fn new(reservation: Reservation, hold: Duration) -> Self {
+        Self { reservation: Some(reservation), hold }
+    }
+
+    /// The peer answered (or failed for good): the blocks are safe to use.
+    fn defuse(mut self) -> Reservation {
+        self.reservation.take().expect("reservation present until defused")
+    }
+}
+
+impl Drop for Quarantine {
+    fn drop(&mut self) {
+        if let Some(r) = self.reservation.take() {
+            let hold = self.hold;
+            tracing::info!(event = "reservation_quarantined", hold_s = hold.as_secs(), "request dropped during a remote prefill");
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                rt.spawn(async move {
+                    tokio::time::sleep(hold).await;
+                    drop(r);
+                });
+            } else {
+                std::mem::forget(r);
+            }
+        }
+    }
+}

@@ -1,0 +1,82 @@
+//! This worker's end of the KV transport: the Mooncake engine over the
+//! pool's memory, opened peers (by segment), and block writes run off the
+//! async threads. Measured bandwidth feeds the path cost model.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use kvc_disagg::transport::KvTransport;
+use kvc_disagg::{BlockCopy, HandshakeRecord, MooncakeConfig, MooncakeTransport, Peer, PoolMemory, TransferReport};
+use kvc_engine::EngineHandle;
+
+pub struct KvLink {
+    transport: MooncakeTransport,
+    peers: Mutex<HashMap<(String, u64), Peer>>,
+    /// Moving average, bytes/s (0 until measured).
+    bandwidth: Mutex<f64>,
+    pub timeout: Duration,
+}
+
+impl KvLink {
+    /// Registers the engine's pool with a Mooncake engine.
+    pub fn start(engine: &EngineHandle, host: &str, protocol: &str, timeout: Duration) -> anyhow::Result<Self> {
+        let info = engine.info();
+        let memory = PoolMemory { layout: info.kv_layout, num_blocks: info.num_kv_blocks, region: info.kv_region };
+        let config = MooncakeConfig { host: host.to_string(), protocol: protocol.to_string(), ..MooncakeConfig::default() };
+        // The region lives as long as the engine; the link is dropped
+        // before the engine (field order of `PdState`).
+        let transport = MooncakeTransport::new(&config, memory).map_err(|e| {
+            anyhow::anyhow!("cannot start the KV transport ({e}); prefill/decode roles need Mooncake: run scripts/mooncake_setup.sh")
+        })?;
+        tracing::info!(event = "kv_link_started", segment = %transport.local_record().segment, protocol, "KV transport ready");
+        Ok(Self { transport, peers: Mutex::new(HashMap::new()), bandwidth: Mutex::new(0.0), timeout })
+    }
+
+    pub fn record(&self) -> &HandshakeRecord {
+        self.transport.local_record()
+    }
+
+    pub fn bandwidth(&self) -> f64 {
+        *self.bandwidth.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn peer(&self, remote: &HandshakeRecord) -> Result<Peer, kvc_disagg::DisaggError> {
+        let key = (remote.segment.clone(), remote.base_addr);
+        let mut peers = self.peers.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(p) = peers.get(&key) {
+            return Ok(p.clone());
+        }
+        let p = self.transport.connect(remote)?;
+        peers.insert(key, p.clone());
+        Ok(p)
+    }
+
+    /// Writes local blocks `src` into the remote pool's blocks `dst`
+    /// (every layer) and waits for confirmation. Blocking: call from
+    /// `spawn_blocking`.
+    pub fn write(&self, remote: &HandshakeRecord, src: &[u32], dst: &[u32]) -> Result<TransferReport, kvc_disagg::DisaggError> {
+        if src.len() != dst.len() {
+            return Err(kvc_disagg::DisaggError::Control(format!("{} source blocks for {} destination blocks", src.len(), dst.len())));
+        }
+        if src.is_empty() {
+            return Ok(TransferReport { bytes: 0, ranges: 0, elapsed: Duration::ZERO });
+        }
+        let peer = self.peer(remote)?;
+        let copies = BlockCopy::all_layers(self.record().num_layers, src, dst);
+        let result = self.transport.write_blocks(&peer, &copies, self.timeout);
+        match &result {
+            Ok(r) if r.bytes >= 1 << 16 && !r.elapsed.is_zero() => {
+                let rate = r.bytes as f64 / r.elapsed.as_secs_f64();
+                let mut b = self.bandwidth.lock().unwrap_or_else(|e| e.into_inner());
+                *b = if *b == 0.0 { rate } else { 0.8 * *b + 0.2 * rate };
+            }
+            Ok(_) => {}
+            Err(_) => {
+                // The peer may have restarted: reopen next time.
+                self.peers.lock().unwrap_or_else(|e| e.into_inner()).remove(&(remote.segment.clone(), remote.base_addr));
+            }
+        }
+        result
+    }
+}

@@ -1,0 +1,85 @@
+//! Prefill/decode disaggregation in the server (docs/disaggregation.md):
+//! the KV link ([`kv_link`]), prefill peers ([`peers`]), the decode
+//! worker's request start ([`decode`]) and snapshot pusher ([`pusher`]),
+//! the prefill worker's routes ([`prefill`]), and their counters.
+
+pub mod counters;
+pub mod decode;
+pub mod kv_link;
+pub mod peers;
+pub mod prefill;
+pub mod pusher;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kvc_disagg::prefill_path::PathPolicy;
+use kvc_engine::EngineHandle;
+
+use crate::args::{Args, PathPolicyArg, Role};
+use counters::PdCounters;
+use kv_link::KvLink;
+use peers::{PeerClient, PrefillPeers};
+
+#[derive(Debug, Clone)]
+pub struct PdConfig {
+    pub min_remote_tokens: usize,
+    pub policy: PathPolicy,
+}
+
+/// Disaggregation state of a prefill or decode worker.
+pub struct PdState {
+    /// Dropped before `_engine` (field order): the link's registered
+    /// memory is the engine's pool.
+    pub link: Arc<KvLink>,
+    pub peers: Arc<PrefillPeers>,
+    pub client: PeerClient,
+    pub counters: Arc<PdCounters>,
+    pub config: PdConfig,
+    /// Fault injection for tests: points where a handler waits forever
+    /// (`KVC_FAULT_HOLD=remote_prefill,snapshot_reserve`), so a test can
+    /// kill the process in the middle of a transfer.
+    hold: Vec<String>,
+    _engine: EngineHandle,
+}
+
+impl PdState {
+    /// Starts the KV link and, on a decode worker, the peer monitor and
+    /// the snapshot pusher. Call inside the runtime.
+    pub fn start(engine: &EngineHandle, args: &Args) -> anyhow::Result<Arc<Self>> {
+        let d = &args.disagg;
+        let link = Arc::new(KvLink::start(engine, &d.kv_transport_host, &d.kv_transport_protocol, Duration::from_secs(d.kv_transfer_timeout_s.max(1)))?);
+        let token = args.serving.cluster_token.clone().unwrap_or_default();
+        let state = Arc::new(Self {
+            link,
+            peers: Arc::new(PrefillPeers::new(&d.prefill_peers)),
+            client: PeerClient::new(&token),
+            counters: Arc::new(PdCounters::default()),
+            config: PdConfig {
+                min_remote_tokens: d.remote_prefill_min_tokens,
+                policy: match d.remote_prefill_policy {
+                    PathPolicyArg::Cost => PathPolicy::Cost,
+                    PathPolicyArg::Threshold => PathPolicy::Threshold,
+                },
+            },
+            hold: std::env::var("KVC_FAULT_HOLD").map(|v| v.split(',').map(str::to_string).collect()).unwrap_or_default(),
+            _engine: engine.clone(),
+        });
+        if args.role == Role::Decode {
+            let interval = Duration::from_secs_f64(d.peer_poll_interval_s.max(0.05));
+            tokio::spawn(state.peers.clone().monitor(state.client.clone(), interval, state.counters.clone()));
+            if let Some(jobs) = engine.take_snapshot_jobs() {
+                tokio::spawn(pusher::run(engine.clone(), state.clone(), jobs));
+            }
+        }
+        Ok(state)
+    }
+
+    /// Waits forever at a fault-injection point named in `KVC_FAULT_HOLD`.
+    pub async fn hold_if_asked(&self, point: &str) {
+        if self.hold.iter().any(|h| h == point) {
+            tracing::warn!(event = "fault_hold", point, "holding here (KVC_FAULT_HOLD)");
+            std::future::pending::<()>().await;
+        }
+    }
+}

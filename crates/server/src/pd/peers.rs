@@ -1,0 +1,119 @@
+//! A decode worker's view of its prefill workers: each one's published
+//! state (`GET /internal/state`), polled every `--peer-poll-interval-s`. A
+//! failed poll or call marks the peer unhealthy until a poll succeeds.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use kvc_disagg::protocol::WorkerState;
+
+use super::counters::PdCounters;
+
+#[derive(Debug, Clone, Default)]
+pub struct PeerStatus {
+    pub url: String,
+    pub healthy: bool,
+    pub state: Option<WorkerState>,
+}
+
+/// HTTP to peers: the cluster token on every call.
+#[derive(Clone)]
+pub struct PeerClient {
+    pub http: reqwest::Client,
+    token: String,
+}
+
+impl PeerClient {
+    pub fn new(token: &str) -> Self {
+        let http = reqwest::Client::builder().connect_timeout(Duration::from_secs(2)).build().expect("HTTP client builds");
+        Self { http, token: token.to_string() }
+    }
+
+    pub fn get(&self, url: &str) -> reqwest::RequestBuilder {
+        self.http.get(url).header("x-kvc-cluster-token", &self.token)
+    }
+
+    pub fn post(&self, url: &str) -> reqwest::RequestBuilder {
+        self.http.post(url).header("x-kvc-cluster-token", &self.token)
+    }
+}
+
+pub struct PrefillPeers {
+    peers: Mutex<Vec<PeerStatus>>,
+}
+
+impl PrefillPeers {
+    pub fn new(urls: &[String]) -> Self {
+        let peers = urls.iter().map(|u| PeerStatus { url: u.trim_end_matches('/').to_string(), ..Default::default() }).collect();
+        Self { peers: Mutex::new(peers) }
+    }
+
+    pub fn all(&self) -> Vec<PeerStatus> {
+        self.peers.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// The peer for `session`: a stable choice (so one P accumulates the
+    /// session's snapshot), else the least loaded healthy one; an unhealthy
+    /// peer only if none is healthy (the caller then falls back).
+    pub fn pick(&self, session: Option<&str>) -> Option<PeerStatus> {
+        let peers = self.all();
+        if peers.is_empty() {
+            return None;
+        }
+        if let Some(s) = session {
+            // A peer already holding the session's snapshot wins.
+            if let Some(p) = peers.iter().filter(|p| p.healthy).max_by_key(|p| p.state.as_ref().and_then(|st| st.snapshots.get(s)).copied().unwrap_or(0)) {
+                if p.state.as_ref().is_some_and(|st| st.snapshots.contains_key(s)) {
+                    return Some(p.clone());
+                }
+            }
+            let home = &peers[stable_index(s, peers.len())];
+            if home.healthy {
+                return Some(home.clone());
+            }
+        }
+        let load = |p: &PeerStatus| p.state.as_ref().map_or(usize::MAX, |s| s.running + s.waiting);
+        peers.iter().filter(|p| p.healthy).min_by_key(|p| load(p)).or(peers.first()).cloned()
+    }
+
+    pub fn mark(&self, url: &str, healthy: bool, state: Option<WorkerState>, counters: &PdCounters) {
+        let mut peers = self.peers.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(p) = peers.iter_mut().find(|p| p.url == url) {
+            if p.healthy != healthy {
+                tracing::info!(event = "peer_health", peer = url, healthy, "prefill peer health changed");
+            }
+            p.healthy = healthy;
+            if state.is_some() {
+                p.state = state;
+            }
+            counters.set("kvc_prefill_peer_healthy", &[("peer", url)], if healthy { 1.0 } else { 0.0 });
+        }
+    }
+
+    /// Polls every peer forever.
+    pub async fn monitor(self: Arc<Self>, client: PeerClient, interval: Duration, counters: Arc<PdCounters>) {
+        loop {
+            for p in self.all() {
+                let got = client.get(&format!("{}/internal/state", p.url)).timeout(Duration::from_secs(2)).send().await;
+                let state = match got {
+                    Ok(r) if r.status().is_success() => r.json::<WorkerState>().await.ok(),
+                    _ => None,
+                };
+                let healthy = state.as_ref().is_some_and(|s| s.ready);
+                self.mark(&p.url, healthy, state, &counters);
+            }
+            tokio::time::sleep(interval).await;
+        }
+    }
+}
+
+/// FNV-1a of the session id, reduced to `n` (exact ids: `s-1` and `s-12`
+/// hash apart).
+fn stable_index(session: &str, n: usize) -> usize {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in session.bytes() {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    (h % n as u64) as usize
+}
