@@ -761,7 +761,8 @@ impl SchedulerHooks for CacheHooks<'_> {
         // covers more than the prefix cache (prefill bypass).
         if let Some(s) = a.snapshot_session.as_deref().filter(|_| self.snapshots.capacity() > 0) {
             match self.snapshots.lookup(s, &seq.tokens, alloc) {
-                Some((blocks, tokens)) if tokens > got.tokens => {
+                // Ties go to the snapshot: the same KV, and the session's own.
+                Some((blocks, tokens)) if tokens >= got.tokens => {
                     alloc.free_all(&got.blocks);
                     got.blocks = blocks;
                     got.tokens = tokens;

@@ -271,7 +271,7 @@ impl Generation {
                 Ok(Some(ChoiceEvent::Token { index, token_id, text, logprobs }))
             }
             Some((index, Some(StreamEvent::Finished { reason, text, matched_stop, mut usage, .. }))) => {
-                if index == 0 && self.route.path != PATH_LOCAL {
+                if index == 0 && !self.route.reason.is_empty() {
                     usage.path = self.route.path;
                     usage.path_reason = self.route.reason;
                     usage.transferred_tokens = self.route.transferred_tokens;

@@ -17,6 +17,18 @@ use serde_json::{json, Value};
 
 use crate::app::AppState;
 use crate::error::ApiError;
+use crate::extract::{parse_json, JsonBody, OpenAiJson};
+
+macro_rules! json_body {
+    ($($t:ty),*) => {$(
+        impl JsonBody for $t {
+            fn parse(bytes: &[u8]) -> Result<Self, ApiError> {
+                parse_json(bytes)
+            }
+        }
+    )*};
+}
+json_body!(RemotePrefillRequest, SnapshotReserveRequest, SnapshotFinishRequest);
 
 use super::PdState;
 
@@ -33,7 +45,7 @@ pub async fn handshake(State(state): State<AppState>) -> Result<Json<HandshakeRe
     Ok(Json(pd(&state)?.link.record().clone()))
 }
 
-pub async fn remote_prefill(State(state): State<AppState>, Json(req): Json<RemotePrefillRequest>) -> Result<Json<RemotePrefillResponse>, ApiError> {
+pub async fn remote_prefill(State(state): State<AppState>, OpenAiJson(req): OpenAiJson<RemotePrefillRequest>) -> Result<Json<RemotePrefillResponse>, ApiError> {
     let pd = pd(&state)?;
     let deadline = Instant::now() + REMOTE_PREFILL_BUDGET;
     let result = serve_prefill(&state, pd, req, deadline).await;
@@ -116,7 +128,7 @@ async fn serve_prefill(state: &AppState, pd: &PdState, req: RemotePrefillRequest
     })
 }
 
-pub async fn snapshot_reserve(State(state): State<AppState>, Json(req): Json<SnapshotReserveRequest>) -> Result<Json<SnapshotReserveResponse>, ApiError> {
+pub async fn snapshot_reserve(State(state): State<AppState>, OpenAiJson(req): OpenAiJson<SnapshotReserveRequest>) -> Result<Json<SnapshotReserveResponse>, ApiError> {
     let pd = pd(&state)?;
     pd.link.record().check_compatible(&req.src).map_err(|e| ApiError::bad_request(e.to_string(), Some("src")))?;
     let slot = state
@@ -133,13 +145,13 @@ pub async fn snapshot_reserve(State(state): State<AppState>, Json(req): Json<Sna
     }))
 }
 
-pub async fn snapshot_commit(State(state): State<AppState>, Json(req): Json<SnapshotFinishRequest>) -> Result<Json<SnapshotCommitResponse>, ApiError> {
+pub async fn snapshot_commit(State(state): State<AppState>, OpenAiJson(req): OpenAiJson<SnapshotFinishRequest>) -> Result<Json<SnapshotCommitResponse>, ApiError> {
     pd(&state)?;
     let tokens = state.engine.snapshot_commit(req.reservation).await.map_err(|e| ApiError::bad_request(e.to_string(), Some("reservation")))?;
     Ok(Json(SnapshotCommitResponse { tokens }))
 }
 
-pub async fn snapshot_abort(State(state): State<AppState>, Json(req): Json<SnapshotFinishRequest>) -> Result<Json<Value>, ApiError> {
+pub async fn snapshot_abort(State(state): State<AppState>, OpenAiJson(req): OpenAiJson<SnapshotFinishRequest>) -> Result<Json<Value>, ApiError> {
     pd(&state)?;
     state.engine.snapshot_abort(req.reservation);
     Ok(Json(json!({})))

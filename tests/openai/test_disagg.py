@@ -1,0 +1,219 @@
+"""Prefill/decode disaggregation end to end: separate `kvc-server`
+processes on 127.0.0.1, KV over the Mooncake TCP transport, the embedded
+model on CPU. Every answer must equal a colocated (`--role both`) worker's
+greedy answer, whatever path the KV took (remote prefill, direct append,
+bypass, fallback).
+
+Prompts are token ids, so the tests know exactly which tokens a worker
+holds: a later turn extends the earlier prompt (the session keeps it), and
+the engine reuses whole 16-token blocks.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from conftest import launch, wait_for
+
+BS = 16
+TOKEN = "t"
+# Suffixes of at least this many tokens go to the prefill worker
+# (`threshold` policy: the classic deployment, deterministic for tests).
+MIN_REMOTE = 64
+
+
+def prefill_flags(*extra: str) -> list[str]:
+    return ["--role", "prefill", "--cluster-token", TOKEN, "--num-kv-blocks", "4096", *extra]
+
+
+def decode_flags(p, *extra: str, min_remote: int = MIN_REMOTE) -> list[str]:
+    return ["--role", "decode", "--cluster-token", TOKEN, "--remote-prefill-min-tokens", str(min_remote),
+            "--remote-prefill-policy", "threshold", "--prefill-peer", p.base_url, "--snapshot-min-tokens", "64",
+            "--peer-poll-interval-s", "0.1", "--num-kv-blocks", "2048", *extra]
+
+
+def ids(seed: int, n: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(1000, 150000) for _ in range(n)]
+
+
+def complete(server, prompt, session=None, max_tokens=8):
+    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
+    if session is not None:
+        body["session_id"] = session
+    r = httpx.post(f"{server.base_url}/v1/completions", json=body, timeout=300)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert r.headers["x-kvc-path"] == out["kvc"]["path"]
+    return out
+
+
+def text(out) -> str:
+    return out["choices"][0]["text"]
+
+
+def wait_healthy_peer(d):
+    wait_for(lambda: d.metrics().get(f'kvc_prefill_peer_healthy{{peer="{PEER[d]}"}}') == 1.0, 30, "a healthy prefill peer")
+
+
+PEER: dict = {}
+
+
+def start_decode(start_server, p, *extra, min_remote: int = MIN_REMOTE):
+    d = start_server(*decode_flags(p, *extra, min_remote=min_remote))
+    PEER[d] = p.base_url
+    wait_healthy_peer(d)
+    return d
+
+
+def snapshot_tokens(p, session) -> int:
+    r = httpx.get(f"{p.base_url}/v1/sessions/{session}/snapshot", timeout=10).json()
+    return r["tokens"] if r["exists"] else 0
+
+
+@pytest.fixture(scope="module")
+def both(start_server):
+    return start_server("--num-kv-blocks", "4096")
+
+
+def test_1p1d_twenty_sessions_match_a_colocated_worker(start_server, both):
+    p = start_server(*prefill_flags())
+    d = start_decode(start_server, p)
+
+    def session(i: int):
+        sid = f"pd-{i}"
+        turns = [ids(i, 96 + BS * (i % 4))]
+        turns.append(turns[0] + ids(1000 + i, 20))
+        turns.append(turns[1] + ids(2000 + i, 37))
+        got = []
+        for t, prompt in enumerate(turns):
+            out = complete(d, prompt, session=sid)
+            want = complete(both, prompt)
+            got.append((t, prompt, out, text(want)))
+        return got
+
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(session, range(20)))
+    for turns in results:
+        for t, prompt, out, want in turns:
+            assert text(out) == want, f"turn {t}: output differs from the colocated worker"
+            k = out["kvc"]
+            if t == 0:
+                assert k["path"] == "remote_prefill" and k["reason"] == "suffix_above_threshold"
+                assert k["transferred_tokens"] == len(prompt)
+            else:
+                previous = turns[t - 1][1]
+                held = len(previous) // BS * BS
+                assert k["path"] == "direct_append", k
+                assert k["computed_tokens"] == len(prompt) - held, "only the new suffix (and its partial block) is computed"
+                assert out["usage"]["prompt_tokens_details"]["cached_tokens"] == held
+    m = d.metrics()
+    assert m['kvc_prefill_path_decisions_total{path="remote_prefill",reason="suffix_above_threshold"}'] == 20
+    assert m['kvc_prefill_path_decisions_total{path="direct_append",reason="suffix_below_threshold"}'] == 40
+    assert m['kvc_remote_prefill_total{outcome="ok"}'] == 20
+    # Every turn's commit pushed (or offered) the session's new blocks.
+    wait_for(lambda: d.metrics().get("kvc_snapshot_push_sent_total", 0) >= 20, 60, "snapshot pushes")
+    d.wait_idle()
+
+
+def test_a_moved_or_restarted_session_comes_back_by_bypass(start_server, both, tmp_path):
+    p = start_server(*prefill_flags())
+    d1 = start_decode(start_server, p)
+    d2 = start_decode(start_server, p)
+    sid = "moving"
+    t1 = ids(7, 96)
+    t2 = t1 + ids(8, 60)
+    paths = [complete(d1, prompt, session=sid) for prompt in (t1, t2)]
+    assert [o["kvc"]["path"] for o in paths] == ["remote_prefill", "direct_append"]
+    assert [text(o) for o in paths] == [text(complete(both, t)) for t in (t1, t2)]
+    # D1 committed 156 prompt tokens + 7 of output: 10 full blocks, the
+    # last 4 of them new to P (which kept turn 1's 6 from its own prefill).
+    wait_for(lambda: snapshot_tokens(p, sid) == 160, 60, "P's snapshot of the session")
+
+    # The next turn lands on D2, which never saw the session.
+    t3 = t2 + ids(9, 40)
+    out = complete(d2, t3, session=sid)
+    assert text(out) == text(complete(both, t3)), "a moved session answers as if it never moved"
+    k = out["kvc"]
+    assert k["path"] == "bypass", k
+    # The snapshot's last block holds turn 2's output, which turn 3 does not
+    # repeat: P reuses the whole blocks of the common prefix (t2).
+    covered = len(t2) // BS * BS
+    assert k["computed_tokens"] == len(t3) - covered, "P computed only what the snapshot does not cover"
+    assert k["transferred_tokens"] == len(t3)
+
+    # D1 restarts (loses everything); its next turn comes back through P.
+    d1.stop(signal.SIGKILL)
+    d1 = start_decode(start_server, p)
+    wait_for(lambda: snapshot_tokens(p, sid) >= 192, 60, "D2's push of turn 3")
+    covered = min(snapshot_tokens(p, sid), len(t3)) // BS * BS
+    t4 = t3 + ids(10, 50)
+    out = complete(d1, t4, session=sid)
+    assert text(out) == text(complete(both, t4))
+    assert out["kvc"]["path"] == "bypass"
+    assert out["kvc"]["computed_tokens"] == len(t4) - covered
+    m = p.metrics()
+    assert m['kvc_bypass_total{result="hit"}'] >= 2
+    assert m["kvc_snapshot_ingested_total"] >= 2
+
+
+def test_prefill_worker_killed_mid_transfer_falls_back_without_changing_answers(start_server, both, monkeypatch):
+    # P holds right after computing, before writing into D's blocks.
+    monkeypatch.setenv("KVC_FAULT_HOLD", "remote_prefill")
+    p = start_server(*prefill_flags())
+    monkeypatch.delenv("KVC_FAULT_HOLD")
+    d = start_decode(start_server, p)
+    prompt = ids(11, 200)
+    with ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(complete, d, prompt, "fault-1")
+        wait_for(lambda: 'event="fault_hold"' in Path(p.log_path).read_text(errors="replace"), 60, "P to hold mid remote prefill")
+        p.stop(signal.SIGKILL)
+        out = pending.result(timeout=120)
+    assert text(out) == text(complete(both, prompt))
+    assert out["kvc"]["reason"] == "fallback_remote_prefill_failed"
+    m = d.metrics()
+    assert m['kvc_disagg_fallbacks_total{reason="remote_prefill_failed"}'] == 1
+    assert m['kvc_remote_prefill_total{outcome="failed"}'] == 1
+    # With P gone, D serves alone: later turns are direct appends, answers unchanged.
+    wait_for(lambda: d.metrics().get(f'kvc_prefill_peer_healthy{{peer="{p.base_url}"}}') == 0.0, 30, "P marked unhealthy")
+    t2 = prompt + ids(12, 100)
+    out = complete(d, t2, session="fault-1")
+    assert text(out) == text(complete(both, t2))
+    assert out["kvc"]["reason"] == "prefill_peer_unhealthy"
+    d.wait_idle()
+
+
+def test_prefill_worker_killed_during_a_snapshot_push_changes_nothing(start_server, both, monkeypatch):
+    # P holds after setting blocks aside for a push, before D writes them.
+    monkeypatch.setenv("KVC_FAULT_HOLD", "snapshot_reserve")
+    p = start_server(*prefill_flags())
+    monkeypatch.delenv("KVC_FAULT_HOLD")
+    # Prompts stay below the threshold: computed on D, which then pushes.
+    d = start_decode(start_server, p, min_remote=100000)
+    t1 = ids(13, 120)
+    assert text(complete(d, t1, session="push-fault")) == text(complete(both, t1))
+    wait_for(lambda: 'event="fault_hold"' in Path(p.log_path).read_text(errors="replace"), 60, "P to hold mid push")
+    p.stop(signal.SIGKILL)
+    wait_for(lambda: d.metrics().get('kvc_snapshot_push_failed_total{reason="reserve_failed"}') == 1, 60, "the failed push to be counted")
+    t2 = t1 + ids(14, 30)
+    out = complete(d, t2, session="push-fault")
+    assert text(out) == text(complete(both, t2))
+    assert out["kvc"]["path"] == "direct_append"
+    assert d.metrics()["kvc_snapshot_push_enqueued_total"] >= 1
+    d.wait_idle()
+
+
+def test_worker_routes_refuse_calls_without_the_cluster_token(start_server):
+    p = start_server(*prefill_flags())
+    r = httpx.post(f"{p.base_url}/internal/prefill", json={})
+    assert r.status_code in (401, 403) and "error" in r.json()
+    r = httpx.post(f"{p.base_url}/internal/prefill", json={"bad": 1}, headers={"x-kvc-cluster-token": TOKEN})
+    assert 400 <= r.status_code < 500 and "error" in r.json()
+    assert httpx.get(f"{p.base_url}/v1/sessions/none/snapshot").json() == {"exists": False, "tokens": 0, "age_s": 0.0}
