@@ -67,7 +67,7 @@ pub async fn start(state: &AppState, pd: &PdState, mut req: GenerateRequest) -> 
             b if b > 0.0 => b,
             _ => 1e9,
         },
-        round_trip_s: 0.002,
+        round_trip_s: pd.remote_overhead_s(),
         min_remote_tokens: pd.config.min_remote_tokens,
         policy: pd.config.policy,
         peer: Some(view),
@@ -122,6 +122,7 @@ pub async fn start(state: &AppState, pd: &PdState, mut req: GenerateRequest) -> 
             pd.counters.inc("kvc_remote_prefill_total", &[("outcome", "ok")]);
             pd.counters.add("kvc_kv_transfer_bytes_total", &[("kind", "remote_prefill_received")], a.transfer_bytes as f64);
             let path = if a.bypass_tokens > 0 { "bypass" } else { "remote_prefill" };
+            pd.observe_remote_overhead(started.elapsed().as_secs_f64() - (a.prefill_ms + a.transfer_ms) / 1e3);
             tracing::info!(
                 event = "remote_prefill_ok", request_id = %req.request_id, path, computed_on_peer = a.computed_tokens,
                 bypass_tokens = a.bypass_tokens, transferred_tokens = a.transferred_tokens, prefill_ms = a.prefill_ms,

@@ -40,6 +40,9 @@ pub struct PdState {
     /// (`KVC_FAULT_HOLD=remote_prefill,snapshot_reserve`), so a test can
     /// kill the process in the middle of a transfer.
     hold: Vec<String>,
+    /// Moving average of a remote prefill's time beyond P's compute and
+    /// the transfer (HTTP, queueing, reservation), seconds.
+    remote_overhead: std::sync::Mutex<f64>,
     _engine: EngineHandle,
 }
 
@@ -63,6 +66,7 @@ impl PdState {
                 },
             },
             hold: std::env::var("KVC_FAULT_HOLD").map(|v| v.split(',').map(str::to_string).collect()).unwrap_or_default(),
+            remote_overhead: std::sync::Mutex::new(0.0),
             _engine: engine.clone(),
         });
         if args.role == Role::Decode {
@@ -73,6 +77,20 @@ impl PdState {
             }
         }
         Ok(state)
+    }
+
+    /// The measured fixed cost of a remote prefill (2 ms until measured).
+    pub fn remote_overhead_s(&self) -> f64 {
+        match *self.remote_overhead.lock().unwrap_or_else(|e| e.into_inner()) {
+            x if x > 0.0 => x,
+            _ => 0.002,
+        }
+    }
+
+    pub fn observe_remote_overhead(&self, s: f64) {
+        let mut o = self.remote_overhead.lock().unwrap_or_else(|e| e.into_inner());
+        let s = s.max(0.0);
+        *o = if *o == 0.0 { s } else { 0.8 * *o + 0.2 * s };
     }
 
     /// Waits forever at a fault-injection point named in `KVC_FAULT_HOLD`.
