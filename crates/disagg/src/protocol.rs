@@ -12,7 +12,9 @@
 //! | `POST /internal/snapshot/reserve` | D -> P | [`SnapshotReserveRequest`] -> [`SnapshotReserveResponse`] |
 //! | `POST /internal/snapshot/commit` | D -> P | [`SnapshotFinishRequest`] -> [`SnapshotCommitResponse`] |
 //! | `POST /internal/snapshot/abort` | D -> P | [`SnapshotFinishRequest`] -> `{}` |
-//! | `DELETE /internal/sessions/{id}` | router | -> `{deleted}` (drops a moved session's stale copy) |
+//!
+//! The router drops a moved session's stale copy with the public
+//! `DELETE /v1/sessions/{id}` (passing the client's `authorization`).
 
 use std::collections::BTreeMap;
 

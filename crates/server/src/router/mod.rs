@@ -1,9 +1,402 @@
-//! `--role router`: an OpenAI front for several workers (stub; see
-//! docs/disaggregation.md).
+//! `--role router`: an OpenAI front for several workers (`--decode-peer
+//! URL`, repeatable; `both` or `decode` workers). See
+//! docs/disaggregation.md.
+//!
+//! - [`peers`]: polls each worker's `/internal/state` (with
+//!   `--cluster-token`) every `--peer-poll-interval-s`; health with backoff.
+//! - [`proxy`]: places each generation request with
+//!   `kvc_disagg::routing::choose_worker` (one score over session
+//!   residency, free capacity and load), forwards it, streams the answer
+//!   back, retries another worker when one cannot be reached, and moves
+//!   sessions whose worker is full or unhealthy.
+//! - [`session_homes`]: the worker of each session's last turn.
+//! - [`estimate`]: token estimates read from a body without a tokenizer.
+//! - [`metrics`]: `GET /metrics` (`kvc_router_*`).
+//!
+//! Routes: `POST /v1/chat/completions`, `POST /v1/completions`,
+//! `GET /v1/models[/{model}]` (from a healthy worker),
+//! `GET|DELETE /v1/sessions/{id}` (on the session's worker), `GET /health`
+//! (200 while at least one worker is healthy), `GET /health/live`,
+//! `GET /metrics`, `GET /router/workers` (the router's view, for operators
+//! and tests). `--api-key` guards `/v1/*` as on workers; the router passes
+//! the client's `authorization` on, so workers may check it too.
 
+pub mod estimate;
+pub mod metrics;
+pub mod peers;
+pub mod proxy;
+pub mod session_homes;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{DefaultBodyLimit, Path, Request, State};
+use axum::http::{header, HeaderMap, Method, StatusCode, Uri};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use kvc_disagg::routing::RouteWeights;
+use serde_json::{json, Value};
+
+use crate::app::ServerConfig;
 use crate::args::Args;
+use crate::auth::check_api_key;
+use crate::error::ApiError;
+use crate::shutdown::Lifecycle;
+use metrics::RouterMetrics;
+use peers::Peers;
+use session_homes::SessionHomes;
 
-/// Serves the router until SIGINT / SIGTERM.
+/// Connection deadline of a forward: a worker that does not accept within
+/// it is treated as down (the request goes to another worker).
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Everything the router's handlers share.
+#[derive(Clone)]
+pub struct RouterState {
+    pub peers: Arc<Peers>,
+    pub homes: Arc<SessionHomes>,
+    pub metrics: Arc<RouterMetrics>,
+    pub config: Arc<ServerConfig>,
+    pub lifecycle: Arc<Lifecycle>,
+    pub client: reqwest::Client,
+    pub weights: RouteWeights,
+}
+
+impl RouterState {
+    pub fn new(peer_urls: &[String], config: ServerConfig) -> anyhow::Result<Self> {
+        let metrics = Arc::new(RouterMetrics::default());
+        Ok(Self {
+            peers: Arc::new(Peers::new(peer_urls, metrics.clone())),
+            homes: Arc::new(SessionHomes::default()),
+            metrics,
+            config: Arc::new(config),
+            lifecycle: Arc::new(Lifecycle::default()),
+            client: reqwest::Client::builder().connect_timeout(CONNECT_TIMEOUT).build()?,
+            weights: RouteWeights::default(),
+        })
+    }
+}
+
+pub fn app(state: RouterState) -> Router {
+    let v1 = Router::new()
+        .route("/v1/chat/completions", post(proxy::chat_completions))
+        .route("/v1/completions", post(proxy::completions))
+        .route("/v1/models", get(list_models))
+        .route("/v1/models/{model}", get(get_model))
+        .route("/v1/sessions/{id}", get(get_session).delete(delete_session))
+        .route_layer(middleware::from_fn_with_state(state.clone(), require_api_key));
+    let ops = Router::new()
+        .route("/health", get(health))
+        .route("/health/live", get(|| async { Json(json!({"status": "alive"})) }))
+        .route("/metrics", get(metrics_text))
+        .route("/router/workers", get(workers));
+    Router::new()
+        .merge(v1)
+        .merge(ops)
+        .fallback(|method: Method, uri: Uri| async move {
+            ApiError::NoRoute { method: method.to_string(), path: uri.path().to_string() }
+        })
+        .method_not_allowed_fallback(|method: Method, uri: Uri| async move {
+            ApiError::MethodNotAllowed { method: method.to_string(), path: uri.path().to_string() }
+        })
+        .layer(DefaultBodyLimit::max(state.config.max_request_body_bytes))
+        .with_state(state)
+}
+
+/// `--api-key` on `/v1/*`, with the workers' rule ([`check_api_key`]).
+async fn require_api_key(State(state): State<RouterState>, req: Request, next: Next) -> Response {
+    match check_api_key(state.config.api_key.as_deref(), req.headers()) {
+        Ok(()) => next.run(req).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+/// Ready while not draining and at least one worker is healthy.
+async fn health(State(state): State<RouterState>) -> (StatusCode, Json<Value>) {
+    let healthy = state.peers.healthy_count();
+    let total = state.peers.list.len();
+    if state.lifecycle.is_draining() {
+        (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"status": "draining", "reason": "the router is shutting down"})))
+    } else if healthy == 0 {
+        let body = json!({"status": "no_healthy_worker", "healthy_workers": 0, "workers": total});
+        (StatusCode::SERVICE_UNAVAILABLE, Json(body))
+    } else {
+        (StatusCode::OK, Json(json!({"status": "ready", "healthy_workers": healthy, "workers": total})))
+    }
+}
+
+async fn metrics_text(State(state): State<RouterState>) -> impl IntoResponse {
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], state.metrics.render(&state.peers))
+}
+
+/// The router's view of its workers.
+async fn workers(State(state): State<RouterState>) -> Json<Value> {
+    let list: Vec<Value> = state
+        .peers
+        .list
+        .iter()
+        .map(|p| {
+            let v = p.view(None);
+            json!({
+                "url": p.url, "healthy": p.is_healthy(), "in_flight": p.in_flight(),
+                "total_blocks": v.total_blocks, "available_blocks": v.available_blocks(), "active": v.active,
+                "polled_ms_ago": p.polled_at().map(|t| t.elapsed().as_millis() as u64),
+            })
+        })
+        .collect();
+    Json(json!({"workers": list, "sessions": state.homes.len()}))
+}
+
+async fn list_models(State(state): State<RouterState>, headers: HeaderMap) -> Response {
+    from_any_worker(&state, "/v1/models", &headers).await
+}
+
+async fn get_model(State(state): State<RouterState>, Path(model): Path<String>, headers: HeaderMap) -> Response {
+    let mut url = match reqwest::Url::parse("http://x/") {
+        Ok(u) => u,
+        Err(e) => return ApiError::Internal(e.to_string()).into_response(),
+    };
+    if let Ok(mut segments) = url.path_segments_mut() {
+        segments.pop_if_empty().extend(["v1", "models", &model]);
+    }
+    from_any_worker(&state, url.path(), &headers).await
+}
+
+/// A GET any worker can answer: healthy workers first, the next one when
+/// one cannot be reached.
+async fn from_any_worker(state: &RouterState, path: &str, headers: &HeaderMap) -> Response {
+    for i in proxy::any_worker_order(state) {
+        let base = &state.peers.list[i].url;
+        let Ok(url) = reqwest::Url::parse(&format!("{base}{path}")) else { continue };
+        match proxy::forward_simple(state, i, reqwest::Method::GET, url, headers).await {
+            Ok(r) => return r,
+            Err(e) => state.peers.mark_failed(i, &e),
+        }
+    }
+    ApiError::Unavailable("no worker answered; retry later".into()).into_response()
+}
+
+/// The workers that may hold `id`: its home first, then those whose
+/// polled state lists it.
+fn session_workers(state: &RouterState, id: &str) -> Vec<usize> {
+    let mut out: Vec<usize> = state.homes.get(id).map(|h| h.worker).into_iter().collect();
+    for (i, p) in state.peers.list.iter().enumerate() {
+        if !out.contains(&i) && p.holds_session(id) {
+            out.push(i);
+        }
+    }
+    out
+}
+
+/// `GET /v1/sessions/{id}`: the session's worker's answer.
+async fn get_session(State(state): State<RouterState>, Path(id): Path<String>, headers: HeaderMap) -> Response {
+    for i in session_workers(&state, &id) {
+        let url = match proxy::session_url(&state.peers.list[i].url, &id) {
+            Ok(u) => u,
+            Err(e) => return e.into_response(),
+        };
+        match proxy::forward_simple(&state, i, reqwest::Method::GET, url, &headers).await {
+            Ok(r) if r.status() != StatusCode::NOT_FOUND => return r,
+            Ok(_) => continue,
+            Err(e) => state.peers.mark_failed(i, &e),
+        }
+    }
+    ApiError::SessionNotFound { id }.into_response()
+}
+
+/// `DELETE /v1/sessions/{id}`: deleted wherever it is; the router forgets
+/// its home.
+async fn delete_session(State(state): State<RouterState>, Path(id): Path<String>, headers: HeaderMap) -> Response {
+    let mut answer = None;
+    for i in session_workers(&state, &id) {
+        let url = match proxy::session_url(&state.peers.list[i].url, &id) {
+            Ok(u) => u,
+            Err(e) => return e.into_response(),
+        };
+        match proxy::forward_simple(&state, i, reqwest::Method::DELETE, url, &headers).await {
+            Ok(r) if r.status().is_success() => answer = Some(r),
+            Ok(_) => {}
+            Err(e) => state.peers.mark_failed(i, &e),
+        }
+    }
+    state.homes.forget(&id);
+    answer.unwrap_or_else(|| ApiError::SessionNotFound { id }.into_response())
+}
+
+/// Serves the router until SIGINT / SIGTERM, then drains like a worker
+/// ([`crate::shutdown`]): no new connections, requests in flight get
+/// `--shutdown-timeout-s`, then their streams are cut.
 pub async fn serve(args: &Args) -> anyhow::Result<()> {
-    anyhow::bail!("--role router is not built yet ({} decode peers given)", args.disagg.decode_peers.len())
+    let config = args.serving.server_config();
+    let token = config.cluster_token.clone().unwrap_or_default();
+    let interval = Duration::from_secs_f64(args.disagg.peer_poll_interval_s.max(0.01));
+    let shutdown_timeout = config.shutdown_timeout;
+    let state = RouterState::new(&args.disagg.decode_peers, config)?;
+    state.peers.spawn_pollers(state.client.clone(), token, interval);
+    let homes = state.homes.clone();
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_secs(60)).await;
+            homes.prune(session_homes::FORGET_AFTER);
+        }
+    });
+    let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot bind {}:{}: {e}", args.host, args.port))?;
+    let urls: Vec<&str> = state.peers.list.iter().map(|p| p.url.as_str()).collect();
+    tracing::info!(
+        addr = %listener.local_addr()?, workers = ?urls, poll_interval_s = interval.as_secs_f64(),
+        api_key = state.config.api_key.is_some(), "kvc-server router listening"
+    );
+    let lifecycle = state.lifecycle.clone();
+    crate::shutdown::serve_until(listener, app(state), lifecycle, shutdown_timeout, crate::shutdown::signal()).await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use axum::routing::delete;
+    use kvc_disagg::protocol::WorkerState;
+
+    use super::*;
+
+    /// A stand-in worker: publishes a state, answers completions with its
+    /// name, records deleted sessions.
+    async fn fake_worker(name: &'static str, deleted: Arc<Mutex<Vec<String>>>) -> String {
+        let state = WorkerState { ready: true, block_size: 16, total_blocks: 100, free_blocks: 100, ..Default::default() };
+        let app = Router::new()
+            .route("/internal/state", get(move || async move { Json(state.clone()) }))
+            .route(
+                "/v1/completions",
+                post(move |headers: HeaderMap| async move {
+                    let session = headers.get("x-session-id").and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
+                    ([("x-kvc-path", "local"), ("x-request-id", "cmpl-1")], Json(json!({"worker": name, "session": session})))
+                }),
+            )
+            .route(
+                "/v1/sessions/{id}",
+                delete(move |Path(id): Path<String>| async move {
+                    deleted.lock().unwrap().push(id);
+                    Json(json!({"deleted": true}))
+                }),
+            );
+        spawn_app(app).await
+    }
+
+    async fn spawn_app(app: Router) -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        url
+    }
+
+    /// A URL nothing listens on.
+    async fn dead_url() -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        format!("http://{}", listener.local_addr().unwrap())
+    }
+
+    fn ready() -> WorkerState {
+        WorkerState { ready: true, block_size: 16, total_blocks: 100, free_blocks: 100, ..Default::default() }
+    }
+
+    async fn post_completion(router: &str, session: &str) -> reqwest::Response {
+        reqwest::Client::new()
+            .post(format!("{router}/v1/completions"))
+            .header("x-session-id", session)
+            .body(r#"{"prompt": [1, 2, 3], "max_tokens": 4}"#)
+            .send()
+            .await
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_worker_that_cannot_be_reached_is_skipped_retried_elsewhere_and_marked_unhealthy() {
+        let deleted = Arc::new(Mutex::new(Vec::new()));
+        let (dead, alive) = (dead_url().await, fake_worker("a", deleted.clone()).await);
+        let state = RouterState::new(&[dead.clone(), alive.clone()], ServerConfig::default()).unwrap();
+        // Both look healthy; equal scores send the first request to the dead one.
+        state.peers.apply_poll(0, Ok(ready()));
+        state.peers.apply_poll(1, Ok(ready()));
+        let router = spawn_app(app(state.clone())).await;
+
+        let r = post_completion(&router, "s-1").await;
+        assert_eq!(r.status(), 200);
+        assert_eq!(r.headers()["x-kvc-worker"], alive.as_str());
+        assert_eq!(r.headers()["x-kvc-path"], "local");
+        assert_eq!(r.headers()["x-request-id"], "cmpl-1");
+        assert_eq!(r.json::<Value>().await.unwrap(), json!({"worker": "a", "session": "s-1"}));
+        assert!(!state.peers.list[0].is_healthy());
+        let text = state.metrics.render(&state.peers);
+        assert!(text.contains("kvc_router_retries_total 1"), "{text}");
+        assert!(text.contains(&format!("kvc_router_peer_health_changes_total{{worker=\"{dead}\",to=\"unhealthy\"}} 1")), "{text}");
+        assert_eq!(state.homes.get("s-1").map(|h| h.worker), Some(1));
+
+        // The session stays; the dead worker's health returning does not move it.
+        state.peers.apply_poll(0, Ok(ready()));
+        let r = post_completion(&router, "s-1").await;
+        assert_eq!(r.headers()["x-kvc-worker"], alive.as_str());
+        assert!(state.metrics.render(&state.peers).contains("kvc_router_decisions_total{reason=\"session_resident\"} 1"));
+        assert!(deleted.lock().unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_moved_session_is_counted_and_dropped_from_its_old_worker() {
+        let (deleted_a, deleted_b) = (Arc::new(Mutex::new(Vec::new())), Arc::new(Mutex::new(Vec::new())));
+        let a = fake_worker("a", deleted_a.clone()).await;
+        let b = fake_worker("b", deleted_b.clone()).await;
+        let state = RouterState::new(&[a, b], ServerConfig::default()).unwrap();
+        state.peers.apply_poll(0, Ok(ready()));
+        state.peers.apply_poll(1, Ok(ready()));
+        let router = spawn_app(app(state.clone())).await;
+        assert_eq!(post_completion(&router, "s-9").await.json::<Value>().await.unwrap()["worker"], "a");
+        // Worker a fills up: the next turn goes to b and a's copy is dropped.
+        state.peers.apply_poll(0, Ok(WorkerState { free_blocks: 0, ..ready() }));
+        assert_eq!(post_completion(&router, "s-9").await.json::<Value>().await.unwrap()["worker"], "b");
+        let text = state.metrics.render(&state.peers);
+        assert!(text.contains("kvc_router_session_moves_total{reason=\"moved_full\"} 1"), "{text}");
+        for _ in 0..200 {
+            if !deleted_a.lock().unwrap().is_empty() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(*deleted_a.lock().unwrap(), vec!["s-9".to_string()]);
+        assert!(deleted_b.lock().unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn without_a_healthy_worker_the_router_is_unready_and_answers_503_json() {
+        let state = RouterState::new(&[dead_url().await], ServerConfig::default()).unwrap();
+        let router = spawn_app(app(state.clone())).await;
+        let r = post_completion(&router, "s").await;
+        assert_eq!(r.status(), 503);
+        let body: Value = r.json().await.unwrap();
+        assert_eq!(body["error"]["type"], "service_unavailable_error");
+        let h = reqwest::get(format!("{router}/health")).await.unwrap();
+        assert_eq!(h.status(), 503);
+        let text = state.metrics.render(&state.peers);
+        assert!(text.contains("kvc_router_decisions_total{reason=\"no_healthy_worker\"} 1"), "{text}");
+        assert!(text.contains("kvc_router_requests_total{worker=\"none\",status=\"503\"} 1"), "{text}");
+    }
+
+    #[tokio::test]
+    async fn api_key_and_body_limit_guard_v1() {
+        let config = ServerConfig { api_key: Some("k".into()), max_request_body_bytes: 64, ..ServerConfig::default() };
+        let state = RouterState::new(&[dead_url().await], config).unwrap();
+        let router = spawn_app(app(state)).await;
+        let client = reqwest::Client::new();
+        let r = client.post(format!("{router}/v1/completions")).body("{}").send().await.unwrap();
+        assert_eq!(r.status(), 401);
+        assert_eq!(r.json::<Value>().await.unwrap()["error"]["code"], "invalid_api_key");
+        let r = client.post(format!("{router}/v1/completions")).bearer_auth("k").body(vec![b' '; 1000]).send().await.unwrap();
+        assert_eq!(r.status(), 413);
+        assert_eq!(r.json::<Value>().await.unwrap()["error"]["code"], "request_too_large");
+        // Probes stay open.
+        assert_eq!(client.get(format!("{router}/health/live")).send().await.unwrap().status(), 200);
+    }
 }

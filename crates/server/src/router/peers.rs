@@ -1,0 +1,320 @@
+//! The router's workers: their polled `/internal/state`, their health, and
+//! the requests the router has in flight on each.
+//!
+//! Each worker is polled every `--peer-poll-interval-s`. A failed poll (no
+//! answer, an error status, a body that is not a `WorkerState`) or
+//! `ready: false` marks it unhealthy; so does a failed forward (see
+//! [`super::proxy`]). An unhealthy worker is polled again after an
+//! exponential backoff (interval x 2^failures, at most [`MAX_BACKOFF`]) and
+//! takes requests again once a poll succeeds. Every transition is an
+//! `event="peer_health"` log line and a count in
+//! `kvc_router_peer_health_changes_total{worker,to}`.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use kvc_disagg::protocol::WorkerState;
+use kvc_disagg::routing::WorkerView;
+
+use super::metrics::RouterMetrics;
+use crate::auth::CLUSTER_TOKEN_HEADER;
+
+/// Longest wait between polls of an unhealthy worker.
+pub const MAX_BACKOFF: Duration = Duration::from_secs(10);
+
+/// Deadline of one poll: generous, because a worker's HTTP threads share
+/// the CPU with its engine.
+const POLL_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// One worker behind the router.
+#[derive(Debug)]
+pub struct Peer {
+    /// Base URL without a trailing slash (`http://host:port`).
+    pub url: String,
+    inner: Mutex<PeerInner>,
+    /// Requests the router is forwarding to it now.
+    in_flight: AtomicUsize,
+    /// The blocks those requests were estimated to need.
+    in_flight_blocks: AtomicUsize,
+}
+
+#[derive(Debug, Default)]
+struct PeerInner {
+    healthy: bool,
+    state: Option<WorkerState>,
+    polled_at: Option<Instant>,
+    /// `in_flight` and `in_flight_blocks` when the last good poll
+    /// answered: the polled counts already include those requests.
+    in_flight_at_poll: usize,
+    in_flight_blocks_at_poll: usize,
+    /// Consecutive failures (poll or forward), for the backoff.
+    failures: u32,
+}
+
+impl Peer {
+    pub fn new(url: &str) -> Self {
+        Self { url: url.trim_end_matches('/').to_string(), inner: Mutex::default(), in_flight: AtomicUsize::new(0), in_flight_blocks: AtomicUsize::new(0) }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, PeerInner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn is_healthy(&self) -> bool {
+        self.lock().healthy
+    }
+
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::Relaxed)
+    }
+
+    /// Counts a forwarded request, estimated to need `blocks`, until the
+    /// guard drops.
+    pub fn start_request(self: &Arc<Self>, blocks: usize) -> InFlight {
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        self.in_flight_blocks.fetch_add(blocks, Ordering::Relaxed);
+        InFlight { peer: self.clone(), blocks }
+    }
+
+    /// When the last good poll answered.
+    pub fn polled_at(&self) -> Option<Instant> {
+        self.lock().polled_at
+    }
+
+    /// Whether the last polled state lists `session` (exact match).
+    pub fn holds_session(&self, session: &str) -> bool {
+        self.lock().state.as_ref().is_some_and(|s| s.sessions.contains_key(session))
+    }
+
+    /// The policy's view of this worker for a request of `session`. Load is
+    /// corrected by what the router knows more recently than the poll
+    /// (after Dynamo's predicted active blocks): the polled running +
+    /// waiting and blocks in use, minus the router's requests (and their
+    /// estimated blocks) counted in them, plus the router's requests now.
+    pub fn view(&self, session: Option<&str>) -> WorkerView {
+        let inner = self.lock();
+        let Some(state) = &inner.state else { return WorkerView::default() };
+        let mut view = WorkerView::from_state(state, inner.healthy, session);
+        view.active = view.active.saturating_sub(inner.in_flight_at_poll) + self.in_flight();
+        let used = view.total_blocks.saturating_sub(view.available_blocks());
+        let used = used.saturating_sub(inner.in_flight_blocks_at_poll) + self.in_flight_blocks.load(Ordering::Relaxed);
+        view.free_blocks = view.total_blocks.saturating_sub(view.evictable_blocks).saturating_sub(used);
+        view
+    }
+
+    /// Records a poll's outcome; returns the health transition, if any.
+    fn record_poll(&self, result: Result<WorkerState, String>) -> Option<(bool, String)> {
+        let mut inner = self.lock();
+        let (healthy, why) = match result {
+            Ok(state) if state.ready => {
+                inner.state = Some(state);
+                inner.polled_at = Some(Instant::now());
+                inner.in_flight_at_poll = self.in_flight();
+                inner.in_flight_blocks_at_poll = self.in_flight_blocks.load(Ordering::Relaxed);
+                (true, "poll ok".to_string())
+            }
+            Ok(state) => {
+                inner.state = Some(state);
+                inner.polled_at = Some(Instant::now());
+                (false, "worker reports ready: false".to_string())
+            }
+            Err(e) => (false, e),
+        };
+        inner.failures = if healthy { 0 } else { inner.failures.saturating_add(1) };
+        let changed = inner.healthy != healthy;
+        inner.healthy = healthy;
+        changed.then_some((healthy, why))
+    }
+
+    /// A forward to this worker failed before any answer.
+    fn record_failure(&self) -> bool {
+        let mut inner = self.lock();
+        inner.failures = inner.failures.saturating_add(1);
+        std::mem::replace(&mut inner.healthy, false)
+    }
+
+    fn failures(&self) -> u32 {
+        self.lock().failures
+    }
+}
+
+/// Decrements the worker's in-flight count when dropped (the response body
+/// is finished or abandoned).
+#[derive(Debug)]
+pub struct InFlight {
+    peer: Arc<Peer>,
+    blocks: usize,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.peer.in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.peer.in_flight_blocks.fetch_sub(self.blocks, Ordering::Relaxed);
+    }
+}
+
+/// Every worker behind the router, in `--decode-peer` order (the order
+/// breaks ties between equal scores).
+#[derive(Debug)]
+pub struct Peers {
+    pub list: Vec<Arc<Peer>>,
+    metrics: Arc<RouterMetrics>,
+}
+
+impl Peers {
+    pub fn new(urls: &[String], metrics: Arc<RouterMetrics>) -> Self {
+        Self { list: urls.iter().map(|u| Arc::new(Peer::new(u))).collect(), metrics }
+    }
+
+    pub fn healthy_count(&self) -> usize {
+        self.list.iter().filter(|p| p.is_healthy()).count()
+    }
+
+    pub fn index_of(&self, url: &str) -> Option<usize> {
+        self.list.iter().position(|p| p.url == url)
+    }
+
+    /// A forward to worker `i` failed before any response byte: unhealthy
+    /// until a poll succeeds.
+    pub fn mark_failed(&self, i: usize, error: &str) {
+        let peer = &self.list[i];
+        if peer.record_failure() {
+            self.log_transition(peer, false, &format!("forward failed: {error}"));
+        }
+    }
+
+    /// Records a poll of worker `i`, logging and counting a transition.
+    pub(crate) fn apply_poll(&self, i: usize, result: Result<WorkerState, String>) {
+        let peer = &self.list[i];
+        if let Some((healthy, why)) = peer.record_poll(result) {
+            self.log_transition(peer, healthy, &why);
+        }
+    }
+
+    fn log_transition(&self, peer: &Peer, healthy: bool, why: &str) {
+        let to = if healthy { "healthy" } else { "unhealthy" };
+        if healthy {
+            tracing::info!(event = "peer_health", worker = %peer.url, to, reason = %why, "worker is healthy");
+        } else {
+            tracing::warn!(event = "peer_health", worker = %peer.url, to, reason = %why, "worker is unhealthy");
+        }
+        self.metrics.count_health_change(&peer.url, to);
+    }
+
+    /// Starts one polling task per worker; they run until the runtime stops.
+    pub fn spawn_pollers(self: &Arc<Self>, client: reqwest::Client, token: String, interval: Duration) {
+        for i in 0..self.list.len() {
+            let (peers, client, token) = (self.clone(), client.clone(), token.clone());
+            tokio::spawn(async move {
+                loop {
+                    let result = poll_state(&client, &peers.list[i].url, &token).await;
+                    peers.apply_poll(i, result);
+                    tokio::time::sleep(next_poll_delay(interval, peers.list[i].failures())).await;
+                }
+            });
+        }
+    }
+}
+
+/// The wait before the next poll: the interval while healthy, then doubling
+/// with each consecutive failure up to [`MAX_BACKOFF`].
+pub fn next_poll_delay(interval: Duration, failures: u32) -> Duration {
+    if failures == 0 {
+        return interval;
+    }
+    let factor = 2u32.saturating_pow(failures.min(16));
+    interval.saturating_mul(factor).min(MAX_BACKOFF.max(interval))
+}
+
+/// An error with its causes (reqwest's own text omits them: "error sending
+/// request" hides "connection refused").
+pub fn error_text(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
+async fn poll_state(client: &reqwest::Client, url: &str, token: &str) -> Result<WorkerState, String> {
+    let response = client
+        .get(format!("{url}/internal/state"))
+        .header(CLUSTER_TOKEN_HEADER, token)
+        .timeout(POLL_TIMEOUT)
+        .send()
+        .await
+        .map_err(|e| format!("poll failed: {}", error_text(&e)))?;
+    let status = response.status();
+    if !status.is_success() {
+        return Err(format!("poll answered {status}"));
+    }
+    response.json::<WorkerState>().await.map_err(|e| format!("poll answer is not a worker state: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ready_state(running: usize) -> WorkerState {
+        WorkerState { ready: true, block_size: 16, total_blocks: 64, free_blocks: 64, running, ..Default::default() }
+    }
+
+    #[test]
+    fn backoff_doubles_up_to_the_cap() {
+        let i = Duration::from_millis(500);
+        assert_eq!(next_poll_delay(i, 0), i);
+        assert_eq!(next_poll_delay(i, 1), Duration::from_secs(1));
+        assert_eq!(next_poll_delay(i, 3), Duration::from_secs(4));
+        assert_eq!(next_poll_delay(i, 5), MAX_BACKOFF);
+        assert_eq!(next_poll_delay(i, 1000), MAX_BACKOFF);
+        // An interval above the cap is kept.
+        assert_eq!(next_poll_delay(Duration::from_secs(20), 2), Duration::from_secs(20));
+    }
+
+    #[test]
+    fn health_follows_polls_and_failed_forwards() {
+        let metrics = Arc::new(RouterMetrics::default());
+        let peers = Peers::new(&["http://a/".to_string()], metrics.clone());
+        let peer = &peers.list[0];
+        assert_eq!(peer.url, "http://a");
+        assert!(!peer.is_healthy() && !peer.view(None).healthy, "unknown until polled");
+        peers.apply_poll(0, Ok(ready_state(0)));
+        assert!(peer.is_healthy() && peer.view(None).healthy);
+        assert_eq!(peer.record_poll(Ok(ready_state(0))), None, "no transition");
+        peers.mark_failed(0, "connection refused");
+        assert!(!peer.is_healthy());
+        assert_eq!(peer.failures(), 1);
+        assert!(peer.record_poll(Err("down".into())).is_none());
+        assert_eq!(peer.failures(), 2);
+        let not_ready = WorkerState { ready: false, ..ready_state(0) };
+        assert!(peer.record_poll(Ok(not_ready)).is_none());
+        assert!(!peer.view(None).healthy);
+        peers.apply_poll(0, Ok(ready_state(0)));
+        assert!(peer.is_healthy());
+        assert_eq!(peer.failures(), 0);
+        assert_eq!(metrics.health_changes_for("http://a", "unhealthy"), 1);
+        assert_eq!(metrics.health_changes_for("http://a", "healthy"), 2);
+    }
+
+    #[test]
+    fn load_counts_the_routers_own_requests_once() {
+        let peers = Peers::new(&["http://a".to_string()], Arc::new(RouterMetrics::default()));
+        let peer = &peers.list[0];
+        let first = peer.start_request(10);
+        // The poll sees the router's request running (12 blocks in use)
+        // plus one from elsewhere (4 blocks).
+        peer.record_poll(Ok(WorkerState { free_blocks: 48, ..ready_state(2) }));
+        let v = peer.view(None);
+        assert_eq!((v.active, v.free_blocks), (2, 48));
+        let second = peer.start_request(6);
+        let v = peer.view(None);
+        assert_eq!((v.active, v.free_blocks), (3, 42), "a request sent after the poll counts at once");
+        drop((first, second));
+        let v = peer.view(None);
+        assert_eq!((v.active, v.free_blocks), (1, 58), "finished requests stop counting before the next poll");
+    }
+}
