@@ -33,10 +33,10 @@ def prefill_flags(*extra: str) -> list[str]:
     return ["--role", "prefill", "--cluster-token", TOKEN, "--num-kv-blocks", "4096", *extra]
 
 
-def decode_flags(p, *extra: str, min_remote: int = MIN_REMOTE) -> list[str]:
+def decode_flags(p, *extra: str, min_remote: int = MIN_REMOTE, blocks: int = 2048) -> list[str]:
     return ["--role", "decode", "--cluster-token", TOKEN, "--remote-prefill-min-tokens", str(min_remote),
             "--remote-prefill-policy", "threshold", "--prefill-peer", p.base_url, "--snapshot-min-tokens", "64",
-            "--peer-poll-interval-s", "0.1", "--num-kv-blocks", "2048", *extra]
+            "--peer-poll-interval-s", "0.1", "--num-kv-blocks", str(blocks), *extra]
 
 
 def ids(seed: int, n: int) -> list[int]:
@@ -66,8 +66,8 @@ def wait_healthy_peer(d):
 PEER: dict = {}
 
 
-def start_decode(start_server, p, *extra, min_remote: int = MIN_REMOTE):
-    d = start_server(*decode_flags(p, *extra, min_remote=min_remote))
+def start_decode(start_server, p, *extra, min_remote: int = MIN_REMOTE, blocks: int = 2048):
+    d = start_server(*decode_flags(p, *extra, min_remote=min_remote, blocks=blocks))
     PEER[d] = p.base_url
     wait_healthy_peer(d)
     return d
@@ -217,3 +217,42 @@ def test_worker_routes_refuse_calls_without_the_cluster_token(start_server):
     r = httpx.post(f"{p.base_url}/internal/prefill", json={"bad": 1}, headers={"x-kvc-cluster-token": TOKEN})
     assert 400 <= r.status_code < 500 and "error" in r.json()
     assert httpx.get(f"{p.base_url}/v1/sessions/none/snapshot").json() == {"exists": False, "tokens": 0, "age_s": 0.0}
+
+
+def test_1p2d_behind_the_router_moves_a_full_workers_session_by_bypass(start_server, both):
+    p = start_server(*prefill_flags())
+    # D1 holds 40 blocks (640 tokens) and is listed first (equal scores go to it).
+    d1 = start_decode(start_server, p, blocks=40)
+    d2 = start_decode(start_server, p)
+    router = start_server("--role", "router", "--cluster-token", TOKEN, "--peer-poll-interval-s", "0.1",
+                          "--decode-peer", d1.base_url, "--decode-peer", d2.base_url)
+    wait_for(lambda: all(router.metrics().get(f'kvc_router_peer_healthy{{worker="{d.base_url}"}}') == 1 for d in (d1, d2)),
+             60, "the router to see both decode workers")
+
+    def via_router(prompt, session):
+        body = {"prompt": prompt, "max_tokens": 8, "temperature": 0, "ignore_eos": True, "session_id": session}
+        r = httpx.post(f"{router.base_url}/v1/completions", json=body, timeout=300)
+        assert r.status_code == 200, r.text
+        return r.headers["x-kvc-worker"], r.json()
+
+    t1 = ids(21, 200)
+    where, out = via_router(t1, "big-session")
+    assert where == d1.base_url and out["kvc"]["path"] == "remote_prefill"
+    assert text(out) == text(complete(both, t1))
+    wait_for(lambda: snapshot_tokens(p, "big-session") >= 192, 60, "P's snapshot")
+    # Turn 2 outgrows D1's pool: the router moves the session to D2, which
+    # gets the covered prefix from P's snapshot.
+    t2 = t1 + ids(22, 600)
+    where, out = via_router(t2, "big-session")
+    assert where == d2.base_url
+    assert out["kvc"]["path"] == "bypass", out["kvc"]
+    assert out["kvc"]["computed_tokens"] == len(t2) - 192
+    assert text(out) == text(complete(both, t2))
+    # Other sessions keep working on both workers; every request succeeds.
+    for i in range(6):
+        prompt = ids(30 + i, 100 + 40 * i)
+        _, out = via_router(prompt, f"other-{i}")
+        assert text(out) == text(complete(both, prompt))
+    m = router.metrics()
+    assert m['kvc_router_session_moves_total{reason="moved_full"}'] == 1
+    assert sum(v for k, v in m.items() if k.startswith("kvc_router_requests_total") and 'status="200"' in k) == 8

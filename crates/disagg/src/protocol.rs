@@ -74,6 +74,10 @@ pub struct RemotePrefillRequest {
     pub dst: HandshakeRecord,
     /// D's blocks for blocks `skip_tokens / block_size ..` of the prompt, in order.
     pub dst_blocks: Vec<u32>,
+    /// P gives up (and writes nothing) once this long has passed since it
+    /// received the request; D reuses the blocks only after this plus the
+    /// transfer timeout.
+    pub budget_ms: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -11,8 +11,10 @@
 //! Units are KV blocks. The worker "lacks" the prompt tokens not covered by
 //! the session's resident tokens on it (any tier), counted in whole blocks
 //! as the engine reuses them. A worker whose free + evictable blocks cannot
-//! hold what the request adds (the blocks it lacks + `max_tokens`) has no
-//! room and scores infinite; an unhealthy worker is not a candidate at all.
+//! hold the whole request (prompt + `max_tokens`: the session's reused
+//! blocks are among its evictable ones, or on the host tier and brought
+//! back) has no room and scores infinite; an unhealthy worker is not a
+//! candidate at all.
 //!
 //! Session ids match exactly: the router looks a session up in each
 //! worker's published map by equality, never by prefix (vLLM router #219
@@ -170,7 +172,8 @@ pub fn score_worker(req: &RouteRequest, w: &WorkerView, weights: &RouteWeights) 
     let reused_tokens = w.resident_tokens.min(req.prompt_tokens.saturating_sub(1)) / bs * bs;
     let lacking = req.prompt_tokens - reused_tokens;
     let prefill_blocks = lacking.div_ceil(bs);
-    let needed_blocks = (lacking + req.max_tokens).div_ceil(bs);
+    // The reused blocks stay in use too: the whole request must fit.
+    let needed_blocks = (req.prompt_tokens + req.max_tokens).div_ceil(bs);
     let decode_blocks = w.total_blocks.saturating_sub(w.available_blocks());
     let cost = weights.prefill_weight * prefill_blocks as f64 + decode_blocks as f64 + weights.active_weight * w.active as f64;
     let score = w.healthy.then(|| if needed_blocks > w.available_blocks() { f64::INFINITY } else { cost });
@@ -291,7 +294,8 @@ mod tests {
         let d = choose(&req(80, 200, Some(0)), &[home, idle(100)]);
         assert_eq!((d.worker, d.reason), (Some(1), reason::MOVED_FULL));
         assert_eq!(d.scores[0].score, Some(f64::INFINITY));
-        assert_eq!(d.scores[0].needed_blocks, (16 + 200usize).div_ceil(16));
+        // The whole request must fit: 80 prompt + 200 new tokens.
+        assert_eq!(d.scores[0].needed_blocks, (80 + 200usize).div_ceil(16));
         assert!(d.is_move());
     }
 

@@ -172,6 +172,12 @@ pub struct DisaggArgs {
     #[arg(long, default_value = "tcp")]
     pub kv_transport_protocol: String,
 
+    /// Decode workers: longest a remote prefill may take (queueing and
+    /// compute on the prefill worker); past it the prompt is computed
+    /// locally instead.
+    #[arg(long, default_value_t = 600)]
+    pub remote_prefill_timeout_s: u64,
+
     /// Deadline of one KV transfer (remote prefill or snapshot push).
     #[arg(long, default_value_t = 30)]
     pub kv_transfer_timeout_s: u64,

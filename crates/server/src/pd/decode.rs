@@ -11,7 +11,6 @@ use kvc_disagg::prefill_path::{decide, PathInputs, PeerView, PrefillPath};
 use kvc_disagg::protocol::{RemotePrefillRequest, RemotePrefillResponse};
 use kvc_engine::{GenerateRequest, RequestStream, Reservation};
 
-use super::prefill::REMOTE_PREFILL_BUDGET;
 use super::PdState;
 use crate::app::AppState;
 use crate::error::ApiError;
@@ -97,15 +96,17 @@ pub async fn start(state: &AppState, pd: &PdState, mut req: GenerateRequest) -> 
         skip_tokens: reservation.held_tokens,
         dst: pd.link.record().clone(),
         dst_blocks: reservation.blocks_to_fill(bs).to_vec(),
+        budget_ms: pd.config.remote_prefill_budget.as_millis() as u64,
     };
-    let guard = Quarantine::new(reservation, REMOTE_PREFILL_BUDGET + pd.link.timeout + Duration::from_secs(2));
+    // Past this, P has stopped (its budget) and no write of it can land.
+    let last_write = pd.config.remote_prefill_budget + pd.link.timeout + Duration::from_secs(2);
+    let guard = Quarantine::new(reservation, last_write);
     let started = Instant::now();
     let sent = pd
         .client
         .post(&format!("{}/internal/prefill", peer.url))
         .json(&body)
-        // Past this, P has stopped (its budget) and no write of it can land.
-        .timeout(REMOTE_PREFILL_BUDGET + pd.link.timeout + Duration::from_secs(2))
+        .timeout(last_write)
         .send()
         .await;
     let answer: Result<RemotePrefillResponse, String> = match sent {

@@ -25,6 +25,8 @@ use peers::{PeerClient, PrefillPeers};
 pub struct PdConfig {
     pub min_remote_tokens: usize,
     pub policy: PathPolicy,
+    /// Longest a remote prefill may take (then: fallback to local).
+    pub remote_prefill_budget: Duration,
 }
 
 /// Disaggregation state of a prefill or decode worker.
@@ -64,6 +66,7 @@ impl PdState {
                     PathPolicyArg::Cost => PathPolicy::Cost,
                     PathPolicyArg::Threshold => PathPolicy::Threshold,
                 },
+                remote_prefill_budget: Duration::from_secs(d.remote_prefill_timeout_s.max(1)),
             },
             hold: std::env::var("KVC_FAULT_HOLD").map(|v| v.split(',').map(str::to_string).collect()).unwrap_or_default(),
             remote_overhead: std::sync::Mutex::new(0.0),

@@ -32,10 +32,6 @@ json_body!(RemotePrefillRequest, SnapshotReserveRequest, SnapshotFinishRequest);
 
 use super::PdState;
 
-/// How long a remote prefill may take before this worker stops and will
-/// no longer write into the decode worker's blocks. The decode worker
-/// waits this plus the transfer timeout before it reuses them.
-pub const REMOTE_PREFILL_BUDGET: Duration = Duration::from_secs(120);
 
 fn pd(state: &AppState) -> Result<&PdState, ApiError> {
     state.pd.as_deref().ok_or_else(|| ApiError::bad_request("this worker takes no KV transfers (--role both)", None))
@@ -47,14 +43,22 @@ pub async fn handshake(State(state): State<AppState>) -> Result<Json<HandshakeRe
 
 pub async fn remote_prefill(State(state): State<AppState>, OpenAiJson(req): OpenAiJson<RemotePrefillRequest>) -> Result<Json<RemotePrefillResponse>, ApiError> {
     let pd = pd(&state)?;
-    let deadline = Instant::now() + REMOTE_PREFILL_BUDGET;
-    let result = serve_prefill(&state, pd, req, deadline).await;
+    // Past the decode worker's budget, nothing may be written any more.
+    let budget = Duration::from_millis(req.budget_ms);
+    let deadline = Instant::now() + budget;
+    let result = serve_prefill(&state, pd, req, deadline, budget).await;
     let outcome = if result.is_ok() { "ok" } else { "failed" };
     pd.counters.inc("kvc_remote_prefill_served_total", &[("outcome", outcome)]);
     result.map(Json)
 }
 
-async fn serve_prefill(state: &AppState, pd: &PdState, req: RemotePrefillRequest, deadline: Instant) -> Result<RemotePrefillResponse, ApiError> {
+async fn serve_prefill(
+    state: &AppState,
+    pd: &PdState,
+    req: RemotePrefillRequest,
+    deadline: Instant,
+    budget: Duration,
+) -> Result<RemotePrefillResponse, ApiError> {
     let bs = state.engine.info().block_size;
     let n = req.prompt_tokens.len();
     if req.skip_tokens % bs != 0 || req.skip_tokens >= n || req.dst_blocks.len() != n.div_ceil(bs) - req.skip_tokens / bs {
@@ -90,7 +94,7 @@ async fn serve_prefill(state: &AppState, pd: &PdState, req: RemotePrefillRequest
     })
     .await;
     match wait {
-        Err(_) => return Err(ApiError::Timeout { timeout_s: REMOTE_PREFILL_BUDGET.as_secs() }),
+        Err(_) => return Err(ApiError::Timeout { timeout_s: budget.as_secs() }),
         Ok(r) => r?,
     }
     let (usage, lease) = finished.ok_or_else(|| ApiError::Internal("the engine ended the prefill without a result".into()))?;
@@ -99,7 +103,7 @@ async fn serve_prefill(state: &AppState, pd: &PdState, req: RemotePrefillRequest
     let prefill_ms = started.elapsed().as_secs_f64() * 1e3;
     pd.hold_if_asked("remote_prefill").await;
     if Instant::now() > deadline {
-        return Err(ApiError::Timeout { timeout_s: REMOTE_PREFILL_BUDGET.as_secs() });
+        return Err(ApiError::Timeout { timeout_s: budget.as_secs() });
     }
     let src = lease.blocks()[req.skip_tokens / bs..].to_vec();
     let (link, dst, dst_blocks) = (pd.link.clone(), req.dst.clone(), req.dst_blocks.clone());
