@@ -143,9 +143,10 @@ pub struct DisaggArgs {
     pub decode_peers: Vec<String>,
 
     /// Decode workers: a prompt suffix shorter than this is always computed
-    /// locally (direct append); longer ones go to the cost function
-    /// (default measured, see docs/benchmarks.md).
-    #[arg(long, default_value_t = 512)]
+    /// locally (direct append); longer ones go to the cost function. The
+    /// default is where a remote prefill stopped losing to a local one on
+    /// loopback (64 tokens: 68.2 vs 67.1 ms; docs/benchmarks.md).
+    #[arg(long, default_value_t = 64)]
     pub remote_prefill_min_tokens: usize,
 
     /// Decode workers: how suffixes at or above --remote-prefill-min-tokens
