@@ -97,6 +97,17 @@ pub struct Args {
     #[arg(long, value_enum, default_value_t = DtypeArg::Auto)]
     pub dtype: DtypeArg,
 
+    /// `auto` (CUDA device 0 when built with `--features cuda` and one is
+    /// present, else the CPU), `cpu`, `cuda` or `cuda:N`.
+    #[arg(long, default_value = "auto")]
+    pub device: String,
+
+    /// GPU only: share of the GPU's memory the server may use in all
+    /// (weights, activations, KV pool), as vLLM's flag; the KV pool gets
+    /// the rest unless --num-kv-blocks is given.
+    #[arg(long, default_value_t = 0.9)]
+    pub gpu_memory_utilization: f64,
+
     /// Seed for dummy weights.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -210,6 +221,8 @@ impl Args {
             enable_prefix_caching: !self.no_enable_prefix_caching,
             swap_space_bytes: (self.swap_space.max(0.0) * (1u64 << 30) as f64) as usize,
             session_ttl_s: self.session_ttl_s,
+            device: self.device.clone(),
+            gpu_memory_utilization: self.gpu_memory_utilization,
             ..EngineConfig::default()
         }
     }
