@@ -32,3 +32,12 @@ __device__ __forceinline__ float block_sum(float v) {
     v = lane < nw ? partial[lane] : 0.f;
     return warp_sum(v);
 }
+
+// Asynchronous 16-byte global -> shared copies (sm_80+), for double buffering.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }

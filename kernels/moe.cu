@@ -8,7 +8,8 @@
 using namespace nvcuda;
 
 // The expert of the y-th non-empty group (grids cover min(E, pairs) groups,
-// not every expert). -1 when fewer experts are active.
+// not every expert). -1 when fewer experts are active. `offsets` in shared
+// memory (a scan over global memory is E dependent loads).
 __device__ __forceinline__ int active_expert(const int* offsets, int E, int y) {
     for (int e = 0; e < E; e++) {
         if (offsets[e + 1] > offsets[e]) {
@@ -104,7 +105,10 @@ extern "C" __global__ void __launch_bounds__(256) moe_gemm_small(
     extern __shared__ __align__(16) unsigned char smem_raw[];
     bf16* sx = (bf16*)smem_raw;
     __shared__ int s_e;
-    if (threadIdx.x == 0) s_e = active_expert(offsets, E, blockIdx.y);
+    __shared__ int s_off[1025];
+    for (int i = threadIdx.x; i <= E; i += blockDim.x) s_off[i] = offsets[i];
+    __syncthreads();
+    if (threadIdx.x == 0) s_e = active_expert(s_off, E, blockIdx.y);
     __syncthreads();
     const int e = s_e;
     if (e < 0) return;
@@ -124,24 +128,39 @@ extern "C" __global__ void __launch_bounds__(256) moe_gemm_small(
         if (n >= N) continue;
         float acc[8];
         for (int m = 0; m < 8; m++) acc[m] = 0.f;
-        for (int c = lane; c < Kd / 8; c += 32) {
-            uint4 wv = *(const uint4*)(wrow + c * 8);
-            const bf16* wb = (const bf16*)&wv;
-            float wf[8];
-            for (int i = 0; i < 8; i++) wf[i] = to_f(wb[i]);
-            for (int m = 0; m < 8; m++) {
-                if (m >= mt) break;
-                uint4 xv = *(const uint4*)(sx + m * Kd + c * 8);
-                const bf16* xb = (const bf16*)&xv;
-                float s = 0.f;
-                for (int i = 0; i < 8; i++) s += wf[i] * to_f(xb[i]);
-                acc[m] += s;
+        // Four 16-byte weight loads in flight per lane before any math.
+        for (int c0 = lane; c0 < Kd / 8; c0 += 128) {
+            uint4 wv[4];
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                int c = c0 + u * 32;
+                wv[u] = c < Kd / 8 ? __ldg((const uint4*)(wrow + c * 8)) : make_uint4(0, 0, 0, 0);
+            }
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                int c = c0 + u * 32;
+                if (c >= Kd / 8) break;
+                const bf16* wb = (const bf16*)&wv[u];
+                float wf[8];
+#pragma unroll
+                for (int i = 0; i < 8; i++) wf[i] = to_f(wb[i]);
+#pragma unroll
+                for (int m = 0; m < 8; m++) {
+                    if (m < mt) {
+                        uint4 xv = *(const uint4*)(sx + m * Kd + c * 8);
+                        const bf16* xb = (const bf16*)&xv;
+                        float s = 0.f;
+#pragma unroll
+                        for (int i = 0; i < 8; i++) s += wf[i] * to_f(xb[i]);
+                        acc[m] += s;
+                    }
+                }
             }
         }
+#pragma unroll
         for (int m = 0; m < 8; m++) {
-            if (m >= mt) break;
             float s = warp_sum(acc[m]);
-            if (lane == 0) out[(size_t)sorted[m0 + m] * N + n] = to_bf(s);
+            if (lane == 0 && m < mt) out[(size_t)sorted[m0 + m] * N + n] = to_bf(s);
         }
     }
 }
@@ -170,20 +189,22 @@ extern "C" __global__ void moe_sum(const bf16* rows, const float* w, const int* 
 #define GM 64
 #define GN 64
 #define GK 64
+#define GKP (GK + 8)  // padded row stride of the shared tiles
 extern "C" __global__ void __launch_bounds__(128) moe_gemm_tc(
     const bf16* __restrict__ x, const bf16* __restrict__ W, const int* __restrict__ offsets,
     const int* __restrict__ sorted, bf16* __restrict__ out, int N, int Kd, int row_div, int E) {
-    __shared__ __align__(128) unsigned char smem[GM * GK * 2 + GN * GK * 2];
+    __shared__ __align__(128) unsigned char smem[2 * (GM * GKP * 2 + GN * GKP * 2)];
     __shared__ int s_rows[GM];
     __shared__ int s_e, s_m0, s_cnt;
-    bf16* sA = (bf16*)smem;
-    bf16* sB = (bf16*)(smem + GM * GK * 2);
+    __shared__ int s_off[1025];
+    for (int i = threadIdx.x; i <= E; i += blockDim.x) s_off[i] = offsets[i];
+    __syncthreads();
     if (threadIdx.x == 0) {
         int t = blockIdx.y, found = -1, m0 = 0, cnt = 0;
         for (int e = 0; e < E; e++) {
-            int c = offsets[e + 1] - offsets[e];
+            int c = s_off[e + 1] - s_off[e];
             int tiles = (c + GM - 1) / GM;
-            if (t < tiles) { found = e; m0 = offsets[e] + t * GM; cnt = min(GM, offsets[e + 1] - m0); break; }
+            if (t < tiles) { found = e; m0 = s_off[e] + t * GM; cnt = min(GM, s_off[e + 1] - m0); break; }
             t -= tiles;
         }
         s_e = found; s_m0 = m0; s_cnt = cnt;
@@ -201,29 +222,46 @@ extern "C" __global__ void __launch_bounds__(128) moe_gemm_tc(
     for (int i = 0; i < 2; i++)
         for (int j = 0; j < 2; j++) wmma::fill_fragment(acc[i][j], 0.f);
     const bf16* We = W + (size_t)e * N * Kd;
-    for (int k0 = 0; k0 < Kd; k0 += GK) {
-        for (int idx = threadIdx.x; idx < GM * (GK / 8); idx += blockDim.x) {
+    auto stage_a = [&](int st) { return (bf16*)(smem + st * (GM * GKP * 2 + GN * GKP * 2)); };
+    auto stage_b = [&](int st) { return (bf16*)(smem + st * (GM * GKP * 2 + GN * GKP * 2) + GM * GKP * 2); };
+    auto load = [&](int st, int k0) {
+        bf16* sA = stage_a(st);
+        bf16* sB = stage_b(st);
+        for (int idx = threadIdx.x; idx < GM * (GK / 8); idx += 128) {
             int m = idx / (GK / 8), c = idx % (GK / 8);
             int k = k0 + c * 8;
-            uint4 a = make_uint4(0, 0, 0, 0), b = make_uint4(0, 0, 0, 0);
             int r = s_rows[m];
-            if (r >= 0 && k < Kd) a = *(const uint4*)(x + (size_t)(r / row_div) * Kd + k);
-            if (n0 + m < N && k < Kd) b = *(const uint4*)(We + (size_t)(n0 + m) * Kd + k);
-            *(uint4*)(sA + m * GK + c * 8) = a;
-            *(uint4*)(sB + m * GK + c * 8) = b;
+            if (r >= 0 && k < Kd) cp_async16(sA + m * GKP + c * 8, x + (size_t)(r / row_div) * Kd + k);
+            else *(uint4*)(sA + m * GKP + c * 8) = make_uint4(0, 0, 0, 0);
+            if (n0 + m < N && k < Kd) cp_async16(sB + m * GKP + c * 8, We + (size_t)(n0 + m) * Kd + k);
+            else *(uint4*)(sB + m * GKP + c * 8) = make_uint4(0, 0, 0, 0);
+        }
+    };
+    const int nk = (Kd + GK - 1) / GK;
+    load(0, 0);
+    cp_async_commit();
+    for (int t = 0; t < nk; t++) {
+        if (t + 1 < nk) {
+            load((t + 1) & 1, (t + 1) * GK);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
         }
         __syncthreads();
+        const bf16* sA = stage_a(t & 1);
+        const bf16* sB = stage_b(t & 1);
         for (int kk = 0; kk < GK; kk += 16) {
             wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> fa[2];
             wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major> fb[2];
-            for (int i = 0; i < 2; i++) wmma::load_matrix_sync(fa[i], sA + (wm + i * 16) * GK + kk, GK);
-            for (int j = 0; j < 2; j++) wmma::load_matrix_sync(fb[j], sB + (wn + j * 16) * GK + kk, GK);
+            for (int i = 0; i < 2; i++) wmma::load_matrix_sync(fa[i], sA + (wm + i * 16) * GKP + kk, GKP);
+            for (int j = 0; j < 2; j++) wmma::load_matrix_sync(fb[j], sB + (wn + j * 16) * GKP + kk, GKP);
             for (int i = 0; i < 2; i++)
                 for (int j = 0; j < 2; j++) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
         }
         __syncthreads();
     }
-    float* sC = (float*)smem;  // GM x GN floats = 16 KB, the A and B tiles' space
+    float* sC = (float*)smem;  // GM x GN floats = 16 KB, in the tiles' space
     for (int i = 0; i < 2; i++)
         for (int j = 0; j < 2; j++)
             wmma::store_matrix_sync(sC + (wm + i * 16) * GN + wn + j * 16, acc[i][j], GN, wmma::mem_row_major);

@@ -54,6 +54,7 @@ pub struct Kernels {
     pub qk_norm_rope_store: CudaFunc,
     pub silu_mul: CudaFunc,
     pub attention: Vec<(usize, CudaFunc)>,
+    pub decode: Vec<(usize, CudaFunc)>,
     pub attn_combine: CudaFunc,
     pub moe_topk: CudaFunc,
     pub moe_align: CudaFunc,
@@ -72,7 +73,7 @@ impl Kernels {
         let l = |name: &str| get(name, "kvc_layers", PTX_LAYERS);
         let a = |name: &str| get(name, "kvc_attention", PTX_ATTENTION);
         let m = |name: &str| get(name, "kvc_moe", PTX_MOE);
-        let mut attention = Vec::new();
+        let (mut attention, mut decode) = (Vec::new(), Vec::new());
         for hd in [16usize, 32, 64, 128, 256] {
             let f = a(&format!("paged_attention_hd{hd}"))?;
             f.func.set_attribute(
@@ -81,6 +82,14 @@ impl Kernels {
             )
             .w()?;
             attention.push((hd, f));
+            let f = a(&format!("paged_decode_hd{hd}"))?;
+            f.func
+                .set_attribute(
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    attention::decode_smem_bytes(hd) as i32,
+                )
+                .w()?;
+            decode.push((hd, f));
         }
         Ok(Self {
             rmsnorm: l("rmsnorm")?,
@@ -88,6 +97,7 @@ impl Kernels {
             qk_norm_rope_store: l("qk_norm_rope_store")?,
             silu_mul: l("silu_mul")?,
             attention,
+            decode,
             attn_combine: a("attn_combine")?,
             moe_topk: m("moe_topk")?,
             moe_align: m("moe_align")?,

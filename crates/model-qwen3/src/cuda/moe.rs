@@ -10,8 +10,15 @@ use candle_core::{DType, Result, Tensor};
 use super::{cuda_dev, empty, grid1, launch, ptr, Kernels};
 
 /// Pairs (token x chosen expert) up to which the CUDA-core grouped kernel
-/// is used; above it, the tensor-core one.
-pub const SMALL_PAIRS: usize = 1024;
+/// is used; above it, the tensor-core one (measured on the H200 at the 30B
+/// shape: the tensor-core kernel wins from decode batch 16 on). `KVC_MOE_SMALL_PAIRS` overrides
+/// it (for measuring the crossover).
+pub const SMALL_PAIRS: usize = 64;
+
+fn small_pairs() -> usize {
+    static V: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *V.get_or_init(|| std::env::var("KVC_MOE_SMALL_PAIRS").ok().and_then(|v| v.parse().ok()).unwrap_or(SMALL_PAIRS))
+}
 
 pub struct GpuMoe {
     /// `[E, H]`
@@ -90,7 +97,7 @@ impl GpuMoe {
         pairs: usize,
     ) -> Result<()> {
         let e = self.num_experts;
-        if pairs <= SMALL_PAIRS {
+        if pairs <= small_pairs() {
             let mt = (48 * 1024 / (kd * 2)).clamp(1, 8);
             let cfg = LaunchConfig {
                 grid_dim: (n.div_ceil(8) as u32, e.min(pairs) as u32, 1),
