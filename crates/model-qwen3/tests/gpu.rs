@@ -124,6 +124,36 @@ fn fixtures_match_transformers_within_bf16_tolerance_and_greedy_agrees() {
     println!("fixtures on GPU (bf16): worst relative logit error {worst:.5}; greedy {agree}/{total} equal, {near_ties} near-ties");
 }
 
+/// The fixtures' MoE prompts route few (token, expert) pairs, which the
+/// CUDA-core grouped kernel takes; force each kernel in turn and hold both
+/// to transformers' logits and to each other.
+#[test]
+#[ignore = "needs a CUDA device: run with scripts/gpu_run.sh"]
+fn moe_tensor_core_and_cuda_core_expert_kernels_both_match_transformers() {
+    let dev = gpu();
+    for name in ["moe-norm", "moe-nonorm-hub", "moe-sparse-step"] {
+        let model = Qwen3Model::load(&fixture_dir(name), Some(DType::BF16), &dev).unwrap();
+        for case in cases(name) {
+            let n = case.prompt.len();
+            let nb = 2 * n.div_ceil(BLOCK_SIZE) + 1;
+            let table = scattered_table(n, nb);
+            let mut rows = Vec::new();
+            for small_pairs in [usize::MAX - 1, 0] {
+                kvc_model_qwen3::cuda::set_moe_small_pairs(small_pairs);
+                let mut kv = KvStorage::new_on(model.kv_layout(BLOCK_SIZE), nb, &dev).unwrap();
+                let last = run_chunk(&model, &mut kv, &table, &case.prompt, 0, n).pop().unwrap();
+                let e = rel_err(&last, &case.logits[0]);
+                assert!(e < BF16_REL_TOL, "{name}: expert kernel (small_pairs {small_pairs}) relative error {e}");
+                rows.push(last);
+            }
+            let e = rel_err(&rows[1], &rows[0]);
+            println!("{name}: tensor-core vs CUDA-core expert kernels: relative difference {e:.2e}");
+            assert!(e < 1e-2, "{name}: the two expert kernels differ by {e}");
+        }
+    }
+    kvc_model_qwen3::cuda::set_moe_small_pairs(kvc_model_qwen3::cuda::SMALL_PAIRS);
+}
+
 #[test]
 #[ignore = "needs a CUDA device: run with scripts/gpu_run.sh"]
 fn chunked_prefill_and_batching_match_single_pass_on_gpu() {

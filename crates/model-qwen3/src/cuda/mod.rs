@@ -8,6 +8,7 @@ mod model;
 mod moe;
 
 pub use attention::{AttentionPlan, PagedAttention};
+pub use moe::{set_moe_small_pairs, SMALL_PAIRS};
 pub(crate) use model::GpuModel;
 
 use std::sync::Arc;

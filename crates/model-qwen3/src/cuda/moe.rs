@@ -4,6 +4,8 @@
 //! cores for decode-sized batches (each active expert's weights streamed
 //! once), on the tensor cores for prefill-sized ones.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use candle_core::cuda::cudarc::driver::LaunchConfig;
 use candle_core::{DType, Result, Tensor};
 
@@ -11,13 +13,26 @@ use super::{cuda_dev, empty, grid1, launch, ptr, Kernels};
 
 /// Pairs (token x chosen expert) up to which the CUDA-core grouped kernel
 /// is used; above it, the tensor-core one (measured on the H200 at the 30B
-/// shape: the tensor-core kernel wins from decode batch 16 on). `KVC_MOE_SMALL_PAIRS` overrides
-/// it (for measuring the crossover).
+/// shape: the tensor-core kernel wins from decode batch 16 on).
+/// `KVC_MOE_SMALL_PAIRS` or [`set_moe_small_pairs`] override it.
 pub const SMALL_PAIRS: usize = 64;
 
+static SMALL_PAIRS_NOW: AtomicUsize = AtomicUsize::new(usize::MAX);
+
 fn small_pairs() -> usize {
-    static V: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *V.get_or_init(|| std::env::var("KVC_MOE_SMALL_PAIRS").ok().and_then(|v| v.parse().ok()).unwrap_or(SMALL_PAIRS))
+    let v = SMALL_PAIRS_NOW.load(Ordering::Relaxed);
+    if v != usize::MAX {
+        return v;
+    }
+    let v = std::env::var("KVC_MOE_SMALL_PAIRS").ok().and_then(|v| v.parse().ok()).unwrap_or(SMALL_PAIRS);
+    SMALL_PAIRS_NOW.store(v, Ordering::Relaxed);
+    v
+}
+
+/// Sets the crossover between the two grouped-GEMM kernels (tests force
+/// each path; 0 = always the tensor-core kernel).
+pub fn set_moe_small_pairs(pairs: usize) {
+    SMALL_PAIRS_NOW.store(pairs, Ordering::Relaxed);
 }
 
 pub struct GpuMoe {
