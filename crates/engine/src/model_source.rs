@@ -75,7 +75,8 @@ fn compute_dtype(flag: Option<&str>, config: &Qwen3Config, device: &Device) -> R
     if let Some(f) = flag.filter(|f| *f != "auto") {
         return parse_dtype(f).map_err(load_err);
     }
-    let _ = config;
+    // The checkpoint's dtype must still be one kvc reads.
+    config.dtype.as_deref().map(parse_dtype).transpose().map_err(load_err)?;
     Ok(if device.is_cpu() { DType::F32 } else { DType::BF16 })
 }
 

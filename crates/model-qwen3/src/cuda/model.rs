@@ -35,7 +35,6 @@ pub(crate) struct GpuModel {
     kernels: Kernels,
     layers: Vec<Layer>,
     final_norm: Tensor,
-    hidden: usize,
     num_heads: usize,
     num_kv_heads: usize,
     head_dim: usize,
@@ -119,7 +118,6 @@ impl GpuModel {
             kernels,
             layers,
             final_norm: m.pp("norm").get(h, "weight")?,
-            hidden: h,
             num_heads: nh,
             num_kv_heads: nkv,
             head_dim: hd,
@@ -209,7 +207,6 @@ impl GpuModel {
             let next = self.layers.get(l + 1).map(|n| &n.input_norm).unwrap_or(&self.final_norm);
             h = self.add_rmsnorm(&x, &f, next)?;
         }
-        let _ = self.hidden;
         let rows = upload_u32(batch.logits_rows.iter().map(|&r| r as u32).collect(), &device)?;
         let hs = h.index_select(&rows, 0)?;
         hs.matmul(&lm_head.t()?)?.to_dtype(DType::F32)

@@ -81,6 +81,8 @@ impl GpuMoe {
         )?;
         let offsets = empty(dev, e + 1, DType::U32)?;
         let sorted = empty(dev, tk, DType::U32)?;
+        // pair -> position in `sorted` (the GEMMs below write in pair order
+        // and do not need it; moe_align always produces it).
         let inv = empty(dev, tk, DType::U32)?;
         let one = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (1024, 1, 1), shared_mem_bytes: 0 };
         launch!(k.moe_align, one, ptr(&ids)?, tk as i32, e as i32, ptr(&offsets)?, ptr(&sorted)?, ptr(&inv)?)?;
@@ -92,7 +94,6 @@ impl GpuMoe {
         let dn = empty(dev, (tk, h), DType::BF16)?;
         self.grouped_gemm(k, &act, &self.down, &offsets, &sorted, &dn, h, i, 1, tk)?;
         launch!(k.moe_sum, grid1(t * h, 256), ptr(&dn)?, ptr(&w)?, 0u64, ptr(&y)?, t as i32, kk as i32, h as i32)?;
-        let _ = &inv;
         Ok(y)
     }
 
