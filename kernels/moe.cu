@@ -7,19 +7,6 @@
 #include <mma.h>
 using namespace nvcuda;
 
-// The expert of the y-th non-empty group (grids cover min(E, pairs) groups,
-// not every expert). -1 when fewer experts are active. `offsets` in shared
-// memory (a scan over global memory is E dependent loads).
-__device__ __forceinline__ int active_expert(const int* offsets, int E, int y) {
-    for (int e = 0; e < E; e++) {
-        if (offsets[e + 1] > offsets[e]) {
-            if (y == 0) return e;
-            y--;
-        }
-    }
-    return -1;
-}
-
 // logits: [T, E] (bf16, the router's output). Softmax in f32, top-k with
 // ties to the lower expert id, optional renormalisation, weights rounded
 // to bf16 as transformers does. One warp per token. E <= 1024, K <= 32.
@@ -68,9 +55,12 @@ extern "C" __global__ void moe_topk(const bf16* logits, int* ids, float* weights
     }
 }
 
+#define GM 64
 // Groups the T*K pairs by expert: offsets [E + 1], sorted [TK] (pair ids,
-// expert-major), inv [TK] (pair -> position in sorted). One block of 1024.
-extern "C" __global__ void moe_align(const int* ids, int TK, int E, int* offsets, int* sorted, int* inv) {
+// expert-major), inv [TK] (pair -> position in sorted), and for the GEMMs'
+// block lookups meta [2E + 1]: the active experts in order (-1 padded),
+// then the prefix sum of each expert's 64-row tiles. One block of 1024.
+extern "C" __global__ void moe_align(const int* ids, int TK, int E, int* offsets, int* sorted, int* inv, int* meta) {
     __shared__ int count[1025];
     __shared__ int cursor[1025];
     for (int e = threadIdx.x; e <= E; e += blockDim.x) count[e] = 0;
@@ -78,13 +68,18 @@ extern "C" __global__ void moe_align(const int* ids, int TK, int E, int* offsets
     for (int p = threadIdx.x; p < TK; p += blockDim.x) atomicAdd(&count[ids[p]], 1);
     __syncthreads();
     if (threadIdx.x == 0) {
-        int acc = 0;
+        int acc = 0, na = 0, tiles = 0;
         for (int e = 0; e < E; e++) {
             cursor[e] = acc;
             offsets[e] = acc;
+            meta[E + e] = tiles;
+            if (count[e] > 0) meta[na++] = e;
+            tiles += (count[e] + GM - 1) / GM;
             acc += count[e];
         }
         offsets[E] = acc;
+        meta[2 * E] = tiles;
+        for (int i = na; i < E; i++) meta[i] = -1;
     }
     __syncthreads();
     for (int p = threadIdx.x; p < TK; p += blockDim.x) {
@@ -98,19 +93,14 @@ extern "C" __global__ void moe_align(const int* ids, int TK, int E, int* offsets
 // of its pairs p, out[p, n] = sum_k W[e, n, k] * x[p / row_div, k].
 // One warp per output row n (8 per block); the pairs' x rows are staged in
 // shared memory MT at a time, so each weight row is read once per MT pairs.
-// blockIdx.y = the y-th active expert. Kd % 8 == 0. Dynamic smem: MT * Kd * 2.
+// blockIdx.y = the y-th active expert (meta). Kd % 8 == 0. Dynamic smem: MT * Kd * 2.
 extern "C" __global__ void __launch_bounds__(256) moe_gemm_small(
     const bf16* __restrict__ x, const bf16* __restrict__ W, const int* __restrict__ offsets,
-    const int* __restrict__ sorted, bf16* __restrict__ out, int N, int Kd, int row_div, int MT, int E) {
+    const int* __restrict__ sorted, const int* __restrict__ meta, bf16* __restrict__ out, int N, int Kd, int row_div,
+    int MT, int E) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     bf16* sx = (bf16*)smem_raw;
-    __shared__ int s_e;
-    __shared__ int s_off[1025];
-    for (int i = threadIdx.x; i <= E; i += blockDim.x) s_off[i] = offsets[i];
-    __syncthreads();
-    if (threadIdx.x == 0) s_e = active_expert(s_off, E, blockIdx.y);
-    __syncthreads();
-    const int e = s_e;
+    const int e = (int)blockIdx.y < E ? meta[blockIdx.y] : -1;
     if (e < 0) return;
     const int begin = offsets[e], end = offsets[e + 1];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -186,26 +176,29 @@ extern "C" __global__ void moe_sum(const bf16* rows, const float* w, const int* 
 // (sorted[offsets[e] ..]). Tiles of 64 pairs x 64 outputs, K in steps of 64;
 // blockIdx.y enumerates the experts' row tiles (grid.y >= sum of
 // ceil(count / 64); extra blocks exit). 4 warps, each 32 x 32. K % 8 == 0.
-#define GM 64
 #define GN 64
 #define GK 64
 #define GKP (GK + 8)  // padded row stride of the shared tiles
 extern "C" __global__ void __launch_bounds__(128) moe_gemm_tc(
     const bf16* __restrict__ x, const bf16* __restrict__ W, const int* __restrict__ offsets,
-    const int* __restrict__ sorted, bf16* __restrict__ out, int N, int Kd, int row_div, int E) {
+    const int* __restrict__ sorted, const int* __restrict__ meta, bf16* __restrict__ out, int N, int Kd, int row_div,
+    int E) {
     __shared__ __align__(128) unsigned char smem[2 * (GM * GKP * 2 + GN * GKP * 2)];
     __shared__ int s_rows[GM];
     __shared__ int s_e, s_m0, s_cnt;
-    __shared__ int s_off[1025];
-    for (int i = threadIdx.x; i <= E; i += blockDim.x) s_off[i] = offsets[i];
-    __syncthreads();
     if (threadIdx.x == 0) {
+        // Binary search of the tile prefix: the expert whose tiles hold blockIdx.y.
+        const int* ts = meta + E;
         int t = blockIdx.y, found = -1, m0 = 0, cnt = 0;
-        for (int e = 0; e < E; e++) {
-            int c = s_off[e + 1] - s_off[e];
-            int tiles = (c + GM - 1) / GM;
-            if (t < tiles) { found = e; m0 = s_off[e] + t * GM; cnt = min(GM, s_off[e + 1] - m0); break; }
-            t -= tiles;
+        if (t < ts[E]) {
+            int lo = 0, hi = E - 1;
+            while (lo < hi) {
+                int mid = (lo + hi + 1) / 2;
+                if (ts[mid] <= t) lo = mid; else hi = mid - 1;
+            }
+            found = lo;
+            m0 = offsets[lo] + (t - ts[lo]) * GM;
+            cnt = min(GM, offsets[lo + 1] - m0);
         }
         s_e = found; s_m0 = m0; s_cnt = cnt;
     }

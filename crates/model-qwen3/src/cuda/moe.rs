@@ -85,14 +85,16 @@ impl GpuMoe {
         // and do not need it; moe_align always produces it).
         let inv = empty(dev, tk, DType::U32)?;
         let one = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (1024, 1, 1), shared_mem_bytes: 0 };
-        launch!(k.moe_align, one, ptr(&ids)?, tk as i32, e as i32, ptr(&offsets)?, ptr(&sorted)?, ptr(&inv)?)?;
+        // Active experts in order, then each expert's first 64-row tile.
+        let meta = empty(dev, 2 * e + 1, DType::U32)?;
+        launch!(k.moe_align, one, ptr(&ids)?, tk as i32, e as i32, ptr(&offsets)?, ptr(&sorted)?, ptr(&inv)?, ptr(&meta)?)?;
 
         let y = empty(dev, (t, h), DType::BF16)?;
         let gu = empty(dev, (tk, 2 * i), DType::BF16)?;
-        self.grouped_gemm(k, x, &self.gate_up, &offsets, &sorted, &gu, 2 * i, h, kk, tk)?;
+        self.grouped_gemm(k, x, &self.gate_up, &offsets, &sorted, &meta, &gu, 2 * i, h, kk, tk)?;
         let act = silu_mul(k, &gu)?;
         let dn = empty(dev, (tk, h), DType::BF16)?;
-        self.grouped_gemm(k, &act, &self.down, &offsets, &sorted, &dn, h, i, 1, tk)?;
+        self.grouped_gemm(k, &act, &self.down, &offsets, &sorted, &meta, &dn, h, i, 1, tk)?;
         launch!(k.moe_sum, grid1(t * h, 256), ptr(&dn)?, ptr(&w)?, 0u64, ptr(&y)?, t as i32, kk as i32, h as i32)?;
         Ok(y)
     }
@@ -106,6 +108,7 @@ impl GpuMoe {
         w: &Tensor,
         offsets: &Tensor,
         sorted: &Tensor,
+        meta: &Tensor,
         out: &Tensor,
         n: usize,
         kd: usize,
@@ -127,6 +130,7 @@ impl GpuMoe {
                 ptr(w)?,
                 ptr(offsets)?,
                 ptr(sorted)?,
+                ptr(meta)?,
                 ptr(out)?,
                 n as i32,
                 kd as i32,
@@ -145,6 +149,7 @@ impl GpuMoe {
                 ptr(w)?,
                 ptr(offsets)?,
                 ptr(sorted)?,
+                ptr(meta)?,
                 ptr(out)?,
                 n as i32,
                 kd as i32,
