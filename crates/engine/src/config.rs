@@ -75,6 +75,11 @@ pub struct EngineConfig {
     /// Prefill workers: blocks the snapshot store may hold (0: no store;
     /// [`HALF_THE_POOL`]: half of the pool's blocks).
     pub snapshot_store_blocks: usize,
+    /// `auto`, `cpu`, `cuda` or `cuda:N` (crate::device).
+    pub device: String,
+    /// On a GPU without `num_kv_blocks`: the share of the GPU's memory the
+    /// engine may use in all; the KV pool gets what the weights leave.
+    pub gpu_memory_utilization: f64,
 }
 
 impl Default for EngineConfig {
@@ -96,6 +101,8 @@ impl Default for EngineConfig {
             enable_prefix_caching: true,
             swap_space_bytes: 1 << 30,
             session_ttl_s: 600,
+            device: "auto".to_string(),
+            gpu_memory_utilization: 0.9,
         }
     }
 }

@@ -176,7 +176,8 @@ impl EngineLoop {
             block_size,
         });
         let KvPool { allocator, storage } = pool;
-        let host_blocks = config.swap_space_bytes / storage.layout().bytes_per_block().max(1);
+        // The host tier copies blocks through host memory: CPU pools only for now.
+        let host_blocks = if storage.device_tensor().is_some() { 0 } else { config.swap_space_bytes / storage.layout().bytes_per_block().max(1) };
         let cache = SessionAwareCache::new(
             CacheConfig {
                 block_size,

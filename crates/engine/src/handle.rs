@@ -34,9 +34,10 @@ pub struct ModelInfo {
     pub num_kv_blocks: usize,
     pub max_num_seqs: usize,
     /// The KV pool's layout and memory (one region), for registration with
-    /// a KV transport. The region lives as long as the engine.
+    /// a KV transport. The region lives as long as the engine. None for a
+    /// pool in GPU memory (its registration with Mooncake is issue 9).
     pub kv_layout: KvLayout,
-    pub kv_region: MemoryRegion,
+    pub kv_region: Option<MemoryRegion>,
 }
 
 /// The engine's state as of its last step: an immutable snapshot the step
@@ -121,7 +122,7 @@ impl EngineHandle {
         let tokenizer = Arc::new(loaded.tokenizer);
         let template = loaded.template;
         let kv_layout = *loaded.pool.layout();
-        let kv_region = loaded.pool.storage.regions()[0];
+        let kv_region = loaded.pool.storage.regions().first().copied();
         let (jobs_tx, jobs_rx) = if config.snapshot_min_tokens > 0 {
             let (t, r) = mpsc::unbounded_channel();
             (Some(t), Some(r))

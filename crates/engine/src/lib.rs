@@ -9,6 +9,7 @@ pub mod admission;
 pub mod chat_template;
 pub mod config;
 pub mod detokenizer;
+pub mod device;
 mod engine_loop;
 pub mod error;
 mod handle;

@@ -69,18 +69,19 @@ fn resolve_hub_id(id: &str) -> Result<PathBuf, EngineError> {
     }
 }
 
-/// Compute dtype: the flag, else the checkpoint's, except that bf16/f16
-/// checkpoints run in f32 on a CPU (candle's CPU half-precision matmuls are slow).
+/// Compute dtype: the flag, else f32 on a CPU (candle's CPU half-precision
+/// matmuls are slow) and bf16 on a GPU (the CUDA path's kernels are bf16).
 fn compute_dtype(flag: Option<&str>, config: &Qwen3Config, device: &Device) -> Result<DType, EngineError> {
     if let Some(f) = flag.filter(|f| *f != "auto") {
         return parse_dtype(f).map_err(load_err);
     }
-    let ckpt = config.dtype.as_deref().map(parse_dtype).transpose().map_err(load_err)?.unwrap_or(DType::F32);
-    Ok(if device.is_cpu() { DType::F32 } else { ckpt })
+    // The checkpoint's dtype must still be one kvc reads.
+    config.dtype.as_deref().map(parse_dtype).transpose().map_err(load_err)?;
+    Ok(if device.is_cpu() { DType::F32 } else { DType::BF16 })
 }
 
 pub(crate) fn load(config: &EngineConfig) -> Result<Loaded, EngineError> {
-    let device = Device::Cpu;
+    let device = crate::device::select(&config.device)?;
     let (dir, served_default) = match &config.model {
         ModelSource::Embedded => (None, EMBEDDED_MODEL_NAME.to_string()),
         ModelSource::Path(p) => (Some(p.clone()), p.display().to_string()),
@@ -108,14 +109,20 @@ pub(crate) fn load(config: &EngineConfig) -> Result<Loaded, EngineError> {
         }
     }
     let layout = model.kv_layout(config.block_size.max(1));
-    let num_blocks = config
-        .num_kv_blocks
-        .unwrap_or_else(|| KvPool::blocks_for_budget(&layout, config.kv_cache_memory_bytes));
-    let pool = KvPool::new(layout, num_blocks).map_err(load_err)?;
+    let num_blocks = match config.num_kv_blocks {
+        Some(n) => n,
+        None if device.is_cpu() => KvPool::blocks_for_budget(&layout, config.kv_cache_memory_bytes),
+        None => {
+            let budget = crate::device::gpu_kv_budget(&device, config.gpu_memory_utilization, config.max_num_batched_tokens)?;
+            KvPool::blocks_for_budget(&layout, budget)
+        }
+    };
+    let pool = KvPool::new_on(layout, num_blocks, &device).map_err(load_err)?;
     tracing::info!(
         model = %served_default,
         params = model_config.num_parameters(),
         ?dtype,
+        ?device,
         kv_blocks = num_blocks,
         block_size = layout.block_size,
         kv_bytes = num_blocks * layout.bytes_per_block(),

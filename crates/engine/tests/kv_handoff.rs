@@ -74,12 +74,13 @@ fn copy_blocks(src: &ModelInfo, src_blocks: &[u32], dst: &ModelInfo, dst_blocks:
         for (&s, &d) in src_blocks.iter().zip(dst_blocks) {
             let so = l.block_offset(src.num_kv_blocks, layer, s as usize) * elem;
             let d_o = l.block_offset(dst.num_kv_blocks, layer, d as usize) * elem;
-            assert!(so + len <= src.kv_region.len && d_o + len <= dst.kv_region.len);
+            let (sr, dr) = (src.kv_region.expect("host pool"), dst.kv_region.expect("host pool"));
+            assert!(so + len <= sr.len && d_o + len <= dr.len);
             // SAFETY: in-bounds ranges of two live pools; the blocks are
             // leased (source) and reserved (destination), so neither engine
             // writes them meanwhile.
             unsafe {
-                std::ptr::copy_nonoverlapping((src.kv_region.addr + so) as *const u8, (dst.kv_region.addr + d_o) as *mut u8, len);
+                std::ptr::copy_nonoverlapping((sr.addr + so) as *const u8, (dr.addr + d_o) as *mut u8, len);
             }
         }
     }

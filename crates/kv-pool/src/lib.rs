@@ -35,6 +35,11 @@ impl KvPool {
         Ok(Self { allocator: BlockAllocator::new(num_blocks), storage: KvStorage::new(layout, num_blocks)? })
     }
 
+    /// A pool whose storage lives on `device` (host memory for a CPU).
+    pub fn new_on(layout: KvLayout, num_blocks: usize, device: &candle_core::Device) -> Result<Self, KvPoolError> {
+        Ok(Self { allocator: BlockAllocator::new(num_blocks), storage: KvStorage::new_on(layout, num_blocks, device)? })
+    }
+
     /// As many blocks as fit in `bytes` (at least one).
     pub fn blocks_for_budget(layout: &KvLayout, bytes: usize) -> usize {
         (bytes / layout.bytes_per_block().max(1)).max(1)

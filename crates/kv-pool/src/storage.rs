@@ -1,5 +1,6 @@
-//! Per-layer K/V storage in host memory, read and written through block
-//! tables. (Device storage comes with the CUDA engine.)
+//! Per-layer K/V storage, read and written through block tables: in host
+//! memory, or on a GPU (one device tensor with the same layout, which the
+//! CUDA model reads and writes with its own kernels).
 
 use candle_core::{DType, Device, Tensor, WithDType};
 use half::{bf16, f16};
@@ -23,6 +24,8 @@ pub struct KvStorage {
     layout: KvLayout,
     num_blocks: usize,
     data: Data,
+    /// Device storage (1-D, same layout); `data` is then empty.
+    device: Option<Tensor>,
 }
 
 fn zeroed<T: Clone + Default>(n: usize, bytes_per_block: usize, blocks: usize) -> Result<Vec<T>, KvPoolError> {
@@ -57,7 +60,29 @@ impl KvStorage {
             DType::F16 => Data::F16(zeroed(n, bpb, num_blocks)?),
             other => return Err(KvPoolError::UnsupportedDType(other)),
         };
-        Ok(Self { layout, num_blocks, data })
+        Ok(Self { layout, num_blocks, data, device: None })
+    }
+
+    /// Storage on `device`: host memory for a CPU, one zeroed device
+    /// allocation otherwise.
+    pub fn new_on(layout: KvLayout, num_blocks: usize, device: &Device) -> Result<Self, KvPoolError> {
+        if device.is_cpu() {
+            return Self::new(layout, num_blocks);
+        }
+        let n = layout
+            .num_layers
+            .checked_mul(num_blocks)
+            .and_then(|x| x.checked_mul(layout.block_elems()))
+            .ok_or(KvPoolError::TooLarge { blocks: num_blocks, bytes_per_block: layout.bytes_per_block() })?;
+        let t = Tensor::zeros(n, layout.dtype, device)?;
+        let data = Data::F32(Vec::new());
+        Ok(Self { layout, num_blocks, data, device: Some(t) })
+    }
+
+    /// The device tensor (1-D, `[layer][block][k|v][slot][head][dim]`) when
+    /// the storage lives on a GPU.
+    pub fn device_tensor(&self) -> Option<&Tensor> {
+        self.device.as_ref()
     }
 
     pub fn layout(&self) -> &KvLayout {
@@ -68,8 +93,11 @@ impl KvStorage {
         self.num_blocks
     }
 
-    /// The raw memory of the storage (one region).
+    /// The raw memory of the storage (one region; none for device storage).
     pub fn regions(&self) -> Vec<MemoryRegion> {
+        if self.device.is_some() {
+            return Vec::new();
+        }
         with_data!(&self.data, v => vec![MemoryRegion {
             addr: v.as_ptr() as usize,
             len: std::mem::size_of_val(v.as_slice()),
@@ -96,6 +124,9 @@ impl KvStorage {
             )));
         }
         let (layout, nb) = (self.layout, self.num_blocks);
+        if let Some(t) = &self.device {
+            return write_device(t, &layout, nb, layer, slots, k, v);
+        }
         with_data!(&mut self.data, dst => write_typed(dst, &layout, nb, layer, slots, k, v))
     }
 
@@ -107,6 +138,9 @@ impl KvStorage {
             return Err(KvPoolError::SlotOutOfRange { slot: len, blocks: table.len(), block_size: bs });
         }
         let (layout, nb) = (self.layout, self.num_blocks);
+        if let Some(t) = &self.device {
+            return gather_device(t, &layout, nb, layer, table, len, device);
+        }
         with_data!(&self.data, src => gather_typed(src, &layout, nb, layer, table, len, device))
     }
 
@@ -115,6 +149,15 @@ impl KvStorage {
     pub fn copy_block(&mut self, src: BlockId, dst: BlockId) {
         let (layout, nb) = (self.layout, self.num_blocks);
         let be = layout.block_elems();
+        if let Some(t) = &self.device {
+            for layer in 0..layout.num_layers {
+                let s = layout.block_offset(nb, layer, src as usize);
+                let d = layout.block_offset(nb, layer, dst as usize);
+                let copy = t.narrow(0, s, be).and_then(|b| b.copy()).and_then(|b| t.slice_set(&b, 0, d));
+                copy.expect("device block copy");
+            }
+            return;
+        }
         with_data!(&mut self.data, v => {
             for layer in 0..layout.num_layers {
                 let s = layout.block_offset(nb, layer, src as usize);
@@ -124,8 +167,10 @@ impl KvStorage {
         })
     }
 
-    /// The bytes of one block of one layer (K then V).
+    /// The bytes of one block of one layer (K then V). Host storage only:
+    /// panics for device storage.
     pub fn block_bytes(&self, layer: usize, block: BlockId) -> &[u8] {
+        assert!(self.device.is_none(), "block_bytes: the KV storage is on a GPU");
         let off = self.layout.block_offset(self.num_blocks, layer, block as usize);
         let be = self.layout.block_elems();
         with_data!(&self.data, v => as_bytes(&v[off..off + be]))
@@ -135,6 +180,7 @@ impl KvStorage {
     pub fn set_block_bytes(&mut self, layer: usize, block: BlockId, bytes: &[u8]) -> Result<(), KvPoolError> {
         let off = self.layout.block_offset(self.num_blocks, layer, block as usize);
         let be = self.layout.block_elems();
+        assert!(self.device.is_none(), "set_block_bytes: the KV storage is on a GPU");
         if bytes.len() != self.layout.layer_block_bytes() {
             return Err(KvPoolError::Shape(format!("{} bytes for a block of {}", bytes.len(), self.layout.layer_block_bytes())));
         }
@@ -212,6 +258,65 @@ fn gather_typed<T: WithDType>(
     }
     let shape = (len, layout.num_kv_heads, layout.head_dim);
     Ok((Tensor::from_vec(k, shape, device)?, Tensor::from_vec(v, shape, device)?))
+}
+
+/// `write` for device storage through candle copies (tests and tools; the
+/// CUDA model writes with its own kernel).
+fn write_device(
+    t: &Tensor,
+    layout: &KvLayout,
+    num_blocks: usize,
+    layer: usize,
+    slots: &[usize],
+    k: &Tensor,
+    v: &Tensor,
+) -> Result<(), KvPoolError> {
+    let te = layout.token_elems();
+    let bs = layout.block_size;
+    let k = k.to_dtype(layout.dtype)?.to_device(t.device())?.flatten_all()?;
+    let v = v.to_dtype(layout.dtype)?.to_device(t.device())?.flatten_all()?;
+    for (i, &slot) in slots.iter().enumerate() {
+        let (block, off) = (slot / bs, slot % bs);
+        if block >= num_blocks {
+            return Err(KvPoolError::BlockOutOfRange { block: block as u32, num_blocks });
+        }
+        let base = layout.block_offset(num_blocks, layer, block);
+        t.slice_set(&k.narrow(0, i * te, te)?, 0, base + off * te)?;
+        t.slice_set(&v.narrow(0, i * te, te)?, 0, base + (bs + off) * te)?;
+    }
+    Ok(())
+}
+
+fn gather_device(
+    t: &Tensor,
+    layout: &KvLayout,
+    num_blocks: usize,
+    layer: usize,
+    table: &[BlockId],
+    len: usize,
+    device: &Device,
+) -> Result<(Tensor, Tensor), KvPoolError> {
+    let te = layout.token_elems();
+    let bs = layout.block_size;
+    let (mut k, mut v) = (Vec::new(), Vec::new());
+    let mut remaining = len;
+    for &block in table {
+        if remaining == 0 {
+            break;
+        }
+        if block as usize >= num_blocks {
+            return Err(KvPoolError::BlockOutOfRange { block, num_blocks });
+        }
+        let n = remaining.min(bs);
+        let base = layout.block_offset(num_blocks, layer, block as usize);
+        k.push(t.narrow(0, base, n * te)?);
+        v.push(t.narrow(0, base + bs * te, n * te)?);
+        remaining -= n;
+    }
+    let shape = (len, layout.num_kv_heads, layout.head_dim);
+    let k = Tensor::cat(&k, 0)?.reshape(shape)?.to_device(device)?;
+    let v = Tensor::cat(&v, 0)?.reshape(shape)?.to_device(device)?;
+    Ok((k, v))
 }
 
 #[cfg(test)]

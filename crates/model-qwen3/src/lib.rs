@@ -6,6 +6,8 @@
 
 mod attention;
 mod batch;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 mod config;
 mod mlp;
 mod model;

@@ -29,6 +29,10 @@ pub struct Qwen3Model {
     rope: Rope,
     device: Device,
     dtype: DType,
+    /// The decoder layers in bf16 with kvc's kernels, when on a GPU
+    /// (`layers` is then empty).
+    #[cfg(feature = "cuda")]
+    gpu: Option<crate::cuda::GpuModel>,
 }
 
 /// The dtype named by a config or flag ("float32", "bf16", ...).
@@ -47,8 +51,14 @@ impl Qwen3Model {
         let dtype = vb.dtype();
         let m = vb.pp("model");
         let embed_tokens = candle_nn::embedding(config.vocab_size, config.hidden_size, m.pp("embed_tokens"))?;
-        let mut layers = Vec::with_capacity(config.num_hidden_layers);
-        for l in 0..config.num_hidden_layers {
+        #[cfg(feature = "cuda")]
+        let gpu = if device.is_cuda() { Some(crate::cuda::GpuModel::new(&config, &vb)?) } else { None };
+        #[cfg(feature = "cuda")]
+        let cpu_layers = if gpu.is_some() { 0 } else { config.num_hidden_layers };
+        #[cfg(not(feature = "cuda"))]
+        let cpu_layers = config.num_hidden_layers;
+        let mut layers = Vec::with_capacity(cpu_layers);
+        for l in 0..cpu_layers {
             let lv = m.pp("layers").pp(l.to_string());
             layers.push(DecoderLayer {
                 input_layernorm: candle_nn::rms_norm(config.hidden_size, config.rms_norm_eps, lv.pp("input_layernorm"))?,
@@ -68,7 +78,18 @@ impl Qwen3Model {
             vb.pp("lm_head").get((config.vocab_size, config.hidden_size), "weight")?
         };
         let rope = Rope::new(config.head_dim, config.rope_theta);
-        Ok(Self { config, embed_tokens, layers, norm, lm_head, rope, device, dtype })
+        Ok(Self {
+            config,
+            embed_tokens,
+            layers,
+            norm,
+            lm_head,
+            rope,
+            device,
+            dtype,
+            #[cfg(feature = "cuda")]
+            gpu,
+        })
     }
 
     /// Loads `config.json` and safetensors from a directory. `dtype` None
@@ -124,6 +145,10 @@ impl Qwen3Model {
             if s.len == 0 || s.context_len < s.len || s.start + s.len > t || s.block_table.len() * bs < s.context_len {
                 return Err(ModelError::Input(format!("inconsistent sequence chunk {s:?}")));
             }
+        }
+        #[cfg(feature = "cuda")]
+        if let Some(gpu) = &self.gpu {
+            return Ok(gpu.forward(&self.embed_tokens, &self.lm_head, batch, kv)?);
         }
         let positions = batch.positions();
         let slots = batch.slots(bs);

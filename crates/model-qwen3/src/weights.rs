@@ -56,12 +56,15 @@ pub fn safetensors_var_builder(dir: &Path, dtype: DType, device: &Device) -> Res
 /// name and `seed`, so the same config and seed give the same model.
 /// Norm weights are ones.
 pub fn dummy_var_builder(seed: u64, dtype: DType, device: &Device) -> VarBuilder<'static> {
-    let backend: Box<dyn SimpleBackend> = Box::new(DummyBackend { seed });
+    // On a GPU, weights are drawn there (curand) and experts come fused:
+    // the 30B-shaped model would take minutes to draw on one host thread.
+    let backend: Box<dyn SimpleBackend> = Box::new(DummyBackend { seed, on_device: !device.is_cpu() });
     VarBuilder::from_backend(backend, dtype, device.clone())
 }
 
 struct DummyBackend {
     seed: u64,
+    on_device: bool,
 }
 
 impl SimpleBackend for DummyBackend {
@@ -72,10 +75,14 @@ impl SimpleBackend for DummyBackend {
         let mut hasher = DefaultHasher::new();
         name.hash(&mut hasher);
         self.seed.hash(&mut hasher);
-        let mut rng = rand::rngs::StdRng::seed_from_u64(hasher.finish());
         // Uniform with standard deviation 0.05: big enough that routing and
         // sampling are not degenerate, small enough to keep activations sane.
         let a = 0.05f32 * 3f32.sqrt();
+        if self.on_device {
+            dev.set_seed(hasher.finish())?;
+            return Tensor::rand(-a, a, s, dev)?.to_dtype(dtype);
+        }
+        let mut rng = rand::rngs::StdRng::seed_from_u64(hasher.finish());
         let data: Vec<f32> = (0..s.elem_count()).map(|_| rng.random_range(-a..a)).collect();
         Tensor::from_vec(data, s, &Device::Cpu)?.to_dtype(dtype)?.to_device(dev)
     }
@@ -85,7 +92,8 @@ impl SimpleBackend for DummyBackend {
     }
 
     fn contains_tensor(&self, name: &str) -> bool {
-        // Expert weights are requested in the per-expert layout.
-        !name.contains("experts.gate_up_proj") && !name.ends_with("experts.down_proj")
+        // Expert weights are requested in the per-expert layout on a CPU,
+        // fused on a GPU.
+        self.on_device || (!name.contains("experts.gate_up_proj") && !name.ends_with("experts.down_proj"))
     }
 }

@@ -105,6 +105,17 @@ pub struct Args {
     #[arg(long, value_enum, default_value_t = DtypeArg::Auto)]
     pub dtype: DtypeArg,
 
+    /// `auto` (CUDA device 0 when built with `--features cuda` and one is
+    /// present, else the CPU), `cpu`, `cuda` or `cuda:N`.
+    #[arg(long, default_value = "auto")]
+    pub device: String,
+
+    /// GPU only: share of the GPU's memory the server may use in all
+    /// (weights, activations, KV pool), as vLLM's flag; the KV pool gets
+    /// the rest unless --num-kv-blocks is given.
+    #[arg(long, default_value_t = 0.9)]
+    pub gpu_memory_utilization: f64,
+
     /// Seed for dummy weights.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -301,6 +312,8 @@ impl Args {
                 Role::Prefill => self.disagg.snapshot_store_blocks.unwrap_or(kvc_engine::config::HALF_THE_POOL),
                 _ => 0,
             },
+            device: self.device.clone(),
+            gpu_memory_utilization: self.gpu_memory_utilization,
             ..EngineConfig::default()
         }
     }

@@ -3,7 +3,11 @@
 //! ```text
 //! kvc-bench engine [--batch 1,16] [--prompt-len 128] [--gen-len 64] [--model DIR] [--load-format dummy]
 //! kvc-bench admission [--prompt-len 4096]
+//! kvc-bench engine --shape qwen3-30b-a3b [--device auto|cpu|cuda] [--prefill 1024,8192,32768]
+//!                  [--batch 1,16,64,256] [--context 2048] [--steps 64]
 //! ```
+//! With `--shape qwen3-30b-a3b` the model's forward pass is measured at
+//! Qwen3-30B-A3B's shape against the hardware limit (bench/model.rs).
 //! `admission` measures the admission probe's latency while the engine
 //! runs a long prefill plus decodes, and the engine's decode throughput
 //! with and without 100 probes per second.
@@ -15,6 +19,9 @@
 
 use std::time::Instant;
 
+#[path = "bench/model.rs"]
+mod model_bench;
+
 use kvc_engine::{EngineConfig, EngineHandle, GenerateRequest, LoadFormat, ModelSource, SamplingParams, StreamEvent};
 
 struct Args {
@@ -23,10 +30,30 @@ struct Args {
     gen_len: usize,
     model: Option<String>,
     dummy: bool,
+    shape: Option<String>,
+    device: String,
+    prefill: Vec<usize>,
+    context: usize,
+    steps: usize,
+}
+
+fn list(v: &str, flag: &str) -> Result<Vec<usize>, String> {
+    v.split(',').map(|b| b.trim().parse().map_err(|e| format!("{flag}: {e}"))).collect()
 }
 
 fn parse() -> Result<Args, String> {
-    let mut a = Args { batches: vec![1, 16], prompt_len: 128, gen_len: 64, model: None, dummy: false };
+    let mut a = Args {
+        batches: vec![1, 16],
+        prompt_len: 128,
+        gen_len: 64,
+        model: None,
+        dummy: false,
+        shape: None,
+        device: "auto".into(),
+        prefill: vec![1024, 8192, 32768],
+        context: 2048,
+        steps: 64,
+    };
     let mut it = std::env::args().skip(1);
     match it.next().as_deref() {
         Some("engine") => {}
@@ -46,6 +73,11 @@ fn parse() -> Result<Args, String> {
             "--gen-len" => a.gen_len = val()?.parse().map_err(|e| format!("--gen-len: {e}"))?,
             "--model" => a.model = Some(val()?),
             "--load-format" => a.dummy = val()? == "dummy",
+            "--shape" => a.shape = Some(val()?),
+            "--device" => a.device = val()?,
+            "--prefill" => a.prefill = list(&val()?, "--prefill")?,
+            "--context" => a.context = val()?.parse().map_err(|e| format!("--context: {e}"))?,
+            "--steps" => a.steps = val()?.parse().map_err(|e| format!("--steps: {e}"))?,
             other => return Err(format!("unknown flag {other}")),
         }
     }
@@ -63,8 +95,26 @@ fn main() {
     if args.batches == [0] {
         return admission_bench(args.prompt_len);
     }
+    match args.shape.as_deref() {
+        None => {}
+        Some("qwen3-30b-a3b") => {
+            return model_bench::run(&model_bench::Opts {
+                device: args.device,
+                prefill: args.prefill,
+                batches: args.batches,
+                context: args.context,
+                steps: args.steps,
+                block_size: 16,
+            })
+        }
+        Some(other) => {
+            eprintln!("unknown --shape {other:?} (qwen3-30b-a3b)");
+            std::process::exit(2);
+        }
+    }
     let max_batch = *args.batches.iter().max().unwrap_or(&1);
     let config = EngineConfig {
+        device: args.device.clone(),
         model: ModelSource::parse(args.model.as_deref()),
         load_format: if args.dummy { LoadFormat::Dummy } else { LoadFormat::Auto },
         max_num_seqs: max_batch.max(1),

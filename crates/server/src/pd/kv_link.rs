@@ -22,7 +22,10 @@ impl KvLink {
     /// Registers the engine's pool with a Mooncake engine.
     pub fn start(engine: &EngineHandle, host: &str, protocol: &str, timeout: Duration) -> anyhow::Result<Self> {
         let info = engine.info();
-        let memory = PoolMemory { layout: info.kv_layout, num_blocks: info.num_kv_blocks, region: info.kv_region };
+        let region = info.kv_region.ok_or_else(|| {
+            anyhow::anyhow!("the KV pool is in GPU memory; prefill/decode roles move host-memory pools only for now (--device cpu)")
+        })?;
+        let memory = PoolMemory { layout: info.kv_layout, num_blocks: info.num_kv_blocks, region };
         let config = MooncakeConfig { host: host.to_string(), protocol: protocol.to_string(), ..MooncakeConfig::default() };
         // The region lives as long as the engine; the link is dropped
         // before the engine (field order of `PdState`).

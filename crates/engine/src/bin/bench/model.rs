@@ -1,0 +1,206 @@
+//! `kvc-bench engine --shape qwen3-30b-a3b`: the model's forward pass at
+//! Qwen3-30B-A3B's exact shape with dummy bf16 weights, on the device the
+//! engine would pick: prefill tok/s at several prompt lengths and decode
+//! tok/s at several batch sizes over a fixed context, each against the
+//! hardware limit (bytes read per step over HBM bandwidth; FLOPs over peak
+//! dense bf16). Engine scheduling and sampling are left out: greedy
+//! argmax runs on the device and only token ids come back.
+
+use std::time::Instant;
+
+use candle_core::{DType, Device, Tensor, D};
+use kvc_kv_pool::{BlockId, KvPool};
+use kvc_model_qwen3::{BatchInput, Qwen3Config, Qwen3Model, SeqChunk};
+
+/// config.json of Qwen/Qwen3-30B-A3B (the fields kvc reads).
+pub const QWEN3_30B_A3B: &str = r#"{
+  "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
+  "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 6144,
+  "moe_intermediate_size": 768, "num_hidden_layers": 48,
+  "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
+  "num_experts": 128, "num_experts_per_tok": 8, "norm_topk_prob": true,
+  "decoder_sparse_step": 1, "mlp_only_layers": [], "max_position_embeddings": 40960,
+  "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "tie_word_embeddings": false,
+  "torch_dtype": "bfloat16", "bos_token_id": 151643, "eos_token_id": 151645
+}"#;
+
+/// H200 SXM: HBM3e bandwidth and dense bf16 tensor-core peak (datasheet).
+const HBM_BYTES_PER_S: f64 = 4.8e12;
+const PEAK_BF16_FLOPS: f64 = 989e12;
+
+pub struct Opts {
+    pub device: String,
+    pub prefill: Vec<usize>,
+    pub batches: Vec<usize>,
+    pub context: usize,
+    pub steps: usize,
+    pub block_size: usize,
+}
+
+struct Shape {
+    layers: f64,
+    hidden: f64,
+    heads: f64,
+    kv_heads: f64,
+    head_dim: f64,
+    experts: f64,
+    top_k: f64,
+    inter: f64,
+    vocab: f64,
+}
+
+impl Shape {
+    fn of(c: &Qwen3Config) -> Self {
+        let moe = c.moe.as_ref().expect("MoE shape");
+        Self {
+            layers: c.num_hidden_layers as f64,
+            hidden: c.hidden_size as f64,
+            heads: c.num_attention_heads as f64,
+            kv_heads: c.num_key_value_heads as f64,
+            head_dim: c.head_dim as f64,
+            experts: moe.num_experts as f64,
+            top_k: moe.num_experts_per_tok as f64,
+            inter: moe.moe_intermediate_size as f64,
+            vocab: c.vocab_size as f64,
+        }
+    }
+    fn attn_params(&self) -> f64 {
+        self.hidden * (self.heads + 2.0 * self.kv_heads) * self.head_dim + self.heads * self.head_dim * self.hidden
+    }
+    fn expert_params(&self) -> f64 {
+        3.0 * self.hidden * self.inter
+    }
+    /// Parameters a token multiplies by (attention, router, top-k experts, lm_head).
+    fn active_params(&self) -> f64 {
+        self.layers * (self.attn_params() + self.experts * self.hidden + self.top_k * self.expert_params()) + self.vocab * self.hidden
+    }
+    /// Expected distinct experts per layer for `tokens` uniformly routed tokens.
+    fn experts_touched(&self, tokens: f64) -> f64 {
+        self.experts * (1.0 - (1.0 - self.top_k / self.experts).powf(tokens))
+    }
+    /// Bytes a decode step must read: weights touched once, the whole KV context.
+    fn decode_bytes(&self, batch: f64, ctx: f64) -> f64 {
+        let w = self.layers * (self.attn_params() + self.experts * self.hidden + self.experts_touched(batch) * self.expert_params())
+            + self.vocab * self.hidden;
+        let kv = batch * ctx * self.layers * 2.0 * self.kv_heads * self.head_dim;
+        2.0 * (w + kv)
+    }
+    /// FLOPs of a forward over `tokens` new tokens at mean context `ctx`
+    /// (causal attention: q.k and p.v per query per key).
+    fn flops(&self, tokens: f64, mean_ctx: f64) -> f64 {
+        2.0 * tokens * self.active_params() + 4.0 * tokens * mean_ctx * self.heads * self.head_dim * self.layers
+    }
+}
+
+fn sync(device: &Device) {
+    device.synchronize().expect("synchronize");
+}
+
+/// Fills the pool with random bf16 values (timing on zeros flatters kernels).
+fn randomize_pool(pool: &KvPool) -> candle_core::Result<()> {
+    let Some(t) = pool.storage.device_tensor() else { return Ok(()) };
+    let n = t.elem_count();
+    let chunk = 1 << 28;
+    let mut off = 0;
+    while off < n {
+        let len = chunk.min(n - off);
+        let r = Tensor::rand(-1f32, 1f32, len, t.device())?.to_dtype(DType::BF16)?;
+        t.slice_set(&r, 0, off)?;
+        off += len;
+    }
+    Ok(())
+}
+
+fn greedy(logits: &Tensor) -> Vec<u32> {
+    let ids = logits.argmax(D::Minus1).expect("argmax");
+    let v = ids.to_vec1::<u32>().expect("ids");
+    assert!(logits.max_keepdim(D::Minus1).unwrap().to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap().iter().all(|x| x.is_finite()), "non-finite logits");
+    v
+}
+
+pub fn run(o: &Opts) {
+    let device = kvc_engine::device::select(&o.device).unwrap_or_else(|e| {
+        eprintln!("{e}");
+        std::process::exit(1)
+    });
+    let cfg = Qwen3Config::from_json(QWEN3_30B_A3B).expect("config");
+    let shape = Shape::of(&cfg);
+    let dtype = if device.is_cpu() { DType::F32 } else { DType::BF16 };
+    let t0 = Instant::now();
+    let model = Qwen3Model::dummy(cfg.clone(), 0, dtype, &device).expect("model");
+    sync(&device);
+    println!("Qwen3-30B-A3B shape, dummy {dtype:?} weights on {device:?}: loaded in {:.1} s; {:.2} B active params/token", t0.elapsed().as_secs_f64(), shape.active_params() / 1e9);
+    let bs = o.block_size;
+    let layout = model.kv_layout(bs);
+    let max_prefill = o.prefill.iter().copied().max().unwrap_or(0);
+    let max_batch = o.batches.iter().copied().max().unwrap_or(0);
+    let per_seq = (o.context + o.steps + 8).div_ceil(bs);
+    let blocks = max_prefill.div_ceil(bs).max(max_batch * per_seq).max(1);
+    let mut pool = KvPool::new_on(layout, blocks, &device).expect("KV pool");
+    randomize_pool(&pool).expect("randomize pool");
+    sync(&device);
+    println!("KV pool: {blocks} blocks of {bs} tokens, {:.1} GiB", (blocks * layout.bytes_per_block()) as f64 / (1u64 << 30) as f64);
+
+    // Warm-up: loads modules, creates cuBLAS handles, grows the memory pool.
+    let table: Vec<BlockId> = (0..blocks.min(64) as BlockId).collect();
+    for len in [64usize, 512] {
+        let len = len.min(table.len() * bs);
+        let b = BatchInput { tokens: (0..len as u32).map(|i| i % 1000 + 10).collect(), seqs: vec![SeqChunk { start: 0, len, context_len: len, block_table: &table }], logits_rows: vec![len - 1] };
+        greedy(&model.forward(&b, &mut pool.storage).expect("warm-up"));
+    }
+
+    println!("\nprefill (one sequence, one forward pass)");
+    println!("{:>8} {:>10} {:>12} {:>14}", "tokens", "ms", "tok/s", "% peak bf16");
+    for &len in &o.prefill {
+        let table: Vec<BlockId> = (0..len.div_ceil(bs) as BlockId).collect();
+        let tokens: Vec<u32> = (0..len).map(|i| ((i * 7919) % 150000) as u32 + 10).collect();
+        let batch = BatchInput { tokens, seqs: vec![SeqChunk { start: 0, len, context_len: len, block_table: &table }], logits_rows: vec![len - 1] };
+        let mut times = Vec::new();
+        for _ in 0..3 {
+            sync(&device);
+            let t = Instant::now();
+            greedy(&model.forward(&batch, &mut pool.storage).expect("prefill"));
+            times.push(t.elapsed().as_secs_f64());
+        }
+        times.sort_by(|a, b| a.total_cmp(b));
+        let s = times[1];
+        let flops = shape.flops(len as f64, len as f64 / 2.0);
+        println!("{len:>8} {:>10.1} {:>12.0} {:>13.1}%", s * 1e3, len as f64 / s, 100.0 * flops / s / PEAK_BF16_FLOPS);
+    }
+
+    println!("\ndecode ({} context, {} steps; greedy on device)", o.context, o.steps);
+    println!("{:>6} {:>10} {:>12} {:>10} {:>12} {:>14}", "batch", "ms/step", "tok/s", "GB/step", "% HBM roof", "% peak bf16");
+    for &b in &o.batches {
+        let tables: Vec<Vec<BlockId>> = (0..b).map(|i| ((i * per_seq) as BlockId..((i + 1) * per_seq) as BlockId).collect()).collect();
+        let mut ctx = o.context;
+        let mut step_times = Vec::new();
+        let mut tokens: Vec<u32> = (0..b).map(|i| (i * 31 % 1000) as u32 + 10).collect();
+        for step in 0..o.steps + 2 {
+            ctx += 1;
+            let batch = BatchInput {
+                tokens: tokens.clone(),
+                seqs: (0..b).map(|i| SeqChunk { start: i, len: 1, context_len: ctx, block_table: &tables[i] }).collect(),
+                logits_rows: (0..b).collect(),
+            };
+            let t = Instant::now();
+            tokens = greedy(&model.forward(&batch, &mut pool.storage).expect("decode"));
+            if step >= 2 {
+                step_times.push(t.elapsed().as_secs_f64());
+            }
+        }
+        step_times.sort_by(|a, b| a.total_cmp(b));
+        let s = step_times[step_times.len() / 2];
+        let mean_ctx = (o.context + o.steps / 2) as f64;
+        let bytes = shape.decode_bytes(b as f64, mean_ctx);
+        let flops = shape.flops(b as f64, mean_ctx);
+        println!(
+            "{b:>6} {:>10.2} {:>12.0} {:>10.2} {:>11.1}% {:>13.2}%",
+            s * 1e3,
+            b as f64 / s,
+            bytes / 1e9,
+            100.0 * bytes / s / HBM_BYTES_PER_S,
+            100.0 * flops / s / PEAK_BF16_FLOPS
+        );
+    }
+    println!("\n(median of 3 prefills / of the decode steps; HBM roof {:.1} TB/s, bf16 peak {:.0} TFLOP/s)", HBM_BYTES_PER_S / 1e12, PEAK_BF16_FLOPS / 1e12);
+}

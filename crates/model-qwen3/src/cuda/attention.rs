@@ -1,0 +1,186 @@
+//! Paged attention on the GPU: the host plans work items over the batch
+//! (query tiles, and KV-length splits for decodes when the batch alone
+//! would not fill the GPU), one kernel attends, a second merges splits.
+
+use candle_core::cuda::cudarc::driver::LaunchConfig;
+use candle_core::{bail, DType, Device, Result, Tensor};
+
+use super::{cuda_dev, empty, launch, ptr, upload_u32, Kernels};
+use crate::batch::BatchInput;
+
+/// Rows (token x query head of a group) per work item, as in attention.cu.
+const BR: usize = 64;
+const BC: usize = 64;
+/// CTAs that fill an H200 (132 SMs) about twice.
+const TARGET_CTAS: usize = 264;
+/// Shortest KV range a split covers.
+const MIN_SPLIT: usize = 128;
+/// Most splits one sequence is cut into (attn_combine's MAX_PARTS).
+const MAX_SPLITS: usize = 512;
+
+/// Dynamic shared memory of the attention kernel for a padded head dim.
+pub(crate) fn smem_bytes(hd: usize) -> usize {
+    // Padded strides as in attention.cu: LDQ = hd + 8, LDS = BC + 4, LDP = BC + 8.
+    BR * (hd + 8) * 2 + 4 * BC * (hd + 8) * 2 + BR * (BC + 4) * 4 + BR * (BC + 8) * 2 + 3 * BR * 4
+}
+
+/// Dynamic shared memory of the decode kernel (16 rows, warps split keys).
+pub(crate) fn decode_smem_bytes(hd: usize) -> usize {
+    16 * (hd + 8) * 2 + 4 * BC * (hd + 8) * 2 + 4 * 16 * 20 * 4 + 4 * 16 * 24 * 2 + 3 * 4 * 16 * 4
+}
+
+/// Rows (tokens x group heads) up to which a work item runs on the decode kernel.
+const DECODE_ROWS: usize = 16;
+
+/// The head dims the kernel is compiled for.
+fn padded_head_dim(hd: usize) -> Result<usize> {
+    match [16, 32, 64, 128, 256].into_iter().find(|&p| p >= hd) {
+        Some(p) => Ok(p),
+        None => bail!("head_dim {hd} > 256 is not supported by the attention kernel"),
+    }
+}
+
+/// The work of one batch, uploaded once and used by every layer.
+pub struct AttentionPlan {
+    seqs: Tensor,
+    tables: Tensor,
+    items: Tensor,
+    decode_items: Tensor,
+    combine: Tensor,
+    num_items: usize,
+    num_decode_items: usize,
+    num_combine: usize,
+    num_parts: usize,
+    num_heads: usize,
+    num_kv_heads: usize,
+}
+
+impl AttentionPlan {
+    pub fn new(batch: &BatchInput, num_heads: usize, num_kv_heads: usize, device: &Device) -> Result<Self> {
+        if num_kv_heads == 0 || num_heads % num_kv_heads != 0 || num_heads / num_kv_heads > BR {
+            bail!("attention: {num_heads} query heads over {num_kv_heads} KV heads is not supported");
+        }
+        let group = num_heads / num_kv_heads;
+        let tok_per_tile = BR / group;
+        let mut seqs = Vec::with_capacity(batch.seqs.len() * 4);
+        let mut tables = Vec::new();
+        for s in &batch.seqs {
+            seqs.extend([s.start as u32, s.len as u32, s.context_len as u32, tables.len() as u32]);
+            tables.extend(s.block_table.iter().copied());
+        }
+        let tiles: usize = batch.seqs.iter().map(|s| s.len.div_ceil(tok_per_tile)).sum();
+        let base_ctas = tiles * num_kv_heads;
+        let (mut items, mut decode_items, mut combine) = (Vec::new(), Vec::new(), Vec::new());
+        let mut parts = 0u32;
+        for (si, s) in batch.seqs.iter().enumerate() {
+            let ctx = s.context_len;
+            let mut splits = 1;
+            if s.len <= tok_per_tile && base_ctas < TARGET_CTAS {
+                splits = TARGET_CTAS.div_ceil(base_ctas).min(ctx.div_ceil(MIN_SPLIT)).clamp(1, MAX_SPLITS);
+            }
+            if splits > 1 {
+                let split_len = ctx.div_ceil(splits).div_ceil(BC) * BC;
+                let splits = ctx.div_ceil(split_len);
+                combine.extend([si as u32, parts, splits as u32, s.len as u32]);
+                let dst = if s.len * group <= DECODE_ROWS { &mut decode_items } else { &mut items };
+                for p in 0..splits {
+                    let (b, e) = (p * split_len, ((p + 1) * split_len).min(ctx));
+                    dst.extend([si as u32, 0, s.len as u32, b as u32, e as u32, parts, 0]);
+                    parts += 1;
+                }
+            } else {
+                let mut off = 0;
+                while off < s.len {
+                    let n = tok_per_tile.min(s.len - off);
+                    let dst = if n * group <= DECODE_ROWS { &mut decode_items } else { &mut items };
+                    dst.extend([si as u32, off as u32, n as u32, 0, ctx as u32, u32::MAX, 0]);
+                    off += n;
+                }
+            }
+        }
+        Ok(Self {
+            num_items: items.len() / 7,
+            num_decode_items: decode_items.len() / 7,
+            decode_items: upload_u32(decode_items, device)?,
+            num_combine: combine.len() / 4,
+            num_parts: parts as usize,
+            seqs: upload_u32(seqs, device)?,
+            tables: upload_u32(tables, device)?,
+            items: upload_u32(items, device)?,
+            combine: upload_u32(combine, device)?,
+            num_heads,
+            num_kv_heads,
+        })
+    }
+}
+
+/// The paged KV cache of one layer as the kernels see it.
+pub struct PagedAttention {
+    /// Device address of the layer's first block.
+    pub layer_ptr: u64,
+    pub block_size: usize,
+    pub head_dim: usize,
+    pub scale: f32,
+}
+
+impl PagedAttention {
+    /// `q: [tokens, num_heads * head_dim]` bf16 -> attention output of the
+    /// same shape, every sequence attending causally over its paged context.
+    pub fn forward(&self, k: &Kernels, q: &Tensor, plan: &AttentionPlan) -> Result<Tensor> {
+        let dev = cuda_dev(q.device())?;
+        let (t, _) = q.dims2()?;
+        let (nh, nkv, hd) = (plan.num_heads, plan.num_kv_heads, self.head_dim);
+        if q.dtype() != DType::BF16 || q.dim(1)? != nh * hd {
+            bail!("attention: q {:?} {:?} for {nh} heads of {hd}", q.shape(), q.dtype());
+        }
+        let hp = padded_head_dim(hd)?;
+        let f = &k.attention.iter().find(|(p, _)| *p == hp).expect("compiled head dims").1;
+        let fd = &k.decode.iter().find(|(p, _)| *p == hp).expect("compiled head dims").1;
+        let out = empty(dev, (t, nh * hd), DType::BF16)?;
+        let parts = plan.num_parts.max(1) * nkv * BR;
+        let part_o = if plan.num_parts > 0 { empty(dev, parts * hd, DType::F32)? } else { empty(dev, 1, DType::F32)? };
+        let part_lse = if plan.num_parts > 0 { empty(dev, parts, DType::F32)? } else { empty(dev, 1, DType::F32)? };
+        for (func, items, n, smem) in [
+            (f, &plan.items, plan.num_items, smem_bytes(hp)),
+            (fd, &plan.decode_items, plan.num_decode_items, decode_smem_bytes(hp)),
+        ] {
+            if n == 0 {
+                continue;
+            }
+            let cfg = LaunchConfig { grid_dim: (n as u32, nkv as u32, 1), block_dim: (128, 1, 1), shared_mem_bytes: smem as u32 };
+            launch!(
+                func,
+                cfg,
+                ptr(q)?,
+                self.layer_ptr,
+                ptr(&plan.tables)?,
+                ptr(&plan.seqs)?,
+                ptr(items)?,
+                ptr(&out)?,
+                ptr(&part_o)?,
+                ptr(&part_lse)?,
+                nh as i32,
+                nkv as i32,
+                hd as i32,
+                self.block_size as i32,
+                self.scale
+            )?;
+        }
+        if plan.num_combine > 0 {
+            let cfg = LaunchConfig { grid_dim: (plan.num_combine as u32, nkv as u32, BR as u32), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+            launch!(
+                k.attn_combine,
+                cfg,
+                ptr(&part_o)?,
+                ptr(&part_lse)?,
+                ptr(&plan.seqs)?,
+                ptr(&plan.combine)?,
+                ptr(&out)?,
+                nh as i32,
+                nkv as i32,
+                hd as i32
+            )?;
+        }
+        Ok(out)
+    }
+}

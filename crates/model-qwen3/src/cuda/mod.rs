@@ -1,0 +1,195 @@
+//! The CUDA forward pass: candle for GEMMs (cuBLAS) and copies, kvc's own
+//! kernels (kernels/*.cu, PTX embedded at build time) for everything that
+//! candle does slowly: norms, RoPE, paged K/V writes, paged attention, MoE
+//! routing and the grouped expert GEMM for small batches.
+
+mod attention;
+mod model;
+mod moe;
+
+pub use attention::{AttentionPlan, PagedAttention};
+pub use moe::{set_moe_small_pairs, SMALL_PAIRS};
+pub(crate) use model::GpuModel;
+
+use std::sync::Arc;
+
+use candle_core::cuda::cudarc::driver::{sys, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchArgs, LaunchConfig};
+use candle_core::cuda::WrapErr;
+use candle_core::op::BackpropOp;
+use candle_core::{bail, CudaDevice, CudaStorage, DType, Device, Result, Shape, Storage, Tensor};
+use half::bf16;
+
+pub(crate) const PTX_LAYERS: &str = include_str!(concat!(env!("OUT_DIR"), "/layers.ptx"));
+pub(crate) const PTX_ATTENTION: &str = include_str!(concat!(env!("OUT_DIR"), "/attention.ptx"));
+pub(crate) const PTX_MOE: &str = include_str!(concat!(env!("OUT_DIR"), "/moe.ptx"));
+
+/// Launches `$f` with `$cfg` and the listed arguments (u64 device
+/// pointers, i32, f32), in order.
+macro_rules! launch {
+    ($f:expr, $cfg:expr $(, $a:expr)* $(,)?) => {{
+        #[allow(unused_imports)]
+        use candle_core::cuda::cudarc::driver::PushKernelArg;
+        let mut b = $f.builder();
+        $( let v = $a; b.arg(&v); )*
+        unsafe { b.launch($cfg) }.map(|_| ()).map_err(|e| candle_core::Error::Msg(format!("kernel launch: {e:?}")))
+    }};
+}
+pub(crate) use launch;
+
+/// One loaded kernel and the stream it runs on (candle's).
+pub struct CudaFunc {
+    func: CudaFunction,
+    stream: Arc<CudaStream>,
+}
+
+impl CudaFunc {
+    pub fn builder(&self) -> LaunchArgs<'_> {
+        self.stream.launch_builder(&self.func)
+    }
+}
+
+/// Every kvc kernel, looked up once.
+pub struct Kernels {
+    pub rmsnorm: CudaFunc,
+    pub add_rmsnorm: CudaFunc,
+    pub qk_norm_rope_store: CudaFunc,
+    pub silu_mul: CudaFunc,
+    pub attention: Vec<(usize, CudaFunc)>,
+    pub decode: Vec<(usize, CudaFunc)>,
+    pub attn_combine: CudaFunc,
+    pub moe_topk: CudaFunc,
+    pub moe_align: CudaFunc,
+    pub moe_gemm_small: CudaFunc,
+    pub moe_gemm_tc: CudaFunc,
+    pub moe_sum: CudaFunc,
+}
+
+impl Kernels {
+    pub fn load(dev: &CudaDevice) -> Result<Self> {
+        let stream = dev.cuda_stream();
+        let get = |name: &str, module: &str, ptx: &str| -> Result<CudaFunc> {
+            let f = dev.get_or_load_custom_func(name, module, ptx)?;
+            Ok(CudaFunc { func: (*f).clone(), stream: stream.clone() })
+        };
+        let l = |name: &str| get(name, "kvc_layers", PTX_LAYERS);
+        let a = |name: &str| get(name, "kvc_attention", PTX_ATTENTION);
+        let m = |name: &str| get(name, "kvc_moe", PTX_MOE);
+        let (mut attention, mut decode) = (Vec::new(), Vec::new());
+        for hd in [16usize, 32, 64, 128, 256] {
+            let f = a(&format!("paged_attention_hd{hd}"))?;
+            f.func.set_attribute(
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                attention::smem_bytes(hd) as i32,
+            )
+            .w()?;
+            attention.push((hd, f));
+            let f = a(&format!("paged_decode_hd{hd}"))?;
+            f.func
+                .set_attribute(
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    attention::decode_smem_bytes(hd) as i32,
+                )
+                .w()?;
+            decode.push((hd, f));
+        }
+        Ok(Self {
+            rmsnorm: l("rmsnorm")?,
+            add_rmsnorm: l("add_rmsnorm")?,
+            qk_norm_rope_store: l("qk_norm_rope_store")?,
+            silu_mul: l("silu_mul")?,
+            attention,
+            decode,
+            attn_combine: a("attn_combine")?,
+            moe_topk: m("moe_topk")?,
+            moe_align: m("moe_align")?,
+            moe_gemm_small: m("moe_gemm_small")?,
+            moe_gemm_tc: m("moe_gemm_tc")?,
+            moe_sum: m("moe_sum")?,
+        })
+    }
+}
+
+pub(crate) fn cuda_dev(device: &Device) -> Result<&CudaDevice> {
+    device.as_cuda_device()
+}
+
+/// Device address of a contiguous CUDA tensor's first element.
+pub fn ptr(t: &Tensor) -> Result<u64> {
+    let (st, layout) = t.storage_and_layout();
+    if !layout.is_contiguous() {
+        bail!("kvc kernel input must be contiguous, got {:?}", layout);
+    }
+    let Storage::Cuda(cs) = &*st else { bail!("kvc kernel input must be on a CUDA device") };
+    let stream = candle_core::backend::BackendStorage::device(cs).cuda_stream();
+    fn base<T>(s: &CudaSlice<T>, stream: &std::sync::Arc<candle_core::cuda::cudarc::driver::CudaStream>) -> u64 {
+        let (p, _sync) = s.device_ptr(stream);
+        p
+    }
+    let p = match t.dtype() {
+        DType::BF16 => base(cs.as_cuda_slice::<bf16>()?, &stream),
+        DType::F32 => base(cs.as_cuda_slice::<f32>()?, &stream),
+        DType::U32 => base(cs.as_cuda_slice::<u32>()?, &stream),
+        DType::I64 => base(cs.as_cuda_slice::<i64>()?, &stream),
+        other => bail!("kvc kernels take bf16/f32/u32 tensors, got {other:?}"),
+    };
+    Ok(p + (layout.start_offset() * t.dtype().size_in_bytes()) as u64)
+}
+
+/// An uninitialised tensor (every kernel that fills one writes all of it).
+pub fn empty(dev: &CudaDevice, shape: impl Into<Shape>, dtype: DType) -> Result<Tensor> {
+    let shape = shape.into();
+    let n = shape.elem_count().max(1);
+    // SAFETY: the callers' kernels write every element before it is read.
+    let storage = unsafe {
+        match dtype {
+            DType::BF16 => CudaStorage::wrap_cuda_slice(dev.alloc::<bf16>(n)?, dev.clone()),
+            DType::F32 => CudaStorage::wrap_cuda_slice(dev.alloc::<f32>(n)?, dev.clone()),
+            DType::U32 => CudaStorage::wrap_cuda_slice(dev.alloc::<u32>(n)?, dev.clone()),
+            other => bail!("empty: unsupported dtype {other:?}"),
+        }
+    };
+    Ok(Tensor::from_storage(Storage::Cuda(storage), shape, BackpropOp::none(), false))
+}
+
+pub(crate) fn upload_u32(v: Vec<u32>, device: &Device) -> Result<Tensor> {
+    let n = v.len();
+    let v = if v.is_empty() { vec![0] } else { v };
+    let t = Tensor::from_vec(v, n.max(1), device)?;
+    Ok(t)
+}
+
+pub(crate) fn grid1(n: usize, block: u32) -> LaunchConfig {
+    LaunchConfig { grid_dim: ((n as u32).div_ceil(block).clamp(1, 65535 * 16), 1, 1), block_dim: (block, 1, 1), shared_mem_bytes: 0 }
+}
+
+/// Start-up for a CUDA device: keep freed memory in the stream-ordered
+/// pool instead of returning it to the driver at every synchronisation
+/// (GPU.md: 2x on large copies).
+pub fn prepare_device(device: &Device) -> Result<()> {
+    let dev = cuda_dev(device)?;
+    let ctx = dev.cuda_stream().context().clone();
+    ctx.bind_to_thread().w()?;
+    unsafe {
+        let mut pool = std::mem::MaybeUninit::<sys::CUmemoryPool>::uninit();
+        let r = sys::cuDeviceGetDefaultMemPool(pool.as_mut_ptr(), ctx.cu_device());
+        if r != sys::CUresult::CUDA_SUCCESS {
+            bail!("cuDeviceGetDefaultMemPool: {r:?}");
+        }
+        let mut threshold: u64 = u64::MAX;
+        let r = sys::cuMemPoolSetAttribute(
+            pool.assume_init(),
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+            &mut threshold as *mut u64 as *mut std::ffi::c_void,
+        );
+        if r != sys::CUresult::CUDA_SUCCESS {
+            bail!("cuMemPoolSetAttribute: {r:?}");
+        }
+    }
+    Ok(())
+}
+
+/// (free, total) bytes of device memory.
+pub fn memory_info(device: &Device) -> Result<(usize, usize)> {
+    let dev = cuda_dev(device)?;
+    dev.cuda_stream().context().mem_get_info().w()
+}

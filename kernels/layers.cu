@@ -1,0 +1,123 @@
+// Per-token layers: RMSNorm (plain and fused with the residual add),
+// q/k RMSNorm + rotary embedding + paged K/V store, SiLU-and-multiply.
+#include "common.cuh"
+
+// out = w * bf16(x * rsqrt(mean(x^2) + eps)) per row (HF's Qwen3RMSNorm).
+// grid: rows, block: 256.
+__device__ void rmsnorm_row(const bf16* x, const bf16* w, bf16* out, int H, float eps) {
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < H; i += blockDim.x) {
+        float v = to_f(x[i]);
+        ss += v * v;
+    }
+    float r = rsqrtf(block_sum(ss) / H + eps);
+    for (int i = threadIdx.x; i < H; i += blockDim.x)
+        out[i] = to_bf(round_bf(to_f(x[i]) * r) * to_f(w[i]));
+}
+
+extern "C" __global__ void rmsnorm(const bf16* x, const bf16* w, bf16* out, int H, float eps) {
+    size_t row = blockIdx.x;
+    rmsnorm_row(x + row * H, w, out + row * H, H, eps);
+}
+
+// x += h (rounded to bf16, as a bf16 add), then out = rmsnorm(x). One pass
+// with 16-byte accesses when H % 8 == 0 and H <= 8 * blockDim.x.
+extern "C" __global__ void add_rmsnorm(bf16* x, const bf16* h, const bf16* w, bf16* out, int H, float eps) {
+    size_t row = blockIdx.x;
+    bf16* xr = x + row * H;
+    const bf16* hr = h + row * H;
+    if (H % 8 == 0 && H <= 8 * (int)blockDim.x) {
+        int c = threadIdx.x * 8;
+        float v[8];
+        float ss = 0.f;
+        if (c < H) {
+            uint4 a = *(const uint4*)(xr + c), b = *(const uint4*)(hr + c);
+            const bf16* ab = (const bf16*)&a;
+            const bf16* bb = (const bf16*)&b;
+            uint4 o;
+            bf16* ob = (bf16*)&o;
+            for (int i = 0; i < 8; i++) {
+                ob[i] = to_bf(to_f(ab[i]) + to_f(bb[i]));
+                v[i] = to_f(ob[i]);
+                ss += v[i] * v[i];
+            }
+            *(uint4*)(xr + c) = o;
+        }
+        float r = rsqrtf(block_sum(ss) / H + eps);
+        if (c < H) {
+            uint4 wv = *(const uint4*)(w + c);
+            const bf16* wb = (const bf16*)&wv;
+            uint4 o;
+            bf16* ob = (bf16*)&o;
+            for (int i = 0; i < 8; i++) ob[i] = to_bf(round_bf(v[i] * r) * to_f(wb[i]));
+            *(uint4*)(out + row * H + c) = o;
+        }
+        return;
+    }
+    for (int i = threadIdx.x; i < H; i += blockDim.x) xr[i] = to_bf(to_f(xr[i]) + to_f(hr[i]));
+    __syncthreads();
+    rmsnorm_row(xr, w, out + row * H, H, eps);
+}
+
+// qkv: [T, (nh + 2 nkv) * hd] (q heads, k heads, v heads). One warp per
+// (token, head): q and k heads get RMSNorm over head_dim and rotate-half
+// RoPE at the token's position; q goes to q_out [T, nh * hd], k and v to
+// the layer's paged cache [block][k|v][slot][kv_head][hd] at the token's
+// slot (block * block_size + offset; negative = skip).
+// grid: (T, ceil((nh + 2 nkv) / 4)), block: 128. hd <= 256, even.
+extern "C" __global__ void qk_norm_rope_store(
+    const bf16* qkv, const bf16* q_w, const bf16* k_w, const int* pos, const int* slots,
+    bf16* q_out, bf16* cache, int nh, int nkv, int hd, int block_size, float eps, float theta) {
+    __shared__ float buf[4][256];
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int t = blockIdx.x;
+    int j = blockIdx.y * 4 + warp;
+    int heads = nh + 2 * nkv;
+    if (j >= heads) return;
+    const bf16* src = qkv + ((size_t)t * heads + j) * hd;
+    int slot = slots[t];
+    size_t kv_tok = (size_t)block_size * nkv * hd;  // one of K or V of a block
+    bf16* kdst = 0;
+    if (j >= nh) {
+        if (slot < 0) return;
+        int b = slot / block_size, off = slot % block_size;
+        int kvh = j >= nh + nkv ? j - nh - nkv : j - nh;
+        kdst = cache + (size_t)b * 2 * kv_tok + (j >= nh + nkv ? kv_tok : 0) + ((size_t)off * nkv + kvh) * hd;
+    }
+    if (j >= nh + nkv) {
+        for (int i = lane; i < hd; i += 32) kdst[i] = src[i];
+        return;
+    }
+    const bf16* w = j < nh ? q_w : k_w;
+    float ss = 0.f;
+    for (int i = lane; i < hd; i += 32) {
+        float v = to_f(src[i]);
+        ss += v * v;
+    }
+    float r = rsqrtf(warp_sum(ss) / hd + eps);
+    for (int i = lane; i < hd; i += 32) buf[warp][i] = round_bf(round_bf(to_f(src[i]) * r) * to_f(w[i]));
+    __syncwarp();
+    int half = hd / 2;
+    float p = (float)pos[t];
+    bf16* dst = j < nh ? q_out + ((size_t)t * nh + j) * hd : kdst;
+    for (int i = lane; i < hd; i += 32) {
+        int f = i < half ? i : i - half;
+        float inv_freq = 1.f / powf(theta, (float)(2 * f) / (float)hd);
+        float s, c;
+        sincosf(p * inv_freq, &s, &c);
+        float x = buf[warp][i];
+        float y = i < half ? x * c - buf[warp][i + half] * s : x * c + buf[warp][i - half] * s;
+        dst[i] = to_bf(y);
+    }
+}
+
+// gu: [R, 2I] (gate | up) -> out [R, I] = bf16(silu(gate)) * up.
+extern "C" __global__ void silu_mul(const bf16* gu, bf16* out, int R, int I) {
+    size_t n = (size_t)R * I;
+    for (size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x; idx < n; idx += (size_t)gridDim.x * blockDim.x) {
+        size_t r = idx / I, c = idx % I;
+        float g = to_f(gu[r * 2 * I + c]);
+        float u = to_f(gu[r * 2 * I + I + c]);
+        out[idx] = to_bf(round_bf(g / (1.f + __expf(-g))) * u);
+    }
+}

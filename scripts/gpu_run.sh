@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Runs a command with kvc's GPU binaries on a machine with an NVIDIA GPU
+# (the lent H200: no Rust there, so the binaries are built here by
+# scripts/cuda_setup.sh and carried in .gpu/).
+#
+#   scripts/gpu_run.sh stage               # here: copy binaries, GPU tests, fixtures into .gpu/
+#   scripts/gpu_run.sh kvc-bench engine --shape qwen3-30b-a3b   # there
+#   scripts/gpu_run.sh tests               # there: every GPU test (the #[ignore]d ones)
+#
+# On the device the command runs with LD_LIBRARY_PATH pointing at the CUDA
+# 13 libraries (cudart, cublas, cublasLt, curand, nvrtc) shipped with
+# PyTorch's pip wheels, or at $KVC_CUDA_LIBS.
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+G=$ROOT/.gpu
+
+if [ "${1:-}" = stage ]; then
+    mkdir -p "$G"
+    # GPU test binaries (built by cuda_setup.sh with --tests).
+    for t in gpu; do
+        exe=$(ls -t "$ROOT"/target/cuda/release/deps/$t-* 2>/dev/null | grep -v '\.d$' | head -1 || true)
+        [ -n "$exe" ] && gzip -9 -c "$exe" > "$G/test-$t.gz"
+    done
+    rm -rf "$G/fixtures"
+    cp -r "$ROOT/crates/model-qwen3/tests/fixtures" "$G/fixtures"
+    cp "$0" "$G/gpu_run.sh"
+    du -sh "$G"
+    exit 0
+fi
+
+LIBS=${KVC_CUDA_LIBS:-$(ls -d /opt/torch/.venv/lib/python3.*/site-packages/nvidia/cu13/lib 2>/dev/null | head -1)}
+if [ -z "$LIBS" ]; then
+    LIBS=$(python3 -c 'import nvidia, os; print(os.path.join(nvidia.__path__[0], "cu13", "lib"))' 2>/dev/null || true)
+fi
+export LD_LIBRARY_PATH=${LIBS}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+BIN=/tmp/kvc-gpu-bin
+mkdir -p "$BIN"
+for f in "$G"/*.gz; do
+    b=$(basename "$f" .gz)
+    [ -x "$BIN/$b" ] || { gunzip -c "$f" > "$BIN/$b"; chmod +x "$BIN/$b"; }
+done
+export KVC_FIXTURES=$G/fixtures
+case "${1:-}" in
+    tests) shift; exec "$BIN/test-gpu" --ignored --test-threads 1 --nocapture "$@" ;;
+    kvc-*) b=$1; shift; exec "$BIN/$b" "$@" ;;
+    *) exec "$@" ;;
+esac
