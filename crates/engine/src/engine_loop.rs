@@ -2,7 +2,6 @@
 //! detokenization, stop checks, events out. Runs on its own thread.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc as std_mpsc, Arc};
 use std::time::{Duration, Instant};
 
@@ -10,11 +9,16 @@ use arc_swap::ArcSwap;
 use kvc_kv_pool::{BlockAllocator, BlockId, KvPool, KvStorage};
 use kvc_model_qwen3::{BatchInput, Qwen3Model, SeqChunk};
 use kvc_scheduler::{ScheduledChunk, Scheduler, SchedulerConfig, SchedulerHooks, SeqId, Sequence};
-use kvc_session_cache::{hash_blocks, BlockHash, CacheConfig, SessionAwareCache, SnapshotStore};
+use kvc_session_cache::{BlockHash, CacheConfig, SessionAwareCache, SnapshotStore};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::detokenizer::IncrementalDecoder;
-use crate::kv_handoff::{KvLease, SnapshotJob, SnapshotSlot};
+use crate::kv_handoff::{SnapshotJob, SnapshotSlot};
+
+mod handoff;
+
+use handoff::{LeaseState, ReservationState, SNAPSHOT_RESERVATION_TTL};
+pub(crate) use handoff::Reserved;
 use crate::sampler::Sampler;
 use crate::stop::StopMatcher;
 use crate::tokenizer::TextTokenizer;
@@ -64,32 +68,6 @@ pub(crate) enum SubmitKv {
     Reserved { id: u64, computed: usize, first: Option<(u32, Option<Logprobs>)> },
 }
 
-/// What a reservation answers.
-#[derive(Debug)]
-pub(crate) struct Reserved {
-    pub held_tokens: usize,
-    pub reuse_reason: &'static str,
-    pub restored_blocks: usize,
-    pub blocks: Vec<BlockId>,
-}
-
-/// A reservation waiting for its submission.
-struct ReservationState {
-    session: Option<String>,
-    blocks: Vec<BlockId>,
-    held: usize,
-    reason: &'static str,
-    restored: usize,
-}
-
-/// Blocks held for a transfer out of the pool.
-struct LeaseState {
-    blocks: Vec<BlockId>,
-    /// The session the blocks belong to (snapshot pushes).
-    session: Option<String>,
-    revoked: Arc<AtomicBool>,
-}
-
 /// Per-request state the scheduler does not know about.
 struct Active {
     tx: mpsc::UnboundedSender<StreamEvent>,
@@ -112,9 +90,6 @@ struct Active {
     export: bool,
     snapshot_session: Option<String>,
 }
-
-/// A snapshot reservation whose pusher never committed or aborted.
-const SNAPSHOT_RESERVATION_TTL: Duration = Duration::from_secs(120);
 
 pub(crate) struct EngineLoop {
     model: Qwen3Model,
@@ -305,52 +280,14 @@ impl EngineLoop {
                 self.publish();
                 true
             }
-            Command::Reserve { id, session, prompt, reply } => {
-                let _ = reply.send(self.reserve(id, session, &prompt));
-                self.publish();
-                true
-            }
-            Command::ReleaseReservation(id) => {
-                if let Some(r) = self.reservations.remove(&id) {
-                    self.allocator.free_all(&r.blocks);
-                    if let Some(s) = r.session {
-                        self.cache.abandon(&s);
-                    }
-                }
-                true
-            }
-            Command::ReleaseLease(id) => {
-                if let Some(l) = self.leases.remove(&id) {
-                    self.allocator.free_all(&l.blocks);
-                }
-                true
-            }
-            Command::SnapshotReserve { session, tokens, reply } => {
-                let _ = reply.send(self.snapshot_reserve(&session, tokens));
-                true
-            }
-            Command::SnapshotCommit { reservation, reply } => {
-                let r = self.snapshots.commit(reservation, &mut self.allocator).map_err(|e| {
-                    tracing::info!(event = "snapshot_commit_dropped", reservation, error = %e);
-                    EngineError::UnknownReservation(reservation)
-                });
-                if let Ok(tokens) = r {
-                    tracing::info!(event = "snapshot_ingested", reservation, tokens);
-                }
-                let _ = reply.send(r);
-                self.publish();
-                true
-            }
-            Command::SnapshotAbort(id) => {
-                self.snapshots.abort(id, &mut self.allocator);
-                true
-            }
-            Command::SnapshotPushed { session, ok } => {
-                if let Some(hashes) = self.pushing.remove(&session) {
-                    if ok && self.cache.session_info(&session).is_some() {
-                        self.pushed.insert(session, hashes);
-                    }
-                }
+            cmd @ (Command::Reserve { .. }
+            | Command::ReleaseReservation(_)
+            | Command::ReleaseLease(_)
+            | Command::SnapshotReserve { .. }
+            | Command::SnapshotCommit { .. }
+            | Command::SnapshotAbort(_)
+            | Command::SnapshotPushed { .. }) => {
+                self.handle_handoff(cmd);
                 true
             }
             Command::ResetPrefixCache(reply) => {
@@ -413,89 +350,6 @@ impl EngineLoop {
                     self.accept_token(seq_id, token, logprobs);
                 }
             }
-        }
-    }
-
-    /// Reserves a prompt's blocks: those the caches hold for it, and fresh
-    /// ones for the rest.
-    fn reserve(&mut self, id: u64, session: Option<String>, prompt: &[u32]) -> Result<Reserved, EngineError> {
-        let bs = self.block_size();
-        let got = self.cache.acquire(session.as_deref(), prompt, &mut self.allocator, &mut self.storage);
-        let need = prompt.len().div_ceil(bs) - got.blocks.len();
-        let Some(fresh) = self.cache.allocate(need, &mut self.allocator, &self.storage) else {
-            self.allocator.free_all(&got.blocks);
-            if let Some(s) = &session {
-                self.cache.abandon(s);
-            }
-            return Err(EngineError::NoKvRoom(format!(
-                "{need} free blocks needed for the prompt, {} free",
-                self.allocator.num_free()
-            )));
-        };
-        let mut blocks = got.blocks;
-        blocks.extend(fresh);
-        let reason = got.source.as_str();
-        self.reservations.insert(
-            id,
-            ReservationState { session, blocks: blocks.clone(), held: got.tokens, reason, restored: got.restored_blocks },
-        );
-        Ok(Reserved { held_tokens: got.tokens, reuse_reason: reason, restored_blocks: got.restored_blocks, blocks })
-    }
-
-    fn snapshot_reserve(&mut self, session: &str, tokens: Vec<u32>) -> Result<SnapshotSlot, EngineError> {
-        if self.snapshots.capacity() == 0 {
-            return Err(EngineError::NoKvRoom("this worker keeps no snapshot store".into()));
-        }
-        // Room the store may take from the prefix cache.
-        let need = tokens.len() / self.block_size();
-        if self.allocator.num_free() < need {
-            self.cache.reclaim(need, &mut self.allocator, &self.storage);
-        }
-        let r = self.snapshots.reserve(session, tokens, &mut self.allocator).map_err(|e| EngineError::NoKvRoom(e.to_string()))?;
-        Ok(SnapshotSlot { reservation: r.id, from_block: r.from_block, blocks: r.blocks })
-    }
-
-    /// A lease on `blocks` (new references, released with the lease).
-    fn lease(&mut self, blocks: Vec<BlockId>, session: Option<String>) -> KvLease {
-        for &b in &blocks {
-            self.allocator.incref(b);
-        }
-        let id = self.next_lease;
-        self.next_lease += 1;
-        let revoked = Arc::new(AtomicBool::new(false));
-        self.leases.insert(id, LeaseState { blocks: blocks.clone(), session, revoked: revoked.clone() });
-        KvLease::new(id, blocks, revoked, self.commands.clone())
-    }
-
-    /// Marks the leases of released sessions: their pushes are abandoned.
-    fn revoke_leases_of(&mut self, released: impl Fn(&str) -> bool) {
-        for l in self.leases.values() {
-            if l.session.as_deref().is_some_and(&released) && !l.revoked.swap(true, Ordering::AcqRel) {
-                tracing::info!(event = "snapshot_push_revoked", session = ?l.session, "session released during its snapshot push");
-            }
-        }
-    }
-
-    /// After a committed turn: queue a push of the session's full blocks
-    /// when enough of them are not yet snapshotted.
-    fn maybe_push_snapshot(&mut self, session: &str, tokens: &[u32], blocks: &[BlockId]) {
-        if self.snapshot_jobs.is_none() || self.snapshot_min_tokens == 0 || self.pushing.contains_key(session) {
-            return;
-        }
-        let bs = self.block_size();
-        let full = (tokens.len() / bs).min(blocks.len());
-        let hashes = hash_blocks(&tokens[..full * bs], bs);
-        let same = self.pushed.get(session).map_or(0, |p| p.iter().zip(&hashes).take_while(|(a, b)| a == b).count());
-        if (full - same) * bs < self.snapshot_min_tokens {
-            return;
-        }
-        let job_tokens = tokens[..full * bs].to_vec();
-        let lease = self.lease(blocks[..full].to_vec(), Some(session.to_string()));
-        let job = SnapshotJob { session_id: session.to_string(), tokens: job_tokens, lease };
-        if self.snapshot_jobs.as_ref().is_some_and(|jobs| jobs.send(job).is_ok()) {
-            self.pushing.insert(session.to_string(), hashes);
-            self.local.snapshot_pushes_enqueued += 1;
-            tracing::info!(event = "snapshot_push_enqueued", session, blocks = full, new_blocks = full - same);
         }
     }
 
@@ -666,23 +520,6 @@ impl EngineLoop {
             let _ = a.tx.send(StreamEvent::Finished { reason, text, matched_stop, usage, export });
         }
         self.scheduler.remove(id, &mut self.allocator);
-    }
-
-    /// Prefill worker: leases a finished export's prompt blocks to the
-    /// caller and keeps them as the session's snapshot.
-    fn export_prompt(&mut self, id: SeqId) -> Option<KvLease> {
-        let a = self.active.get(&id).filter(|a| a.export)?;
-        let seq = self.scheduler.get(id)?;
-        let n = a.prompt_len;
-        if seq.num_computed < n {
-            return None;
-        }
-        let blocks = seq.block_table[..n.div_ceil(self.block_size())].to_vec();
-        if let Some(s) = a.snapshot_session.clone() {
-            let tokens = seq.tokens[..n].to_vec();
-            self.snapshots.ingest_local(&s, &tokens, &blocks, &mut self.allocator);
-        }
-        Some(self.lease(blocks, None))
     }
 
     /// Commits a finished turn's KV to its session, or releases the

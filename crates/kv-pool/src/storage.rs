@@ -229,6 +229,26 @@ fn write_typed<T: WithDType>(
     Ok(())
 }
 
+/// The first `len` tokens of a sequence in one layer, block by block: the
+/// element offset of each block's K half and the tokens used from it.
+fn block_runs(layout: &KvLayout, num_blocks: usize, layer: usize, table: &[BlockId], len: usize) -> Result<Vec<(usize, usize)>, KvPoolError> {
+    let bs = layout.block_size;
+    let mut runs = Vec::with_capacity(len.div_ceil(bs));
+    let mut remaining = len;
+    for &block in table {
+        if remaining == 0 {
+            break;
+        }
+        if block as usize >= num_blocks {
+            return Err(KvPoolError::BlockOutOfRange { block, num_blocks });
+        }
+        let n = remaining.min(bs);
+        runs.push((layout.block_offset(num_blocks, layer, block as usize), n));
+        remaining -= n;
+    }
+    Ok(runs)
+}
+
 fn gather_typed<T: WithDType>(
     src: &[T],
     layout: &KvLayout,
@@ -242,19 +262,9 @@ fn gather_typed<T: WithDType>(
     let bs = layout.block_size;
     let mut k = Vec::with_capacity(len * te);
     let mut v = Vec::with_capacity(len * te);
-    let mut remaining = len;
-    for &block in table {
-        if remaining == 0 {
-            break;
-        }
-        if block as usize >= num_blocks {
-            return Err(KvPoolError::BlockOutOfRange { block, num_blocks });
-        }
-        let n = remaining.min(bs);
-        let base = layout.block_offset(num_blocks, layer, block as usize);
+    for (base, n) in block_runs(layout, num_blocks, layer, table, len)? {
         k.extend_from_slice(&src[base..base + n * te]);
         v.extend_from_slice(&src[base + bs * te..base + (bs + n) * te]);
-        remaining -= n;
     }
     let shape = (len, layout.num_kv_heads, layout.head_dim);
     Ok((Tensor::from_vec(k, shape, device)?, Tensor::from_vec(v, shape, device)?))
@@ -299,19 +309,9 @@ fn gather_device(
     let te = layout.token_elems();
     let bs = layout.block_size;
     let (mut k, mut v) = (Vec::new(), Vec::new());
-    let mut remaining = len;
-    for &block in table {
-        if remaining == 0 {
-            break;
-        }
-        if block as usize >= num_blocks {
-            return Err(KvPoolError::BlockOutOfRange { block, num_blocks });
-        }
-        let n = remaining.min(bs);
-        let base = layout.block_offset(num_blocks, layer, block as usize);
+    for (base, n) in block_runs(layout, num_blocks, layer, table, len)? {
         k.push(t.narrow(0, base, n * te)?);
         v.push(t.narrow(0, base + bs * te, n * te)?);
-        remaining -= n;
     }
     let shape = (len, layout.num_kv_heads, layout.head_dim);
     let k = Tensor::cat(&k, 0)?.reshape(shape)?.to_device(device)?;
