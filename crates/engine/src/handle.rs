@@ -1,7 +1,7 @@
 //! The cloneable front of the engine: submit, cancel, render, inspect.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc as std_mpsc, Arc};
 use std::time::Instant;
 
@@ -33,9 +33,9 @@ pub struct ModelInfo {
     pub block_size: usize,
     pub num_kv_blocks: usize,
     pub max_num_seqs: usize,
-    /// The KV pool's layout and memory (one region), for registration with
-    /// a KV transport. The region lives as long as the engine. None for a
-    /// pool in GPU memory (its registration with Mooncake is issue 9).
+    /// The KV pool's layout and memory (one region, host or GPU), for
+    /// registration with a KV transport. The region lives as long as the
+    /// engine.
     pub kv_layout: KvLayout,
     pub kv_region: Option<MemoryRegion>,
 }
@@ -122,7 +122,7 @@ impl EngineHandle {
         let tokenizer = Arc::new(loaded.tokenizer);
         let template = loaded.template;
         let kv_layout = *loaded.pool.layout();
-        let kv_region = loaded.pool.storage.regions().first().copied();
+        let kv_region = crate::device::kv_region(&loaded.pool.storage);
         let (jobs_tx, jobs_rx) = if config.snapshot_min_tokens > 0 {
             let (t, r) = mpsc::unbounded_channel();
             (Some(t), Some(r))
@@ -187,7 +187,11 @@ impl EngineHandle {
 
     /// False once the step loop has exited (shutdown or a panic).
     pub fn is_alive(&self) -> bool {
-        self.inner.thread.lock().map(|t| t.as_ref().is_some_and(|t| !t.is_finished())).unwrap_or(false)
+        self.inner
+            .thread
+            .lock()
+            .map(|t| t.as_ref().is_some_and(|t| !t.is_finished()))
+            .unwrap_or(false)
     }
 
     pub fn stats(&self) -> EngineStats {
@@ -202,20 +206,32 @@ impl EngineHandle {
     /// The admission probe, answered from the latest snapshot.
     pub fn admission(&self, q: &crate::AdmissionQuery) -> crate::AdmissionDecision {
         let i = &self.inner.info;
-        crate::decide_admission(&self.snapshot(), q, i.block_size, i.max_model_len, i.max_num_seqs)
+        crate::decide_admission(
+            &self.snapshot(),
+            q,
+            i.block_size,
+            i.max_model_len,
+            i.max_num_seqs,
+        )
     }
 
     /// Deletes a session and frees its KV; false if it did not exist.
     pub async fn delete_session(&self, id: &str) -> Result<bool, EngineError> {
         let (tx, rx) = tokio::sync::oneshot::channel();
-        self.inner.commands.send(Command::DeleteSession(id.to_string(), tx)).map_err(|_| EngineError::ShuttingDown)?;
+        self.inner
+            .commands
+            .send(Command::DeleteSession(id.to_string(), tx))
+            .map_err(|_| EngineError::ShuttingDown)?;
         rx.await.map_err(|_| EngineError::ShuttingDown)
     }
 
     /// Drops every prefix-cache block that nothing else uses; returns how many.
     pub async fn reset_prefix_cache(&self) -> Result<usize, EngineError> {
         let (tx, rx) = tokio::sync::oneshot::channel();
-        self.inner.commands.send(Command::ResetPrefixCache(tx)).map_err(|_| EngineError::ShuttingDown)?;
+        self.inner
+            .commands
+            .send(Command::ResetPrefixCache(tx))
+            .map_err(|_| EngineError::ShuttingDown)?;
         rx.await.map_err(|_| EngineError::ShuttingDown)
     }
 
@@ -243,7 +259,11 @@ impl EngineHandle {
         computed: usize,
         first: Option<(u32, Option<Logprobs>)>,
     ) -> Result<RequestStream, EngineError> {
-        let kv = SubmitKv::Reserved { id: reservation.id, computed, first };
+        let kv = SubmitKv::Reserved {
+            id: reservation.id,
+            computed,
+            first,
+        };
         let stream = self.submit_kv(req, kv)?;
         // The loop owns the reservation now.
         reservation.release.disarm();
@@ -253,17 +273,37 @@ impl EngineHandle {
     /// Reserves blocks for `prompt` (decode worker): the ones the caches
     /// hold for it and fresh ones for the rest (evicting cached KV if
     /// needed). Dropping the reservation unsubmitted gives them back.
-    pub async fn reserve(&self, session_id: Option<&str>, prompt: &[u32]) -> Result<Reservation, EngineError> {
+    pub async fn reserve(
+        &self,
+        session_id: Option<&str>,
+        prompt: &[u32],
+    ) -> Result<Reservation, EngineError> {
         self.check_prompt(prompt, 1)?;
         let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = tokio::sync::oneshot::channel();
-        let cmd = Command::Reserve { id, session: session_id.map(str::to_string), prompt: prompt.to_vec(), reply: tx };
-        self.inner.commands.send(cmd).map_err(|_| EngineError::ShuttingDown)?;
+        let cmd = Command::Reserve {
+            id,
+            session: session_id.map(str::to_string),
+            prompt: prompt.to_vec(),
+            reply: tx,
+        };
+        self.inner
+            .commands
+            .send(cmd)
+            .map_err(|_| EngineError::ShuttingDown)?;
         // Armed before the answer: a reservation the caller never sees
         // (dropped future) is released too.
-        let release = ReleaseOnDrop::new(self.inner.commands.clone(), Command::ReleaseReservation(id));
+        let release =
+            ReleaseOnDrop::new(self.inner.commands.clone(), Command::ReleaseReservation(id));
         let r = rx.await.map_err(|_| EngineError::ShuttingDown)??;
-        Ok(Reservation { id, held_tokens: r.held_tokens, reuse_reason: r.reuse_reason, restored_blocks: r.restored_blocks, blocks: r.blocks, release })
+        Ok(Reservation {
+            id,
+            held_tokens: r.held_tokens,
+            reuse_reason: r.reuse_reason,
+            restored_blocks: r.restored_blocks,
+            blocks: r.blocks,
+            release,
+        })
     }
 
     /// Decode worker: the receiver of snapshot jobs (once; None after, or
@@ -274,15 +314,29 @@ impl EngineHandle {
 
     /// Decode worker: a snapshot push of `session` ended.
     pub fn snapshot_pushed(&self, session: &str, ok: bool) {
-        let _ = self.inner.commands.send(Command::SnapshotPushed { session: session.to_string(), ok });
+        let _ = self.inner.commands.send(Command::SnapshotPushed {
+            session: session.to_string(),
+            ok,
+        });
     }
 
     /// Prefill worker: sets snapshot-store blocks aside for a push of
     /// `tokens` (whole blocks) of `session`.
-    pub async fn snapshot_reserve(&self, session: &str, tokens: Vec<u32>) -> Result<SnapshotSlot, EngineError> {
+    pub async fn snapshot_reserve(
+        &self,
+        session: &str,
+        tokens: Vec<u32>,
+    ) -> Result<SnapshotSlot, EngineError> {
         let (tx, rx) = tokio::sync::oneshot::channel();
-        let cmd = Command::SnapshotReserve { session: session.to_string(), tokens, reply: tx };
-        self.inner.commands.send(cmd).map_err(|_| EngineError::ShuttingDown)?;
+        let cmd = Command::SnapshotReserve {
+            session: session.to_string(),
+            tokens,
+            reply: tx,
+        };
+        self.inner
+            .commands
+            .send(cmd)
+            .map_err(|_| EngineError::ShuttingDown)?;
         rx.await.map_err(|_| EngineError::ShuttingDown)?
     }
 
@@ -290,13 +344,22 @@ impl EngineHandle {
     /// tokens the session's snapshot covers now.
     pub async fn snapshot_commit(&self, reservation: u64) -> Result<usize, EngineError> {
         let (tx, rx) = tokio::sync::oneshot::channel();
-        self.inner.commands.send(Command::SnapshotCommit { reservation, reply: tx }).map_err(|_| EngineError::ShuttingDown)?;
+        self.inner
+            .commands
+            .send(Command::SnapshotCommit {
+                reservation,
+                reply: tx,
+            })
+            .map_err(|_| EngineError::ShuttingDown)?;
         rx.await.map_err(|_| EngineError::ShuttingDown)?
     }
 
     /// Prefill worker: gives a push's blocks back.
     pub fn snapshot_abort(&self, reservation: u64) {
-        let _ = self.inner.commands.send(Command::SnapshotAbort(reservation));
+        let _ = self
+            .inner
+            .commands
+            .send(Command::SnapshotAbort(reservation));
     }
 
     fn check_prompt(&self, prompt: &[u32], max_tokens: usize) -> Result<(), EngineError> {
@@ -305,12 +368,20 @@ impl EngineHandle {
         }
         let vocab = self.inner.info.vocab_size;
         if let Some(&t) = prompt.iter().find(|&&t| t as usize >= vocab) {
-            return Err(EngineError::TokenOutOfRange { token: t, vocab_size: vocab });
+            return Err(EngineError::TokenOutOfRange {
+                token: t,
+                vocab_size: vocab,
+            });
         }
         let max = self.inner.info.max_model_len;
         let requested = prompt.len().saturating_add(max_tokens);
         if prompt.len() >= max || requested > max {
-            return Err(EngineError::PromptTooLong { prompt_tokens: prompt.len(), max_tokens, requested, max_model_len: max });
+            return Err(EngineError::PromptTooLong {
+                prompt_tokens: prompt.len(),
+                max_tokens,
+                requested,
+                max_model_len: max,
+            });
         }
         Ok(())
     }
@@ -322,8 +393,19 @@ impl EngineHandle {
         let (tx, rx) = mpsc::unbounded_channel();
         self.inner
             .commands
-            .send(Command::Submit { seq_id, req, tx, kv })
+            .send(Command::Submit {
+                seq_id,
+                req,
+                tx,
+                kv,
+            })
             .map_err(|_| EngineError::ShuttingDown)?;
-        Ok(RequestStream { rx, cancel: CancelGuard { seq_id, commands: self.inner.commands.clone() } })
+        Ok(RequestStream {
+            rx,
+            cancel: CancelGuard {
+                seq_id,
+                commands: self.inner.commands.clone(),
+            },
+        })
     }
 }

@@ -26,8 +26,8 @@ pub use config::{EngineConfig, LoadFormat, ModelSource};
 pub use error::EngineError;
 pub use handle::{CancelGuard, EngineHandle, EngineStats, ModelInfo};
 pub use kv_handoff::{KvLease, Reservation, SnapshotJob, SnapshotSlot};
-pub use request::{
-    FinishReason, GenerateRequest, Logprobs, MatchedStop, RequestStream, SamplingParams, StreamEvent,
-    TokenLogprob, Usage,
-};
 pub use kvc_session_cache::{CacheStats, SessionInfo, SnapshotInfo, SnapshotStats, Tier};
+pub use request::{
+    FinishReason, GenerateRequest, Logprobs, MatchedStop, RequestStream, SamplingParams,
+    StreamEvent, TokenLogprob, Usage,
+};

@@ -25,7 +25,12 @@ pub struct Sampler {
 impl Sampler {
     pub fn new(params: SamplingParams, default_seed: u64) -> Self {
         let seed = params.seed.unwrap_or(default_seed);
-        Self { params, seed, step: 0, counts: HashMap::new() }
+        Self {
+            params,
+            seed,
+            step: 0,
+            counts: HashMap::new(),
+        }
     }
 
     /// Records a token chosen elsewhere (by a prefill worker with the same
@@ -64,7 +69,11 @@ impl Sampler {
             for &t in context {
                 if seen.insert(t) {
                     if let Some(x) = l.get_mut(t as usize) {
-                        *x = if *x > 0.0 { *x / p.repetition_penalty } else { *x * p.repetition_penalty };
+                        *x = if *x > 0.0 {
+                            *x / p.repetition_penalty
+                        } else {
+                            *x * p.repetition_penalty
+                        };
                     }
                 }
             }
@@ -77,9 +86,16 @@ impl Sampler {
             }
         }
         let greedy = p.temperature == 0.0;
-        let token = if greedy { argmax(&l) } else { self.draw(&mut l) };
+        let token = if greedy {
+            argmax(&l)
+        } else {
+            self.draw(&mut l)
+        };
         self.observe(token);
-        let logprobs = self.params.logprobs.map(|top| logprobs_of(logits, token, top));
+        let logprobs = self
+            .params
+            .logprobs
+            .map(|top| logprobs_of(logits, token, top));
         (token, logprobs)
     }
 
@@ -144,17 +160,29 @@ fn argmax(l: &[f32]) -> u32 {
 pub fn logprobs_of(logits: &[f32], token: u32, top: usize) -> Logprobs {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let lse = max + logits.iter().map(|&x| (x - max).exp()).sum::<f32>().ln();
-    let lp = |t: u32| TokenLogprob { token_id: t, logprob: logits[t as usize] - lse };
+    let lp = |t: u32| TokenLogprob {
+        token_id: t,
+        logprob: logits[t as usize] - lse,
+    };
     let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
     let top = top.min(idx.len());
     if top > 0 {
-        idx.select_nth_unstable_by(top - 1, |&a, &b| logits[b as usize].total_cmp(&logits[a as usize]));
+        idx.select_nth_unstable_by(top - 1, |&a, &b| {
+            logits[b as usize].total_cmp(&logits[a as usize])
+        });
         idx.truncate(top);
-        idx.sort_by(|&a, &b| logits[b as usize].total_cmp(&logits[a as usize]).then(a.cmp(&b)));
+        idx.sort_by(|&a, &b| {
+            logits[b as usize]
+                .total_cmp(&logits[a as usize])
+                .then(a.cmp(&b))
+        });
     } else {
         idx.clear();
     }
-    Logprobs { chosen: lp(token), top: idx.into_iter().map(lp).collect() }
+    Logprobs {
+        chosen: lp(token),
+        top: idx.into_iter().map(lp).collect(),
+    }
 }
 
 #[cfg(test)]
@@ -162,7 +190,10 @@ mod tests {
     use super::*;
 
     fn params(f: impl FnOnce(&mut SamplingParams)) -> SamplingParams {
-        let mut p = SamplingParams { max_tokens: 1, ..Default::default() };
+        let mut p = SamplingParams {
+            max_tokens: 1,
+            ..Default::default()
+        };
         f(&mut p);
         p
     }
@@ -178,7 +209,9 @@ mod tests {
         let logits: Vec<f32> = (0..50).map(|i| (i as f32 * 0.37).sin()).collect();
         let run = |seed| {
             let mut s = Sampler::new(params(|p| p.seed = Some(seed)), 0);
-            (0..32).map(|_| s.sample(&logits, &[]).0).collect::<Vec<_>>()
+            (0..32)
+                .map(|_| s.sample(&logits, &[]).0)
+                .collect::<Vec<_>>()
         };
         assert_eq!(run(1), run(1));
         assert_ne!(run(1), run(2));
@@ -228,26 +261,35 @@ mod tests {
 
     #[test]
     fn logit_bias_can_force_a_token() {
-        let mut s = Sampler::new(params(|p| {
-            p.temperature = 0.0;
-            p.logit_bias = vec![(2, 100.0)];
-        }), 0);
+        let mut s = Sampler::new(
+            params(|p| {
+                p.temperature = 0.0;
+                p.logit_bias = vec![(2, 100.0)];
+            }),
+            0,
+        );
         assert_eq!(s.sample(&[5.0, 1.0, 0.0], &[]).0, 2);
     }
 
     #[test]
     fn penalties_discourage_repeats() {
-        let mut s = Sampler::new(params(|p| {
-            p.temperature = 0.0;
-            p.presence_penalty = 2.0;
-        }), 0);
+        let mut s = Sampler::new(
+            params(|p| {
+                p.temperature = 0.0;
+                p.presence_penalty = 2.0;
+            }),
+            0,
+        );
         let l = [1.0f32, 0.5];
         assert_eq!(s.sample(&l, &[]).0, 0);
         assert_eq!(s.sample(&l, &[0]).0, 1);
-        let mut r = Sampler::new(params(|p| {
-            p.temperature = 0.0;
-            p.repetition_penalty = 4.0;
-        }), 0);
+        let mut r = Sampler::new(
+            params(|p| {
+                p.temperature = 0.0;
+                p.repetition_penalty = 4.0;
+            }),
+            0,
+        );
         assert_eq!(r.sample(&l, &[0]).0, 1);
     }
 
@@ -257,6 +299,9 @@ mod tests {
         let lp = logprobs_of(&l, 0, 2);
         let total: f32 = l.iter().map(|&x| (x - 1.0 + lp.chosen.logprob).exp()).sum();
         assert!((total - 1.0).abs() < 1e-5);
-        assert_eq!(lp.top.iter().map(|t| t.token_id).collect::<Vec<_>>(), vec![1, 2]);
+        assert_eq!(
+            lp.top.iter().map(|t| t.token_id).collect::<Vec<_>>(),
+            vec![1, 2]
+        );
     }
 }

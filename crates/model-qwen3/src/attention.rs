@@ -30,7 +30,12 @@ fn linear(in_dim: usize, out_dim: usize, bias: bool, vb: VarBuilder) -> Result<L
 
 impl Attention {
     pub fn new(cfg: &Qwen3Config, vb: VarBuilder) -> Result<Self> {
-        let (h, hd, nh, nkv) = (cfg.hidden_size, cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads);
+        let (h, hd, nh, nkv) = (
+            cfg.hidden_size,
+            cfg.head_dim,
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+        );
         let b = cfg.attention_bias;
         Ok(Self {
             q_proj: linear(h, nh * hd, b, vb.pp("q_proj"))?,
@@ -58,16 +63,23 @@ impl Attention {
     ) -> Result<Tensor> {
         let t = x.dim(0)?;
         let (nh, nkv, hd) = (self.num_heads, self.num_kv_heads, self.head_dim);
-        let q = self.q_norm.forward(&self.q_proj.forward(x)?.reshape((t, nh, hd))?)?;
-        let k = self.k_norm.forward(&self.k_proj.forward(x)?.reshape((t, nkv, hd))?)?;
+        let q = self
+            .q_norm
+            .forward(&self.q_proj.forward(x)?.reshape((t, nh, hd))?)?;
+        let k = self
+            .k_norm
+            .forward(&self.k_proj.forward(x)?.reshape((t, nkv, hd))?)?;
         let v = self.v_proj.forward(x)?.reshape((t, nkv, hd))?;
         let q = Rope::apply(&q, &cos_sin.0, &cos_sin.1)?;
         let k = Rope::apply(&k, &cos_sin.0, &cos_sin.1)?;
-        kv.write(layer, slots, &k, &v).map_err(candle_core::Error::wrap)?;
+        kv.write(layer, slots, &k, &v)
+            .map_err(candle_core::Error::wrap)?;
 
         let mut outs = Vec::with_capacity(batch.seqs.len());
         for s in &batch.seqs {
-            let (kc, vc) = kv.gather(layer, s.block_table, s.context_len, x.device()).map_err(candle_core::Error::wrap)?;
+            let (kc, vc) = kv
+                .gather(layer, s.block_table, s.context_len, x.device())
+                .map_err(candle_core::Error::wrap)?;
             let qs = q.narrow(0, s.start, s.len)?;
             outs.push(self.attend(&qs, &kc, &vc, s.context_len)?);
         }
@@ -95,10 +107,21 @@ impl Attention {
         if len > 1 {
             let first = ctx - len;
             let mask: Vec<f32> = (0..len)
-                .flat_map(|i| (0..ctx).map(move |j| if j <= first + i { 0.0 } else { f32::NEG_INFINITY }))
+                .flat_map(|i| {
+                    (0..ctx).map(move |j| {
+                        if j <= first + i {
+                            0.0
+                        } else {
+                            f32::NEG_INFINITY
+                        }
+                    })
+                })
                 .collect();
             let mask = Tensor::from_vec(mask, (len, ctx), q.device())?;
-            let mask = mask.unsqueeze(0)?.repeat((groups, 1, 1))?.reshape((1, groups * len, ctx))?;
+            let mask =
+                mask.unsqueeze(0)?
+                    .repeat((groups, 1, 1))?
+                    .reshape((1, groups * len, ctx))?;
             scores = scores.broadcast_add(&mask)?;
         }
         let probs = candle_nn::ops::softmax_last_dim(&scores)?;

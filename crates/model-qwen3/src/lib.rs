@@ -6,9 +6,9 @@
 
 mod attention;
 mod batch;
+mod config;
 #[cfg(feature = "cuda")]
 pub mod cuda;
-mod config;
 mod mlp;
 mod model;
 mod rope;

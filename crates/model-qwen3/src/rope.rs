@@ -29,7 +29,10 @@ impl Rope {
             }
         }
         let shape = (positions.len(), half);
-        Ok((Tensor::from_vec(cos, shape, device)?, Tensor::from_vec(sin, shape, device)?))
+        Ok((
+            Tensor::from_vec(cos, shape, device)?,
+            Tensor::from_vec(sin, shape, device)?,
+        ))
     }
 
     /// Applies the rotation to `x: [tokens, heads, head_dim]`.

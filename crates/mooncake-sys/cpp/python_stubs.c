@@ -14,7 +14,9 @@
  * to engine.so.
  *
  * The list is the set of undefined Py* symbols of engine.so in
- * mooncake-transfer-engine-non-cuda 0.3.13.post1
+ * mooncake-transfer-engine-non-cuda 0.3.13.post1 and in the CUDA 12 wheel
+ * mooncake-transfer-engine 0.3.13.post1 (which adds PyBool_Type,
+ * PyLong_Type, PyInterpreterState_Get and PyInterpreterState_GetDict)
  * (`readelf --dyn-syms -W engine.so | awk '$7=="UND" && $8 ~ /Py/'`).
  * A wheel needing more fails at link time with the missing name.
  */
@@ -38,6 +40,7 @@ static void kvc_python_stub_called(const char *name) {
 #define KVC_PY_DATA(name) _Alignas(16) unsigned char name[512];
 
 KVC_PY_DATA(PyBaseObject_Type)
+KVC_PY_DATA(PyBool_Type)
 KVC_PY_DATA(PyByteArray_Type)
 KVC_PY_DATA(PyCFunction_Type)
 KVC_PY_DATA(PyCapsule_Type)
@@ -54,6 +57,7 @@ KVC_PY_DATA(PyExc_TypeError)
 KVC_PY_DATA(PyExc_ValueError)
 KVC_PY_DATA(PyFloat_Type)
 KVC_PY_DATA(PyInstanceMethod_Type)
+KVC_PY_DATA(PyLong_Type)
 KVC_PY_DATA(PyMemoryView_Type)
 KVC_PY_DATA(PyMethod_Type)
 KVC_PY_DATA(PyModule_Type)
@@ -86,6 +90,8 @@ KVC_PY_FN(PyDict_Copy)
 KVC_PY_FN(PyDict_DelItemString)
 KVC_PY_FN(PyDict_GetItemWithError)
 KVC_PY_FN(PyDict_New)
+KVC_PY_FN(PyInterpreterState_Get)
+KVC_PY_FN(PyInterpreterState_GetDict)
 KVC_PY_FN(PyDict_Next)
 KVC_PY_FN(PyDict_Size)
 KVC_PY_FN(PyErr_Clear)

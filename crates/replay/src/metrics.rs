@@ -71,10 +71,14 @@ pub struct Sent {
 impl RequestRecord {
     pub fn new(sent: Sent, o: &Outcome) -> Self {
         let kvc = o.kvc.clone().unwrap_or_default();
-        let output_tokens = o.completion_tokens.or_else(|| (!o.token_times_s.is_empty()).then_some(o.token_times_s.len() as u64));
+        let output_tokens = o
+            .completion_tokens
+            .or_else(|| (!o.token_times_s.is_empty()).then_some(o.token_times_s.len() as u64));
         let prompt_tokens = o.prompt_tokens.unwrap_or(sent.prompt_tokens_sent);
         let cached_tokens = o.cached_tokens.or(kvc.cached_tokens);
-        let computed_tokens = kvc.computed_tokens.or_else(|| cached_tokens.map(|c| prompt_tokens.saturating_sub(c)));
+        let computed_tokens = kvc
+            .computed_tokens
+            .or_else(|| cached_tokens.map(|c| prompt_tokens.saturating_sub(c)));
         let ok = o.error.is_none();
         let tpot_s = match (ok, o.ttft_s, output_tokens) {
             (true, Some(t), Some(n)) if n >= 2 => Some((o.latency_s - t) / (n - 1) as f64),
@@ -138,7 +142,9 @@ pub fn write_jsonl<T: Serialize>(path: &Path, rows: &[T]) -> Result<()> {
         serde_json::to_writer(&mut out, r)?;
         out.push(b'\n');
     }
-    std::fs::File::create(path).and_then(|mut f| f.write_all(&out)).map_err(|e| ReplayError::io(path, e))
+    std::fs::File::create(path)
+        .and_then(|mut f| f.write_all(&out))
+        .map_err(|e| ReplayError::io(path, e))
 }
 
 pub fn read_jsonl<T: serde::de::DeserializeOwned>(path: &Path) -> Result<Vec<T>> {
@@ -146,7 +152,9 @@ pub fn read_jsonl<T: serde::de::DeserializeOwned>(path: &Path) -> Result<Vec<T>>
     text.lines()
         .enumerate()
         .filter(|(_, l)| !l.trim().is_empty())
-        .map(|(i, l)| serde_json::from_str(l).map_err(|e| ReplayError::trace(path, i + 1, e.to_string())))
+        .map(|(i, l)| {
+            serde_json::from_str(l).map_err(|e| ReplayError::trace(path, i + 1, e.to_string()))
+        })
         .collect()
 }
 
@@ -157,21 +165,42 @@ mod tests {
 
     fn sent() -> Sent {
         Sent {
-            run: 1, session: Some("s".into()), turn: 2, scheduled_s: 1.0, start_s: 1.5, prompt_tokens_sent: 100,
-            reusable_tokens: 64, expected_output_tokens: 4,
+            run: 1,
+            session: Some("s".into()),
+            turn: 2,
+            scheduled_s: 1.0,
+            start_s: 1.5,
+            prompt_tokens_sent: 100,
+            reusable_tokens: 64,
+            expected_output_tokens: 4,
         }
     }
 
     #[test]
     fn rows_prefer_the_servers_counts_and_derive_tpot_and_itl() {
         let o = Outcome {
-            status: Some(200), ttft_s: Some(0.5), token_times_s: vec![0.5, 0.6, 0.8, 0.9], latency_s: 0.9,
-            prompt_tokens: Some(101), completion_tokens: Some(4), cached_tokens: Some(64),
-            kvc: Some(KvcInfo { path: Some("local".into()), reason: Some("prefix_hit".into()), computed_tokens: Some(37), ..Default::default() }),
-            path_header: Some("local".into()), finish_reason: Some("length".into()), ..Default::default()
+            status: Some(200),
+            ttft_s: Some(0.5),
+            token_times_s: vec![0.5, 0.6, 0.8, 0.9],
+            latency_s: 0.9,
+            prompt_tokens: Some(101),
+            completion_tokens: Some(4),
+            cached_tokens: Some(64),
+            kvc: Some(KvcInfo {
+                path: Some("local".into()),
+                reason: Some("prefix_hit".into()),
+                computed_tokens: Some(37),
+                ..Default::default()
+            }),
+            path_header: Some("local".into()),
+            finish_reason: Some("length".into()),
+            ..Default::default()
         };
         let r = RequestRecord::new(sent(), &o);
-        assert_eq!((r.prompt_tokens, r.cached_tokens, r.computed_tokens), (101, Some(64), Some(37)));
+        assert_eq!(
+            (r.prompt_tokens, r.cached_tokens, r.computed_tokens),
+            (101, Some(64), Some(37))
+        );
         assert!((r.tpot_s.unwrap() - 0.4 / 3.0).abs() < 1e-9);
         let itl = r.itl.clone().unwrap();
         assert!((itl.max_s - 0.2).abs() < 1e-9);
@@ -180,11 +209,27 @@ mod tests {
 
     #[test]
     fn a_server_without_extensions_or_usage_still_gives_a_row() {
-        let o = Outcome { status: Some(200), ttft_s: Some(0.1), token_times_s: vec![0.1, 0.2], latency_s: 0.2, finish_reason: Some("stop".into()), ..Default::default() };
+        let o = Outcome {
+            status: Some(200),
+            ttft_s: Some(0.1),
+            token_times_s: vec![0.1, 0.2],
+            latency_s: 0.2,
+            finish_reason: Some("stop".into()),
+            ..Default::default()
+        };
         let r = RequestRecord::new(sent(), &o);
-        assert_eq!((r.prompt_tokens, r.output_tokens, r.cached_tokens), (100, Some(2), None));
+        assert_eq!(
+            (r.prompt_tokens, r.output_tokens, r.cached_tokens),
+            (100, Some(2), None)
+        );
         assert_eq!(r.label(), "unlabelled");
-        let failed = RequestRecord::new(sent(), &Outcome { error: Some("HTTP 500: x".into()), ..Default::default() });
+        let failed = RequestRecord::new(
+            sent(),
+            &Outcome {
+                error: Some("HTTP 500: x".into()),
+                ..Default::default()
+            },
+        );
         assert_eq!((failed.ok, failed.label().as_str()), (false, "error"));
     }
 }

@@ -10,5 +10,7 @@
 mod scheduler;
 mod sequence;
 
-pub use scheduler::{NoCache, Schedule, SchedulerHooks, ScheduledChunk, Scheduler, SchedulerConfig};
+pub use scheduler::{
+    NoCache, Schedule, ScheduledChunk, Scheduler, SchedulerConfig, SchedulerHooks,
+};
 pub use sequence::{SeqId, SeqStatus, Sequence};

@@ -36,6 +36,9 @@ pub struct ServerConfig {
     pub max_queued_requests: usize,
     pub request_timeout: Option<Duration>,
     pub shutdown_timeout: Duration,
+    /// False (`--no-enable-session-cache`): session ids are accepted and
+    /// checked, but no KV is kept for them (every turn is a cold request).
+    pub enable_session_cache: bool,
 }
 
 impl std::fmt::Debug for ServerConfig {
@@ -50,6 +53,7 @@ impl std::fmt::Debug for ServerConfig {
             .field("max_queued_requests", &self.max_queued_requests)
             .field("request_timeout", &self.request_timeout)
             .field("shutdown_timeout", &self.shutdown_timeout)
+            .field("enable_session_cache", &self.enable_session_cache)
             .finish()
     }
 }
@@ -65,6 +69,7 @@ impl Default for ServerConfig {
             max_queued_requests: 1024,
             request_timeout: None,
             shutdown_timeout: Duration::from_secs(30),
+            enable_session_cache: true,
         }
     }
 }
@@ -109,7 +114,10 @@ impl AppState {
         Self {
             engine,
             counters: Arc::new(ServerCounters::default()),
-            admission: Arc::new(Admission::new(config.max_concurrent_requests, config.max_queued_requests)),
+            admission: Arc::new(Admission::new(
+                config.max_concurrent_requests,
+                config.max_queued_requests,
+            )),
             config: Arc::new(config),
             metrics: Arc::new(ServerMetrics::default()),
             lifecycle: Arc::new(Lifecycle::default()),
@@ -126,14 +134,18 @@ impl AppState {
     /// `model` is optional (as in vLLM); when given it must be ours.
     pub fn check_model(&self, requested: Option<&str>) -> Result<(), ApiError> {
         match requested {
-            Some(m) if m != self.model_name() => Err(ApiError::ModelNotFound { model: m.to_string() }),
+            Some(m) if m != self.model_name() => Err(ApiError::ModelNotFound {
+                model: m.to_string(),
+            }),
             _ => Ok(()),
         }
     }
 
     /// `--max-prompt-tokens`, or the context length.
     pub fn max_prompt_tokens(&self) -> usize {
-        self.config.max_prompt_tokens.unwrap_or(self.engine.info().max_model_len)
+        self.config
+            .max_prompt_tokens
+            .unwrap_or(self.engine.info().max_model_len)
     }
 }
 
@@ -151,13 +163,27 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/completions", post(crate::completions::completions))
         .route("/v1/models", get(crate::models::list_models))
         .route("/v1/models/{model}", get(crate::models::get_model))
-        .route("/v1/sessions/{id}", get(crate::sessions::get_session).delete(crate::sessions::delete_session))
-        .route("/v1/sessions/{id}/snapshot", get(crate::pd::prefill::snapshot_status))
+        .route(
+            "/v1/sessions/{id}",
+            get(crate::sessions::get_session).delete(crate::sessions::delete_session),
+        )
+        .route(
+            "/v1/sessions/{id}/snapshot",
+            get(crate::pd::prefill::snapshot_status),
+        )
         .route("/v1/admission", post(crate::sessions::admission))
-        .route("/reset_prefix_cache", post(crate::sessions::reset_prefix_cache))
-        .route_layer(middleware::from_fn_with_state(state.clone(), require_api_key));
-    let internal =
-        crate::internal::router().route_layer(middleware::from_fn_with_state(state.clone(), require_cluster_token));
+        .route(
+            "/reset_prefix_cache",
+            post(crate::sessions::reset_prefix_cache),
+        )
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            require_api_key,
+        ));
+    let internal = crate::internal::router().route_layer(middleware::from_fn_with_state(
+        state.clone(),
+        require_cluster_token,
+    ));
     let ops = Router::new()
         .route("/health", get(crate::health::health))
         .route("/health/live", get(crate::health::live))
@@ -178,7 +204,8 @@ pub fn router(state: AppState) -> Router {
 async fn track_request(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
     let probe = matches!(req.uri().path(), "/health" | "/health/live" | "/metrics");
     req.extensions_mut().insert(Arrival(Instant::now()));
-    req.extensions_mut().insert(BodyLimit(state.config.max_request_body_bytes));
+    req.extensions_mut()
+        .insert(BodyLimit(state.config.max_request_body_bytes));
     let response = next.run(req).await;
     if !probe {
         state.metrics.count_status(response.status().as_u16());
@@ -187,17 +214,29 @@ async fn track_request(State(state): State<AppState>, mut req: Request, next: Ne
 }
 
 async fn no_route(method: Method, uri: Uri) -> ApiError {
-    ApiError::NoRoute { method: method.to_string(), path: uri.path().to_string() }
+    ApiError::NoRoute {
+        method: method.to_string(),
+        path: uri.path().to_string(),
+    }
 }
 
 async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
-    ApiError::MethodNotAllowed { method: method.to_string(), path: uri.path().to_string() }
+    ApiError::MethodNotAllowed {
+        method: method.to_string(),
+        path: uri.path().to_string(),
+    }
 }
 
 /// Serves a worker role (`both`, `prefill`, `decode`) as the flags say.
 pub async fn serve_worker(engine: EngineHandle, args: &crate::args::Args) -> anyhow::Result<()> {
     use crate::args::Role;
-    let mut state = AppState::with_config(engine.clone(), args.serving.server_config());
+    let mut state = AppState::with_config(
+        engine.clone(),
+        ServerConfig {
+            enable_session_cache: !args.no_enable_session_cache,
+            ..args.serving.server_config()
+        },
+    );
     state.role = match args.role {
         Role::Prefill => "prefill",
         Role::Decode => "decode",
@@ -211,7 +250,12 @@ pub async fn serve_worker(engine: EngineHandle, args: &crate::args::Args) -> any
 
 /// Binds `host:port` and serves until SIGINT / SIGTERM, then drains
 /// ([`crate::shutdown`]).
-pub async fn serve(engine: EngineHandle, host: &str, port: u16, config: ServerConfig) -> anyhow::Result<()> {
+pub async fn serve(
+    engine: EngineHandle,
+    host: &str,
+    port: u16,
+    config: ServerConfig,
+) -> anyhow::Result<()> {
     serve_state(AppState::with_config(engine, config), host, port).await
 }
 
@@ -231,6 +275,13 @@ async fn serve_state(state: AppState, host: &str, port: u16) -> anyhow::Result<(
     );
     let shutdown_timeout = config.shutdown_timeout;
     let lifecycle = state.lifecycle.clone();
-    crate::shutdown::serve_until(listener, router(state), lifecycle, shutdown_timeout, crate::shutdown::signal()).await?;
+    crate::shutdown::serve_until(
+        listener,
+        router(state),
+        lifecycle,
+        shutdown_timeout,
+        crate::shutdown::signal(),
+    )
+    .await?;
     Ok(())
 }

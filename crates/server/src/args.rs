@@ -124,6 +124,12 @@ pub struct Args {
     #[arg(long)]
     pub no_enable_prefix_caching: bool,
 
+    /// Keep no KV for sessions: `session_id` / `x-session-id` are still
+    /// checked, but every turn starts cold (the prefix cache still applies).
+    /// The "naive P/D" baseline of docs/experiments/headline.md.
+    #[arg(long)]
+    pub no_enable_session_cache: bool,
+
     /// Host memory for session KV evicted from the pool, in GiB (vLLM's
     /// `--swap-space`); 0 disables the host tier.
     #[arg(long, default_value_t = 1.0)]
@@ -252,6 +258,7 @@ impl ServingArgs {
             max_queued_requests: self.max_queued_requests,
             request_timeout: secs(self.request_timeout_s),
             shutdown_timeout: Duration::from_secs(self.shutdown_timeout_s),
+            enable_session_cache: true,
         }
     }
 }
@@ -280,7 +287,10 @@ impl Args {
     }
 
     pub fn role_name(&self) -> String {
-        self.role.to_possible_value().map(|v| v.get_name().to_string()).unwrap_or_default()
+        self.role
+            .to_possible_value()
+            .map(|v| v.get_name().to_string())
+            .unwrap_or_default()
     }
 
     pub fn engine_config(&self) -> EngineConfig {
@@ -307,9 +317,16 @@ impl Args {
             enable_prefix_caching: !self.no_enable_prefix_caching,
             swap_space_bytes: (self.swap_space.max(0.0) * (1u64 << 30) as f64) as usize,
             session_ttl_s: self.session_ttl_s,
-            snapshot_min_tokens: if self.role == Role::Decode { self.disagg.snapshot_min_tokens } else { 0 },
+            snapshot_min_tokens: if self.role == Role::Decode {
+                self.disagg.snapshot_min_tokens
+            } else {
+                0
+            },
             snapshot_store_blocks: match self.role {
-                Role::Prefill => self.disagg.snapshot_store_blocks.unwrap_or(kvc_engine::config::HALF_THE_POOL),
+                Role::Prefill => self
+                    .disagg
+                    .snapshot_store_blocks
+                    .unwrap_or(kvc_engine::config::HALF_THE_POOL),
                 _ => 0,
             },
             device: self.device.clone(),
@@ -322,21 +339,28 @@ impl Args {
 /// Parses a byte count such as `1073741824`, `512MiB`, `2GiB`, `2G` or `1.5GB`.
 pub fn parse_bytes(s: &str) -> Result<usize, String> {
     let s = s.trim();
-    let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
     let (num, unit) = (&s[..split], s[split..].trim());
-    let scale: f64 = match unit.to_ascii_lowercase().as_str() {
-        "" | "b" => 1.0,
-        "k" | "kib" => 1024.0,
-        "m" | "mib" => 1024.0 * 1024.0,
-        "g" | "gib" => 1024.0 * 1024.0 * 1024.0,
-        "t" | "tib" => 1024.0_f64.powi(4),
-        "kb" => 1e3,
-        "mb" => 1e6,
-        "gb" => 1e9,
-        "tb" => 1e12,
-        _ => return Err(format!("unknown unit {unit:?} in {s:?} (use e.g. 512MiB, 2GiB, 1GB or a plain byte count)")),
-    };
-    let value: f64 = num.parse().map_err(|_| format!("{s:?} is not a byte count (use e.g. 512MiB, 2GiB)"))?;
+    let scale: f64 =
+        match unit.to_ascii_lowercase().as_str() {
+            "" | "b" => 1.0,
+            "k" | "kib" => 1024.0,
+            "m" | "mib" => 1024.0 * 1024.0,
+            "g" | "gib" => 1024.0 * 1024.0 * 1024.0,
+            "t" | "tib" => 1024.0_f64.powi(4),
+            "kb" => 1e3,
+            "mb" => 1e6,
+            "gb" => 1e9,
+            "tb" => 1e12,
+            _ => return Err(format!(
+                "unknown unit {unit:?} in {s:?} (use e.g. 512MiB, 2GiB, 1GB or a plain byte count)"
+            )),
+        };
+    let value: f64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a byte count (use e.g. 512MiB, 2GiB)"))?;
     let bytes = value * scale;
     if !bytes.is_finite() || bytes < 1.0 || bytes > usize::MAX as f64 {
         return Err(format!("{s:?} is out of range"));
@@ -384,9 +408,26 @@ mod tests {
     #[test]
     fn flags_map_onto_engine_config() {
         let a = parse(&[
-            "--served-model-name", "m", "--max-model-len", "4096", "--num-kv-blocks", "100",
-            "--kv-cache-memory", "2GiB", "--block-size", "32", "--load-format", "dummy",
-            "--dtype", "bfloat16", "--seed", "7", "--max-num-seqs", "8", "--max-num-batched-tokens", "1024",
+            "--served-model-name",
+            "m",
+            "--max-model-len",
+            "4096",
+            "--num-kv-blocks",
+            "100",
+            "--kv-cache-memory",
+            "2GiB",
+            "--block-size",
+            "32",
+            "--load-format",
+            "dummy",
+            "--dtype",
+            "bfloat16",
+            "--seed",
+            "7",
+            "--max-num-seqs",
+            "8",
+            "--max-num-batched-tokens",
+            "1024",
         ])
         .unwrap();
         let c = a.engine_config();
@@ -400,7 +441,14 @@ mod tests {
         assert_eq!(c.seed, 7);
         assert_eq!(c.max_num_seqs, 8);
         assert_eq!(c.max_num_batched_tokens, 1024);
-        assert_eq!(parse(&["--dtype", "half"]).unwrap().engine_config().dtype.as_deref(), Some("f16"));
+        assert_eq!(
+            parse(&["--dtype", "half"])
+                .unwrap()
+                .engine_config()
+                .dtype
+                .as_deref(),
+            Some("f16")
+        );
     }
 
     #[test]
@@ -411,22 +459,60 @@ mod tests {
         assert_eq!(c.request_timeout, None);
         assert_eq!(c.shutdown_timeout, Duration::from_secs(30));
         let c = parse(&[
-            "--api-key", "k", "--cluster-token", "t", "--max-request-body-bytes", "1MiB", "--max-prompt-tokens", "64",
-            "--max-concurrent-requests", "2", "--max-queued-requests", "3", "--request-timeout-s", "5",
-            "--shutdown-timeout-s", "1",
+            "--api-key",
+            "k",
+            "--cluster-token",
+            "t",
+            "--max-request-body-bytes",
+            "1MiB",
+            "--max-prompt-tokens",
+            "64",
+            "--max-concurrent-requests",
+            "2",
+            "--max-queued-requests",
+            "3",
+            "--request-timeout-s",
+            "5",
+            "--shutdown-timeout-s",
+            "1",
         ])
         .unwrap()
         .serving
         .server_config();
-        assert_eq!((c.api_key.as_deref(), c.cluster_token.as_deref()), (Some("k"), Some("t")));
-        assert_eq!((c.max_request_body_bytes, c.max_prompt_tokens), (1 << 20, Some(64)));
+        assert_eq!(
+            (c.api_key.as_deref(), c.cluster_token.as_deref()),
+            (Some("k"), Some("t"))
+        );
+        assert_eq!(
+            (c.max_request_body_bytes, c.max_prompt_tokens),
+            (1 << 20, Some(64))
+        );
         assert_eq!((c.max_concurrent_requests, c.max_queued_requests), (2, 3));
-        assert_eq!((c.request_timeout, c.shutdown_timeout), (Some(Duration::from_secs(5)), Duration::from_secs(1)));
+        assert_eq!(
+            (c.request_timeout, c.shutdown_timeout),
+            (Some(Duration::from_secs(5)), Duration::from_secs(1))
+        );
         // An empty key is no key (a blank environment variable must not lock everyone out).
-        assert_eq!(parse(&["--api-key", ""]).unwrap().serving.server_config().api_key, None);
+        assert_eq!(
+            parse(&["--api-key", ""])
+                .unwrap()
+                .serving
+                .server_config()
+                .api_key,
+            None
+        );
         // Secrets stay out of logs.
-        let shown = format!("{:?}", parse(&["--api-key", "hunter2", "--cluster-token", "t0k"]).unwrap().serving.server_config());
-        assert!(!shown.contains("hunter2") && !shown.contains("t0k"), "{shown}");
+        let shown = format!(
+            "{:?}",
+            parse(&["--api-key", "hunter2", "--cluster-token", "t0k"])
+                .unwrap()
+                .serving
+                .server_config()
+        );
+        assert!(
+            !shown.contains("hunter2") && !shown.contains("t0k"),
+            "{shown}"
+        );
     }
 
     #[test]
@@ -434,15 +520,39 @@ mod tests {
         let err = |args: &[&str]| parse(args).unwrap().check_role().unwrap_err();
         assert!(err(&["--role", "router"]).contains("--decode-peer"));
         assert!(err(&["--role", "decode", "--cluster-token", "t"]).contains("--prefill-peer"));
-        assert!(err(&["--role", "decode", "--prefill-peer", "http://p"]).contains("--cluster-token"));
+        assert!(
+            err(&["--role", "decode", "--prefill-peer", "http://p"]).contains("--cluster-token")
+        );
         assert!(err(&["--role", "prefill"]).contains("--cluster-token"));
         assert!(err(&["--role", "both", "--prefill-peer", "http://p"]).contains("takes no"));
         assert!(parse(&["--role", "both"]).unwrap().check_role().is_ok());
-        assert!(parse(&["--role", "prefill", "--cluster-token", "t"]).unwrap().check_role().is_ok());
-        let ok = ["--role", "decode", "--cluster-token", "t", "--prefill-peer", "http://p:1", "--prefill-peer", "http://q:2"];
+        assert!(parse(&["--role", "prefill", "--cluster-token", "t"])
+            .unwrap()
+            .check_role()
+            .is_ok());
+        let ok = [
+            "--role",
+            "decode",
+            "--cluster-token",
+            "t",
+            "--prefill-peer",
+            "http://p:1",
+            "--prefill-peer",
+            "http://q:2",
+        ];
         assert_eq!(parse(&ok).unwrap().disagg.prefill_peers.len(), 2);
         assert!(err(&["--role", "router", "--decode-peer", "http://d"]).contains("--cluster-token"));
-        assert!(parse(&["--role", "router", "--decode-peer", "http://d", "--cluster-token", "t"]).unwrap().check_role().is_ok());
+        assert!(parse(&[
+            "--role",
+            "router",
+            "--decode-peer",
+            "http://d",
+            "--cluster-token",
+            "t"
+        ])
+        .unwrap()
+        .check_role()
+        .is_ok());
         assert!(parse(&["--role", "nonsense"]).is_err());
     }
 }

@@ -9,7 +9,8 @@ use axum::http::{HeaderName, HeaderValue};
 use futures::stream::{BoxStream, SelectAll};
 use futures::StreamExt;
 use kvc_engine::{
-    EngineError, FinishReason, GenerateRequest, Logprobs, MatchedStop, RequestStream, SamplingParams, StreamEvent, Usage,
+    EngineError, FinishReason, GenerateRequest, Logprobs, MatchedStop, RequestStream,
+    SamplingParams, StreamEvent, Usage,
 };
 
 use crate::admission::Slot;
@@ -25,14 +26,21 @@ pub fn new_request_id(prefix: &str) -> String {
 }
 
 pub fn unix_now() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }
 
 /// Headers on every generation response (DESIGN.md §5).
 pub fn serving_headers(request_id: &str, path: &'static str) -> [(HeaderName, HeaderValue); 2] {
-    let id = HeaderValue::from_str(request_id).unwrap_or_else(|_| HeaderValue::from_static("invalid"));
+    let id =
+        HeaderValue::from_str(request_id).unwrap_or_else(|_| HeaderValue::from_static("invalid"));
     [
-        (HeaderName::from_static("x-kvc-path"), HeaderValue::from_static(path)),
+        (
+            HeaderName::from_static("x-kvc-path"),
+            HeaderValue::from_static(path),
+        ),
         (HeaderName::from_static("x-request-id"), id),
     ]
 }
@@ -48,13 +56,22 @@ pub struct Admitted {
 /// Takes a concurrency slot for a request that arrived at `arrival`
 /// (waiting in the queue if need be, 429 if the queue is full, 504 if the
 /// deadline passes first).
-pub async fn admit(state: &AppState, arrival: Instant, id_prefix: &str) -> Result<Admitted, ApiError> {
+pub async fn admit(
+    state: &AppState,
+    arrival: Instant,
+    id_prefix: &str,
+) -> Result<Admitted, ApiError> {
     if state.lifecycle.is_draining() {
         return Err(ApiError::Unavailable("the server is shutting down".into()));
     }
     let deadline = state.config.request_timeout.map(|t| arrival + t);
     let slot = within(state, deadline, state.admission.admit()).await??;
-    Ok(Admitted { request_id: new_request_id(id_prefix), arrival, deadline, slot })
+    Ok(Admitted {
+        request_id: new_request_id(id_prefix),
+        arrival,
+        deadline,
+        slot,
+    })
 }
 
 /// Runs `work` (e.g. tokenization) under the request's deadline.
@@ -64,13 +81,17 @@ pub async fn within<T>(
     work: impl std::future::Future<Output = T>,
 ) -> Result<T, ApiError> {
     match deadline {
-        Some(d) => tokio::time::timeout_at(d.into(), work).await.map_err(|_| timeout_error(state)),
+        Some(d) => tokio::time::timeout_at(d.into(), work)
+            .await
+            .map_err(|_| timeout_error(state)),
         None => Ok(work.await),
     }
 }
 
 fn timeout_error(state: &AppState) -> ApiError {
-    ApiError::Timeout { timeout_s: state.config.request_timeout.map_or(0, |t| t.as_secs()) }
+    ApiError::Timeout {
+        timeout_s: state.config.request_timeout.map_or(0, |t| t.as_secs()),
+    }
 }
 
 impl Admitted {
@@ -80,10 +101,18 @@ impl Admitted {
 }
 
 /// Refuses prompts longer than `--max-prompt-tokens`.
-pub fn check_prompt_len(state: &AppState, tokens: usize, param: &'static str) -> Result<(), ApiError> {
+pub fn check_prompt_len(
+    state: &AppState,
+    tokens: usize,
+    param: &'static str,
+) -> Result<(), ApiError> {
     let limit = state.max_prompt_tokens();
     if tokens > limit {
-        return Err(ApiError::PromptTooLarge { tokens, limit, param });
+        return Err(ApiError::PromptTooLarge {
+            tokens,
+            limit,
+            param,
+        });
     }
     Ok(())
 }
@@ -92,11 +121,19 @@ pub fn check_prompt_len(state: &AppState, tokens: usize, param: &'static str) ->
 /// its tokenization is refused before tokenizing it: a token decodes to at
 /// most `MAX_TOKEN_BYTES` bytes (Qwen3: 128), and NFC normalization
 /// shrinks text at most 3x.
-pub fn check_prompt_bytes(state: &AppState, bytes: usize, param: &'static str) -> Result<(), ApiError> {
+pub fn check_prompt_bytes(
+    state: &AppState,
+    bytes: usize,
+    param: &'static str,
+) -> Result<(), ApiError> {
     const MAX_TOKEN_BYTES: usize = 128;
     let limit = state.max_prompt_tokens();
     if bytes > limit.saturating_mul(MAX_TOKEN_BYTES * 3) {
-        return Err(ApiError::PromptTooLarge { tokens: bytes / (MAX_TOKEN_BYTES * 3), limit, param });
+        return Err(ApiError::PromptTooLarge {
+            tokens: bytes / (MAX_TOKEN_BYTES * 3),
+            limit,
+            param,
+        });
     }
     Ok(())
 }
@@ -117,11 +154,23 @@ pub struct Submission {
 ///
 /// On a decode worker a single-choice request goes through
 /// [`crate::pd::decode::start`] (local, direct append or remote prefill).
-pub async fn submit(state: &AppState, admitted: Admitted, s: Submission) -> Result<Generation, ApiError> {
-    let Admitted { request_id, arrival, deadline, slot } = admitted;
+pub async fn submit(
+    state: &AppState,
+    admitted: Admitted,
+    s: Submission,
+) -> Result<Generation, ApiError> {
+    let Admitted {
+        request_id,
+        arrival,
+        deadline,
+        slot,
+    } = admitted;
     let prompt_len = s.prompt_tokens.len();
     let mut streams = SelectAll::new();
-    let mut route = Route { path: PATH_LOCAL, ..Default::default() };
+    let mut route = Route {
+        path: PATH_LOCAL,
+        ..Default::default()
+    };
     if let (Some(pd), "decode", 1) = (state.pd.as_deref(), state.role, s.n) {
         let req = GenerateRequest {
             request_id: request_id.clone(),
@@ -135,7 +184,14 @@ pub async fn submit(state: &AppState, admitted: Admitted, s: Submission) -> Resu
             other => other,
         })?;
         route = r;
-        tracing::info!(request_id, seq_id = stream.id(), prompt_tokens = prompt_len, path = route.path, reason = route.reason, "request submitted");
+        tracing::info!(
+            request_id,
+            seq_id = stream.id(),
+            prompt_tokens = prompt_len,
+            path = route.path,
+            reason = route.reason,
+            "request submitted"
+        );
         streams.push(events(0, stream));
     }
     let remote_started = !streams.is_empty();
@@ -143,19 +199,32 @@ pub async fn submit(state: &AppState, admitted: Admitted, s: Submission) -> Resu
         let mut sampling = s.sampling.clone();
         sampling.seed = choice_seed(sampling.seed, index);
         let req = GenerateRequest {
-            request_id: if s.n == 1 { request_id.clone() } else { format!("{request_id}-{index}") },
+            request_id: if s.n == 1 {
+                request_id.clone()
+            } else {
+                format!("{request_id}-{index}")
+            },
             prompt_tokens: s.prompt_tokens.clone(),
             sampling,
             // Only the first choice continues the session; the others are
             // alternatives the client has not chosen yet.
-            session_id: if index == 0 { s.session_id.clone() } else { None },
+            session_id: if index == 0 {
+                s.session_id.clone()
+            } else {
+                None
+            },
             ..Default::default()
         };
         let stream = state.engine.submit(req).map_err(s.map_err)?;
         ServerCounters::inc(&state.counters.local_requests);
         tracing::info!(
-            request_id, index, seq_id = stream.id(), prompt_tokens = prompt_len, max_tokens = s.sampling.max_tokens,
-            path = PATH_LOCAL, "request submitted"
+            request_id,
+            index,
+            seq_id = stream.id(),
+            prompt_tokens = prompt_len,
+            max_tokens = s.sampling.max_tokens,
+            path = PATH_LOCAL,
+            "request submitted"
         );
         streams.push(events(index, stream));
     }
@@ -206,8 +275,19 @@ struct ChoiceTiming {
 /// An event of one choice.
 #[derive(Debug)]
 pub enum ChoiceEvent {
-    Token { index: usize, token_id: u32, text: String, logprobs: Option<Logprobs> },
-    Finished { index: usize, reason: FinishReason, text: String, matched_stop: Option<MatchedStop>, usage: Usage },
+    Token {
+        index: usize,
+        token_id: u32,
+        text: String,
+        logprobs: Option<Logprobs>,
+    },
+    Finished {
+        index: usize,
+        reason: FinishReason,
+        text: String,
+        matched_stop: Option<MatchedStop>,
+        usage: Usage,
+    },
 }
 
 /// The running engine work of one request. Dropping it cancels whatever is
@@ -259,18 +339,42 @@ impl Generation {
         let now = Instant::now();
         match event {
             None => Ok(None),
-            Some((index, Some(StreamEvent::Token { token_id, text, logprobs }))) => {
+            Some((
+                index,
+                Some(StreamEvent::Token {
+                    token_id,
+                    text,
+                    logprobs,
+                }),
+            )) => {
                 if !self.first_token {
                     self.first_token = true;
-                    self.state.metrics.ttft.observe((now - self.arrival).as_secs_f64());
+                    self.state
+                        .metrics
+                        .ttft
+                        .observe((now - self.arrival).as_secs_f64());
                 }
                 let timing = &mut self.choices[index];
                 if let Some(last) = timing.last_token.replace(now) {
                     self.state.metrics.itl.observe((now - last).as_secs_f64());
                 }
-                Ok(Some(ChoiceEvent::Token { index, token_id, text, logprobs }))
+                Ok(Some(ChoiceEvent::Token {
+                    index,
+                    token_id,
+                    text,
+                    logprobs,
+                }))
             }
-            Some((index, Some(StreamEvent::Finished { reason, text, matched_stop, mut usage, .. }))) => {
+            Some((
+                index,
+                Some(StreamEvent::Finished {
+                    reason,
+                    text,
+                    matched_stop,
+                    mut usage,
+                    ..
+                }),
+            )) => {
                 if index == 0 && !self.route.reason.is_empty() {
                     usage.path = self.route.path;
                     usage.path_reason = self.route.reason;
@@ -282,22 +386,35 @@ impl Generation {
                 }
                 self.choices[index].finished = true;
                 if self.choices.iter().all(|c| c.finished) {
-                    self.state.metrics.e2e.observe((now - self.arrival).as_secs_f64());
+                    self.state
+                        .metrics
+                        .e2e
+                        .observe((now - self.arrival).as_secs_f64());
                 }
-                Ok(Some(ChoiceEvent::Finished { index, reason, text, matched_stop, usage }))
+                Ok(Some(ChoiceEvent::Finished {
+                    index,
+                    reason,
+                    text,
+                    matched_stop,
+                    usage,
+                }))
             }
-            Some((_, Some(StreamEvent::Error(msg)))) => {
-                Err(self.fail(Finish::Error, ApiError::Internal(format!("generation failed: {msg}"))))
-            }
-            Some((_, None)) => {
-                Err(self.fail(Finish::Error, ApiError::Internal("the engine ended the request without a result".into())))
-            }
+            Some((_, Some(StreamEvent::Error(msg)))) => Err(self.fail(
+                Finish::Error,
+                ApiError::Internal(format!("generation failed: {msg}")),
+            )),
+            Some((_, None)) => Err(self.fail(
+                Finish::Error,
+                ApiError::Internal("the engine ended the request without a result".into()),
+            )),
         }
     }
 
     /// Records how a finished choice ended, as reported to the client.
     pub fn record_finish(&self, finish_reason: &str) {
-        self.state.metrics.count_finish(Finish::from_reason(finish_reason));
+        self.state
+            .metrics
+            .count_finish(Finish::from_reason(finish_reason));
     }
 
     /// Cancels every unfinished sequence and counts it as `finish`.
@@ -324,7 +441,9 @@ impl Drop for Generation {
 /// Sums the choices' usage: the prompt once, every choice's completion,
 /// and the cached prompt tokens of the choice that reused the least.
 pub fn total_usage(usages: &[Usage]) -> Usage {
-    let Some(first) = usages.first() else { return Usage::default() };
+    let Some(first) = usages.first() else {
+        return Usage::default();
+    };
     Usage {
         completion_tokens: usages.iter().map(|u| u.completion_tokens).sum(),
         cached_tokens: usages.iter().map(|u| u.cached_tokens).min().unwrap_or(0),
@@ -350,16 +469,33 @@ mod tests {
 
     #[test]
     fn seeded_choices_get_seed_plus_index_and_unseeded_stay_unseeded() {
-        assert_eq!((0..3).map(|i| choice_seed(Some(100), i)).collect::<Vec<_>>(), vec![Some(100), Some(101), Some(102)]);
+        assert_eq!(
+            (0..3)
+                .map(|i| choice_seed(Some(100), i))
+                .collect::<Vec<_>>(),
+            vec![Some(100), Some(101), Some(102)]
+        );
         assert_eq!(choice_seed(Some(u64::MAX), 1), Some(0));
         assert_eq!(choice_seed(None, 2), None);
     }
 
     #[test]
     fn usage_of_n_choices_counts_the_prompt_once() {
-        let u = |completion, cached| Usage { prompt_tokens: 10, completion_tokens: completion, cached_tokens: cached, ..Default::default() };
+        let u = |completion, cached| Usage {
+            prompt_tokens: 10,
+            completion_tokens: completion,
+            cached_tokens: cached,
+            ..Default::default()
+        };
         let total = total_usage(&[u(3, 0), u(5, 8), u(1, 8)]);
-        assert_eq!((total.prompt_tokens, total.completion_tokens, total.cached_tokens), (10, 9, 0));
+        assert_eq!(
+            (
+                total.prompt_tokens,
+                total.completion_tokens,
+                total.cached_tokens
+            ),
+            (10, 9, 0)
+        );
         assert_eq!(total_usage(&[]).prompt_tokens, 0);
     }
 }

@@ -19,10 +19,16 @@ fn card(state: &AppState) -> ModelCard {
 }
 
 pub async fn list_models(State(state): State<AppState>) -> Json<ModelList> {
-    Json(ModelList { object: "list", data: vec![card(&state)] })
+    Json(ModelList {
+        object: "list",
+        data: vec![card(&state)],
+    })
 }
 
-pub async fn get_model(State(state): State<AppState>, Path(model): Path<String>) -> Result<Json<ModelCard>, ApiError> {
+pub async fn get_model(
+    State(state): State<AppState>,
+    Path(model): Path<String>,
+) -> Result<Json<ModelCard>, ApiError> {
     state.check_model(Some(&model))?;
     Ok(Json(card(&state)))
 }

@@ -35,18 +35,49 @@ pub enum Endpoint {
 }
 
 const COMMON: &[&str] = &[
-    "model", "max_tokens", "temperature", "top_p", "n", "stream", "stream_options", "stop", "seed",
-    "frequency_penalty", "presence_penalty", "logit_bias", "logprobs",
+    "model",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "n",
+    "stream",
+    "stream_options",
+    "stop",
+    "seed",
+    "frequency_penalty",
+    "presence_penalty",
+    "logit_bias",
+    "logprobs",
     // vLLM / SGLang extensions kvc implements
-    "top_k", "min_p", "repetition_penalty", "stop_token_ids", "ignore_eos", "skip_special_tokens",
-    "add_special_tokens", "session_id", "echo",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "stop_token_ids",
+    "ignore_eos",
+    "skip_special_tokens",
+    "add_special_tokens",
+    "session_id",
+    "echo",
     // no effect on the answer
-    "user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier", "request_id",
+    "user",
+    "metadata",
+    "store",
+    "service_tier",
+    "prompt_cache_key",
+    "safety_identifier",
+    "request_id",
 ];
 
 const CHAT: &[&str] = &[
-    "messages", "max_completion_tokens", "top_logprobs", "response_format", "tools", "tool_choice",
-    "chat_template_kwargs", "add_generation_prompt", "continue_final_message",
+    "messages",
+    "max_completion_tokens",
+    "top_logprobs",
+    "response_format",
+    "tools",
+    "tool_choice",
+    "chat_template_kwargs",
+    "add_generation_prompt",
+    "continue_final_message",
 ];
 
 const COMPLETIONS: &[&str] = &["prompt", "suffix", "best_of"];
@@ -54,20 +85,50 @@ const COMPLETIONS: &[&str] = &["prompt", "suffix", "best_of"];
 /// Known but not implemented, with the value that means "off" (accepted).
 fn unsupported(endpoint: Endpoint, field: &str) -> Option<Option<Value>> {
     let off = match field {
-        "functions" | "function_call" | "audio" | "prediction" | "web_search_options" | "reasoning_effort"
-        | "verbosity" | "guided_json" | "guided_regex" | "guided_choice" | "guided_grammar" | "guided_decoding_backend"
-        | "guided_whitespace_pattern" | "structured_outputs" | "prompt_logprobs" | "truncate_prompt_tokens"
-        | "chat_template" | "documents" | "mm_processor_kwargs" | "logits_processors" | "cache_salt"
-        | "kv_transfer_params" | "vllm_xargs" | "bad_words" | "allowed_token_ids" | "regex" | "ebnf" | "json_schema"
-        | "lora_path" | "tools" | "tool_choice" => None,
+        "functions"
+        | "function_call"
+        | "audio"
+        | "prediction"
+        | "web_search_options"
+        | "reasoning_effort"
+        | "verbosity"
+        | "guided_json"
+        | "guided_regex"
+        | "guided_choice"
+        | "guided_grammar"
+        | "guided_decoding_backend"
+        | "guided_whitespace_pattern"
+        | "structured_outputs"
+        | "prompt_logprobs"
+        | "truncate_prompt_tokens"
+        | "chat_template"
+        | "documents"
+        | "mm_processor_kwargs"
+        | "logits_processors"
+        | "cache_salt"
+        | "kv_transfer_params"
+        | "vllm_xargs"
+        | "bad_words"
+        | "allowed_token_ids"
+        | "regex"
+        | "ebnf"
+        | "json_schema"
+        | "lora_path"
+        | "tools"
+        | "tool_choice" => None,
         "modalities" => Some(json!(["text"])),
         "min_tokens" | "priority" => Some(json!(0)),
         "length_penalty" => Some(json!(1.0)),
-        "include_stop_str_in_output" | "use_beam_search" | "return_tokens_as_token_ids" | "return_token_ids"
-        | "no_stop_trim" | "return_hidden_states" => Some(json!(false)),
-        "spaces_between_special_tokens" | "separate_reasoning" | "stream_reasoning" | "parallel_tool_calls" => {
-            Some(json!(true))
-        }
+        "include_stop_str_in_output"
+        | "use_beam_search"
+        | "return_tokens_as_token_ids"
+        | "return_token_ids"
+        | "no_stop_trim"
+        | "return_hidden_states" => Some(json!(false)),
+        "spaces_between_special_tokens"
+        | "separate_reasoning"
+        | "stream_reasoning"
+        | "parallel_tool_calls" => Some(json!(true)),
         "best_of" => Some(json!(1)),
         "response_format" => Some(json!({"type": "text"})),
         _ => return None,
@@ -97,7 +158,10 @@ pub fn check_fields(bytes: &[u8], endpoint: Endpoint) -> Result<(), ApiError> {
             continue;
         }
         let Some(off) = unsupported(endpoint, field) else {
-            return Err(ApiError::bad_request(format!("Unrecognized request argument supplied: {field}"), Some(field)));
+            return Err(ApiError::bad_request(
+                format!("Unrecognized request argument supplied: {field}"),
+                Some(field),
+            ));
         };
         if let Some(off) = off {
             if values.is_none() {
@@ -129,32 +193,77 @@ mod tests {
         let chat = json!({"model": "m", "messages": [], "top_k": 5, "chat_template_kwargs": {}, "session_id": "s",
                           "user": "u", "metadata": {"a": "b"}, "tools": [], "continue_final_message": true});
         assert!(check(Endpoint::Chat, chat).is_ok());
-        assert!(check(Endpoint::Completions, json!({"prompt": "x", "echo": true, "best_of": 1, "ignore_eos": true})).is_ok());
+        assert!(check(
+            Endpoint::Completions,
+            json!({"prompt": "x", "echo": true, "best_of": 1, "ignore_eos": true})
+        )
+        .is_ok());
     }
 
     #[test]
     fn unknown_fields_are_rejected_like_openai() {
-        let (status, msg, param) = check(Endpoint::Chat, json!({"messages": [], "max_token": 5})).unwrap_err();
+        let (status, msg, param) =
+            check(Endpoint::Chat, json!({"messages": [], "max_token": 5})).unwrap_err();
         assert_eq!((status, param.as_deref()), (400, Some("max_token")));
         assert_eq!(msg, "Unrecognized request argument supplied: max_token");
         // Chat-only fields are unknown on completions.
-        assert_eq!(check(Endpoint::Completions, json!({"prompt": "x", "messages": []})).unwrap_err().0, 400);
+        assert_eq!(
+            check(
+                Endpoint::Completions,
+                json!({"prompt": "x", "messages": []})
+            )
+            .unwrap_err()
+            .0,
+            400
+        );
     }
 
     #[test]
     fn null_fields_count_as_absent() {
-        assert!(check(Endpoint::Chat, json!({"messages": [], "functions": null, "whatever": null})).is_ok());
+        assert!(check(
+            Endpoint::Chat,
+            json!({"messages": [], "functions": null, "whatever": null})
+        )
+        .is_ok());
     }
 
     #[test]
     fn known_unimplemented_fields_are_refused_unless_off() {
-        let (_, msg, param) = check(Endpoint::Chat, json!({"messages": [], "guided_json": {"type": "object"}})).unwrap_err();
+        let (_, msg, param) = check(
+            Endpoint::Chat,
+            json!({"messages": [], "guided_json": {"type": "object"}}),
+        )
+        .unwrap_err();
         assert!(msg.contains("not supported"), "{msg}");
         assert_eq!(param.as_deref(), Some("guided_json"));
         assert!(check(Endpoint::Chat, json!({"messages": [], "min_tokens": 0, "use_beam_search": false, "parallel_tool_calls": true})).is_ok());
-        assert_eq!(check(Endpoint::Chat, json!({"messages": [], "parallel_tool_calls": false})).unwrap_err().2.as_deref(), Some("parallel_tool_calls"));
-        assert_eq!(check(Endpoint::Chat, json!({"messages": [], "min_tokens": 3})).unwrap_err().0, 400);
-        assert!(check(Endpoint::Completions, json!({"prompt": "x", "response_format": {"type": "text"}})).is_ok());
-        assert_eq!(check(Endpoint::Completions, json!({"prompt": "x", "tools": []})).unwrap_err().2.as_deref(), Some("tools"));
+        assert_eq!(
+            check(
+                Endpoint::Chat,
+                json!({"messages": [], "parallel_tool_calls": false})
+            )
+            .unwrap_err()
+            .2
+            .as_deref(),
+            Some("parallel_tool_calls")
+        );
+        assert_eq!(
+            check(Endpoint::Chat, json!({"messages": [], "min_tokens": 3}))
+                .unwrap_err()
+                .0,
+            400
+        );
+        assert!(check(
+            Endpoint::Completions,
+            json!({"prompt": "x", "response_format": {"type": "text"}})
+        )
+        .is_ok());
+        assert_eq!(
+            check(Endpoint::Completions, json!({"prompt": "x", "tools": []}))
+                .unwrap_err()
+                .2
+                .as_deref(),
+            Some("tools")
+        );
     }
 }

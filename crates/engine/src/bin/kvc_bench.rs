@@ -22,7 +22,10 @@ use std::time::Instant;
 #[path = "bench/model.rs"]
 mod model_bench;
 
-use kvc_engine::{EngineConfig, EngineHandle, GenerateRequest, LoadFormat, ModelSource, SamplingParams, StreamEvent};
+use kvc_engine::{
+    EngineConfig, EngineHandle, GenerateRequest, LoadFormat, ModelSource, SamplingParams,
+    StreamEvent,
+};
 
 struct Args {
     batches: Vec<usize>,
@@ -38,7 +41,9 @@ struct Args {
 }
 
 fn list(v: &str, flag: &str) -> Result<Vec<usize>, String> {
-    v.split(',').map(|b| b.trim().parse().map_err(|e| format!("{flag}: {e}"))).collect()
+    v.split(',')
+        .map(|b| b.trim().parse().map_err(|e| format!("{flag}: {e}")))
+        .collect()
 }
 
 fn parse() -> Result<Args, String> {
@@ -61,15 +66,24 @@ fn parse() -> Result<Args, String> {
             a.prompt_len = 4096;
             a.batches = vec![0];
         }
-        other => return Err(format!("usage: kvc-bench engine|admission [options]; got {other:?}")),
+        other => {
+            return Err(format!(
+                "usage: kvc-bench engine|admission [options]; got {other:?}"
+            ))
+        }
     }
     while let Some(flag) = it.next() {
         let mut val = || it.next().ok_or(format!("{flag} needs a value"));
         match flag.as_str() {
             "--batch" => {
-                a.batches = val()?.split(',').map(|b| b.trim().parse().map_err(|e| format!("--batch: {e}"))).collect::<Result<_, _>>()?
+                a.batches = val()?
+                    .split(',')
+                    .map(|b| b.trim().parse().map_err(|e| format!("--batch: {e}")))
+                    .collect::<Result<_, _>>()?
             }
-            "--prompt-len" => a.prompt_len = val()?.parse().map_err(|e| format!("--prompt-len: {e}"))?,
+            "--prompt-len" => {
+                a.prompt_len = val()?.parse().map_err(|e| format!("--prompt-len: {e}"))?
+            }
             "--gen-len" => a.gen_len = val()?.parse().map_err(|e| format!("--gen-len: {e}"))?,
             "--model" => a.model = Some(val()?),
             "--load-format" => a.dummy = val()? == "dummy",
@@ -116,7 +130,11 @@ fn main() {
     let config = EngineConfig {
         device: args.device.clone(),
         model: ModelSource::parse(args.model.as_deref()),
-        load_format: if args.dummy { LoadFormat::Dummy } else { LoadFormat::Auto },
+        load_format: if args.dummy {
+            LoadFormat::Dummy
+        } else {
+            LoadFormat::Auto
+        },
         max_num_seqs: max_batch.max(1),
         max_num_batched_tokens: (args.prompt_len * max_batch).clamp(512, 8192),
         ..Default::default()
@@ -126,8 +144,19 @@ fn main() {
         std::process::exit(1)
     });
     let info = engine.info().clone();
-    println!("model {} | prompt {} | gen {} | threads {}", info.id, args.prompt_len, args.gen_len, std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
-    println!("{:>6} {:>12} {:>16} {:>16}", "batch", "prefill_s", "decode_tok/s", "output_tok/s");
+    println!(
+        "model {} | prompt {} | gen {} | threads {}",
+        info.id,
+        args.prompt_len,
+        args.gen_len,
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+    );
+    println!(
+        "{:>6} {:>12} {:>16} {:>16}",
+        "batch", "prefill_s", "decode_tok/s", "output_tok/s"
+    );
     run(&engine, 1, args.prompt_len, 4); // warm-up
     for &b in &args.batches {
         let (prefill, decode, overall) = run(&engine, b, args.prompt_len, args.gen_len);
@@ -140,12 +169,19 @@ fn run(engine: &EngineHandle, batch: usize, prompt_len: usize, gen_len: usize) -
     let t0 = Instant::now();
     let mut streams: Vec<_> = (0..batch)
         .map(|i| {
-            let prompt = (0..prompt_len).map(|j| ((i * 7919 + j * 104729) % 150000) as u32 + 10).collect();
+            let prompt = (0..prompt_len)
+                .map(|j| ((i * 7919 + j * 104729) % 150000) as u32 + 10)
+                .collect();
             engine
                 .submit(GenerateRequest {
                     request_id: format!("bench-{i}"),
                     prompt_tokens: prompt,
-                    sampling: SamplingParams { temperature: 0.0, max_tokens: gen_len, ignore_eos: true, ..Default::default() },
+                    sampling: SamplingParams {
+                        temperature: 0.0,
+                        max_tokens: gen_len,
+                        ignore_eos: true,
+                        ..Default::default()
+                    },
                     ..Default::default()
                 })
                 .expect("submit")
@@ -180,7 +216,11 @@ fn run(engine: &EngineHandle, batch: usize, prompt_len: usize, gen_len: usize) -
     let total = t0.elapsed().as_secs_f64();
     let prefill = first.iter().map(|f| f.unwrap().0).fold(0.0, f64::max);
     let decode_tokens = tokens.saturating_sub(batch) as f64;
-    (prefill, decode_tokens / (total - prefill).max(1e-9), tokens as f64 / total)
+    (
+        prefill,
+        decode_tokens / (total - prefill).max(1e-9),
+        tokens as f64 / total,
+    )
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -191,9 +231,13 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 fn admission_bench(prompt_len: usize) {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
-    let engine = EngineHandle::start(EngineConfig { max_num_batched_tokens: 512, ..Default::default() }).expect("engine");
+    let engine = EngineHandle::start(EngineConfig {
+        max_num_batched_tokens: 512,
+        ..Default::default()
+    })
+    .expect("engine");
     run(&engine, 1, 16, 4); // warm-up
-    // Latency while a long prompt is prefilled in 512-token chunks next to 8 decodes.
+                            // Latency while a long prompt is prefilled in 512-token chunks next to 8 decodes.
     let stop = Arc::new(AtomicBool::new(false));
     let prober = {
         let (engine, stop) = (engine.clone(), stop.clone());
@@ -201,7 +245,10 @@ fn admission_bench(prompt_len: usize) {
             let mut lat = Vec::new();
             while !stop.load(Ordering::Relaxed) {
                 let t = Instant::now();
-                let d = engine.admission(&kvc_engine::AdmissionQuery { session_id: Some("probe"), prompt_tokens: 2048 });
+                let d = engine.admission(&kvc_engine::AdmissionQuery {
+                    session_id: Some("probe"),
+                    prompt_tokens: 2048,
+                });
                 lat.push(t.elapsed().as_secs_f64() * 1e3);
                 std::hint::black_box(d);
                 std::thread::sleep(std::time::Duration::from_micros(500));
@@ -212,8 +259,15 @@ fn admission_bench(prompt_len: usize) {
     let long = engine
         .submit(GenerateRequest {
             request_id: "long".into(),
-            prompt_tokens: (0..prompt_len).map(|j| (j * 7919 % 150000) as u32 + 10).collect(),
-            sampling: SamplingParams { temperature: 0.0, max_tokens: 4, ignore_eos: true, ..Default::default() },
+            prompt_tokens: (0..prompt_len)
+                .map(|j| (j * 7919 % 150000) as u32 + 10)
+                .collect(),
+            sampling: SamplingParams {
+                temperature: 0.0,
+                max_tokens: 4,
+                ignore_eos: true,
+                ..Default::default()
+            },
             ..Default::default()
         })
         .expect("submit");
@@ -223,8 +277,17 @@ fn admission_bench(prompt_len: usize) {
     stop.store(true, Ordering::Relaxed);
     let mut lat = prober.join().unwrap();
     lat.sort_by(|a, b| a.total_cmp(b));
-    println!("admission probe during a {prompt_len}-token prefill + 8 decodes ({:.1} s, {} probes):", t0.elapsed().as_secs_f64(), lat.len());
-    println!("  p50 {:.4} ms  p99 {:.4} ms  max {:.4} ms  (decode {decode_tps:.1} tok/s)", percentile(&lat, 0.5), percentile(&lat, 0.99), lat[lat.len() - 1]);
+    println!(
+        "admission probe during a {prompt_len}-token prefill + 8 decodes ({:.1} s, {} probes):",
+        t0.elapsed().as_secs_f64(),
+        lat.len()
+    );
+    println!(
+        "  p50 {:.4} ms  p99 {:.4} ms  max {:.4} ms  (decode {decode_tps:.1} tok/s)",
+        percentile(&lat, 0.5),
+        percentile(&lat, 0.99),
+        lat[lat.len() - 1]
+    );
     // Throughput with and without 100 probes/s, alternating runs.
     let mut with = Vec::new();
     let mut without = Vec::new();
@@ -235,7 +298,10 @@ fn admission_bench(prompt_len: usize) {
             let (engine, stop) = (engine.clone(), stop.clone());
             std::thread::spawn(move || {
                 while !stop.load(Ordering::Relaxed) {
-                    std::hint::black_box(engine.admission(&kvc_engine::AdmissionQuery { session_id: None, prompt_tokens: 512 }));
+                    std::hint::black_box(engine.admission(&kvc_engine::AdmissionQuery {
+                        session_id: None,
+                        prompt_tokens: 512,
+                    }));
                     std::thread::sleep(std::time::Duration::from_millis(10));
                 }
             })
@@ -245,7 +311,11 @@ fn admission_bench(prompt_len: usize) {
         if let Some(h) = h {
             h.join().unwrap();
         }
-        if probing { with.push(tps) } else { without.push(tps) }
+        if probing {
+            with.push(tps)
+        } else {
+            without.push(tps)
+        }
     }
     let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
     println!("decode tok/s at batch 16, 3 runs each: without probes {:.1} {:?}; with 100 probes/s {:.1} {:?}", mean(&without), without.iter().map(|x| x.round()).collect::<Vec<_>>(), mean(&with), with.iter().map(|x| x.round()).collect::<Vec<_>>());

@@ -70,14 +70,21 @@ impl EngineLoop {
                     self.allocator.free_all(&l.blocks);
                 }
             }
-            Command::SnapshotReserve { session, tokens, reply } => {
+            Command::SnapshotReserve {
+                session,
+                tokens,
+                reply,
+            } => {
                 let _ = reply.send(self.snapshot_reserve(&session, tokens));
             }
             Command::SnapshotCommit { reservation, reply } => {
-                let r = self.snapshots.commit(reservation, &mut self.allocator).map_err(|e| {
-                    tracing::info!(event = "snapshot_commit_dropped", reservation, error = %e);
-                    EngineError::UnknownReservation(reservation)
-                });
+                let r = self
+                    .snapshots
+                    .commit(reservation, &mut self.allocator)
+                    .map_err(|e| {
+                        tracing::info!(event = "snapshot_commit_dropped", reservation, error = %e);
+                        EngineError::UnknownReservation(reservation)
+                    });
                 if let Ok(tokens) = r {
                     tracing::info!(event = "snapshot_ingested", reservation, tokens);
                 }
@@ -100,13 +107,24 @@ impl EngineLoop {
 
     /// Reserves a prompt's blocks: those the caches hold for it, and fresh
     /// ones for the rest.
-    pub(super) fn reserve(&mut self, id: u64, session: Option<String>, prompt: &[u32]) -> Result<Reserved, EngineError> {
+    pub(super) fn reserve(
+        &mut self,
+        id: u64,
+        session: Option<String>,
+        prompt: &[u32],
+    ) -> Result<Reserved, EngineError> {
         let bs = self.block_size();
-        let got = self
-            .cache
-            .acquire(session.as_deref(), prompt, &mut self.allocator, &mut self.storage);
+        let got = self.cache.acquire(
+            session.as_deref(),
+            prompt,
+            &mut self.allocator,
+            &mut self.storage,
+        );
         let need = prompt.len().div_ceil(bs) - got.blocks.len();
-        let Some(fresh) = self.cache.allocate(need, &mut self.allocator, &self.storage) else {
+        let Some(fresh) = self
+            .cache
+            .allocate(need, &mut self.allocator, &self.storage)
+        else {
             self.allocator.free_all(&got.blocks);
             if let Some(s) = &session {
                 self.cache.abandon(s);
@@ -137,9 +155,15 @@ impl EngineLoop {
         })
     }
 
-    pub(super) fn snapshot_reserve(&mut self, session: &str, tokens: Vec<u32>) -> Result<SnapshotSlot, EngineError> {
+    pub(super) fn snapshot_reserve(
+        &mut self,
+        session: &str,
+        tokens: Vec<u32>,
+    ) -> Result<SnapshotSlot, EngineError> {
         if self.snapshots.capacity() == 0 {
-            return Err(EngineError::NoKvRoom("this worker keeps no snapshot store".into()));
+            return Err(EngineError::NoKvRoom(
+                "this worker keeps no snapshot store".into(),
+            ));
         }
         // Room the store may take from the prefix cache.
         let need = tokens.len() / self.block_size();
@@ -179,7 +203,9 @@ impl EngineLoop {
     /// Marks the leases of released sessions: their pushes are abandoned.
     pub(super) fn revoke_leases_of(&mut self, released: impl Fn(&str) -> bool) {
         for l in self.leases.values() {
-            if l.session.as_deref().is_some_and(&released) && !l.revoked.swap(true, Ordering::AcqRel) {
+            if l.session.as_deref().is_some_and(&released)
+                && !l.revoked.swap(true, Ordering::AcqRel)
+            {
                 tracing::info!(event = "snapshot_push_revoked", session = ?l.session, "session released during its snapshot push");
             }
         }
@@ -187,17 +213,24 @@ impl EngineLoop {
 
     /// After a committed turn: queue a push of the session's full blocks
     /// when enough of them are not yet snapshotted.
-    pub(super) fn maybe_push_snapshot(&mut self, session: &str, tokens: &[u32], blocks: &[BlockId]) {
-        if self.snapshot_jobs.is_none() || self.snapshot_min_tokens == 0 || self.pushing.contains_key(session) {
+    pub(super) fn maybe_push_snapshot(
+        &mut self,
+        session: &str,
+        tokens: &[u32],
+        blocks: &[BlockId],
+    ) {
+        if self.snapshot_jobs.is_none()
+            || self.snapshot_min_tokens == 0
+            || self.pushing.contains_key(session)
+        {
             return;
         }
         let bs = self.block_size();
         let full = (tokens.len() / bs).min(blocks.len());
         let hashes = hash_blocks(&tokens[..full * bs], bs);
-        let same = self
-            .pushed
-            .get(session)
-            .map_or(0, |p| p.iter().zip(&hashes).take_while(|(a, b)| a == b).count());
+        let same = self.pushed.get(session).map_or(0, |p| {
+            p.iter().zip(&hashes).take_while(|(a, b)| a == b).count()
+        });
         if (full - same) * bs < self.snapshot_min_tokens {
             return;
         }
@@ -208,10 +241,19 @@ impl EngineLoop {
             tokens: job_tokens,
             lease,
         };
-        if self.snapshot_jobs.as_ref().is_some_and(|jobs| jobs.send(job).is_ok()) {
+        if self
+            .snapshot_jobs
+            .as_ref()
+            .is_some_and(|jobs| jobs.send(job).is_ok())
+        {
             self.pushing.insert(session.to_string(), hashes);
             self.local.snapshot_pushes_enqueued += 1;
-            tracing::info!(event = "snapshot_push_enqueued", session, blocks = full, new_blocks = full - same);
+            tracing::info!(
+                event = "snapshot_push_enqueued",
+                session,
+                blocks = full,
+                new_blocks = full - same
+            );
         }
     }
 
@@ -227,7 +269,8 @@ impl EngineLoop {
         let blocks = seq.block_table[..n.div_ceil(self.block_size())].to_vec();
         if let Some(s) = a.snapshot_session.clone() {
             let tokens = seq.tokens[..n].to_vec();
-            self.snapshots.ingest_local(&s, &tokens, &blocks, &mut self.allocator);
+            self.snapshots
+                .ingest_local(&s, &tokens, &blocks, &mut self.allocator);
         }
         Some(self.lease(blocks, None))
     }

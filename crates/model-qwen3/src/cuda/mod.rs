@@ -8,12 +8,14 @@ mod model;
 mod moe;
 
 pub use attention::{AttentionPlan, PagedAttention};
-pub use moe::{set_moe_small_pairs, SMALL_PAIRS};
 pub(crate) use model::GpuModel;
+pub use moe::{set_moe_small_pairs, SMALL_PAIRS};
 
 use std::sync::Arc;
 
-use candle_core::cuda::cudarc::driver::{sys, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchArgs, LaunchConfig};
+use candle_core::cuda::cudarc::driver::{
+    sys, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchArgs, LaunchConfig,
+};
 use candle_core::cuda::WrapErr;
 use candle_core::op::BackpropOp;
 use candle_core::{bail, CudaDevice, CudaStorage, DType, Device, Result, Shape, Storage, Tensor};
@@ -69,7 +71,10 @@ impl Kernels {
         let stream = dev.cuda_stream();
         let get = |name: &str, module: &str, ptx: &str| -> Result<CudaFunc> {
             let f = dev.get_or_load_custom_func(name, module, ptx)?;
-            Ok(CudaFunc { func: (*f).clone(), stream: stream.clone() })
+            Ok(CudaFunc {
+                func: (*f).clone(),
+                stream: stream.clone(),
+            })
         };
         let l = |name: &str| get(name, "kvc_layers", PTX_LAYERS);
         let a = |name: &str| get(name, "kvc_attention", PTX_ATTENTION);
@@ -77,11 +82,12 @@ impl Kernels {
         let (mut attention, mut decode) = (Vec::new(), Vec::new());
         for hd in [16usize, 32, 64, 128, 256] {
             let f = a(&format!("paged_attention_hd{hd}"))?;
-            f.func.set_attribute(
-                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                attention::smem_bytes(hd) as i32,
-            )
-            .w()?;
+            f.func
+                .set_attribute(
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    attention::smem_bytes(hd) as i32,
+                )
+                .w()?;
             attention.push((hd, f));
             let f = a(&format!("paged_decode_hd{hd}"))?;
             f.func
@@ -119,9 +125,14 @@ pub fn ptr(t: &Tensor) -> Result<u64> {
     if !layout.is_contiguous() {
         bail!("kvc kernel input must be contiguous, got {:?}", layout);
     }
-    let Storage::Cuda(cs) = &*st else { bail!("kvc kernel input must be on a CUDA device") };
+    let Storage::Cuda(cs) = &*st else {
+        bail!("kvc kernel input must be on a CUDA device")
+    };
     let stream = candle_core::backend::BackendStorage::device(cs).cuda_stream();
-    fn base<T>(s: &CudaSlice<T>, stream: &std::sync::Arc<candle_core::cuda::cudarc::driver::CudaStream>) -> u64 {
+    fn base<T>(
+        s: &CudaSlice<T>,
+        stream: &std::sync::Arc<candle_core::cuda::cudarc::driver::CudaStream>,
+    ) -> u64 {
         let (p, _sync) = s.device_ptr(stream);
         p
     }
@@ -148,7 +159,49 @@ pub fn empty(dev: &CudaDevice, shape: impl Into<Shape>, dtype: DType) -> Result<
             other => bail!("empty: unsupported dtype {other:?}"),
         }
     };
-    Ok(Tensor::from_storage(Storage::Cuda(storage), shape, BackpropOp::none(), false))
+    Ok(Tensor::from_storage(
+        Storage::Cuda(storage),
+        shape,
+        BackpropOp::none(),
+        false,
+    ))
+}
+
+/// A zeroed 1-D tensor in memory from `cuMemAlloc`, not from the
+/// stream-ordered pool: CUDA IPC (`cudaIpcGetMemHandle`, which Mooncake's
+/// intra-node NVLink transport uses to let a peer process write into it)
+/// refuses pool memory. Meant for the KV pool, which lives as long as the
+/// process: the allocation is never freed.
+pub fn zeros_shareable(device: &Device, n: usize, dtype: DType) -> Result<Tensor> {
+    let dev = cuda_dev(device)?;
+    let stream = dev.cuda_stream();
+    stream.context().bind_to_thread().w()?;
+    let bytes = n.max(1) * dtype.size_in_bytes();
+    // SAFETY: a fresh allocation of `bytes`, zeroed before it is wrapped.
+    let storage = unsafe {
+        use candle_core::cuda::cudarc::driver::result;
+        let p = result::malloc_sync(bytes).w()?;
+        result::memset_d8_sync(p, 0, bytes).w()?;
+        match dtype {
+            DType::BF16 => CudaStorage::wrap_cuda_slice(
+                stream.upgrade_device_ptr::<bf16>(p, n.max(1)),
+                dev.clone(),
+            ),
+            DType::F32 => CudaStorage::wrap_cuda_slice(
+                stream.upgrade_device_ptr::<f32>(p, n.max(1)),
+                dev.clone(),
+            ),
+            DType::F16 => CudaStorage::wrap_cuda_slice(
+                stream.upgrade_device_ptr::<half::f16>(p, n.max(1)),
+                dev.clone(),
+            ),
+            other => bail!("zeros_shareable: unsupported dtype {other:?}"),
+        }
+    };
+    let t = Tensor::from_storage(Storage::Cuda(storage), n, BackpropOp::none(), false);
+    // Never freed: dropping the slice would free it as pool memory.
+    std::mem::forget(t.clone());
+    Ok(t)
 }
 
 pub(crate) fn upload_u32(v: Vec<u32>, device: &Device) -> Result<Tensor> {
@@ -159,7 +212,11 @@ pub(crate) fn upload_u32(v: Vec<u32>, device: &Device) -> Result<Tensor> {
 }
 
 pub(crate) fn grid1(n: usize, block: u32) -> LaunchConfig {
-    LaunchConfig { grid_dim: ((n as u32).div_ceil(block).clamp(1, 65535 * 16), 1, 1), block_dim: (block, 1, 1), shared_mem_bytes: 0 }
+    LaunchConfig {
+        grid_dim: ((n as u32).div_ceil(block).clamp(1, 65535 * 16), 1, 1),
+        block_dim: (block, 1, 1),
+        shared_mem_bytes: 0,
+    }
 }
 
 /// Start-up for a CUDA device: keep freed memory in the stream-ordered
