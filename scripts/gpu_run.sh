@@ -33,6 +33,21 @@ if [ -z "$LIBS" ]; then
     LIBS=$(python3 -c 'import nvidia, os; print(os.path.join(nvidia.__path__[0], "cu13", "lib"))' 2>/dev/null || true)
 fi
 export LD_LIBRARY_PATH=${LIBS}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+# Mooncake's CUDA runtime (scripts/mooncake_cuda_stage.sh): engine.so and
+# its libraries first; the Debian libraries it was staged with only where
+# this machine has none of that name.
+if [ -f "$G/mooncake.tgz" ]; then
+    MC=/tmp/kvc-mooncake
+    if [ ! -d "$MC/lib" ]; then
+        mkdir -p "$MC/fallback"
+        tar xzf "$G/mooncake.tgz" -C "$MC"
+        for f in "$MC"/sys/*; do
+            n=$(basename "$f")
+            ldconfig -p 2>/dev/null | grep -q "^[[:space:]]*$n " || ln -sf "$f" "$MC/fallback/$n"
+        done
+    fi
+    export LD_LIBRARY_PATH=$MC/lib:$LD_LIBRARY_PATH:$MC/fallback
+fi
 BIN=/tmp/kvc-gpu-bin
 mkdir -p "$BIN"
 for f in "$G"/*.gz; do

@@ -111,6 +111,12 @@ struct ShapeArgs {
     /// agentic: probability that a turn appends a large tool output.
     #[arg(long)]
     large_append_prob: Option<f64>,
+    /// agentic: sessions start at uniform times in [0, this) seconds
+    /// (default 60, the seed trace's 50 sessions). To cut the workload to
+    /// fewer sessions at the trace's arrival rate, scale it with --sessions
+    /// (e.g. 6 sessions: 60 * 6 / 50 = 7.2).
+    #[arg(long)]
+    arrival_window_s: Option<f64>,
 }
 
 #[derive(Args)]
@@ -190,6 +196,9 @@ fn synth_rows(kind: &str, a: &ShapeArgs, max_turns: Option<usize>) -> Vec<Sessio
             }
             if let Some(p) = a.large_append_prob {
                 shape.large_append_prob = p;
+            }
+            if let Some(w) = a.arrival_window_s {
+                shape.arrival_window_s = w.max(0.0);
             }
             agentic::generate(&shape, a.scale, a.seed)
         }

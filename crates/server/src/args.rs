@@ -343,21 +343,22 @@ pub fn parse_bytes(s: &str) -> Result<usize, String> {
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
         .unwrap_or(s.len());
     let (num, unit) = (&s[..split], s[split..].trim());
-    let scale: f64 =
-        match unit.to_ascii_lowercase().as_str() {
-            "" | "b" => 1.0,
-            "k" | "kib" => 1024.0,
-            "m" | "mib" => 1024.0 * 1024.0,
-            "g" | "gib" => 1024.0 * 1024.0 * 1024.0,
-            "t" | "tib" => 1024.0_f64.powi(4),
-            "kb" => 1e3,
-            "mb" => 1e6,
-            "gb" => 1e9,
-            "tb" => 1e12,
-            _ => return Err(format!(
+    let scale: f64 = match unit.to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kib" => 1024.0,
+        "m" | "mib" => 1024.0 * 1024.0,
+        "g" | "gib" => 1024.0 * 1024.0 * 1024.0,
+        "t" | "tib" => 1024.0_f64.powi(4),
+        "kb" => 1e3,
+        "mb" => 1e6,
+        "gb" => 1e9,
+        "tb" => 1e12,
+        _ => {
+            return Err(format!(
                 "unknown unit {unit:?} in {s:?} (use e.g. 512MiB, 2GiB, 1GB or a plain byte count)"
-            )),
-        };
+            ))
+        }
+    };
     let value: f64 = num
         .parse()
         .map_err(|_| format!("{s:?} is not a byte count (use e.g. 512MiB, 2GiB)"))?;

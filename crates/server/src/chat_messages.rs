@@ -51,12 +51,14 @@ pub fn tool_mode(
                 "tool_choice",
             ));
         }
-        Some(other) => return Err(ApiError::bad_request(
-            format!(
+        Some(other) => {
+            return Err(ApiError::bad_request(
+                format!(
                 "tool_choice must be \"none\", \"auto\", \"required\" or a function, got {other}"
             ),
-            Some("tool_choice"),
-        )),
+                Some("tool_choice"),
+            ))
+        }
     };
     match choice {
         Some("none") => Ok(ToolMode::Off),

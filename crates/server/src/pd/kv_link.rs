@@ -106,6 +106,16 @@ impl KvLink {
         match &result {
             Ok(r) if r.bytes >= 1 << 16 && !r.elapsed.is_zero() => {
                 let rate = r.bytes as f64 / r.elapsed.as_secs_f64();
+                tracing::info!(
+                    event = "kv_transfer",
+                    peer = %remote.segment,
+                    blocks = src.len(),
+                    bytes = r.bytes,
+                    ranges = r.ranges,
+                    elapsed_ms = r.elapsed.as_secs_f64() * 1e3,
+                    gb_per_s = rate / 1e9,
+                    "KV blocks written"
+                );
                 let mut b = self.bandwidth.lock().unwrap_or_else(|e| e.into_inner());
                 *b = if *b == 0.0 {
                     rate

@@ -1,0 +1,214 @@
+#!/usr/bin/env python3
+"""P/D between two GPUs of one host, end to end (issue 9), run on the lent
+machine through scripts/gpu_run.sh:
+
+    bash scripts/gpu_run.sh python3 scripts/pd_gpu_smoke.py --protocol nvlink_intra --protocol tcp
+
+1. Correctness, per Mooncake transport: the embedded model on a `both`
+   worker (cuda:0) and on a prefill (cuda:0) + decode (cuda:1) pair; greedy
+   multi-turn sessions (token-id prompts) must give the same text on both,
+   with the decode worker's paths remote_prefill -> direct_append, and a
+   session moved to a fresh decode worker served by bypass.
+2. With --big MODEL_DIR: the Qwen3-30B-A3B-shaped dummy model on P and D;
+   load time, one long first turn and one append, paths, transferred bytes.
+
+Prints one line per check; exits 1 when a check fails. Needs httpx (there).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+
+BIN = os.environ.get("KVC_BIN", "/tmp/kvc-gpu-bin")
+TOKEN = "smoke"
+FAILED: list[str] = []
+
+
+def check(ok: bool, what: str) -> None:
+    print(("PASS " if ok else "FAIL ") + what, flush=True)
+    if not ok:
+        FAILED.append(what)
+
+
+class Server:
+    def __init__(self, name: str, port: int, args: list[str], log_dir: str):
+        self.name, self.url = name, f"http://127.0.0.1:{port}"
+        self.log = open(os.path.join(log_dir, f"{name}.log"), "w")
+        cmd = [os.path.join(BIN, "kvc-server"), "--host", "127.0.0.1", "--port", str(port), *args]
+        print(f"[{time.strftime('%X')}] start {name}: {' '.join(cmd[1:])}", flush=True)
+        self.t0 = time.time()
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "info")})
+
+    def wait_ready(self, timeout: float) -> bool:
+        end = time.time() + timeout
+        while time.time() < end:
+            if self.proc.poll() is not None:
+                print(f"{self.name} exited with {self.proc.returncode}", flush=True)
+                return False
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    print(f"[{time.strftime('%X')}] {self.name} ready after {time.time() - self.t0:.1f} s", flush=True)
+                    return True
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        print(f"{self.name} not ready after {timeout} s", flush=True)
+        return False
+
+    def metrics(self) -> dict[str, float]:
+        out = {}
+        for line in httpx.get(f"{self.url}/metrics", timeout=10).text.splitlines():
+            if line and not line.startswith("#"):
+                k, _, v = line.rpartition(" ")
+                try:
+                    out[k] = float(v)
+                except ValueError:
+                    pass
+        return out
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+
+def complete(s: Server, prompt, session=None, max_tokens=16):
+    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
+    if session:
+        body["session_id"] = session
+    t = time.time()
+    r = httpx.post(f"{s.url}/v1/completions", json=body, timeout=600)
+    dt = time.time() - t
+    if r.status_code != 200:
+        return None, dt, r.text[:300]
+    out = r.json()
+    return out, dt, out.get("kvc", {})
+
+
+def ids(rng: random.Random, n: int) -> list[int]:
+    return [rng.randrange(1000, 150000) for _ in range(n)]
+
+
+def sum_metric(m: dict[str, float], prefix: str) -> float:
+    return sum(v for k, v in m.items() if k.startswith(prefix))
+
+
+def pd_flags(role: str, protocol: str, extra: list[str]) -> list[str]:
+    return ["--role", role, "--cluster-token", TOKEN, "--kv-transport-protocol", protocol, "--peer-poll-interval-s", "0.2", *extra]
+
+
+def correctness(protocol: str, log_dir: str, port: int) -> None:
+    tiny = ["--num-kv-blocks", "4096", "--max-num-batched-tokens", "2048"]
+    both = Server(f"tiny-both-{protocol}", port, ["--device", "cuda:0", *tiny], log_dir)
+    p = Server(f"tiny-p-{protocol}", port + 1, ["--device", "cuda:0", *pd_flags("prefill", protocol, tiny)], log_dir)
+    pd = [f"--prefill-peer", p.url, "--remote-prefill-policy", "threshold", "--remote-prefill-min-tokens", "64", "--snapshot-min-tokens", "64"]
+    d1 = Server(f"tiny-d1-{protocol}", port + 2, ["--device", "cuda:1", *pd_flags("decode", protocol, [*tiny, *pd])], log_dir)
+    d2 = None
+    try:
+        if not all(s.wait_ready(300) for s in (both, p, d1)):
+            check(False, f"{protocol}: servers start")
+            return
+        time.sleep(1.0)  # first peer poll
+        rng = random.Random(7)
+        same, paths = True, []
+        sessions = []
+        for i in range(4):
+            prompt = ids(rng, rng.randrange(300, 1500))
+            sid = f"{protocol}-s{i}"
+            for turn in range(3):
+                ref, _, _ = complete(both, prompt)
+                got, dt, info = complete(d1, prompt, session=sid)
+                if ref is None or got is None:
+                    check(False, f"{protocol}: request failed: {info}")
+                    return
+                paths.append(info.get("path"))
+                same &= ref["choices"][0]["text"] == got["choices"][0]["text"]
+                prompt = prompt + ids(rng, 16) + ids(rng, rng.randrange(80, 400))
+            sessions.append((sid, prompt))
+        check(same, f"{protocol}: 4 sessions x 3 turns through P/D equal the both worker's greedy text")
+        print(f"{protocol}: paths {paths}", flush=True)
+        check(paths.count("remote_prefill") >= 4 and paths.count("direct_append") >= 8, f"{protocol}: turn 1 remote_prefill, later turns direct_append")
+        m = d1.metrics()
+        print(f"{protocol}: D1 kv bytes {sum_metric(m, 'kvc_kv_transfer_bytes_total'):.0f}, snapshot pushes sent {sum_metric(m, 'kvc_snapshot_push_sent_total'):.0f}", flush=True)
+        # Session move: a fresh D2 serves the next turn from P's snapshot.
+        deadline = time.time() + 30
+        while time.time() < deadline and sum_metric(d1.metrics(), "kvc_snapshot_push_sent_total") < 4:
+            time.sleep(0.5)
+        d2 = Server(f"tiny-d2-{protocol}", port + 3, ["--device", "cuda:1", *pd_flags("decode", protocol, [*tiny, *pd])], log_dir)
+        if not d2.wait_ready(300):
+            check(False, f"{protocol}: D2 starts")
+            return
+        time.sleep(1.0)
+        sid, prompt = sessions[0]
+        ref, _, _ = complete(both, prompt)
+        got, dt, info = complete(d2, prompt, session=sid)
+        ok = ref is not None and got is not None and ref["choices"][0]["text"] == got["choices"][0]["text"]
+        check(ok and info.get("path") == "bypass", f"{protocol}: moved session served by {info.get('path') if isinstance(info, dict) else info} with equal text")
+    finally:
+        for s in (d2, d1, p, both):
+            if s:
+                s.stop()
+
+
+def big(model_dir: str, protocol: str, log_dir: str, port: int, prompt_tokens: int) -> None:
+    flags = ["--model", model_dir, "--load-format", "dummy", "--max-num-batched-tokens", "8192"]
+    p = Server("big-p", port, ["--device", "cuda:0", *pd_flags("prefill", protocol, flags)], log_dir)
+    d = Server("big-d", port + 1, ["--device", "cuda:1", *pd_flags("decode", protocol, [*flags, "--prefill-peer", p.url])], log_dir)
+    try:
+        if not (p.wait_ready(600) and d.wait_ready(600)):
+            check(False, "30B shape: servers start")
+            return
+        time.sleep(1.0)
+        rng = random.Random(11)
+        prompt = ids(rng, prompt_tokens)
+        for turn in range(3):
+            out, dt, info = complete(d, prompt, session="big", max_tokens=64)
+            if out is None:
+                check(False, f"30B shape turn {turn}: {info}")
+                return
+            print(f"30B shape turn {turn}: {len(prompt)} prompt tokens, {dt:.2f} s for 64 tokens, kvc {info}", flush=True)
+            prompt = prompt + ids(rng, 64) + ids(rng, 500)
+        m = d.metrics()
+        check(True, f"30B shape: 3 turns served; D kv bytes {sum_metric(m, 'kvc_kv_transfer_bytes_total'):.0f}")
+        for k, v in sorted(m.items()):
+            if any(x in k for x in ("transfer", "snapshot", "remote_prefill", "bandwidth", "prefill_path")):
+                print(f"  D {k} {v}")
+    finally:
+        d.stop()
+        p.stop()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--protocol", action="append", default=[])
+    ap.add_argument("--big", help="model dir of the 30B-shaped dummy model")
+    ap.add_argument("--big-protocol", default=None)
+    ap.add_argument("--big-prompt-tokens", type=int, default=8192)
+    ap.add_argument("--logs", default=os.environ.get("OUT", "/tmp") + "/smoke-logs")
+    a = ap.parse_args()
+    os.makedirs(a.logs, exist_ok=True)
+    port = 18700
+    for proto in a.protocol or ["tcp"]:
+        correctness(proto, a.logs, port)
+        port += 10
+    if a.big:
+        big(a.big, a.big_protocol or (a.protocol or ["tcp"])[0], a.logs, port, a.big_prompt_tokens)
+    print("FAILED: " + "; ".join(FAILED) if FAILED else "all checks passed", flush=True)
+    return 1 if FAILED else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
