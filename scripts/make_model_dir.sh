@@ -77,7 +77,7 @@ EOF
 copied=""
 for f in tokenizer.json tokenizer_config.json vocab.json merges.txt; do
     if [ -f "$TOKENIZER_DIR/$f" ]; then
-        cp "$TOKENIZER_DIR/$f" "$DIR/$f"
+        cp -f "$TOKENIZER_DIR/$f" "$DIR/$f" && chmod 644 "$DIR/$f"
         copied="$copied $f"
     fi
 done

@@ -7,7 +7,7 @@ machine through scripts/gpu_run.sh:
 1. Correctness, per Mooncake transport: the embedded model on a `both`
    worker (cuda:0) and on a prefill (cuda:0) + decode (cuda:1) pair; greedy
    multi-turn sessions (token-id prompts) must give the same text on both,
-   with the decode worker's paths remote_prefill -> direct_append, and a
+   with the decode worker's paths remote_prefill -> bypass/direct_append, and a
    session moved to a fresh decode worker served by bypass.
 2. With --big MODEL_DIR: the Qwen3-30B-A3B-shaped dummy model on P and D;
    load time, one long first turn and one append, paths, transferred bytes.
@@ -140,7 +140,12 @@ def correctness(protocol: str, log_dir: str, port: int) -> None:
             sessions.append((sid, prompt))
         check(same, f"{protocol}: 4 sessions x 3 turns through P/D equal the both worker's greedy text")
         print(f"{protocol}: paths {paths}", flush=True)
-        check(paths.count("remote_prefill") >= 4 and paths.count("direct_append") >= 8, f"{protocol}: turn 1 remote_prefill, later turns direct_append")
+        # Threshold policy: every suffix of >= 64 tokens goes to P, which
+        # holds the session's snapshot, so later turns are bypass (P computes
+        # only the suffix) unless D appends them itself.
+        firsts, laters = paths[0::3], [x for i, x in enumerate(paths) if i % 3]
+        check(all(x == "remote_prefill" for x in firsts) and all(x in ("bypass", "direct_append") for x in laters),
+              f"{protocol}: turn 1 remote_prefill, later turns bypass or direct_append")
         m = d1.metrics()
         print(f"{protocol}: D1 kv bytes {sum_metric(m, 'kvc_kv_transfer_bytes_total'):.0f}, snapshot pushes sent {sum_metric(m, 'kvc_snapshot_push_sent_total'):.0f}", flush=True)
         # Session move: a fresh D2 serves the next turn from P's snapshot.
