@@ -75,3 +75,26 @@ def test_metrics_count_session_hits_and_reuse(server):
     assert m["kvc_prompt_tokens_reused_total"] >= 32
     assert m["kvc_sessions_resident"] >= 1
     assert "kvc_host_kv_blocks_total" in m
+
+
+def test_without_the_session_cache_every_turn_starts_cold(start_server):
+    # --no-enable-session-cache (the naive P/D baseline of the headline
+    # experiment): ids are still checked, but no KV is kept for them. With
+    # the prefix cache off too, a repeated prefix is computed again.
+    srv = start_server("--no-enable-session-cache", "--no-enable-prefix-caching")
+    turn1 = list(range(1000, 1060))
+    r1 = completion(srv, session="conv-cold", prompt=turn1)
+    r2 = completion(srv, session="conv-cold", prompt=turn1 + list(range(5000, 5030)))
+    for r in (r1, r2):
+        assert r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert r2.json()["kvc"]["computed_tokens"] == 90
+    assert httpx.get(f"{srv.base_url}/v1/sessions/conv-cold").status_code == 404
+    # A bad id is still refused.
+    bad = httpx.post(f"{srv.base_url}/v1/completions", json={"prompt": [1, 2], "session_id": ""})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "session_id"
+    # The prefix cache alone still reuses the earlier prompt's whole blocks.
+    warm = start_server("--no-enable-session-cache")
+    completion(warm, session="conv-p", prompt=turn1)
+    r = completion(warm, session="conv-p", prompt=turn1 + [7, 8, 9])
+    assert r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 48
+    assert r.json()["kvc"]["reason"] != "session_hit"

@@ -188,4 +188,27 @@ mod tests {
         );
         assert!((fa / 10.0 - fb).abs() <= 1.0, "{fa} vs {fb}");
     }
+
+    #[test]
+    fn sessions_start_inside_the_arrival_window() {
+        let shape = AgenticShape {
+            sessions: 40,
+            arrival_window_s: 4.8,
+            ..AgenticShape::default()
+        };
+        let starts: Vec<f64> = generate(&shape, Scale::ONE, 5)
+            .iter()
+            .filter_map(|r| r.start_time_s)
+            .collect();
+        assert_eq!(starts.len(), 40);
+        assert!(
+            starts.iter().all(|&t| (0.0..4.8).contains(&t)),
+            "{starts:?}"
+        );
+        // Spread over the window, not bunched at its start.
+        assert!(
+            starts.iter().any(|&t| t > 2.4) && starts.iter().any(|&t| t < 2.4),
+            "{starts:?}"
+        );
+    }
 }
