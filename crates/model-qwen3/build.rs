@@ -20,33 +20,18 @@ fn main() {
         .filter(|p| p.exists())
         .unwrap_or_else(|| PathBuf::from("nvcc"));
     let arch = std::env::var("CUDA_COMPUTE_CAP").unwrap_or_else(|_| "90".into());
-    let arch = if arch == "90" {
-        "sm_90a".to_string()
-    } else {
-        format!("sm_{arch}")
-    };
-    println!(
-        "cargo:rerun-if-changed={}",
-        dir.join("common.cuh").display()
-    );
+    let arch = if arch == "90" { "sm_90a".to_string() } else { format!("sm_{arch}") };
+    println!("cargo:rerun-if-changed={}", dir.join("common.cuh").display());
     for k in KERNELS {
         let src = dir.join(format!("{k}.cu"));
         println!("cargo:rerun-if-changed={}", src.display());
         let mut cmd = Command::new(&nvcc);
         cmd.args(["-ptx", "-O3", "-std=c++17", &format!("-arch={arch}")]);
         if let Some(root) = std::env::var_os("CUDA_ROOT") {
-            cmd.arg(format!(
-                "-I{}",
-                PathBuf::from(root).join("include").display()
-            ));
+            cmd.arg(format!("-I{}", PathBuf::from(root).join("include").display()));
         }
         cmd.arg("-o").arg(out.join(format!("{k}.ptx"))).arg(&src);
-        let status = cmd.status().unwrap_or_else(|e| {
-            panic!(
-                "running {} (set CUDA_ROOT; see scripts/cuda_setup.sh): {e}",
-                nvcc.display()
-            )
-        });
+        let status = cmd.status().unwrap_or_else(|e| panic!("running {} (set CUDA_ROOT; see scripts/cuda_setup.sh): {e}", nvcc.display()));
         assert!(status.success(), "nvcc failed on {}", src.display());
     }
 }

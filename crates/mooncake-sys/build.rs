@@ -25,35 +25,20 @@ use std::process::Command;
 
 include!("src/verified.rs");
 
-const SETUP_HINT: &str =
-    "run `bash scripts/mooncake_setup.sh` (Debian packages + the pinned wheel into .mooncake/)";
+const SETUP_HINT: &str = "run `bash scripts/mooncake_setup.sh` (Debian packages + the pinned wheel into .mooncake/)";
 
 fn main() {
     println!("cargo::rustc-check-cfg=cfg(mooncake, values(\"wheel\", \"source\", \"none\"))");
-    for f in [
-        "build.rs",
-        "src/verified.rs",
-        "cpp/shim.cpp",
-        "cpp/python_stubs.c",
-        "cpp/mooncake_c_api.h",
-        "cpp/mooncake_alone_bench.cpp",
-    ] {
+    for f in ["build.rs", "src/verified.rs", "cpp/shim.cpp", "cpp/python_stubs.c", "cpp/mooncake_c_api.h", "cpp/mooncake_alone_bench.cpp"] {
         println!("cargo:rerun-if-changed={f}");
     }
-    for v in [
-        "KVC_MOONCAKE_DISABLE",
-        "MOONCAKE_ROOT",
-        "MOONCAKE_WHEEL_DIR",
-    ] {
+    for v in ["KVC_MOONCAKE_DISABLE", "MOONCAKE_ROOT", "MOONCAKE_WHEEL_DIR"] {
         println!("cargo:rerun-if-env-changed={v}");
     }
 
     let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
-    let workspace = manifest
-        .parent()
-        .and_then(Path::parent)
-        .expect("crates/mooncake-sys sits two levels below the workspace")
-        .to_path_buf();
+    let workspace =
+        manifest.parent().and_then(Path::parent).expect("crates/mooncake-sys sits two levels below the workspace").to_path_buf();
 
     if env::var("KVC_MOONCAKE_DISABLE").is_ok_and(|v| v == "1") {
         return none("KVC_MOONCAKE_DISABLE=1");
@@ -69,7 +54,10 @@ fn main() {
         return wheel(&wheel_dir);
     }
     if explicit {
-        panic!("MOONCAKE_WHEEL_DIR={} has no mooncake/engine.so; point it at an unpacked mooncake-transfer-engine wheel or {SETUP_HINT}", wheel_dir.display());
+        panic!(
+            "MOONCAKE_WHEEL_DIR={} has no mooncake/engine.so; point it at an unpacked mooncake-transfer-engine wheel or {SETUP_HINT}",
+            wheel_dir.display()
+        );
     }
     // scripts/mooncake_setup.sh touches build.rs when it installs the wheel,
     // so this build script reruns then; watching the missing directory would
@@ -86,23 +74,21 @@ fn none(why: &str) {
 /// Name and version from the single `mooncake_transfer_engine*.dist-info`.
 fn wheel_metadata(dir: &Path) -> (String, String, PathBuf) {
     let mut found = Vec::new();
-    for entry in fs::read_dir(dir).unwrap_or_else(|e| panic!("cannot read {}: {e}", dir.display()))
-    {
+    for entry in fs::read_dir(dir).unwrap_or_else(|e| panic!("cannot read {}: {e}", dir.display())) {
         let name = entry.unwrap().file_name().to_string_lossy().into_owned();
         if name.starts_with("mooncake_transfer_engine") && name.ends_with(".dist-info") {
             found.push(dir.join(name).join("METADATA"));
         }
     }
     let [metadata] = found.as_slice() else {
-        panic!("{} holds {} mooncake_transfer_engine*.dist-info directories (need exactly one to check the version); {SETUP_HINT}", dir.display(), found.len());
+        panic!(
+            "{} holds {} mooncake_transfer_engine*.dist-info directories (need exactly one to check the version); {SETUP_HINT}",
+            dir.display(),
+            found.len()
+        );
     };
-    let text = fs::read_to_string(metadata)
-        .unwrap_or_else(|e| panic!("cannot read {}: {e}", metadata.display()));
-    let field = |key: &str| {
-        text.lines()
-            .find_map(|l| l.strip_prefix(key))
-            .map(|v| v.trim().to_string())
-    };
+    let text = fs::read_to_string(metadata).unwrap_or_else(|e| panic!("cannot read {}: {e}", metadata.display()));
+    let field = |key: &str| text.lines().find_map(|l| l.strip_prefix(key)).map(|v| v.trim().to_string());
     let (Some(name), Some(version)) = (field("Name: "), field("Version: ")) else {
         panic!("{} lacks Name: or Version:", metadata.display());
     };
@@ -116,10 +102,7 @@ fn wheel(dir: &Path) {
     println!("cargo:rerun-if-changed={}", engine.display());
     println!("cargo:rerun-if-changed={}", metadata.display());
     if find_verified(&name, &version).is_none() {
-        let known: Vec<String> = VERIFIED_RELEASES
-            .iter()
-            .map(|r| format!("{}=={}", r.dist, r.version))
-            .collect();
+        let known: Vec<String> = VERIFIED_RELEASES.iter().map(|r| format!("{}=={}", r.dist, r.version)).collect();
         panic!(
             "refusing Mooncake wheel {name}=={version} in {}: its ABI layout is not verified (a mismatch corrupts transfers silently). \
              Verified: {}. {SETUP_HINT}",
@@ -133,35 +116,19 @@ fn wheel(dir: &Path) {
     // The C API over engine.so's C++ class. The Python stand-ins go in a
     // second archive after it; the shim references their anchor, so the
     // linker keeps them and exports them to engine.so.
-    cc::Build::new()
-        .cpp(true)
-        .std("c++17")
-        .file(cpp.join("shim.cpp"))
-        .include(cpp)
-        .warnings(true)
-        .compile("kvc_mooncake_shim");
-    cc::Build::new()
-        .file(cpp.join("python_stubs.c"))
-        .std("c11")
-        .compile("kvc_mooncake_pystubs");
+    cc::Build::new().cpp(true).std("c++17").file(cpp.join("shim.cpp")).include(cpp).warnings(true).compile("kvc_mooncake_shim");
+    cc::Build::new().file(cpp.join("python_stubs.c")).std("c11").compile("kvc_mooncake_pystubs");
 
     // engine.so has no SONAME, so a binary records the name it was linked
     // by. Link it through a one-line linker script naming its absolute path:
     // every binary of every dependent crate then loads it from there, with
     // no rpath or LD_LIBRARY_PATH (engine.so's own RPATH finds the wheel's
     // bundled libraries).
-    fs::write(
-        out.join("libkvc_mooncake_engine.so"),
-        format!("INPUT({})\n", engine.display()),
-    )
-    .unwrap();
+    fs::write(out.join("libkvc_mooncake_engine.so"), format!("INPUT({})\n", engine.display())).unwrap();
     println!("cargo:rustc-link-search=native={}", out.display());
     println!("cargo:rustc-link-lib=dylib=kvc_mooncake_engine");
     println!("cargo:rustc-cfg=mooncake=\"wheel\"");
-    println!(
-        "cargo:rustc-env=KVC_MOONCAKE_LINKAGE=wheel {name}=={version} ({})",
-        dir.display()
-    );
+    println!("cargo:rustc-env=KVC_MOONCAKE_LINKAGE=wheel {name}=={version} ({})", dir.display());
     println!("cargo:mode=wheel");
 
     match build_alone_bench(&out, &engine) {
@@ -176,27 +143,15 @@ fn build_alone_bench(out: &Path, engine: &Path) -> Result<PathBuf, String> {
     let exe = out.join("mooncake_alone_bench");
     let compiler = cc::Build::new().cpp(true).get_compiler();
     let mut cmd = Command::new(compiler.path());
-    cmd.args([
-        "-O2",
-        "-std=c++17",
-        "-Icpp",
-        "cpp/mooncake_alone_bench.cpp",
-        "-o",
-    ])
-    .arg(&exe)
-    .arg(format!("-L{}", out.display()))
-    .args(["-lkvc_mooncake_shim", "-lkvc_mooncake_pystubs"])
-    .arg(engine)
-    .arg("-pthread");
-    let result = cmd
-        .output()
-        .map_err(|e| format!("{}: {e}", compiler.path().display()))?;
+    cmd.args(["-O2", "-std=c++17", "-Icpp", "cpp/mooncake_alone_bench.cpp", "-o"])
+        .arg(&exe)
+        .arg(format!("-L{}", out.display()))
+        .args(["-lkvc_mooncake_shim", "-lkvc_mooncake_pystubs"])
+        .arg(engine)
+        .arg("-pthread");
+    let result = cmd.output().map_err(|e| format!("{}: {e}", compiler.path().display()))?;
     if !result.status.success() {
-        return Err(String::from_utf8_lossy(&result.stderr)
-            .lines()
-            .take(5)
-            .collect::<Vec<_>>()
-            .join(" | "));
+        return Err(String::from_utf8_lossy(&result.stderr).lines().take(5).collect::<Vec<_>>().join(" | "));
     }
     Ok(exe)
 }
@@ -209,10 +164,7 @@ fn source(root: &Path) {
             root.display()
         )
     });
-    println!(
-        "cargo:rerun-if-changed={}",
-        lib.join("libtransfer_engine.so").display()
-    );
+    println!("cargo:rerun-if-changed={}", lib.join("libtransfer_engine.so").display());
     println!("cargo:rustc-link-search=native={}", lib.display());
     println!("cargo:rustc-link-lib=dylib=transfer_engine");
     // Only this crate's own targets get the rpath from here; dependents add
@@ -220,9 +172,6 @@ fn source(root: &Path) {
     println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib.display());
     println!("cargo:rpath={}", lib.display());
     println!("cargo:rustc-cfg=mooncake=\"source\"");
-    println!(
-        "cargo:rustc-env=KVC_MOONCAKE_LINKAGE=source libtransfer_engine ({})",
-        lib.display()
-    );
+    println!("cargo:rustc-env=KVC_MOONCAKE_LINKAGE=source libtransfer_engine ({})", lib.display());
     println!("cargo:mode=source");
 }

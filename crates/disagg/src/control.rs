@@ -26,11 +26,7 @@ impl ControlChannel {
         stream.set_nodelay(true)?;
         stream.set_read_timeout(Some(DEFAULT_RECV_TIMEOUT))?;
         let writer = stream.try_clone()?;
-        Ok(Self {
-            reader: BufReader::new(stream),
-            writer,
-            line: String::new(),
-        })
+        Ok(Self { reader: BufReader::new(stream), writer, line: String::new() })
     }
 
     /// Connects to a listening peer, retrying refused connections until
@@ -41,10 +37,7 @@ impl ControlChannel {
         loop {
             match TcpStream::connect_timeout(&addr, timeout) {
                 Ok(s) => return Self::new(s),
-                Err(e)
-                    if e.kind() == ErrorKind::ConnectionRefused
-                        && Instant::now() + pause < deadline =>
-                {
+                Err(e) if e.kind() == ErrorKind::ConnectionRefused && Instant::now() + pause < deadline => {
                     std::thread::sleep(pause);
                     pause = (pause * 2).min(Duration::from_millis(50));
                 }
@@ -56,11 +49,7 @@ impl ControlChannel {
     /// Accepts one connection on `listener` within `timeout`. `alive` is
     /// asked between polls so a caller waiting on a child process can stop
     /// as soon as the child has died.
-    pub fn accept(
-        listener: &TcpListener,
-        timeout: Duration,
-        mut alive: impl FnMut() -> Result<()>,
-    ) -> Result<Self> {
+    pub fn accept(listener: &TcpListener, timeout: Duration, mut alive: impl FnMut() -> Result<()>) -> Result<Self> {
         listener.set_nonblocking(true)?;
         let deadline = Instant::now() + timeout;
         let mut pause = Duration::from_micros(200);
@@ -70,9 +59,7 @@ impl ControlChannel {
                 Err(e) if e.kind() == ErrorKind::WouldBlock => {
                     alive()?;
                     if Instant::now() >= deadline {
-                        return Err(DisaggError::Control(format!(
-                            "no peer connected within {timeout:?}"
-                        )));
+                        return Err(DisaggError::Control(format!("no peer connected within {timeout:?}")));
                     }
                     std::thread::sleep(pause);
                     pause = (pause * 2).min(Duration::from_millis(20));
@@ -102,13 +89,11 @@ impl ControlChannel {
     pub fn recv<T: DeserializeOwned>(&mut self) -> Result<T> {
         self.line.clear();
         match self.reader.read_line(&mut self.line) {
-            Ok(0) => Err(DisaggError::Control(
-                "the peer closed the connection".into(),
-            )),
+            Ok(0) => Err(DisaggError::Control("the peer closed the connection".into())),
             Ok(_) => Ok(serde_json::from_str(self.line.trim_end())?),
-            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => Err(
-                DisaggError::Control("timed out waiting for the peer".into()),
-            ),
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                Err(DisaggError::Control("timed out waiting for the peer".into()))
+            }
             Err(e) => Err(e.into()),
         }
     }
@@ -122,9 +107,7 @@ pub(crate) mod tests {
     pub(crate) fn channel_pair() -> (ControlChannel, ControlChannel) {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
-        let t = std::thread::spawn(move || {
-            ControlChannel::connect(addr, Duration::from_secs(5)).unwrap()
-        });
+        let t = std::thread::spawn(move || ControlChannel::connect(addr, Duration::from_secs(5)).unwrap());
         let a = ControlChannel::accept(&listener, Duration::from_secs(5), || Ok(())).unwrap();
         (a, t.join().unwrap())
     }

@@ -11,19 +11,11 @@ pub enum DisaggError {
 
     /// A Mooncake C API call failed.
     #[error("Mooncake {call} failed (code {code}){detail}")]
-    Engine {
-        call: &'static str,
-        code: i64,
-        detail: String,
-    },
+    Engine { call: &'static str, code: i64, detail: String },
 
     /// The peer's pool cannot receive ours (or send to it) byte for byte.
     #[error("incompatible KV layout: {field} is {local} here but {remote} at the peer")]
-    Incompatible {
-        field: &'static str,
-        local: String,
-        remote: String,
-    },
+    Incompatible { field: &'static str, local: String, remote: String },
 
     /// The peer checked our record and refused it.
     #[error("the peer refused our KV layout: {reason}")]
@@ -35,13 +27,7 @@ pub enum DisaggError {
 
     /// A block copy naming a layer or block outside a pool.
     #[error("{side} block (layer {layer}, block {block}) is outside the pool ({num_layers} layers x {num_blocks} blocks)")]
-    BlockOutOfRange {
-        side: &'static str,
-        layer: u32,
-        block: u32,
-        num_layers: usize,
-        num_blocks: usize,
-    },
+    BlockOutOfRange { side: &'static str, layer: u32, block: u32, num_layers: usize, num_blocks: usize },
 
     /// Two copies writing the same destination block.
     #[error("destination block (layer {layer}, block {block}) is written twice in one transfer")]
@@ -50,23 +36,11 @@ pub enum DisaggError {
     /// A task of the transfer ended in a state other than COMPLETED
     /// (the peer died, reset the connection, or refused the write).
     #[error("transfer to {peer} failed: task {task} of {tasks} is {status}; {done_bytes} of {total_bytes} bytes confirmed")]
-    TransferFailed {
-        peer: String,
-        task: usize,
-        tasks: usize,
-        status: &'static str,
-        done_bytes: u64,
-        total_bytes: u64,
-    },
+    TransferFailed { peer: String, task: usize, tasks: usize, status: &'static str, done_bytes: u64, total_bytes: u64 },
 
     /// The transfer did not complete within its deadline.
     #[error("transfer to {peer} timed out after {waited:?}; {done_bytes} of {total_bytes} bytes confirmed")]
-    Timeout {
-        peer: String,
-        waited: Duration,
-        done_bytes: u64,
-        total_bytes: u64,
-    },
+    Timeout { peer: String, waited: Duration, done_bytes: u64, total_bytes: u64 },
 
     /// A write polled again after it had failed or timed out.
     #[error("the transfer to {peer} was abandoned after an earlier error")]

@@ -47,12 +47,7 @@ pub struct HandshakeRecord {
 
 impl HandshakeRecord {
     /// The record of a kv-pool storage of `num_blocks` blocks held in `region`.
-    pub fn describe(
-        layout: &KvLayout,
-        num_blocks: usize,
-        region: MemoryRegion,
-        segment: impl Into<String>,
-    ) -> Self {
+    pub fn describe(layout: &KvLayout, num_blocks: usize, region: MemoryRegion, segment: impl Into<String>) -> Self {
         let block_stride = layout.layer_block_bytes() as u64;
         Self {
             protocol_version: PROTOCOL_VERSION,
@@ -105,35 +100,16 @@ impl HandshakeRecord {
         }
         let block = self.block_bytes()?;
         if self.block_stride != block {
-            return Err(invalid(
-                "block_stride",
-                format!(
-                    "is {} but a block of this shape has {block} bytes",
-                    self.block_stride
-                ),
-            ));
+            return Err(invalid("block_stride", format!("is {} but a block of this shape has {block} bytes", self.block_stride)));
         }
         let row = self.num_blocks as u64 * self.block_stride;
         if self.layer_stride < row {
-            return Err(invalid(
-                "layer_stride",
-                format!(
-                    "is {} but {} blocks need {row}",
-                    self.layer_stride, self.num_blocks
-                ),
-            ));
+            return Err(invalid("layer_stride", format!("is {} but {} blocks need {row}", self.layer_stride, self.num_blocks)));
         }
-        let end = (self.num_layers as u64 - 1)
-            .checked_mul(self.layer_stride)
-            .and_then(|x| x.checked_add(row));
+        let end = (self.num_layers as u64 - 1).checked_mul(self.layer_stride).and_then(|x| x.checked_add(row));
         match end {
             Some(end) if end <= self.region_len => {}
-            _ => {
-                return Err(invalid(
-                    "region_len",
-                    format!("is {} but the last block ends beyond it", self.region_len),
-                ))
-            }
+            _ => return Err(invalid("region_len", format!("is {} but the last block ends beyond it", self.region_len))),
         }
         if self.base_addr.checked_add(self.region_len).is_none() {
             return Err(invalid("base_addr", "plus region_len overflows".into()));
@@ -150,23 +126,11 @@ impl HandshakeRecord {
             if local == remote {
                 Ok(())
             } else {
-                Err(DisaggError::Incompatible {
-                    field,
-                    local: local.to_string(),
-                    remote: remote.to_string(),
-                })
+                Err(DisaggError::Incompatible { field, local: local.to_string(), remote: remote.to_string() })
             }
         }
-        same(
-            "protocol_version",
-            self.protocol_version,
-            remote.protocol_version,
-        )?;
-        same(
-            "storage_order",
-            self.storage_order.as_str(),
-            remote.storage_order.as_str(),
-        )?;
+        same("protocol_version", self.protocol_version, remote.protocol_version)?;
+        same("storage_order", self.storage_order.as_str(), remote.storage_order.as_str())?;
         same("dtype", self.dtype.as_str(), remote.dtype.as_str())?;
         same("num_layers", self.num_layers, remote.num_layers)?;
         same("num_kv_heads", self.num_kv_heads, remote.num_kv_heads)?;
@@ -181,9 +145,7 @@ fn invalid(field: &'static str, reason: String) -> DisaggError {
 }
 
 fn dtype_size(name: &str) -> Result<usize> {
-    name.parse::<DType>()
-        .map(|d| d.size_in_bytes())
-        .map_err(|_| invalid("dtype", format!("{name:?} is not a known dtype")))
+    name.parse::<DType>().map(|d| d.size_in_bytes()).map_err(|_| invalid("dtype", format!("{name:?} is not a known dtype")))
 }
 
 /// What the two sides say to each other during the handshake.
@@ -200,32 +162,22 @@ enum HandshakeMessage {
 /// record when both accept; otherwise our own refusal (naming the field)
 /// or the peer's ([`DisaggError::RefusedByPeer`]).
 pub fn exchange(channel: &mut ControlChannel, local: &HandshakeRecord) -> Result<HandshakeRecord> {
-    channel.send(&HandshakeMessage::Hello {
-        record: local.clone(),
-    })?;
+    channel.send(&HandshakeMessage::Hello { record: local.clone() })?;
     let remote = match channel.recv::<HandshakeMessage>()? {
         HandshakeMessage::Hello { record } => record,
-        other => {
-            return Err(DisaggError::Control(format!(
-                "expected the peer's hello, got {other:?}"
-            )))
-        }
+        other => return Err(DisaggError::Control(format!("expected the peer's hello, got {other:?}"))),
     };
     let verdict = local.check_compatible(&remote);
     match &verdict {
         Ok(()) => channel.send(&HandshakeMessage::Accept)?,
-        Err(e) => channel.send(&HandshakeMessage::Refuse {
-            reason: e.to_string(),
-        })?,
+        Err(e) => channel.send(&HandshakeMessage::Refuse { reason: e.to_string() })?,
     }
     let theirs = channel.recv::<HandshakeMessage>()?;
     verdict?;
     match theirs {
         HandshakeMessage::Accept => Ok(remote),
         HandshakeMessage::Refuse { reason } => Err(DisaggError::RefusedByPeer { reason }),
-        other => Err(DisaggError::Control(format!(
-            "expected the peer's verdict, got {other:?}"
-        ))),
+        other => Err(DisaggError::Control(format!("expected the peer's verdict, got {other:?}"))),
     }
 }
 
@@ -236,13 +188,7 @@ mod tests {
     use super::*;
 
     fn layout() -> KvLayout {
-        KvLayout {
-            num_layers: 3,
-            num_kv_heads: 2,
-            head_dim: 8,
-            block_size: 4,
-            dtype: DType::BF16,
-        }
+        KvLayout { num_layers: 3, num_kv_heads: 2, head_dim: 8, block_size: 4, dtype: DType::BF16 }
     }
 
     fn record(layout: KvLayout, num_blocks: usize) -> HandshakeRecord {
@@ -258,10 +204,7 @@ mod tests {
         r.validate().unwrap();
         for layer in 0..3 {
             for block in 0..5u32 {
-                assert_eq!(
-                    r.offset(layer, block as usize),
-                    storage.byte_offset(layer, block) as u64
-                );
+                assert_eq!(r.offset(layer, block as usize), storage.byte_offset(layer, block) as u64);
             }
         }
         assert_eq!(r.region_len, storage.regions()[0].len as u64);
@@ -269,79 +212,20 @@ mod tests {
 
     #[test]
     fn pools_of_different_sizes_are_compatible() {
-        record(layout(), 8)
-            .check_compatible(&record(layout(), 3))
-            .unwrap();
+        record(layout(), 8).check_compatible(&record(layout(), 3)).unwrap();
     }
 
     #[test]
     fn each_layout_field_mismatch_is_refused_by_name() {
         let local = record(layout(), 8);
         let cases: Vec<(&str, HandshakeRecord)> = vec![
-            (
-                "dtype",
-                record(
-                    KvLayout {
-                        dtype: DType::F16,
-                        ..layout()
-                    },
-                    8,
-                ),
-            ),
-            (
-                "num_layers",
-                record(
-                    KvLayout {
-                        num_layers: 4,
-                        ..layout()
-                    },
-                    8,
-                ),
-            ),
-            (
-                "num_kv_heads",
-                record(
-                    KvLayout {
-                        num_kv_heads: 4,
-                        ..layout()
-                    },
-                    8,
-                ),
-            ),
-            (
-                "head_dim",
-                record(
-                    KvLayout {
-                        head_dim: 16,
-                        ..layout()
-                    },
-                    8,
-                ),
-            ),
-            (
-                "block_size",
-                record(
-                    KvLayout {
-                        block_size: 16,
-                        ..layout()
-                    },
-                    8,
-                ),
-            ),
-            (
-                "protocol_version",
-                HandshakeRecord {
-                    protocol_version: PROTOCOL_VERSION + 1,
-                    ..record(layout(), 8)
-                },
-            ),
-            (
-                "storage_order",
-                HandshakeRecord {
-                    storage_order: "block,layer".into(),
-                    ..record(layout(), 8)
-                },
-            ),
+            ("dtype", record(KvLayout { dtype: DType::F16, ..layout() }, 8)),
+            ("num_layers", record(KvLayout { num_layers: 4, ..layout() }, 8)),
+            ("num_kv_heads", record(KvLayout { num_kv_heads: 4, ..layout() }, 8)),
+            ("head_dim", record(KvLayout { head_dim: 16, ..layout() }, 8)),
+            ("block_size", record(KvLayout { block_size: 16, ..layout() }, 8)),
+            ("protocol_version", HandshakeRecord { protocol_version: PROTOCOL_VERSION + 1, ..record(layout(), 8) }),
+            ("storage_order", HandshakeRecord { storage_order: "block,layer".into(), ..record(layout(), 8) }),
         ];
         for (field, remote) in cases {
             match local.check_compatible(&remote) {
@@ -354,23 +238,10 @@ mod tests {
     #[test]
     fn records_contradicting_themselves_are_refused() {
         let good = record(layout(), 8);
-        let bad_stride = HandshakeRecord {
-            block_stride: good.block_stride * 2,
-            ..good.clone()
-        };
-        let short_region = HandshakeRecord {
-            region_len: good.region_len - 1,
-            ..good.clone()
-        };
-        let unknown_dtype = HandshakeRecord {
-            dtype: "q4".into(),
-            ..good.clone()
-        };
-        for (field, r) in [
-            ("block_stride", bad_stride),
-            ("region_len", short_region),
-            ("dtype", unknown_dtype),
-        ] {
+        let bad_stride = HandshakeRecord { block_stride: good.block_stride * 2, ..good.clone() };
+        let short_region = HandshakeRecord { region_len: good.region_len - 1, ..good.clone() };
+        let unknown_dtype = HandshakeRecord { dtype: "q4".into(), ..good.clone() };
+        for (field, r) in [("block_stride", bad_stride), ("region_len", short_region), ("dtype", unknown_dtype)] {
             match r.validate() {
                 Err(DisaggError::InvalidRecord { field: f, .. }) => assert_eq!(f, field),
                 other => panic!("{field}: expected InvalidRecord, got {other:?}"),
@@ -381,8 +252,7 @@ mod tests {
     #[test]
     fn record_round_trips_through_json() {
         let r = record(layout(), 8);
-        let back: HandshakeRecord =
-            serde_json::from_str(&serde_json::to_string(&r).unwrap()).unwrap();
+        let back: HandshakeRecord = serde_json::from_str(&serde_json::to_string(&r).unwrap()).unwrap();
         assert_eq!(back, r);
     }
 
@@ -390,36 +260,12 @@ mod tests {
     fn exchange_refuses_on_both_sides_with_the_field_named() {
         let (mut a, mut b) = crate::control::tests::channel_pair();
         let ra = record(layout(), 8);
-        let rb = record(
-            KvLayout {
-                head_dim: 16,
-                ..layout()
-            },
-            8,
-        );
+        let rb = record(KvLayout { head_dim: 16, ..layout() }, 8);
         let t = std::thread::spawn(move || exchange(&mut b, &rb));
         let ours = exchange(&mut a, &ra).unwrap_err();
         let theirs = t.join().unwrap().unwrap_err();
-        assert!(
-            matches!(
-                ours,
-                DisaggError::Incompatible {
-                    field: "head_dim",
-                    ..
-                }
-            ),
-            "{ours}"
-        );
-        assert!(
-            matches!(
-                theirs,
-                DisaggError::Incompatible {
-                    field: "head_dim",
-                    ..
-                }
-            ),
-            "{theirs}"
-        );
+        assert!(matches!(ours, DisaggError::Incompatible { field: "head_dim", .. }), "{ours}");
+        assert!(matches!(theirs, DisaggError::Incompatible { field: "head_dim", .. }), "{theirs}");
     }
 
     #[test]

@@ -18,7 +18,4 @@ pub mod transport;
 pub use error::{DisaggError, Result};
 pub use handshake::HandshakeRecord;
 pub use plan::BlockCopy;
-pub use transport::{
-    InProcessTransport, KvTransport, MooncakeConfig, MooncakeTransport, Peer, PoolMemory,
-    TransferReport,
-};
+pub use transport::{InProcessTransport, KvTransport, MooncakeConfig, MooncakeTransport, Peer, PoolMemory, TransferReport};

@@ -42,17 +42,11 @@ pub struct PoolSpec {
 
 impl PoolSpec {
     pub fn layout(&self) -> Result<KvLayout> {
-        let dtype: DType = self.dtype.parse().map_err(|_| DisaggError::InvalidRecord {
-            field: "dtype",
-            reason: format!("{:?} is not a known dtype", self.dtype),
-        })?;
-        Ok(KvLayout {
-            num_layers: self.layers,
-            num_kv_heads: self.kv_heads,
-            head_dim: self.head_dim,
-            block_size: self.block_size,
-            dtype,
-        })
+        let dtype: DType = self
+            .dtype
+            .parse()
+            .map_err(|_| DisaggError::InvalidRecord { field: "dtype", reason: format!("{:?} is not a known dtype", self.dtype) })?;
+        Ok(KvLayout { num_layers: self.layers, num_kv_heads: self.kv_heads, head_dim: self.head_dim, block_size: self.block_size, dtype })
     }
 
     pub fn storage(&self) -> Result<KvStorage> {
@@ -84,9 +78,7 @@ pub fn fill_pool(storage: &mut KvStorage, seed: u64) -> Result<()> {
     let mut buf = vec![0u8; layout.layer_block_bytes()];
     for layer in 0..layout.num_layers {
         for block in 0..storage.num_blocks() as BlockId {
-            let mut x = seed
-                ^ ((layer as u64) << 32 | block as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)
-                | 1;
+            let mut x = seed ^ ((layer as u64) << 32 | block as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
             for chunk in buf.chunks_mut(8) {
                 x ^= x << 13;
                 x ^= x >> 7;
@@ -119,10 +111,7 @@ pub fn hash_blocks(storage: &KvStorage, blocks: &[LayerBlock]) -> Result<String>
 
 /// The source and destination sides of copies, as hashable block lists.
 pub fn sides(copies: &[BlockCopy]) -> (Vec<LayerBlock>, Vec<LayerBlock>) {
-    copies
-        .iter()
-        .map(|c| ((c.layer, c.src), (c.layer, c.dst)))
-        .unzip()
+    copies.iter().map(|c| ((c.layer, c.src), (c.layer, c.dst))).unzip()
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -133,10 +122,7 @@ pub enum PeerCommand {
     /// Hash these blocks of the peer's pool ([`hash_blocks`]).
     Hash { blocks: Vec<LayerBlock> },
     /// Write from the peer's pool into the coordinator's.
-    Write {
-        copies: Vec<BlockCopy>,
-        timeout_ms: u64,
-    },
+    Write { copies: Vec<BlockCopy>, timeout_ms: u64 },
     /// Free everything and exit.
     Exit,
 }
@@ -145,17 +131,9 @@ pub enum PeerCommand {
 #[serde(tag = "reply", rename_all = "snake_case")]
 pub enum PeerReply {
     Done,
-    Hash {
-        hex: String,
-    },
-    Written {
-        bytes: u64,
-        ranges: usize,
-        micros: u64,
-    },
-    Failed {
-        error: String,
-    },
+    Hash { hex: String },
+    Written { bytes: u64, ranges: usize, micros: u64 },
+    Failed { error: String },
     Bye,
 }
 
@@ -175,24 +153,16 @@ pub fn run_peer(control: SocketAddr, spec: &PoolSpec) -> Result<()> {
     loop {
         let reply = match channel.recv::<PeerCommand>()? {
             PeerCommand::Fill { seed } => fill_pool(&mut storage, seed).map(|()| PeerReply::Done),
-            PeerCommand::Hash { blocks } => {
-                hash_blocks(&storage, &blocks).map(|hex| PeerReply::Hash { hex })
-            }
+            PeerCommand::Hash { blocks } => hash_blocks(&storage, &blocks).map(|hex| PeerReply::Hash { hex }),
             PeerCommand::Write { copies, timeout_ms } => {
                 if peer.is_none() {
                     peer = Some(transport.connect(&remote)?);
                 }
-                transport
-                    .write_blocks(
-                        peer.as_ref().unwrap(),
-                        &copies,
-                        Duration::from_millis(timeout_ms),
-                    )
-                    .map(|r| PeerReply::Written {
-                        bytes: r.bytes,
-                        ranges: r.ranges,
-                        micros: r.elapsed.as_micros() as u64,
-                    })
+                transport.write_blocks(peer.as_ref().unwrap(), &copies, Duration::from_millis(timeout_ms)).map(|r| PeerReply::Written {
+                    bytes: r.bytes,
+                    ranges: r.ranges,
+                    micros: r.elapsed.as_micros() as u64,
+                })
             }
             PeerCommand::Exit => {
                 if let Some(peer) = peer.take() {
@@ -202,9 +172,7 @@ pub fn run_peer(control: SocketAddr, spec: &PoolSpec) -> Result<()> {
                 return Ok(());
             }
         };
-        channel.send(&reply.unwrap_or_else(|e| PeerReply::Failed {
-            error: e.to_string(),
-        }))?;
+        channel.send(&reply.unwrap_or_else(|e| PeerReply::Failed { error: e.to_string() }))?;
     }
 }
 
@@ -244,25 +212,15 @@ impl PeerProcess {
                 if n == 0 {
                     break;
                 }
-                sink.lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .push_str(&String::from_utf8_lossy(&buf[..n]));
+                sink.lock().unwrap_or_else(|p| p.into_inner()).push_str(&String::from_utf8_lossy(&buf[..n]));
             }
         });
         let channel = ControlChannel::accept(&listener, timeout, || match child.try_wait()? {
             None => Ok(()),
-            Some(status) => Err(DisaggError::Control(format!(
-                "the peer process exited ({status}) before connecting:\n{}",
-                tail(&stderr)
-            ))),
+            Some(status) => Err(DisaggError::Control(format!("the peer process exited ({status}) before connecting:\n{}", tail(&stderr)))),
         });
         match channel {
-            Ok(channel) => Ok(Self {
-                child,
-                stderr,
-                stderr_reader: Some(stderr_reader),
-                channel,
-            }),
+            Ok(channel) => Ok(Self { child, stderr, stderr_reader: Some(stderr_reader), channel }),
             Err(e) => {
                 let _ = child.kill();
                 let _ = child.wait();
@@ -294,9 +252,7 @@ impl PeerProcess {
                 return Ok(status);
             }
             if Instant::now() >= deadline {
-                return Err(DisaggError::Control(format!(
-                    "the peer process did not exit within {timeout:?}"
-                )));
+                return Err(DisaggError::Control(format!("the peer process did not exit within {timeout:?}")));
             }
             std::thread::sleep(pause);
             pause = (pause * 2).min(Duration::from_millis(20));
@@ -332,14 +288,7 @@ mod tests {
     use super::*;
 
     fn spec() -> PoolSpec {
-        PoolSpec {
-            layers: 2,
-            kv_heads: 1,
-            head_dim: 8,
-            block_size: 2,
-            dtype: "f16".into(),
-            num_blocks: 4,
-        }
+        PoolSpec { layers: 2, kv_heads: 1, head_dim: 8, block_size: 2, dtype: "f16".into(), num_blocks: 4 }
     }
 
     #[test]
@@ -348,15 +297,9 @@ mod tests {
         fill_pool(&mut a, 1).unwrap();
         fill_pool(&mut b, 1).unwrap();
         let all: Vec<(u32, u32)> = (0..2).flat_map(|l| (0..4).map(move |b| (l, b))).collect();
-        assert_eq!(
-            hash_blocks(&a, &all).unwrap(),
-            hash_blocks(&b, &all).unwrap()
-        );
+        assert_eq!(hash_blocks(&a, &all).unwrap(), hash_blocks(&b, &all).unwrap());
         fill_pool(&mut b, 2).unwrap();
-        assert_ne!(
-            hash_blocks(&a, &all).unwrap(),
-            hash_blocks(&b, &all).unwrap()
-        );
+        assert_ne!(hash_blocks(&a, &all).unwrap(), hash_blocks(&b, &all).unwrap());
         assert_ne!(a.block_bytes(0, 0), a.block_bytes(0, 1));
         assert_ne!(a.block_bytes(0, 0), a.block_bytes(1, 0));
     }

@@ -25,18 +25,8 @@ pub struct BlockCopy {
 impl BlockCopy {
     /// The same block pairs in every layer `0..num_layers`: a sequence's KV.
     pub fn all_layers(num_layers: usize, src: &[BlockId], dst: &[BlockId]) -> Vec<BlockCopy> {
-        assert_eq!(
-            src.len(),
-            dst.len(),
-            "source and destination block lists differ in length"
-        );
-        (0..num_layers as u32)
-            .flat_map(|layer| {
-                src.iter()
-                    .zip(dst)
-                    .map(move |(&src, &dst)| BlockCopy { layer, src, dst })
-            })
-            .collect()
+        assert_eq!(src.len(), dst.len(), "source and destination block lists differ in length");
+        (0..num_layers as u32).flat_map(|layer| src.iter().zip(dst).map(move |(&src, &dst)| BlockCopy { layer, src, dst })).collect()
     }
 }
 
@@ -52,11 +42,7 @@ pub struct ByteRange {
 /// The coalesced byte ranges of `copies` from the `local` pool to the
 /// `remote` one (records already checked compatible). Refuses blocks
 /// outside either pool and two copies into the same destination block.
-pub fn plan_writes(
-    local: &HandshakeRecord,
-    remote: &HandshakeRecord,
-    copies: &[BlockCopy],
-) -> Result<Vec<ByteRange>> {
+pub fn plan_writes(local: &HandshakeRecord, remote: &HandshakeRecord, copies: &[BlockCopy]) -> Result<Vec<ByteRange>> {
     // One bit per destination block of the remote pool.
     let mut seen = vec![0u64; (remote.num_layers * remote.num_blocks).div_ceil(64)];
     let mut ranges = Vec::with_capacity(copies.len());
@@ -65,10 +51,7 @@ pub fn plan_writes(
         check_block("destination", remote, c.layer, c.dst)?;
         let bit = c.layer as usize * remote.num_blocks + c.dst as usize;
         if seen[bit / 64] & (1 << (bit % 64)) != 0 {
-            return Err(DisaggError::DuplicateDestination {
-                layer: c.layer,
-                block: c.dst,
-            });
+            return Err(DisaggError::DuplicateDestination { layer: c.layer, block: c.dst });
         }
         seen[bit / 64] |= 1 << (bit % 64);
         ranges.push(ByteRange {
@@ -86,10 +69,7 @@ pub fn coalesce(mut ranges: Vec<ByteRange>) -> Vec<ByteRange> {
     let mut out: Vec<ByteRange> = Vec::with_capacity(ranges.len());
     for r in ranges {
         match out.last_mut() {
-            Some(last)
-                if last.src_offset + last.len == r.src_offset
-                    && last.dst_offset + last.len == r.dst_offset =>
-            {
+            Some(last) if last.src_offset + last.len == r.src_offset && last.dst_offset + last.len == r.dst_offset => {
                 last.len += r.len;
             }
             _ => out.push(r),
@@ -98,22 +78,11 @@ pub fn coalesce(mut ranges: Vec<ByteRange>) -> Vec<ByteRange> {
     out
 }
 
-fn check_block(
-    side: &'static str,
-    pool: &HandshakeRecord,
-    layer: u32,
-    block: BlockId,
-) -> Result<()> {
+fn check_block(side: &'static str, pool: &HandshakeRecord, layer: u32, block: BlockId) -> Result<()> {
     if (layer as usize) < pool.num_layers && (block as usize) < pool.num_blocks {
         Ok(())
     } else {
-        Err(DisaggError::BlockOutOfRange {
-            side,
-            layer,
-            block,
-            num_layers: pool.num_layers,
-            num_blocks: pool.num_blocks,
-        })
+        Err(DisaggError::BlockOutOfRange { side, layer, block, num_layers: pool.num_layers, num_blocks: pool.num_blocks })
     }
 }
 
@@ -127,71 +96,39 @@ mod tests {
     const BLOCK: u64 = 2 * 4 * 2 * 8 * 2; // k|v x block_size x heads x head_dim x bf16
 
     fn pool(num_layers: usize, num_blocks: usize) -> HandshakeRecord {
-        let layout = KvLayout {
-            num_layers,
-            num_kv_heads: 2,
-            head_dim: 8,
-            block_size: 4,
-            dtype: DType::BF16,
-        };
+        let layout = KvLayout { num_layers, num_kv_heads: 2, head_dim: 8, block_size: 4, dtype: DType::BF16 };
         let len = layout.layer_block_bytes() * num_blocks * num_layers;
         HandshakeRecord::describe(&layout, num_blocks, MemoryRegion::host(4096, len), "p:1")
     }
 
     fn copies(layer: u32, pairs: &[(u32, u32)]) -> Vec<BlockCopy> {
-        pairs
-            .iter()
-            .map(|&(src, dst)| BlockCopy { layer, src, dst })
-            .collect()
+        pairs.iter().map(|&(src, dst)| BlockCopy { layer, src, dst }).collect()
     }
 
     #[test]
     fn runs_consecutive_on_both_sides_merge_into_one_range() {
         let (a, b) = (pool(2, 16), pool(2, 32));
         let plan = plan_writes(&a, &b, &copies(1, &[(5, 20), (3, 18), (4, 19)])).unwrap();
-        assert_eq!(
-            plan,
-            vec![ByteRange {
-                src_offset: a.offset(1, 3),
-                dst_offset: b.offset(1, 18),
-                len: 3 * BLOCK
-            }]
-        );
+        assert_eq!(plan, vec![ByteRange { src_offset: a.offset(1, 3), dst_offset: b.offset(1, 18), len: 3 * BLOCK }]);
     }
 
     #[test]
     fn runs_consecutive_on_one_side_only_stay_apart() {
         let (a, b) = (pool(1, 16), pool(1, 16));
         // src consecutive, dst not; then dst consecutive, src not
-        assert_eq!(
-            plan_writes(&a, &b, &copies(0, &[(1, 7), (2, 3)]))
-                .unwrap()
-                .len(),
-            2
-        );
-        assert_eq!(
-            plan_writes(&a, &b, &copies(0, &[(1, 7), (5, 8)]))
-                .unwrap()
-                .len(),
-            2
-        );
+        assert_eq!(plan_writes(&a, &b, &copies(0, &[(1, 7), (2, 3)])).unwrap().len(), 2);
+        assert_eq!(plan_writes(&a, &b, &copies(0, &[(1, 7), (5, 8)])).unwrap().len(), 2);
     }
 
     #[test]
     fn scattered_list_gives_one_range_per_run() {
         let (a, b) = (pool(1, 64), pool(1, 64));
         // runs: 10..13 -> 40..43, 20 -> 2, 30..32 -> 50..52
-        let list = copies(
-            0,
-            &[(30, 50), (10, 40), (20, 2), (11, 41), (31, 51), (12, 42)],
-        );
+        let list = copies(0, &[(30, 50), (10, 40), (20, 2), (11, 41), (31, 51), (12, 42)]);
         let plan = plan_writes(&a, &b, &list).unwrap();
         let lens: Vec<u64> = plan.iter().map(|r| r.len / BLOCK).collect();
         assert_eq!(lens, vec![3, 1, 2]);
-        assert_eq!(
-            plan.iter().map(|r| r.len).sum::<u64>(),
-            list.len() as u64 * BLOCK
-        );
+        assert_eq!(plan.iter().map(|r| r.len).sum::<u64>(), list.len() as u64 * BLOCK);
     }
 
     #[test]
@@ -199,14 +136,7 @@ mod tests {
         let (a, b) = (pool(3, 8), pool(3, 8));
         let all: Vec<u32> = (0..8).collect();
         let plan = plan_writes(&a, &b, &BlockCopy::all_layers(3, &all, &all)).unwrap();
-        assert_eq!(
-            plan,
-            vec![ByteRange {
-                src_offset: 0,
-                dst_offset: 0,
-                len: 3 * 8 * BLOCK
-            }]
-        );
+        assert_eq!(plan, vec![ByteRange { src_offset: 0, dst_offset: 0, len: 3 * 8 * BLOCK }]);
         // a larger remote pool breaks the cross-layer adjacency on its side
         let plan = plan_writes(&a, &pool(3, 9), &BlockCopy::all_layers(3, &all, &all)).unwrap();
         assert_eq!(plan.len(), 3);
@@ -216,38 +146,17 @@ mod tests {
     fn blocks_outside_either_pool_are_refused() {
         let (a, b) = (pool(2, 8), pool(2, 4));
         let src_oob = plan_writes(&a, &b, &copies(0, &[(8, 0)])).unwrap_err();
-        assert!(
-            matches!(src_oob, DisaggError::BlockOutOfRange { side: "source", .. }),
-            "{src_oob}"
-        );
+        assert!(matches!(src_oob, DisaggError::BlockOutOfRange { side: "source", .. }), "{src_oob}");
         let dst_oob = plan_writes(&a, &b, &copies(0, &[(0, 4)])).unwrap_err();
-        assert!(
-            matches!(
-                dst_oob,
-                DisaggError::BlockOutOfRange {
-                    side: "destination",
-                    ..
-                }
-            ),
-            "{dst_oob}"
-        );
+        assert!(matches!(dst_oob, DisaggError::BlockOutOfRange { side: "destination", .. }), "{dst_oob}");
         let layer_oob = plan_writes(&a, &b, &copies(2, &[(0, 0)])).unwrap_err();
-        assert!(
-            matches!(layer_oob, DisaggError::BlockOutOfRange { layer: 2, .. }),
-            "{layer_oob}"
-        );
+        assert!(matches!(layer_oob, DisaggError::BlockOutOfRange { layer: 2, .. }), "{layer_oob}");
     }
 
     #[test]
     fn two_copies_into_one_destination_are_refused() {
         let (a, b) = (pool(1, 8), pool(1, 8));
         let err = plan_writes(&a, &b, &copies(0, &[(1, 3), (2, 3)])).unwrap_err();
-        assert!(
-            matches!(
-                err,
-                DisaggError::DuplicateDestination { layer: 0, block: 3 }
-            ),
-            "{err}"
-        );
+        assert!(matches!(err, DisaggError::DuplicateDestination { layer: 0, block: 3 }), "{err}");
     }
 }

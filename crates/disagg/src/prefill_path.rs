@@ -100,17 +100,8 @@ const DEFAULT_TOKENS_PER_S: f64 = 2_000.0;
 
 pub fn decide(i: &PathInputs) -> PathDecision {
     let suffix = i.prompt_tokens.saturating_sub(i.held_tokens);
-    let here = if i.session_hit && i.held_tokens > 0 {
-        PrefillPath::DirectAppend
-    } else {
-        PrefillPath::Local
-    };
-    let done = |path, reason, local_s, remote_s| PathDecision {
-        path,
-        reason,
-        local_s,
-        remote_s,
-    };
+    let here = if i.session_hit && i.held_tokens > 0 { PrefillPath::DirectAppend } else { PrefillPath::Local };
+    let done = |path, reason, local_s, remote_s| PathDecision { path, reason, local_s, remote_s };
     let Some(peer) = i.peer else {
         return done(here, "no_prefill_peer", 0.0, 0.0);
     };
@@ -118,46 +109,23 @@ pub fn decide(i: &PathInputs) -> PathDecision {
         return done(here, "prefill_peer_unhealthy", 0.0, 0.0);
     }
     // A snapshot on P counts only as far as D does not hold the prompt already.
-    let bypass = peer
-        .snapshot_tokens
-        .min(i.prompt_tokens.saturating_sub(1))
-        .saturating_sub(i.held_tokens);
+    let bypass = peer.snapshot_tokens.min(i.prompt_tokens.saturating_sub(1)).saturating_sub(i.held_tokens);
     if suffix < i.min_remote_tokens && bypass == 0 {
         return done(here, "suffix_below_threshold", 0.0, 0.0);
     }
-    let local_rate = if i.local_tokens_per_s > 0.0 {
-        i.local_tokens_per_s
-    } else {
-        DEFAULT_TOKENS_PER_S
-    };
-    let peer_rate = if peer.prefill_tokens_per_s > 0.0 {
-        peer.prefill_tokens_per_s
-    } else {
-        local_rate
-    };
+    let local_rate = if i.local_tokens_per_s > 0.0 { i.local_tokens_per_s } else { DEFAULT_TOKENS_PER_S };
+    let peer_rate = if peer.prefill_tokens_per_s > 0.0 { peer.prefill_tokens_per_s } else { local_rate };
     let local_compute = suffix as f64 / local_rate;
     let local_s = local_compute * (1 + i.running) as f64;
     let peer_queue_s = peer.queued_requests as f64 * local_compute.max(0.001);
-    let transfer_s =
-        (suffix as u64 * i.kv_bytes_per_token) as f64 / i.transfer_bytes_per_s.max(1.0);
-    let remote_s = i.round_trip_s
-        + peer_queue_s
-        + suffix.saturating_sub(bypass) as f64 / peer_rate
-        + transfer_s;
+    let transfer_s = (suffix as u64 * i.kv_bytes_per_token) as f64 / i.transfer_bytes_per_s.max(1.0);
+    let remote_s = i.round_trip_s + peer_queue_s + suffix.saturating_sub(bypass) as f64 / peer_rate + transfer_s;
     if i.policy == PathPolicy::Threshold {
-        let reason = if bypass > 0 {
-            "snapshot_covers_prefix"
-        } else {
-            "suffix_above_threshold"
-        };
+        let reason = if bypass > 0 { "snapshot_covers_prefix" } else { "suffix_above_threshold" };
         return done(PrefillPath::Remote, reason, local_s, remote_s);
     }
     if remote_s < local_s {
-        let reason = if bypass > 0 {
-            "snapshot_bypass_cheaper"
-        } else {
-            "remote_cheaper"
-        };
+        let reason = if bypass > 0 { "snapshot_bypass_cheaper" } else { "remote_cheaper" };
         done(PrefillPath::Remote, reason, local_s, remote_s)
     } else {
         done(here, "local_cheaper", local_s, remote_s)
@@ -180,12 +148,7 @@ mod tests {
             round_trip_s: 0.002,
             min_remote_tokens: 512,
             policy: PathPolicy::Cost,
-            peer: Some(PeerView {
-                healthy: true,
-                queued_requests: 0,
-                prefill_tokens_per_s: 10_000.0,
-                snapshot_tokens: 0,
-            }),
+            peer: Some(PeerView { healthy: true, queued_requests: 0, prefill_tokens_per_s: 10_000.0, snapshot_tokens: 0 }),
         }
     }
 
@@ -194,10 +157,7 @@ mod tests {
         let mut i = inputs();
         i.peer = None;
         assert_eq!(decide(&i).reason, "no_prefill_peer");
-        i.peer = Some(PeerView {
-            healthy: false,
-            ..inputs().peer.unwrap()
-        });
+        i.peer = Some(PeerView { healthy: false, ..inputs().peer.unwrap() });
         assert_eq!(decide(&i).reason, "prefill_peer_unhealthy");
         assert_eq!(decide(&i).path, PrefillPath::Local);
     }
@@ -208,15 +168,11 @@ mod tests {
         i.held_tokens = 4000;
         i.session_hit = true;
         let d = decide(&i);
-        assert_eq!(
-            (d.path, d.reason),
-            (PrefillPath::DirectAppend, "suffix_below_threshold")
-        );
+        assert_eq!((d.path, d.reason), (PrefillPath::DirectAppend, "suffix_below_threshold"));
     }
 
     #[test]
-    fn a_long_cold_prompt_goes_remote_when_decodes_run_here_and_stays_when_idle_and_transfer_is_slow(
-    ) {
+    fn a_long_cold_prompt_goes_remote_when_decodes_run_here_and_stays_when_idle_and_transfer_is_slow() {
         let mut i = inputs();
         i.running = 8;
         let d = decide(&i);
@@ -229,10 +185,7 @@ mod tests {
         // A busy prefill worker: local wins.
         let mut i = inputs();
         i.running = 1;
-        i.peer = Some(PeerView {
-            queued_requests: 50,
-            ..inputs().peer.unwrap()
-        });
+        i.peer = Some(PeerView { queued_requests: 50, ..inputs().peer.unwrap() });
         assert_eq!(decide(&i).path, PrefillPath::Local);
     }
 
@@ -249,15 +202,9 @@ mod tests {
     fn a_snapshot_on_the_prefill_worker_makes_a_moved_session_go_remote() {
         let mut i = inputs();
         i.prompt_tokens = 300;
-        i.peer = Some(PeerView {
-            snapshot_tokens: 288,
-            ..inputs().peer.unwrap()
-        });
+        i.peer = Some(PeerView { snapshot_tokens: 288, ..inputs().peer.unwrap() });
         let d = decide(&i);
-        assert_eq!(
-            (d.path, d.reason),
-            (PrefillPath::Remote, "snapshot_bypass_cheaper")
-        );
+        assert_eq!((d.path, d.reason), (PrefillPath::Remote, "snapshot_bypass_cheaper"));
         // ... but not when this worker already holds what the snapshot covers.
         i.held_tokens = 288;
         i.session_hit = true;

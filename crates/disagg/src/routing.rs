@@ -66,10 +66,7 @@ impl WorkerView {
             free_blocks: state.free_blocks,
             evictable_blocks: state.evictable_blocks,
             active: state.running + state.waiting,
-            resident_tokens: session
-                .and_then(|id| state.sessions.get(id))
-                .copied()
-                .unwrap_or(0),
+            resident_tokens: session.and_then(|id| state.sessions.get(id)).copied().unwrap_or(0),
         }
     }
 
@@ -90,10 +87,7 @@ pub struct RouteWeights {
 
 impl Default for RouteWeights {
     fn default() -> Self {
-        Self {
-            prefill_weight: 1.0,
-            active_weight: 1.0,
-        }
+        Self { prefill_weight: 1.0, active_weight: 1.0 }
     }
 }
 
@@ -122,12 +116,7 @@ impl std::fmt::Display for WorkerScore {
             Some(s) => write!(
                 f,
                 "{s:.1} (prefill {} + decode {} + active {}; reused {} tok, needs {}/{} blocks)",
-                self.prefill_blocks,
-                self.decode_blocks,
-                self.active,
-                self.reused_tokens,
-                self.needed_blocks,
-                self.available_blocks
+                self.prefill_blocks, self.decode_blocks, self.active, self.reused_tokens, self.needed_blocks, self.available_blocks
             ),
         }
     }
@@ -171,12 +160,7 @@ impl RouteDecision {
 
     /// `w0=… w1=…` for the log line.
     pub fn scores_text(&self) -> String {
-        self.scores
-            .iter()
-            .enumerate()
-            .map(|(i, s)| format!("w{i}={s}"))
-            .collect::<Vec<_>>()
-            .join("; ")
+        self.scores.iter().enumerate().map(|(i, s)| format!("w{i}={s}")).collect::<Vec<_>>().join("; ")
     }
 }
 
@@ -191,16 +175,8 @@ pub fn score_worker(req: &RouteRequest, w: &WorkerView, weights: &RouteWeights) 
     // The reused blocks stay in use too: the whole request must fit.
     let needed_blocks = (req.prompt_tokens + req.max_tokens).div_ceil(bs);
     let decode_blocks = w.total_blocks.saturating_sub(w.available_blocks());
-    let cost = weights.prefill_weight * prefill_blocks as f64
-        + decode_blocks as f64
-        + weights.active_weight * w.active as f64;
-    let score = w.healthy.then(|| {
-        if needed_blocks > w.available_blocks() {
-            f64::INFINITY
-        } else {
-            cost
-        }
-    });
+    let cost = weights.prefill_weight * prefill_blocks as f64 + decode_blocks as f64 + weights.active_weight * w.active as f64;
+    let score = w.healthy.then(|| if needed_blocks > w.available_blocks() { f64::INFINITY } else { cost });
     WorkerScore {
         reused_tokens,
         prefill_blocks,
@@ -215,20 +191,11 @@ pub fn score_worker(req: &RouteRequest, w: &WorkerView, weights: &RouteWeights) 
 
 /// The placement policy: the cheapest worker with room; ties go to the
 /// session's home, then to the lower index.
-pub fn choose_worker(
-    req: &RouteRequest,
-    workers: &[WorkerView],
-    weights: &RouteWeights,
-) -> RouteDecision {
-    let scores: Vec<WorkerScore> = workers
-        .iter()
-        .map(|w| score_worker(req, w, weights))
-        .collect();
+pub fn choose_worker(req: &RouteRequest, workers: &[WorkerView], weights: &RouteWeights) -> RouteDecision {
+    let scores: Vec<WorkerScore> = workers.iter().map(|w| score_worker(req, w, weights)).collect();
     let home = req.home.filter(|&h| h < workers.len()).or_else(|| {
         // The worker holding most of the session (exact id match upstream).
-        (0..workers.len())
-            .filter(|&i| workers[i].resident_tokens > 0)
-            .max_by_key(|&i| (workers[i].resident_tokens, std::cmp::Reverse(i)))
+        (0..workers.len()).filter(|&i| workers[i].resident_tokens > 0).max_by_key(|&i| (workers[i].resident_tokens, std::cmp::Reverse(i)))
     });
     let pick = |key: &dyn Fn(&WorkerScore) -> Option<f64>| -> Option<usize> {
         let mut best: Option<(usize, f64)> = None;
@@ -246,12 +213,7 @@ pub fn choose_worker(
         }
         best.map(|(i, _)| i)
     };
-    let decision = |worker, reason| RouteDecision {
-        worker,
-        reason,
-        home,
-        scores: scores.clone(),
-    };
+    let decision = |worker, reason| RouteDecision { worker, reason, home, scores: scores.clone() };
     if scores.iter().all(|s| s.score.is_none()) {
         return decision(None, reason::NO_HEALTHY_WORKER);
     }
@@ -278,21 +240,11 @@ mod tests {
     use super::*;
 
     fn idle(total: usize) -> WorkerView {
-        WorkerView {
-            healthy: true,
-            block_size: 16,
-            total_blocks: total,
-            free_blocks: total,
-            ..Default::default()
-        }
+        WorkerView { healthy: true, block_size: 16, total_blocks: total, free_blocks: total, ..Default::default() }
     }
 
     fn req(prompt_tokens: usize, max_tokens: usize, home: Option<usize>) -> RouteRequest {
-        RouteRequest {
-            prompt_tokens,
-            max_tokens,
-            home,
-        }
+        RouteRequest { prompt_tokens, max_tokens, home }
     }
 
     fn choose(r: &RouteRequest, w: &[WorkerView]) -> RouteDecision {
@@ -324,10 +276,7 @@ mod tests {
         home.resident_tokens = 300;
         home.active = 1; // a little busier, but holds 18 blocks of the prompt
         let d = choose(&req(320, 32, None), &[idle(100), home]);
-        assert_eq!(
-            (d.worker, d.reason, d.home),
-            (Some(1), reason::SESSION_RESIDENT, Some(1))
-        );
+        assert_eq!((d.worker, d.reason, d.home), (Some(1), reason::SESSION_RESIDENT, Some(1)));
         assert_eq!(d.scores[1].reused_tokens, 288);
         assert_eq!(d.scores[1].prefill_blocks, 2);
         assert_eq!(d.scores[0].prefill_blocks, 20);
@@ -370,11 +319,7 @@ mod tests {
         let d = choose(&req(520, 16, Some(0)), &[home, idle(100)]);
         assert_eq!((d.worker, d.reason), (Some(1), reason::MOVED_UNHEALTHY));
         assert_eq!(d.scores[0].score, None);
-        assert!(
-            d.scores_text().contains("w0=unhealthy"),
-            "{}",
-            d.scores_text()
-        );
+        assert!(d.scores_text().contains("w0=unhealthy"), "{}", d.scores_text());
     }
 
     #[test]
@@ -407,59 +352,27 @@ mod tests {
         a.healthy = false;
         let d = choose(&req(10, 10, None), &[a]);
         assert_eq!((d.worker, d.reason), (None, reason::NO_HEALTHY_WORKER));
-        assert_eq!(
-            choose(&req(10, 10, None), &[]).reason,
-            reason::NO_HEALTHY_WORKER
-        );
+        assert_eq!(choose(&req(10, 10, None), &[]).reason, reason::NO_HEALTHY_WORKER);
     }
 
     #[test]
     fn a_worker_not_ready_is_unhealthy() {
-        let state = WorkerState {
-            ready: false,
-            block_size: 16,
-            total_blocks: 10,
-            free_blocks: 10,
-            ..Default::default()
-        };
+        let state = WorkerState { ready: false, block_size: 16, total_blocks: 10, free_blocks: 10, ..Default::default() };
         assert!(!WorkerView::from_state(&state, true, None).healthy);
     }
 
     #[test]
     fn session_ids_match_exactly_never_by_prefix() {
-        let mut a = WorkerState {
-            ready: true,
-            block_size: 16,
-            total_blocks: 100,
-            free_blocks: 100,
-            ..Default::default()
-        };
+        let mut a = WorkerState { ready: true, block_size: 16, total_blocks: 100, free_blocks: 100, ..Default::default() };
         a.sessions.insert("session-1".into(), 640);
-        let b = WorkerState {
-            ready: true,
-            block_size: 16,
-            total_blocks: 100,
-            free_blocks: 100,
-            ..Default::default()
-        };
-        let views = |id: &str| {
-            vec![
-                WorkerView::from_state(&b, true, Some(id)),
-                WorkerView::from_state(&a, true, Some(id)),
-            ]
-        };
+        let b = WorkerState { ready: true, block_size: 16, total_blocks: 100, free_blocks: 100, ..Default::default() };
+        let views = |id: &str| vec![WorkerView::from_state(&b, true, Some(id)), WorkerView::from_state(&a, true, Some(id))];
         // `session-12` is a different session: nothing resident anywhere.
         let d = choose(&req(700, 16, None), &views("session-12"));
-        assert_eq!(
-            (d.worker, d.reason, d.home),
-            (Some(0), reason::LEAST_COST, None)
-        );
+        assert_eq!((d.worker, d.reason, d.home), (Some(0), reason::LEAST_COST, None));
         assert_eq!(views("session-12")[1].resident_tokens, 0);
         assert_eq!(views("session-")[1].resident_tokens, 0);
         let d = choose(&req(700, 16, None), &views("session-1"));
-        assert_eq!(
-            (d.worker, d.reason, d.home),
-            (Some(1), reason::SESSION_RESIDENT, Some(1))
-        );
+        assert_eq!((d.worker, d.reason, d.home), (Some(1), reason::SESSION_RESIDENT, Some(1)));
     }
 }

@@ -37,13 +37,8 @@ pub fn decide_admission(
     max_model_len: usize,
     max_num_seqs: usize,
 ) -> AdmissionDecision {
-    let resident = q
-        .session_id
-        .and_then(|id| s.sessions.get(id))
-        .map(|i| i.resident_tokens)
-        .unwrap_or(0);
-    let reusable =
-        resident.min(q.prompt_tokens.saturating_sub(1)) / block_size.max(1) * block_size.max(1);
+    let resident = q.session_id.and_then(|id| s.sessions.get(id)).map(|i| i.resident_tokens).unwrap_or(0);
+    let reusable = resident.min(q.prompt_tokens.saturating_sub(1)) / block_size.max(1) * block_size.max(1);
     let computed = q.prompt_tokens - reusable;
     let need_blocks = computed.div_ceil(block_size.max(1)) + 1;
     let available = s.free_blocks + s.evictable_blocks;
@@ -61,13 +56,7 @@ pub fn decide_admission(
         _ => (50 * (s.waiting as u64 + 1)).min(5000),
     };
     tracing::debug!(event = "admission", session = ?q.session_id, can_admit, reason, resident, computed, "admission probe");
-    AdmissionDecision {
-        can_admit,
-        reason,
-        resident_tokens: resident,
-        estimated_computed_tokens: computed,
-        recommended_pause_ms,
-    }
+    AdmissionDecision { can_admit, reason, resident_tokens: resident, estimated_computed_tokens: computed, recommended_pause_ms }
 }
 
 #[cfg(test)]
@@ -101,62 +90,20 @@ mod tests {
 
     #[test]
     fn a_resident_session_only_needs_blocks_for_its_new_tokens() {
-        let d = decide_admission(
-            &snapshot(3, 0, 0),
-            &AdmissionQuery {
-                session_id: Some("s"),
-                prompt_tokens: 120,
-            },
-            16,
-            1000,
-            8,
-        );
-        assert_eq!(
-            (
-                d.can_admit,
-                d.reason,
-                d.resident_tokens,
-                d.estimated_computed_tokens
-            ),
-            (true, "ok", 100, 24)
-        );
-        let cold = decide_admission(
-            &snapshot(3, 0, 0),
-            &AdmissionQuery {
-                session_id: Some("other"),
-                prompt_tokens: 120,
-            },
-            16,
-            1000,
-            8,
-        );
+        let d = decide_admission(&snapshot(3, 0, 0), &AdmissionQuery { session_id: Some("s"), prompt_tokens: 120 }, 16, 1000, 8);
+        assert_eq!((d.can_admit, d.reason, d.resident_tokens, d.estimated_computed_tokens), (true, "ok", 100, 24));
+        let cold = decide_admission(&snapshot(3, 0, 0), &AdmissionQuery { session_id: Some("other"), prompt_tokens: 120 }, 16, 1000, 8);
         assert_eq!((cold.can_admit, cold.reason), (false, "kv_pool_full"));
         assert!(cold.recommended_pause_ms > 0);
     }
 
     #[test]
     fn reclaimable_blocks_count_as_available_and_a_long_queue_refuses() {
-        let q = AdmissionQuery {
-            session_id: None,
-            prompt_tokens: 64,
-        };
+        let q = AdmissionQuery { session_id: None, prompt_tokens: 64 };
         assert!(decide_admission(&snapshot(0, 10, 0), &q, 16, 1000, 8).can_admit);
+        assert_eq!(decide_admission(&snapshot(100, 0, 8), &q, 16, 1000, 8).reason, "queue_full");
         assert_eq!(
-            decide_admission(&snapshot(100, 0, 8), &q, 16, 1000, 8).reason,
-            "queue_full"
-        );
-        assert_eq!(
-            decide_admission(
-                &snapshot(100, 0, 0),
-                &AdmissionQuery {
-                    prompt_tokens: 1000,
-                    ..q
-                },
-                16,
-                1000,
-                8
-            )
-            .reason,
+            decide_admission(&snapshot(100, 0, 0), &AdmissionQuery { prompt_tokens: 1000, ..q }, 16, 1000, 8).reason,
             "prompt_too_long"
         );
     }

@@ -79,22 +79,12 @@ impl ChatTemplate {
         env.add_filter("tojson", crate::template_json::tojson_filter);
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
-        env.add_template_owned(TEMPLATE_NAME, source.to_string())
-            .map_err(template_error)?;
-        Ok(Self {
-            env,
-            source: source.to_string(),
-            bos_token: None,
-            eos_token: None,
-        })
+        env.add_template_owned(TEMPLATE_NAME, source.to_string()).map_err(template_error)?;
+        Ok(Self { env, source: source.to_string(), bos_token: None, eos_token: None })
     }
 
     /// Makes `bos_token` / `eos_token` available to the template.
-    pub fn with_special_tokens(
-        mut self,
-        bos_token: Option<String>,
-        eos_token: Option<String>,
-    ) -> Self {
+    pub fn with_special_tokens(mut self, bos_token: Option<String>, eos_token: Option<String>) -> Self {
         self.bos_token = bos_token;
         self.eos_token = eos_token;
         self
@@ -106,10 +96,9 @@ impl ChatTemplate {
         let Some(source) = tokenizer.chat_template_source() else {
             return Ok(None);
         };
-        Ok(Some(Self::new(source)?.with_special_tokens(
-            tokenizer.bos_token().map(str::to_string),
-            tokenizer.eos_token().map(str::to_string),
-        )))
+        Ok(Some(
+            Self::new(source)?.with_special_tokens(tokenizer.bos_token().map(str::to_string), tokenizer.eos_token().map(str::to_string)),
+        ))
     }
 
     /// The template's source text.
@@ -145,17 +134,10 @@ impl ChatTemplate {
             Some(Value::Null) | None => ctx.remove("tools"),
             Some(t) => ctx.insert("tools", to_value(t)),
         }
-        ctx.insert(
-            "add_generation_prompt",
-            minijinja::Value::from(add_generation_prompt),
-        );
+        ctx.insert("add_generation_prompt", minijinja::Value::from(add_generation_prompt));
 
-        let tmpl = self
-            .env
-            .get_template(TEMPLATE_NAME)
-            .map_err(template_error)?;
-        tmpl.render(minijinja::Value::from_object(ctx))
-            .map_err(template_error)
+        let tmpl = self.env.get_template(TEMPLATE_NAME).map_err(template_error)?;
+        tmpl.render(minijinja::Value::from_object(ctx)).map_err(template_error)
     }
 }
 
@@ -163,17 +145,12 @@ impl ChatTemplate {
 // Message normalisation
 
 fn invalid_messages(message: String) -> EngineError {
-    EngineError::InvalidParam {
-        param: "messages".to_string(),
-        message,
-    }
+    EngineError::InvalidParam { param: "messages".to_string(), message }
 }
 
 fn normalize_messages(messages: &Value) -> Result<Value, EngineError> {
     let Value::Array(list) = messages else {
-        return Err(invalid_messages(
-            "'messages' must be an array of message objects".to_string(),
-        ));
+        return Err(invalid_messages("'messages' must be an array of message objects".to_string()));
     };
     let mut out = Vec::with_capacity(list.len());
     for (i, msg) in list.iter().enumerate() {
@@ -189,9 +166,7 @@ fn normalize_messages(messages: &Value) -> Result<Value, EngineError> {
         obj.insert("content".to_string(), content);
         if let Some(Value::Array(calls)) = obj.get_mut("tool_calls") {
             for call in calls.iter_mut() {
-                let args = call
-                    .get_mut("function")
-                    .and_then(|f| f.get_mut("arguments"));
+                let args = call.get_mut("function").and_then(|f| f.get_mut("arguments"));
                 if let Some(args) = args {
                     if let Value::String(s) = args {
                         if let Ok(parsed @ Value::Object(_)) = serde_json::from_str::<Value>(s) {
@@ -215,11 +190,7 @@ fn flatten_parts(i: usize, parts: &[Value]) -> Result<String, EngineError> {
                 let ty = p.get("type").and_then(Value::as_str).unwrap_or("text");
                 match (ty, p.get("text")) {
                     ("text", Some(Value::String(t))) => texts.push(t.as_str()),
-                    ("text", _) => {
-                        return Err(invalid_messages(format!(
-                            "messages[{i}]: a text content part needs a string 'text'"
-                        )))
-                    }
+                    ("text", _) => return Err(invalid_messages(format!("messages[{i}]: a text content part needs a string 'text'"))),
                     (other, _) => {
                         return Err(invalid_messages(format!(
                             "messages[{i}]: content parts of type '{other}' are not supported by this model (text only)"
@@ -227,11 +198,7 @@ fn flatten_parts(i: usize, parts: &[Value]) -> Result<String, EngineError> {
                     }
                 }
             }
-            _ => {
-                return Err(invalid_messages(format!(
-                    "messages[{i}]: content parts must be objects"
-                )))
-            }
+            _ => return Err(invalid_messages(format!("messages[{i}]: content parts must be objects"))),
         }
     }
     Ok(texts.join("\n"))
@@ -268,10 +235,7 @@ impl Object for JsonMap {
     }
 
     fn get_value(self: &Arc<Self>, key: &minijinja::Value) -> Option<minijinja::Value> {
-        self.entries
-            .iter()
-            .find(|(k, _)| k == key)
-            .map(|(_, v)| v.clone())
+        self.entries.iter().find(|(k, _)| k == key).map(|(_, v)| v.clone())
     }
 
     fn enumerate(self: &Arc<Self>) -> Enumerator {
@@ -299,10 +263,7 @@ fn to_value(v: &Value) -> minijinja::Value {
         Value::String(s) => minijinja::Value::from(s.as_str()),
         Value::Array(a) => minijinja::Value::from(a.iter().map(to_value).collect::<Vec<_>>()),
         Value::Object(o) => minijinja::Value::from_object(JsonMap {
-            entries: o
-                .iter()
-                .map(|(k, v)| (minijinja::Value::from(k.as_str()), to_value(v)))
-                .collect(),
+            entries: o.iter().map(|(k, v)| (minijinja::Value::from(k.as_str()), to_value(v))).collect(),
         }),
     }
 }
@@ -323,10 +284,7 @@ impl std::fmt::Display for RaisedException {
 impl std::error::Error for RaisedException {}
 
 fn raise_exception(msg: String) -> Result<minijinja::Value, minijinja::Error> {
-    Err(
-        minijinja::Error::new(ErrorKind::InvalidOperation, msg.clone())
-            .with_source(RaisedException(msg)),
-    )
+    Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg.clone()).with_source(RaisedException(msg)))
 }
 
 /// `raise_exception` messages come back as they were raised; other errors
@@ -353,10 +311,7 @@ fn template_error(e: minijinja::Error) -> EngineError {
 // strftime_now
 
 fn strftime_now(format: String) -> Result<minijinja::Value, minijinja::Error> {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or(0);
+    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0);
     Ok(minijinja::Value::from(strftime_utc(&format, secs)))
 }
 
@@ -377,29 +332,9 @@ fn civil_from_days(z: i64) -> (i64, u32, u32) {
 /// A subset of C's strftime for UTC times: %Y %y %m %d %e %H %I %M %S %p %b
 /// %h %B %a %A %j %u %w %F %T %D %Z %z %% and glibc's `%-X` (no padding).
 fn strftime_utc(format: &str, unix_secs: i64) -> String {
-    const MONTHS: [&str; 12] = [
-        "January",
-        "February",
-        "March",
-        "April",
-        "May",
-        "June",
-        "July",
-        "August",
-        "September",
-        "October",
-        "November",
-        "December",
-    ];
-    const DAYS: [&str; 7] = [
-        "Sunday",
-        "Monday",
-        "Tuesday",
-        "Wednesday",
-        "Thursday",
-        "Friday",
-        "Saturday",
-    ];
+    const MONTHS: [&str; 12] =
+        ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October", "November", "December"];
+    const DAYS: [&str; 7] = ["Sunday", "Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday"];
     let days = unix_secs.div_euclid(86_400);
     let sod = unix_secs.rem_euclid(86_400);
     let (year, month, day) = civil_from_days(days);
@@ -433,11 +368,7 @@ fn strftime_utc(format: &str, unix_secs: i64) -> String {
             Some('y') => out.push_str(&num(year.rem_euclid(100), 2)),
             Some('m') => out.push_str(&num(month as i64, 2)),
             Some('d') => out.push_str(&num(day as i64, 2)),
-            Some('e') => out.push_str(&if no_pad {
-                day.to_string()
-            } else {
-                format!("{day:>2}")
-            }),
+            Some('e') => out.push_str(&if no_pad { day.to_string() } else { format!("{day:>2}") }),
             Some('H') => out.push_str(&num(hour, 2)),
             Some('I') => out.push_str(&num(hour12, 2)),
             Some('M') => out.push_str(&num(minute, 2)),
@@ -476,9 +407,7 @@ mod tests {
 
     fn qwen3() -> ChatTemplate {
         let tok = crate::tokenizer::TextTokenizer::embedded_qwen3().unwrap();
-        ChatTemplate::from_tokenizer(&tok)
-            .unwrap()
-            .expect("Qwen3 has a template")
+        ChatTemplate::from_tokenizer(&tok).unwrap().expect("Qwen3 has a template")
     }
 
     fn render_simple(t: &ChatTemplate, messages: Value) -> Result<String, EngineError> {
@@ -487,14 +416,8 @@ mod tests {
 
     #[test]
     fn syntax_error_is_a_template_error_at_construction() {
-        assert!(matches!(
-            ChatTemplate::new("{% if %}"),
-            Err(EngineError::Template(_))
-        ));
-        assert!(matches!(
-            ChatTemplate::new("{{ x "),
-            Err(EngineError::Template(_))
-        ));
+        assert!(matches!(ChatTemplate::new("{% if %}"), Err(EngineError::Template(_))));
+        assert!(matches!(ChatTemplate::new("{{ x "), Err(EngineError::Template(_))));
     }
 
     #[test]
@@ -509,10 +432,7 @@ mod tests {
             EngineError::Template(msg) => assert_eq!(msg, "No user query found in messages."),
             other => panic!("expected a template error, got {other:?}"),
         }
-        assert_eq!(
-            render_simple(&t, json!([{"role": "user", "content": "u"}])).unwrap(),
-            "ok"
-        );
+        assert_eq!(render_simple(&t, json!([{"role": "user", "content": "u"}])).unwrap(), "ok");
     }
 
     #[test]
@@ -539,10 +459,7 @@ mod tests {
         kw.insert("enable_thinking".into(), json!(false));
         kw.insert("add_generation_prompt".into(), json!(false));
         let out = t.render(&msgs, None, true, &kw).unwrap();
-        assert_eq!(
-            out,
-            "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
-        );
+        assert_eq!(out, "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n");
     }
 
     #[test]
@@ -559,15 +476,8 @@ mod tests {
         let m = json!([]);
         // (booleans print the Python way, as in Jinja2)
         assert_eq!(t.render(&m, None, false, &Map::new()).unwrap(), "False");
-        assert_eq!(
-            t.render(&m, Some(&json!([])), false, &Map::new()).unwrap(),
-            "False"
-        );
-        assert_eq!(
-            t.render(&m, Some(&json!([{"type": "function"}])), false, &Map::new())
-                .unwrap(),
-            "True"
-        );
+        assert_eq!(t.render(&m, Some(&json!([])), false, &Map::new()).unwrap(), "False");
+        assert_eq!(t.render(&m, Some(&json!([{"type": "function"}])), false, &Map::new()).unwrap(), "True");
     }
 
     #[test]
@@ -575,15 +485,9 @@ mod tests {
         let t = qwen3();
         let parts = json!([{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]);
         let flat = json!([{"role": "user", "content": "a\nb"}]);
-        assert_eq!(
-            render_simple(&t, parts).unwrap(),
-            render_simple(&t, flat).unwrap()
-        );
+        assert_eq!(render_simple(&t, parts).unwrap(), render_simple(&t, flat).unwrap());
         let image = json!([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]);
-        assert!(matches!(
-            render_simple(&t, image),
-            Err(EngineError::InvalidParam { .. })
-        ));
+        assert!(matches!(render_simple(&t, image), Err(EngineError::InvalidParam { .. })));
     }
 
     #[test]
@@ -597,17 +501,12 @@ mod tests {
                 {"role": "tool", "tool_call_id": "c1", "content": "sunny"}
             ])
         };
-        let reference =
-            render_simple(&t, call(json!({"city": "Paris", "days": 2}), json!(""))).unwrap();
-        let openai = render_simple(
-            &t,
-            call(json!("{\"city\":\"Paris\",\"days\":2}"), Value::Null),
-        )
-        .unwrap();
+        let reference = render_simple(&t, call(json!({"city": "Paris", "days": 2}), json!(""))).unwrap();
+        let openai = render_simple(&t, call(json!("{\"city\":\"Paris\",\"days\":2}"), Value::Null)).unwrap();
         assert_eq!(openai, reference);
-        assert!(reference.contains(
-            "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": 2}}\n</tool_call>"
-        ));
+        assert!(
+            reference.contains("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": 2}}\n</tool_call>")
+        );
         // A string that is not a JSON object is passed through verbatim.
         let raw = render_simple(&t, call(json!("not json"), json!(""))).unwrap();
         assert!(raw.contains("\"arguments\": not json}"));
@@ -621,32 +520,15 @@ mod tests {
             kw.insert("x".into(), x);
             t.render(&json!([]), None, false, &kw).unwrap()
         };
+        assert_eq!(r(json!({"b": 1, "a": [1, 2.5, null, true], "c": {}})), r#"{"b": 1, "a": [1, 2.5, null, true], "c": {}}"#);
+        assert_eq!(r(json!("<a href='x'>&\"é🦀\"\n\u{1}</a>")), "\"<a href='x'>&\\\"é🦀\\\"\\n\\u0001</a>\"");
         assert_eq!(
-            r(json!({"b": 1, "a": [1, 2.5, null, true], "c": {}})),
-            r#"{"b": 1, "a": [1, 2.5, null, true], "c": {}}"#
-        );
-        assert_eq!(
-            r(json!("<a href='x'>&\"é🦀\"\n\u{1}</a>")),
-            "\"<a href='x'>&\\\"é🦀\\\"\\n\\u0001</a>\""
-        );
-        assert_eq!(
-            r(json!([
-                1.0,
-                0.0001,
-                0.00001,
-                1e16,
-                1e15,
-                -2.5e-7,
-                123456789.125,
-                1e300
-            ])),
+            r(json!([1.0, 0.0001, 0.00001, 1e16, 1e15, -2.5e-7, 123456789.125, 1e300])),
             "[1.0, 0.0001, 1e-05, 1e+16, 1000000000000000.0, -2.5e-07, 123456789.125, 1e+300]"
         );
 
-        let t = ChatTemplate::new(
-            "{{ x | tojson(indent=2, sort_keys=true) }}|{{ x | tojson(ensure_ascii=true, separators=[',', ':']) }}",
-        )
-        .unwrap();
+        let t = ChatTemplate::new("{{ x | tojson(indent=2, sort_keys=true) }}|{{ x | tojson(ensure_ascii=true, separators=[',', ':']) }}")
+            .unwrap();
         let mut kw = Map::new();
         kw.insert("x".into(), json!({"z": "é🦀", "a": [1, {}]}));
         assert_eq!(
@@ -664,10 +546,7 @@ mod tests {
         .unwrap();
         let mut kw = Map::new();
         kw.insert("s".into(), json!("ab-mid-yz"));
-        assert_eq!(
-            t.render(&json!([]), None, false, &kw).unwrap(),
-            "True True mid ab-mid-yz x |  x| AB-MID-YZ"
-        );
+        assert_eq!(t.render(&json!([]), None, false, &kw).unwrap(), "True True mid ab-mid-yz x |  x| AB-MID-YZ");
     }
 
     #[test]
@@ -676,27 +555,15 @@ mod tests {
         let t = 1_709_211_909;
         assert_eq!(strftime_utc("%Y-%m-%d %H:%M:%S", t), "2024-02-29 13:05:09");
         assert_eq!(strftime_utc("%d %b %Y", t), "29 Feb 2024");
-        assert_eq!(
-            strftime_utc("%A %B %-d, %I%p %j %%", t),
-            "Thursday February 29, 01PM 060 %"
-        );
+        assert_eq!(strftime_utc("%A %B %-d, %I%p %j %%", t), "Thursday February 29, 01PM 060 %");
         assert_eq!(strftime_utc("%F %T", 0), "1970-01-01 00:00:00");
-        let out = ChatTemplate::new("{{ strftime_now('%Y') }}")
-            .unwrap()
-            .render(&json!([]), None, false, &Map::new())
-            .unwrap();
+        let out = ChatTemplate::new("{{ strftime_now('%Y') }}").unwrap().render(&json!([]), None, false, &Map::new()).unwrap();
         assert!(out.len() == 4 && out.starts_with('2'), "{out}");
     }
 
     #[test]
     fn trailing_newline_and_block_whitespace_follow_hf() {
-        let t = ChatTemplate::new(
-            "{% for m in messages %}\n    {% if m.role %}\n{{ m.role }}\n    {% endif %}\n{% endfor %}\n",
-        )
-        .unwrap();
-        assert_eq!(
-            render_simple(&t, json!([{"role": "a"}, {"role": "b"}])).unwrap(),
-            "a\nb\n"
-        );
+        let t = ChatTemplate::new("{% for m in messages %}\n    {% if m.role %}\n{{ m.role }}\n    {% endif %}\n{% endfor %}\n").unwrap();
+        assert_eq!(render_simple(&t, json!([{"role": "a"}, {"role": "b"}])).unwrap(), "a\nb\n");
     }
 }

@@ -27,31 +27,21 @@ pub struct IncrementalDecoder {
 /// The longest prefix of `a` that is also a prefix of `b`, cut at a char
 /// boundary of both.
 fn common_prefix_len(a: &str, b: &str) -> usize {
-    a.char_indices()
-        .zip(b.chars())
-        .find(|((_, ca), cb)| ca != cb)
-        .map(|((i, _), _)| i)
-        .unwrap_or_else(|| a.len().min(b.len()))
+    a.char_indices().zip(b.chars()).find(|((_, ca), cb)| ca != cb).map(|((i, _), _)| i).unwrap_or_else(|| a.len().min(b.len()))
 }
 
 impl IncrementalDecoder {
     /// `skip_special_tokens`: special tokens (e.g. `<|im_end|>`) produce no
     /// text.
     pub fn new(skip_special_tokens: bool) -> Self {
-        Self {
-            prefix_offset: 0,
-            read_offset: 0,
-            skip_special_tokens,
-        }
+        Self { prefix_offset: 0, read_offset: 0, skip_special_tokens }
     }
 
     fn decode(&self, tokenizer: &TextTokenizer, ids: &[u32]) -> String {
         if ids.is_empty() {
             return String::new();
         }
-        tokenizer
-            .decode(ids, self.skip_special_tokens)
-            .unwrap_or_default()
+        tokenizer.decode(ids, self.skip_special_tokens).unwrap_or_default()
     }
 
     /// Call after each new token is appended to `ids` (generated ids only,
@@ -63,11 +53,7 @@ impl IncrementalDecoder {
         let prefix_text = self.decode(tokenizer, &ids[self.prefix_offset..self.read_offset]);
         let new_text = self.decode(tokenizer, &ids[self.prefix_offset..]);
         if new_text.len() > prefix_text.len() && !new_text.ends_with('\u{FFFD}') {
-            let start = if new_text.starts_with(&prefix_text) {
-                prefix_text.len()
-            } else {
-                common_prefix_len(&new_text, &prefix_text)
-            };
+            let start = if new_text.starts_with(&prefix_text) { prefix_text.len() } else { common_prefix_len(&new_text, &prefix_text) };
             self.prefix_offset = self.read_offset;
             self.read_offset = ids.len();
             new_text[start..].to_string()
@@ -113,9 +99,7 @@ mod tests {
 
     /// GPT-2 byte-level alphabet: the token text of a single byte.
     fn byte_token(b: u8) -> String {
-        let printable = |b: u8| {
-            (b'!'..=b'~').contains(&b) || (0xA1..=0xAC).contains(&b) || (0xAE..=0xFF).contains(&b)
-        };
+        let printable = |b: u8| (b'!'..=b'~').contains(&b) || (0xA1..=0xAC).contains(&b) || (0xAE..=0xFF).contains(&b);
         if printable(b) {
             return char::from(b).to_string();
         }
@@ -137,11 +121,7 @@ mod tests {
         for s in SAMPLES {
             let ids = tok.encode(s, false).unwrap();
             let deltas = stream(&ids, true);
-            assert_eq!(
-                deltas.concat(),
-                tok.decode(&ids, true).unwrap(),
-                "sample {s:?}"
-            );
+            assert_eq!(deltas.concat(), tok.decode(&ids, true).unwrap(), "sample {s:?}");
             assert_eq!(deltas.concat(), *s);
             for d in &deltas {
                 assert!(!d.contains('\u{FFFD}'), "delta {d:?} of {s:?} has U+FFFD");
@@ -155,10 +135,7 @@ mod tests {
     fn split_emoji_emits_nothing_until_complete() {
         let tok = qwen3();
         // 🦀 = F0 9F A6 80, fed as four single-byte tokens.
-        let ids: Vec<u32> = "🦀"
-            .bytes()
-            .map(|b| tok.token_to_id(&byte_token(b)).expect("byte token"))
-            .collect();
+        let ids: Vec<u32> = "🦀".bytes().map(|b| tok.token_to_id(&byte_token(b)).expect("byte token")).collect();
         assert_eq!(ids.len(), 4);
         let mut dec = IncrementalDecoder::new(true);
         for n in 1..4 {
@@ -212,27 +189,19 @@ mod tests {
     #[test]
     fn special_tokens_produce_no_text_when_skipped() {
         let tok = qwen3();
-        let ids = tok
-            .encode("<think>\nhmm\n</think>\n\nHi there<|im_end|>", false)
-            .unwrap();
+        let ids = tok.encode("<think>\nhmm\n</think>\n\nHi there<|im_end|>", false).unwrap();
         assert_eq!(*ids.last().unwrap(), 151645);
         let deltas = stream(&ids, true);
         assert_eq!(deltas.concat(), "<think>\nhmm\n</think>\n\nHi there");
         assert_eq!(deltas[ids.len() - 1], "");
         let deltas = stream(&ids, false);
-        assert_eq!(
-            deltas.concat(),
-            "<think>\nhmm\n</think>\n\nHi there<|im_end|>"
-        );
+        assert_eq!(deltas.concat(), "<think>\nhmm\n</think>\n\nHi there<|im_end|>");
     }
 
     #[test]
     fn flush_releases_an_incomplete_tail() {
         let tok = qwen3();
-        let ids: Vec<u32> = [b'a', 0xF0, 0x9F]
-            .iter()
-            .map(|&b| tok.token_to_id(&byte_token(b)).unwrap())
-            .collect();
+        let ids: Vec<u32> = [b'a', 0xF0, 0x9F].iter().map(|&b| tok.token_to_id(&byte_token(b)).unwrap()).collect();
         let mut dec = IncrementalDecoder::new(true);
         assert_eq!(dec.step(tok, &ids[..1]), "a");
         assert_eq!(dec.step(tok, &ids[..2]), "");
@@ -249,11 +218,7 @@ mod tests {
         let mut dec = IncrementalDecoder::new(true);
         for n in 1..=ids.len() {
             dec.step(tok, &ids[..n]);
-            assert!(
-                n - dec.prefix_offset <= 2,
-                "window {} at {n}",
-                n - dec.prefix_offset
-            );
+            assert!(n - dec.prefix_offset <= 2, "window {} at {n}", n - dec.prefix_offset);
         }
     }
 }

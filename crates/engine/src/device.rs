@@ -25,19 +25,15 @@ pub fn select(flag: &str) -> Result<Device, EngineError> {
         "cuda" => open_cuda(0),
         f => match f.strip_prefix("cuda:").map(str::parse::<usize>) {
             Some(Ok(n)) => open_cuda(n),
-            _ => Err(err(format!(
-                "unknown device {f:?} (auto, cpu, cuda, cuda:N)"
-            ))),
+            _ => Err(err(format!("unknown device {f:?} (auto, cpu, cuda, cuda:N)"))),
         },
     }
 }
 
 #[cfg(feature = "cuda")]
 fn open_cuda(ordinal: usize) -> Result<Device, EngineError> {
-    let d = Device::new_cuda(ordinal)
-        .map_err(|e| EngineError::Load(format!("CUDA device {ordinal}: {e}")))?;
-    kvc_model_qwen3::cuda::prepare_device(&d)
-        .map_err(|e| EngineError::Load(format!("CUDA device {ordinal}: {e}")))?;
+    let d = Device::new_cuda(ordinal).map_err(|e| EngineError::Load(format!("CUDA device {ordinal}: {e}")))?;
+    kvc_model_qwen3::cuda::prepare_device(&d).map_err(|e| EngineError::Load(format!("CUDA device {ordinal}: {e}")))?;
     Ok(d)
 }
 
@@ -49,15 +45,10 @@ fn open_cuda(_ordinal: usize) -> Result<Device, EngineError> {
 /// Bytes for the KV pool on a GPU after the weights are loaded: the
 /// utilisation share of total memory, minus what is in use now, minus a
 /// reserve for a step's activations (`max_num_batched_tokens` tokens).
-pub fn gpu_kv_budget(
-    device: &Device,
-    utilization: f64,
-    max_batched_tokens: usize,
-) -> Result<usize, EngineError> {
+pub fn gpu_kv_budget(device: &Device, utilization: f64, max_batched_tokens: usize) -> Result<usize, EngineError> {
     #[cfg(feature = "cuda")]
     {
-        let (free, total) = kvc_model_qwen3::cuda::memory_info(device)
-            .map_err(|e| EngineError::Load(e.to_string()))?;
+        let (free, total) = kvc_model_qwen3::cuda::memory_info(device).map_err(|e| EngineError::Load(e.to_string()))?;
         let used = total - free;
         let reserve = (2usize << 30).max(max_batched_tokens * (256 << 10));
         let allowed = (total as f64 * utilization.clamp(0.05, 1.0)) as usize;
@@ -80,11 +71,7 @@ pub fn gpu_kv_budget(
 /// The KV pool: host memory on a CPU; on a GPU one zeroed allocation that
 /// a peer process can map (CUDA IPC), so that Mooncake's intra-node NVLink
 /// transport can write into it as well as its TCP transport.
-pub fn kv_pool(
-    layout: KvLayout,
-    num_blocks: usize,
-    device: &Device,
-) -> Result<KvPool, EngineError> {
+pub fn kv_pool(layout: KvLayout, num_blocks: usize, device: &Device) -> Result<KvPool, EngineError> {
     let load = |e: String| EngineError::Load(e);
     if device.is_cpu() {
         return KvPool::new(layout, num_blocks).map_err(|e| load(e.to_string()));
@@ -94,8 +81,7 @@ pub fn kv_pool(
         let n = layout.num_layers * num_blocks * layout.block_elems();
         let t = kvc_model_qwen3::cuda::zeros_shareable(device, n, layout.dtype)
             .map_err(|e| load(format!("KV pool of {num_blocks} blocks on {device:?}: {e}")))?;
-        let storage = KvStorage::from_device_tensor(layout, num_blocks, t)
-            .map_err(|e| load(e.to_string()))?;
+        let storage = KvStorage::from_device_tensor(layout, num_blocks, t).map_err(|e| load(e.to_string()))?;
         Ok(KvPool::with_storage(storage))
     }
     #[cfg(not(feature = "cuda"))]
@@ -115,11 +101,7 @@ pub fn kv_region(storage: &KvStorage) -> Option<MemoryRegion> {
         };
         let addr = kvc_model_qwen3::cuda::ptr(t).ok()?;
         let len = t.elem_count() * t.dtype().size_in_bytes();
-        return Some(MemoryRegion {
-            addr: addr as usize,
-            len,
-            location: kvc_kv_pool::MemoryLocation::Cuda(gpu_id),
-        });
+        return Some(MemoryRegion { addr: addr as usize, len, location: kvc_kv_pool::MemoryLocation::Cuda(gpu_id) });
     }
     None
 }

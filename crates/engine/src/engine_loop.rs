@@ -20,10 +20,7 @@ mod handoff;
 use crate::sampler::Sampler;
 use crate::stop::StopMatcher;
 use crate::tokenizer::TextTokenizer;
-use crate::{
-    EngineConfig, EngineError, EngineStats, FinishReason, GenerateRequest, Logprobs, MatchedStop,
-    StreamEvent, Usage,
-};
+use crate::{EngineConfig, EngineError, EngineStats, FinishReason, GenerateRequest, Logprobs, MatchedStop, StreamEvent, Usage};
 pub(crate) use handoff::Reserved;
 use handoff::{LeaseState, ReservationState, SNAPSHOT_RESERVATION_TTL};
 
@@ -86,11 +83,7 @@ pub(crate) enum SubmitKv {
     /// From a reservation: its first `computed` tokens have KV; with
     /// `first`, the prompt is complete and its first token was sampled by
     /// a peer.
-    Reserved {
-        id: u64,
-        computed: usize,
-        first: Option<(u32, Option<Logprobs>)>,
-    },
+    Reserved { id: u64, computed: usize, first: Option<(u32, Option<Logprobs>)> },
 }
 
 /// Per-request state the scheduler does not know about.
@@ -168,9 +161,7 @@ impl EngineLoop {
             max_model_len = max_model_len.min(m);
         }
         if config.max_num_seqs == 0 || config.max_num_batched_tokens == 0 {
-            return Err(EngineError::Load(
-                "--max-num-seqs and --max-num-batched-tokens must be at least 1".into(),
-            ));
+            return Err(EngineError::Load("--max-num-seqs and --max-num-batched-tokens must be at least 1".into()));
         }
         let scheduler = Scheduler::new(SchedulerConfig {
             max_num_seqs: config.max_num_seqs,
@@ -179,11 +170,8 @@ impl EngineLoop {
         });
         let KvPool { allocator, storage } = pool;
         // The host tier copies blocks through host memory: CPU pools only for now.
-        let host_blocks = if storage.device_tensor().is_some() {
-            0
-        } else {
-            config.swap_space_bytes / storage.layout().bytes_per_block().max(1)
-        };
+        let host_blocks =
+            if storage.device_tensor().is_some() { 0 } else { config.swap_space_bytes / storage.layout().bytes_per_block().max(1) };
         let cache = SessionAwareCache::new(
             CacheConfig {
                 block_size,
@@ -260,10 +248,8 @@ impl EngineLoop {
             }
             if self.last_expiry.elapsed() >= Duration::from_secs(1) {
                 self.last_expiry = Instant::now();
-                let expired = self.cache.expire(&mut self.allocator)
-                    + self
-                        .snapshots
-                        .expire_pending(SNAPSHOT_RESERVATION_TTL, &mut self.allocator);
+                let expired =
+                    self.cache.expire(&mut self.allocator) + self.snapshots.expire_pending(SNAPSHOT_RESERVATION_TTL, &mut self.allocator);
                 if expired > 0 {
                     self.publish();
                 }
@@ -295,12 +281,7 @@ impl EngineLoop {
     /// Returns false on shutdown.
     fn handle(&mut self, cmd: Command) -> bool {
         match cmd {
-            Command::Submit {
-                seq_id,
-                req,
-                tx,
-                kv,
-            } => {
+            Command::Submit { seq_id, req, tx, kv } => {
                 self.admit(seq_id, req, tx, kv);
                 true
             }
@@ -338,13 +319,7 @@ impl EngineLoop {
     }
 
     /// Takes a submitted request into the scheduler.
-    fn admit(
-        &mut self,
-        seq_id: u64,
-        req: GenerateRequest,
-        tx: mpsc::UnboundedSender<StreamEvent>,
-        kv: SubmitKv,
-    ) {
+    fn admit(&mut self, seq_id: u64, req: GenerateRequest, tx: mpsc::UnboundedSender<StreamEvent>, kv: SubmitKv) {
         let mut stop_token_ids = req.sampling.stop_token_ids.clone();
         if !req.sampling.ignore_eos {
             stop_token_ids.extend(self.eos_token_ids.iter().copied());
@@ -374,15 +349,9 @@ impl EngineLoop {
                 self.active.insert(seq_id, active);
                 self.scheduler.add(seq_id, req.prompt_tokens);
             }
-            SubmitKv::Reserved {
-                id,
-                computed,
-                first,
-            } => {
+            SubmitKv::Reserved { id, computed, first } => {
                 let Some(r) = self.reservations.remove(&id) else {
-                    let _ = active.tx.send(StreamEvent::Error(format!(
-                        "KV reservation {id} was released before use"
-                    )));
+                    let _ = active.tx.send(StreamEvent::Error(format!("KV reservation {id} was released before use")));
                     return;
                 };
                 active.turn_open = r.session.is_some();
@@ -391,13 +360,7 @@ impl EngineLoop {
                 active.restored_blocks = r.restored;
                 self.active.insert(seq_id, active);
                 let computed = computed.clamp(r.held, req.prompt_tokens.len());
-                self.scheduler.add_seeded(
-                    seq_id,
-                    req.prompt_tokens,
-                    r.blocks,
-                    computed,
-                    first.is_some(),
-                );
+                self.scheduler.add_seeded(seq_id, req.prompt_tokens, r.blocks, computed, first.is_some());
                 self.register_full_blocks(seq_id);
                 if let Some((token, logprobs)) = first {
                     if let Some(a) = self.active.get_mut(&seq_id) {
@@ -417,35 +380,22 @@ impl EngineLoop {
         let bs = self.storage.layout().block_size;
         let full = seq.num_computed / bs;
         for j in a.registered_blocks..full {
-            a.last_hash = Some(self.cache.register_block(
-                a.last_hash,
-                &seq.tokens[j * bs..(j + 1) * bs],
-                seq.block_table[j],
-                &mut self.allocator,
-            ));
+            a.last_hash =
+                Some(self.cache.register_block(a.last_hash, &seq.tokens[j * bs..(j + 1) * bs], seq.block_table[j], &mut self.allocator));
         }
         a.registered_blocks = a.registered_blocks.max(full);
     }
 
     fn cancel_disconnected(&mut self) {
-        let gone: Vec<SeqId> = self
-            .active
-            .iter()
-            .filter(|(_, a)| a.tx.is_closed())
-            .map(|(&id, _)| id)
-            .collect();
+        let gone: Vec<SeqId> = self.active.iter().filter(|(_, a)| a.tx.is_closed()).map(|(&id, _)| id).collect();
         for id in gone {
             self.finish(id, FinishReason::Abort, None);
         }
     }
 
     fn step(&mut self) {
-        let mut hooks = CacheHooks {
-            cache: &mut self.cache,
-            storage: &mut self.storage,
-            active: &mut self.active,
-            snapshots: &mut self.snapshots,
-        };
+        let mut hooks =
+            CacheHooks { cache: &mut self.cache, storage: &mut self.storage, active: &mut self.active, snapshots: &mut self.snapshots };
         let plan = self.scheduler.schedule(&mut self.allocator, &mut hooks);
         self.local.preemptions += plan.preempted.len() as u64;
         for id in plan.unfittable {
@@ -476,13 +426,8 @@ impl EngineLoop {
         for c in &plan.chunks {
             self.scheduler.mark_computed(c.seq_id, c.len);
             self.register_full_blocks(c.seq_id);
-            let seq_prompt = self
-                .scheduler
-                .get(c.seq_id)
-                .map(|s| s.prompt_len)
-                .unwrap_or(0);
-            self.local.prompt_tokens_computed +=
-                c.len.min(seq_prompt.saturating_sub(c.start)) as u64;
+            let seq_prompt = self.scheduler.get(c.seq_id).map(|s| s.prompt_len).unwrap_or(0);
+            self.local.prompt_tokens_computed += c.len.min(seq_prompt.saturating_sub(c.start)) as u64;
             if c.sample {
                 self.on_token(c.seq_id, &logits[row]);
                 row += 1;
@@ -500,30 +445,16 @@ impl EngineLoop {
         }
         let rate = tokens as f64 / took.as_secs_f64();
         let r = &mut self.local.prefill_tokens_per_s;
-        *r = if *r == 0.0 {
-            rate
-        } else {
-            0.8 * *r + 0.2 * rate
-        };
+        *r = if *r == 0.0 { rate } else { 0.8 * *r + 0.2 * rate };
     }
 
     fn forward(&mut self, chunks: &[ScheduledChunk]) -> Result<Vec<Vec<f32>>, EngineError> {
         let mut batch = BatchInput::default();
         for c in chunks {
-            let seq = self
-                .scheduler
-                .get(c.seq_id)
-                .expect("scheduled sequence exists");
+            let seq = self.scheduler.get(c.seq_id).expect("scheduled sequence exists");
             let start = batch.tokens.len();
-            batch
-                .tokens
-                .extend_from_slice(&seq.tokens[c.start..c.start + c.len]);
-            batch.seqs.push(SeqChunk {
-                start,
-                len: c.len,
-                context_len: c.start + c.len,
-                block_table: &seq.block_table,
-            });
+            batch.tokens.extend_from_slice(&seq.tokens[c.start..c.start + c.len]);
+            batch.seqs.push(SeqChunk { start, len: c.len, context_len: c.start + c.len, block_table: &seq.block_table });
             if c.sample {
                 batch.logits_rows.push(start + c.len - 1);
             }
@@ -531,15 +462,10 @@ impl EngineLoop {
         if batch.logits_rows.is_empty() {
             // Only mid-prompt chunks: run for the KV, ask for one row anyway.
             batch.logits_rows.push(batch.tokens.len() - 1);
-            self.model
-                .forward(&batch, &mut self.storage)
-                .map_err(|e| EngineError::Model(e.to_string()))?;
+            self.model.forward(&batch, &mut self.storage).map_err(|e| EngineError::Model(e.to_string()))?;
             return Ok(Vec::new());
         }
-        let logits = self
-            .model
-            .forward(&batch, &mut self.storage)
-            .map_err(|e| EngineError::Model(e.to_string()))?;
+        let logits = self.model.forward(&batch, &mut self.storage).map_err(|e| EngineError::Model(e.to_string()))?;
         Ok(logits.to_vec2::<f32>()?)
     }
 
@@ -568,43 +494,25 @@ impl EngineLoop {
 
         if a.stop_token_ids.contains(&token) {
             // The stop token itself produces no text.
-            let _ = a.tx.send(StreamEvent::Token {
-                token_id: token,
-                text: String::new(),
-                logprobs,
-            });
+            let _ = a.tx.send(StreamEvent::Token { token_id: token, text: String::new(), logprobs });
             self.finish(id, FinishReason::Stop, Some(MatchedStop::TokenId(token)));
             return;
         }
         let delta = a.decoder.step(&self.tokenizer, generated);
         let outcome = a.stop.push(&delta);
-        let _ = a.tx.send(StreamEvent::Token {
-            token_id: token,
-            text: outcome.emit,
-            logprobs,
-        });
+        let _ = a.tx.send(StreamEvent::Token { token_id: token, text: outcome.emit, logprobs });
         if let Some(s) = outcome.matched {
             self.finish(id, FinishReason::Stop, Some(MatchedStop::Text(s)));
-        } else if generated.len() >= a.sampler.params().max_tokens
-            || total_len >= self.max_model_len
-        {
+        } else if generated.len() >= a.sampler.params().max_tokens || total_len >= self.max_model_len {
             self.finish(id, FinishReason::Length, None);
         }
     }
 
     /// Sends the final event and frees the sequence's blocks.
     fn finish(&mut self, id: SeqId, reason: FinishReason, matched_stop: Option<MatchedStop>) {
-        let completion_tokens = self
-            .scheduler
-            .get(id)
-            .map(|s| s.num_generated())
-            .unwrap_or(0);
+        let completion_tokens = self.scheduler.get(id).map(|s| s.num_generated()).unwrap_or(0);
         self.close_turn(id, reason != FinishReason::Abort);
-        let export = if reason != FinishReason::Abort {
-            self.export_prompt(id)
-        } else {
-            None
-        };
+        let export = if reason != FinishReason::Abort { self.export_prompt(id) } else { None };
         if let Some(mut a) = self.active.remove(&id) {
             let text = match (&matched_stop, self.scheduler.get(id)) {
                 (None, Some(seq)) => {
@@ -627,13 +535,7 @@ impl EngineLoop {
                 restored_blocks: a.restored_blocks,
                 ..Default::default()
             };
-            let _ = a.tx.send(StreamEvent::Finished {
-                reason,
-                text,
-                matched_stop,
-                usage,
-                export,
-            });
+            let _ = a.tx.send(StreamEvent::Finished { reason, text, matched_stop, usage, export });
         }
         self.scheduler.remove(id, &mut self.allocator);
     }
@@ -656,8 +558,7 @@ impl EngineLoop {
                 }
                 let tokens = seq.tokens[..seq.num_computed].to_vec();
                 let blocks = seq.block_table.clone();
-                self.cache
-                    .commit(&session, &tokens, &blocks, &mut self.allocator);
+                self.cache.commit(&session, &tokens, &blocks, &mut self.allocator);
                 self.maybe_push_snapshot(&session, &tokens, &blocks);
             }
             _ if was_open => self.cache.abandon(&session),
@@ -680,13 +581,7 @@ impl EngineLoop {
         self.local.cached_blocks = self.cache.indexed_blocks();
         self.local.host_free_blocks = self.cache.host_free_blocks();
         self.local.cache = self.cache.stats.clone();
-        self.local.sessions = Arc::new(
-            self.cache
-                .sessions()
-                .into_iter()
-                .map(|s| (s.id.clone(), s))
-                .collect(),
-        );
+        self.local.sessions = Arc::new(self.cache.sessions().into_iter().map(|s| (s.id.clone(), s)).collect());
         if !self.leases.is_empty() {
             let sessions = self.local.sessions.clone();
             self.revoke_leases_of(|s| !sessions.contains_key(s));
@@ -716,29 +611,15 @@ impl SchedulerHooks for CacheHooks<'_> {
         self.cache.reclaim(n, alloc, self.storage);
     }
 
-    fn acquire(
-        &mut self,
-        seq: &Sequence,
-        alloc: &mut BlockAllocator,
-    ) -> Option<(Vec<BlockId>, usize)> {
+    fn acquire(&mut self, seq: &Sequence, alloc: &mut BlockAllocator) -> Option<(Vec<BlockId>, usize)> {
         let a = self.active.get_mut(&seq.id)?;
-        let session = if a.turn_open {
-            None
-        } else {
-            a.session_id.clone()
-        };
-        let mut got = self
-            .cache
-            .acquire(session.as_deref(), &seq.tokens, alloc, self.storage);
+        let session = if a.turn_open { None } else { a.session_id.clone() };
+        let mut got = self.cache.acquire(session.as_deref(), &seq.tokens, alloc, self.storage);
         a.turn_open |= session.is_some();
         a.reuse_reason = got.source.as_str();
         // A prefill worker's request for a session: its snapshot, when it
         // covers more than the prefix cache (prefill bypass).
-        if let Some(s) = a
-            .snapshot_session
-            .as_deref()
-            .filter(|_| self.snapshots.capacity() > 0)
-        {
+        if let Some(s) = a.snapshot_session.as_deref().filter(|_| self.snapshots.capacity() > 0) {
             match self.snapshots.lookup(s, &seq.tokens, alloc) {
                 // Ties go to the snapshot: the same KV, and the session's own.
                 Some((blocks, tokens)) if tokens >= got.tokens => {

@@ -9,12 +9,7 @@ pub enum EngineError {
     #[error("{message}")]
     InvalidParam { param: String, message: String },
     #[error("This model's maximum context length is {max_model_len} tokens. However, you requested {requested} tokens ({prompt_tokens} in the prompt, {max_tokens} for the completion). Please reduce the length of the prompt or the completion.")]
-    PromptTooLong {
-        prompt_tokens: usize,
-        max_tokens: usize,
-        requested: usize,
-        max_model_len: usize,
-    },
+    PromptTooLong { prompt_tokens: usize, max_tokens: usize, requested: usize, max_model_len: usize },
     #[error("token id {token} is out of range: the model's vocabulary has {vocab_size} tokens")]
     TokenOutOfRange { token: u32, vocab_size: usize },
     #[error("the prompt is empty")]
@@ -56,9 +51,7 @@ impl EngineError {
     pub fn param(&self) -> Option<&str> {
         match self {
             EngineError::InvalidParam { param, .. } => Some(param),
-            EngineError::PromptTooLong { .. }
-            | EngineError::TokenOutOfRange { .. }
-            | EngineError::EmptyPrompt => Some("messages"),
+            EngineError::PromptTooLong { .. } | EngineError::TokenOutOfRange { .. } | EngineError::EmptyPrompt => Some("messages"),
             _ => None,
         }
     }

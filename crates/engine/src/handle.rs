@@ -144,10 +144,7 @@ impl EngineHandle {
             max_model_len: engine_loop.max_model_len(),
             vocab_size: loaded.vocab_size,
             eos_token_ids: loaded.eos_token_ids,
-            created: std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_secs())
-                .unwrap_or(0),
+            created: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
             block_size: engine_loop.block_size(),
             num_kv_blocks: engine_loop.num_blocks(),
             max_num_seqs: config.max_num_seqs,
@@ -187,11 +184,7 @@ impl EngineHandle {
 
     /// False once the step loop has exited (shutdown or a panic).
     pub fn is_alive(&self) -> bool {
-        self.inner
-            .thread
-            .lock()
-            .map(|t| t.as_ref().is_some_and(|t| !t.is_finished()))
-            .unwrap_or(false)
+        self.inner.thread.lock().map(|t| t.as_ref().is_some_and(|t| !t.is_finished())).unwrap_or(false)
     }
 
     pub fn stats(&self) -> EngineStats {
@@ -206,32 +199,20 @@ impl EngineHandle {
     /// The admission probe, answered from the latest snapshot.
     pub fn admission(&self, q: &crate::AdmissionQuery) -> crate::AdmissionDecision {
         let i = &self.inner.info;
-        crate::decide_admission(
-            &self.snapshot(),
-            q,
-            i.block_size,
-            i.max_model_len,
-            i.max_num_seqs,
-        )
+        crate::decide_admission(&self.snapshot(), q, i.block_size, i.max_model_len, i.max_num_seqs)
     }
 
     /// Deletes a session and frees its KV; false if it did not exist.
     pub async fn delete_session(&self, id: &str) -> Result<bool, EngineError> {
         let (tx, rx) = tokio::sync::oneshot::channel();
-        self.inner
-            .commands
-            .send(Command::DeleteSession(id.to_string(), tx))
-            .map_err(|_| EngineError::ShuttingDown)?;
+        self.inner.commands.send(Command::DeleteSession(id.to_string(), tx)).map_err(|_| EngineError::ShuttingDown)?;
         rx.await.map_err(|_| EngineError::ShuttingDown)
     }
 
     /// Drops every prefix-cache block that nothing else uses; returns how many.
     pub async fn reset_prefix_cache(&self) -> Result<usize, EngineError> {
         let (tx, rx) = tokio::sync::oneshot::channel();
-        self.inner
-            .commands
-            .send(Command::ResetPrefixCache(tx))
-            .map_err(|_| EngineError::ShuttingDown)?;
+        self.inner.commands.send(Command::ResetPrefixCache(tx)).map_err(|_| EngineError::ShuttingDown)?;
         rx.await.map_err(|_| EngineError::ShuttingDown)
     }
 
@@ -259,11 +240,7 @@ impl EngineHandle {
         computed: usize,
         first: Option<(u32, Option<Logprobs>)>,
     ) -> Result<RequestStream, EngineError> {
-        let kv = SubmitKv::Reserved {
-            id: reservation.id,
-            computed,
-            first,
-        };
+        let kv = SubmitKv::Reserved { id: reservation.id, computed, first };
         let stream = self.submit_kv(req, kv)?;
         // The loop owns the reservation now.
         reservation.release.disarm();
@@ -273,28 +250,15 @@ impl EngineHandle {
     /// Reserves blocks for `prompt` (decode worker): the ones the caches
     /// hold for it and fresh ones for the rest (evicting cached KV if
     /// needed). Dropping the reservation unsubmitted gives them back.
-    pub async fn reserve(
-        &self,
-        session_id: Option<&str>,
-        prompt: &[u32],
-    ) -> Result<Reservation, EngineError> {
+    pub async fn reserve(&self, session_id: Option<&str>, prompt: &[u32]) -> Result<Reservation, EngineError> {
         self.check_prompt(prompt, 1)?;
         let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = tokio::sync::oneshot::channel();
-        let cmd = Command::Reserve {
-            id,
-            session: session_id.map(str::to_string),
-            prompt: prompt.to_vec(),
-            reply: tx,
-        };
-        self.inner
-            .commands
-            .send(cmd)
-            .map_err(|_| EngineError::ShuttingDown)?;
+        let cmd = Command::Reserve { id, session: session_id.map(str::to_string), prompt: prompt.to_vec(), reply: tx };
+        self.inner.commands.send(cmd).map_err(|_| EngineError::ShuttingDown)?;
         // Armed before the answer: a reservation the caller never sees
         // (dropped future) is released too.
-        let release =
-            ReleaseOnDrop::new(self.inner.commands.clone(), Command::ReleaseReservation(id));
+        let release = ReleaseOnDrop::new(self.inner.commands.clone(), Command::ReleaseReservation(id));
         let r = rx.await.map_err(|_| EngineError::ShuttingDown)??;
         Ok(Reservation {
             id,
@@ -314,29 +278,15 @@ impl EngineHandle {
 
     /// Decode worker: a snapshot push of `session` ended.
     pub fn snapshot_pushed(&self, session: &str, ok: bool) {
-        let _ = self.inner.commands.send(Command::SnapshotPushed {
-            session: session.to_string(),
-            ok,
-        });
+        let _ = self.inner.commands.send(Command::SnapshotPushed { session: session.to_string(), ok });
     }
 
     /// Prefill worker: sets snapshot-store blocks aside for a push of
     /// `tokens` (whole blocks) of `session`.
-    pub async fn snapshot_reserve(
-        &self,
-        session: &str,
-        tokens: Vec<u32>,
-    ) -> Result<SnapshotSlot, EngineError> {
+    pub async fn snapshot_reserve(&self, session: &str, tokens: Vec<u32>) -> Result<SnapshotSlot, EngineError> {
         let (tx, rx) = tokio::sync::oneshot::channel();
-        let cmd = Command::SnapshotReserve {
-            session: session.to_string(),
-            tokens,
-            reply: tx,
-        };
-        self.inner
-            .commands
-            .send(cmd)
-            .map_err(|_| EngineError::ShuttingDown)?;
+        let cmd = Command::SnapshotReserve { session: session.to_string(), tokens, reply: tx };
+        self.inner.commands.send(cmd).map_err(|_| EngineError::ShuttingDown)?;
         rx.await.map_err(|_| EngineError::ShuttingDown)?
     }
 
@@ -344,22 +294,13 @@ impl EngineHandle {
     /// tokens the session's snapshot covers now.
     pub async fn snapshot_commit(&self, reservation: u64) -> Result<usize, EngineError> {
         let (tx, rx) = tokio::sync::oneshot::channel();
-        self.inner
-            .commands
-            .send(Command::SnapshotCommit {
-                reservation,
-                reply: tx,
-            })
-            .map_err(|_| EngineError::ShuttingDown)?;
+        self.inner.commands.send(Command::SnapshotCommit { reservation, reply: tx }).map_err(|_| EngineError::ShuttingDown)?;
         rx.await.map_err(|_| EngineError::ShuttingDown)?
     }
 
     /// Prefill worker: gives a push's blocks back.
     pub fn snapshot_abort(&self, reservation: u64) {
-        let _ = self
-            .inner
-            .commands
-            .send(Command::SnapshotAbort(reservation));
+        let _ = self.inner.commands.send(Command::SnapshotAbort(reservation));
     }
 
     fn check_prompt(&self, prompt: &[u32], max_tokens: usize) -> Result<(), EngineError> {
@@ -368,20 +309,12 @@ impl EngineHandle {
         }
         let vocab = self.inner.info.vocab_size;
         if let Some(&t) = prompt.iter().find(|&&t| t as usize >= vocab) {
-            return Err(EngineError::TokenOutOfRange {
-                token: t,
-                vocab_size: vocab,
-            });
+            return Err(EngineError::TokenOutOfRange { token: t, vocab_size: vocab });
         }
         let max = self.inner.info.max_model_len;
         let requested = prompt.len().saturating_add(max_tokens);
         if prompt.len() >= max || requested > max {
-            return Err(EngineError::PromptTooLong {
-                prompt_tokens: prompt.len(),
-                max_tokens,
-                requested,
-                max_model_len: max,
-            });
+            return Err(EngineError::PromptTooLong { prompt_tokens: prompt.len(), max_tokens, requested, max_model_len: max });
         }
         Ok(())
     }
@@ -391,21 +324,7 @@ impl EngineHandle {
         self.check_prompt(&req.prompt_tokens, req.sampling.max_tokens)?;
         let seq_id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::unbounded_channel();
-        self.inner
-            .commands
-            .send(Command::Submit {
-                seq_id,
-                req,
-                tx,
-                kv,
-            })
-            .map_err(|_| EngineError::ShuttingDown)?;
-        Ok(RequestStream {
-            rx,
-            cancel: CancelGuard {
-                seq_id,
-                commands: self.inner.commands.clone(),
-            },
-        })
+        self.inner.commands.send(Command::Submit { seq_id, req, tx, kv }).map_err(|_| EngineError::ShuttingDown)?;
+        Ok(RequestStream { rx, cancel: CancelGuard { seq_id, commands: self.inner.commands.clone() } })
     }
 }

@@ -51,9 +51,7 @@ pub(crate) struct ReleaseOnDrop {
 
 impl ReleaseOnDrop {
     pub(crate) fn new(commands: std_mpsc::Sender<Command>, command: Command) -> Self {
-        Self {
-            command: Some((commands, command)),
-        }
+        Self { command: Some((commands, command)) }
     }
 
     pub(crate) fn disarm(&mut self) {
@@ -84,21 +82,9 @@ struct LeaseInner {
 }
 
 impl KvLease {
-    pub(crate) fn new(
-        id: u64,
-        blocks: Vec<BlockId>,
-        revoked: Arc<AtomicBool>,
-        commands: std_mpsc::Sender<Command>,
-    ) -> Self {
+    pub(crate) fn new(id: u64, blocks: Vec<BlockId>, revoked: Arc<AtomicBool>, commands: std_mpsc::Sender<Command>) -> Self {
         let release = ReleaseOnDrop::new(commands, Command::ReleaseLease(id));
-        Self {
-            inner: Arc::new(LeaseInner {
-                id,
-                blocks,
-                revoked,
-                _release: release,
-            }),
-        }
+        Self { inner: Arc::new(LeaseInner { id, blocks, revoked, _release: release }) }
     }
 
     pub fn id(&self) -> u64 {

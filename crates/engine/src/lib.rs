@@ -27,7 +27,4 @@ pub use error::EngineError;
 pub use handle::{CancelGuard, EngineHandle, EngineStats, ModelInfo};
 pub use kv_handoff::{KvLease, Reservation, SnapshotJob, SnapshotSlot};
 pub use kvc_session_cache::{CacheStats, SessionInfo, SnapshotInfo, SnapshotStats, Tier};
-pub use request::{
-    FinishReason, GenerateRequest, Logprobs, MatchedStop, RequestStream, SamplingParams,
-    StreamEvent, TokenLogprob, Usage,
-};
+pub use request::{FinishReason, GenerateRequest, Logprobs, MatchedStop, RequestStream, SamplingParams, StreamEvent, TokenLogprob, Usage};

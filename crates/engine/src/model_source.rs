@@ -71,26 +71,13 @@ fn resolve_hub_id(id: &str) -> Result<PathBuf, EngineError> {
 
 /// Compute dtype: the flag, else f32 on a CPU (candle's CPU half-precision
 /// matmuls are slow) and bf16 on a GPU (the CUDA path's kernels are bf16).
-fn compute_dtype(
-    flag: Option<&str>,
-    config: &Qwen3Config,
-    device: &Device,
-) -> Result<DType, EngineError> {
+fn compute_dtype(flag: Option<&str>, config: &Qwen3Config, device: &Device) -> Result<DType, EngineError> {
     if let Some(f) = flag.filter(|f| *f != "auto") {
         return parse_dtype(f).map_err(load_err);
     }
     // The checkpoint's dtype must still be one kvc reads.
-    config
-        .dtype
-        .as_deref()
-        .map(parse_dtype)
-        .transpose()
-        .map_err(load_err)?;
-    Ok(if device.is_cpu() {
-        DType::F32
-    } else {
-        DType::BF16
-    })
+    config.dtype.as_deref().map(parse_dtype).transpose().map_err(load_err)?;
+    Ok(if device.is_cpu() { DType::F32 } else { DType::BF16 })
 }
 
 pub(crate) fn load(config: &EngineConfig) -> Result<Loaded, EngineError> {
@@ -107,20 +94,14 @@ pub(crate) fn load(config: &EngineConfig) -> Result<Loaded, EngineError> {
     let model_config = Qwen3Config::from_json(&config_text).map_err(load_err)?;
     let dtype = compute_dtype(config.dtype.as_deref(), &model_config, &device)?;
     let model = match (&dir, config.load_format) {
-        (Some(d), LoadFormat::Auto) => {
-            Qwen3Model::load(d, Some(dtype), &device).map_err(load_err)?
-        }
-        _ => Qwen3Model::dummy(model_config.clone(), config.seed, dtype, &device)
-            .map_err(load_err)?,
+        (Some(d), LoadFormat::Auto) => Qwen3Model::load(d, Some(dtype), &device).map_err(load_err)?,
+        _ => Qwen3Model::dummy(model_config.clone(), config.seed, dtype, &device).map_err(load_err)?,
     };
     let tokenizer = match &dir {
         None => TextTokenizer::embedded_qwen3()?,
         Some(d) => TextTokenizer::from_dir(d)?,
     };
-    let template = tokenizer
-        .chat_template_source()
-        .map(ChatTemplate::new)
-        .transpose()?;
+    let template = tokenizer.chat_template_source().map(ChatTemplate::new).transpose()?;
     let mut eos_token_ids = tokenizer.eos_token_ids();
     for id in &model_config.eos_token_ids {
         if !eos_token_ids.contains(id) {
@@ -132,11 +113,7 @@ pub(crate) fn load(config: &EngineConfig) -> Result<Loaded, EngineError> {
         Some(n) => n,
         None if device.is_cpu() => KvPool::blocks_for_budget(&layout, config.kv_cache_memory_bytes),
         None => {
-            let budget = crate::device::gpu_kv_budget(
-                &device,
-                config.gpu_memory_utilization,
-                config.max_num_batched_tokens,
-            )?;
+            let budget = crate::device::gpu_kv_budget(&device, config.gpu_memory_utilization, config.max_num_batched_tokens)?;
             KvPool::blocks_for_budget(&layout, budget)
         }
     };

@@ -69,56 +69,24 @@ impl Default for SamplingParams {
 impl SamplingParams {
     /// Checks ranges; the error names the offending parameter.
     pub fn validate(&self) -> Result<(), crate::EngineError> {
-        let bad = |param: &str, msg: String| {
-            Err(crate::EngineError::InvalidParam {
-                param: param.to_string(),
-                message: msg,
-            })
-        };
+        let bad = |param: &str, msg: String| Err(crate::EngineError::InvalidParam { param: param.to_string(), message: msg });
         if !(self.temperature >= 0.0) || !self.temperature.is_finite() {
-            return bad(
-                "temperature",
-                format!("temperature must be >= 0, got {}", self.temperature),
-            );
+            return bad("temperature", format!("temperature must be >= 0, got {}", self.temperature));
         }
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
-            return bad(
-                "top_p",
-                format!("top_p must be in (0, 1], got {}", self.top_p),
-            );
+            return bad("top_p", format!("top_p must be in (0, 1], got {}", self.top_p));
         }
         if !(self.min_p >= 0.0 && self.min_p <= 1.0) {
-            return bad(
-                "min_p",
-                format!("min_p must be in [0, 1], got {}", self.min_p),
-            );
+            return bad("min_p", format!("min_p must be in [0, 1], got {}", self.min_p));
         }
         if !(self.frequency_penalty >= -2.0 && self.frequency_penalty <= 2.0) {
-            return bad(
-                "frequency_penalty",
-                format!(
-                    "frequency_penalty must be in [-2, 2], got {}",
-                    self.frequency_penalty
-                ),
-            );
+            return bad("frequency_penalty", format!("frequency_penalty must be in [-2, 2], got {}", self.frequency_penalty));
         }
         if !(self.presence_penalty >= -2.0 && self.presence_penalty <= 2.0) {
-            return bad(
-                "presence_penalty",
-                format!(
-                    "presence_penalty must be in [-2, 2], got {}",
-                    self.presence_penalty
-                ),
-            );
+            return bad("presence_penalty", format!("presence_penalty must be in [-2, 2], got {}", self.presence_penalty));
         }
         if !(self.repetition_penalty > 0.0 && self.repetition_penalty.is_finite()) {
-            return bad(
-                "repetition_penalty",
-                format!(
-                    "repetition_penalty must be > 0, got {}",
-                    self.repetition_penalty
-                ),
-            );
+            return bad("repetition_penalty", format!("repetition_penalty must be > 0, got {}", self.repetition_penalty));
         }
         if self.max_tokens == 0 {
             return bad("max_tokens", "max_tokens must be at least 1".to_string());

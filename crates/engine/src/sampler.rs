@@ -25,12 +25,7 @@ pub struct Sampler {
 impl Sampler {
     pub fn new(params: SamplingParams, default_seed: u64) -> Self {
         let seed = params.seed.unwrap_or(default_seed);
-        Self {
-            params,
-            seed,
-            step: 0,
-            counts: HashMap::new(),
-        }
+        Self { params, seed, step: 0, counts: HashMap::new() }
     }
 
     /// Records a token chosen elsewhere (by a prefill worker with the same
@@ -69,11 +64,7 @@ impl Sampler {
             for &t in context {
                 if seen.insert(t) {
                     if let Some(x) = l.get_mut(t as usize) {
-                        *x = if *x > 0.0 {
-                            *x / p.repetition_penalty
-                        } else {
-                            *x * p.repetition_penalty
-                        };
+                        *x = if *x > 0.0 { *x / p.repetition_penalty } else { *x * p.repetition_penalty };
                     }
                 }
             }
@@ -86,16 +77,9 @@ impl Sampler {
             }
         }
         let greedy = p.temperature == 0.0;
-        let token = if greedy {
-            argmax(&l)
-        } else {
-            self.draw(&mut l)
-        };
+        let token = if greedy { argmax(&l) } else { self.draw(&mut l) };
         self.observe(token);
-        let logprobs = self
-            .params
-            .logprobs
-            .map(|top| logprobs_of(logits, token, top));
+        let logprobs = self.params.logprobs.map(|top| logprobs_of(logits, token, top));
         (token, logprobs)
     }
 
@@ -104,12 +88,8 @@ impl Sampler {
         let inv_t = 1.0 / p.temperature;
         let max = l.iter().copied().fold(f32::NEG_INFINITY, f32::max);
         // Candidates sorted by probability, best first.
-        let mut cand: Vec<(u32, f32)> = l
-            .iter()
-            .enumerate()
-            .filter(|(_, &x)| x.is_finite())
-            .map(|(i, &x)| (i as u32, ((x - max) * inv_t).exp()))
-            .collect();
+        let mut cand: Vec<(u32, f32)> =
+            l.iter().enumerate().filter(|(_, &x)| x.is_finite()).map(|(i, &x)| (i as u32, ((x - max) * inv_t).exp())).collect();
         if cand.is_empty() {
             return argmax(l);
         }
@@ -160,29 +140,17 @@ fn argmax(l: &[f32]) -> u32 {
 pub fn logprobs_of(logits: &[f32], token: u32, top: usize) -> Logprobs {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let lse = max + logits.iter().map(|&x| (x - max).exp()).sum::<f32>().ln();
-    let lp = |t: u32| TokenLogprob {
-        token_id: t,
-        logprob: logits[t as usize] - lse,
-    };
+    let lp = |t: u32| TokenLogprob { token_id: t, logprob: logits[t as usize] - lse };
     let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
     let top = top.min(idx.len());
     if top > 0 {
-        idx.select_nth_unstable_by(top - 1, |&a, &b| {
-            logits[b as usize].total_cmp(&logits[a as usize])
-        });
+        idx.select_nth_unstable_by(top - 1, |&a, &b| logits[b as usize].total_cmp(&logits[a as usize]));
         idx.truncate(top);
-        idx.sort_by(|&a, &b| {
-            logits[b as usize]
-                .total_cmp(&logits[a as usize])
-                .then(a.cmp(&b))
-        });
+        idx.sort_by(|&a, &b| logits[b as usize].total_cmp(&logits[a as usize]).then(a.cmp(&b)));
     } else {
         idx.clear();
     }
-    Logprobs {
-        chosen: lp(token),
-        top: idx.into_iter().map(lp).collect(),
-    }
+    Logprobs { chosen: lp(token), top: idx.into_iter().map(lp).collect() }
 }
 
 #[cfg(test)]
@@ -190,10 +158,7 @@ mod tests {
     use super::*;
 
     fn params(f: impl FnOnce(&mut SamplingParams)) -> SamplingParams {
-        let mut p = SamplingParams {
-            max_tokens: 1,
-            ..Default::default()
-        };
+        let mut p = SamplingParams { max_tokens: 1, ..Default::default() };
         f(&mut p);
         p
     }
@@ -209,9 +174,7 @@ mod tests {
         let logits: Vec<f32> = (0..50).map(|i| (i as f32 * 0.37).sin()).collect();
         let run = |seed| {
             let mut s = Sampler::new(params(|p| p.seed = Some(seed)), 0);
-            (0..32)
-                .map(|_| s.sample(&logits, &[]).0)
-                .collect::<Vec<_>>()
+            (0..32).map(|_| s.sample(&logits, &[]).0).collect::<Vec<_>>()
         };
         assert_eq!(run(1), run(1));
         assert_ne!(run(1), run(2));
@@ -299,9 +262,6 @@ mod tests {
         let lp = logprobs_of(&l, 0, 2);
         let total: f32 = l.iter().map(|&x| (x - 1.0 + lp.chosen.logprob).exp()).sum();
         assert!((total - 1.0).abs() < 1e-5);
-        assert_eq!(
-            lp.top.iter().map(|t| t.token_id).collect::<Vec<_>>(),
-            vec![1, 2]
-        );
+        assert_eq!(lp.top.iter().map(|t| t.token_id).collect::<Vec<_>>(), vec![1, 2]);
     }
 }

@@ -38,12 +38,7 @@ impl StopMatcher {
         let mut seen = std::collections::HashSet::new();
         stops.retain(|s| seen.insert(s.clone()));
         let max_len = stops.iter().map(String::len).max().unwrap_or(0);
-        Self {
-            stops,
-            held: String::new(),
-            max_len,
-            finished: false,
-        }
+        Self { stops, held: String::new(), max_len, finished: false }
     }
 
     /// True once a stop string has matched.
@@ -59,16 +54,10 @@ impl StopMatcher {
     /// Feed the next text delta.
     pub fn push(&mut self, text: &str) -> StopOutcome {
         if self.finished {
-            return StopOutcome {
-                emit: String::new(),
-                matched: None,
-            };
+            return StopOutcome { emit: String::new(), matched: None };
         }
         if self.stops.is_empty() {
-            return StopOutcome {
-                emit: text.to_string(),
-                matched: None,
-            };
+            return StopOutcome { emit: text.to_string(), matched: None };
         }
         let mut buf = std::mem::take(&mut self.held);
         buf.push_str(text);
@@ -77,10 +66,7 @@ impl StopMatcher {
         let best = self
             .stops
             .iter()
-            .filter_map(|s| {
-                buf.find(s.as_str())
-                    .map(|start| (start + s.len(), start, s))
-            })
+            .filter_map(|s| buf.find(s.as_str()).map(|start| (start + s.len(), start, s)))
             .min_by_key(|&(end, start, _)| (end, start));
         if let Some((_, start, stop)) = best {
             let matched = Some(stop.clone());
@@ -98,10 +84,7 @@ impl StopMatcher {
             .find(|&i| self.stops.iter().any(|s| s.starts_with(&buf[i..])))
             .unwrap_or(buf.len());
         self.held = buf.split_off(hold_from);
-        StopOutcome {
-            emit: buf,
-            matched: None,
-        }
+        StopOutcome { emit: buf, matched: None }
     }
 
     /// Generation ended without a stop string: release what was held back.
@@ -157,59 +140,28 @@ mod tests {
     fn held_text_never_includes_a_possible_stop_prefix_too_early() {
         let mut m = matcher(&["</end>"]);
         let o = m.push("abc</e");
-        assert_eq!(
-            o,
-            StopOutcome {
-                emit: "abc".into(),
-                matched: None
-            }
-        );
+        assert_eq!(o, StopOutcome { emit: "abc".into(), matched: None });
         assert_eq!(m.held(), "</e");
         let o = m.push("nd>tail");
-        assert_eq!(
-            o,
-            StopOutcome {
-                emit: "".into(),
-                matched: Some("</end>".into())
-            }
-        );
+        assert_eq!(o, StopOutcome { emit: "".into(), matched: Some("</end>".into()) });
     }
 
     #[test]
     fn overlapping_stops_earliest_match_in_text_wins() {
-        for pieces in [
-            vec!["abc"],
-            vec!["a", "b", "c"],
-            vec!["ab", "c"],
-            vec!["a", "bc"],
-        ] {
+        for pieces in [vec!["abc"], vec!["a", "b", "c"], vec!["ab", "c"], vec!["a", "bc"]] {
             let mut m = matcher(&["bc", "ab"]);
             let (out, matched) = run(&mut m, &pieces);
-            assert_eq!(
-                (out.as_str(), matched.as_deref()),
-                ("", Some("ab")),
-                "{pieces:?}"
-            );
+            assert_eq!((out.as_str(), matched.as_deref()), ("", Some("ab")), "{pieces:?}");
         }
         // The stop that completes first wins, however the text is chunked.
         for pieces in [vec!["xabcd"], vec!["x", "a", "b", "c", "d"]] {
             let mut m = matcher(&["abcd", "b"]);
             let (out, matched) = run(&mut m, &pieces);
-            assert_eq!(
-                (out.as_str(), matched.as_deref()),
-                ("xa", Some("b")),
-                "{pieces:?}"
-            );
+            assert_eq!((out.as_str(), matched.as_deref()), ("xa", Some("b")), "{pieces:?}");
         }
         // Same end: the longer (earlier-starting) one.
         let mut m = matcher(&["c", "abc"]);
-        assert_eq!(
-            m.push("zabcz"),
-            StopOutcome {
-                emit: "z".into(),
-                matched: Some("abc".into())
-            }
-        );
+        assert_eq!(m.push("zabcz"), StopOutcome { emit: "z".into(), matched: Some("abc".into()) });
     }
 
     #[test]
@@ -218,26 +170,14 @@ mod tests {
         assert_eq!(m.push("x <|st").emit, "x ");
         assert_eq!(m.held(), "<|st");
         let o = m.push("art|> y");
-        assert_eq!(
-            o,
-            StopOutcome {
-                emit: "<|start|> y".into(),
-                matched: None
-            }
-        );
+        assert_eq!(o, StopOutcome { emit: "<|start|> y".into(), matched: None });
         assert_eq!(m.held(), "");
         // A failed partial that contains the start of another partial keeps that part.
         let mut m = matcher(&["aab"]);
         assert_eq!(m.push("aa").emit, "");
         assert_eq!(m.push("a").emit, "a");
         assert_eq!(m.held(), "aa");
-        assert_eq!(
-            m.push("b"),
-            StopOutcome {
-                emit: "".into(),
-                matched: Some("aab".into())
-            }
-        );
+        assert_eq!(m.push("b"), StopOutcome { emit: "".into(), matched: Some("aab".into()) });
         // Released at the end.
         let mut m = matcher(&["###"]);
         assert_eq!(run(&mut m, &["done ##"]), ("done ##".to_string(), None));
@@ -249,13 +189,7 @@ mod tests {
         let text = "好的，我会停一下，然后停止！之后";
         let pieces = chars(text);
         let refs: Vec<&str> = pieces.iter().map(String::as_str).collect();
-        assert_eq!(
-            run(&mut m, &refs),
-            (
-                "好的，我会停一下，然后".to_string(),
-                Some("停止！".to_string())
-            )
-        );
+        assert_eq!(run(&mut m, &refs), ("好的，我会停一下，然后".to_string(), Some("停止！".to_string())));
 
         let mut m = matcher(&["🛑x"]);
         assert_eq!(m.push("a🛑").emit, "a");
@@ -266,38 +200,20 @@ mod tests {
         // "é" (C3 A9) vs "è" (C3 A8); no byte-level partial hold.
         let mut m = matcher(&["éa"]);
         assert_eq!(m.push("è").emit, "è");
-        assert_eq!(
-            m.push("ééa"),
-            StopOutcome {
-                emit: "é".into(),
-                matched: Some("éa".into())
-            }
-        );
+        assert_eq!(m.push("ééa"), StopOutcome { emit: "é".into(), matched: Some("éa".into()) });
     }
 
     #[test]
     fn no_stops_pass_through_without_holding() {
         let mut m = matcher(&[]);
         for p in ["<", "|im", "_end", "|>", "🦀"] {
-            assert_eq!(
-                m.push(p),
-                StopOutcome {
-                    emit: p.into(),
-                    matched: None
-                }
-            );
+            assert_eq!(m.push(p), StopOutcome { emit: p.into(), matched: None });
             assert_eq!(m.held(), "");
         }
         assert_eq!(m.flush(), "");
         // Empty stop strings are ignored.
         let mut m = matcher(&["", ""]);
-        assert_eq!(
-            m.push("abc"),
-            StopOutcome {
-                emit: "abc".into(),
-                matched: None
-            }
-        );
+        assert_eq!(m.push("abc"), StopOutcome { emit: "abc".into(), matched: None });
         let mut m = matcher(&["", "z"]);
         assert_eq!(m.push("abc").emit, "abc");
     }
@@ -310,11 +226,7 @@ mod tests {
         for cut in 1..text.len() {
             let (a, b) = text.split_at(cut);
             let mut m = matcher(&stops);
-            assert_eq!(
-                run(&mut m, &[a, b]),
-                (expected.to_string(), Some("<END>".to_string())),
-                "cut {cut}"
-            );
+            assert_eq!(run(&mut m, &[a, b]), (expected.to_string(), Some("<END>".to_string())), "cut {cut}");
         }
     }
 }

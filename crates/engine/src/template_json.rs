@@ -35,12 +35,8 @@ pub(crate) fn tojson_filter(
         Some(v) => match v.as_str() {
             Some(s) => Some(s.to_string()),
             None => {
-                let n = i64::try_from(v).map_err(|_| {
-                    minijinja::Error::new(
-                        ErrorKind::InvalidOperation,
-                        "tojson: indent must be an integer or a string",
-                    )
-                })?;
+                let n = i64::try_from(v)
+                    .map_err(|_| minijinja::Error::new(ErrorKind::InvalidOperation, "tojson: indent must be an integer or a string"))?;
                 Some(" ".repeat(n.max(0) as usize))
             }
         },
@@ -52,44 +48,20 @@ pub(crate) fn tojson_filter(
                 .map(|p| p.as_str().map(str::to_string))
                 .collect::<Option<Vec<_>>>()
                 .filter(|p| p.len() == 2)
-                .ok_or_else(|| {
-                    minijinja::Error::new(
-                        ErrorKind::InvalidOperation,
-                        "tojson: separators must be two strings",
-                    )
-                })?;
+                .ok_or_else(|| minijinja::Error::new(ErrorKind::InvalidOperation, "tojson: separators must be two strings"))?;
             (parts[0].clone(), parts[1].clone())
         }
         // Python: (', ', ': ') without indent, (',', ': ') with it.
-        _ => (
-            if indent.is_some() {
-                ",".to_string()
-            } else {
-                ", ".to_string()
-            },
-            ": ".to_string(),
-        ),
+        _ => (if indent.is_some() { ",".to_string() } else { ", ".to_string() }, ": ".to_string()),
     };
-    let style = JsonStyle {
-        ensure_ascii,
-        indent,
-        item_sep,
-        key_sep,
-        sort_keys,
-    };
+    let style = JsonStyle { ensure_ascii, indent, item_sep, key_sep, sort_keys };
     let mut out = String::new();
     write_json(&mut out, value, &style, 0)?;
     Ok(minijinja::Value::from(out))
 }
 
 fn not_serializable(value: &minijinja::Value) -> minijinja::Error {
-    minijinja::Error::new(
-        ErrorKind::InvalidOperation,
-        format!(
-            "tojson: object of type {} is not JSON serializable",
-            value.kind()
-        ),
-    )
+    minijinja::Error::new(ErrorKind::InvalidOperation, format!("tojson: object of type {} is not JSON serializable", value.kind()))
 }
 
 fn write_newline_indent(out: &mut String, style: &JsonStyle, level: usize) {
@@ -101,12 +73,7 @@ fn write_newline_indent(out: &mut String, style: &JsonStyle, level: usize) {
     }
 }
 
-fn write_json(
-    out: &mut String,
-    value: &minijinja::Value,
-    style: &JsonStyle,
-    level: usize,
-) -> Result<(), minijinja::Error> {
+fn write_json(out: &mut String, value: &minijinja::Value, style: &JsonStyle, level: usize) -> Result<(), minijinja::Error> {
     match value.kind() {
         ValueKind::None => out.push_str("null"),
         ValueKind::Bool => out.push_str(if value.is_true() { "true" } else { "false" }),
@@ -118,9 +85,7 @@ fn write_json(
                 out.push_str(&py_float_repr(f));
             }
         }
-        ValueKind::String => {
-            write_json_str(out, value.as_str().unwrap_or_default(), style.ensure_ascii)
-        }
+        ValueKind::String => write_json_str(out, value.as_str().unwrap_or_default(), style.ensure_ascii),
         ValueKind::Seq | ValueKind::Iterable => {
             let items: Vec<minijinja::Value> = value.try_iter()?.collect();
             if items.is_empty() {
@@ -147,16 +112,11 @@ fn write_json(
                     ValueKind::None => "null".to_string(),
                     ValueKind::Bool => (if key.is_true() { "true" } else { "false" }).to_string(),
                     ValueKind::Number if key.is_integer() => key.to_string(),
-                    ValueKind::Number => py_float_repr(
-                        f64::try_from(key.clone()).map_err(|_| not_serializable(&key))?,
-                    ),
+                    ValueKind::Number => py_float_repr(f64::try_from(key.clone()).map_err(|_| not_serializable(&key))?),
                     _ => {
                         return Err(minijinja::Error::new(
                             ErrorKind::InvalidOperation,
-                            format!(
-                                "tojson: keys must be str, int, float, bool or None, not {}",
-                                key.kind()
-                            ),
+                            format!("tojson: keys must be str, int, float, bool or None, not {}", key.kind()),
                         ))
                     }
                 };
@@ -238,10 +198,7 @@ fn py_float_repr(f: f64) -> String {
             let (int_part, frac_part) = if digits.len() > point {
                 (digits[..point].to_string(), digits[point..].to_string())
             } else {
-                (
-                    format!("{digits}{}", "0".repeat(point - digits.len())),
-                    "0".to_string(),
-                )
+                (format!("{digits}{}", "0".repeat(point - digits.len())), "0".to_string())
             };
             format!("{sign}{int_part}.{frac_part}")
         } else {
@@ -249,11 +206,7 @@ fn py_float_repr(f: f64) -> String {
         }
     } else {
         let (first, rest) = digits.split_at(1);
-        let frac = if rest.is_empty() {
-            String::new()
-        } else {
-            format!(".{rest}")
-        };
+        let frac = if rest.is_empty() { String::new() } else { format!(".{rest}") };
         let esign = if exp < 0 { '-' } else { '+' };
         format!("{sign}{first}{frac}e{esign}{:02}", exp.abs())
     }

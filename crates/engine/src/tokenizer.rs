@@ -82,12 +82,7 @@ fn chat_template_from_config(v: Option<&Value>) -> Option<String> {
         Value::String(s) => Some(s.clone()),
         Value::Array(list) => list.iter().find_map(|entry| {
             (entry.get("name").and_then(Value::as_str) == Some("default"))
-                .then(|| {
-                    entry
-                        .get("template")
-                        .and_then(Value::as_str)
-                        .map(str::to_string)
-                })
+                .then(|| entry.get("template").and_then(Value::as_str).map(str::to_string))
                 .flatten()
         }),
         _ => None,
@@ -97,15 +92,8 @@ fn chat_template_from_config(v: Option<&Value>) -> Option<String> {
 /// `eos_token_id`: an int or a list of ints.
 fn eos_ids_from_generation_config(v: Option<&Value>) -> Vec<u32> {
     match v {
-        Some(Value::Number(n)) => n
-            .as_u64()
-            .and_then(|n| u32::try_from(n).ok())
-            .into_iter()
-            .collect(),
-        Some(Value::Array(list)) => list
-            .iter()
-            .filter_map(|n| n.as_u64().and_then(|n| u32::try_from(n).ok()))
-            .collect(),
+        Some(Value::Number(n)) => n.as_u64().and_then(|n| u32::try_from(n).ok()).into_iter().collect(),
+        Some(Value::Array(list)) => list.iter().filter_map(|n| n.as_u64().and_then(|n| u32::try_from(n).ok())).collect(),
         _ => Vec::new(),
     }
 }
@@ -116,17 +104,11 @@ impl TextTokenizer {
     /// model directory.
     pub fn from_dir(dir: &Path) -> Result<Self, EngineError> {
         let path = dir.join("tokenizer.json");
-        let inner = tokenizers::Tokenizer::from_file(&path)
-            .map_err(|e| tok_err(&path.display().to_string(), e))?;
+        let inner = tokenizers::Tokenizer::from_file(&path).map_err(|e| tok_err(&path.display().to_string(), e))?;
         let tokenizer_config = read_optional(&dir.join("tokenizer_config.json"))?;
         let chat_template_jinja = read_optional(&dir.join("chat_template.jinja"))?;
         let generation_config = read_optional(&dir.join("generation_config.json"))?;
-        Self::from_parts(
-            inner,
-            tokenizer_config.as_deref(),
-            chat_template_jinja,
-            generation_config.as_deref(),
-        )
+        Self::from_parts(inner, tokenizer_config.as_deref(), chat_template_jinja, generation_config.as_deref())
     }
 
     /// The real Qwen3 tokenizer shipped inside the binary (with its
@@ -137,14 +119,8 @@ impl TextTokenizer {
         flate2::read::GzDecoder::new(QWEN3_TOKENIZER_JSON_GZ)
             .read_to_end(&mut json)
             .map_err(|e| tok_err("embedded tokenizer.json.gz", e))?;
-        let inner = tokenizers::Tokenizer::from_bytes(&json)
-            .map_err(|e| tok_err("embedded tokenizer.json", e))?;
-        Self::from_parts(
-            inner,
-            Some(QWEN3_TOKENIZER_CONFIG),
-            None,
-            Some(QWEN3_GENERATION_CONFIG),
-        )
+        let inner = tokenizers::Tokenizer::from_bytes(&json).map_err(|e| tok_err("embedded tokenizer.json", e))?;
+        Self::from_parts(inner, Some(QWEN3_TOKENIZER_CONFIG), None, Some(QWEN3_GENERATION_CONFIG))
     }
 
     /// Builds from an already loaded tokenizer plus the contents of the
@@ -156,61 +132,36 @@ impl TextTokenizer {
         chat_template_jinja: Option<String>,
         generation_config: Option<&str>,
     ) -> Result<Self, EngineError> {
-        let tokenizer_config: Option<Value> = tokenizer_config
-            .map(serde_json::from_str)
-            .transpose()
-            .map_err(|e| tok_err("tokenizer_config.json", e))?;
-        let generation_config: Option<Value> = generation_config
-            .map(serde_json::from_str)
-            .transpose()
-            .map_err(|e| tok_err("generation_config.json", e))?;
+        let tokenizer_config: Option<Value> =
+            tokenizer_config.map(serde_json::from_str).transpose().map_err(|e| tok_err("tokenizer_config.json", e))?;
+        let generation_config: Option<Value> =
+            generation_config.map(serde_json::from_str).transpose().map_err(|e| tok_err("generation_config.json", e))?;
 
-        let special_ids: HashSet<u32> = inner
-            .get_added_tokens_decoder()
-            .into_iter()
-            .filter(|(_, tok)| tok.special)
-            .map(|(id, _)| id)
-            .collect();
+        let special_ids: HashSet<u32> =
+            inner.get_added_tokens_decoder().into_iter().filter(|(_, tok)| tok.special).map(|(id, _)| id).collect();
 
         let cfg = tokenizer_config.as_ref();
         let eos_token = token_string(cfg.and_then(|c| c.get("eos_token")));
         let bos_token = token_string(cfg.and_then(|c| c.get("bos_token")));
-        let chat_template = chat_template_jinja
-            .or_else(|| chat_template_from_config(cfg.and_then(|c| c.get("chat_template"))));
+        let chat_template = chat_template_jinja.or_else(|| chat_template_from_config(cfg.and_then(|c| c.get("chat_template"))));
 
-        let mut eos_ids = eos_ids_from_generation_config(
-            generation_config
-                .as_ref()
-                .and_then(|g| g.get("eos_token_id")),
-        );
+        let mut eos_ids = eos_ids_from_generation_config(generation_config.as_ref().and_then(|g| g.get("eos_token_id")));
         if let Some(id) = eos_token.as_deref().and_then(|t| inner.token_to_id(t)) {
             eos_ids.push(id);
         }
         let mut seen = HashSet::new();
         eos_ids.retain(|id| seen.insert(*id));
 
-        Ok(Self {
-            inner,
-            special_ids,
-            eos_ids,
-            bos_token,
-            eos_token,
-            chat_template,
-        })
+        Ok(Self { inner, special_ids, eos_ids, bos_token, eos_token, chat_template })
     }
 
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, EngineError> {
-        let enc = self
-            .inner
-            .encode(text, add_special_tokens)
-            .map_err(|e| EngineError::Tokenizer(e.to_string()))?;
+        let enc = self.inner.encode(text, add_special_tokens).map_err(|e| EngineError::Tokenizer(e.to_string()))?;
         Ok(enc.get_ids().to_vec())
     }
 
     pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, EngineError> {
-        self.inner
-            .decode(ids, skip_special_tokens)
-            .map_err(|e| EngineError::Tokenizer(e.to_string()))
+        self.inner.decode(ids, skip_special_tokens).map_err(|e| EngineError::Tokenizer(e.to_string()))
     }
 
     /// Number of ids the tokenizer knows (including added tokens).
@@ -337,12 +288,7 @@ mod tests {
     fn embedded_qwen3_encode_decode_round_trips() {
         let tok = qwen3();
         assert_eq!(tok.vocab_size(), 151669);
-        for s in [
-            "Hello, world!",
-            "fn main() {\n    println!(\"hi\");\n}",
-            "你好，世界 🦀",
-            "<think>\nx\n</think>",
-        ] {
+        for s in ["Hello, world!", "fn main() {\n    println!(\"hi\");\n}", "你好，世界 🦀", "<think>\nx\n</think>"] {
             let ids = tok.encode(s, false).unwrap();
             assert_eq!(tok.decode(&ids, false).unwrap(), s);
         }
@@ -366,10 +312,7 @@ mod tests {
     #[test]
     fn from_dir_eos_is_generation_config_then_tokenizer_config_deduplicated() {
         let dir = TempDir::new("eos");
-        dir.write(
-            "tokenizer_config.json",
-            r#"{"eos_token": {"content": "<eos>", "special": true}, "chat_template": "T"}"#,
-        );
+        dir.write("tokenizer_config.json", r#"{"eos_token": {"content": "<eos>", "special": true}, "chat_template": "T"}"#);
         dir.write("generation_config.json", r#"{"eos_token_id": [5, 3, 5]}"#);
         let tok = TextTokenizer::from_dir(&dir.0).unwrap();
         assert_eq!(tok.eos_token_ids(), vec![5, 3]);
@@ -396,10 +339,7 @@ mod tests {
     #[test]
     fn from_dir_chat_template_jinja_file_wins_over_config() {
         let dir = TempDir::new("jinja");
-        dir.write(
-            "tokenizer_config.json",
-            r#"{"chat_template": "FROM CONFIG"}"#,
-        );
+        dir.write("tokenizer_config.json", r#"{"chat_template": "FROM CONFIG"}"#);
         dir.write("chat_template.jinja", "FROM FILE");
         let tok = TextTokenizer::from_dir(&dir.0).unwrap();
         assert_eq!(tok.chat_template_source(), Some("FROM FILE"));
@@ -409,9 +349,6 @@ mod tests {
     fn from_dir_malformed_side_file_is_an_error() {
         let dir = TempDir::new("bad");
         dir.write("generation_config.json", "{not json");
-        assert!(matches!(
-            TextTokenizer::from_dir(&dir.0),
-            Err(EngineError::Tokenizer(_))
-        ));
+        assert!(matches!(TextTokenizer::from_dir(&dir.0), Err(EngineError::Tokenizer(_))));
     }
 }

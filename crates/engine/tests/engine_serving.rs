@@ -2,37 +2,21 @@
 //! chunking and preemption never change greedy output, and every block
 //! comes back.
 
-use kvc_engine::{
-    EngineConfig, EngineHandle, FinishReason, GenerateRequest, SamplingParams, StreamEvent,
-};
+use kvc_engine::{EngineConfig, EngineHandle, FinishReason, GenerateRequest, SamplingParams, StreamEvent};
 
 fn engine(f: impl FnOnce(&mut EngineConfig)) -> EngineHandle {
-    let mut c = EngineConfig {
-        num_kv_blocks: Some(512),
-        ..Default::default()
-    };
+    let mut c = EngineConfig { num_kv_blocks: Some(512), ..Default::default() };
     f(&mut c);
     EngineHandle::start(c).expect("engine starts")
 }
 
 fn greedy(max_tokens: usize) -> SamplingParams {
-    SamplingParams {
-        temperature: 0.0,
-        max_tokens,
-        ignore_eos: true,
-        ..Default::default()
-    }
+    SamplingParams { temperature: 0.0, max_tokens, ignore_eos: true, ..Default::default() }
 }
 
 /// Eight prompts of different lengths (not multiples of the block size).
 fn prompts() -> Vec<Vec<u32>> {
-    (0..8u32)
-        .map(|i| {
-            (0..(5 + 7 * i))
-                .map(|j| (1000 + 37 * i + 11 * j) % 150000)
-                .collect()
-        })
-        .collect()
+    (0..8u32).map(|i| (0..(5 + 7 * i)).map(|j| (1000 + 37 * i + 11 * j) % 150000).collect()).collect()
 }
 
 struct Output {
@@ -43,24 +27,14 @@ struct Output {
 }
 
 fn collect(mut s: kvc_engine::RequestStream) -> Output {
-    let mut out = Output {
-        tokens: vec![],
-        text: String::new(),
-        reason: FinishReason::Abort,
-        completion_tokens: 0,
-    };
+    let mut out = Output { tokens: vec![], text: String::new(), reason: FinishReason::Abort, completion_tokens: 0 };
     while let Some(ev) = s.blocking_recv() {
         match ev {
             StreamEvent::Token { token_id, text, .. } => {
                 out.tokens.push(token_id);
                 out.text.push_str(&text);
             }
-            StreamEvent::Finished {
-                reason,
-                text,
-                usage,
-                ..
-            } => {
+            StreamEvent::Finished { reason, text, usage, .. } => {
                 out.text.push_str(&text);
                 out.reason = reason;
                 out.completion_tokens = usage.completion_tokens;
@@ -73,35 +47,20 @@ fn collect(mut s: kvc_engine::RequestStream) -> Output {
 }
 
 fn submit(e: &EngineHandle, prompt: &[u32], p: SamplingParams) -> kvc_engine::RequestStream {
-    e.submit(GenerateRequest {
-        request_id: "t".into(),
-        prompt_tokens: prompt.to_vec(),
-        sampling: p,
-        ..Default::default()
-    })
-    .unwrap()
+    e.submit(GenerateRequest { request_id: "t".into(), prompt_tokens: prompt.to_vec(), sampling: p, ..Default::default() }).unwrap()
 }
 
 fn alone(e: &EngineHandle, max_tokens: usize) -> Vec<Vec<u32>> {
-    prompts()
-        .iter()
-        .map(|p| collect(submit(e, p, greedy(max_tokens))).tokens)
-        .collect()
+    prompts().iter().map(|p| collect(submit(e, p, greedy(max_tokens))).tokens).collect()
 }
 
 fn concurrent(e: &EngineHandle, max_tokens: usize) -> Vec<Vec<u32>> {
-    let streams: Vec<_> = prompts()
-        .iter()
-        .map(|p| submit(e, p, greedy(max_tokens)))
-        .collect();
+    let streams: Vec<_> = prompts().iter().map(|p| submit(e, p, greedy(max_tokens))).collect();
     streams.into_iter().map(|s| collect(s).tokens).collect()
 }
 
 /// Waits (bounded) until the engine's published stats satisfy `f`.
-fn wait_stats(
-    e: &EngineHandle,
-    f: impl Fn(&kvc_engine::EngineStats) -> bool,
-) -> kvc_engine::EngineStats {
+fn wait_stats(e: &EngineHandle, f: impl Fn(&kvc_engine::EngineStats) -> bool) -> kvc_engine::EngineStats {
     for _ in 0..2000 {
         let s = e.stats();
         if f(&s) {
@@ -137,22 +96,13 @@ fn preemption_under_a_small_pool_keeps_outputs_and_returns_every_block() {
     assert_eq!(initial_free, 12);
     assert_eq!(concurrent(&small, 24), reference);
     let s = wait_stats(&small, |s| s.running == 0 && s.waiting == 0);
-    assert!(
-        s.preemptions > 0,
-        "the pool was meant to be too small: {s:?}"
-    );
+    assert!(s.preemptions > 0, "the pool was meant to be too small: {s:?}");
     // What is not free is only the prefix cache's (reclaimable) blocks...
     assert_eq!(s.free_blocks + s.evictable_blocks, initial_free);
     // ...and dropping the prefix cache returns every block.
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(small.reset_prefix_cache()).unwrap();
-    assert_eq!(
-        wait_stats(&small, |s| s.free_blocks == initial_free).free_blocks,
-        initial_free
-    );
+    assert_eq!(wait_stats(&small, |s| s.free_blocks == initial_free).free_blocks, initial_free);
 }
 
 #[test]
@@ -163,9 +113,7 @@ fn dropping_a_stream_cancels_and_frees_blocks() {
     // Wait for generation to start, then walk away.
     assert!(matches!(s.blocking_recv(), Some(StreamEvent::Token { .. })));
     drop(s);
-    let stats = wait_stats(&e, |s| {
-        s.free_blocks + s.evictable_blocks == total && s.running == 0
-    });
+    let stats = wait_stats(&e, |s| s.free_blocks + s.evictable_blocks == total && s.running == 0);
     assert_eq!(stats.free_blocks + stats.evictable_blocks, total);
 }
 
@@ -181,14 +129,7 @@ fn max_tokens_and_stop_strings_end_generation() {
     assert!(chars.len() > 6, "need some text: {:?}", full.text);
     let stop: String = chars[3..5].iter().collect();
     let cut = full.text.find(&stop).unwrap();
-    let out = collect(submit(
-        &e,
-        &prompts()[2],
-        SamplingParams {
-            stop: vec![stop.clone()],
-            ..greedy(20)
-        },
-    ));
+    let out = collect(submit(&e, &prompts()[2], SamplingParams { stop: vec![stop.clone()], ..greedy(20) }));
     assert_eq!(out.reason, FinishReason::Stop);
     assert_eq!(out.text, full.text[..cut]);
 }
@@ -196,13 +137,7 @@ fn max_tokens_and_stop_strings_end_generation() {
 #[test]
 fn seeded_sampling_is_reproducible() {
     let e = engine(|_| {});
-    let p = |seed| SamplingParams {
-        temperature: 1.0,
-        seed: Some(seed),
-        max_tokens: 12,
-        ignore_eos: true,
-        ..Default::default()
-    };
+    let p = |seed| SamplingParams { temperature: 1.0, seed: Some(seed), max_tokens: 12, ignore_eos: true, ..Default::default() };
     let a = collect(submit(&e, &prompts()[1], p(42))).tokens;
     let b = collect(submit(&e, &prompts()[1], p(42))).tokens;
     let c = collect(submit(&e, &prompts()[1], p(43))).tokens;
@@ -214,36 +149,16 @@ fn seeded_sampling_is_reproducible() {
 fn invalid_requests_are_refused_before_scheduling() {
     let e = engine(|_| {});
     let vocab = e.info().vocab_size as u32;
-    let bad_token = e.submit(GenerateRequest {
-        request_id: "t".into(),
-        prompt_tokens: vec![1, vocab],
-        sampling: greedy(1),
-        ..Default::default()
-    });
-    assert!(matches!(
-        bad_token,
-        Err(kvc_engine::EngineError::TokenOutOfRange { .. })
-    ));
+    let bad_token =
+        e.submit(GenerateRequest { request_id: "t".into(), prompt_tokens: vec![1, vocab], sampling: greedy(1), ..Default::default() });
+    assert!(matches!(bad_token, Err(kvc_engine::EngineError::TokenOutOfRange { .. })));
     let long = vec![1u32; e.info().max_model_len];
     assert!(matches!(
-        e.submit(GenerateRequest {
-            request_id: "t".into(),
-            prompt_tokens: long,
-            sampling: greedy(1),
-            ..Default::default()
-        }),
+        e.submit(GenerateRequest { request_id: "t".into(), prompt_tokens: long, sampling: greedy(1), ..Default::default() }),
         Err(kvc_engine::EngineError::PromptTooLong { .. })
     ));
-    let bad_temp = SamplingParams {
-        temperature: -1.0,
-        ..greedy(1)
-    };
+    let bad_temp = SamplingParams { temperature: -1.0, ..greedy(1) };
     assert!(e
-        .submit(GenerateRequest {
-            request_id: "t".into(),
-            prompt_tokens: vec![1],
-            sampling: bad_temp,
-            ..Default::default()
-        })
+        .submit(GenerateRequest { request_id: "t".into(), prompt_tokens: vec![1], sampling: bad_temp, ..Default::default() })
         .is_err());
 }

@@ -7,38 +7,23 @@
 //! single engine's, whatever path the KV took.
 
 use kvc_engine::{
-    EngineConfig, EngineHandle, FinishReason, GenerateRequest, KvLease, Logprobs, ModelInfo,
-    SamplingParams, StreamEvent, Usage,
+    EngineConfig, EngineHandle, FinishReason, GenerateRequest, KvLease, Logprobs, ModelInfo, SamplingParams, StreamEvent, Usage,
 };
 
 const BS: usize = 16;
 
 fn engine(f: impl FnOnce(&mut EngineConfig)) -> EngineHandle {
-    let mut c = EngineConfig {
-        num_kv_blocks: Some(512),
-        block_size: BS,
-        ..Default::default()
-    };
+    let mut c = EngineConfig { num_kv_blocks: Some(512), block_size: BS, ..Default::default() };
     f(&mut c);
     EngineHandle::start(c).expect("engine starts")
 }
 
 fn greedy(max_tokens: usize) -> SamplingParams {
-    SamplingParams {
-        temperature: 0.0,
-        max_tokens,
-        ignore_eos: true,
-        ..Default::default()
-    }
+    SamplingParams { temperature: 0.0, max_tokens, ignore_eos: true, ..Default::default() }
 }
 
 fn req(session: Option<&str>, prompt: &[u32], sampling: SamplingParams) -> GenerateRequest {
-    GenerateRequest {
-        request_id: "t".into(),
-        prompt_tokens: prompt.to_vec(),
-        sampling,
-        session_id: session.map(str::to_string),
-    }
+    GenerateRequest { request_id: "t".into(), prompt_tokens: prompt.to_vec(), sampling, session_id: session.map(str::to_string) }
 }
 
 struct Done {
@@ -52,27 +37,15 @@ fn collect(s: &mut kvc_engine::RequestStream) -> Done {
     let (mut tokens, mut first_logprobs) = (Vec::new(), None);
     while let Some(ev) = s.blocking_recv() {
         match ev {
-            StreamEvent::Token {
-                token_id, logprobs, ..
-            } => {
+            StreamEvent::Token { token_id, logprobs, .. } => {
                 if tokens.is_empty() {
                     first_logprobs = logprobs;
                 }
                 tokens.push(token_id);
             }
-            StreamEvent::Finished {
-                reason,
-                usage,
-                export,
-                ..
-            } => {
+            StreamEvent::Finished { reason, usage, export, .. } => {
                 assert_ne!(reason, FinishReason::Abort);
-                return Done {
-                    tokens,
-                    first_logprobs,
-                    usage,
-                    export,
-                };
+                return Done { tokens, first_logprobs, usage, export };
             }
             StreamEvent::Error(e) => panic!("engine error: {e}"),
         }
@@ -81,9 +54,7 @@ fn collect(s: &mut kvc_engine::RequestStream) -> Done {
 }
 
 fn tokens(seed: u32, n: usize) -> Vec<u32> {
-    (0..n as u32)
-        .map(|j| (seed.wrapping_mul(7919) + j * 104_729) % 150_000 + 10)
-        .collect()
+    (0..n as u32).map(|j| (seed.wrapping_mul(7919) + j * 104_729) % 150_000 + 10).collect()
 }
 
 /// Copies whole blocks (every layer) between two engines' pools, as the
@@ -98,20 +69,13 @@ fn copy_blocks(src: &ModelInfo, src_blocks: &[u32], dst: &ModelInfo, dst_blocks:
         for (&s, &d) in src_blocks.iter().zip(dst_blocks) {
             let so = l.block_offset(src.num_kv_blocks, layer, s as usize) * elem;
             let d_o = l.block_offset(dst.num_kv_blocks, layer, d as usize) * elem;
-            let (sr, dr) = (
-                src.kv_region.expect("host pool"),
-                dst.kv_region.expect("host pool"),
-            );
+            let (sr, dr) = (src.kv_region.expect("host pool"), dst.kv_region.expect("host pool"));
             assert!(so + len <= sr.len && d_o + len <= dr.len);
             // SAFETY: in-bounds ranges of two live pools; the blocks are
             // leased (source) and reserved (destination), so neither engine
             // writes them meanwhile.
             unsafe {
-                std::ptr::copy_nonoverlapping(
-                    (sr.addr + so) as *const u8,
-                    (dr.addr + d_o) as *mut u8,
-                    len,
-                );
+                std::ptr::copy_nonoverlapping((sr.addr + so) as *const u8, (dr.addr + d_o) as *mut u8, len);
             }
         }
     }
@@ -119,47 +83,23 @@ fn copy_blocks(src: &ModelInfo, src_blocks: &[u32], dst: &ModelInfo, dst_blocks:
 
 /// A remote prefill: D reserves, P computes and exports, the missing
 /// blocks are copied, D continues. Returns D's output and P's usage.
-fn remote_turn(
-    p: &EngineHandle,
-    d: &EngineHandle,
-    session: &str,
-    prompt: &[u32],
-    max_tokens: usize,
-) -> (Done, Usage, usize) {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .unwrap();
-    let reservation = rt
-        .block_on(d.reserve(Some(session), prompt))
-        .expect("reserve");
+fn remote_turn(p: &EngineHandle, d: &EngineHandle, session: &str, prompt: &[u32], max_tokens: usize) -> (Done, Usage, usize) {
+    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    let reservation = rt.block_on(d.reserve(Some(session), prompt)).expect("reserve");
     let held = reservation.held_tokens;
     let mut sampling = greedy(1);
     sampling.logprobs = Some(2);
-    let mut ps = p
-        .submit_export(req(Some(session), prompt, sampling))
-        .unwrap();
+    let mut ps = p.submit_export(req(Some(session), prompt, sampling)).unwrap();
     let done = collect(&mut ps);
     let lease = done.export.expect("export lease");
     assert_eq!(lease.blocks().len(), prompt.len().div_ceil(BS));
     let skip = held / BS;
-    copy_blocks(
-        p.info(),
-        &lease.blocks()[skip..],
-        d.info(),
-        reservation.blocks_to_fill(BS),
-    );
+    copy_blocks(p.info(), &lease.blocks()[skip..], d.info(), reservation.blocks_to_fill(BS));
     drop(lease);
     let first = (done.tokens[0], done.first_logprobs.clone());
     let mut sampling = greedy(max_tokens);
     sampling.logprobs = Some(2);
-    let mut ds = d
-        .submit_reserved(
-            req(Some(session), prompt, sampling),
-            reservation,
-            prompt.len(),
-            Some(first),
-        )
-        .unwrap();
+    let mut ds = d.submit_reserved(req(Some(session), prompt, sampling), reservation, prompt.len(), Some(first)).unwrap();
     (collect(&mut ds), done.usage, held)
 }
 
@@ -190,10 +130,7 @@ fn remote_prefill_then_local_decode_equals_one_engine() {
     let (got, p_usage, held) = remote_turn(&p, &d, "s", &prompt, 12);
     assert_eq!(held, 0);
     assert_eq!(got.tokens, want.tokens);
-    assert_eq!(
-        got.first_logprobs, want.first_logprobs,
-        "the first token's logprobs travel with it"
-    );
+    assert_eq!(got.first_logprobs, want.first_logprobs, "the first token's logprobs travel with it");
     assert_eq!(p_usage.computed_tokens(), 70);
     assert_eq!(got.usage.completion_tokens, 12);
     // Turn 2 on D: the session is resident, only the suffix is computed.
@@ -207,14 +144,8 @@ fn remote_prefill_then_local_decode_equals_one_engine() {
     // Everything is given back: D's pool minus its session, P's minus its snapshot and prefix cache.
     drop(got);
     let snap_blocks = p.stats().snapshot_used_blocks;
-    assert_eq!(
-        snap_blocks,
-        70 / BS,
-        "P keeps the prompt's full blocks as the session's snapshot"
-    );
-    wait_for(&d, "D's reservation and session blocks only", |s| {
-        s.running == 0
-    });
+    assert_eq!(snap_blocks, 70 / BS, "P keeps the prompt's full blocks as the session's snapshot");
+    wait_for(&d, "D's reservation and session blocks only", |s| s.running == 0);
 }
 
 #[test]
@@ -224,9 +155,7 @@ fn a_snapshot_push_lets_another_decode_worker_resume_by_bypass() {
     let d1 = engine(|c| c.snapshot_min_tokens = 32);
     let d2 = engine(|_| {});
     let jobs = d1.take_snapshot_jobs().expect("snapshot jobs");
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
 
     // Two turns on D1 computed locally; each commit may queue a push.
     let mut jobs = jobs;
@@ -234,15 +163,8 @@ fn a_snapshot_push_lets_another_decode_worker_resume_by_bypass() {
         let mut last = None;
         while let Ok(job) = jobs.try_recv() {
             // D -> P: offer, copy only what P lacks, commit.
-            let slot = rt
-                .block_on(p.snapshot_reserve(&job.session_id, job.tokens.clone()))
-                .unwrap();
-            copy_blocks(
-                d1.info(),
-                &job.lease.blocks()[slot.from_block..],
-                p.info(),
-                &slot.blocks,
-            );
+            let slot = rt.block_on(p.snapshot_reserve(&job.session_id, job.tokens.clone())).unwrap();
+            copy_blocks(d1.info(), &job.lease.blocks()[slot.from_block..], p.info(), &slot.blocks);
             let covered = rt.block_on(p.snapshot_commit(slot.reservation)).unwrap();
             assert_eq!(covered, job.tokens.len());
             // The pusher's report reaches D1 before the next turn (one command queue).
@@ -266,9 +188,7 @@ fn a_snapshot_push_lets_another_decode_worker_resume_by_bypass() {
     });
     let last_tokens = last_tokens.unwrap_or(0);
     assert_eq!(last_tokens, 80);
-    wait_for(&p, "the snapshot", |s| {
-        s.snapshots.get("m").map(|i| i.tokens) == Some(80)
-    });
+    wait_for(&p, "the snapshot", |s| s.snapshots.get("m").map(|i| i.tokens) == Some(80));
 
     // Turn 3 goes to D2, which holds nothing: P bypasses the 80 tokens.
     let mut t3 = t2.clone();
@@ -280,10 +200,7 @@ fn a_snapshot_push_lets_another_decode_worker_resume_by_bypass() {
     assert_eq!(p_usage.reuse_reason, "bypass");
     assert_eq!(p_usage.cached_tokens, 80);
     assert_eq!(p_usage.computed_tokens(), t3.len() - 80);
-    assert_eq!(
-        got.tokens, want.tokens,
-        "a session moved by bypass answers as if it never moved"
-    );
+    assert_eq!(got.tokens, want.tokens, "a session moved by bypass answers as if it never moved");
 }
 
 #[test]
@@ -293,9 +210,7 @@ fn a_released_session_revokes_its_push_and_dropped_reservations_free_their_block
         c.num_kv_blocks = Some(64);
     });
     let mut jobs = d.take_snapshot_jobs().unwrap();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
     let free0 = d.stats().free_blocks;
     run_local(&d, Some("gone"), &tokens(6, 40), 4);
     let job = jobs.blocking_recv().expect("a push is queued");

@@ -4,37 +4,21 @@
 
 use std::collections::HashMap;
 
-use kvc_engine::{
-    EngineConfig, EngineHandle, FinishReason, GenerateRequest, SamplingParams, StreamEvent, Usage,
-};
+use kvc_engine::{EngineConfig, EngineHandle, FinishReason, GenerateRequest, SamplingParams, StreamEvent, Usage};
 
 const BS: usize = 16;
 
 fn engine(f: impl FnOnce(&mut EngineConfig)) -> EngineHandle {
-    let mut c = EngineConfig {
-        num_kv_blocks: Some(1024),
-        block_size: BS,
-        ..Default::default()
-    };
+    let mut c = EngineConfig { num_kv_blocks: Some(1024), block_size: BS, ..Default::default() };
     f(&mut c);
     EngineHandle::start(c).expect("engine starts")
 }
 
 fn greedy(max_tokens: usize) -> SamplingParams {
-    SamplingParams {
-        temperature: 0.0,
-        max_tokens,
-        ignore_eos: true,
-        ..Default::default()
-    }
+    SamplingParams { temperature: 0.0, max_tokens, ignore_eos: true, ..Default::default() }
 }
 
-fn run(
-    e: &EngineHandle,
-    session: Option<&str>,
-    prompt: &[u32],
-    max_tokens: usize,
-) -> (Vec<u32>, Usage) {
+fn run(e: &EngineHandle, session: Option<&str>, prompt: &[u32], max_tokens: usize) -> (Vec<u32>, Usage) {
     let mut s = e
         .submit(GenerateRequest {
             request_id: "t".into(),
@@ -62,16 +46,11 @@ fn collect(s: &mut kvc_engine::RequestStream) -> (Vec<u32>, Usage) {
 }
 
 fn tokens(seed: u32, n: usize) -> Vec<u32> {
-    (0..n as u32)
-        .map(|j| (seed.wrapping_mul(7919) + j * 104_729) % 150_000 + 10)
-        .collect()
+    (0..n as u32).map(|j| (seed.wrapping_mul(7919) + j * 104_729) % 150_000 + 10).collect()
 }
 
 /// Waits (bounded) until the published snapshot satisfies `f`.
-fn wait_for(
-    e: &EngineHandle,
-    f: impl Fn(&kvc_engine::EngineStats) -> bool,
-) -> kvc_engine::EngineStats {
+fn wait_for(e: &EngineHandle, f: impl Fn(&kvc_engine::EngineStats) -> bool) -> kvc_engine::EngineStats {
     for _ in 0..4000 {
         let s = e.stats();
         if f(&s) {
@@ -144,10 +123,7 @@ fn a_shared_system_prompt_is_stored_once() {
     assert_eq!(ub.reuse_reason, "prefix_hit");
     // B adds only its own blocks: the 62 shared blocks are not stored twice.
     let b_own = (b.len() + 3).div_ceil(BS) - 1000 / BS;
-    assert!(
-        used_after_b - used_after_a <= b_own,
-        "a {used_after_a}, b {used_after_b}, b's own {b_own}"
-    );
+    assert!(used_after_b - used_after_a <= b_own, "a {used_after_a}, b {used_after_b}, b's own {b_own}");
 }
 
 /// 50 sessions x 6 turns against a pool that holds about 5 sessions.
@@ -156,8 +132,7 @@ fn fifty_sessions_under_pressure_fail_nothing_and_match_an_unconstrained_run() {
     const SESSIONS: u32 = 50;
     const TURNS: usize = 6;
     let play = |e: &EngineHandle| -> HashMap<(u32, usize), Vec<u32>> {
-        let mut history: HashMap<u32, Vec<u32>> =
-            (0..SESSIONS).map(|s| (s, tokens(100 + s, 40))).collect();
+        let mut history: HashMap<u32, Vec<u32>> = (0..SESSIONS).map(|s| (s, tokens(100 + s, 40))).collect();
         let mut outputs = HashMap::new();
         for turn in 0..TURNS {
             // Every session's turn runs concurrently.
@@ -194,29 +169,15 @@ fn fifty_sessions_under_pressure_fail_nothing_and_match_an_unconstrained_run() {
     let initial = tight.stats();
     assert_eq!(play(&tight), reference);
     let s = wait_for(&tight, |s| s.running == 0 && s.waiting == 0);
-    assert!(
-        s.cache.host_restores > 0,
-        "expected host-tier restores: {:?}",
-        s.cache
-    );
-    assert!(
-        s.cache.evictions.keys().any(|(tier, _)| tier == "host"),
-        "{:?}",
-        s.cache.evictions
-    );
+    assert!(s.cache.host_restores > 0, "expected host-tier restores: {:?}", s.cache);
+    assert!(s.cache.evictions.keys().any(|(tier, _)| tier == "host"), "{:?}", s.cache.evictions);
     assert!(s.cache.session_hits > 0);
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     for sid in 0..SESSIONS {
-        rt.block_on(tight.delete_session(&format!("session-{sid}")))
-            .unwrap();
+        rt.block_on(tight.delete_session(&format!("session-{sid}"))).unwrap();
     }
     rt.block_on(tight.reset_prefix_cache()).unwrap();
-    let after = wait_for(&tight, |s| {
-        s.sessions.is_empty() && s.free_blocks == initial.free_blocks
-    });
+    let after = wait_for(&tight, |s| s.sessions.is_empty() && s.free_blocks == initial.free_blocks);
     assert_eq!(after.free_blocks, initial.free_blocks);
     assert_eq!(after.host_free_blocks, initial.host_free_blocks);
 }

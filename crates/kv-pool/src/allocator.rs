@@ -11,10 +11,7 @@ pub struct BlockAllocator {
 
 impl BlockAllocator {
     pub fn new(num_blocks: usize) -> Self {
-        Self {
-            free: (0..num_blocks as BlockId).collect(),
-            refcount: vec![0; num_blocks],
-        }
+        Self { free: (0..num_blocks as BlockId).collect(), refcount: vec![0; num_blocks] }
     }
 
     pub fn num_blocks(&self) -> usize {

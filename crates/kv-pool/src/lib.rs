@@ -32,30 +32,17 @@ pub struct KvPool {
 
 impl KvPool {
     pub fn new(layout: KvLayout, num_blocks: usize) -> Result<Self, KvPoolError> {
-        Ok(Self {
-            allocator: BlockAllocator::new(num_blocks),
-            storage: KvStorage::new(layout, num_blocks)?,
-        })
+        Ok(Self { allocator: BlockAllocator::new(num_blocks), storage: KvStorage::new(layout, num_blocks)? })
     }
 
     /// A pool whose storage lives on `device` (host memory for a CPU).
-    pub fn new_on(
-        layout: KvLayout,
-        num_blocks: usize,
-        device: &candle_core::Device,
-    ) -> Result<Self, KvPoolError> {
-        Ok(Self {
-            allocator: BlockAllocator::new(num_blocks),
-            storage: KvStorage::new_on(layout, num_blocks, device)?,
-        })
+    pub fn new_on(layout: KvLayout, num_blocks: usize, device: &candle_core::Device) -> Result<Self, KvPoolError> {
+        Ok(Self { allocator: BlockAllocator::new(num_blocks), storage: KvStorage::new_on(layout, num_blocks, device)? })
     }
 
     /// A pool over existing storage (all blocks free).
     pub fn with_storage(storage: KvStorage) -> Self {
-        Self {
-            allocator: BlockAllocator::new(storage.num_blocks()),
-            storage,
-        }
+        Self { allocator: BlockAllocator::new(storage.num_blocks()), storage }
     }
 
     /// As many blocks as fit in `bytes` (at least one).

@@ -26,11 +26,7 @@ pub enum MemoryLocation {
 
 impl MemoryRegion {
     pub fn host(addr: usize, len: usize) -> Self {
-        Self {
-            addr,
-            len,
-            location: MemoryLocation::Host,
-        }
+        Self { addr, len, location: MemoryLocation::Host }
     }
 }
 
@@ -48,16 +44,9 @@ pub struct KvStorage {
     device: Option<Tensor>,
 }
 
-fn zeroed<T: Clone + Default>(
-    n: usize,
-    bytes_per_block: usize,
-    blocks: usize,
-) -> Result<Vec<T>, KvPoolError> {
+fn zeroed<T: Clone + Default>(n: usize, bytes_per_block: usize, blocks: usize) -> Result<Vec<T>, KvPoolError> {
     let mut v = Vec::new();
-    v.try_reserve_exact(n).map_err(|_| KvPoolError::TooLarge {
-        blocks,
-        bytes_per_block,
-    })?;
+    v.try_reserve_exact(n).map_err(|_| KvPoolError::TooLarge { blocks, bytes_per_block })?;
     v.resize(n, T::default());
     Ok(v)
 }
@@ -79,10 +68,7 @@ impl KvStorage {
             .num_layers
             .checked_mul(num_blocks)
             .and_then(|x| x.checked_mul(layout.block_elems()))
-            .ok_or(KvPoolError::TooLarge {
-                blocks: num_blocks,
-                bytes_per_block: layout.bytes_per_block(),
-            })?;
+            .ok_or(KvPoolError::TooLarge { blocks: num_blocks, bytes_per_block: layout.bytes_per_block() })?;
         let bpb = layout.bytes_per_block();
         let data = match layout.dtype {
             DType::F32 => Data::F32(zeroed(n, bpb, num_blocks)?),
@@ -90,21 +76,12 @@ impl KvStorage {
             DType::F16 => Data::F16(zeroed(n, bpb, num_blocks)?),
             other => return Err(KvPoolError::UnsupportedDType(other)),
         };
-        Ok(Self {
-            layout,
-            num_blocks,
-            data,
-            device: None,
-        })
+        Ok(Self { layout, num_blocks, data, device: None })
     }
 
     /// Storage on `device`: host memory for a CPU, one zeroed device
     /// allocation otherwise.
-    pub fn new_on(
-        layout: KvLayout,
-        num_blocks: usize,
-        device: &Device,
-    ) -> Result<Self, KvPoolError> {
+    pub fn new_on(layout: KvLayout, num_blocks: usize, device: &Device) -> Result<Self, KvPoolError> {
         if device.is_cpu() {
             return Self::new(layout, num_blocks);
         }
@@ -112,29 +89,17 @@ impl KvStorage {
             .num_layers
             .checked_mul(num_blocks)
             .and_then(|x| x.checked_mul(layout.block_elems()))
-            .ok_or(KvPoolError::TooLarge {
-                blocks: num_blocks,
-                bytes_per_block: layout.bytes_per_block(),
-            })?;
+            .ok_or(KvPoolError::TooLarge { blocks: num_blocks, bytes_per_block: layout.bytes_per_block() })?;
         let t = Tensor::zeros(n, layout.dtype, device)?;
         let data = Data::F32(Vec::new());
-        Ok(Self {
-            layout,
-            num_blocks,
-            data,
-            device: Some(t),
-        })
+        Ok(Self { layout, num_blocks, data, device: Some(t) })
     }
 
     /// Storage over a caller-made device tensor (1-D, zeroed, `dtype` of
     /// the layout, `num_layers * num_blocks * block_elems` elements): the
     /// CUDA engine allocates it so that a KV transport can map it into a
     /// peer process (see `kvc_model_qwen3::cuda::zeros_shareable`).
-    pub fn from_device_tensor(
-        layout: KvLayout,
-        num_blocks: usize,
-        t: Tensor,
-    ) -> Result<Self, KvPoolError> {
+    pub fn from_device_tensor(layout: KvLayout, num_blocks: usize, t: Tensor) -> Result<Self, KvPoolError> {
         let n = layout.num_layers * num_blocks * layout.block_elems();
         if t.device().is_cpu() || t.dims() != [n] || t.dtype() != layout.dtype {
             return Err(KvPoolError::Shape(format!(
@@ -145,12 +110,7 @@ impl KvStorage {
                 t.device()
             )));
         }
-        Ok(Self {
-            layout,
-            num_blocks,
-            data: Data::F32(Vec::new()),
-            device: Some(t),
-        })
+        Ok(Self { layout, num_blocks, data: Data::F32(Vec::new()), device: Some(t) })
     }
 
     /// The device tensor (1-D, `[layer][block][k|v][slot][head][dim]`) when
@@ -179,30 +139,16 @@ impl KvStorage {
 
     /// Byte offset of (layer, block) from the start of the storage region.
     pub fn byte_offset(&self, layer: usize, block: BlockId) -> usize {
-        self.layout
-            .block_offset(self.num_blocks, layer, block as usize)
-            * self.layout.dtype.size_in_bytes()
+        self.layout.block_offset(self.num_blocks, layer, block as usize) * self.layout.dtype.size_in_bytes()
     }
 
     /// Writes K and V (`[tokens, kv_heads, head_dim]`) of `tokens` tokens at
     /// the given slots (`block * block_size + offset`).
-    pub fn write(
-        &mut self,
-        layer: usize,
-        slots: &[usize],
-        k: &Tensor,
-        v: &Tensor,
-    ) -> Result<(), KvPoolError> {
+    pub fn write(&mut self, layer: usize, slots: &[usize], k: &Tensor, v: &Tensor) -> Result<(), KvPoolError> {
         let te = self.layout.token_elems();
         let expect = slots.len() * te;
         if k.elem_count() != expect || v.elem_count() != expect {
-            return Err(KvPoolError::Shape(format!(
-                "k {:?} / v {:?} for {} slots of {} elements",
-                k.shape(),
-                v.shape(),
-                slots.len(),
-                te
-            )));
+            return Err(KvPoolError::Shape(format!("k {:?} / v {:?} for {} slots of {} elements", k.shape(), v.shape(), slots.len(), te)));
         }
         let (layout, nb) = (self.layout, self.num_blocks);
         if let Some(t) = &self.device {
@@ -213,20 +159,10 @@ impl KvStorage {
 
     /// K and V of the first `len` tokens of a sequence, gathered through its
     /// block table: two tensors `[len, kv_heads, head_dim]` on `device`.
-    pub fn gather(
-        &self,
-        layer: usize,
-        table: &[BlockId],
-        len: usize,
-        device: &Device,
-    ) -> Result<(Tensor, Tensor), KvPoolError> {
+    pub fn gather(&self, layer: usize, table: &[BlockId], len: usize, device: &Device) -> Result<(Tensor, Tensor), KvPoolError> {
         let bs = self.layout.block_size;
         if len > table.len() * bs {
-            return Err(KvPoolError::SlotOutOfRange {
-                slot: len,
-                blocks: table.len(),
-                block_size: bs,
-            });
+            return Err(KvPoolError::SlotOutOfRange { slot: len, blocks: table.len(), block_size: bs });
         }
         let (layout, nb) = (self.layout, self.num_blocks);
         if let Some(t) = &self.device {
@@ -244,10 +180,7 @@ impl KvStorage {
             for layer in 0..layout.num_layers {
                 let s = layout.block_offset(nb, layer, src as usize);
                 let d = layout.block_offset(nb, layer, dst as usize);
-                let copy = t
-                    .narrow(0, s, be)
-                    .and_then(|b| b.copy())
-                    .and_then(|b| t.slice_set(&b, 0, d));
+                let copy = t.narrow(0, s, be).and_then(|b| b.copy()).and_then(|b| t.slice_set(&b, 0, d));
                 copy.expect("device block copy");
             }
             return;
@@ -264,38 +197,19 @@ impl KvStorage {
     /// The bytes of one block of one layer (K then V). Host storage only:
     /// panics for device storage.
     pub fn block_bytes(&self, layer: usize, block: BlockId) -> &[u8] {
-        assert!(
-            self.device.is_none(),
-            "block_bytes: the KV storage is on a GPU"
-        );
-        let off = self
-            .layout
-            .block_offset(self.num_blocks, layer, block as usize);
+        assert!(self.device.is_none(), "block_bytes: the KV storage is on a GPU");
+        let off = self.layout.block_offset(self.num_blocks, layer, block as usize);
         let be = self.layout.block_elems();
         with_data!(&self.data, v => as_bytes(&v[off..off + be]))
     }
 
     /// Overwrites one block of one layer from bytes produced by [`Self::block_bytes`].
-    pub fn set_block_bytes(
-        &mut self,
-        layer: usize,
-        block: BlockId,
-        bytes: &[u8],
-    ) -> Result<(), KvPoolError> {
-        let off = self
-            .layout
-            .block_offset(self.num_blocks, layer, block as usize);
+    pub fn set_block_bytes(&mut self, layer: usize, block: BlockId, bytes: &[u8]) -> Result<(), KvPoolError> {
+        let off = self.layout.block_offset(self.num_blocks, layer, block as usize);
         let be = self.layout.block_elems();
-        assert!(
-            self.device.is_none(),
-            "set_block_bytes: the KV storage is on a GPU"
-        );
+        assert!(self.device.is_none(), "set_block_bytes: the KV storage is on a GPU");
         if bytes.len() != self.layout.layer_block_bytes() {
-            return Err(KvPoolError::Shape(format!(
-                "{} bytes for a block of {}",
-                bytes.len(),
-                self.layout.layer_block_bytes()
-            )));
+            return Err(KvPoolError::Shape(format!("{} bytes for a block of {}", bytes.len(), self.layout.layer_block_bytes())));
         }
         with_data!(&mut self.data, v => {
             let dst = as_bytes_mut(&mut v[off..off + be]);
@@ -331,10 +245,7 @@ fn write_typed<T: WithDType>(
     for (i, &slot) in slots.iter().enumerate() {
         let (block, off) = (slot / bs, slot % bs);
         if block >= num_blocks {
-            return Err(KvPoolError::BlockOutOfRange {
-                block: block as u32,
-                num_blocks,
-            });
+            return Err(KvPoolError::BlockOutOfRange { block: block as u32, num_blocks });
         }
         let base = layout.block_offset(num_blocks, layer, block);
         let k_at = base + off * te;
@@ -389,10 +300,7 @@ fn gather_typed<T: WithDType>(
         v.extend_from_slice(&src[base + bs * te..base + (bs + n) * te]);
     }
     let shape = (len, layout.num_kv_heads, layout.head_dim);
-    Ok((
-        Tensor::from_vec(k, shape, device)?,
-        Tensor::from_vec(v, shape, device)?,
-    ))
+    Ok((Tensor::from_vec(k, shape, device)?, Tensor::from_vec(v, shape, device)?))
 }
 
 /// `write` for device storage through candle copies (tests and tools; the
@@ -408,21 +316,12 @@ fn write_device(
 ) -> Result<(), KvPoolError> {
     let te = layout.token_elems();
     let bs = layout.block_size;
-    let k = k
-        .to_dtype(layout.dtype)?
-        .to_device(t.device())?
-        .flatten_all()?;
-    let v = v
-        .to_dtype(layout.dtype)?
-        .to_device(t.device())?
-        .flatten_all()?;
+    let k = k.to_dtype(layout.dtype)?.to_device(t.device())?.flatten_all()?;
+    let v = v.to_dtype(layout.dtype)?.to_device(t.device())?.flatten_all()?;
     for (i, &slot) in slots.iter().enumerate() {
         let (block, off) = (slot / bs, slot % bs);
         if block >= num_blocks {
-            return Err(KvPoolError::BlockOutOfRange {
-                block: block as u32,
-                num_blocks,
-            });
+            return Err(KvPoolError::BlockOutOfRange { block: block as u32, num_blocks });
         }
         let base = layout.block_offset(num_blocks, layer, block);
         t.slice_set(&k.narrow(0, i * te, te)?, 0, base + off * te)?;
@@ -458,13 +357,7 @@ mod tests {
     use super::*;
 
     fn layout(dtype: DType) -> KvLayout {
-        KvLayout {
-            num_layers: 2,
-            num_kv_heads: 2,
-            head_dim: 4,
-            block_size: 4,
-            dtype,
-        }
+        KvLayout { num_layers: 2, num_kv_heads: 2, head_dim: 4, block_size: 4, dtype }
     }
 
     #[test]
@@ -473,45 +366,18 @@ mod tests {
             let mut s = KvStorage::new(layout(dtype), 8).unwrap();
             let table: Vec<BlockId> = vec![5, 1, 6];
             let len = 10; // not a multiple of the block size
-            let slots: Vec<usize> = (0..len)
-                .map(|p| table[p / 4] as usize * 4 + p % 4)
-                .collect();
-            let k = Tensor::arange(0f32, (len * 8) as f32, &Device::Cpu)
-                .unwrap()
-                .reshape((len, 2, 4))
-                .unwrap();
+            let slots: Vec<usize> = (0..len).map(|p| table[p / 4] as usize * 4 + p % 4).collect();
+            let k = Tensor::arange(0f32, (len * 8) as f32, &Device::Cpu).unwrap().reshape((len, 2, 4)).unwrap();
             let v = (k.clone() * -1.0).unwrap();
             s.write(1, &slots, &k, &v).unwrap();
             let (gk, gv) = s.gather(1, &table, len, &Device::Cpu).unwrap();
-            let gk = gk
-                .to_dtype(DType::F32)
-                .unwrap()
-                .flatten_all()
-                .unwrap()
-                .to_vec1::<f32>()
-                .unwrap();
-            let gv = gv
-                .to_dtype(DType::F32)
-                .unwrap()
-                .flatten_all()
-                .unwrap()
-                .to_vec1::<f32>()
-                .unwrap();
+            let gk = gk.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            let gv = gv.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
             assert_eq!(gk, k.flatten_all().unwrap().to_vec1::<f32>().unwrap());
             assert_eq!(gv, v.flatten_all().unwrap().to_vec1::<f32>().unwrap());
             // layer 0 untouched
             let (z, _) = s.gather(0, &table, len, &Device::Cpu).unwrap();
-            assert_eq!(
-                z.to_dtype(DType::F32)
-                    .unwrap()
-                    .abs()
-                    .unwrap()
-                    .sum_all()
-                    .unwrap()
-                    .to_scalar::<f32>()
-                    .unwrap(),
-                0.0
-            );
+            assert_eq!(z.to_dtype(DType::F32).unwrap().abs().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap(), 0.0);
         }
     }
 

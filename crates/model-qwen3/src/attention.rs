@@ -30,12 +30,7 @@ fn linear(in_dim: usize, out_dim: usize, bias: bool, vb: VarBuilder) -> Result<L
 
 impl Attention {
     pub fn new(cfg: &Qwen3Config, vb: VarBuilder) -> Result<Self> {
-        let (h, hd, nh, nkv) = (
-            cfg.hidden_size,
-            cfg.head_dim,
-            cfg.num_attention_heads,
-            cfg.num_key_value_heads,
-        );
+        let (h, hd, nh, nkv) = (cfg.hidden_size, cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads);
         let b = cfg.attention_bias;
         Ok(Self {
             q_proj: linear(h, nh * hd, b, vb.pp("q_proj"))?,
@@ -63,23 +58,16 @@ impl Attention {
     ) -> Result<Tensor> {
         let t = x.dim(0)?;
         let (nh, nkv, hd) = (self.num_heads, self.num_kv_heads, self.head_dim);
-        let q = self
-            .q_norm
-            .forward(&self.q_proj.forward(x)?.reshape((t, nh, hd))?)?;
-        let k = self
-            .k_norm
-            .forward(&self.k_proj.forward(x)?.reshape((t, nkv, hd))?)?;
+        let q = self.q_norm.forward(&self.q_proj.forward(x)?.reshape((t, nh, hd))?)?;
+        let k = self.k_norm.forward(&self.k_proj.forward(x)?.reshape((t, nkv, hd))?)?;
         let v = self.v_proj.forward(x)?.reshape((t, nkv, hd))?;
         let q = Rope::apply(&q, &cos_sin.0, &cos_sin.1)?;
         let k = Rope::apply(&k, &cos_sin.0, &cos_sin.1)?;
-        kv.write(layer, slots, &k, &v)
-            .map_err(candle_core::Error::wrap)?;
+        kv.write(layer, slots, &k, &v).map_err(candle_core::Error::wrap)?;
 
         let mut outs = Vec::with_capacity(batch.seqs.len());
         for s in &batch.seqs {
-            let (kc, vc) = kv
-                .gather(layer, s.block_table, s.context_len, x.device())
-                .map_err(candle_core::Error::wrap)?;
+            let (kc, vc) = kv.gather(layer, s.block_table, s.context_len, x.device()).map_err(candle_core::Error::wrap)?;
             let qs = q.narrow(0, s.start, s.len)?;
             outs.push(self.attend(&qs, &kc, &vc, s.context_len)?);
         }
@@ -95,40 +83,21 @@ impl Attention {
         let len = q.dim(0)?;
         let dtype = q.dtype();
         // Query heads g*groups..(g+1)*groups share KV head g (HF's repeat_kv).
-        let q = q
-            .to_dtype(DType::F32)?
-            .reshape((len, nkv, groups, hd))?
-            .permute((1, 2, 0, 3))?
-            .reshape((nkv, groups * len, hd))?;
+        let q = q.to_dtype(DType::F32)?.reshape((len, nkv, groups, hd))?.permute((1, 2, 0, 3))?.reshape((nkv, groups * len, hd))?;
         let k = k.to_dtype(DType::F32)?.transpose(0, 1)?.contiguous()?; // [nkv, ctx, hd]
         let v = v.to_dtype(DType::F32)?.transpose(0, 1)?.contiguous()?;
         let scale = 1.0 / (hd as f64).sqrt();
         let mut scores = (q.matmul(&k.t()?)? * scale)?; // [nkv, groups*len, ctx]
         if len > 1 {
             let first = ctx - len;
-            let mask: Vec<f32> = (0..len)
-                .flat_map(|i| {
-                    (0..ctx).map(move |j| {
-                        if j <= first + i {
-                            0.0
-                        } else {
-                            f32::NEG_INFINITY
-                        }
-                    })
-                })
-                .collect();
+            let mask: Vec<f32> =
+                (0..len).flat_map(|i| (0..ctx).map(move |j| if j <= first + i { 0.0 } else { f32::NEG_INFINITY })).collect();
             let mask = Tensor::from_vec(mask, (len, ctx), q.device())?;
-            let mask =
-                mask.unsqueeze(0)?
-                    .repeat((groups, 1, 1))?
-                    .reshape((1, groups * len, ctx))?;
+            let mask = mask.unsqueeze(0)?.repeat((groups, 1, 1))?.reshape((1, groups * len, ctx))?;
             scores = scores.broadcast_add(&mask)?;
         }
         let probs = candle_nn::ops::softmax_last_dim(&scores)?;
         let o = probs.matmul(&v)?; // [nkv, groups*len, hd]
-        o.reshape((nkv, groups, len, hd))?
-            .permute((2, 0, 1, 3))?
-            .reshape((len, nh * hd))?
-            .to_dtype(dtype)
+        o.reshape((nkv, groups, len, hd))?.permute((2, 0, 1, 3))?.reshape((len, nh * hd))?.to_dtype(dtype)
     }
 }

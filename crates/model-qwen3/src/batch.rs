@@ -50,8 +50,7 @@ impl BatchInput<'_> {
         for s in &self.seqs {
             for i in 0..s.len {
                 let p = s.first_position() + i;
-                slots[s.start + i] =
-                    s.block_table[p / block_size] as usize * block_size + p % block_size;
+                slots[s.start + i] = s.block_table[p / block_size] as usize * block_size + p % block_size;
             }
         }
         slots

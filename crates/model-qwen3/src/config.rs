@@ -78,10 +78,7 @@ struct RawConfig {
 fn token_ids(v: &Option<Value>) -> Vec<u32> {
     match v {
         Some(Value::Number(n)) => n.as_u64().map(|x| vec![x as u32]).unwrap_or_default(),
-        Some(Value::Array(a)) => a
-            .iter()
-            .filter_map(|x| x.as_u64().map(|x| x as u32))
-            .collect(),
+        Some(Value::Array(a)) => a.iter().filter_map(|x| x.as_u64().map(|x| x as u32)).collect(),
         _ => Vec::new(),
     }
 }
@@ -93,28 +90,19 @@ fn check_rope_type(v: &Value, key: &str) -> Result<(), ModelError> {
     if v.is_null() {
         return Ok(());
     }
-    let ty = v
-        .get("rope_type")
-        .or_else(|| v.get("type"))
-        .and_then(|t| t.as_str())
-        .unwrap_or("default");
+    let ty = v.get("rope_type").or_else(|| v.get("type")).and_then(|t| t.as_str()).unwrap_or("default");
     if ty == "default" {
         Ok(())
     } else {
-        Err(ModelError::Config(format!(
-            "unsupported {key}: rope_type \"{ty}\" ({v}); kvc implements only default RoPE"
-        )))
+        Err(ModelError::Config(format!("unsupported {key}: rope_type \"{ty}\" ({v}); kvc implements only default RoPE")))
     }
 }
 
 impl Qwen3Config {
     pub fn from_json(text: &str) -> Result<Self, ModelError> {
-        let raw: RawConfig = serde_json::from_str(text)
-            .map_err(|e| ModelError::Config(format!("config.json: {e}")))?;
-        let is_moe_arch = raw.architectures.iter().any(|a| a == "Qwen3MoeForCausalLM")
-            || raw.model_type.as_deref() == Some("qwen3_moe");
-        let is_dense_arch = raw.architectures.iter().any(|a| a == "Qwen3ForCausalLM")
-            || raw.model_type.as_deref() == Some("qwen3");
+        let raw: RawConfig = serde_json::from_str(text).map_err(|e| ModelError::Config(format!("config.json: {e}")))?;
+        let is_moe_arch = raw.architectures.iter().any(|a| a == "Qwen3MoeForCausalLM") || raw.model_type.as_deref() == Some("qwen3_moe");
+        let is_dense_arch = raw.architectures.iter().any(|a| a == "Qwen3ForCausalLM") || raw.model_type.as_deref() == Some("qwen3");
         if !is_moe_arch && !is_dense_arch {
             return Err(ModelError::Config(format!(
                 "unsupported model: architectures {:?}, model_type {:?}; kvc serves Qwen3ForCausalLM and Qwen3MoeForCausalLM",
@@ -123,15 +111,11 @@ impl Qwen3Config {
         }
         if let Some(act) = &raw.hidden_act {
             if act != "silu" {
-                return Err(ModelError::Config(format!(
-                    "unsupported hidden_act {act:?} (only silu)"
-                )));
+                return Err(ModelError::Config(format!("unsupported hidden_act {act:?} (only silu)")));
             }
         }
         if raw.use_sliding_window == Some(true) {
-            return Err(ModelError::Config(
-                "use_sliding_window=true is not supported".into(),
-            ));
+            return Err(ModelError::Config("use_sliding_window=true is not supported".into()));
         }
         if let Some(s) = &raw.rope_scaling {
             check_rope_type(s, "rope_scaling")?;
@@ -145,9 +129,7 @@ impl Qwen3Config {
         }
         let heads = raw.num_attention_heads;
         if heads == 0 || raw.hidden_size == 0 || raw.num_hidden_layers == 0 || raw.vocab_size == 0 {
-            return Err(ModelError::Config(
-                "zero-sized dimension in config.json".into(),
-            ));
+            return Err(ModelError::Config("zero-sized dimension in config.json".into()));
         }
         let kv_heads = raw.num_key_value_heads.unwrap_or(heads);
         if kv_heads == 0 || heads % kv_heads != 0 {
@@ -157,17 +139,13 @@ impl Qwen3Config {
         }
         let head_dim = raw.head_dim.unwrap_or(raw.hidden_size / heads);
         if head_dim % 2 != 0 {
-            return Err(ModelError::Config(format!(
-                "head_dim must be even, got {head_dim}"
-            )));
+            return Err(ModelError::Config(format!("head_dim must be even, got {head_dim}")));
         }
         let num_experts = raw.num_experts.or(raw.num_local_experts).unwrap_or(0);
         let moe = if is_moe_arch && num_experts > 0 {
             let k = raw.num_experts_per_tok.unwrap_or(8);
             if k == 0 || k > num_experts {
-                return Err(ModelError::Config(format!(
-                    "num_experts_per_tok {k} must be in 1..={num_experts}"
-                )));
+                return Err(ModelError::Config(format!("num_experts_per_tok {k} must be in 1..={num_experts}")));
             }
             Some(MoeConfig {
                 num_experts,
@@ -211,9 +189,7 @@ impl Qwen3Config {
     /// only every `decoder_sparse_step`-th layer (1-based) is.
     pub fn is_moe_layer(&self, layer: usize) -> bool {
         match &self.moe {
-            Some(m) => {
-                !m.mlp_only_layers.contains(&layer) && (layer + 1) % m.decoder_sparse_step == 0
-            }
+            Some(m) => !m.mlp_only_layers.contains(&layer) && (layer + 1) % m.decoder_sparse_step == 0,
             None => false,
         }
     }
@@ -221,16 +197,12 @@ impl Qwen3Config {
     /// Parameters of the model (embeddings counted once when tied).
     pub fn num_parameters(&self) -> usize {
         let h = self.hidden_size;
-        let attn =
-            h * self.head_dim * (self.num_attention_heads * 2 + self.num_key_value_heads * 2)
-                + 2 * self.head_dim;
+        let attn = h * self.head_dim * (self.num_attention_heads * 2 + self.num_key_value_heads * 2) + 2 * self.head_dim;
         let mut total = self.vocab_size * h * if self.tie_word_embeddings { 1 } else { 2 } + h;
         for l in 0..self.num_hidden_layers {
             total += attn + 2 * h;
             total += match &self.moe {
-                Some(m) if self.is_moe_layer(l) => {
-                    m.num_experts * (3 * h * m.moe_intermediate_size + h)
-                }
+                Some(m) if self.is_moe_layer(l) => m.num_experts * (3 * h * m.moe_intermediate_size + h),
                 _ => 3 * h * self.intermediate_size,
             };
         }
@@ -250,17 +222,11 @@ mod tests {
     #[test]
     fn hub_and_transformers5_spellings_give_the_same_config() {
         let v5 = HUB
-            .replace(
-                r#""rope_theta":1000000.0,"rope_scaling":null"#,
-                r#""rope_parameters":{"rope_theta":1000000.0,"rope_type":"default"}"#,
-            )
+            .replace(r#""rope_theta":1000000.0,"rope_scaling":null"#, r#""rope_parameters":{"rope_theta":1000000.0,"rope_type":"default"}"#)
             .replace("torch_dtype", "dtype")
             .replace("num_experts\"", "num_local_experts\"");
         assert_ne!(v5, HUB);
-        assert_eq!(
-            Qwen3Config::from_json(HUB).unwrap(),
-            Qwen3Config::from_json(&v5).unwrap()
-        );
+        assert_eq!(Qwen3Config::from_json(HUB).unwrap(), Qwen3Config::from_json(&v5).unwrap());
         let c = Qwen3Config::from_json(HUB).unwrap();
         assert_eq!(c.rope_theta, 1e6);
         assert_eq!(c.head_dim, 4);
@@ -270,10 +236,7 @@ mod tests {
 
     #[test]
     fn unsupported_rope_scaling_is_a_clear_error() {
-        let yarn = HUB.replace(
-            r#""rope_scaling":null"#,
-            r#""rope_scaling":{"rope_type":"yarn","factor":4.0}"#,
-        );
+        let yarn = HUB.replace(r#""rope_scaling":null"#, r#""rope_scaling":{"rope_type":"yarn","factor":4.0}"#);
         let err = Qwen3Config::from_json(&yarn).unwrap_err().to_string();
         assert!(err.contains("yarn"), "{err}");
     }
@@ -281,10 +244,7 @@ mod tests {
     #[test]
     fn sparse_layer_rule_follows_hf() {
         let c = HUB
-            .replace(
-                r#""norm_topk_prob":true"#,
-                r#""norm_topk_prob":true,"decoder_sparse_step":2,"mlp_only_layers":[3]"#,
-            )
+            .replace(r#""norm_topk_prob":true"#, r#""norm_topk_prob":true,"decoder_sparse_step":2,"mlp_only_layers":[3]"#)
             .replace(r#""num_hidden_layers":2"#, r#""num_hidden_layers":6"#);
         let c = Qwen3Config::from_json(&c).unwrap();
         let sparse: Vec<usize> = (0..6).filter(|&l| c.is_moe_layer(l)).collect();
@@ -293,9 +253,7 @@ mod tests {
 
     #[test]
     fn other_architectures_are_refused() {
-        let llama = HUB
-            .replace("Qwen3MoeForCausalLM", "LlamaForCausalLM")
-            .replace("qwen3_moe", "llama");
+        let llama = HUB.replace("Qwen3MoeForCausalLM", "LlamaForCausalLM").replace("qwen3_moe", "llama");
         assert!(Qwen3Config::from_json(&llama).is_err());
     }
 }

@@ -49,10 +49,7 @@ impl MoeBlock {
         // transformers 5 may save fused experts (no ".weight" suffix);
         // the hub and transformers' default save one tensor per expert.
         let (gate_up, down) = if ev.contains_tensor("gate_up_proj") {
-            (
-                ev.get((e, 2 * i, h), "gate_up_proj")?,
-                ev.get((e, h, i), "down_proj")?,
-            )
+            (ev.get((e, 2 * i, h), "gate_up_proj")?, ev.get((e, h, i), "down_proj")?)
         } else {
             let mut gu = Vec::with_capacity(e);
             let mut dn = Vec::with_capacity(e);
@@ -65,21 +62,13 @@ impl MoeBlock {
             }
             (Tensor::stack(&gu, 0)?, Tensor::stack(&dn, 0)?)
         };
-        Ok(Self {
-            router,
-            gate_up,
-            down,
-            intermediate: i,
-            top_k: moe.num_experts_per_tok,
-            norm_topk_prob: moe.norm_topk_prob,
-        })
+        Ok(Self { router, gate_up, down, intermediate: i, top_k: moe.num_experts_per_tok, norm_topk_prob: moe.norm_topk_prob })
     }
 
     /// Per token: the chosen experts and their weights.
     fn route(&self, x: &Tensor) -> Result<Vec<Vec<(usize, f32)>>> {
         let logits = self.router.forward(x)?;
-        let probs =
-            candle_nn::ops::softmax(&logits.to_dtype(DType::F32)?, D::Minus1)?.to_vec2::<f32>()?;
+        let probs = candle_nn::ops::softmax(&logits.to_dtype(DType::F32)?, D::Minus1)?.to_vec2::<f32>()?;
         Ok(probs
             .into_iter()
             .map(|p| {
@@ -136,11 +125,7 @@ impl FeedForward {
     pub fn new(cfg: &Qwen3Config, layer: usize, vb: VarBuilder) -> Result<Self> {
         match &cfg.moe {
             Some(moe) if cfg.is_moe_layer(layer) => Ok(Self::Moe(MoeBlock::new(cfg, moe, vb)?)),
-            _ => Ok(Self::Dense(DenseMlp::new(
-                cfg.hidden_size,
-                cfg.intermediate_size,
-                vb,
-            )?)),
+            _ => Ok(Self::Dense(DenseMlp::new(cfg.hidden_size, cfg.intermediate_size, vb)?)),
         }
     }
 }

@@ -41,9 +41,7 @@ pub fn parse_dtype(s: &str) -> Result<DType, ModelError> {
         "float32" | "f32" | "float" => Ok(DType::F32),
         "bfloat16" | "bf16" => Ok(DType::BF16),
         "float16" | "f16" | "half" => Ok(DType::F16),
-        other => Err(ModelError::Config(format!(
-            "unsupported dtype {other:?} (float32, bfloat16, float16)"
-        ))),
+        other => Err(ModelError::Config(format!("unsupported dtype {other:?} (float32, bfloat16, float16)"))),
     }
 }
 
@@ -52,37 +50,20 @@ impl Qwen3Model {
         let device = vb.device().clone();
         let dtype = vb.dtype();
         let m = vb.pp("model");
-        let embed_tokens =
-            candle_nn::embedding(config.vocab_size, config.hidden_size, m.pp("embed_tokens"))?;
+        let embed_tokens = candle_nn::embedding(config.vocab_size, config.hidden_size, m.pp("embed_tokens"))?;
         #[cfg(feature = "cuda")]
-        let gpu = if device.is_cuda() {
-            Some(crate::cuda::GpuModel::new(&config, &vb)?)
-        } else {
-            None
-        };
+        let gpu = if device.is_cuda() { Some(crate::cuda::GpuModel::new(&config, &vb)?) } else { None };
         #[cfg(feature = "cuda")]
-        let cpu_layers = if gpu.is_some() {
-            0
-        } else {
-            config.num_hidden_layers
-        };
+        let cpu_layers = if gpu.is_some() { 0 } else { config.num_hidden_layers };
         #[cfg(not(feature = "cuda"))]
         let cpu_layers = config.num_hidden_layers;
         let mut layers = Vec::with_capacity(cpu_layers);
         for l in 0..cpu_layers {
             let lv = m.pp("layers").pp(l.to_string());
             layers.push(DecoderLayer {
-                input_layernorm: candle_nn::rms_norm(
-                    config.hidden_size,
-                    config.rms_norm_eps,
-                    lv.pp("input_layernorm"),
-                )?,
+                input_layernorm: candle_nn::rms_norm(config.hidden_size, config.rms_norm_eps, lv.pp("input_layernorm"))?,
                 self_attn: Attention::new(&config, lv.pp("self_attn"))?,
-                post_attention_layernorm: candle_nn::rms_norm(
-                    config.hidden_size,
-                    config.rms_norm_eps,
-                    lv.pp("post_attention_layernorm"),
-                )?,
+                post_attention_layernorm: candle_nn::rms_norm(config.hidden_size, config.rms_norm_eps, lv.pp("post_attention_layernorm"))?,
                 mlp: FeedForward::new(&config, l, lv.pp("mlp"))?,
             });
         }
@@ -90,8 +71,7 @@ impl Qwen3Model {
         let lm_head = if config.tie_word_embeddings {
             embed_tokens.embeddings().clone()
         } else {
-            vb.pp("lm_head")
-                .get((config.vocab_size, config.hidden_size), "weight")?
+            vb.pp("lm_head").get((config.vocab_size, config.hidden_size), "weight")?
         };
         let rope = Rope::new(config.head_dim, config.rope_theta);
         Ok(Self {
@@ -114,24 +94,14 @@ impl Qwen3Model {
         let config = Qwen3Config::from_json(&read_config(dir)?)?;
         let dtype = match dtype {
             Some(d) => d,
-            None => config
-                .dtype
-                .as_deref()
-                .map(parse_dtype)
-                .transpose()?
-                .unwrap_or(DType::F32),
+            None => config.dtype.as_deref().map(parse_dtype).transpose()?.unwrap_or(DType::F32),
         };
         let vb = weights::safetensors_var_builder(dir, dtype, device)?;
         Self::new(config, vb)
     }
 
     /// Random weights for `config` (deterministic in `seed`).
-    pub fn dummy(
-        config: Qwen3Config,
-        seed: u64,
-        dtype: DType,
-        device: &Device,
-    ) -> Result<Self, ModelError> {
+    pub fn dummy(config: Qwen3Config, seed: u64, dtype: DType, device: &Device) -> Result<Self, ModelError> {
         let vb = weights::dummy_var_builder(seed, dtype, device);
         Self::new(config, vb)
     }
@@ -168,14 +138,8 @@ impl Qwen3Model {
         }
         let bs = kv.layout().block_size;
         for s in &batch.seqs {
-            if s.len == 0
-                || s.context_len < s.len
-                || s.start + s.len > t
-                || s.block_table.len() * bs < s.context_len
-            {
-                return Err(ModelError::Input(format!(
-                    "inconsistent sequence chunk {s:?}"
-                )));
+            if s.len == 0 || s.context_len < s.len || s.start + s.len > t || s.block_table.len() * bs < s.context_len {
+                return Err(ModelError::Input(format!("inconsistent sequence chunk {s:?}")));
             }
         }
         #[cfg(feature = "cuda")]
@@ -189,24 +153,13 @@ impl Qwen3Model {
         let mut x = self.embed_tokens.forward(&ids)?;
         for (l, layer) in self.layers.iter().enumerate() {
             let h = layer.input_layernorm.forward(&x)?;
-            let h = layer
-                .self_attn
-                .forward(&h, batch, &slots, &cos_sin, kv, l)?;
+            let h = layer.self_attn.forward(&h, batch, &slots, &cos_sin, kv, l)?;
             x = (x + h)?;
-            let h = layer
-                .mlp
-                .forward(&layer.post_attention_layernorm.forward(&x)?)?;
+            let h = layer.mlp.forward(&layer.post_attention_layernorm.forward(&x)?)?;
             x = (x + h)?;
         }
-        let rows = Tensor::from_vec(
-            batch
-                .logits_rows
-                .iter()
-                .map(|&r| r as u32)
-                .collect::<Vec<_>>(),
-            batch.logits_rows.len(),
-            &self.device,
-        )?;
+        let rows =
+            Tensor::from_vec(batch.logits_rows.iter().map(|&r| r as u32).collect::<Vec<_>>(), batch.logits_rows.len(), &self.device)?;
         let x = self.norm.forward(&x.index_select(&rows, 0)?)?;
         let logits = x.matmul(&self.lm_head.t()?)?;
         Ok(logits.to_dtype(DType::F32)?)

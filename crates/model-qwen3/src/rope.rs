@@ -10,9 +10,7 @@ pub struct Rope {
 impl Rope {
     pub fn new(head_dim: usize, theta: f64) -> Self {
         // HF: 1 / theta^(arange(0, dim, 2) / dim), in float32.
-        let inv_freq = (0..head_dim / 2)
-            .map(|i| 1.0 / (theta as f32).powf((2 * i) as f32 / head_dim as f32))
-            .collect();
+        let inv_freq = (0..head_dim / 2).map(|i| 1.0 / (theta as f32).powf((2 * i) as f32 / head_dim as f32)).collect();
         Self { inv_freq }
     }
 
@@ -29,10 +27,7 @@ impl Rope {
             }
         }
         let shape = (positions.len(), half);
-        Ok((
-            Tensor::from_vec(cos, shape, device)?,
-            Tensor::from_vec(sin, shape, device)?,
-        ))
+        Ok((Tensor::from_vec(cos, shape, device)?, Tensor::from_vec(sin, shape, device)?))
     }
 
     /// Applies the rotation to `x: [tokens, heads, head_dim]`.

@@ -18,26 +18,18 @@ use crate::ModelError;
 pub fn safetensors_files(dir: &Path) -> Result<Vec<PathBuf>, ModelError> {
     let index = dir.join("model.safetensors.index.json");
     if index.exists() {
-        let text = std::fs::read_to_string(&index)
-            .map_err(|e| ModelError::Weights(format!("{}: {e}", index.display())))?;
-        let v: serde_json::Value = serde_json::from_str(&text)
-            .map_err(|e| ModelError::Weights(format!("{}: {e}", index.display())))?;
+        let text = std::fs::read_to_string(&index).map_err(|e| ModelError::Weights(format!("{}: {e}", index.display())))?;
+        let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| ModelError::Weights(format!("{}: {e}", index.display())))?;
         let map = v
             .get("weight_map")
             .and_then(|m| m.as_object())
             .ok_or_else(|| ModelError::Weights(format!("{}: no weight_map", index.display())))?;
-        let mut files: Vec<String> = map
-            .values()
-            .filter_map(|f| f.as_str().map(str::to_string))
-            .collect();
+        let mut files: Vec<String> = map.values().filter_map(|f| f.as_str().map(str::to_string)).collect();
         files.sort();
         files.dedup();
         let paths: Vec<PathBuf> = files.iter().map(|f| dir.join(f)).collect();
         if let Some(missing) = paths.iter().find(|p| !p.exists()) {
-            return Err(ModelError::Weights(format!(
-                "shard {} listed in the index is missing",
-                missing.display()
-            )));
+            return Err(ModelError::Weights(format!("shard {} listed in the index is missing", missing.display())));
         }
         return Ok(paths);
     }
@@ -45,24 +37,16 @@ pub fn safetensors_files(dir: &Path) -> Result<Vec<PathBuf>, ModelError> {
     if single.exists() {
         return Ok(vec![single]);
     }
-    Err(ModelError::Weights(format!(
-        "no model.safetensors or model.safetensors.index.json in {}",
-        dir.display()
-    )))
+    Err(ModelError::Weights(format!("no model.safetensors or model.safetensors.index.json in {}", dir.display())))
 }
 
 /// Memory-maps the checkpoint's safetensors; tensors are converted to
 /// `dtype` as they are read.
-pub fn safetensors_var_builder(
-    dir: &Path,
-    dtype: DType,
-    device: &Device,
-) -> Result<VarBuilder<'static>, ModelError> {
+pub fn safetensors_var_builder(dir: &Path, dtype: DType, device: &Device) -> Result<VarBuilder<'static>, ModelError> {
     let files = safetensors_files(dir)?;
     // SAFETY: the files are memory-mapped read-only; modifying them while
     // the server runs is undefined, as with every mmap-based loader.
-    unsafe { VarBuilder::from_mmaped_safetensors(&files, dtype, device) }
-        .map_err(|e| ModelError::Weights(e.to_string()))
+    unsafe { VarBuilder::from_mmaped_safetensors(&files, dtype, device) }.map_err(|e| ModelError::Weights(e.to_string()))
 }
 
 /// Random weights: each tensor is drawn from a generator seeded by its
@@ -71,10 +55,7 @@ pub fn safetensors_var_builder(
 pub fn dummy_var_builder(seed: u64, dtype: DType, device: &Device) -> VarBuilder<'static> {
     // On a GPU, weights are drawn there (curand) and experts come fused:
     // the 30B-shaped model would take minutes to draw on one host thread.
-    let backend: Box<dyn SimpleBackend> = Box::new(DummyBackend {
-        seed,
-        on_device: !device.is_cpu(),
-    });
+    let backend: Box<dyn SimpleBackend> = Box::new(DummyBackend { seed, on_device: !device.is_cpu() });
     VarBuilder::from_backend(backend, dtype, device.clone())
 }
 
@@ -84,14 +65,7 @@ struct DummyBackend {
 }
 
 impl SimpleBackend for DummyBackend {
-    fn get(
-        &self,
-        s: Shape,
-        name: &str,
-        _h: Init,
-        dtype: DType,
-        dev: &Device,
-    ) -> candle_core::Result<Tensor> {
+    fn get(&self, s: Shape, name: &str, _h: Init, dtype: DType, dev: &Device) -> candle_core::Result<Tensor> {
         if name.ends_with("norm.weight") {
             return Tensor::ones(s, dtype, dev);
         }
@@ -106,27 +80,17 @@ impl SimpleBackend for DummyBackend {
             return Tensor::rand(-a, a, s, dev)?.to_dtype(dtype);
         }
         let mut rng = rand::rngs::StdRng::seed_from_u64(hasher.finish());
-        let data: Vec<f32> = (0..s.elem_count())
-            .map(|_| rng.random_range(-a..a))
-            .collect();
-        Tensor::from_vec(data, s, &Device::Cpu)?
-            .to_dtype(dtype)?
-            .to_device(dev)
+        let data: Vec<f32> = (0..s.elem_count()).map(|_| rng.random_range(-a..a)).collect();
+        Tensor::from_vec(data, s, &Device::Cpu)?.to_dtype(dtype)?.to_device(dev)
     }
 
-    fn get_unchecked(
-        &self,
-        name: &str,
-        _dtype: DType,
-        _dev: &Device,
-    ) -> candle_core::Result<Tensor> {
+    fn get_unchecked(&self, name: &str, _dtype: DType, _dev: &Device) -> candle_core::Result<Tensor> {
         candle_core::bail!("dummy weights need a shape for {name}")
     }
 
     fn contains_tensor(&self, name: &str) -> bool {
         // Expert weights are requested in the per-expert layout on a CPU,
         // fused on a GPU.
-        self.on_device
-            || (!name.contains("experts.gate_up_proj") && !name.ends_with("experts.down_proj"))
+        self.on_device || (!name.contains("experts.gate_up_proj") && !name.ends_with("experts.down_proj"))
     }
 }

@@ -12,15 +12,8 @@ use kvc_model_qwen3::{BatchInput, Qwen3Config, Qwen3Model, SeqChunk};
 use rand::{Rng, SeedableRng};
 
 const IGNORE: &str = "needs a CUDA device: run with scripts/gpu_run.sh";
-const FIXTURES: &[&str] = &[
-    "dense",
-    "dense-tied-hub",
-    "dense-bf16",
-    "moe-norm",
-    "moe-nonorm-hub",
-    "moe-mlp-only-sharded",
-    "moe-sparse-step",
-];
+const FIXTURES: &[&str] =
+    &["dense", "dense-tied-hub", "dense-bf16", "moe-norm", "moe-nonorm-hub", "moe-mlp-only-sharded", "moe-sparse-step"];
 const BLOCK_SIZE: usize = 4;
 /// ‖gpu − reference‖ / ‖reference‖ allowed for bf16 weights and activations
 /// against transformers' f32 logits.
@@ -48,13 +41,7 @@ struct Case {
 fn cases(name: &str) -> Vec<Case> {
     let text = std::fs::read_to_string(fixture_dir(name).join("reference.json")).unwrap();
     let v: serde_json::Value = serde_json::from_str(&text).unwrap();
-    let ids = |x: &serde_json::Value| {
-        x.as_array()
-            .unwrap()
-            .iter()
-            .map(|t| t.as_u64().unwrap() as u32)
-            .collect::<Vec<_>>()
-    };
+    let ids = |x: &serde_json::Value| x.as_array().unwrap().iter().map(|t| t.as_u64().unwrap() as u32).collect::<Vec<_>>();
     v["cases"]
         .as_array()
         .unwrap()
@@ -66,13 +53,7 @@ fn cases(name: &str) -> Vec<Case> {
                 .as_array()
                 .unwrap()
                 .iter()
-                .map(|row| {
-                    row.as_array()
-                        .unwrap()
-                        .iter()
-                        .map(|x| x.as_f64().unwrap() as f32)
-                        .collect()
-                })
+                .map(|row| row.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect())
                 .collect(),
         })
         .collect()
@@ -85,35 +66,17 @@ fn rel_err(a: &[f32], b: &[f32]) -> f64 {
 }
 
 fn argmax(v: &[f32]) -> u32 {
-    v.iter()
-        .enumerate()
-        .max_by(|a, b| a.1.total_cmp(b.1))
-        .unwrap()
-        .0 as u32
+    v.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).unwrap().0 as u32
 }
 
 fn scattered_table(tokens: usize, num_blocks: usize) -> Vec<BlockId> {
-    (0..tokens.div_ceil(BLOCK_SIZE))
-        .map(|i| (num_blocks - 1 - 2 * i) as BlockId)
-        .collect()
+    (0..tokens.div_ceil(BLOCK_SIZE)).map(|i| (num_blocks - 1 - 2 * i) as BlockId).collect()
 }
 
-fn run_chunk(
-    model: &Qwen3Model,
-    kv: &mut KvStorage,
-    table: &[BlockId],
-    tokens: &[u32],
-    from: usize,
-    to: usize,
-) -> Vec<Vec<f32>> {
+fn run_chunk(model: &Qwen3Model, kv: &mut KvStorage, table: &[BlockId], tokens: &[u32], from: usize, to: usize) -> Vec<Vec<f32>> {
     let batch = BatchInput {
         tokens: tokens[from..to].to_vec(),
-        seqs: vec![SeqChunk {
-            start: 0,
-            len: to - from,
-            context_len: to,
-            block_table: table,
-        }],
+        seqs: vec![SeqChunk { start: 0, len: to - from, context_len: to, block_table: table }],
         logits_rows: (0..to - from).collect(),
     };
     model.forward(&batch, kv).unwrap().to_vec2::<f32>().unwrap()
@@ -135,37 +98,29 @@ fn fixtures_match_transformers_within_bf16_tolerance_and_greedy_agrees() {
             let table = scattered_table(n, nb);
             // Teacher-forced on the reference tokens: logits at every step.
             let mut seq = case.prompt.clone();
-            let mut logits = run_chunk(&model, &mut kv, &table, &seq, 0, seq.len())
-                .pop()
-                .unwrap();
+            let mut logits = run_chunk(&model, &mut kv, &table, &seq, 0, seq.len()).pop().unwrap();
             for (step, &tok) in case.greedy.iter().enumerate() {
                 let r = &case.logits[step];
                 let e = rel_err(&logits, r);
                 worst = worst.max(e);
-                assert!(
-                    e < BF16_REL_TOL,
-                    "{name} case {ci} step {step}: relative error {e:.4}"
-                );
+                assert!(e < BF16_REL_TOL, "{name} case {ci} step {step}: relative error {e:.4}");
                 // Greedy: our choice must be the reference's, unless the
                 // reference's top two are closer than our error allows.
                 let ours = argmax(&logits);
-                let max_abs = logits
-                    .iter()
-                    .zip(r)
-                    .map(|(a, b)| (a - b).abs())
-                    .fold(0f32, f32::max);
+                let max_abs = logits.iter().zip(r).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
                 total += 1;
                 if ours == tok {
                     agree += 1;
                 } else {
                     near_ties += 1;
-                    assert!(r[tok as usize] - r[ours as usize] <= 2.0 * max_abs, "{name} case {ci} step {step}: picked {ours}, reference {tok} by a clear margin");
+                    assert!(
+                        r[tok as usize] - r[ours as usize] <= 2.0 * max_abs,
+                        "{name} case {ci} step {step}: picked {ours}, reference {tok} by a clear margin"
+                    );
                 }
                 seq.push(tok);
                 if step + 1 < case.greedy.len() {
-                    logits = run_chunk(&model, &mut kv, &table, &seq, seq.len() - 1, seq.len())
-                        .pop()
-                        .unwrap();
+                    logits = run_chunk(&model, &mut kv, &table, &seq, seq.len() - 1, seq.len()).pop().unwrap();
                 }
             }
         }
@@ -190,20 +145,13 @@ fn moe_tensor_core_and_cuda_core_expert_kernels_both_match_transformers() {
             for small_pairs in [usize::MAX - 1, 0] {
                 kvc_model_qwen3::cuda::set_moe_small_pairs(small_pairs);
                 let mut kv = KvStorage::new_on(model.kv_layout(BLOCK_SIZE), nb, &dev).unwrap();
-                let last = run_chunk(&model, &mut kv, &table, &case.prompt, 0, n)
-                    .pop()
-                    .unwrap();
+                let last = run_chunk(&model, &mut kv, &table, &case.prompt, 0, n).pop().unwrap();
                 let e = rel_err(&last, &case.logits[0]);
-                assert!(
-                    e < BF16_REL_TOL,
-                    "{name}: expert kernel (small_pairs {small_pairs}) relative error {e}"
-                );
+                assert!(e < BF16_REL_TOL, "{name}: expert kernel (small_pairs {small_pairs}) relative error {e}");
                 rows.push(last);
             }
             let e = rel_err(&rows[1], &rows[0]);
-            println!(
-                "{name}: tensor-core vs CUDA-core expert kernels: relative difference {e:.2e}"
-            );
+            println!("{name}: tensor-core vs CUDA-core expert kernels: relative difference {e:.2e}");
             assert!(e < 1e-2, "{name}: the two expert kernels differ by {e}");
         }
     }
@@ -228,16 +176,9 @@ fn chunked_prefill_and_batching_match_single_pass_on_gpu() {
             let mut from = 0;
             while from < n {
                 let to = (from + chunk).min(n);
-                for (i, row) in run_chunk(&model, &mut kv, &table, &case.prompt, from, to)
-                    .iter()
-                    .enumerate()
-                {
+                for (i, row) in run_chunk(&model, &mut kv, &table, &case.prompt, from, to).iter().enumerate() {
                     let e = rel_err(row, &single[from + i]);
-                    assert!(
-                        e < 2e-2,
-                        "{name} chunk {chunk}: position {} relative error {e}",
-                        from + i
-                    );
+                    assert!(e < 2e-2, "{name} chunk {chunk}: position {} relative error {e}", from + i);
                 }
                 from = to;
             }
@@ -247,56 +188,26 @@ fn chunked_prefill_and_batching_match_single_pass_on_gpu() {
         let ta: Vec<BlockId> = (0..a.len().div_ceil(BLOCK_SIZE) as u32).collect();
         let tb: Vec<BlockId> = (32..32 + b.len().div_ceil(BLOCK_SIZE) as u32).collect();
         let mut kv = KvStorage::new_on(model.kv_layout(BLOCK_SIZE), 64, &dev).unwrap();
-        let alone_a = run_chunk(&model, &mut kv, &ta, a, 0, a.len())
-            .pop()
-            .unwrap();
-        let alone_b = run_chunk(&model, &mut kv, &tb, b, 0, b.len())
-            .pop()
-            .unwrap();
+        let alone_a = run_chunk(&model, &mut kv, &ta, a, 0, a.len()).pop().unwrap();
+        let alone_b = run_chunk(&model, &mut kv, &tb, b, 0, b.len()).pop().unwrap();
         let mut kv = KvStorage::new_on(model.kv_layout(BLOCK_SIZE), 64, &dev).unwrap();
         let batch = BatchInput {
             tokens: a.iter().chain(b.iter()).copied().collect(),
             seqs: vec![
-                SeqChunk {
-                    start: 0,
-                    len: a.len(),
-                    context_len: a.len(),
-                    block_table: &ta,
-                },
-                SeqChunk {
-                    start: a.len(),
-                    len: b.len(),
-                    context_len: b.len(),
-                    block_table: &tb,
-                },
+                SeqChunk { start: 0, len: a.len(), context_len: a.len(), block_table: &ta },
+                SeqChunk { start: a.len(), len: b.len(), context_len: b.len(), block_table: &tb },
             ],
             logits_rows: vec![a.len() - 1, a.len() + b.len() - 1],
         };
-        let both = model
-            .forward(&batch, &mut kv)
-            .unwrap()
-            .to_vec2::<f32>()
-            .unwrap();
-        assert!(
-            rel_err(&both[0], &alone_a) < 1e-2 && rel_err(&both[1], &alone_b) < 1e-2,
-            "{name}: batched differs from alone"
-        );
+        let both = model.forward(&batch, &mut kv).unwrap().to_vec2::<f32>().unwrap();
+        assert!(rel_err(&both[0], &alone_a) < 1e-2 && rel_err(&both[1], &alone_b) < 1e-2, "{name}: batched differs from alone");
     }
 }
 
 /// Straightforward attention in f64 on the host: each query token of a
 /// chunk attends causally over its sequence's gathered K/V.
 #[allow(clippy::too_many_arguments)]
-fn reference_attention(
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    q_len: usize,
-    ctx: usize,
-    nh: usize,
-    nkv: usize,
-    hd: usize,
-) -> Vec<f32> {
+fn reference_attention(q: &[f32], k: &[f32], v: &[f32], q_len: usize, ctx: usize, nh: usize, nkv: usize, hd: usize) -> Vec<f32> {
     let g = nh / nkv;
     let scale = 1.0 / (hd as f64).sqrt();
     let mut out = vec![0f32; q_len * nh * hd];
@@ -305,22 +216,13 @@ fn reference_attention(
         for h in 0..nh {
             let kh = h / g;
             let qv = &q[(t * nh + h) * hd..(t * nh + h + 1) * hd];
-            let s: Vec<f64> = (0..=pos)
-                .map(|j| {
-                    (0..hd)
-                        .map(|d| qv[d] as f64 * k[(j * nkv + kh) * hd + d] as f64)
-                        .sum::<f64>()
-                        * scale
-                })
-                .collect();
+            let s: Vec<f64> =
+                (0..=pos).map(|j| (0..hd).map(|d| qv[d] as f64 * k[(j * nkv + kh) * hd + d] as f64).sum::<f64>() * scale).collect();
             let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
             let w: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
             let z: f64 = w.iter().sum();
             for d in 0..hd {
-                let o: f64 = (0..=pos)
-                    .map(|j| w[j] * v[(j * nkv + kh) * hd + d] as f64)
-                    .sum::<f64>()
-                    / z;
+                let o: f64 = (0..=pos).map(|j| w[j] * v[(j * nkv + kh) * hd + d] as f64).sum::<f64>() / z;
                 out[(t * nh + h) * hd + d] = o as f32;
             }
         }
@@ -336,13 +238,7 @@ fn paged_attention_kernels_match_reference_on_random_data() {
     let mut rng = rand::rngs::StdRng::seed_from_u64(42);
     // (heads, kv heads, head dim, block size, [(new tokens, context)])
     let shapes: &[(usize, usize, usize, usize, &[(usize, usize)])] = &[
-        (
-            32,
-            4,
-            128,
-            16,
-            &[(1, 2049), (1, 37), (7, 7), (100, 301), (1, 5000)],
-        ),
+        (32, 4, 128, 16, &[(1, 2049), (1, 37), (7, 7), (100, 301), (1, 5000)]),
         (32, 4, 128, 16, &[(1, 3001)]), // one long decode: split over the KV length
         (4, 2, 16, 4, &[(13, 13), (1, 22), (5, 50)]),
         (8, 1, 64, 8, &[(33, 90), (1, 1), (2, 9)]),
@@ -351,80 +247,38 @@ fn paged_attention_kernels_match_reference_on_random_data() {
     for &(nh, nkv, hd, bs, seqs) in shapes {
         let blocks_needed: usize = seqs.iter().map(|&(_, c)| c.div_ceil(bs)).sum();
         let nb = blocks_needed * 2 + 3;
-        let layout = KvLayout {
-            num_layers: 2,
-            num_kv_heads: nkv,
-            head_dim: hd,
-            block_size: bs,
-            dtype: DType::BF16,
-        };
+        let layout = KvLayout { num_layers: 2, num_kv_heads: nkv, head_dim: hd, block_size: bs, dtype: DType::BF16 };
         let mut kv = KvStorage::new_on(layout, nb, &dev).unwrap();
         // Shuffled, non-contiguous block tables.
         let mut free: Vec<BlockId> = (0..nb as BlockId).collect();
         for i in (1..free.len()).rev() {
             free.swap(i, rng.random_range(0..=i));
         }
-        let tables: Vec<Vec<BlockId>> = seqs
-            .iter()
-            .map(|&(_, c)| (0..c.div_ceil(bs)).map(|_| free.pop().unwrap()).collect())
-            .collect();
+        let tables: Vec<Vec<BlockId>> = seqs.iter().map(|&(_, c)| (0..c.div_ceil(bs)).map(|_| free.pop().unwrap()).collect()).collect();
         let layer = 1;
         let mut host_kv = Vec::new();
         for (i, &(_, c)) in seqs.iter().enumerate() {
-            let k = Tensor::randn(0f32, 1.0, (c, nkv, hd), &Device::Cpu)
-                .unwrap()
-                .to_dtype(DType::BF16)
-                .unwrap();
-            let v = Tensor::randn(0f32, 1.0, (c, nkv, hd), &Device::Cpu)
-                .unwrap()
-                .to_dtype(DType::BF16)
-                .unwrap();
-            let slots: Vec<usize> = (0..c)
-                .map(|p| tables[i][p / bs] as usize * bs + p % bs)
-                .collect();
+            let k = Tensor::randn(0f32, 1.0, (c, nkv, hd), &Device::Cpu).unwrap().to_dtype(DType::BF16).unwrap();
+            let v = Tensor::randn(0f32, 1.0, (c, nkv, hd), &Device::Cpu).unwrap().to_dtype(DType::BF16).unwrap();
+            let slots: Vec<usize> = (0..c).map(|p| tables[i][p / bs] as usize * bs + p % bs).collect();
             kv.write(layer, &slots, &k, &v).unwrap();
-            let f = |t: &Tensor| {
-                t.to_dtype(DType::F32)
-                    .unwrap()
-                    .flatten_all()
-                    .unwrap()
-                    .to_vec1::<f32>()
-                    .unwrap()
-            };
+            let f = |t: &Tensor| t.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
             host_kv.push((f(&k), f(&v)));
         }
         let total: usize = seqs.iter().map(|s| s.0).sum();
-        let q = Tensor::randn(0f32, 1.0, (total, nh * hd), &Device::Cpu)
-            .unwrap()
-            .to_dtype(DType::BF16)
-            .unwrap();
-        let qh = q
-            .to_dtype(DType::F32)
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .to_vec1::<f32>()
-            .unwrap();
+        let q = Tensor::randn(0f32, 1.0, (total, nh * hd), &Device::Cpu).unwrap().to_dtype(DType::BF16).unwrap();
+        let qh = q.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
         let mut start = 0;
         let chunks: Vec<SeqChunk> = seqs
             .iter()
             .enumerate()
             .map(|(i, &(len, c))| {
-                let s = SeqChunk {
-                    start,
-                    len,
-                    context_len: c,
-                    block_table: &tables[i],
-                };
+                let s = SeqChunk { start, len, context_len: c, block_table: &tables[i] };
                 start += len;
                 s
             })
             .collect();
-        let batch = BatchInput {
-            tokens: vec![0; total],
-            seqs: chunks,
-            logits_rows: vec![0],
-        };
+        let batch = BatchInput { tokens: vec![0; total], seqs: chunks, logits_rows: vec![0] };
         let plan = AttentionPlan::new(&batch, nh, nkv, &dev).unwrap();
         let cache = kv.device_tensor().unwrap();
         let attn = PagedAttention {
@@ -433,16 +287,8 @@ fn paged_attention_kernels_match_reference_on_random_data() {
             head_dim: hd,
             scale: 1.0 / (hd as f32).sqrt(),
         };
-        let out = attn
-            .forward(&kernels, &q.to_device(&dev).unwrap(), &plan)
-            .unwrap();
-        let out = out
-            .to_dtype(DType::F32)
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .to_vec1::<f32>()
-            .unwrap();
+        let out = attn.forward(&kernels, &q.to_device(&dev).unwrap(), &plan).unwrap();
+        let out = out.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
         let mut start = 0;
         for (i, &(len, c)) in seqs.iter().enumerate() {
             let qs = &qh[start * nh * hd..(start + len) * nh * hd];
@@ -478,60 +324,28 @@ fn qwen3_30b_shape_runs_prefill_and_256_decode_steps_with_finite_logits() {
     let (prompt, steps, seqs) = (1000usize, 256usize, 2usize);
     let per_seq = (prompt + steps).div_ceil(bs);
     let mut kv = KvStorage::new_on(model.kv_layout(bs), per_seq * seqs, &dev).unwrap();
-    let tables: Vec<Vec<BlockId>> = (0..seqs)
-        .map(|i| ((i * per_seq) as BlockId..((i + 1) * per_seq) as BlockId).collect())
-        .collect();
-    let tokens: Vec<u32> = (0..prompt * seqs)
-        .map(|i| (i * 7919 % 150000) as u32 + 10)
-        .collect();
+    let tables: Vec<Vec<BlockId>> = (0..seqs).map(|i| ((i * per_seq) as BlockId..((i + 1) * per_seq) as BlockId).collect()).collect();
+    let tokens: Vec<u32> = (0..prompt * seqs).map(|i| (i * 7919 % 150000) as u32 + 10).collect();
     let batch = BatchInput {
         tokens,
-        seqs: (0..seqs)
-            .map(|i| SeqChunk {
-                start: i * prompt,
-                len: prompt,
-                context_len: prompt,
-                block_table: &tables[i],
-            })
-            .collect(),
+        seqs: (0..seqs).map(|i| SeqChunk { start: i * prompt, len: prompt, context_len: prompt, block_table: &tables[i] }).collect(),
         logits_rows: (0..seqs).map(|i| i * prompt + prompt - 1).collect(),
     };
-    let finite = |l: &Tensor| {
-        l.to_vec2::<f32>()
-            .unwrap()
-            .iter()
-            .flatten()
-            .all(|x| x.is_finite())
-    };
+    let finite = |l: &Tensor| l.to_vec2::<f32>().unwrap().iter().flatten().all(|x| x.is_finite());
     let logits = model.forward(&batch, &mut kv).unwrap();
     assert!(finite(&logits), "prefill logits");
-    let mut next: Vec<u32> = logits
-        .argmax(candle_core::D::Minus1)
-        .unwrap()
-        .to_vec1()
-        .unwrap();
+    let mut next: Vec<u32> = logits.argmax(candle_core::D::Minus1).unwrap().to_vec1().unwrap();
     let mut distinct = std::collections::HashSet::new();
     for step in 0..steps {
         let ctx = prompt + step + 1;
         let batch = BatchInput {
             tokens: next.clone(),
-            seqs: (0..seqs)
-                .map(|i| SeqChunk {
-                    start: i,
-                    len: 1,
-                    context_len: ctx,
-                    block_table: &tables[i],
-                })
-                .collect(),
+            seqs: (0..seqs).map(|i| SeqChunk { start: i, len: 1, context_len: ctx, block_table: &tables[i] }).collect(),
             logits_rows: (0..seqs).collect(),
         };
         let logits = model.forward(&batch, &mut kv).unwrap();
         assert!(finite(&logits), "decode step {step}");
-        next = logits
-            .argmax(candle_core::D::Minus1)
-            .unwrap()
-            .to_vec1()
-            .unwrap();
+        next = logits.argmax(candle_core::D::Minus1).unwrap().to_vec1().unwrap();
         distinct.extend(next.iter().copied());
     }
     println!("30B-shaped dummy model: prefill {prompt} x {seqs} + {steps} decode steps, finite logits, {} distinct tokens", distinct.len());

@@ -8,21 +8,12 @@ use candle_core::{DType, Device};
 use kvc_kv_pool::{BlockId, KvStorage};
 use kvc_model_qwen3::{BatchInput, Qwen3Model, SeqChunk};
 
-const FIXTURES: &[&str] = &[
-    "dense",
-    "dense-tied-hub",
-    "dense-bf16",
-    "moe-norm",
-    "moe-nonorm-hub",
-    "moe-mlp-only-sharded",
-    "moe-sparse-step",
-];
+const FIXTURES: &[&str] =
+    &["dense", "dense-tied-hub", "dense-bf16", "moe-norm", "moe-nonorm-hub", "moe-mlp-only-sharded", "moe-sparse-step"];
 const BLOCK_SIZE: usize = 4;
 
 fn fixture_dir(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures")
-        .join(name)
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
 }
 
 struct Case {
@@ -34,13 +25,7 @@ struct Case {
 fn cases(name: &str) -> Vec<Case> {
     let text = std::fs::read_to_string(fixture_dir(name).join("reference.json")).unwrap();
     let v: serde_json::Value = serde_json::from_str(&text).unwrap();
-    let ids = |x: &serde_json::Value| {
-        x.as_array()
-            .unwrap()
-            .iter()
-            .map(|t| t.as_u64().unwrap() as u32)
-            .collect::<Vec<_>>()
-    };
+    let ids = |x: &serde_json::Value| x.as_array().unwrap().iter().map(|t| t.as_u64().unwrap() as u32).collect::<Vec<_>>();
     v["cases"]
         .as_array()
         .unwrap()
@@ -52,13 +37,7 @@ fn cases(name: &str) -> Vec<Case> {
                 .as_array()
                 .unwrap()
                 .iter()
-                .map(|row| {
-                    row.as_array()
-                        .unwrap()
-                        .iter()
-                        .map(|x| x.as_f64().unwrap() as f32)
-                        .collect()
-                })
+                .map(|row| row.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect())
                 .collect(),
         })
         .collect()
@@ -66,54 +45,32 @@ fn cases(name: &str) -> Vec<Case> {
 
 fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
 }
 
 fn argmax(v: &[f32]) -> u32 {
-    v.iter()
-        .enumerate()
-        .max_by(|a, b| a.1.total_cmp(b.1))
-        .unwrap()
-        .0 as u32
+    v.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).unwrap().0 as u32
 }
 
 /// A block table that is deliberately not in allocation order.
 fn scattered_table(tokens: usize, num_blocks: usize) -> Vec<BlockId> {
     let n = tokens.div_ceil(BLOCK_SIZE);
-    (0..n)
-        .map(|i| (num_blocks - 1 - 2 * i) as BlockId)
-        .collect()
+    (0..n).map(|i| (num_blocks - 1 - 2 * i) as BlockId).collect()
 }
 
 /// Runs `tokens[from..to]` of a sequence as one chunk; returns the logits
 /// of every token of the chunk.
-fn run_chunk(
-    model: &Qwen3Model,
-    kv: &mut KvStorage,
-    table: &[BlockId],
-    tokens: &[u32],
-    from: usize,
-    to: usize,
-) -> Vec<Vec<f32>> {
+fn run_chunk(model: &Qwen3Model, kv: &mut KvStorage, table: &[BlockId], tokens: &[u32], from: usize, to: usize) -> Vec<Vec<f32>> {
     let batch = BatchInput {
         tokens: tokens[from..to].to_vec(),
-        seqs: vec![SeqChunk {
-            start: 0,
-            len: to - from,
-            context_len: to,
-            block_table: table,
-        }],
+        seqs: vec![SeqChunk { start: 0, len: to - from, context_len: to, block_table: table }],
         logits_rows: (0..to - from).collect(),
     };
     model.forward(&batch, kv).unwrap().to_vec2::<f32>().unwrap()
 }
 
 fn load(name: &str) -> Qwen3Model {
-    Qwen3Model::load(&fixture_dir(name), Some(DType::F32), &Device::Cpu)
-        .unwrap_or_else(|e| panic!("loading fixture {name}: {e}"))
+    Qwen3Model::load(&fixture_dir(name), Some(DType::F32), &Device::Cpu).unwrap_or_else(|e| panic!("loading fixture {name}: {e}"))
 }
 
 #[test]
@@ -131,16 +88,10 @@ fn prefill_and_decode_logits_match_transformers() {
             for (step, &expected_tok) in case.greedy.iter().enumerate() {
                 let d = max_abs_diff(&logits, &case.logits[step]);
                 assert!(d < 1e-4, "{name} case {ci} step {step}: max |diff| {d}");
-                assert_eq!(
-                    argmax(&logits),
-                    expected_tok,
-                    "{name} case {ci} step {step}: greedy token"
-                );
+                assert_eq!(argmax(&logits), expected_tok, "{name} case {ci} step {step}: greedy token");
                 seq.push(expected_tok);
                 if step + 1 < case.greedy.len() {
-                    logits = run_chunk(&model, &mut kv, &table, &seq, seq.len() - 1, seq.len())
-                        .pop()
-                        .unwrap();
+                    logits = run_chunk(&model, &mut kv, &table, &seq, seq.len() - 1, seq.len()).pop().unwrap();
                 }
             }
         }
@@ -165,11 +116,7 @@ fn chunked_prefill_matches_single_pass() {
                 let rows = run_chunk(&model, &mut kv, &table, &case.prompt, from, to);
                 for (i, row) in rows.iter().enumerate() {
                     let d = max_abs_diff(row, &single[from + i]);
-                    assert!(
-                        d < 1e-5,
-                        "{name} chunk {chunk}: position {} differs by {d}",
-                        from + i
-                    );
+                    assert!(d < 1e-5, "{name} chunk {chunk}: position {} differs by {d}", from + i);
                 }
                 from = to;
             }
@@ -186,52 +133,29 @@ fn sequences_batched_together_match_each_alone() {
     let ta: Vec<BlockId> = (0..a.len().div_ceil(BLOCK_SIZE) as u32).collect();
     let tb: Vec<BlockId> = (32..32 + b.len().div_ceil(BLOCK_SIZE) as u32).collect();
     let mut kv = KvStorage::new(model.kv_layout(BLOCK_SIZE), num_blocks).unwrap();
-    let alone_a = run_chunk(&model, &mut kv, &ta, a, 0, a.len())
-        .pop()
-        .unwrap();
-    let alone_b = run_chunk(&model, &mut kv, &tb, b, 0, b.len())
-        .pop()
-        .unwrap();
+    let alone_a = run_chunk(&model, &mut kv, &ta, a, 0, a.len()).pop().unwrap();
+    let alone_b = run_chunk(&model, &mut kv, &tb, b, 0, b.len()).pop().unwrap();
     let mut kv = KvStorage::new(model.kv_layout(BLOCK_SIZE), num_blocks).unwrap();
     let batch = BatchInput {
         tokens: a.iter().chain(b.iter()).copied().collect(),
         seqs: vec![
-            SeqChunk {
-                start: 0,
-                len: a.len(),
-                context_len: a.len(),
-                block_table: &ta,
-            },
-            SeqChunk {
-                start: a.len(),
-                len: b.len(),
-                context_len: b.len(),
-                block_table: &tb,
-            },
+            SeqChunk { start: 0, len: a.len(), context_len: a.len(), block_table: &ta },
+            SeqChunk { start: a.len(), len: b.len(), context_len: b.len(), block_table: &tb },
         ],
         logits_rows: vec![a.len() - 1, a.len() + b.len() - 1],
     };
-    let both = model
-        .forward(&batch, &mut kv)
-        .unwrap()
-        .to_vec2::<f32>()
-        .unwrap();
+    let both = model.forward(&batch, &mut kv).unwrap().to_vec2::<f32>().unwrap();
     assert!(max_abs_diff(&both[0], &alone_a) < 1e-5);
     assert!(max_abs_diff(&both[1], &alone_b) < 1e-5);
 }
 
 #[test]
 fn dummy_weights_are_deterministic_and_finite() {
-    let cfg = kvc_model_qwen3::Qwen3Config::from_json(
-        &kvc_model_qwen3::read_config(&fixture_dir("moe-norm")).unwrap(),
-    )
-    .unwrap();
+    let cfg = kvc_model_qwen3::Qwen3Config::from_json(&kvc_model_qwen3::read_config(&fixture_dir("moe-norm")).unwrap()).unwrap();
     let run = |seed| {
         let m = Qwen3Model::dummy(cfg.clone(), seed, DType::F32, &Device::Cpu).unwrap();
         let mut kv = KvStorage::new(m.kv_layout(BLOCK_SIZE), 4).unwrap();
-        run_chunk(&m, &mut kv, &[0, 1], &[1, 2, 3], 0, 3)
-            .pop()
-            .unwrap()
+        run_chunk(&m, &mut kv, &[0, 1], &[1, 2, 3], 0, 3).pop().unwrap()
     };
     let (a, b, c) = (run(7), run(7), run(8));
     assert!(a.iter().all(|x| x.is_finite()));
@@ -243,15 +167,8 @@ fn dummy_weights_are_deterministic_and_finite() {
 fn missing_weights_are_a_clear_error() {
     let dir = std::env::temp_dir().join(format!("kvc-empty-model-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    std::fs::copy(
-        fixture_dir("dense").join("config.json"),
-        dir.join("config.json"),
-    )
-    .unwrap();
-    let err = Qwen3Model::load(&dir, None, &Device::Cpu)
-        .err()
-        .unwrap()
-        .to_string();
+    std::fs::copy(fixture_dir("dense").join("config.json"), dir.join("config.json")).unwrap();
+    let err = Qwen3Model::load(&dir, None, &Device::Cpu).err().unwrap().to_string();
     assert!(err.contains("model.safetensors"), "{err}");
     std::fs::remove_dir_all(&dir).ok();
 }

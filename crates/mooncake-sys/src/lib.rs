@@ -77,27 +77,15 @@ mod tests {
         let e = createTransferEngine(meta.as_ptr(), host.as_ptr(), empty.as_ptr(), 0, 0);
         assert!(!e.is_null(), "createTransferEngine failed");
         let tcp = CString::new("tcp").unwrap();
-        assert!(
-            !installTransport(e, tcp.as_ptr(), ptr::null_mut()).is_null(),
-            "installTransport(tcp) failed"
-        );
+        assert!(!installTransport(e, tcp.as_ptr(), ptr::null_mut()).is_null(), "installTransport(tcp) failed");
         let mut buf = [0 as c_char; 256];
-        check(
-            "getLocalIpAndPort",
-            getLocalIpAndPort(e, buf.as_mut_ptr(), buf.len()),
-        );
-        (
-            e,
-            CStr::from_ptr(buf.as_ptr()).to_str().unwrap().to_string(),
-        )
+        check("getLocalIpAndPort", getLocalIpAndPort(e, buf.as_mut_ptr(), buf.len()));
+        (e, CStr::from_ptr(buf.as_ptr()).to_str().unwrap().to_string())
     }
 
     #[test]
     fn unavailable_error_names_the_setup_script() {
-        let msg = MooncakeSysError::NotAvailable {
-            linkage: "none (test)",
-        }
-        .to_string();
+        let msg = MooncakeSysError::NotAvailable { linkage: "none (test)" }.to_string();
         assert!(msg.contains("bash scripts/mooncake_setup.sh"), "{msg}");
     }
 
@@ -105,9 +93,7 @@ mod tests {
     fn every_verified_release_has_the_checked_request_layout() {
         assert!(find_verified("mooncake_transfer_engine_non_cuda", "0.3.13.post1").is_some());
         assert!(find_verified("mooncake-transfer-engine-cuda13", "0.3.14").is_none());
-        assert!(VERIFIED_RELEASES
-            .iter()
-            .all(|r| r.transfer_request_bytes == 56));
+        assert!(VERIFIED_RELEASES.iter().all(|r| r.transfer_request_bytes == 56));
     }
 
     /// The C API end to end, through whatever this build links: a write
@@ -125,14 +111,8 @@ mod tests {
             let mut src: Vec<u8> = (0..LEN).map(|i| (i * 31 % 251) as u8).collect();
             let mut dst = vec![0u8; LEN];
             let any = CString::new("*").unwrap();
-            check(
-                "register src",
-                registerLocalMemory(a, src.as_mut_ptr().cast(), LEN, any.as_ptr(), 1),
-            );
-            check(
-                "register dst",
-                registerLocalMemory(b, dst.as_mut_ptr().cast(), LEN, any.as_ptr(), 1),
-            );
+            check("register src", registerLocalMemory(a, src.as_mut_ptr().cast(), LEN, any.as_ptr(), 1));
+            check("register dst", registerLocalMemory(b, dst.as_mut_ptr().cast(), LEN, any.as_ptr(), 1));
             let name = CString::new(b_name).unwrap();
             let seg = openSegment(a, name.as_ptr());
             assert!(seg >= 0, "openSegment returned {seg}");
@@ -148,31 +128,17 @@ mod tests {
                 target_offset: dst.as_ptr() as u64 + off as u64,
                 length: half as u64,
             });
-            check(
-                "submitTransfer",
-                submitTransfer(a, batch, reqs.as_mut_ptr(), reqs.len()),
-            );
+            check("submitTransfer", submitTransfer(a, batch, reqs.as_mut_ptr(), reqs.len()));
             let deadline = Instant::now() + Duration::from_secs(10);
             for task in 0..reqs.len() {
                 loop {
                     let mut st = transfer_status::default();
-                    check(
-                        "getTransferStatus",
-                        getTransferStatus(a, batch, task, &mut st),
-                    );
+                    check("getTransferStatus", getTransferStatus(a, batch, task, &mut st));
                     if st.status == STATUS_COMPLETED {
                         break;
                     }
-                    assert!(
-                        matches!(st.status, STATUS_WAITING | STATUS_PENDING),
-                        "task {task}: {}",
-                        status_name(st.status)
-                    );
-                    assert!(
-                        Instant::now() < deadline,
-                        "task {task} still {} after 10 s",
-                        status_name(st.status)
-                    );
+                    assert!(matches!(st.status, STATUS_WAITING | STATUS_PENDING), "task {task}: {}", status_name(st.status));
+                    assert!(Instant::now() < deadline, "task {task} still {} after 10 s", status_name(st.status));
                     std::thread::sleep(Duration::from_micros(200));
                 }
             }
@@ -180,14 +146,8 @@ mod tests {
             assert!(src == dst, "bytes differ after the transfer");
 
             check("closeSegment", closeSegment(a, seg));
-            check(
-                "unregister src",
-                unregisterLocalMemory(a, src.as_mut_ptr().cast()),
-            );
-            check(
-                "unregister dst",
-                unregisterLocalMemory(b, dst.as_mut_ptr().cast()),
-            );
+            check("unregister src", unregisterLocalMemory(a, src.as_mut_ptr().cast()));
+            check("unregister dst", unregisterLocalMemory(b, dst.as_mut_ptr().cast()));
             destroyTransferEngine(a);
             destroyTransferEngine(b);
         }

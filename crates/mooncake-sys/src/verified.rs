@@ -22,26 +22,10 @@ pub struct VerifiedRelease {
 /// is absent on purpose: its TransferRequest is 72 bytes and its new fields
 /// are not confirmed.
 pub const VERIFIED_RELEASES: &[VerifiedRelease] = &[
-    VerifiedRelease {
-        dist: "mooncake-transfer-engine-non-cuda",
-        version: "0.3.13.post1",
-        transfer_request_bytes: 56,
-    },
-    VerifiedRelease {
-        dist: "mooncake-transfer-engine-non-cuda",
-        version: "0.3.13",
-        transfer_request_bytes: 56,
-    },
-    VerifiedRelease {
-        dist: "mooncake-transfer-engine",
-        version: "0.3.13.post1",
-        transfer_request_bytes: 56,
-    },
-    VerifiedRelease {
-        dist: "mooncake-transfer-engine",
-        version: "0.3.13",
-        transfer_request_bytes: 56,
-    },
+    VerifiedRelease { dist: "mooncake-transfer-engine-non-cuda", version: "0.3.13.post1", transfer_request_bytes: 56 },
+    VerifiedRelease { dist: "mooncake-transfer-engine-non-cuda", version: "0.3.13", transfer_request_bytes: 56 },
+    VerifiedRelease { dist: "mooncake-transfer-engine", version: "0.3.13.post1", transfer_request_bytes: 56 },
+    VerifiedRelease { dist: "mooncake-transfer-engine", version: "0.3.13", transfer_request_bytes: 56 },
 ];
 
 /// The verified release with this METADATA name and version, if any.
@@ -50,7 +34,5 @@ pub fn find_verified(dist: &str, version: &str) -> Option<&'static VerifiedRelea
     fn norm(s: &str) -> String {
         s.trim().to_ascii_lowercase().replace(['_', '.'], "-")
     }
-    VERIFIED_RELEASES
-        .iter()
-        .find(|r| norm(r.dist) == norm(dist) && r.version == version.trim())
+    VERIFIED_RELEASES.iter().find(|r| norm(r.dist) == norm(dist) && r.version == version.trim())
 }

@@ -80,10 +80,7 @@ pub struct Outcome {
 
 impl Endpoint {
     fn headers(&self, session: Option<&str>) -> Vec<(&'static str, String)> {
-        let mut h = vec![
-            ("content-type", "application/json".to_string()),
-            ("accept", "text/event-stream".to_string()),
-        ];
+        let mut h = vec![("content-type", "application/json".to_string()), ("accept", "text/event-stream".to_string())];
         if let Some(k) = &self.api_key {
             h.push(("authorization", format!("Bearer {k}")));
         }
@@ -125,19 +122,10 @@ impl Endpoint {
 
     /// Sends one streaming request and reads it to the end or `deadline`.
     /// Never fails: errors are in [`Outcome::error`].
-    pub async fn stream(
-        &self,
-        prompt: &Prompt,
-        max_tokens: usize,
-        session: Option<&str>,
-        deadline: tokio::time::Instant,
-    ) -> Outcome {
+    pub async fn stream(&self, prompt: &Prompt, max_tokens: usize, session: Option<&str>, deadline: tokio::time::Instant) -> Outcome {
         let t0 = Instant::now();
         let mut out = Outcome::default();
-        if let Err(e) = self
-            .stream_into(&mut out, t0, prompt, max_tokens, session, deadline)
-            .await
-        {
+        if let Err(e) = self.stream_into(&mut out, t0, prompt, max_tokens, session, deadline).await {
             out.error = Some(e);
         }
         out.latency_s = t0.elapsed().as_secs_f64();
@@ -153,32 +141,22 @@ impl Endpoint {
         session: Option<&str>,
         deadline: tokio::time::Instant,
     ) -> Result<(), String> {
-        let body = serde_json::to_vec(&self.body(prompt, max_tokens, session))
-            .map_err(|e| e.to_string())?;
+        let body = serde_json::to_vec(&self.body(prompt, max_tokens, session)).map_err(|e| e.to_string())?;
         let timed_out = || format!("timed out after {:.1}s", t0.elapsed().as_secs_f64());
         let headers = self.headers(session);
         let sent = http::send(&self.url, "POST", self.path(), &headers, Some(&body));
-        let mut resp = timeout_at(deadline, sent)
-            .await
-            .map_err(|_| timed_out())?
-            .map_err(|e| e.to_string())?;
+        let mut resp = timeout_at(deadline, sent).await.map_err(|_| timed_out())?.map_err(|e| e.to_string())?;
         out.status = Some(resp.status);
         out.path_header = resp.header("x-kvc-path").map(str::to_string);
         if resp.status != 200 {
             let status = resp.status;
-            let bytes = timeout_at(deadline, resp.bytes())
-                .await
-                .map_err(|_| timed_out())?
-                .unwrap_or_default();
+            let bytes = timeout_at(deadline, resp.bytes()).await.map_err(|_| timed_out())?.unwrap_or_default();
             return Err(format!("HTTP {status}: {}", error_message(&bytes)));
         }
         let mut sse = SseParser::default();
         let mut done = false;
         loop {
-            let piece = timeout_at(deadline, resp.chunk())
-                .await
-                .map_err(|_| timed_out())?
-                .map_err(|e| e.to_string())?;
+            let piece = timeout_at(deadline, resp.chunk()).await.map_err(|_| timed_out())?.map_err(|e| e.to_string())?;
             let now = t0.elapsed().as_secs_f64();
             let events = match &piece {
                 Some(bytes) => sse.push(bytes),
@@ -189,8 +167,7 @@ impl Endpoint {
                     done = true;
                     continue;
                 }
-                let v: Value = serde_json::from_str(&data)
-                    .map_err(|e| format!("bad stream chunk ({e}): {data:.200}"))?;
+                let v: Value = serde_json::from_str(&data).map_err(|e| format!("bad stream chunk ({e}): {data:.200}"))?;
                 self.read_chunk(out, &v, now)?;
             }
             if piece.is_none() {
@@ -203,49 +180,27 @@ impl Endpoint {
             out.ttft_s = out.token_times_s.first().copied();
         }
         if out.finish_reason.is_none() {
-            return Err(if done {
-                "stream ended without a finish_reason".into()
-            } else {
-                "stream ended early".into()
-            });
+            return Err(if done { "stream ended without a finish_reason".into() } else { "stream ended early".into() });
         }
         Ok(())
     }
 
     fn read_chunk(&self, out: &mut Outcome, v: &Value, now: f64) -> Result<(), String> {
         if let Some(e) = v.get("error").filter(|e| !e.is_null()) {
-            return Err(format!(
-                "error event: {}",
-                e.get("message")
-                    .and_then(Value::as_str)
-                    .unwrap_or(&e.to_string())
-            ));
+            return Err(format!("error event: {}", e.get("message").and_then(Value::as_str).unwrap_or(&e.to_string())));
         }
         let mut content = false;
         let mut finished = false;
-        for c in v
-            .get("choices")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-        {
+        for c in v.get("choices").and_then(Value::as_array).into_iter().flatten() {
             let piece = match self.api {
                 Api::Completions => c.get("text").and_then(Value::as_str),
                 Api::Chat => {
                     let d = c.get("delta");
-                    let field = |k: &str| {
-                        d.and_then(|d| d.get(k))
-                            .and_then(Value::as_str)
-                            .filter(|s| !s.is_empty())
-                    };
-                    if d.and_then(|d| d.get("tool_calls"))
-                        .is_some_and(|t| !t.is_null())
-                    {
+                    let field = |k: &str| d.and_then(|d| d.get(k)).and_then(Value::as_str).filter(|s| !s.is_empty());
+                    if d.and_then(|d| d.get("tool_calls")).is_some_and(|t| !t.is_null()) {
                         content = true;
                     }
-                    field("content")
-                        .or(field("reasoning_content"))
-                        .or(field("reasoning"))
+                    field("content").or(field("reasoning_content")).or(field("reasoning"))
                 }
             };
             if let Some(p) = piece.filter(|p| !p.is_empty()) {
@@ -264,17 +219,9 @@ impl Endpoint {
             out.token_times_s.push(now);
         }
         if let Some(u) = v.get("usage").filter(|u| !u.is_null()) {
-            out.prompt_tokens = u
-                .get("prompt_tokens")
-                .and_then(Value::as_u64)
-                .or(out.prompt_tokens);
-            out.completion_tokens = u
-                .get("completion_tokens")
-                .and_then(Value::as_u64)
-                .or(out.completion_tokens);
-            let cached = u
-                .pointer("/prompt_tokens_details/cached_tokens")
-                .and_then(Value::as_u64);
+            out.prompt_tokens = u.get("prompt_tokens").and_then(Value::as_u64).or(out.prompt_tokens);
+            out.completion_tokens = u.get("completion_tokens").and_then(Value::as_u64).or(out.completion_tokens);
+            let cached = u.pointer("/prompt_tokens_details/cached_tokens").and_then(Value::as_u64);
             out.cached_tokens = cached.or(out.cached_tokens);
         }
         if let Some(k) = v.get("kvc").filter(|k| k.is_object()) {
@@ -289,28 +236,19 @@ fn error_message(bytes: &[u8]) -> String {
     let text = String::from_utf8_lossy(bytes);
     serde_json::from_str::<Value>(&text)
         .ok()
-        .and_then(|v| {
-            v.pointer("/error/message")
-                .and_then(Value::as_str)
-                .map(str::to_string)
-        })
+        .and_then(|v| v.pointer("/error/message").and_then(Value::as_str).map(str::to_string))
         .unwrap_or_else(|| text.chars().take(300).collect())
 }
 
 /// The first model id `GET /v1/models` lists, if the server has that route.
 pub async fn first_model(url: &BaseUrl, api_key: Option<&str>) -> Option<String> {
-    let headers: Vec<(&str, String)> = api_key
-        .map(|k| ("authorization", format!("Bearer {k}")))
-        .into_iter()
-        .collect();
+    let headers: Vec<(&str, String)> = api_key.map(|k| ("authorization", format!("Bearer {k}"))).into_iter().collect();
     let (status, body) = http::get(url, "/v1/models", &headers).await.ok()?;
     if status != 200 {
         return None;
     }
     let v: Value = serde_json::from_slice(&body).ok()?;
-    v.pointer("/data/0/id")
-        .and_then(Value::as_str)
-        .map(str::to_string)
+    v.pointer("/data/0/id").and_then(Value::as_str).map(str::to_string)
 }
 
 #[cfg(test)]
@@ -330,16 +268,10 @@ mod tests {
 
     #[test]
     fn completions_body_carries_token_ids_session_and_usage_request() {
-        let p = Prompt {
-            tokens: vec![11, 12],
-            messages: vec![],
-        };
+        let p = Prompt { tokens: vec![11, 12], messages: vec![] };
         let b = endpoint(Api::Completions).body(&p, 7, Some("s-1"));
         assert_eq!(b["prompt"], json!([11, 12]));
-        assert_eq!(
-            (b["max_tokens"].clone(), b["session_id"].clone()),
-            (json!(7), json!("s-1"))
-        );
+        assert_eq!((b["max_tokens"].clone(), b["session_id"].clone()), (json!(7), json!("s-1")));
         assert_eq!(b["stream_options"]["include_usage"], json!(true));
         assert_eq!(b["ignore_eos"], json!(true));
         let mut plain = endpoint(Api::Completions);
@@ -347,32 +279,23 @@ mod tests {
         plain.ignore_eos = false;
         plain.model = None;
         let b = plain.body(&p, 7, Some("s-1"));
-        assert!(
-            b.get("session_id").is_none()
-                && b.get("ignore_eos").is_none()
-                && b.get("model").is_none()
-        );
+        assert!(b.get("session_id").is_none() && b.get("ignore_eos").is_none() && b.get("model").is_none());
     }
 
     #[test]
     fn chunks_yield_text_usage_and_kvc_info() {
         let e = endpoint(Api::Chat);
         let mut o = Outcome::default();
-        e.read_chunk(
-            &mut o,
-            &json!({"choices": [{"delta": {"role": "assistant"}, "finish_reason": null}]}),
-            0.1,
-        )
-        .unwrap();
+        e.read_chunk(&mut o, &json!({"choices": [{"delta": {"role": "assistant"}, "finish_reason": null}]}), 0.1).unwrap();
         assert_eq!(o.ttft_s, None, "a role-only delta is not a token");
+        e.read_chunk(&mut o, &json!({"choices": [{"delta": {"content": "hi"}, "finish_reason": null}]}), 0.2).unwrap();
         e.read_chunk(
             &mut o,
-            &json!({"choices": [{"delta": {"content": "hi"}, "finish_reason": null}]}),
-            0.2,
+            &json!({"choices": [{"delta": {}, "finish_reason": "length"}],
+            "kvc": {"path": "local", "reason": "session_hit", "cached_tokens": 32, "computed_tokens": 5, "transferred_tokens": 0}}),
+            0.3,
         )
         .unwrap();
-        e.read_chunk(&mut o, &json!({"choices": [{"delta": {}, "finish_reason": "length"}],
-            "kvc": {"path": "local", "reason": "session_hit", "cached_tokens": 32, "computed_tokens": 5, "transferred_tokens": 0}}), 0.3).unwrap();
         e.read_chunk(
             &mut o,
             &json!({"choices": [], "usage": {"prompt_tokens": 37, "completion_tokens": 2,
@@ -382,28 +305,16 @@ mod tests {
         .unwrap();
         assert_eq!(o.ttft_s, Some(0.2));
         assert_eq!(o.token_times_s, vec![0.2]);
-        assert_eq!(
-            (o.prompt_tokens, o.completion_tokens, o.cached_tokens),
-            (Some(37), Some(2), Some(32))
-        );
+        assert_eq!((o.prompt_tokens, o.completion_tokens, o.cached_tokens), (Some(37), Some(2), Some(32)));
         assert_eq!(o.kvc.unwrap().reason.as_deref(), Some("session_hit"));
         assert_eq!(o.finish_reason.as_deref(), Some("length"));
-        let err = e
-            .read_chunk(
-                &mut Outcome::default(),
-                &json!({"error": {"message": "boom"}}),
-                0.0,
-            )
-            .unwrap_err();
+        let err = e.read_chunk(&mut Outcome::default(), &json!({"error": {"message": "boom"}}), 0.0).unwrap_err();
         assert!(err.contains("boom"));
     }
 
     #[test]
     fn openai_error_bodies_give_their_message() {
-        assert_eq!(
-            error_message(br#"{"error": {"message": "too long", "type": "x"}}"#),
-            "too long"
-        );
+        assert_eq!(error_message(br#"{"error": {"message": "too long", "type": "x"}}"#), "too long");
         assert_eq!(error_message(b"plain"), "plain");
     }
 }

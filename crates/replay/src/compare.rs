@@ -32,14 +32,9 @@ impl Loaded {
     fn cell(&self, key: &str) -> String {
         match self {
             Loaded::Run(s) => s.headline().get(key).map_or("–".into(), |v| fmt_value(*v)),
-            Loaded::Runs(a) => a.metrics.get(key).map_or("–".into(), |s| {
-                format!(
-                    "{} [{}–{}]",
-                    fmt_value(s.median),
-                    fmt_value(s.min),
-                    fmt_value(s.max)
-                )
-            }),
+            Loaded::Runs(a) => {
+                a.metrics.get(key).map_or("–".into(), |s| format!("{} [{}–{}]", fmt_value(s.median), fmt_value(s.min), fmt_value(s.max)))
+            }
         }
     }
 }
@@ -82,13 +77,8 @@ pub fn table(dirs: &[&Path]) -> Result<String> {
         row(name, &|l| l.cell(key));
     }
     let first = loaded[0].meta();
-    if loaded
-        .iter()
-        .any(|l| l.meta().time_scale != first.time_scale)
-    {
-        md.push_str(
-            "\n**Warning:** the time scales differ; these runs did not offer the same load.\n",
-        );
+    if loaded.iter().any(|l| l.meta().time_scale != first.time_scale) {
+        md.push_str("\n**Warning:** the time scales differ; these runs did not offer the same load.\n");
     }
     if loaded.iter().any(|l| l.meta().workload != first.workload) {
         md.push_str("\n**Warning:** the workloads differ.\n");

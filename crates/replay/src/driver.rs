@@ -85,10 +85,7 @@ struct Counters {
 
 pub async fn run(workload: Arc<Workload>, endpoint: Arc<Endpoint>, cfg: DriverConfig) -> RunOutput {
     let t0 = Instant::now();
-    let started_unix_s = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs_f64())
-        .unwrap_or(0.0);
+    let started_unix_s = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0);
     let total = workload.requests();
     let sem = Arc::new(Semaphore::new(cfg.concurrency.max(1)));
     let oracle = Arc::new(Mutex::new(ReuseOracle::new(cfg.reuse_block_tokens)));
@@ -96,35 +93,24 @@ pub async fn run(workload: Arc<Workload>, endpoint: Arc<Endpoint>, cfg: DriverCo
     let (tx, mut rx) = mpsc::unbounded_channel::<RequestRecord>();
 
     let (stop_tx, stop_rx) = watch::channel(false);
-    let scraper = cfg
-        .scrape_interval
-        .map(|iv| tokio::spawn(scrape_loop(endpoint.url.clone(), iv, t0, stop_rx.clone())));
-    let progress = cfg
-        .progress
-        .then(|| tokio::spawn(progress_loop(counters.clone(), total, t0, stop_rx)));
+    let scraper = cfg.scrape_interval.map(|iv| tokio::spawn(scrape_loop(endpoint.url.clone(), iv, t0, stop_rx.clone())));
+    let progress = cfg.progress.then(|| tokio::spawn(progress_loop(counters.clone(), total, t0, stop_rx)));
 
     let mut tasks = Vec::with_capacity(workload.sessions.len());
     for si in 0..workload.sessions.len() {
         let (workload, endpoint, cfg) = (workload.clone(), endpoint.clone(), cfg.clone());
-        let (sem, oracle, counters, tx) =
-            (sem.clone(), oracle.clone(), counters.clone(), tx.clone());
+        let (sem, oracle, counters, tx) = (sem.clone(), oracle.clone(), counters.clone(), tx.clone());
         tasks.push(tokio::spawn(async move {
             let session = &workload.sessions[si];
             let synth = TokenSynth::new(cfg.salt);
             let mut ctx = SessionContext::new(synth, si as u64, endpoint.api == Api::Chat);
-            let session_id = session
-                .id
-                .as_ref()
-                .map(|id| format!("{id}{}", cfg.session_suffix));
-            let at =
-                |trace_s: f64| t0 + Duration::from_secs_f64((trace_s / cfg.time_scale).max(0.0));
+            let session_id = session.id.as_ref().map(|id| format!("{id}{}", cfg.session_suffix));
+            let at = |trace_s: f64| t0 + Duration::from_secs_f64((trace_s / cfg.time_scale).max(0.0));
             let mut prev_end: Option<Instant> = None;
             for (i, turn) in session.turns.iter().enumerate() {
                 let due = match (prev_end, cfg.pacing) {
                     (None, _) => at(turn.arrival_s),
-                    (Some(end), Pacing::Think) => {
-                        end + Duration::from_secs_f64((turn.think_s / cfg.time_scale).max(0.0))
-                    }
+                    (Some(end), Pacing::Think) => end + Duration::from_secs_f64((turn.think_s / cfg.time_scale).max(0.0)),
                     (Some(end), Pacing::Arrival) => end.max(at(turn.arrival_s)),
                 };
                 tokio::time::sleep_until(due.into()).await;
@@ -133,15 +119,10 @@ pub async fn run(workload: Arc<Workload>, endpoint: Arc<Endpoint>, cfg: DriverCo
                     return;
                 };
                 let start = Instant::now();
-                let reusable = oracle
-                    .lock()
-                    .map(|mut o| o.observe(&prompt.tokens))
-                    .unwrap_or(0);
+                let reusable = oracle.lock().map(|mut o| o.observe(&prompt.tokens)).unwrap_or(0);
                 counters.in_flight.fetch_add(1, Ordering::Relaxed);
                 let deadline = (start + cfg.request_timeout).into();
-                let outcome = endpoint
-                    .stream(&prompt, turn.output_tokens, session_id.as_deref(), deadline)
-                    .await;
+                let outcome = endpoint.stream(&prompt, turn.output_tokens, session_id.as_deref(), deadline).await;
                 drop(permit);
                 counters.in_flight.fetch_sub(1, Ordering::Relaxed);
                 prev_end = Some(Instant::now());
@@ -204,36 +185,19 @@ pub async fn run(workload: Arc<Workload>, endpoint: Arc<Endpoint>, cfg: DriverCo
     }
     records.sort_by(|a, b| a.start_s.total_cmp(&b.start_s));
     let first = records.first().map_or(0.0, |r| r.start_s);
-    let last = records
-        .iter()
-        .map(|r| r.start_s + r.latency_s)
-        .fold(0.0, f64::max);
-    RunOutput {
-        records,
-        scrapes,
-        wall_s: (last - first).max(0.0),
-        started_unix_s,
-        interrupted,
-    }
+    let last = records.iter().map(|r| r.start_s + r.latency_s).fold(0.0, f64::max);
+    RunOutput { records, scrapes, wall_s: (last - first).max(0.0), started_unix_s, interrupted }
 }
 
 /// One status line on stderr: redrawn in place on a terminal, every 10 s
 /// otherwise (logs).
-async fn progress_loop(
-    c: Arc<Counters>,
-    total: usize,
-    t0: Instant,
-    mut stop: watch::Receiver<bool>,
-) {
+async fn progress_loop(c: Arc<Counters>, total: usize, t0: Instant, mut stop: watch::Receiver<bool>) {
     let tty = std::io::stderr().is_terminal();
     let every = Duration::from_secs(if tty { 1 } else { 10 });
     let line = |c: &Counters| {
         let done = c.done.load(Ordering::Relaxed);
         let width = 30;
-        let filled = (done * width)
-            .checked_div(total)
-            .unwrap_or(width)
-            .min(width);
+        let filled = (done * width).checked_div(total).unwrap_or(width).min(width);
         format!(
             "[{}{}] {done}/{total} requests, {} in flight, {} errors, {:.0}s",
             "#".repeat(filled),
@@ -249,15 +213,7 @@ async fn progress_loop(
             _ = stop.wait_for(|s| *s) => break,
         }
         let mut err = std::io::stderr();
-        let _ = if tty {
-            write!(err, "\r{}\x1b[K", line(&c))
-        } else {
-            writeln!(err, "{}", line(&c))
-        };
+        let _ = if tty { write!(err, "\r{}\x1b[K", line(&c)) } else { writeln!(err, "{}", line(&c)) };
     }
-    let _ = if tty {
-        writeln!(std::io::stderr(), "\r{}\x1b[K", line(&c))
-    } else {
-        writeln!(std::io::stderr(), "{}", line(&c))
-    };
+    let _ = if tty { writeln!(std::io::stderr(), "\r{}\x1b[K", line(&c)) } else { writeln!(std::io::stderr(), "{}", line(&c)) };
 }

@@ -9,11 +9,7 @@ use std::path::Path;
 pub enum ReplayError {
     /// A trace line that cannot be used; `line` is 1-based.
     #[error("{path}:{line}: {message}")]
-    Trace {
-        path: String,
-        line: usize,
-        message: String,
-    },
+    Trace { path: String, line: usize, message: String },
 
     /// Flags or parameters that do not make sense together.
     #[error("invalid configuration: {0}")]
@@ -36,18 +32,11 @@ pub enum ReplayError {
 
 impl ReplayError {
     pub fn io(path: &Path, source: std::io::Error) -> Self {
-        ReplayError::Io {
-            path: path.display().to_string(),
-            source,
-        }
+        ReplayError::Io { path: path.display().to_string(), source }
     }
 
     pub fn trace(path: &Path, line: usize, message: impl Into<String>) -> Self {
-        ReplayError::Trace {
-            path: path.display().to_string(),
-            line,
-            message: message.into(),
-        }
+        ReplayError::Trace { path: path.display().to_string(), line, message: message.into() }
     }
 }
 

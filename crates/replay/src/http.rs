@@ -28,19 +28,15 @@ impl FromStr for BaseUrl {
         let rest = if let Some(r) = s.strip_prefix("http://") {
             r
         } else if s.starts_with("https://") {
-            return Err(format!(
-                "{s}: https is not supported; point kvc-replay at the server's plain-http port"
-            ));
+            return Err(format!("{s}: https is not supported; point kvc-replay at the server's plain-http port"));
         } else {
             s
         };
         let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
         let (host, port) = match authority.rsplit_once(':') {
-            Some((h, p)) if !p.contains(']') => (
-                h.trim_matches(['[', ']']).to_string(),
-                p.parse::<u16>()
-                    .map_err(|_| format!("{s}: bad port {p:?}"))?,
-            ),
+            Some((h, p)) if !p.contains(']') => {
+                (h.trim_matches(['[', ']']).to_string(), p.parse::<u16>().map_err(|_| format!("{s}: bad port {p:?}"))?)
+            }
             _ => (authority.trim_matches(['[', ']']).to_string(), 80),
         };
         if host.is_empty() {
@@ -96,10 +92,7 @@ impl Conn {
         }
         let mut tmp = [0u8; 16 * 1024];
         loop {
-            self.stream
-                .readable()
-                .await
-                .map_err(|e| ReplayError::Http(format!("read: {e}")))?;
+            self.stream.readable().await.map_err(|e| ReplayError::Http(format!("read: {e}")))?;
             match self.stream.try_read(&mut tmp) {
                 Ok(0) => {
                     self.eof = true;
@@ -117,10 +110,7 @@ impl Conn {
 
     async fn write_all(&mut self, mut data: &[u8]) -> Result<()> {
         while !data.is_empty() {
-            self.stream
-                .writable()
-                .await
-                .map_err(|e| ReplayError::Http(format!("write: {e}")))?;
+            self.stream.writable().await.map_err(|e| ReplayError::Http(format!("write: {e}")))?;
             match self.stream.try_write(data) {
                 Ok(n) => data = &data[n..],
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
@@ -139,9 +129,7 @@ impl Conn {
                 return Ok(line);
             }
             if self.fill().await? == 0 {
-                return Err(ReplayError::Http(
-                    "connection closed inside a chunked body".into(),
-                ));
+                return Err(ReplayError::Http("connection closed inside a chunked body".into()));
             }
         }
     }
@@ -152,23 +140,16 @@ fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
 }
 
 /// Sends one request; the response's head is read, its body is not.
-pub async fn send(
-    url: &BaseUrl,
-    method: &str,
-    path: &str,
-    headers: &[(&str, String)],
-    body: Option<&[u8]>,
-) -> Result<Response> {
+pub async fn send(url: &BaseUrl, method: &str, path: &str, headers: &[(&str, String)], body: Option<&[u8]>) -> Result<Response> {
     let stream = TcpStream::connect((url.host.as_str(), url.port))
         .await
         .map_err(|e| ReplayError::Http(format!("connect to {}:{}: {e}", url.host, url.port)))?;
     stream.set_nodelay(true).ok();
-    let mut conn = Conn {
-        stream,
-        buf: Vec::new(),
-        eof: false,
-    };
-    let mut head = format!("{method} {}{path} HTTP/1.1\r\nhost: {}:{}\r\nuser-agent: kvc-replay\r\nconnection: close\r\n", url.prefix, url.host, url.port);
+    let mut conn = Conn { stream, buf: Vec::new(), eof: false };
+    let mut head = format!(
+        "{method} {}{path} HTTP/1.1\r\nhost: {}:{}\r\nuser-agent: kvc-replay\r\nconnection: close\r\n",
+        url.prefix, url.host, url.port
+    );
     for (k, v) in headers {
         head.push_str(&format!("{k}: {v}\r\n"));
     }
@@ -186,9 +167,7 @@ pub async fn send(
             break i;
         }
         if conn.fill().await? == 0 {
-            return Err(ReplayError::Http(
-                "connection closed before a response".into(),
-            ));
+            return Err(ReplayError::Http("connection closed before a response".into()));
         }
     };
     let head_text = String::from_utf8_lossy(&conn.buf[..end]).into_owned();
@@ -201,16 +180,9 @@ pub async fn send(
         .and_then(|s| s.parse::<u16>().ok())
         .filter(|_| status_line.starts_with("HTTP/1."))
         .ok_or_else(|| ReplayError::Http(format!("not an HTTP/1.1 response: {status_line:?}")))?;
-    let headers: Vec<(String, String)> = lines
-        .filter_map(|l| l.split_once(':'))
-        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
-        .collect();
-    let get = |name: &str| {
-        headers
-            .iter()
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| v.as_str())
-    };
+    let headers: Vec<(String, String)> =
+        lines.filter_map(|l| l.split_once(':')).map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string())).collect();
+    let get = |name: &str| headers.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str());
     let body = if method == "HEAD" || status == 204 || status == 304 {
         Body::Length(0)
     } else if get("transfer-encoding").is_some_and(|v| v.to_ascii_lowercase().contains("chunked")) {
@@ -220,20 +192,12 @@ pub async fn send(
     } else {
         Body::UntilEof
     };
-    Ok(Response {
-        status,
-        headers,
-        conn,
-        body,
-    })
+    Ok(Response { status, headers, conn, body })
 }
 
 impl Response {
     pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| v.as_str())
+        self.headers.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
     }
 
     /// The next piece of the body as it arrives; `None` at its end.
@@ -243,9 +207,7 @@ impl Response {
                 Body::Length(0) => return Ok(None),
                 Body::Length(n) => {
                     if self.conn.buf.is_empty() && self.conn.fill().await? == 0 {
-                        return Err(ReplayError::Http(format!(
-                            "connection closed with {n} body bytes missing"
-                        )));
+                        return Err(ReplayError::Http(format!("connection closed with {n} body bytes missing")));
                     }
                     let take = n.min(self.conn.buf.len());
                     self.body = Body::Length(n - take);
@@ -262,8 +224,7 @@ impl Response {
                     let line = self.conn.line().await?;
                     let text = String::from_utf8_lossy(&line);
                     let hex = text.split(';').next().unwrap_or("").trim();
-                    let size = usize::from_str_radix(hex, 16)
-                        .map_err(|_| ReplayError::Http(format!("bad chunk size line {text:?}")))?;
+                    let size = usize::from_str_radix(hex, 16).map_err(|_| ReplayError::Http(format!("bad chunk size line {text:?}")))?;
                     if size == 0 {
                         // Trailers, up to an empty line.
                         while !self.conn.line().await?.is_empty() {}
@@ -277,11 +238,7 @@ impl Response {
                         return Err(ReplayError::Http("connection closed inside a chunk".into()));
                     }
                     let take = n.min(self.conn.buf.len());
-                    self.body = Body::Chunked(if take == n {
-                        ChunkState::DataEnd
-                    } else {
-                        ChunkState::Data(n - take)
-                    });
+                    self.body = Body::Chunked(if take == n { ChunkState::DataEnd } else { ChunkState::Data(n - take) });
                     return Ok(Some(self.conn.buf.drain(..take).collect()));
                 }
                 Body::Chunked(ChunkState::DataEnd) => {
@@ -319,20 +276,11 @@ mod tests {
     #[test]
     fn base_urls_accept_a_v1_suffix_and_refuse_https() {
         let u: BaseUrl = "http://127.0.0.1:8000/v1/".parse().unwrap();
-        assert_eq!(
-            (u.host.as_str(), u.port, u.prefix.as_str()),
-            ("127.0.0.1", 8000, "")
-        );
+        assert_eq!((u.host.as_str(), u.port, u.prefix.as_str()), ("127.0.0.1", 8000, ""));
         let u: BaseUrl = "localhost:9/api/v1".parse().unwrap();
-        assert_eq!(
-            (u.host.as_str(), u.port, u.prefix.as_str()),
-            ("localhost", 9, "/api")
-        );
+        assert_eq!((u.host.as_str(), u.port, u.prefix.as_str()), ("localhost", 9, "/api"));
         assert_eq!("http://h".parse::<BaseUrl>().unwrap().port, 80);
-        assert!("https://h:1"
-            .parse::<BaseUrl>()
-            .unwrap_err()
-            .contains("https"));
+        assert!("https://h:1".parse::<BaseUrl>().unwrap_err().contains("https"));
     }
 
     /// A raw server answering one connection with `reply`.
@@ -341,11 +289,7 @@ mod tests {
         let port = listener.local_addr().unwrap().port();
         tokio::spawn(async move {
             let (s, _) = listener.accept().await.unwrap();
-            let mut c = Conn {
-                stream: s,
-                buf: vec![],
-                eof: false,
-            };
+            let mut c = Conn { stream: s, buf: vec![], eof: false };
             while find(&c.buf, b"\r\n\r\n").is_none() {
                 c.fill().await.unwrap();
             }
@@ -358,7 +302,10 @@ mod tests {
 
     #[tokio::test]
     async fn chunked_bodies_are_decoded_across_split_reads() {
-        let url = serve_once(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nX-Kvc-Path: local\r\n\r\n5\r\nhello\r\n7;ext=1\r\n, world\r\n0\r\n\r\n").await;
+        let url = serve_once(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nX-Kvc-Path: local\r\n\r\n5\r\nhello\r\n7;ext=1\r\n, world\r\n0\r\n\r\n",
+        )
+        .await;
         let resp = send(&url, "POST", "/x", &[], Some(b"{}")).await.unwrap();
         assert_eq!(resp.status, 200);
         assert_eq!(resp.header("x-kvc-path"), Some("local"));

@@ -24,11 +24,7 @@ use kvc_replay::trace::{self, Format, LoadOptions, Scale, Workload};
 use kvc_replay::{compare, report};
 
 #[derive(Parser)]
-#[command(
-    name = "kvc-replay",
-    version,
-    about = "Replay real and synthetic multi-turn traces against an OpenAI-compatible endpoint"
-)]
+#[command(name = "kvc-replay", version, about = "Replay real and synthetic multi-turn traces against an OpenAI-compatible endpoint")]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -226,25 +222,13 @@ fn synth_rows(kind: &str, a: &ShapeArgs, max_turns: Option<usize>) -> Vec<Sessio
 fn workload(s: &SourceArgs) -> anyhow::Result<Workload> {
     let mut w = match (&s.trace, &s.synth) {
         (Some(path), _) => {
-            let opts = LoadOptions {
-                format: s.format,
-                scale: s.shape.scale,
-                block_size: s.block_size,
-                skip: s.skip,
-            };
+            let opts = LoadOptions { format: s.format, scale: s.shape.scale, block_size: s.block_size, skip: s.skip };
             trace::load(path, &opts)?
         }
         (None, Some(kind)) => {
-            let rows = synth_rows(kind, &s.shape, None)
-                .into_iter()
-                .enumerate()
-                .map(|(i, r)| (i + 1, r))
-                .collect();
+            let rows = synth_rows(kind, &s.shape, None).into_iter().enumerate().map(|(i, r)| (i + 1, r)).collect();
             let mut w = session_trace::from_rows(rows, Scale::ONE, &format!("synth-{kind}"))?;
-            w.source = format!(
-                "synthetic {kind} (scale {}, seed {})",
-                s.shape.scale, s.shape.seed
-            );
+            w.source = format!("synthetic {kind} (scale {}, seed {})", s.shape.scale, s.shape.seed);
             w
         }
         (None, None) => bail!("give --trace FILE or --synth agentic|microbench"),
@@ -261,9 +245,7 @@ async fn wait_ready(url: &BaseUrl, within: Duration) -> anyhow::Result<()> {
     let deadline = Instant::now() + within;
     loop {
         for path in ["/health", "/v1/models"] {
-            if let Ok(Ok((200, _))) =
-                tokio::time::timeout(Duration::from_secs(5), http::get(url, path, &[])).await
-            {
+            if let Ok(Ok((200, _))) = tokio::time::timeout(Duration::from_secs(5), http::get(url, path, &[])).await {
                 return Ok(());
             }
         }
@@ -296,10 +278,7 @@ async fn run(a: RunArgs) -> anyhow::Result<()> {
         ignore_eos: !a.no_ignore_eos,
     });
     let out_dir = a.out.clone().unwrap_or_else(|| {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0);
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
         PathBuf::from(format!("runs/replay-{now}"))
     });
     std::fs::create_dir_all(&out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
@@ -320,11 +299,7 @@ async fn run(a: RunArgs) -> anyhow::Result<()> {
     let mut run_dirs = Vec::new();
     for run in 1..=a.runs {
         let independent = !a.same_tokens_across_runs;
-        let salt = if independent {
-            mix_all(&[a.source.shape.seed, run as u64])
-        } else {
-            a.source.shape.seed
-        };
+        let salt = if independent { mix_all(&[a.source.shape.seed, run as u64]) } else { a.source.shape.seed };
         let cfg = DriverConfig {
             run,
             time_scale: a.time_scale,
@@ -332,14 +307,9 @@ async fn run(a: RunArgs) -> anyhow::Result<()> {
             request_timeout: Duration::from_secs_f64(a.request_timeout_s),
             pacing: a.pacing,
             salt,
-            session_suffix: if independent && a.runs > 1 {
-                format!("-r{run}")
-            } else {
-                String::new()
-            },
+            session_suffix: if independent && a.runs > 1 { format!("-r{run}") } else { String::new() },
             reuse_block_tokens: a.source.reuse_block_tokens,
-            scrape_interval: (a.scrape_interval_s > 0.0)
-                .then(|| Duration::from_secs_f64(a.scrape_interval_s)),
+            scrape_interval: (a.scrape_interval_s > 0.0).then(|| Duration::from_secs_f64(a.scrape_interval_s)),
             progress: !a.no_progress,
             stop_on_ctrl_c: true,
         };
@@ -365,11 +335,7 @@ async fn run(a: RunArgs) -> anyhow::Result<()> {
             requests_planned: w.requests(),
         };
         let summary = Summary::new(meta, &out.records, &out.scrapes);
-        let dir = if a.runs == 1 {
-            out_dir.clone()
-        } else {
-            out_dir.join(format!("run-{run}"))
-        };
+        let dir = if a.runs == 1 { out_dir.clone() } else { out_dir.join(format!("run-{run}")) };
         report::write_run(&dir, &summary, &out.records, &out.scrapes)?;
         eprintln!(
             "run {run}/{}: {} requests, {} errors, TTFT p50 {} s, latency p50 {} s, reuse {} -> {}",
@@ -415,9 +381,7 @@ fn inspect(s: &SourceArgs) -> anyhow::Result<()> {
         }
     }
     order.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
-    let mut ctxs: Vec<SessionContext> = (0..w.sessions.len())
-        .map(|si| SessionContext::new(synth, si as u64, false))
-        .collect();
+    let mut ctxs: Vec<SessionContext> = (0..w.sessions.len()).map(|si| SessionContext::new(synth, si as u64, false)).collect();
     let (mut prompt, mut reusable, mut output) = (0usize, 0usize, 0usize);
     for (_, si, i) in order {
         let turn = &w.sessions[si].turns[i];
@@ -427,11 +391,7 @@ fn inspect(s: &SourceArgs) -> anyhow::Result<()> {
         output += turn.output_tokens;
         ctxs[si].finish(i, turn, "");
     }
-    let span = w
-        .sessions
-        .iter()
-        .flat_map(|s| s.turns.iter().map(|t| t.arrival_s))
-        .fold(0.0, f64::max);
+    let span = w.sessions.iter().flat_map(|s| s.turns.iter().map(|t| t.arrival_s)).fold(0.0, f64::max);
     println!(
         "{}\n{} sessions, {} requests, {} prompt tokens, {} output tokens, last arrival {:.1} s\n\
          reusable ratio {:.4} (whole {}-token blocks already sent earlier, in arrival order)",
@@ -449,10 +409,7 @@ fn inspect(s: &SourceArgs) -> anyhow::Result<()> {
 
 fn main() -> anyhow::Result<()> {
     match Cli::parse().cmd {
-        Cmd::Run(a) => tokio::runtime::Builder::new_multi_thread()
-            .enable_all()
-            .build()?
-            .block_on(run(a)),
+        Cmd::Run(a) => tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(run(a)),
         Cmd::Synth(a) => {
             let rows = synth_rows(&a.kind, &a.shape, a.max_turns);
             session_trace::write(&a.out, &rows)?;

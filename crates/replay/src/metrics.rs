@@ -71,14 +71,10 @@ pub struct Sent {
 impl RequestRecord {
     pub fn new(sent: Sent, o: &Outcome) -> Self {
         let kvc = o.kvc.clone().unwrap_or_default();
-        let output_tokens = o
-            .completion_tokens
-            .or_else(|| (!o.token_times_s.is_empty()).then_some(o.token_times_s.len() as u64));
+        let output_tokens = o.completion_tokens.or_else(|| (!o.token_times_s.is_empty()).then_some(o.token_times_s.len() as u64));
         let prompt_tokens = o.prompt_tokens.unwrap_or(sent.prompt_tokens_sent);
         let cached_tokens = o.cached_tokens.or(kvc.cached_tokens);
-        let computed_tokens = kvc
-            .computed_tokens
-            .or_else(|| cached_tokens.map(|c| prompt_tokens.saturating_sub(c)));
+        let computed_tokens = kvc.computed_tokens.or_else(|| cached_tokens.map(|c| prompt_tokens.saturating_sub(c)));
         let ok = o.error.is_none();
         let tpot_s = match (ok, o.ttft_s, output_tokens) {
             (true, Some(t), Some(n)) if n >= 2 => Some((o.latency_s - t) / (n - 1) as f64),
@@ -87,12 +83,7 @@ impl RequestRecord {
         let gaps: Vec<f64> = o.token_times_s.windows(2).map(|w| w[1] - w[0]).collect();
         let itl = (!gaps.is_empty()).then(|| {
             let d = Dist::of(gaps);
-            Itl {
-                mean_s: d.mean.unwrap_or(0.0),
-                p50_s: d.p50.unwrap_or(0.0),
-                p90_s: d.p90.unwrap_or(0.0),
-                max_s: d.max.unwrap_or(0.0),
-            }
+            Itl { mean_s: d.mean.unwrap_or(0.0), p50_s: d.p50.unwrap_or(0.0), p90_s: d.p90.unwrap_or(0.0), max_s: d.max.unwrap_or(0.0) }
         });
         RequestRecord {
             run: sent.run,
@@ -142,9 +133,7 @@ pub fn write_jsonl<T: Serialize>(path: &Path, rows: &[T]) -> Result<()> {
         serde_json::to_writer(&mut out, r)?;
         out.push(b'\n');
     }
-    std::fs::File::create(path)
-        .and_then(|mut f| f.write_all(&out))
-        .map_err(|e| ReplayError::io(path, e))
+    std::fs::File::create(path).and_then(|mut f| f.write_all(&out)).map_err(|e| ReplayError::io(path, e))
 }
 
 pub fn read_jsonl<T: serde::de::DeserializeOwned>(path: &Path) -> Result<Vec<T>> {
@@ -152,9 +141,7 @@ pub fn read_jsonl<T: serde::de::DeserializeOwned>(path: &Path) -> Result<Vec<T>>
     text.lines()
         .enumerate()
         .filter(|(_, l)| !l.trim().is_empty())
-        .map(|(i, l)| {
-            serde_json::from_str(l).map_err(|e| ReplayError::trace(path, i + 1, e.to_string()))
-        })
+        .map(|(i, l)| serde_json::from_str(l).map_err(|e| ReplayError::trace(path, i + 1, e.to_string())))
         .collect()
 }
 
@@ -197,10 +184,7 @@ mod tests {
             ..Default::default()
         };
         let r = RequestRecord::new(sent(), &o);
-        assert_eq!(
-            (r.prompt_tokens, r.cached_tokens, r.computed_tokens),
-            (101, Some(64), Some(37))
-        );
+        assert_eq!((r.prompt_tokens, r.cached_tokens, r.computed_tokens), (101, Some(64), Some(37)));
         assert!((r.tpot_s.unwrap() - 0.4 / 3.0).abs() < 1e-9);
         let itl = r.itl.clone().unwrap();
         assert!((itl.max_s - 0.2).abs() < 1e-9);
@@ -218,18 +202,9 @@ mod tests {
             ..Default::default()
         };
         let r = RequestRecord::new(sent(), &o);
-        assert_eq!(
-            (r.prompt_tokens, r.output_tokens, r.cached_tokens),
-            (100, Some(2), None)
-        );
+        assert_eq!((r.prompt_tokens, r.output_tokens, r.cached_tokens), (100, Some(2), None));
         assert_eq!(r.label(), "unlabelled");
-        let failed = RequestRecord::new(
-            sent(),
-            &Outcome {
-                error: Some("HTTP 500: x".into()),
-                ..Default::default()
-            },
-        );
+        let failed = RequestRecord::new(sent(), &Outcome { error: Some("HTTP 500: x".into()), ..Default::default() });
         assert_eq!((failed.ok, failed.label().as_str()), (false, "error"));
     }
 }

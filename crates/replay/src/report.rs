@@ -35,42 +35,25 @@ pub fn rebuild(dir: &Path) -> Result<()> {
         rebuild_run(dir)?;
         return Ok(());
     }
-    run_dirs.sort_by_key(|d| {
-        d.trim_start_matches("run-")
-            .parse::<usize>()
-            .unwrap_or(usize::MAX)
-    });
-    let summaries: Vec<Summary> = run_dirs
-        .iter()
-        .map(|d| rebuild_run(&dir.join(d)))
-        .collect::<Result<_>>()?;
+    run_dirs.sort_by_key(|d| d.trim_start_matches("run-").parse::<usize>().unwrap_or(usize::MAX));
+    let summaries: Vec<Summary> = run_dirs.iter().map(|d| rebuild_run(&dir.join(d))).collect::<Result<_>>()?;
     crate::runs::Aggregate::new(&summaries, run_dirs).write(dir)
 }
 
 fn rebuild_run(dir: &Path) -> Result<Summary> {
     let old: Summary = serde_json::from_str(
-        &std::fs::read_to_string(dir.join("summary.json"))
-            .map_err(|e| ReplayError::io(&dir.join("summary.json"), e))?,
+        &std::fs::read_to_string(dir.join("summary.json")).map_err(|e| ReplayError::io(&dir.join("summary.json"), e))?,
     )?;
     let rows: Vec<RequestRecord> = crate::metrics::read_jsonl(&dir.join("metrics.jsonl"))?;
     let scrape = dir.join("scrape.jsonl");
-    let scrapes: Vec<ScrapeRow> = if scrape.exists() {
-        crate::metrics::read_jsonl(&scrape)?
-    } else {
-        Vec::new()
-    };
+    let scrapes: Vec<ScrapeRow> = if scrape.exists() { crate::metrics::read_jsonl(&scrape)? } else { Vec::new() };
     let summary = Summary::new(old.meta, &rows, &scrapes);
     write_reports(dir, &summary, &rows, &scrapes)?;
     Ok(summary)
 }
 
 /// Writes everything about one run into `dir` (created if missing).
-pub fn write_run(
-    dir: &Path,
-    summary: &Summary,
-    rows: &[RequestRecord],
-    scrapes: &[ScrapeRow],
-) -> Result<()> {
+pub fn write_run(dir: &Path, summary: &Summary, rows: &[RequestRecord], scrapes: &[ScrapeRow]) -> Result<()> {
     std::fs::create_dir_all(dir).map_err(|e| ReplayError::io(dir, e))?;
     write_jsonl(&dir.join("metrics.jsonl"), rows)?;
     if !scrapes.is_empty() {
@@ -80,26 +63,15 @@ pub fn write_run(
 }
 
 /// `summary.json`, `summary.md` and the plots.
-fn write_reports(
-    dir: &Path,
-    summary: &Summary,
-    rows: &[RequestRecord],
-    scrapes: &[ScrapeRow],
-) -> Result<()> {
-    write_file(
-        &dir.join("summary.json"),
-        &serde_json::to_string_pretty(summary)?,
-    )?;
+fn write_reports(dir: &Path, summary: &Summary, rows: &[RequestRecord], scrapes: &[ScrapeRow]) -> Result<()> {
+    write_file(&dir.join("summary.json"), &serde_json::to_string_pretty(summary)?)?;
     write_file(&dir.join(TTFT_PLOT), &ttft_chart(rows).render())?;
     write_file(&dir.join(LATENCY_PLOT), &latency_chart(rows).render())?;
     let pool = pool_chart(scrapes);
     if !pool.series.is_empty() {
         write_file(&dir.join(POOL_PLOT), &pool.render())?;
     }
-    write_file(
-        &dir.join("summary.md"),
-        &markdown(summary, !pool.series.is_empty()),
-    )
+    write_file(&dir.join("summary.md"), &markdown(summary, !pool.series.is_empty()))
 }
 
 fn by_label(rows: &[RequestRecord]) -> BTreeMap<String, Vec<&RequestRecord>> {
@@ -116,11 +88,7 @@ pub fn ttft_chart(rows: &[RequestRecord]) -> Chart {
         .filter(|(l, _)| l != "error")
         .map(|(l, rs)| {
             let pts = cdf(rs.iter().filter_map(|r| r.ttft_s).collect());
-            Series {
-                name: format!("{l} (n={})", pts.len()),
-                points: pts,
-                style: Style::Step,
-            }
+            Series { name: format!("{l} (n={})", pts.len()), points: pts, style: Style::Step }
         })
         .collect();
     Chart {
@@ -156,14 +124,7 @@ pub fn pool_chart(scrapes: &[ScrapeRow]) -> Chart {
         title: "KV pool usage (scraped from /metrics)".into(),
         x_label: "s from run start".into(),
         y_label: "fraction of pool".into(),
-        series: pool_series(scrapes)
-            .into_iter()
-            .map(|(name, points)| Series {
-                name,
-                points,
-                style: Style::Line,
-            })
-            .collect(),
+        series: pool_series(scrapes).into_iter().map(|(name, points)| Series { name, points, style: Style::Line }).collect(),
         x_log: false,
         y_range: Some((0.0, 1.0)),
     }
@@ -183,12 +144,7 @@ pub fn utc(unix_s: f64) -> String {
     let d = doy - (153 * mp + 2) / 5 + 1;
     let m = if mp < 10 { mp + 3 } else { mp - 9 };
     let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02} UTC",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
+    format!("{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02} UTC", rem / 3600, rem % 3600 / 60, rem % 60)
 }
 
 pub fn fmt_opt(v: Option<f64>, digits: usize) -> String {
@@ -209,11 +165,7 @@ pub fn time_scale_text(ts: f64) -> String {
 
 pub fn meta_table(m: &RunMeta) -> String {
     let mut s = String::from("| | |\n|---|---|\n");
-    let _ = writeln!(
-        s,
-        "| workload | {} ({} requests planned) |",
-        m.workload, m.requests_planned
-    );
+    let _ = writeln!(s, "| workload | {} ({} requests planned) |", m.workload, m.requests_planned);
     let _ = writeln!(
         s,
         "| endpoint | {} ({} api), model {} |",
@@ -224,38 +176,21 @@ pub fn meta_table(m: &RunMeta) -> String {
     let _ = writeln!(s, "| time scale | {} |", time_scale_text(m.time_scale));
     let pacing = match m.pacing {
         crate::driver::Pacing::Think => "think (a session's next turn starts its think time after the previous one ends)",
-        crate::driver::Pacing::Arrival => "arrival (a session's next turn starts at its trace time, or when the previous one ends if later)",
+        crate::driver::Pacing::Arrival => {
+            "arrival (a session's next turn starts at its trace time, or when the previous one ends if later)"
+        }
     };
     let _ = writeln!(s, "| pacing | {pacing} |");
     let _ = writeln!(s, "| concurrency cap | {} |", m.concurrency);
     let _ = writeln!(s, "| request timeout | {} s |", m.request_timeout_s);
     if m.run == 0 {
-        let _ = writeln!(
-            s,
-            "| runs | {} (each with its own token salt and session ids) |",
-            m.runs
-        );
+        let _ = writeln!(s, "| runs | {} (each with its own token salt and session ids) |", m.runs);
     } else {
-        let _ = writeln!(
-            s,
-            "| run | {} of {} (token salt {}) |",
-            m.run, m.runs, m.salt
-        );
+        let _ = writeln!(s, "| run | {} of {} (token salt {}) |", m.run, m.runs, m.salt);
     }
     let _ = writeln!(s, "| started | {} |", utc(m.started_unix_s));
-    let _ = writeln!(
-        s,
-        "| wall time | {:.1} s{} |",
-        m.wall_s,
-        if m.interrupted {
-            " (**interrupted**)"
-        } else {
-            ""
-        }
-    );
-    let scrape = m
-        .scrape_interval_s
-        .map_or("off".to_string(), |s| format!("every {s} s"));
+    let _ = writeln!(s, "| wall time | {:.1} s{} |", m.wall_s, if m.interrupted { " (**interrupted**)" } else { "" });
+    let scrape = m.scrape_interval_s.map_or("off".to_string(), |s| format!("every {s} s"));
     let _ = writeln!(s, "| /metrics scraping | {scrape} |");
     let _ = writeln!(s, "| tool | {} |", m.tool);
     s
@@ -317,11 +252,7 @@ pub fn markdown(s: &Summary, pool_plot: bool) -> String {
         s.reusable_ratio, s.meta.reuse_block_tokens
     );
     if let (Some(r), true) = (s.reuse_ratio, s.reusable_ratio > 0.0) {
-        let _ = writeln!(
-            md,
-            "- the server reused {:.1} % of what was reusable.",
-            100.0 * r / s.reusable_ratio
-        );
+        let _ = writeln!(md, "- the server reused {:.1} % of what was reusable.", 100.0 * r / s.reusable_ratio);
     }
     if s.sessions > 0 && s.meta.api == crate::client::Api::Completions {
         md.push_str(
@@ -333,17 +264,11 @@ pub fn markdown(s: &Summary, pool_plot: bool) -> String {
 
     md.push_str("\n## Path mix\n\n");
     if s.kvc_labelled == 0 {
-        md.push_str(
-            "The server sent no `x-kvc-path` header or `kvc` field: requests are `unlabelled`.\n\n",
-        );
+        md.push_str("The server sent no `x-kvc-path` header or `kvc` field: requests are `unlabelled`.\n\n");
     }
     md.push_str("| path/reason | requests | share | TTFT p50 (s) | latency p50 (s) | cached/prompt |\n|---|---|---|---|---|---|\n");
     for (label, p) in &s.path_mix {
-        let reuse = if p.prompt_tokens > 0 {
-            format!("{:.3}", p.cached_tokens as f64 / p.prompt_tokens as f64)
-        } else {
-            "–".into()
-        };
+        let reuse = if p.prompt_tokens > 0 { format!("{:.3}", p.cached_tokens as f64 / p.prompt_tokens as f64) } else { "–".into() };
         let _ = writeln!(
             md,
             "| {label} | {} | {:.1} % | {} | {} | {reuse} |",
@@ -356,29 +281,16 @@ pub fn markdown(s: &Summary, pool_plot: bool) -> String {
     if !s.top_errors.is_empty() {
         md.push_str("\n## Errors\n\n| count | message |\n|---|---|\n");
         for (msg, n) in &s.top_errors {
-            let _ = writeln!(
-                md,
-                "| {n} | {} |",
-                msg.replace('|', "\\|").replace('\n', " ")
-            );
+            let _ = writeln!(md, "| {n} | {} |", msg.replace('|', "\\|").replace('\n', " "));
         }
     }
     md.push_str("\n## Plots\n\n");
-    let _ = writeln!(
-        md,
-        "![TTFT CDF by path]({TTFT_PLOT})\n\n![Latency over time]({LATENCY_PLOT})\n"
-    );
+    let _ = writeln!(md, "![TTFT CDF by path]({TTFT_PLOT})\n\n![Latency over time]({LATENCY_PLOT})\n");
     match (pool_plot, s.pool_peak_usage) {
         (true, peak) => {
-            let _ = writeln!(
-                md,
-                "![KV pool usage]({POOL_PLOT})\n\nPeak device pool usage: {}.",
-                fmt_opt(peak, 3)
-            );
+            let _ = writeln!(md, "![KV pool usage]({POOL_PLOT})\n\nPeak device pool usage: {}.", fmt_opt(peak, 3));
         }
-        (false, _) => {
-            md.push_str("No pool usage plot: /metrics was not scraped or exposes no pool gauges.\n")
-        }
+        (false, _) => md.push_str("No pool usage plot: /metrics was not scraped or exposes no pool gauges.\n"),
     }
     md
 }

@@ -19,10 +19,7 @@ pub struct ReuseOracle {
 
 impl ReuseOracle {
     pub fn new(block_tokens: usize) -> Self {
-        ReuseOracle {
-            block_tokens: block_tokens.max(1),
-            seen: HashSet::new(),
-        }
+        ReuseOracle { block_tokens: block_tokens.max(1), seen: HashSet::new() }
     }
 
     /// Tokens of `prompt` reusable from earlier prompts; then remembers

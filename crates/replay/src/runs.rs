@@ -27,13 +27,7 @@ impl Spread {
         let med = median(&values)?;
         let min = values.iter().copied().fold(f64::INFINITY, f64::min);
         let max = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-        Some(Spread {
-            median: med,
-            min,
-            max,
-            spread: (med != 0.0).then(|| (max - min) / med.abs()),
-            values,
-        })
+        Some(Spread { median: med, min, max, spread: (med != 0.0).then(|| (max - min) / med.abs()), values })
     }
 }
 
@@ -65,10 +59,7 @@ impl Aggregate {
             meta,
             runs: summaries.len(),
             run_dirs,
-            metrics: values
-                .into_iter()
-                .filter_map(|(k, v)| Some((k, Spread::of(v)?)))
-                .collect(),
+            metrics: values.into_iter().filter_map(|(k, v)| Some((k, Spread::of(v)?))).collect(),
         }
     }
 
@@ -83,33 +74,20 @@ impl Aggregate {
         for (key, name) in HEADLINE_ORDER {
             if let Some(s) = self.metrics.get(*key) {
                 let per_run: Vec<String> = s.values.iter().map(|v| fmt_value(*v)).collect();
-                let spread = s
-                    .spread
-                    .map_or("–".into(), |x| format!("{:.1} %", x * 100.0));
+                let spread = s.spread.map_or("–".into(), |x| format!("{:.1} %", x * 100.0));
                 let (med, min, max) = (fmt_value(s.median), fmt_value(s.min), fmt_value(s.max));
-                let _ = writeln!(
-                    md,
-                    "| {name} | {med} | {min} | {max} | {spread} | {} |",
-                    per_run.join(", ")
-                );
+                let _ = writeln!(md, "| {name} | {med} | {min} | {max} | {spread} | {} |", per_run.join(", "));
             }
         }
         md.push_str("\nPer-run reports: ");
-        let links: Vec<String> = self
-            .run_dirs
-            .iter()
-            .map(|d| format!("[{d}]({d}/summary.md)"))
-            .collect();
+        let links: Vec<String> = self.run_dirs.iter().map(|d| format!("[{d}]({d}/summary.md)")).collect();
         md.push_str(&links.join(", "));
         md.push('\n');
         md
     }
 
     pub fn write(&self, dir: &Path) -> Result<()> {
-        write_file(
-            &dir.join("summary.json"),
-            &serde_json::to_string_pretty(self)?,
-        )?;
+        write_file(&dir.join("summary.json"), &serde_json::to_string_pretty(self)?)?;
         write_file(&dir.join("summary.md"), &self.markdown())
     }
 }
@@ -121,10 +99,7 @@ mod tests {
     #[test]
     fn spread_is_range_over_median() {
         let s = Spread::of(vec![3.0, 1.0, 2.0]).unwrap();
-        assert_eq!(
-            (s.median, s.min, s.max, s.spread),
-            (2.0, 1.0, 3.0, Some(1.0))
-        );
+        assert_eq!((s.median, s.min, s.max, s.spread), (2.0, 1.0, 3.0, Some(1.0)));
         assert!(Spread::of(vec![]).is_none());
         assert_eq!(Spread::of(vec![0.0, 0.0]).unwrap().spread, None);
     }

@@ -47,25 +47,16 @@ pub fn parse(text: &str, prefixes: &[&str]) -> BTreeMap<String, f64> {
             .find_map(|s| name.strip_suffix(s).filter(|f| kinds.contains_key(f)))
             .unwrap_or(name);
         let kind = kinds.get(family).copied();
-        if matches!(kind, Some("histogram" | "summary"))
-            || (kind.is_none() && name.ends_with("_bucket"))
-        {
+        if matches!(kind, Some("histogram" | "summary")) || (kind.is_none() && name.ends_with("_bucket")) {
             continue;
         }
         // `name{labels} value [timestamp]`; labels may contain spaces.
         let after_labels = match line[name_end..].starts_with('{') {
-            true => line[name_end..]
-                .find('}')
-                .map(|i| name_end + i + 1)
-                .unwrap_or(line.len()),
+            true => line[name_end..].find('}').map(|i| name_end + i + 1).unwrap_or(line.len()),
             false => name_end,
         };
         let key = &line[..after_labels];
-        if let Some(v) = line[after_labels..]
-            .split_whitespace()
-            .next()
-            .and_then(|v| v.parse::<f64>().ok())
-        {
+        if let Some(v) = line[after_labels..].split_whitespace().next().and_then(|v| v.parse::<f64>().ok()) {
             out.insert(key.to_string(), v);
         }
     }
@@ -75,28 +66,16 @@ pub fn parse(text: &str, prefixes: &[&str]) -> BTreeMap<String, f64> {
 /// Scrapes `url`/metrics every `interval` until `stop` turns true. Gives
 /// up after three failures in a row before any success (a server without
 /// /metrics).
-pub async fn scrape_loop(
-    url: BaseUrl,
-    interval: Duration,
-    t0: Instant,
-    mut stop: tokio::sync::watch::Receiver<bool>,
-) -> Vec<ScrapeRow> {
+pub async fn scrape_loop(url: BaseUrl, interval: Duration, t0: Instant, mut stop: tokio::sync::watch::Receiver<bool>) -> Vec<ScrapeRow> {
     let mut rows = Vec::new();
     let mut failures = 0;
     loop {
         let t_s = t0.elapsed().as_secs_f64();
-        let got = tokio::time::timeout(
-            interval.max(Duration::from_secs(2)),
-            http::get(&url, "/metrics", &[]),
-        )
-        .await;
+        let got = tokio::time::timeout(interval.max(Duration::from_secs(2)), http::get(&url, "/metrics", &[])).await;
         match got {
             Ok(Ok((200, body))) => {
                 failures = 0;
-                rows.push(ScrapeRow {
-                    t_s,
-                    values: parse(&String::from_utf8_lossy(&body), PREFIXES),
-                });
+                rows.push(ScrapeRow { t_s, values: parse(&String::from_utf8_lossy(&body), PREFIXES) });
             }
             _ => {
                 failures += 1;
@@ -116,10 +95,7 @@ pub async fn scrape_loop(
 /// gauges, or vLLM's / SGLang's usage gauges.
 pub fn pool_series(rows: &[ScrapeRow]) -> Vec<(String, Vec<(f64, f64)>)> {
     let find = |r: &ScrapeRow, name: &str| -> Option<f64> {
-        r.values
-            .iter()
-            .find(|(k, _)| *k == name || k.starts_with(&format!("{name}{{")))
-            .map(|(_, v)| *v)
+        r.values.iter().find(|(k, _)| *k == name || k.starts_with(&format!("{name}{{"))).map(|(_, v)| *v)
     };
     let mut series = Vec::new();
     let mut ratio = |label: &str, num: &str, den: &str, invert: bool| {
@@ -134,33 +110,15 @@ pub fn pool_series(rows: &[ScrapeRow]) -> Vec<(String, Vec<(f64, f64)>)> {
             series.push((label.to_string(), pts));
         }
     };
-    ratio(
-        "device KV blocks not free (requests + caches)",
-        "kvc_kv_blocks_free",
-        "kvc_kv_blocks_total",
-        true,
-    );
-    ratio(
-        "device KV blocks held only by caches (evictable)",
-        "kvc_kv_blocks_evictable",
-        "kvc_kv_blocks_total",
-        false,
-    );
-    ratio(
-        "host KV blocks in use",
-        "kvc_host_kv_blocks_free",
-        "kvc_host_kv_blocks_total",
-        true,
-    );
+    ratio("device KV blocks not free (requests + caches)", "kvc_kv_blocks_free", "kvc_kv_blocks_total", true);
+    ratio("device KV blocks held only by caches (evictable)", "kvc_kv_blocks_evictable", "kvc_kv_blocks_total", false);
+    ratio("host KV blocks in use", "kvc_host_kv_blocks_free", "kvc_host_kv_blocks_total", true);
     for (label, name) in [
         ("vLLM KV cache usage", "vllm:kv_cache_usage_perc"),
         ("vLLM KV cache usage", "vllm:gpu_cache_usage_perc"),
         ("SGLang token usage", "sglang:token_usage"),
     ] {
-        let pts: Vec<(f64, f64)> = rows
-            .iter()
-            .filter_map(|r| Some((r.t_s, find(r, name)?)))
-            .collect();
+        let pts: Vec<(f64, f64)> = rows.iter().filter_map(|r| Some((r.t_s, find(r, name)?))).collect();
         if !pts.is_empty() && !series.iter().any(|(l, _)| l == label) {
             series.push((label.to_string(), pts));
         }
@@ -182,32 +140,17 @@ mod tests {
     fn gauges_and_counters_are_kept_and_histograms_dropped() {
         let v = parse(TEXT, PREFIXES);
         assert_eq!(v.get("kvc_kv_blocks_free"), Some(&7.0));
-        assert_eq!(
-            v.get("kvc_served_requests_total{path=\"local\",reason=\"a b\"}"),
-            Some(&3.0)
-        );
-        assert_eq!(
-            v.get("vllm:kv_cache_usage_perc{model_name=\"m\"}"),
-            Some(&0.25)
-        );
-        assert!(
-            !v.keys()
-                .any(|k| k.starts_with("kvc_ttft") || k.starts_with("other")),
-            "{v:?}"
-        );
+        assert_eq!(v.get("kvc_served_requests_total{path=\"local\",reason=\"a b\"}"), Some(&3.0));
+        assert_eq!(v.get("vllm:kv_cache_usage_perc{model_name=\"m\"}"), Some(&0.25));
+        assert!(!v.keys().any(|k| k.starts_with("kvc_ttft") || k.starts_with("other")), "{v:?}");
     }
 
     #[test]
     fn pool_usage_comes_from_kvc_blocks_or_vllm_gauges() {
-        let rows = vec![ScrapeRow {
-            t_s: 1.0,
-            values: parse(TEXT, PREFIXES),
-        }];
+        let rows = vec![ScrapeRow { t_s: 1.0, values: parse(TEXT, PREFIXES) }];
         let s = pool_series(&rows);
         assert!(s[0].0.starts_with("device KV blocks not free"));
         assert!((s[0].1[0].1 - 0.3).abs() < 1e-9);
-        assert!(s
-            .iter()
-            .any(|(l, p)| l == "vLLM KV cache usage" && p[0].1 == 0.25));
+        assert!(s.iter().any(|(l, p)| l == "vLLM KV cache usage" && p[0].1 == 0.25));
     }
 }

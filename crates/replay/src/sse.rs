@@ -24,8 +24,7 @@ impl SseParser {
                     self.data.clear();
                 }
             } else if let Some(rest) = line.strip_prefix("data:") {
-                self.data
-                    .push(rest.strip_prefix(' ').unwrap_or(rest).to_string());
+                self.data.push(rest.strip_prefix(' ').unwrap_or(rest).to_string());
             }
             // Comments (": keep-alive") and other fields (event:, id:) are skipped.
         }
@@ -47,10 +46,7 @@ mod tests {
     fn events_split_across_pushes_and_comments_are_skipped() {
         let mut p = SseParser::default();
         assert!(p.push(b": keep-alive\n\nda").is_empty());
-        assert_eq!(
-            p.push(b"ta: {\"a\":1}\r\n\r\ndata:[DONE]\n"),
-            vec!["{\"a\":1}"]
-        );
+        assert_eq!(p.push(b"ta: {\"a\":1}\r\n\r\ndata:[DONE]\n"), vec!["{\"a\":1}"]);
         assert_eq!(p.finish().as_deref(), Some("[DONE]"));
         assert_eq!(p.finish(), None);
     }

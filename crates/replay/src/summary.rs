@@ -91,8 +91,7 @@ impl Summary {
         let ok: Vec<&RequestRecord> = rows.iter().filter(|r| r.ok).collect();
         let errors = rows.len() - ok.len();
         let wall = meta.wall_s.max(1e-9);
-        let reported: Vec<&&RequestRecord> =
-            ok.iter().filter(|r| r.cached_tokens.is_some()).collect();
+        let reported: Vec<&&RequestRecord> = ok.iter().filter(|r| r.cached_tokens.is_some()).collect();
         let cached: u64 = reported.iter().filter_map(|r| r.cached_tokens).sum();
         let reported_prompt: u64 = reported.iter().map(|r| r.prompt_tokens).sum();
         let sent: u64 = rows.iter().map(|r| r.prompt_tokens_sent).sum();
@@ -109,10 +108,7 @@ impl Summary {
                     count: rs.len(),
                     share: rs.len() as f64 / rows.len().max(1) as f64,
                     ttft_p50_s: Dist::of(rs.iter().filter_map(|r| r.ttft_s).collect()).p50,
-                    latency_p50_s: Dist::of(
-                        rs.iter().filter(|r| r.ok).map(|r| r.latency_s).collect(),
-                    )
-                    .p50,
+                    latency_p50_s: Dist::of(rs.iter().filter(|r| r.ok).map(|r| r.latency_s).collect()).p50,
                     prompt_tokens: rs.iter().map(|r| r.prompt_tokens).sum(),
                     cached_tokens: rs.iter().filter_map(|r| r.cached_tokens).sum(),
                 };
@@ -122,13 +118,7 @@ impl Summary {
 
         let mut errs: BTreeMap<String, usize> = BTreeMap::new();
         for r in rows.iter().filter(|r| !r.ok) {
-            let msg: String = r
-                .error
-                .clone()
-                .unwrap_or_default()
-                .chars()
-                .take(160)
-                .collect();
+            let msg: String = r.error.clone().unwrap_or_default().chars().take(160).collect();
             *errs.entry(msg).or_default() += 1;
         }
         let mut top_errors: Vec<(String, usize)> = errs.into_iter().collect();
@@ -140,42 +130,27 @@ impl Summary {
             .find(|(l, _)| !l.contains("evictable") && !l.contains("host"))
             .map(|(_, pts)| pts.iter().map(|p| p.1).fold(0.0, f64::max));
 
-        let sessions: std::collections::BTreeSet<&str> =
-            rows.iter().filter_map(|r| r.session.as_deref()).collect();
+        let sessions: std::collections::BTreeSet<&str> = rows.iter().filter_map(|r| r.session.as_deref()).collect();
         Summary {
             requests: rows.len(),
             sessions: sessions.len(),
             ok: ok.len(),
             errors,
-            error_rate: if rows.is_empty() {
-                0.0
-            } else {
-                errors as f64 / rows.len() as f64
-            },
+            error_rate: if rows.is_empty() { 0.0 } else { errors as f64 / rows.len() as f64 },
             ttft_s: Dist::of(ok.iter().filter_map(|r| r.ttft_s).collect()),
             tpot_s: Dist::of(ok.iter().filter_map(|r| r.tpot_s).collect()),
             latency_s: Dist::of(ok.iter().map(|r| r.latency_s).collect()),
-            schedule_lag_s: Dist::of(
-                rows.iter()
-                    .map(|r| (r.start_s - r.scheduled_s).max(0.0))
-                    .collect(),
-            ),
+            schedule_lag_s: Dist::of(rows.iter().map(|r| (r.start_s - r.scheduled_s).max(0.0)).collect()),
             requests_per_s: ok.len() as f64 / wall,
-            output_tokens_per_s: ok.iter().filter_map(|r| r.output_tokens).sum::<u64>() as f64
-                / wall,
+            output_tokens_per_s: ok.iter().filter_map(|r| r.output_tokens).sum::<u64>() as f64 / wall,
             prompt_tokens_per_s: ok.iter().map(|r| r.prompt_tokens).sum::<u64>() as f64 / wall,
             prompt_tokens: ok.iter().map(|r| r.prompt_tokens).sum(),
             output_tokens: ok.iter().filter_map(|r| r.output_tokens).sum(),
             cache_reports: reported.len(),
             cached_tokens: cached,
-            reuse_ratio: (!reported.is_empty() && reported_prompt > 0)
-                .then(|| cached as f64 / reported_prompt as f64),
+            reuse_ratio: (!reported.is_empty() && reported_prompt > 0).then(|| cached as f64 / reported_prompt as f64),
             reusable_tokens: reusable,
-            reusable_ratio: if sent == 0 {
-                0.0
-            } else {
-                reusable as f64 / sent as f64
-            },
+            reusable_ratio: if sent == 0 { 0.0 } else { reusable as f64 / sent as f64 },
             kvc_labelled: ok.iter().filter(|r| r.path.is_some()).count(),
             path_mix,
             top_errors,
@@ -195,11 +170,7 @@ impl Summary {
         put("requests", Some(self.requests as f64));
         put("errors", Some(self.errors as f64));
         put("error_rate", Some(self.error_rate));
-        for (name, d) in [
-            ("ttft", &self.ttft_s),
-            ("tpot", &self.tpot_s),
-            ("latency", &self.latency_s),
-        ] {
+        for (name, d) in [("ttft", &self.ttft_s), ("tpot", &self.tpot_s), ("latency", &self.latency_s)] {
             put(&format!("{name}_mean_s"), d.mean);
             put(&format!("{name}_p50_s"), d.p50);
             put(&format!("{name}_p90_s"), d.p90);
@@ -299,11 +270,7 @@ mod tests {
             cached_tokens: cached,
             error: error.map(str::to_string),
             finish_reason: Some("length".into()),
-            kvc: Some(crate::client::KvcInfo {
-                path: Some("local".into()),
-                reason: Some(reason.into()),
-                ..Default::default()
-            }),
+            kvc: Some(crate::client::KvcInfo { path: Some("local".into()), reason: Some(reason.into()), ..Default::default() }),
             ..Default::default()
         };
         RequestRecord::new(sent, &o)
@@ -311,11 +278,7 @@ mod tests {
 
     #[test]
     fn reuse_is_cached_over_prompt_and_errors_are_counted_not_averaged() {
-        let rows = vec![
-            row(Some(0), None, "cold"),
-            row(Some(80), None, "prefix_hit"),
-            row(None, Some("HTTP 500: boom"), "x"),
-        ];
+        let rows = vec![row(Some(0), None, "cold"), row(Some(80), None, "prefix_hit"), row(None, Some("HTTP 500: boom"), "x")];
         let s = Summary::new(meta(), &rows, &[]);
         assert_eq!((s.requests, s.ok, s.errors), (3, 2, 1));
         assert!((s.error_rate - 1.0 / 3.0).abs() < 1e-12);

@@ -9,10 +9,7 @@ const PLOT_H: f64 = 360.0;
 const LEFT: f64 = 70.0;
 const RIGHT: f64 = 20.0;
 const TOP: f64 = 40.0;
-const PALETTE: &[&str] = &[
-    "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
-    "#bcbd22", "#17becf",
-];
+const PALETTE: &[&str] = &["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"];
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Style {
@@ -41,10 +38,7 @@ pub struct Chart {
 }
 
 fn esc(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('"', "&quot;")
+    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
 }
 
 /// Round numbers spanning [lo, hi], about `n` of them.
@@ -52,11 +46,7 @@ fn ticks(lo: f64, hi: f64, n: usize) -> Vec<f64> {
     let span = (hi - lo).max(f64::EPSILON);
     let raw = span / n as f64;
     let mag = 10f64.powf(raw.log10().floor());
-    let step = [1.0, 2.0, 2.5, 5.0, 10.0]
-        .iter()
-        .map(|m| m * mag)
-        .find(|s| *s >= raw)
-        .unwrap_or(10.0 * mag);
+    let step = [1.0, 2.0, 2.5, 5.0, 10.0].iter().map(|m| m * mag).find(|s| *s >= raw).unwrap_or(10.0 * mag);
     let mut t = (lo / step).ceil() * step;
     let mut out = Vec::new();
     while t <= hi + step * 1e-9 {
@@ -69,10 +59,7 @@ fn ticks(lo: f64, hi: f64, n: usize) -> Vec<f64> {
 fn log_ticks(lo: f64, hi: f64) -> Vec<f64> {
     let (a, b) = (lo.log10().floor() as i32, hi.log10().ceil() as i32);
     let mults: &[f64] = if b - a <= 2 { &[1.0, 2.0, 5.0] } else { &[1.0] };
-    (a..=b)
-        .flat_map(|e| mults.iter().map(move |m| m * 10f64.powi(e)))
-        .filter(|t| *t >= lo * 0.999 && *t <= hi * 1.001)
-        .collect()
+    (a..=b).flat_map(|e| mults.iter().map(move |m| m * 10f64.powi(e))).filter(|t| *t >= lo * 0.999 && *t <= hi * 1.001).collect()
 }
 
 fn label(v: f64) -> String {
@@ -94,15 +81,8 @@ fn label(v: f64) -> String {
 
 impl Chart {
     pub fn render(&self) -> String {
-        let pts = self
-            .series
-            .iter()
-            .flat_map(|s| s.points.iter())
-            .filter(|(x, y)| x.is_finite() && y.is_finite());
-        let pts: Vec<(f64, f64)> = pts
-            .filter(|(x, _)| !self.x_log || *x > 0.0)
-            .copied()
-            .collect();
+        let pts = self.series.iter().flat_map(|s| s.points.iter()).filter(|(x, y)| x.is_finite() && y.is_finite());
+        let pts: Vec<(f64, f64)> = pts.filter(|(x, _)| !self.x_log || *x > 0.0).copied().collect();
         let legend_rows = self.series.len().div_ceil(2);
         let h = TOP + PLOT_H + 50.0 + 20.0 * legend_rows as f64;
         let pw = W - LEFT - RIGHT;
@@ -116,20 +96,17 @@ impl Chart {
             esc(&self.title)
         );
         if pts.is_empty() {
-            let _ = writeln!(svg, "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\" fill=\"#777\">no data</text>\n</svg>", W / 2.0, TOP + PLOT_H / 2.0);
+            let _ = writeln!(
+                svg,
+                "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\" fill=\"#777\">no data</text>\n</svg>",
+                W / 2.0,
+                TOP + PLOT_H / 2.0
+            );
             return svg;
         }
-        let (mut x0, mut x1) = pts
-            .iter()
-            .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), p| {
-                (a.min(p.0), b.max(p.0))
-            });
-        let (mut y0, mut y1) = self.y_range.unwrap_or_else(|| {
-            pts.iter()
-                .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), p| {
-                    (a.min(p.1), b.max(p.1))
-                })
-        });
+        let (mut x0, mut x1) = pts.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), p| (a.min(p.0), b.max(p.0)));
+        let (mut y0, mut y1) =
+            self.y_range.unwrap_or_else(|| pts.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), p| (a.min(p.1), b.max(p.1))));
         if self.y_range.is_none() {
             y0 = y0.min(0.0);
             y1 = if y1 <= y0 { y0 + 1.0 } else { y1 * 1.05 };
@@ -139,29 +116,17 @@ impl Chart {
             x0 = 0.0;
         }
         if x1 <= x0 {
-            (x0, x1) = if self.x_log {
-                (x0 / 2.0, x1 * 2.0)
-            } else {
-                (x0 - 0.5, x1 + 0.5)
-            };
+            (x0, x1) = if self.x_log { (x0 / 2.0, x1 * 2.0) } else { (x0 - 0.5, x1 + 0.5) };
         }
         let (lx0, lx1) = (x0.log10(), x1.log10());
         let sx = |x: f64| {
-            let f = if self.x_log {
-                (x.log10() - lx0) / (lx1 - lx0)
-            } else {
-                (x - x0) / (x1 - x0)
-            };
+            let f = if self.x_log { (x.log10() - lx0) / (lx1 - lx0) } else { (x - x0) / (x1 - x0) };
             LEFT + f * pw
         };
         let sy = |y: f64| TOP + PLOT_H - (y - y0) / (y1 - y0) * PLOT_H;
 
         // Axes, grid, ticks.
-        let xt = if self.x_log {
-            log_ticks(x0, x1)
-        } else {
-            ticks(x0, x1, 6)
-        };
+        let xt = if self.x_log { log_ticks(x0, x1) } else { ticks(x0, x1, 6) };
         for t in xt {
             let x = sx(t);
             let _ = writeln!(
@@ -197,22 +162,13 @@ impl Chart {
 
         for (i, s) in self.series.iter().enumerate() {
             let color = PALETTE[i % PALETTE.len()];
-            let p: Vec<(f64, f64)> = s
-                .points
-                .iter()
-                .filter(|(x, y)| x.is_finite() && y.is_finite() && (!self.x_log || *x > 0.0))
-                .copied()
-                .collect();
+            let p: Vec<(f64, f64)> =
+                s.points.iter().filter(|(x, y)| x.is_finite() && y.is_finite() && (!self.x_log || *x > 0.0)).copied().collect();
             match s.style {
                 Style::Dots => {
                     let _ = write!(svg, "<g fill=\"{color}\" fill-opacity=\"0.6\">");
                     for (x, y) in &p {
-                        let _ = write!(
-                            svg,
-                            "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"2.2\"/>",
-                            sx(*x),
-                            sy(*y)
-                        );
+                        let _ = write!(svg, "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"2.2\"/>", sx(*x), sy(*y));
                     }
                     svg.push_str("</g>\n");
                 }
@@ -228,17 +184,11 @@ impl Chart {
                             let _ = write!(d, " L{px:.1},{py:.1}");
                         }
                     }
-                    let _ = writeln!(
-                        svg,
-                        "<path d=\"{d}\" fill=\"none\" stroke=\"{color}\" stroke-width=\"1.8\"/>"
-                    );
+                    let _ = writeln!(svg, "<path d=\"{d}\" fill=\"none\" stroke=\"{color}\" stroke-width=\"1.8\"/>");
                 }
             }
             let (col, row) = (i % 2, i / 2);
-            let (lx, ly) = (
-                LEFT + col as f64 * pw / 2.0,
-                TOP + PLOT_H + 52.0 + row as f64 * 20.0,
-            );
+            let (lx, ly) = (LEFT + col as f64 * pw / 2.0, TOP + PLOT_H + 52.0 + row as f64 * 20.0);
             let _ = writeln!(
                 svg,
                 "<rect x=\"{lx:.1}\" y=\"{:.1}\" width=\"12\" height=\"12\" fill=\"{color}\"/><text x=\"{:.1}\" y=\"{ly:.1}\">{}</text>",
@@ -257,10 +207,7 @@ pub fn cdf(mut xs: Vec<f64>) -> Vec<(f64, f64)> {
     xs.retain(|x| x.is_finite());
     xs.sort_by(f64::total_cmp);
     let n = xs.len() as f64;
-    xs.iter()
-        .enumerate()
-        .map(|(i, x)| (*x, (i + 1) as f64 / n))
-        .collect()
+    xs.iter().enumerate().map(|(i, x)| (*x, (i + 1) as f64 / n)).collect()
 }
 
 #[cfg(test)]
@@ -281,16 +228,8 @@ mod tests {
             x_label: "s".into(),
             y_label: "fraction".into(),
             series: vec![
-                Series {
-                    name: "local/prefix_hit".into(),
-                    points: cdf(vec![0.2, 0.1, 0.4]),
-                    style: Style::Step,
-                },
-                Series {
-                    name: "b".into(),
-                    points: vec![(1.0, 2.0), (2.0, f64::NAN)],
-                    style: Style::Dots,
-                },
+                Series { name: "local/prefix_hit".into(), points: cdf(vec![0.2, 0.1, 0.4]), style: Style::Step },
+                Series { name: "b".into(), points: vec![(1.0, 2.0), (2.0, f64::NAN)], style: Style::Dots },
             ],
             x_log: true,
             y_range: Some((0.0, 1.0)),

@@ -26,23 +26,12 @@ fn expected_reuse_from_hash_ids(text: &str) -> f64 {
     let (mut cached, mut total) = (0u64, 0u64);
     for line in text.lines().filter(|l| !l.trim().is_empty()) {
         let v: Value = serde_json::from_str(line).unwrap();
-        let ids: Vec<u64> = v["hash_ids"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|x| x.as_u64().unwrap())
-            .collect();
+        let ids: Vec<u64> = v["hash_ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect();
         let input = v["input_length"].as_u64().unwrap();
         let (full, rem) = (input / HASH_BLOCK, input % HASH_BLOCK);
-        let tail = if rem == 0 {
-            0
-        } else {
-            ((rem as f64 / SCALE_DOWN as f64).round() as u64).clamp(1, KV_BLOCK)
-        };
+        let tail = if rem == 0 { 0 } else { ((rem as f64 / SCALE_DOWN as f64).round() as u64).clamp(1, KV_BLOCK) };
         let len = full * KV_BLOCK + tail;
-        let hit = (1..=ids.len())
-            .take_while(|&k| seen.contains(&ids[..k]))
-            .count() as u64;
+        let hit = (1..=ids.len()).take_while(|&k| seen.contains(&ids[..k])).count() as u64;
         for k in 1..=ids.len() {
             seen.insert(ids[..k].to_vec());
         }
@@ -82,34 +71,15 @@ fn mooncake_slice_replays_without_errors_and_reuse_matches_the_trace_hash_struct
     assert_eq!(summary["meta"]["time_scale"], 1.0);
 
     let expected = expected_reuse_from_hash_ids(&std::fs::read_to_string(MOONCAKE_SLICE).unwrap());
-    let measured = summary["reuse_ratio"]
-        .as_f64()
-        .expect("kvc-server reports cached tokens");
-    assert!(
-        expected > 0.5,
-        "the slice was chosen for its sharing: {expected}"
-    );
-    assert!(
-        (measured - expected).abs() < 0.03,
-        "server reuse {measured:.4} vs hash structure {expected:.4}"
-    );
+    let measured = summary["reuse_ratio"].as_f64().expect("kvc-server reports cached tokens");
+    assert!(expected > 0.5, "the slice was chosen for its sharing: {expected}");
+    assert!((measured - expected).abs() < 0.03, "server reuse {measured:.4} vs hash structure {expected:.4}");
 
     // Every row carries kvc's serving path, and the report files exist.
     let rows = read_rows(&out.join("metrics.jsonl"));
     assert_eq!(rows.len(), 43);
-    assert!(
-        rows.iter()
-            .all(|r| r["path"].is_string() && r["cached_tokens"].is_u64()),
-        "{:?}",
-        rows[0]
-    );
-    for f in [
-        "summary.md",
-        "ttft_cdf.svg",
-        "latency_over_time.svg",
-        "pool_usage.svg",
-        "scrape.jsonl",
-    ] {
+    assert!(rows.iter().all(|r| r["path"].is_string() && r["cached_tokens"].is_u64()), "{:?}", rows[0]);
+    for f in ["summary.md", "ttft_cdf.svg", "latency_over_time.svg", "pool_usage.svg", "scrape.jsonl"] {
         assert!(out.join(f).exists(), "{f} missing");
     }
     let md = std::fs::read_to_string(out.join("summary.md")).unwrap();

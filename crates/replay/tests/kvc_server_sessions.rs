@@ -47,29 +47,15 @@ fn session_turns_after_the_first_report_cached_tokens() {
             assert!(cached > 0, "{run}: a later turn reused nothing: {r}");
             // The whole previous prompt is reusable; the stand-in for the
             // previous output and the append are not.
-            assert!(
-                cached >= r["reusable_tokens"].as_u64().unwrap() - 16,
-                "{run}: {r}"
-            );
+            assert!(cached >= r["reusable_tokens"].as_u64().unwrap() - 16, "{run}: {r}");
         }
         // Runs use their own session ids, so run 2 does not resume run 1's sessions.
-        assert!(rows.iter().all(|r| r["session"]
-            .as_str()
-            .unwrap()
-            .ends_with(&format!("-r{}", &run[4..]))));
+        assert!(rows.iter().all(|r| r["session"].as_str().unwrap().ends_with(&format!("-r{}", &run[4..]))));
         // First turns share nothing with anything: cold.
-        assert!(
-            rows.iter()
-                .filter(|r| r["turn"] == 0)
-                .all(|r| r["cached_tokens"] == 0),
-            "{rows:?}"
-        );
+        assert!(rows.iter().filter(|r| r["turn"] == 0).all(|r| r["cached_tokens"] == 0), "{rows:?}");
     }
     let agg = read_json(&out.join("summary.json"));
-    assert_eq!(
-        (agg["kind"].as_str(), agg["runs"].as_u64()),
-        (Some("runs"), Some(2))
-    );
+    assert_eq!((agg["kind"].as_str(), agg["runs"].as_u64()), (Some("runs"), Some(2)));
     let reuse = &agg["metrics"]["reuse_ratio"];
     assert!(reuse["median"].as_f64().unwrap() > 0.3, "{reuse}");
     assert_eq!(reuse["values"].as_array().unwrap().len(), 2);

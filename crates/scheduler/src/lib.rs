@@ -10,7 +10,5 @@
 mod scheduler;
 mod sequence;
 
-pub use scheduler::{
-    NoCache, Schedule, ScheduledChunk, Scheduler, SchedulerConfig, SchedulerHooks,
-};
+pub use scheduler::{NoCache, Schedule, ScheduledChunk, Scheduler, SchedulerConfig, SchedulerHooks};
 pub use sequence::{SeqId, SeqStatus, Sequence};

@@ -14,11 +14,7 @@ pub trait SchedulerHooks {
     /// Blocks (one reference each, now owned by the sequence) already
     /// holding the KV of the first `tokens` tokens of a sequence about to
     /// be admitted; None when nothing is reusable.
-    fn acquire(
-        &mut self,
-        seq: &Sequence,
-        alloc: &mut BlockAllocator,
-    ) -> Option<(Vec<BlockId>, usize)>;
+    fn acquire(&mut self, seq: &Sequence, alloc: &mut BlockAllocator) -> Option<(Vec<BlockId>, usize)>;
 }
 
 /// Hooks for a scheduler without caches.
@@ -26,11 +22,7 @@ pub struct NoCache;
 
 impl SchedulerHooks for NoCache {
     fn reclaim(&mut self, _n: usize, _alloc: &mut BlockAllocator) {}
-    fn acquire(
-        &mut self,
-        _seq: &Sequence,
-        _alloc: &mut BlockAllocator,
-    ) -> Option<(Vec<BlockId>, usize)> {
+    fn acquire(&mut self, _seq: &Sequence, _alloc: &mut BlockAllocator) -> Option<(Vec<BlockId>, usize)> {
         None
     }
 }
@@ -75,14 +67,7 @@ pub struct Scheduler {
 
 impl Scheduler {
     pub fn new(config: SchedulerConfig) -> Self {
-        Self {
-            config,
-            seqs: HashMap::new(),
-            waiting: VecDeque::new(),
-            running: Vec::new(),
-            next_arrival: 0,
-            preemptions_total: 0,
-        }
+        Self { config, seqs: HashMap::new(), waiting: VecDeque::new(), running: Vec::new(), next_arrival: 0, preemptions_total: 0 }
     }
 
     pub fn config(&self) -> &SchedulerConfig {
@@ -101,17 +86,8 @@ impl Scheduler {
     /// `running`, it joins the running set at once (its prompt is complete
     /// and a token was appended); otherwise it waits for admission like any
     /// other, keeping its blocks.
-    pub fn add_seeded(
-        &mut self,
-        id: SeqId,
-        prompt: Vec<u32>,
-        blocks: Vec<BlockId>,
-        computed: usize,
-        running: bool,
-    ) {
-        debug_assert!(
-            computed <= prompt.len() && computed <= blocks.len() * self.config.block_size
-        );
+    pub fn add_seeded(&mut self, id: SeqId, prompt: Vec<u32>, blocks: Vec<BlockId>, computed: usize, running: bool) {
+        debug_assert!(computed <= prompt.len() && computed <= blocks.len() * self.config.block_size);
         let mut seq = Sequence::new(id, prompt, self.next_arrival);
         self.next_arrival += 1;
         seq.block_table = blocks;
@@ -178,17 +154,9 @@ impl Scheduler {
 
     /// Makes sure `id` has blocks for its first `tokens` tokens, asking
     /// `reclaim` to free cached KV when the pool is short.
-    fn grow(
-        &mut self,
-        id: SeqId,
-        tokens: usize,
-        alloc: &mut BlockAllocator,
-        hooks: &mut dyn SchedulerHooks,
-    ) -> bool {
+    fn grow(&mut self, id: SeqId, tokens: usize, alloc: &mut BlockAllocator, hooks: &mut dyn SchedulerHooks) -> bool {
         let seq = &self.seqs[&id];
-        let need = tokens
-            .div_ceil(self.config.block_size)
-            .saturating_sub(seq.block_table.len());
+        let need = tokens.div_ceil(self.config.block_size).saturating_sub(seq.block_table.len());
         if need == 0 {
             return true;
         }
@@ -217,11 +185,7 @@ impl Scheduler {
         self.running.retain(|&r| r != id);
         // Back to the front: it is older than everything still waiting.
         self.waiting.push_front(id);
-        tracing::debug!(
-            event = "preempt",
-            seq_id = id,
-            "preempted sequence for recompute"
-        );
+        tracing::debug!(event = "preempt", seq_id = id, "preempted sequence for recompute");
     }
 
     /// Plans one step.
@@ -242,11 +206,7 @@ impl Scheduler {
         true
     }
 
-    pub fn schedule(
-        &mut self,
-        alloc: &mut BlockAllocator,
-        hooks: &mut dyn SchedulerHooks,
-    ) -> Schedule {
+    pub fn schedule(&mut self, alloc: &mut BlockAllocator, hooks: &mut dyn SchedulerHooks) -> Schedule {
         let mut out = Schedule::default();
         let mut budget = self.config.max_num_batched_tokens;
         let capacity_tokens = alloc.num_blocks() * self.config.block_size;
@@ -282,19 +242,13 @@ impl Scheduler {
                 continue; // `id` left `running`; index i now points past it
             }
             let sample = end == self.seqs[&id].tokens.len();
-            out.chunks.push(ScheduledChunk {
-                seq_id: id,
-                start,
-                len,
-                sample,
-            });
+            out.chunks.push(ScheduledChunk { seq_id: id, start, len, sample });
             budget -= len;
             i += 1;
         }
         // Chunks planned before a later preemption may belong to sequences
         // preempted afterwards: drop them.
-        out.chunks
-            .retain(|c| self.seqs[&c.seq_id].status == SeqStatus::Running);
+        out.chunks.retain(|c| self.seqs[&c.seq_id].status == SeqStatus::Running);
 
         if !out.preempted.is_empty() {
             // Memory is short: admitting work now would only thrash.
@@ -325,8 +279,7 @@ impl Scheduler {
             }
             let seq = &self.seqs[&id];
             let start = seq.num_computed;
-            let want_blocks =
-                (start + seq.remaining().min(budget)).div_ceil(self.config.block_size);
+            let want_blocks = (start + seq.remaining().min(budget)).div_ceil(self.config.block_size);
             let missing = want_blocks.saturating_sub(seq.block_table.len());
             if alloc.num_free() < missing {
                 hooks.reclaim(missing, alloc);
@@ -346,12 +299,7 @@ impl Scheduler {
             let sample = start + len == seq.tokens.len();
             self.running.push(id);
             self.running.sort_by_key(|r| self.seqs[r].arrival);
-            out.chunks.push(ScheduledChunk {
-                seq_id: id,
-                start,
-                len,
-                sample,
-            });
+            out.chunks.push(ScheduledChunk { seq_id: id, start, len, sample });
             budget -= len;
         }
         out
@@ -363,11 +311,7 @@ mod tests {
     use super::*;
 
     fn sched(seqs: usize, tokens: usize) -> Scheduler {
-        Scheduler::new(SchedulerConfig {
-            max_num_seqs: seqs,
-            max_num_batched_tokens: tokens,
-            block_size: 4,
-        })
+        Scheduler::new(SchedulerConfig { max_num_seqs: seqs, max_num_batched_tokens: tokens, block_size: 4 })
     }
 
     /// Applies a schedule as the engine would, sampling token 7.
@@ -393,17 +337,9 @@ mod tests {
         let blocks = alloc.allocate(3).unwrap();
         s.add_seeded(2, vec![2; 12], blocks, 8, false);
         let p = s.schedule(&mut alloc, &mut NoCache);
-        let got: Vec<(u64, usize, usize, bool)> = p
-            .chunks
-            .iter()
-            .map(|c| (c.seq_id, c.start, c.len, c.sample))
-            .collect();
+        let got: Vec<(u64, usize, usize, bool)> = p.chunks.iter().map(|c| (c.seq_id, c.start, c.len, c.sample)).collect();
         assert_eq!(got, vec![(1, 10, 1, true), (2, 8, 4, true)]);
-        assert_eq!(
-            alloc.num_free(),
-            94,
-            "no block allocated beyond the seeded ones"
-        );
+        assert_eq!(alloc.num_free(), 94, "no block allocated beyond the seeded ones");
     }
 
     #[test]
@@ -430,24 +366,8 @@ mod tests {
         apply(&mut s, &p);
         s.add(2, vec![1; 10]);
         let p = s.schedule(&mut alloc, &mut NoCache);
-        assert_eq!(
-            p.chunks[0],
-            ScheduledChunk {
-                seq_id: 1,
-                start: 3,
-                len: 1,
-                sample: true
-            }
-        );
-        assert_eq!(
-            p.chunks[1],
-            ScheduledChunk {
-                seq_id: 2,
-                start: 0,
-                len: 5,
-                sample: false
-            }
-        );
+        assert_eq!(p.chunks[0], ScheduledChunk { seq_id: 1, start: 3, len: 1, sample: true });
+        assert_eq!(p.chunks[1], ScheduledChunk { seq_id: 2, start: 0, len: 5, sample: false });
     }
 
     #[test]
@@ -475,10 +395,7 @@ mod tests {
         // Every sequence now needs a second block; only one is free.
         let p = s.schedule(&mut alloc, &mut NoCache);
         assert_eq!(p.preempted, vec![3]);
-        assert_eq!(
-            p.chunks.iter().map(|c| c.seq_id).collect::<Vec<_>>(),
-            vec![1, 2]
-        );
+        assert_eq!(p.chunks.iter().map(|c| c.seq_id).collect::<Vec<_>>(), vec![1, 2]);
         apply(&mut s, &p);
         // Drive to completion: each sequence generates 6 tokens.
         let mut done = Vec::new();

@@ -41,17 +41,8 @@ impl Drop for QueuePlace<'_> {
 impl Admission {
     /// `max_running == 0` means no limit.
     pub fn new(max_running: usize, max_queued: usize) -> Self {
-        let max_running = if max_running == 0 {
-            Semaphore::MAX_PERMITS
-        } else {
-            max_running
-        };
-        Self {
-            slots: Arc::new(Semaphore::new(max_running)),
-            max_running,
-            max_queued,
-            queued: AtomicUsize::new(0),
-        }
+        let max_running = if max_running == 0 { Semaphore::MAX_PERMITS } else { max_running };
+        Self { slots: Arc::new(Semaphore::new(max_running)), max_running, max_queued, queued: AtomicUsize::new(0) }
     }
 
     pub fn running(&self) -> usize {
@@ -68,25 +59,12 @@ impl Admission {
         if let Ok(permit) = self.slots.clone().try_acquire_owned() {
             return Ok(Slot(permit));
         }
-        let taken = self
-            .queued
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |q| {
-                (q < self.max_queued).then_some(q + 1)
-            });
+        let taken = self.queued.fetch_update(Ordering::AcqRel, Ordering::Acquire, |q| (q < self.max_queued).then_some(q + 1));
         if taken.is_err() {
-            return Err(ApiError::Busy {
-                running: self.running(),
-                queued: self.queued(),
-                retry_after_s: RETRY_AFTER_S,
-            });
+            return Err(ApiError::Busy { running: self.running(), queued: self.queued(), retry_after_s: RETRY_AFTER_S });
         }
         let _place = QueuePlace(&self.queued);
-        let permit = self
-            .slots
-            .clone()
-            .acquire_owned()
-            .await
-            .map_err(|_| ApiError::Unavailable("the server is shutting down".into()))?;
+        let permit = self.slots.clone().acquire_owned().await.map_err(|_| ApiError::Unavailable("the server is shutting down".into()))?;
         Ok(Slot(permit))
     }
 }
@@ -109,10 +87,7 @@ mod tests {
         });
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         while a.queued() == 0 {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "the second request never queued"
-            );
+            assert!(tokio::time::Instant::now() < deadline, "the second request never queued");
             tokio::task::yield_now().await;
         }
         // The third finds slot and queue full.
@@ -132,26 +107,17 @@ mod tests {
         assert!(wait.is_err(), "no slot should have been free");
         assert_eq!(a.queued(), 0);
         // The queue place is free again: the next waiter is queued, not refused.
-        assert!(tokio::time::timeout(Duration::from_millis(10), a.admit())
-            .await
-            .is_err());
+        assert!(tokio::time::timeout(Duration::from_millis(10), a.admit()).await.is_err());
     }
 
     #[tokio::test]
     async fn zero_slots_means_no_limit_and_zero_queue_means_no_waiting() {
         let a = Admission::new(0, 0);
-        let slots: Vec<Slot> = futures::future::join_all((0..100).map(|_| a.admit()))
-            .await
-            .into_iter()
-            .map(Result::unwrap)
-            .collect();
+        let slots: Vec<Slot> = futures::future::join_all((0..100).map(|_| a.admit())).await.into_iter().map(Result::unwrap).collect();
         assert_eq!(a.running(), 100);
         drop(slots);
         let b = Admission::new(1, 0);
         let _s = b.admit().await.unwrap();
-        assert_eq!(
-            error_response(&b.admit().await.unwrap_err()).0.as_u16(),
-            429
-        );
+        assert_eq!(error_response(&b.admit().await.unwrap_err()).0.as_u16(), 429);
     }
 }

@@ -114,10 +114,7 @@ impl AppState {
         Self {
             engine,
             counters: Arc::new(ServerCounters::default()),
-            admission: Arc::new(Admission::new(
-                config.max_concurrent_requests,
-                config.max_queued_requests,
-            )),
+            admission: Arc::new(Admission::new(config.max_concurrent_requests, config.max_queued_requests)),
             config: Arc::new(config),
             metrics: Arc::new(ServerMetrics::default()),
             lifecycle: Arc::new(Lifecycle::default()),
@@ -134,18 +131,14 @@ impl AppState {
     /// `model` is optional (as in vLLM); when given it must be ours.
     pub fn check_model(&self, requested: Option<&str>) -> Result<(), ApiError> {
         match requested {
-            Some(m) if m != self.model_name() => Err(ApiError::ModelNotFound {
-                model: m.to_string(),
-            }),
+            Some(m) if m != self.model_name() => Err(ApiError::ModelNotFound { model: m.to_string() }),
             _ => Ok(()),
         }
     }
 
     /// `--max-prompt-tokens`, or the context length.
     pub fn max_prompt_tokens(&self) -> usize {
-        self.config
-            .max_prompt_tokens
-            .unwrap_or(self.engine.info().max_model_len)
+        self.config.max_prompt_tokens.unwrap_or(self.engine.info().max_model_len)
     }
 }
 
@@ -163,27 +156,12 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/completions", post(crate::completions::completions))
         .route("/v1/models", get(crate::models::list_models))
         .route("/v1/models/{model}", get(crate::models::get_model))
-        .route(
-            "/v1/sessions/{id}",
-            get(crate::sessions::get_session).delete(crate::sessions::delete_session),
-        )
-        .route(
-            "/v1/sessions/{id}/snapshot",
-            get(crate::pd::prefill::snapshot_status),
-        )
+        .route("/v1/sessions/{id}", get(crate::sessions::get_session).delete(crate::sessions::delete_session))
+        .route("/v1/sessions/{id}/snapshot", get(crate::pd::prefill::snapshot_status))
         .route("/v1/admission", post(crate::sessions::admission))
-        .route(
-            "/reset_prefix_cache",
-            post(crate::sessions::reset_prefix_cache),
-        )
-        .route_layer(middleware::from_fn_with_state(
-            state.clone(),
-            require_api_key,
-        ));
-    let internal = crate::internal::router().route_layer(middleware::from_fn_with_state(
-        state.clone(),
-        require_cluster_token,
-    ));
+        .route("/reset_prefix_cache", post(crate::sessions::reset_prefix_cache))
+        .route_layer(middleware::from_fn_with_state(state.clone(), require_api_key));
+    let internal = crate::internal::router().route_layer(middleware::from_fn_with_state(state.clone(), require_cluster_token));
     let ops = Router::new()
         .route("/health", get(crate::health::health))
         .route("/health/live", get(crate::health::live))
@@ -204,8 +182,7 @@ pub fn router(state: AppState) -> Router {
 async fn track_request(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
     let probe = matches!(req.uri().path(), "/health" | "/health/live" | "/metrics");
     req.extensions_mut().insert(Arrival(Instant::now()));
-    req.extensions_mut()
-        .insert(BodyLimit(state.config.max_request_body_bytes));
+    req.extensions_mut().insert(BodyLimit(state.config.max_request_body_bytes));
     let response = next.run(req).await;
     if !probe {
         state.metrics.count_status(response.status().as_u16());
@@ -214,17 +191,11 @@ async fn track_request(State(state): State<AppState>, mut req: Request, next: Ne
 }
 
 async fn no_route(method: Method, uri: Uri) -> ApiError {
-    ApiError::NoRoute {
-        method: method.to_string(),
-        path: uri.path().to_string(),
-    }
+    ApiError::NoRoute { method: method.to_string(), path: uri.path().to_string() }
 }
 
 async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
-    ApiError::MethodNotAllowed {
-        method: method.to_string(),
-        path: uri.path().to_string(),
-    }
+    ApiError::MethodNotAllowed { method: method.to_string(), path: uri.path().to_string() }
 }
 
 /// Serves a worker role (`both`, `prefill`, `decode`) as the flags say.
@@ -232,10 +203,7 @@ pub async fn serve_worker(engine: EngineHandle, args: &crate::args::Args) -> any
     use crate::args::Role;
     let mut state = AppState::with_config(
         engine.clone(),
-        ServerConfig {
-            enable_session_cache: !args.no_enable_session_cache,
-            ..args.serving.server_config()
-        },
+        ServerConfig { enable_session_cache: !args.no_enable_session_cache, ..args.serving.server_config() },
     );
     state.role = match args.role {
         Role::Prefill => "prefill",
@@ -250,21 +218,14 @@ pub async fn serve_worker(engine: EngineHandle, args: &crate::args::Args) -> any
 
 /// Binds `host:port` and serves until SIGINT / SIGTERM, then drains
 /// ([`crate::shutdown`]).
-pub async fn serve(
-    engine: EngineHandle,
-    host: &str,
-    port: u16,
-    config: ServerConfig,
-) -> anyhow::Result<()> {
+pub async fn serve(engine: EngineHandle, host: &str, port: u16, config: ServerConfig) -> anyhow::Result<()> {
     serve_state(AppState::with_config(engine, config), host, port).await
 }
 
 async fn serve_state(state: AppState, host: &str, port: u16) -> anyhow::Result<()> {
     let engine = state.engine.clone();
     let config = (*state.config).clone();
-    let listener = tokio::net::TcpListener::bind((host, port))
-        .await
-        .map_err(|e| anyhow::anyhow!("cannot bind {host}:{port}: {e}"))?;
+    let listener = tokio::net::TcpListener::bind((host, port)).await.map_err(|e| anyhow::anyhow!("cannot bind {host}:{port}: {e}"))?;
     let info = engine.info();
     tracing::info!(
         addr = %listener.local_addr()?, role = state.role, model = %info.id, max_model_len = info.max_model_len,
@@ -275,13 +236,6 @@ async fn serve_state(state: AppState, host: &str, port: u16) -> anyhow::Result<(
     );
     let shutdown_timeout = config.shutdown_timeout;
     let lifecycle = state.lifecycle.clone();
-    crate::shutdown::serve_until(
-        listener,
-        router(state),
-        lifecycle,
-        shutdown_timeout,
-        crate::shutdown::signal(),
-    )
-    .await?;
+    crate::shutdown::serve_until(listener, router(state), lifecycle, shutdown_timeout, crate::shutdown::signal()).await?;
     Ok(())
 }

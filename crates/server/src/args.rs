@@ -268,16 +268,13 @@ impl Args {
     pub fn check_role(&self) -> Result<(), String> {
         let d = &self.disagg;
         match self.role {
-            Role::Both | Role::Prefill if !d.prefill_peers.is_empty() || !d.decode_peers.is_empty() => Err(format!(
-                "--role {} takes no --prefill-peer / --decode-peer (decode workers and the router do)",
-                self.role_name()
-            )),
+            Role::Both | Role::Prefill if !d.prefill_peers.is_empty() || !d.decode_peers.is_empty() => {
+                Err(format!("--role {} takes no --prefill-peer / --decode-peer (decode workers and the router do)", self.role_name()))
+            }
             Role::Router if d.decode_peers.is_empty() => {
                 Err("--role router needs at least one --decode-peer URL (a decode or both worker)".into())
             }
-            Role::Decode if d.prefill_peers.is_empty() => {
-                Err("--role decode needs at least one --prefill-peer URL".into())
-            }
+            Role::Decode if d.prefill_peers.is_empty() => Err("--role decode needs at least one --prefill-peer URL".into()),
             Role::Prefill | Role::Decode | Role::Router if self.serving.cluster_token.as_deref().unwrap_or("").is_empty() => Err(format!(
                 "--role {} needs --cluster-token (or KVC_CLUSTER_TOKEN): worker-to-worker calls are authenticated",
                 self.role_name()
@@ -287,10 +284,7 @@ impl Args {
     }
 
     pub fn role_name(&self) -> String {
-        self.role
-            .to_possible_value()
-            .map(|v| v.get_name().to_string())
-            .unwrap_or_default()
+        self.role.to_possible_value().map(|v| v.get_name().to_string()).unwrap_or_default()
     }
 
     pub fn engine_config(&self) -> EngineConfig {
@@ -317,16 +311,9 @@ impl Args {
             enable_prefix_caching: !self.no_enable_prefix_caching,
             swap_space_bytes: (self.swap_space.max(0.0) * (1u64 << 30) as f64) as usize,
             session_ttl_s: self.session_ttl_s,
-            snapshot_min_tokens: if self.role == Role::Decode {
-                self.disagg.snapshot_min_tokens
-            } else {
-                0
-            },
+            snapshot_min_tokens: if self.role == Role::Decode { self.disagg.snapshot_min_tokens } else { 0 },
             snapshot_store_blocks: match self.role {
-                Role::Prefill => self
-                    .disagg
-                    .snapshot_store_blocks
-                    .unwrap_or(kvc_engine::config::HALF_THE_POOL),
+                Role::Prefill => self.disagg.snapshot_store_blocks.unwrap_or(kvc_engine::config::HALF_THE_POOL),
                 _ => 0,
             },
             device: self.device.clone(),
@@ -339,9 +326,7 @@ impl Args {
 /// Parses a byte count such as `1073741824`, `512MiB`, `2GiB`, `2G` or `1.5GB`.
 pub fn parse_bytes(s: &str) -> Result<usize, String> {
     let s = s.trim();
-    let split = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(s.len());
+    let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
     let (num, unit) = (&s[..split], s[split..].trim());
     let scale: f64 = match unit.to_ascii_lowercase().as_str() {
         "" | "b" => 1.0,
@@ -353,15 +338,9 @@ pub fn parse_bytes(s: &str) -> Result<usize, String> {
         "mb" => 1e6,
         "gb" => 1e9,
         "tb" => 1e12,
-        _ => {
-            return Err(format!(
-                "unknown unit {unit:?} in {s:?} (use e.g. 512MiB, 2GiB, 1GB or a plain byte count)"
-            ))
-        }
+        _ => return Err(format!("unknown unit {unit:?} in {s:?} (use e.g. 512MiB, 2GiB, 1GB or a plain byte count)")),
     };
-    let value: f64 = num
-        .parse()
-        .map_err(|_| format!("{s:?} is not a byte count (use e.g. 512MiB, 2GiB)"))?;
+    let value: f64 = num.parse().map_err(|_| format!("{s:?} is not a byte count (use e.g. 512MiB, 2GiB)"))?;
     let bytes = value * scale;
     if !bytes.is_finite() || bytes < 1.0 || bytes > usize::MAX as f64 {
         return Err(format!("{s:?} is out of range"));
@@ -442,14 +421,7 @@ mod tests {
         assert_eq!(c.seed, 7);
         assert_eq!(c.max_num_seqs, 8);
         assert_eq!(c.max_num_batched_tokens, 1024);
-        assert_eq!(
-            parse(&["--dtype", "half"])
-                .unwrap()
-                .engine_config()
-                .dtype
-                .as_deref(),
-            Some("f16")
-        );
+        assert_eq!(parse(&["--dtype", "half"]).unwrap().engine_config().dtype.as_deref(), Some("f16"));
     }
 
     #[test]
@@ -480,40 +452,15 @@ mod tests {
         .unwrap()
         .serving
         .server_config();
-        assert_eq!(
-            (c.api_key.as_deref(), c.cluster_token.as_deref()),
-            (Some("k"), Some("t"))
-        );
-        assert_eq!(
-            (c.max_request_body_bytes, c.max_prompt_tokens),
-            (1 << 20, Some(64))
-        );
+        assert_eq!((c.api_key.as_deref(), c.cluster_token.as_deref()), (Some("k"), Some("t")));
+        assert_eq!((c.max_request_body_bytes, c.max_prompt_tokens), (1 << 20, Some(64)));
         assert_eq!((c.max_concurrent_requests, c.max_queued_requests), (2, 3));
-        assert_eq!(
-            (c.request_timeout, c.shutdown_timeout),
-            (Some(Duration::from_secs(5)), Duration::from_secs(1))
-        );
+        assert_eq!((c.request_timeout, c.shutdown_timeout), (Some(Duration::from_secs(5)), Duration::from_secs(1)));
         // An empty key is no key (a blank environment variable must not lock everyone out).
-        assert_eq!(
-            parse(&["--api-key", ""])
-                .unwrap()
-                .serving
-                .server_config()
-                .api_key,
-            None
-        );
+        assert_eq!(parse(&["--api-key", ""]).unwrap().serving.server_config().api_key, None);
         // Secrets stay out of logs.
-        let shown = format!(
-            "{:?}",
-            parse(&["--api-key", "hunter2", "--cluster-token", "t0k"])
-                .unwrap()
-                .serving
-                .server_config()
-        );
-        assert!(
-            !shown.contains("hunter2") && !shown.contains("t0k"),
-            "{shown}"
-        );
+        let shown = format!("{:?}", parse(&["--api-key", "hunter2", "--cluster-token", "t0k"]).unwrap().serving.server_config());
+        assert!(!shown.contains("hunter2") && !shown.contains("t0k"), "{shown}");
     }
 
     #[test]
@@ -521,39 +468,15 @@ mod tests {
         let err = |args: &[&str]| parse(args).unwrap().check_role().unwrap_err();
         assert!(err(&["--role", "router"]).contains("--decode-peer"));
         assert!(err(&["--role", "decode", "--cluster-token", "t"]).contains("--prefill-peer"));
-        assert!(
-            err(&["--role", "decode", "--prefill-peer", "http://p"]).contains("--cluster-token")
-        );
+        assert!(err(&["--role", "decode", "--prefill-peer", "http://p"]).contains("--cluster-token"));
         assert!(err(&["--role", "prefill"]).contains("--cluster-token"));
         assert!(err(&["--role", "both", "--prefill-peer", "http://p"]).contains("takes no"));
         assert!(parse(&["--role", "both"]).unwrap().check_role().is_ok());
-        assert!(parse(&["--role", "prefill", "--cluster-token", "t"])
-            .unwrap()
-            .check_role()
-            .is_ok());
-        let ok = [
-            "--role",
-            "decode",
-            "--cluster-token",
-            "t",
-            "--prefill-peer",
-            "http://p:1",
-            "--prefill-peer",
-            "http://q:2",
-        ];
+        assert!(parse(&["--role", "prefill", "--cluster-token", "t"]).unwrap().check_role().is_ok());
+        let ok = ["--role", "decode", "--cluster-token", "t", "--prefill-peer", "http://p:1", "--prefill-peer", "http://q:2"];
         assert_eq!(parse(&ok).unwrap().disagg.prefill_peers.len(), 2);
         assert!(err(&["--role", "router", "--decode-peer", "http://d"]).contains("--cluster-token"));
-        assert!(parse(&[
-            "--role",
-            "router",
-            "--decode-peer",
-            "http://d",
-            "--cluster-token",
-            "t"
-        ])
-        .unwrap()
-        .check_role()
-        .is_ok());
+        assert!(parse(&["--role", "router", "--decode-peer", "http://d", "--cluster-token", "t"]).unwrap().check_role().is_ok());
         assert!(parse(&["--role", "nonsense"]).is_err());
     }
 }

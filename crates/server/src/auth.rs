@@ -30,10 +30,7 @@ pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 
 /// The key of an `Authorization: Bearer <key>` header.
 fn bearer(headers: &HeaderMap) -> Option<&str> {
-    let value = headers
-        .get(axum::http::header::AUTHORIZATION)?
-        .to_str()
-        .ok()?;
+    let value = headers.get(axum::http::header::AUTHORIZATION)?.to_str().ok()?;
     let (scheme, key) = value.trim().split_once(' ')?;
     scheme.eq_ignore_ascii_case("bearer").then(|| key.trim())
 }
@@ -43,16 +40,9 @@ pub fn check_api_key(expected: Option<&str>, headers: &HeaderMap) -> Result<(), 
     let Some(expected) = expected else {
         return Ok(());
     };
-    let unauthorized = |message: &str| {
-        Err(ApiError::Unauthorized {
-            message: message.to_string(),
-            code: "invalid_api_key",
-        })
-    };
+    let unauthorized = |message: &str| Err(ApiError::Unauthorized { message: message.to_string(), code: "invalid_api_key" });
     match bearer(headers) {
-        None => {
-            unauthorized("You didn't provide an API key. Send it as `Authorization: Bearer <key>`.")
-        }
+        None => unauthorized("You didn't provide an API key. Send it as `Authorization: Bearer <key>`."),
         Some(key) if constant_time_eq(key.as_bytes(), expected.as_bytes()) => Ok(()),
         Some(_) => unauthorized("Incorrect API key provided."),
     }
@@ -61,19 +51,12 @@ pub fn check_api_key(expected: Option<&str>, headers: &HeaderMap) -> Result<(), 
 /// The cluster-token decision alone.
 pub fn check_cluster_token(expected: Option<&str>, headers: &HeaderMap) -> Result<(), ApiError> {
     let Some(expected) = expected else {
-        return Err(ApiError::Forbidden(
-            "internal endpoints are off: start the server with --cluster-token".into(),
-        ));
+        return Err(ApiError::Forbidden("internal endpoints are off: start the server with --cluster-token".into()));
     };
-    let given = headers
-        .get(CLUSTER_TOKEN_HEADER)
-        .and_then(|v| v.to_str().ok());
+    let given = headers.get(CLUSTER_TOKEN_HEADER).and_then(|v| v.to_str().ok());
     match given {
         Some(t) if constant_time_eq(t.as_bytes(), expected.as_bytes()) => Ok(()),
-        _ => Err(ApiError::Unauthorized {
-            message: format!("missing or wrong {CLUSTER_TOKEN_HEADER}"),
-            code: "invalid_cluster_token",
-        }),
+        _ => Err(ApiError::Unauthorized { message: format!("missing or wrong {CLUSTER_TOKEN_HEADER}"), code: "invalid_cluster_token" }),
     }
 }
 
@@ -86,11 +69,7 @@ pub async fn require_api_key(State(state): State<AppState>, req: Request, next: 
 }
 
 /// Middleware for the worker-to-worker routes (`/internal/*`).
-pub async fn require_cluster_token(
-    State(state): State<AppState>,
-    req: Request,
-    next: Next,
-) -> Response {
+pub async fn require_cluster_token(State(state): State<AppState>, req: Request, next: Next) -> Response {
     match check_cluster_token(state.config.cluster_token.as_deref(), req.headers()) {
         Ok(()) => next.run(req).await,
         Err(e) => e.into_response(),
@@ -111,8 +90,7 @@ mod tests {
     }
 
     fn status(r: Result<(), ApiError>) -> u16 {
-        r.map(|_| 200)
-            .unwrap_or_else(|e| error_response(&e).0.as_u16())
+        r.map(|_| 200).unwrap_or_else(|e| error_response(&e).0.as_u16())
     }
 
     #[test]
@@ -123,32 +101,10 @@ mod tests {
     #[test]
     fn api_key_needs_the_exact_bearer_key() {
         let key = Some("s3cret");
-        assert_eq!(
-            status(check_api_key(
-                key,
-                &headers(&[("authorization", "Bearer s3cret")])
-            )),
-            200
-        );
-        assert_eq!(
-            status(check_api_key(
-                key,
-                &headers(&[("authorization", "bearer  s3cret ")])
-            )),
-            200
-        );
-        for bad in [
-            "Bearer wrong",
-            "Bearer s3cret2",
-            "Basic s3cret",
-            "s3cret",
-            "Bearer ",
-        ] {
-            assert_eq!(
-                status(check_api_key(key, &headers(&[("authorization", bad)]))),
-                401,
-                "{bad}"
-            );
+        assert_eq!(status(check_api_key(key, &headers(&[("authorization", "Bearer s3cret")]))), 200);
+        assert_eq!(status(check_api_key(key, &headers(&[("authorization", "bearer  s3cret ")]))), 200);
+        for bad in ["Bearer wrong", "Bearer s3cret2", "Basic s3cret", "s3cret", "Bearer "] {
+            assert_eq!(status(check_api_key(key, &headers(&[("authorization", bad)]))), 401, "{bad}");
         }
         let err = check_api_key(key, &headers(&[])).unwrap_err();
         let (_, body) = error_response(&err);
@@ -158,35 +114,11 @@ mod tests {
 
     #[test]
     fn cluster_routes_are_off_without_a_token_and_need_it_when_set() {
-        assert_eq!(
-            status(check_cluster_token(
-                None,
-                &headers(&[(CLUSTER_TOKEN_HEADER, "x")])
-            )),
-            403
-        );
+        assert_eq!(status(check_cluster_token(None, &headers(&[(CLUSTER_TOKEN_HEADER, "x")]))), 403);
         let t = Some("tok");
-        assert_eq!(
-            status(check_cluster_token(
-                t,
-                &headers(&[(CLUSTER_TOKEN_HEADER, "tok")])
-            )),
-            200
-        );
-        assert_eq!(
-            status(check_cluster_token(
-                t,
-                &headers(&[(CLUSTER_TOKEN_HEADER, "tok2")])
-            )),
-            401
-        );
-        assert_eq!(
-            status(check_cluster_token(
-                t,
-                &headers(&[("authorization", "Bearer tok")])
-            )),
-            401
-        );
+        assert_eq!(status(check_cluster_token(t, &headers(&[(CLUSTER_TOKEN_HEADER, "tok")]))), 200);
+        assert_eq!(status(check_cluster_token(t, &headers(&[(CLUSTER_TOKEN_HEADER, "tok2")]))), 401);
+        assert_eq!(status(check_cluster_token(t, &headers(&[("authorization", "Bearer tok")]))), 401);
     }
 
     #[test]

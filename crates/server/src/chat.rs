@@ -14,15 +14,12 @@ use serde_json::Value;
 
 use crate::app::{AppState, Arrival};
 use crate::chat_messages::{
-    cut_after_final_message, final_message_to_continue, open_assistant_turn, template_messages,
-    tool_mode, ToolMode,
+    cut_after_final_message, final_message_to_continue, open_assistant_turn, template_messages, tool_mode, ToolMode,
 };
 use crate::chat_output::{ChatEndpoint, ChatSpec};
 use crate::error::ApiError;
 use crate::extract::OpenAiJson;
-use crate::generate::{
-    admit, check_prompt_bytes, check_prompt_len, serving_headers, submit, within, Submission,
-};
+use crate::generate::{admit, check_prompt_bytes, check_prompt_len, serving_headers, submit, within, Submission};
 use crate::logprobs::MAX_TOP_LOGPROBS;
 use crate::openai_types::ChatCompletionRequest;
 use crate::response::collect;
@@ -56,30 +53,21 @@ pub async fn chat_completions(
     let admitted = admit(&state, arrival, "chatcmpl").await?;
 
     let render_state = state.clone();
-    let (add_generation_prompt, continue_final) =
-        (plan.add_generation_prompt, plan.continue_final.clone());
+    let (add_generation_prompt, continue_final) = (plan.add_generation_prompt, plan.continue_final.clone());
     let prepare = tokio::task::spawn_blocking(move || -> Result<(String, Vec<u32>), ApiError> {
         let engine = &render_state.engine;
         let template = engine.chat_template().ok_or_else(|| {
-            ApiError::bad_request(
-                "this model has no chat template; use /v1/completions with a raw prompt instead",
-                Some("messages"),
-            )
+            ApiError::bad_request("this model has no chat template; use /v1/completions with a raw prompt instead", Some("messages"))
         })?;
         // With tool_choice "none" the tools are still shown to the model (vLLM).
         let tools = req.tools.map(Value::Array);
         let kwargs = req.chat_template_kwargs.unwrap_or_default();
-        let mut prompt = template
-            .render(&messages, tools.as_ref(), add_generation_prompt, &kwargs)
-            .map_err(ApiError::chat_engine)?;
+        let mut prompt = template.render(&messages, tools.as_ref(), add_generation_prompt, &kwargs).map_err(ApiError::chat_engine)?;
         if let Some(final_text) = &continue_final {
             prompt = cut_after_final_message(&prompt, final_text)?;
         }
         check_prompt_bytes(&render_state, prompt.len(), "messages")?;
-        let tokens = engine
-            .tokenizer()
-            .encode(&prompt, req.add_special_tokens.unwrap_or(false))
-            .map_err(ApiError::chat_engine)?;
+        let tokens = engine.tokenizer().encode(&prompt, req.add_special_tokens.unwrap_or(false)).map_err(ApiError::chat_engine)?;
         Ok((prompt, tokens))
     });
     let (prompt, prompt_tokens) = within(&state, admitted.deadline(), prepare)
@@ -87,24 +75,10 @@ pub async fn chat_completions(
         .map_err(|e| ApiError::Internal(format!("prompt preparation failed: {e}")))??;
     check_prompt_len(&state, prompt_tokens.len(), "messages")?;
 
-    let sampling = plan.sampling.params_for(
-        prompt_tokens.len(),
-        info.max_model_len,
-        DefaultMaxTokens::RestOfContext,
-    );
+    let sampling = plan.sampling.params_for(prompt_tokens.len(), info.max_model_len, DefaultMaxTokens::RestOfContext);
     let n = plan.sampling.n;
-    let generation = submit(
-        &state,
-        admitted,
-        Submission {
-            prompt_tokens,
-            sampling,
-            n,
-            session_id,
-            map_err: ApiError::chat_engine,
-        },
-    )
-    .await?;
+    let generation =
+        submit(&state, admitted, Submission { prompt_tokens, sampling, n, session_id, map_err: ApiError::chat_engine }).await?;
     let spec = ChatSpec {
         id: generation.request_id().to_string(),
         model: info.id,
@@ -116,12 +90,7 @@ pub async fn chat_completions(
     };
     let endpoint = ChatEndpoint::new(spec, Arc::new(state.engine.clone()));
     if plan.sampling.stream {
-        return Ok(stream_response(
-            &state,
-            generation,
-            endpoint,
-            plan.sampling.include_usage,
-        ));
+        return Ok(stream_response(&state, generation, endpoint, plan.sampling.include_usage));
     }
     let request_id = generation.request_id().to_string();
     let path = generation.path();
@@ -141,28 +110,15 @@ fn check_request(req: &ChatCompletionRequest, vocab_size: usize) -> Result<ChatP
             ))
         }
         Some(k) if k > 0 && !logprobs => {
-            return Err(ApiError::bad_request(
-                "when using `top_logprobs`, `logprobs` must be set to true",
-                Some("top_logprobs"),
-            ))
+            return Err(ApiError::bad_request("when using `top_logprobs`, `logprobs` must be set to true", Some("top_logprobs")))
         }
         Some(k) => k as usize,
     };
     if let Some(format) = &req.response_format {
         match format.get("type").and_then(Value::as_str) {
             Some("text") => {}
-            Some(other) => {
-                return Err(ApiError::unsupported(
-                    format!("response_format type {other:?}"),
-                    "response_format",
-                ))
-            }
-            None => {
-                return Err(ApiError::bad_request(
-                    "response_format must be an object with a \"type\"",
-                    Some("response_format"),
-                ))
-            }
+            Some(other) => return Err(ApiError::unsupported(format!("response_format type {other:?}"), "response_format")),
+            None => return Err(ApiError::bad_request("response_format must be an object with a \"type\"", Some("response_format"))),
         }
     }
     let tools = tool_mode(req.tools.as_deref(), req.tool_choice.as_ref())?;
@@ -192,10 +148,7 @@ fn check_request(req: &ChatCompletionRequest, vocab_size: usize) -> Result<ChatP
     };
     if let (Some(_), Some(m)) = (req.max_completion_tokens, req.sampling.max_tokens) {
         if m < 1 {
-            return Err(ApiError::bad_request(
-                format!("max_tokens must be at least 1, got {m}"),
-                Some("max_tokens"),
-            ));
+            return Err(ApiError::bad_request(format!("max_tokens must be at least 1, got {m}"), Some("max_tokens")));
         }
     }
     let mut sampling = SamplingPlan::new(&req.sampling, max_tokens, vocab_size)?;
@@ -204,8 +157,7 @@ fn check_request(req: &ChatCompletionRequest, vocab_size: usize) -> Result<ChatP
         sampling,
         tools,
         logprobs,
-        add_generation_prompt: continue_final.is_none()
-            && req.add_generation_prompt.unwrap_or(true),
+        add_generation_prompt: continue_final.is_none() && req.add_generation_prompt.unwrap_or(true),
         continue_final,
         echo,
     })
@@ -223,9 +175,7 @@ mod tests {
 
     fn check(extra: Value) -> Result<ChatPlan, (u16, Option<String>)> {
         let mut v = json!({"messages": [{"role": "user", "content": "hi"}]});
-        v.as_object_mut()
-            .unwrap()
-            .extend(extra.as_object().unwrap().clone());
+        v.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
         check_request(&request(v), 1000).map_err(|e| {
             let (status, body) = error_response(&e);
             (status.as_u16(), body.error.param)
@@ -235,40 +185,16 @@ mod tests {
     #[test]
     fn unsupported_or_invalid_options_are_400_naming_the_param() {
         let param = |extra: Value| check(extra).unwrap_err();
-        assert_eq!(
-            param(json!({"top_logprobs": 2})),
-            (400, Some("top_logprobs".into()))
-        );
-        assert_eq!(
-            param(json!({"logprobs": true, "top_logprobs": 21})),
-            (400, Some("top_logprobs".into()))
-        );
-        assert_eq!(
-            param(json!({"logprobs": true, "top_logprobs": -1})),
-            (400, Some("top_logprobs".into()))
-        );
-        assert_eq!(
-            param(json!({"response_format": {"type": "json_object"}})),
-            (400, Some("response_format".into()))
-        );
-        assert_eq!(
-            param(json!({"response_format": {"type": "json_schema", "json_schema": {}}})),
-            (400, Some("response_format".into()))
-        );
-        assert_eq!(
-            param(json!({"tool_choice": "required"})),
-            (400, Some("tool_choice".into()))
-        );
-        assert_eq!(
-            param(json!({"max_completion_tokens": 0})),
-            (400, Some("max_completion_tokens".into()))
-        );
+        assert_eq!(param(json!({"top_logprobs": 2})), (400, Some("top_logprobs".into())));
+        assert_eq!(param(json!({"logprobs": true, "top_logprobs": 21})), (400, Some("top_logprobs".into())));
+        assert_eq!(param(json!({"logprobs": true, "top_logprobs": -1})), (400, Some("top_logprobs".into())));
+        assert_eq!(param(json!({"response_format": {"type": "json_object"}})), (400, Some("response_format".into())));
+        assert_eq!(param(json!({"response_format": {"type": "json_schema", "json_schema": {}}})), (400, Some("response_format".into())));
+        assert_eq!(param(json!({"tool_choice": "required"})), (400, Some("tool_choice".into())));
+        assert_eq!(param(json!({"max_completion_tokens": 0})), (400, Some("max_completion_tokens".into())));
         assert_eq!(param(json!({"n": 0})), (400, Some("n".into())));
         assert_eq!(param(json!({"echo": true})), (400, Some("echo".into())));
-        assert_eq!(
-            param(json!({"continue_final_message": true})),
-            (400, Some("continue_final_message".into()))
-        );
+        assert_eq!(param(json!({"continue_final_message": true})), (400, Some("continue_final_message".into())));
     }
 
     #[test]
@@ -276,49 +202,28 @@ mod tests {
         let plan = check(json!({"logprobs": true, "top_logprobs": 3, "n": 2, "response_format": {"type": "text"}, "user": "u"})).unwrap();
         assert!(plan.logprobs);
         assert_eq!(plan.sampling.n, 2);
-        assert_eq!(
-            plan.sampling
-                .params_for(5, 100, DefaultMaxTokens::RestOfContext)
-                .logprobs,
-            Some(3)
-        );
+        assert_eq!(plan.sampling.params_for(5, 100, DefaultMaxTokens::RestOfContext).logprobs, Some(3));
         assert!(plan.add_generation_prompt);
         let plan = check(json!({"logprobs": false, "top_logprobs": 0})).unwrap();
-        assert_eq!(
-            plan.sampling
-                .params_for(5, 100, DefaultMaxTokens::RestOfContext)
-                .logprobs,
-            None
-        );
+        assert_eq!(plan.sampling.params_for(5, 100, DefaultMaxTokens::RestOfContext).logprobs, None);
     }
 
     #[test]
     fn continuing_a_final_assistant_message_turns_off_the_generation_prompt() {
-        let req = request(
-            json!({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Sure,"}],
-                                 "continue_final_message": true, "echo": true}),
-        );
+        let req = request(json!({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Sure,"}],
+                                 "continue_final_message": true, "echo": true}));
         let plan = check_request(&req, 1000).unwrap();
         assert_eq!(plan.continue_final.as_deref(), Some("Sure,"));
         assert!(plan.echo && !plan.add_generation_prompt);
-        let both = request(
-            json!({"messages": [{"role": "assistant", "content": "x"}], "continue_final_message": true,
-                                  "add_generation_prompt": true}),
-        );
+        let both = request(json!({"messages": [{"role": "assistant", "content": "x"}], "continue_final_message": true,
+                                  "add_generation_prompt": true}));
         assert!(check_request(&both, 1000).is_err());
     }
 
     #[test]
     fn max_completion_tokens_wins_over_max_tokens() {
-        let req = request(
-            json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 50, "max_completion_tokens": 7}),
-        );
+        let req = request(json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 50, "max_completion_tokens": 7}));
         let plan = check_request(&req, 1000).unwrap();
-        assert_eq!(
-            plan.sampling
-                .params_for(5, 100, DefaultMaxTokens::RestOfContext)
-                .max_tokens,
-            7
-        );
+        assert_eq!(plan.sampling.params_for(5, 100, DefaultMaxTokens::RestOfContext).max_tokens, 7);
     }
 }

@@ -24,16 +24,10 @@ pub enum ToolMode {
 
 /// Checks `tools` (each `{"type": "function", "function": {"name", ...}}`)
 /// and `tool_choice` (vLLM's rules: anything but `"none"` needs tools).
-pub fn tool_mode(
-    tools: Option<&[Value]>,
-    tool_choice: Option<&Value>,
-) -> Result<ToolMode, ApiError> {
+pub fn tool_mode(tools: Option<&[Value]>, tool_choice: Option<&Value>) -> Result<ToolMode, ApiError> {
     let tools = tools.unwrap_or_default();
     for (i, tool) in tools.iter().enumerate() {
-        let name = tool
-            .get("function")
-            .and_then(|f| f.get("name"))
-            .and_then(Value::as_str);
+        let name = tool.get("function").and_then(|f| f.get("name")).and_then(Value::as_str);
         let kind = tool.get("type").and_then(Value::as_str);
         if kind != Some("function") || name.is_none_or(str::is_empty) {
             return Err(ApiError::bad_request(
@@ -46,35 +40,22 @@ pub fn tool_mode(
         None | Some(Value::Null) => None,
         Some(Value::String(s)) => Some(s.as_str()),
         Some(Value::Object(o)) if o.get("type").and_then(Value::as_str) == Some("function") => {
-            return Err(ApiError::unsupported(
-                "tool_choice naming a function (it needs guided decoding)",
-                "tool_choice",
-            ));
+            return Err(ApiError::unsupported("tool_choice naming a function (it needs guided decoding)", "tool_choice"));
         }
         Some(other) => {
             return Err(ApiError::bad_request(
-                format!(
-                "tool_choice must be \"none\", \"auto\", \"required\" or a function, got {other}"
-            ),
+                format!("tool_choice must be \"none\", \"auto\", \"required\" or a function, got {other}"),
                 Some("tool_choice"),
             ))
         }
     };
     match choice {
         Some("none") => Ok(ToolMode::Off),
-        Some(_) if tools.is_empty() => Err(ApiError::bad_request(
-            "When using `tool_choice`, `tools` must be set.",
-            Some("tool_choice"),
-        )),
+        Some(_) if tools.is_empty() => Err(ApiError::bad_request("When using `tool_choice`, `tools` must be set.", Some("tool_choice"))),
         Some("auto") => Ok(ToolMode::Auto),
-        Some("required") => Err(ApiError::unsupported(
-            "tool_choice \"required\" (it needs guided decoding)",
-            "tool_choice",
-        )),
+        Some("required") => Err(ApiError::unsupported("tool_choice \"required\" (it needs guided decoding)", "tool_choice")),
         Some(other) => Err(ApiError::bad_request(
-            format!(
-                "tool_choice must be \"none\", \"auto\", \"required\" or a function, got {other:?}"
-            ),
+            format!("tool_choice must be \"none\", \"auto\", \"required\" or a function, got {other:?}"),
             Some("tool_choice"),
         )),
         None if tools.is_empty() => Ok(ToolMode::Off),
@@ -87,10 +68,7 @@ pub fn tool_mode(
 /// vLLM does for text-only models), `developer` rendered as `system`.
 pub fn template_messages(messages: &[ChatMessage]) -> Result<Value, ApiError> {
     if messages.is_empty() {
-        return Err(ApiError::bad_request(
-            "messages must contain at least one message",
-            Some("messages"),
-        ));
+        return Err(ApiError::bad_request("messages must contain at least one message", Some("messages")));
     }
     let mut out = Vec::with_capacity(messages.len());
     for (i, m) in messages.iter().enumerate() {
@@ -117,16 +95,9 @@ pub fn template_messages(messages: &[ChatMessage]) -> Result<Value, ApiError> {
                 }
                 texts.join("\n")
             }
-            None if m.role == Role::Assistant
-                && m.tool_calls.as_ref().is_some_and(|c| !c.is_empty()) =>
-            {
-                String::new()
-            }
+            None if m.role == Role::Assistant && m.tool_calls.as_ref().is_some_and(|c| !c.is_empty()) => String::new(),
             None => {
-                return Err(ApiError::bad_request(
-                    format!("messages[{i}] has no content"),
-                    Some("messages"),
-                ));
+                return Err(ApiError::bad_request(format!("messages[{i}] has no content"), Some("messages")));
             }
         };
         let role = match m.role {
@@ -142,10 +113,7 @@ pub fn template_messages(messages: &[ChatMessage]) -> Result<Value, ApiError> {
             obj.insert("name".into(), json!(name));
         }
         if let Some(calls) = &m.tool_calls {
-            obj.insert(
-                "tool_calls".into(),
-                serde_json::to_value(calls).unwrap_or_default(),
-            );
+            obj.insert("tool_calls".into(), serde_json::to_value(calls).unwrap_or_default());
         }
         if let Some(id) = &m.tool_call_id {
             obj.insert("tool_call_id".into(), json!(id));
@@ -162,30 +130,16 @@ pub fn template_messages(messages: &[ChatMessage]) -> Result<Value, ApiError> {
 /// message with text to continue.
 pub fn final_message_to_continue(messages: &[ChatMessage]) -> Result<String, ApiError> {
     let bad = |m: &str| ApiError::bad_request(m, Some("continue_final_message"));
-    let last = messages
-        .last()
-        .ok_or_else(|| bad("continue_final_message needs messages"))?;
+    let last = messages.last().ok_or_else(|| bad("continue_final_message needs messages"))?;
     if last.role != Role::Assistant {
-        return Err(bad(
-            "continue_final_message needs the last message to be an assistant message",
-        ));
+        return Err(bad("continue_final_message needs the last message to be an assistant message"));
     }
     match &last.content {
         Some(MessageContent::Text(s)) if !s.trim().is_empty() => Ok(s.clone()),
-        Some(MessageContent::Parts(parts))
-            if parts
-                .iter()
-                .any(|p| p.text.as_deref().is_some_and(|t| !t.trim().is_empty())) =>
-        {
-            Ok(parts
-                .iter()
-                .filter_map(|p| p.text.as_deref())
-                .collect::<Vec<_>>()
-                .join("\n"))
+        Some(MessageContent::Parts(parts)) if parts.iter().any(|p| p.text.as_deref().is_some_and(|t| !t.trim().is_empty())) => {
+            Ok(parts.iter().filter_map(|p| p.text.as_deref()).collect::<Vec<_>>().join("\n"))
         }
-        _ => Err(bad(
-            "continue_final_message needs the last assistant message to have text to continue",
-        )),
+        _ => Err(bad("continue_final_message needs the last assistant message to have text to continue")),
     }
 }
 
@@ -196,14 +150,8 @@ pub fn final_message_to_continue(messages: &[ChatMessage]) -> Result<String, Api
 pub fn cut_after_final_message(prompt: &str, final_text: &str) -> Result<String, ApiError> {
     // As transformers: the text as sent if the template kept it verbatim,
     // else without trailing whitespace.
-    let answer = final_text
-        .rsplit_once("</think>")
-        .map(|(_, a)| a.trim())
-        .filter(|a| !a.is_empty());
-    for needle in [final_text, final_text.trim_end()]
-        .into_iter()
-        .chain(answer)
-    {
+    let answer = final_text.rsplit_once("</think>").map(|(_, a)| a.trim()).filter(|a| !a.is_empty());
+    for needle in [final_text, final_text.trim_end()].into_iter().chain(answer) {
         if let Some(at) = prompt.rfind(needle) {
             return Ok(prompt[..at + needle.len()].to_string());
         }
@@ -269,63 +217,32 @@ mod tests {
         assert_eq!(m[2]["content"], "");
         assert_eq!(m[2]["tool_calls"][0]["function"]["name"], "f");
         assert_eq!(m[2]["tool_calls"][0]["function"]["arguments"], "{}");
-        assert_eq!(
-            m[3],
-            json!({"role": "tool", "content": "ok", "tool_call_id": "c1"})
-        );
+        assert_eq!(m[3], json!({"role": "tool", "content": "ok", "tool_call_id": "c1"}));
     }
 
     #[test]
     fn empty_messages_and_missing_content_are_400() {
         let req = request(json!({"messages": []}));
-        assert_eq!(
-            status_and_param(template_messages(&req.messages).unwrap_err()),
-            (400, Some("messages".into()))
-        );
+        assert_eq!(status_and_param(template_messages(&req.messages).unwrap_err()), (400, Some("messages".into())));
         let req = request(json!({"messages": [{"role": "user"}]}));
-        assert_eq!(
-            template_messages(&req.messages)
-                .map_err(status_and_param)
-                .unwrap_err()
-                .0,
-            400
-        );
-        let req = request(
-            json!({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}),
-        );
-        assert_eq!(
-            template_messages(&req.messages)
-                .map_err(status_and_param)
-                .unwrap_err()
-                .0,
-            400
-        );
+        assert_eq!(template_messages(&req.messages).map_err(status_and_param).unwrap_err().0, 400);
+        let req = request(json!({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}));
+        assert_eq!(template_messages(&req.messages).map_err(status_and_param).unwrap_err().0, 400);
     }
 
     #[test]
     fn tool_choice_follows_vllm() {
         let tools = [weather_tool()];
-        let mode = |tools: Option<&[Value]>, choice: Value| {
-            tool_mode(tools, Some(&choice)).map_err(status_and_param)
-        };
+        let mode = |tools: Option<&[Value]>, choice: Value| tool_mode(tools, Some(&choice)).map_err(status_and_param);
         assert_eq!(tool_mode(Some(&tools), None).unwrap(), ToolMode::Auto);
         assert_eq!(tool_mode(None, None).unwrap(), ToolMode::Off);
         assert_eq!(mode(Some(&tools), json!("auto")).unwrap(), ToolMode::Auto);
         assert_eq!(mode(Some(&tools), json!("none")).unwrap(), ToolMode::Off);
         assert_eq!(mode(None, json!("none")).unwrap(), ToolMode::Off);
-        assert_eq!(
-            mode(None, json!("auto")).unwrap_err(),
-            (400, Some("tool_choice".into()))
-        );
-        assert_eq!(
-            mode(Some(&tools), json!("required")).unwrap_err(),
-            (400, Some("tool_choice".into()))
-        );
+        assert_eq!(mode(None, json!("auto")).unwrap_err(), (400, Some("tool_choice".into())));
+        assert_eq!(mode(Some(&tools), json!("required")).unwrap_err(), (400, Some("tool_choice".into())));
         let named = json!({"type": "function", "function": {"name": "get_weather"}});
-        assert_eq!(
-            mode(Some(&tools), named).unwrap_err(),
-            (400, Some("tool_choice".into()))
-        );
+        assert_eq!(mode(Some(&tools), named).unwrap_err(), (400, Some("tool_choice".into())));
         assert_eq!(mode(Some(&tools), json!("sometimes")).unwrap_err().0, 400);
         assert_eq!(mode(Some(&tools), json!(5)).unwrap_err().0, 400);
     }
@@ -338,13 +255,7 @@ mod tests {
             json!("f"),
             json!({"type": "function", "function": {"name": ""}}),
         ] {
-            assert_eq!(
-                tool_mode(Some(&[bad.clone()]), None)
-                    .map_err(status_and_param)
-                    .unwrap_err(),
-                (400, Some("tools".into())),
-                "{bad}"
-            );
+            assert_eq!(tool_mode(Some(&[bad.clone()]), None).map_err(status_and_param).unwrap_err(), (400, Some("tools".into())), "{bad}");
         }
     }
 
@@ -352,19 +263,11 @@ mod tests {
     fn continuing_needs_a_final_assistant_message_with_text() {
         let msgs = |v: Value| request(json!({"messages": v})).messages;
         assert_eq!(
-            final_message_to_continue(&msgs(
-                json!([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Sure"}])
-            ))
-            .unwrap(),
+            final_message_to_continue(&msgs(json!([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Sure"}]))).unwrap(),
             "Sure"
         );
-        assert!(
-            final_message_to_continue(&msgs(json!([{"role": "user", "content": "hi"}]))).is_err()
-        );
-        assert!(
-            final_message_to_continue(&msgs(json!([{"role": "assistant", "content": " "}])))
-                .is_err()
-        );
+        assert!(final_message_to_continue(&msgs(json!([{"role": "user", "content": "hi"}]))).is_err());
+        assert!(final_message_to_continue(&msgs(json!([{"role": "assistant", "content": " "}]))).is_err());
     }
 
     #[test]
@@ -374,45 +277,18 @@ mod tests {
             cut_after_final_message(rendered, "Sure, ").unwrap(),
             "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nSure, "
         );
-        assert!(
-            cut_after_final_message(rendered, "Sure, \n")
-                .unwrap()
-                .ends_with("Sure,"),
-            "trailing whitespace the template dropped"
-        );
+        assert!(cut_after_final_message(rendered, "Sure, \n").unwrap().ends_with("Sure,"), "trailing whitespace the template dropped");
         // The template re-wrapped the reasoning: the answer part is found.
-        let rendered =
-            "<|im_start|>assistant\n<think>\nplan\n</think>\n\n<tool_call>\n{<|im_end|>\n";
-        assert!(
-            cut_after_final_message(rendered, "<think>plan</think><tool_call>\n{")
-                .unwrap()
-                .ends_with("<tool_call>\n{")
-        );
-        assert_eq!(
-            cut_after_final_message("abc", "xyz")
-                .map_err(status_and_param)
-                .unwrap_err()
-                .0,
-            400
-        );
+        let rendered = "<|im_start|>assistant\n<think>\nplan\n</think>\n\n<tool_call>\n{<|im_end|>\n";
+        assert!(cut_after_final_message(rendered, "<think>plan</think><tool_call>\n{").unwrap().ends_with("<tool_call>\n{"));
+        assert_eq!(cut_after_final_message("abc", "xyz").map_err(status_and_param).unwrap_err().0, 400);
     }
 
     #[test]
     fn open_assistant_turn_is_what_the_prompt_left_unfinished() {
-        assert_eq!(
-            open_assistant_turn("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"),
-            ""
-        );
-        assert_eq!(
-            open_assistant_turn("<|im_start|>assistant\n<think>\n\n</think>\n\n"),
-            "<think>\n\n</think>\n\n"
-        );
-        assert_eq!(
-            open_assistant_turn(
-                "<|im_start|>assistant\nold<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n"
-            ),
-            ""
-        );
+        assert_eq!(open_assistant_turn("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"), "");
+        assert_eq!(open_assistant_turn("<|im_start|>assistant\n<think>\n\n</think>\n\n"), "<think>\n\n</think>\n\n");
+        assert_eq!(open_assistant_turn("<|im_start|>assistant\nold<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n"), "");
         assert_eq!(open_assistant_turn("plain completion prompt"), "");
     }
 }

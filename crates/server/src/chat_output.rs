@@ -9,8 +9,8 @@ use kvc_engine::{FinishReason, Logprobs, MatchedStop, Usage};
 
 use crate::logprobs::{chat_entry, ChatLogprobs, ChatTokenLogprob, HasTokenizer};
 use crate::openai_types::{
-    AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk, ChatDelta,
-    ChunkUsage, FunctionCall, FunctionCallDelta, KvcInfo, ToolCall, ToolCallDelta,
+    AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk, ChatDelta, ChunkUsage, FunctionCall,
+    FunctionCallDelta, KvcInfo, ToolCall, ToolCallDelta,
 };
 use crate::reasoning_parser::ReasoningParser;
 use crate::response::Endpoint;
@@ -47,10 +47,7 @@ impl ChatParser {
     /// A parser positioned after `prefix` (the assistant turn already in
     /// the prompt); also returns what `prefix` parsed to.
     pub fn primed(prefix: &str, parse_tools: bool) -> (Self, Parsed) {
-        let mut p = Self {
-            reasoning: ReasoningParser::new(),
-            tools: parse_tools.then(ToolCallParser::new),
-        };
+        let mut p = Self { reasoning: ReasoningParser::new(), tools: parse_tools.then(ToolCallParser::new) };
         let parsed = p.push(prefix);
         (p, parsed)
     }
@@ -66,10 +63,7 @@ impl ChatParser {
     }
 
     fn tools_on(&mut self, reasoning: String, content: &str, end: bool) -> Parsed {
-        let mut out = Parsed {
-            reasoning,
-            ..Parsed::default()
-        };
+        let mut out = Parsed { reasoning, ..Parsed::default() };
         let Some(tools) = &mut self.tools else {
             out.content = content.to_string();
             return out;
@@ -130,35 +124,15 @@ pub struct ChatEndpoint {
 
 impl ChatEndpoint {
     pub fn new(spec: ChatSpec, tokens: Arc<dyn HasTokenizer>) -> Self {
-        let ChatSpec {
-            id,
-            model,
-            n,
-            prefix,
-            tools,
-            echo,
-            logprobs,
-        } = spec;
+        let ChatSpec { id, model, n, prefix, tools, echo, logprobs } = spec;
         let prefix = prefix.as_str();
         let choices = (0..n)
             .map(|_| {
                 let (parser, echoed) = ChatParser::primed(prefix, tools);
-                ChoiceState {
-                    parser,
-                    echo: echo.then_some(echoed),
-                    pending_logprobs: Vec::new(),
-                    calls: 0,
-                }
+                ChoiceState { parser, echo: echo.then_some(echoed), pending_logprobs: Vec::new(), calls: 0 }
             })
             .collect();
-        Self {
-            id,
-            created: crate::generate::unix_now(),
-            model,
-            tokens,
-            logprobs,
-            choices,
-        }
+        Self { id, created: crate::generate::unix_now(), model, tokens, logprobs, choices }
     }
 
     fn delta(&mut self, index: usize, parsed: Parsed) -> ChatDelta {
@@ -172,10 +146,7 @@ impl ChatEndpoint {
                     index: choice.calls - 1,
                     id: new_call_id(),
                     kind: "function",
-                    function: FunctionCallDelta {
-                        name: c.name,
-                        arguments: c.arguments,
-                    },
+                    function: FunctionCallDelta { name: c.name, arguments: c.arguments },
                 }
             })
             .collect();
@@ -194,13 +165,7 @@ impl ChatEndpoint {
     }
 
     fn choice(index: usize, delta: ChatDelta, logprobs: Option<ChatLogprobs>) -> ChatChunkChoice {
-        ChatChunkChoice {
-            index,
-            delta,
-            logprobs,
-            finish_reason: None,
-            stop_reason: None,
-        }
+        ChatChunkChoice { index, delta, logprobs, finish_reason: None, stop_reason: None }
     }
 }
 
@@ -210,11 +175,7 @@ impl Endpoint for ChatEndpoint {
     type Body = ChatCompletion;
 
     fn start(&mut self, index: usize) -> Vec<ChatChunkChoice> {
-        let role = ChatDelta {
-            role: Some("assistant"),
-            content: Some(String::new()),
-            ..ChatDelta::default()
-        };
+        let role = ChatDelta { role: Some("assistant"), content: Some(String::new()), ..ChatDelta::default() };
         let mut out = vec![Self::choice(index, role, None)];
         if let Some(echoed) = self.choices[index].echo.take().filter(|p| !p.is_empty()) {
             let delta = self.delta(index, echoed);
@@ -223,13 +184,7 @@ impl Endpoint for ChatEndpoint {
         out
     }
 
-    fn token(
-        &mut self,
-        index: usize,
-        _token_id: u32,
-        text: &str,
-        logprobs: Option<&Logprobs>,
-    ) -> Option<ChatChunkChoice> {
+    fn token(&mut self, index: usize, _token_id: u32, text: &str, logprobs: Option<&Logprobs>) -> Option<ChatChunkChoice> {
         if let (true, Some(lp)) = (self.logprobs, logprobs) {
             let entry = chat_entry(self.tokens.tokenizer(), lp);
             self.choices[index].pending_logprobs.push(entry);
@@ -257,11 +212,7 @@ impl Endpoint for ChatEndpoint {
             let delta = self.delta(index, parsed);
             out.push(Self::choice(index, delta, self.take_logprobs(index)));
         }
-        let reported = if self.choices[index].calls > 0 && reason != FinishReason::Abort {
-            "tool_calls"
-        } else {
-            reason.as_str()
-        };
+        let reported = if self.choices[index].calls > 0 && reason != FinishReason::Abort { "tool_calls" } else { reason.as_str() };
         let mut last = Self::choice(index, ChatDelta::default(), self.take_logprobs(index));
         last.finish_reason = Some(reported);
         last.stop_reason = stop;
@@ -269,12 +220,7 @@ impl Endpoint for ChatEndpoint {
         (out, reported)
     }
 
-    fn chunk(
-        &self,
-        deltas: Vec<ChatChunkChoice>,
-        usage: ChunkUsage,
-        kvc: Option<KvcInfo>,
-    ) -> ChatCompletionChunk {
+    fn chunk(&self, deltas: Vec<ChatChunkChoice>, usage: ChunkUsage, kvc: Option<KvcInfo>) -> ChatCompletionChunk {
         ChatCompletionChunk {
             id: self.id.clone(),
             object: "chat.completion.chunk",
@@ -287,11 +233,7 @@ impl Endpoint for ChatEndpoint {
     }
 
     fn body(&self, choices: Vec<Vec<ChatChunkChoice>>, usage: Usage) -> ChatCompletion {
-        let choices = choices
-            .into_iter()
-            .enumerate()
-            .map(|(index, deltas)| self.fold(index, deltas))
-            .collect();
+        let choices = choices.into_iter().enumerate().map(|(index, deltas)| self.fold(index, deltas)).collect();
         ChatCompletion {
             id: self.id.clone(),
             object: "chat.completion",
@@ -307,21 +249,15 @@ impl Endpoint for ChatEndpoint {
 impl ChatEndpoint {
     /// One choice's deltas as a whole message.
     fn fold(&self, index: usize, deltas: Vec<ChatChunkChoice>) -> ChatChoice {
-        let (mut content, mut reasoning, mut tool_calls, mut logprobs) =
-            (String::new(), String::new(), Vec::new(), Vec::new());
+        let (mut content, mut reasoning, mut tool_calls, mut logprobs) = (String::new(), String::new(), Vec::new(), Vec::new());
         let (mut finish_reason, mut stop_reason) = ("stop", None);
         for d in deltas {
             content.push_str(d.delta.content.as_deref().unwrap_or_default());
             reasoning.push_str(d.delta.reasoning_content.as_deref().unwrap_or_default());
-            tool_calls.extend(d.delta.tool_calls.unwrap_or_default().into_iter().map(|c| {
-                ToolCall {
-                    id: Some(c.id),
-                    kind: c.kind.to_string(),
-                    function: FunctionCall {
-                        name: c.function.name,
-                        arguments: c.function.arguments.into(),
-                    },
-                }
+            tool_calls.extend(d.delta.tool_calls.unwrap_or_default().into_iter().map(|c| ToolCall {
+                id: Some(c.id),
+                kind: c.kind.to_string(),
+                function: FunctionCall { name: c.function.name, arguments: c.function.arguments.into() },
             }));
             logprobs.extend(d.logprobs.map(|l| l.content).unwrap_or_default());
             if let Some(f) = d.finish_reason {
@@ -330,11 +266,7 @@ impl ChatEndpoint {
         }
         // OpenAI: content is null when the answer is only tool calls (or,
         // here, only reasoning).
-        let content = if content.is_empty() && (!tool_calls.is_empty() || !reasoning.is_empty()) {
-            None
-        } else {
-            Some(content)
-        };
+        let content = if content.is_empty() && (!tool_calls.is_empty() || !reasoning.is_empty()) { None } else { Some(content) };
         ChatChoice {
             index,
             message: AssistantMessage {
@@ -361,20 +293,11 @@ mod tests {
 
     fn qwen3() -> Arc<TextTokenizer> {
         static T: OnceLock<Arc<TextTokenizer>> = OnceLock::new();
-        T.get_or_init(|| Arc::new(TextTokenizer::embedded_qwen3().expect("embedded tokenizer")))
-            .clone()
+        T.get_or_init(|| Arc::new(TextTokenizer::embedded_qwen3().expect("embedded tokenizer"))).clone()
     }
 
     fn spec(prefix: &str, tools: bool, echo: bool, logprobs: bool) -> ChatSpec {
-        ChatSpec {
-            id: "chatcmpl-t".into(),
-            model: "m".into(),
-            n: 1,
-            prefix: prefix.into(),
-            tools,
-            echo,
-            logprobs,
-        }
+        ChatSpec { id: "chatcmpl-t".into(), model: "m".into(), n: 1, prefix: prefix.into(), tools, echo, logprobs }
     }
 
     /// Plays `answer` as the engine would: tokenized with the real Qwen3
@@ -389,13 +312,7 @@ mod tests {
             let mut decoder = IncrementalDecoder::new(true);
             for i in 0..ids.len() {
                 let text = decoder.step(&tok, &ids[..=i]);
-                let lp = Logprobs {
-                    chosen: TokenLogprob {
-                        token_id: ids[i],
-                        logprob: -0.25,
-                    },
-                    top: vec![],
-                };
+                let lp = Logprobs { chosen: TokenLogprob { token_id: ids[i], logprob: -0.25 }, top: vec![] };
                 deltas.extend(endpoint.token(0, ids[i], &text, Some(&lp)));
             }
             let tail = decoder.flush(&tok, &ids);
@@ -406,23 +323,12 @@ mod tests {
         let streamed = run(&mut streaming);
         let mut whole = ChatEndpoint::new(s, tok.clone());
         let folded = run(&mut whole);
-        let usage = Usage {
-            prompt_tokens: 5,
-            completion_tokens: ids.len(),
-            ..Default::default()
-        };
-        (
-            streamed,
-            serde_json::to_value(whole.body(vec![folded], usage)).unwrap(),
-        )
+        let usage = Usage { prompt_tokens: 5, completion_tokens: ids.len(), ..Default::default() };
+        (streamed, serde_json::to_value(whole.body(vec![folded], usage)).unwrap())
     }
 
     fn concat(deltas: &[ChatChunkChoice], field: fn(&ChatDelta) -> Option<&String>) -> String {
-        deltas
-            .iter()
-            .filter_map(|d| field(&d.delta))
-            .map(String::as_str)
-            .collect()
+        deltas.iter().filter_map(|d| field(&d.delta)).map(String::as_str).collect()
     }
 
     const THINK_THEN_CALL: &str = "<think>\nThe user wants the weather in Paris; I should call the tool.\n</think>\n\n\
@@ -430,98 +336,46 @@ mod tests {
 
     #[test]
     fn qwen3_reasoning_and_tool_call_stream_as_openai_deltas() {
-        let (deltas, body) = play(
-            THINK_THEN_CALL,
-            spec("", true, false, true),
-            FinishReason::Stop,
-        );
-        assert_eq!(
-            concat(&deltas, |d| d.reasoning_content.as_ref()),
-            "The user wants the weather in Paris; I should call the tool."
-        );
-        assert_eq!(
-            concat(&deltas, |d| d.content.as_ref()),
-            "",
-            "no content beyond the role chunk's empty string"
-        );
-        let calls: Vec<&ToolCallDelta> = deltas
-            .iter()
-            .flat_map(|d| d.delta.tool_calls.iter().flatten())
-            .collect();
+        let (deltas, body) = play(THINK_THEN_CALL, spec("", true, false, true), FinishReason::Stop);
+        assert_eq!(concat(&deltas, |d| d.reasoning_content.as_ref()), "The user wants the weather in Paris; I should call the tool.");
+        assert_eq!(concat(&deltas, |d| d.content.as_ref()), "", "no content beyond the role chunk's empty string");
+        let calls: Vec<&ToolCallDelta> = deltas.iter().flat_map(|d| d.delta.tool_calls.iter().flatten()).collect();
         assert_eq!(calls.len(), 1);
-        assert_eq!(
-            (
-                calls[0].index,
-                calls[0].kind,
-                calls[0].function.name.as_str()
-            ),
-            (0, "function", "get_weather")
-        );
-        assert_eq!(
-            serde_json::from_str::<Value>(&calls[0].function.arguments).unwrap(),
-            json!({"city": "Paris", "unit": "celsius"})
-        );
+        assert_eq!((calls[0].index, calls[0].kind, calls[0].function.name.as_str()), (0, "function", "get_weather"));
+        assert_eq!(serde_json::from_str::<Value>(&calls[0].function.arguments).unwrap(), json!({"city": "Paris", "unit": "celsius"}));
         assert!(calls[0].id.starts_with("call_") && calls[0].id.len() == 29);
         let last = deltas.last().unwrap();
         assert_eq!(last.finish_reason, Some("tool_calls"));
         // Every token's logprob was sent exactly once.
-        let n_logprobs: usize = deltas
-            .iter()
-            .map(|d| d.logprobs.as_ref().map_or(0, |l| l.content.len()))
-            .sum();
-        assert_eq!(
-            n_logprobs,
-            qwen3().encode(THINK_THEN_CALL, false).unwrap().len()
-        );
+        let n_logprobs: usize = deltas.iter().map(|d| d.logprobs.as_ref().map_or(0, |l| l.content.len())).sum();
+        assert_eq!(n_logprobs, qwen3().encode(THINK_THEN_CALL, false).unwrap().len());
 
         let choice = &body["choices"][0];
         assert_eq!(choice["finish_reason"], "tool_calls");
         assert!(choice["message"]["content"].is_null());
-        assert_eq!(
-            choice["message"]["reasoning_content"],
-            "The user wants the weather in Paris; I should call the tool."
-        );
-        assert_eq!(
-            choice["message"]["tool_calls"][0]["function"]["name"],
-            "get_weather"
-        );
+        assert_eq!(choice["message"]["reasoning_content"], "The user wants the weather in Paris; I should call the tool.");
+        assert_eq!(choice["message"]["tool_calls"][0]["function"]["name"], "get_weather");
         assert_eq!(choice["message"]["tool_calls"][0]["type"], "function");
-        assert_eq!(
-            choice["logprobs"]["content"].as_array().unwrap().len(),
-            n_logprobs
-        );
+        assert_eq!(choice["logprobs"]["content"].as_array().unwrap().len(), n_logprobs);
     }
 
     #[test]
     fn plain_answer_with_tools_offered_stays_content() {
         let answer = "<think>\n\n</think>\n\nIt is sunny in Paris today.";
         let (deltas, body) = play(answer, spec("", true, false, false), FinishReason::Stop);
-        assert_eq!(
-            concat(&deltas, |d| d.content.as_ref()),
-            "It is sunny in Paris today."
-        );
+        assert_eq!(concat(&deltas, |d| d.content.as_ref()), "It is sunny in Paris today.");
         assert!(deltas.iter().all(|d| d.logprobs.is_none()));
-        assert_eq!(
-            body["choices"][0]["message"]["content"],
-            "It is sunny in Paris today."
-        );
+        assert_eq!(body["choices"][0]["message"]["content"], "It is sunny in Paris today.");
         assert!(body["choices"][0]["message"].get("tool_calls").is_none());
-        assert!(body["choices"][0]["message"]
-            .get("reasoning_content")
-            .is_none());
+        assert!(body["choices"][0]["message"].get("reasoning_content").is_none());
         assert_eq!(body["choices"][0]["finish_reason"], "stop");
         assert!(body["choices"][0]["logprobs"].is_null());
     }
 
     #[test]
     fn malformed_tool_json_comes_back_as_content_with_finish_stop() {
-        let answer =
-            "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {city: Paris}}\n</tool_call>";
-        let (deltas, body) = play(
-            answer,
-            spec("<think>\n\n</think>\n\n", true, false, false),
-            FinishReason::Stop,
-        );
+        let answer = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {city: Paris}}\n</tool_call>";
+        let (deltas, body) = play(answer, spec("<think>\n\n</think>\n\n", true, false, false), FinishReason::Stop);
         assert_eq!(concat(&deltas, |d| d.content.as_ref()), answer);
         assert_eq!(body["choices"][0]["message"]["content"], answer);
         assert_eq!(body["choices"][0]["finish_reason"], "stop");
@@ -529,26 +383,15 @@ mod tests {
 
     #[test]
     fn tool_choice_none_leaves_blocks_as_text() {
-        let (deltas, body) = play(
-            THINK_THEN_CALL,
-            spec("", false, false, false),
-            FinishReason::Stop,
-        );
+        let (deltas, body) = play(THINK_THEN_CALL, spec("", false, false, false), FinishReason::Stop);
         assert!(concat(&deltas, |d| d.content.as_ref()).starts_with("<tool_call>"));
         assert_eq!(body["choices"][0]["finish_reason"], "stop");
-        assert!(body["choices"][0]["message"]["reasoning_content"]
-            .as_str()
-            .unwrap()
-            .starts_with("The user wants"));
+        assert!(body["choices"][0]["message"]["reasoning_content"].as_str().unwrap().starts_with("The user wants"));
     }
 
     #[test]
     fn thinking_disabled_prompt_yields_no_reasoning() {
-        let (deltas, body) = play(
-            "Hello there.",
-            spec("<think>\n\n</think>\n\n", false, false, false),
-            FinishReason::Length,
-        );
+        let (deltas, body) = play("Hello there.", spec("<think>\n\n</think>\n\n", false, false, false), FinishReason::Length);
         assert_eq!(concat(&deltas, |d| d.reasoning_content.as_ref()), "");
         assert_eq!(body["choices"][0]["message"]["content"], "Hello there.");
         assert_eq!(body["choices"][0]["finish_reason"], "length");
@@ -562,10 +405,7 @@ mod tests {
         let (_, body) = play(rest, spec(prefix, true, false, false), FinishReason::Stop);
         let message = &body["choices"][0]["message"];
         assert_eq!(message["tool_calls"][0]["function"]["name"], "get_weather");
-        assert!(
-            message.get("reasoning_content").is_none(),
-            "the prefix is not echoed without echo: {message}"
-        );
+        assert!(message.get("reasoning_content").is_none(), "the prefix is not echoed without echo: {message}");
         let (deltas, body) = play(rest, spec(prefix, true, true, false), FinishReason::Stop);
         assert_eq!(concat(&deltas, |d| d.reasoning_content.as_ref()), "plan");
         assert_eq!(body["choices"][0]["message"]["reasoning_content"], "plan");
@@ -580,26 +420,11 @@ mod tests {
         let message = &body["choices"][0]["message"];
         assert_eq!(message["content"], concat(&deltas, |d| d.content.as_ref()));
         assert_eq!(message["content"], "Checking both.");
-        assert_eq!(
-            message["reasoning_content"],
-            concat(&deltas, |d| d.reasoning_content.as_ref())
-        );
-        let names: Vec<&str> = message["tool_calls"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|c| c["function"]["name"].as_str().unwrap())
-            .collect();
+        assert_eq!(message["reasoning_content"], concat(&deltas, |d| d.reasoning_content.as_ref()));
+        let names: Vec<&str> = message["tool_calls"].as_array().unwrap().iter().map(|c| c["function"]["name"].as_str().unwrap()).collect();
         assert_eq!(names, vec!["a", "b"]);
-        let indexes: Vec<usize> = deltas
-            .iter()
-            .flat_map(|d| d.delta.tool_calls.iter().flatten())
-            .map(|c| c.index)
-            .collect();
+        let indexes: Vec<usize> = deltas.iter().flat_map(|d| d.delta.tool_calls.iter().flatten()).map(|c| c.index).collect();
         assert_eq!(indexes, vec![0, 1]);
-        assert_eq!(
-            message["tool_calls"][1]["function"]["arguments"],
-            r#"{"x":[1,2]}"#
-        );
+        assert_eq!(message["tool_calls"][1]["function"]["arguments"], r#"{"x":[1,2]}"#);
     }
 }

@@ -15,9 +15,7 @@ use serde_json::Value;
 use crate::app::{AppState, Arrival};
 use crate::error::ApiError;
 use crate::extract::OpenAiJson;
-use crate::generate::{
-    admit, check_prompt_bytes, check_prompt_len, serving_headers, submit, within, Submission,
-};
+use crate::generate::{admit, check_prompt_bytes, check_prompt_len, serving_headers, submit, within, Submission};
 use crate::logprobs::{CompletionLogprobs, HasTokenizer, MAX_TOP_LOGPROBS};
 use crate::openai_types::{ChunkUsage, Completion, CompletionChoice, CompletionRequest, KvcInfo};
 use crate::response::{collect, Endpoint};
@@ -54,54 +52,27 @@ pub async fn completions(
     let skip_special = req.sampling.skip_special_tokens.unwrap_or(true);
     let engine = state.engine.clone();
     let add_special = req.add_special_tokens.unwrap_or(true);
-    let prepare =
-        tokio::task::spawn_blocking(move || -> Result<(Vec<u32>, Option<String>), ApiError> {
-            match prompt {
-                PromptInput::Tokens(ids) => {
-                    let echoed = if echo {
-                        Some(
-                            engine
-                                .tokenizer()
-                                .decode(&ids, skip_special)
-                                .map_err(ApiError::completion_engine)?,
-                        )
-                    } else {
-                        None
-                    };
-                    Ok((ids, echoed))
-                }
-                PromptInput::Text(text) => {
-                    let ids = engine
-                        .tokenizer()
-                        .encode(&text, add_special)
-                        .map_err(ApiError::completion_engine)?;
-                    Ok((ids, echo.then_some(text)))
-                }
+    let prepare = tokio::task::spawn_blocking(move || -> Result<(Vec<u32>, Option<String>), ApiError> {
+        match prompt {
+            PromptInput::Tokens(ids) => {
+                let echoed =
+                    if echo { Some(engine.tokenizer().decode(&ids, skip_special).map_err(ApiError::completion_engine)?) } else { None };
+                Ok((ids, echoed))
             }
-        });
-    let (prompt_tokens, echoed) = within(&state, admitted.deadline(), prepare)
-        .await?
-        .map_err(|e| ApiError::Internal(format!("tokenization failed: {e}")))??;
+            PromptInput::Text(text) => {
+                let ids = engine.tokenizer().encode(&text, add_special).map_err(ApiError::completion_engine)?;
+                Ok((ids, echo.then_some(text)))
+            }
+        }
+    });
+    let (prompt_tokens, echoed) =
+        within(&state, admitted.deadline(), prepare).await?.map_err(|e| ApiError::Internal(format!("tokenization failed: {e}")))??;
     check_prompt_len(&state, prompt_tokens.len(), "prompt")?;
 
-    let sampling = plan.params_for(
-        prompt_tokens.len(),
-        info.max_model_len,
-        DefaultMaxTokens::Fixed(DEFAULT_MAX_TOKENS),
-    );
+    let sampling = plan.params_for(prompt_tokens.len(), info.max_model_len, DefaultMaxTokens::Fixed(DEFAULT_MAX_TOKENS));
     let n = plan.n;
-    let generation = submit(
-        &state,
-        admitted,
-        Submission {
-            prompt_tokens,
-            sampling,
-            n,
-            session_id,
-            map_err: ApiError::completion_engine,
-        },
-    )
-    .await?;
+    let generation =
+        submit(&state, admitted, Submission { prompt_tokens, sampling, n, session_id, map_err: ApiError::completion_engine }).await?;
     let endpoint = CompletionEndpoint::new(
         generation.request_id().to_string(),
         info.id,
@@ -111,12 +82,7 @@ pub async fn completions(
         Arc::new(state.engine.clone()),
     );
     if plan.stream {
-        return Ok(stream_response(
-            &state,
-            generation,
-            endpoint,
-            plan.include_usage,
-        ));
+        return Ok(stream_response(&state, generation, endpoint, plan.include_usage));
     }
     let request_id = generation.request_id().to_string();
     let path = generation.path();
@@ -129,10 +95,7 @@ fn check_request(req: &CompletionRequest, vocab_size: usize) -> Result<SamplingP
         None => None,
         Some(k) if (0..=MAX_TOP_LOGPROBS).contains(&k) => Some(k as usize),
         Some(k) => {
-            return Err(ApiError::bad_request(
-                format!("logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {k}"),
-                Some("logprobs"),
-            ))
+            return Err(ApiError::bad_request(format!("logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {k}"), Some("logprobs")))
         }
     };
     if req.echo == Some(true) && logprobs.is_some() {
@@ -147,17 +110,10 @@ fn check_request(req: &CompletionRequest, vocab_size: usize) -> Result<SamplingP
     if let Some(b) = req.best_of {
         let n = req.sampling.n.unwrap_or(1);
         if b != n && b != 1 {
-            return Err(ApiError::unsupported(
-                format!("best_of = {b} (only best_of = 1 or = n is)"),
-                "best_of",
-            ));
+            return Err(ApiError::unsupported(format!("best_of = {b} (only best_of = 1 or = n is)"), "best_of"));
         }
     }
-    let mut plan = SamplingPlan::new(
-        &req.sampling,
-        req.sampling.max_tokens.map(|m| (m, "max_tokens")),
-        vocab_size,
-    )?;
+    let mut plan = SamplingPlan::new(&req.sampling, req.sampling.max_tokens.map(|m| (m, "max_tokens")), vocab_size)?;
     plan.set_logprobs(logprobs);
     Ok(plan)
 }
@@ -165,38 +121,21 @@ fn check_request(req: &CompletionRequest, vocab_size: usize) -> Result<SamplingP
 /// Reads `prompt`: a string, a list of token ids, or a one-element list of
 /// either. Several prompts in one request are not supported yet.
 pub fn parse_prompt(v: &Value, vocab_size: usize) -> Result<PromptInput, ApiError> {
-    let shape_error = || {
-        ApiError::bad_request(
-            "prompt must be a string, a list of token ids, or a list holding one of either",
-            Some("prompt"),
-        )
-    };
+    let shape_error =
+        || ApiError::bad_request("prompt must be a string, a list of token ids, or a list holding one of either", Some("prompt"));
     match v {
         Value::String(s) => Ok(PromptInput::Text(s.clone())),
-        Value::Array(items) if items.is_empty() => Err(ApiError::bad_request(
-            "prompt must not be empty",
-            Some("prompt"),
-        )),
-        Value::Array(items) if items.iter().all(Value::is_number) => {
-            token_ids(items, vocab_size).map(PromptInput::Tokens)
-        }
-        Value::Array(items) if items.iter().all(|i| i.is_string() || i.is_array()) => {
-            match items.as_slice() {
-                [Value::String(s)] => Ok(PromptInput::Text(s.clone())),
-                [Value::Array(ids)] if !ids.is_empty() && ids.iter().all(Value::is_number) => {
-                    token_ids(ids, vocab_size).map(PromptInput::Tokens)
-                }
-                [Value::Array(ids)] if ids.is_empty() => Err(ApiError::bad_request(
-                    "prompt must not be empty",
-                    Some("prompt"),
-                )),
-                [_] => Err(shape_error()),
-                _ => Err(ApiError::unsupported(
-                    format!("{} prompts in one request (batched prompts)", items.len()),
-                    "prompt",
-                )),
+        Value::Array(items) if items.is_empty() => Err(ApiError::bad_request("prompt must not be empty", Some("prompt"))),
+        Value::Array(items) if items.iter().all(Value::is_number) => token_ids(items, vocab_size).map(PromptInput::Tokens),
+        Value::Array(items) if items.iter().all(|i| i.is_string() || i.is_array()) => match items.as_slice() {
+            [Value::String(s)] => Ok(PromptInput::Text(s.clone())),
+            [Value::Array(ids)] if !ids.is_empty() && ids.iter().all(Value::is_number) => {
+                token_ids(ids, vocab_size).map(PromptInput::Tokens)
             }
-        }
+            [Value::Array(ids)] if ids.is_empty() => Err(ApiError::bad_request("prompt must not be empty", Some("prompt"))),
+            [_] => Err(shape_error()),
+            _ => Err(ApiError::unsupported(format!("{} prompts in one request (batched prompts)", items.len()), "prompt")),
+        },
         _ => Err(shape_error()),
     }
 }
@@ -207,15 +146,10 @@ fn token_ids(items: &[Value], vocab_size: usize) -> Result<Vec<u32>, ApiError> {
         .map(|item| match item.as_u64() {
             Some(id) if (id as usize) < vocab_size && id <= u32::MAX as u64 => Ok(id as u32),
             Some(id) => Err(ApiError::bad_request(
-                format!(
-                    "token id {id} is out of range: the model's vocabulary has {vocab_size} tokens"
-                ),
+                format!("token id {id} is out of range: the model's vocabulary has {vocab_size} tokens"),
                 Some("prompt"),
             )),
-            None => Err(ApiError::bad_request(
-                format!("prompt token ids must be non-negative integers, got {item}"),
-                Some("prompt"),
-            )),
+            None => Err(ApiError::bad_request(format!("prompt token ids must be non-negative integers, got {item}"), Some("prompt"))),
         })
         .collect()
 }
@@ -238,30 +172,10 @@ pub struct CompletionEndpoint {
 }
 
 impl CompletionEndpoint {
-    pub fn new(
-        id: String,
-        model: String,
-        n: usize,
-        echo: Option<String>,
-        logprobs: bool,
-        tokens: Arc<dyn HasTokenizer>,
-    ) -> Self {
+    pub fn new(id: String, model: String, n: usize, echo: Option<String>, logprobs: bool, tokens: Arc<dyn HasTokenizer>) -> Self {
         let offset = echo.as_deref().map_or(0, |e| e.chars().count());
-        let choices = (0..n)
-            .map(|_| ChoiceState {
-                offset,
-                pending: CompletionLogprobs::default(),
-            })
-            .collect();
-        Self {
-            id,
-            created: crate::generate::unix_now(),
-            model,
-            echo,
-            logprobs,
-            tokens,
-            choices,
-        }
+        let choices = (0..n).map(|_| ChoiceState { offset, pending: CompletionLogprobs::default() }).collect();
+        Self { id, created: crate::generate::unix_now(), model, echo, logprobs, tokens, choices }
     }
 
     fn take_logprobs(&mut self, index: usize) -> Option<CompletionLogprobs> {
@@ -269,18 +183,8 @@ impl CompletionEndpoint {
         self.logprobs.then_some(pending)
     }
 
-    fn choice(
-        index: usize,
-        text: String,
-        logprobs: Option<CompletionLogprobs>,
-    ) -> CompletionChoice {
-        CompletionChoice {
-            index,
-            text,
-            logprobs,
-            finish_reason: None,
-            stop_reason: None,
-        }
+    fn choice(index: usize, text: String, logprobs: Option<CompletionLogprobs>) -> CompletionChoice {
+        CompletionChoice { index, text, logprobs, finish_reason: None, stop_reason: None }
     }
 }
 
@@ -296,27 +200,15 @@ impl Endpoint for CompletionEndpoint {
         }
     }
 
-    fn token(
-        &mut self,
-        index: usize,
-        _token_id: u32,
-        text: &str,
-        logprobs: Option<&Logprobs>,
-    ) -> Option<CompletionChoice> {
+    fn token(&mut self, index: usize, _token_id: u32, text: &str, logprobs: Option<&Logprobs>) -> Option<CompletionChoice> {
         if let (true, Some(lp)) = (self.logprobs, logprobs) {
             let choice = &mut self.choices[index];
-            choice.offset += choice
-                .pending
-                .push(self.tokens.tokenizer(), lp, choice.offset);
+            choice.offset += choice.pending.push(self.tokens.tokenizer(), lp, choice.offset);
         }
         if text.is_empty() {
             return None;
         }
-        Some(Self::choice(
-            index,
-            text.to_string(),
-            self.take_logprobs(index),
-        ))
+        Some(Self::choice(index, text.to_string(), self.take_logprobs(index)))
     }
 
     fn finish(
@@ -332,12 +224,7 @@ impl Endpoint for CompletionEndpoint {
         (vec![last], reason.as_str())
     }
 
-    fn chunk(
-        &self,
-        deltas: Vec<CompletionChoice>,
-        usage: ChunkUsage,
-        kvc: Option<KvcInfo>,
-    ) -> Completion {
+    fn chunk(&self, deltas: Vec<CompletionChoice>, usage: ChunkUsage, kvc: Option<KvcInfo>) -> Completion {
         Completion {
             id: self.id.clone(),
             object: "text_completion",
@@ -354,11 +241,7 @@ impl Endpoint for CompletionEndpoint {
             .into_iter()
             .enumerate()
             .map(|(index, deltas)| {
-                let mut whole = Self::choice(
-                    index,
-                    String::new(),
-                    self.logprobs.then(CompletionLogprobs::default),
-                );
+                let mut whole = Self::choice(index, String::new(), self.logprobs.then(CompletionLogprobs::default));
                 for d in deltas {
                     whole.text.push_str(&d.text);
                     if let (Some(all), Some(lp)) = (whole.logprobs.as_mut(), d.logprobs) {
@@ -371,11 +254,7 @@ impl Endpoint for CompletionEndpoint {
                 whole
             })
             .collect();
-        self.chunk(
-            choices,
-            Some(Some(usage.into())),
-            Some(KvcInfo::local(&usage)),
-        )
+        self.chunk(choices, Some(Some(usage.into())), Some(KvcInfo::local(&usage)))
     }
 }
 
@@ -394,22 +273,10 @@ mod tests {
 
     #[test]
     fn prompt_accepts_text_ids_and_one_element_lists() {
-        assert_eq!(
-            parse_prompt(&json!("hi"), 10).unwrap(),
-            PromptInput::Text("hi".into())
-        );
-        assert_eq!(
-            parse_prompt(&json!([1, 2]), 10).unwrap(),
-            PromptInput::Tokens(vec![1, 2])
-        );
-        assert_eq!(
-            parse_prompt(&json!(["hi"]), 10).unwrap(),
-            PromptInput::Text("hi".into())
-        );
-        assert_eq!(
-            parse_prompt(&json!([[3, 4]]), 10).unwrap(),
-            PromptInput::Tokens(vec![3, 4])
-        );
+        assert_eq!(parse_prompt(&json!("hi"), 10).unwrap(), PromptInput::Text("hi".into()));
+        assert_eq!(parse_prompt(&json!([1, 2]), 10).unwrap(), PromptInput::Tokens(vec![1, 2]));
+        assert_eq!(parse_prompt(&json!(["hi"]), 10).unwrap(), PromptInput::Text("hi".into()));
+        assert_eq!(parse_prompt(&json!([[3, 4]]), 10).unwrap(), PromptInput::Tokens(vec![3, 4]));
     }
 
     #[test]
@@ -428,70 +295,36 @@ mod tests {
             json!(null),
             json!({"text": "x"}),
         ] {
-            assert_eq!(
-                status_and_param(parse_prompt(&bad, 10).unwrap_err()),
-                (400, Some("prompt".into())),
-                "{bad}"
-            );
+            assert_eq!(status_and_param(parse_prompt(&bad, 10).unwrap_err()), (400, Some("prompt".into())), "{bad}");
         }
     }
 
     #[test]
     fn missing_prompt_is_a_parse_error() {
-        assert!(
-            <CompletionRequest as crate::extract::JsonBody>::parse(br#"{"model": "m"}"#).is_err()
-        );
+        assert!(<CompletionRequest as crate::extract::JsonBody>::parse(br#"{"model": "m"}"#).is_err());
     }
 
     #[test]
     fn unsupported_or_invalid_options_are_400() {
         let check = |extra: Value| {
             let mut v = json!({"prompt": "x"});
-            v.as_object_mut()
-                .unwrap()
-                .extend(extra.as_object().unwrap().clone());
-            let req: CompletionRequest =
-                crate::extract::JsonBody::parse(v.to_string().as_bytes()).unwrap();
+            v.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+            let req: CompletionRequest = crate::extract::JsonBody::parse(v.to_string().as_bytes()).unwrap();
             check_request(&req, 10).map_err(status_and_param)
         };
-        assert_eq!(
-            check(json!({"echo": true, "logprobs": 1})).unwrap_err(),
-            (400, Some("echo".into()))
-        );
-        assert_eq!(
-            check(json!({"logprobs": 21})).unwrap_err(),
-            (400, Some("logprobs".into()))
-        );
-        assert_eq!(
-            check(json!({"logprobs": -1})).unwrap_err(),
-            (400, Some("logprobs".into()))
-        );
-        assert_eq!(
-            check(json!({"suffix": "end"})).unwrap_err(),
-            (400, Some("suffix".into()))
-        );
-        assert_eq!(
-            check(json!({"best_of": 2})).unwrap_err(),
-            (400, Some("best_of".into()))
-        );
-        assert_eq!(
-            check(json!({"max_tokens": 0})).unwrap_err(),
-            (400, Some("max_tokens".into()))
-        );
+        assert_eq!(check(json!({"echo": true, "logprobs": 1})).unwrap_err(), (400, Some("echo".into())));
+        assert_eq!(check(json!({"logprobs": 21})).unwrap_err(), (400, Some("logprobs".into())));
+        assert_eq!(check(json!({"logprobs": -1})).unwrap_err(), (400, Some("logprobs".into())));
+        assert_eq!(check(json!({"suffix": "end"})).unwrap_err(), (400, Some("suffix".into())));
+        assert_eq!(check(json!({"best_of": 2})).unwrap_err(), (400, Some("best_of".into())));
+        assert_eq!(check(json!({"max_tokens": 0})).unwrap_err(), (400, Some("max_tokens".into())));
         assert!(check(json!({"echo": true, "suffix": "", "best_of": 1, "logprobs": null})).is_ok());
         assert!(check(json!({"logprobs": 5, "n": 2, "best_of": 2})).is_ok());
     }
 
     fn endpoint(echo: Option<&str>, logprobs: bool) -> CompletionEndpoint {
         let tok = Arc::new(TextTokenizer::embedded_qwen3().unwrap());
-        CompletionEndpoint::new(
-            "cmpl-x".into(),
-            "m".into(),
-            1,
-            echo.map(str::to_string),
-            logprobs,
-            tok,
-        )
+        CompletionEndpoint::new("cmpl-x".into(), "m".into(), 1, echo.map(str::to_string), logprobs, tok)
     }
 
     #[test]
@@ -503,34 +336,19 @@ mod tests {
         assert_eq!(deltas[0].text, "Say: ");
         for (i, &id) in ids.iter().enumerate() {
             let text = tok.decode(&ids[i..=i], false).unwrap();
-            let lp = Logprobs {
-                chosen: TokenLogprob {
-                    token_id: id,
-                    logprob: -1.0,
-                },
-                top: vec![TokenLogprob {
-                    token_id: id,
-                    logprob: -1.0,
-                }],
-            };
+            let lp =
+                Logprobs { chosen: TokenLogprob { token_id: id, logprob: -1.0 }, top: vec![TokenLogprob { token_id: id, logprob: -1.0 }] };
             deltas.extend(e.token(0, id, &text, Some(&lp)));
         }
         deltas.extend(e.finish(0, "", FinishReason::Length, None).0);
-        let usage = Usage {
-            prompt_tokens: 3,
-            completion_tokens: ids.len(),
-            ..Default::default()
-        };
+        let usage = Usage { prompt_tokens: 3, completion_tokens: ids.len(), ..Default::default() };
         let body = serde_json::to_value(e.body(vec![deltas], usage)).unwrap();
         let choice = &body["choices"][0];
         assert_eq!(choice["text"], "Say: hello world");
         assert_eq!(choice["finish_reason"], "length");
         assert_eq!(choice["logprobs"]["tokens"], json!(["hello", " world"]));
         assert_eq!(choice["logprobs"]["text_offset"], json!([5, 10]));
-        assert_eq!(
-            choice["logprobs"]["top_logprobs"][1],
-            json!({" world": -1.0})
-        );
+        assert_eq!(choice["logprobs"]["top_logprobs"][1], json!({" world": -1.0}));
         assert_eq!(body["usage"]["completion_tokens"], ids.len());
     }
 
@@ -542,25 +360,12 @@ mod tests {
         let t = serde_json::to_value(e.chunk(vec![delta], None, None)).unwrap();
         assert_eq!(t["object"], "text_completion");
         assert_eq!(t["choices"][0]["text"], "ab");
-        assert!(
-            t["choices"][0]["finish_reason"].is_null() && t["choices"][0]["logprobs"].is_null()
-        );
+        assert!(t["choices"][0]["finish_reason"].is_null() && t["choices"][0]["logprobs"].is_null());
         assert!(t.get("usage").is_none());
-        assert!(
-            e.token(0, 2, "", None).is_none(),
-            "held-back text sends nothing"
-        );
-        let (fin, reported) = e.finish(
-            0,
-            "",
-            FinishReason::Stop,
-            Some(MatchedStop::Text("x".into())),
-        );
+        assert!(e.token(0, 2, "", None).is_none(), "held-back text sends nothing");
+        let (fin, reported) = e.finish(0, "", FinishReason::Stop, Some(MatchedStop::Text("x".into())));
         let fin = serde_json::to_value(e.chunk(fin, None, None)).unwrap();
-        assert_eq!(
-            (fin["choices"][0]["finish_reason"].as_str(), reported),
-            (Some("stop"), "stop")
-        );
+        assert_eq!((fin["choices"][0]["finish_reason"].as_str(), reported), (Some("stop"), "stop"));
         assert_eq!(fin["choices"][0]["stop_reason"], "x");
     }
 }

@@ -13,16 +13,10 @@ use serde::Serialize;
 pub enum ApiError {
     /// The request is malformed or a parameter is out of range (400).
     #[error("{message}")]
-    BadRequest {
-        message: String,
-        param: Option<String>,
-    },
+    BadRequest { message: String, param: Option<String> },
     /// A feature the API defines but kvc does not implement yet (400).
     #[error("{feature} is not supported yet")]
-    Unsupported {
-        feature: String,
-        param: Option<String>,
-    },
+    Unsupported { feature: String, param: Option<String> },
     /// The `model` field names a model this server does not serve (404).
     #[error("The model `{model}` does not exist.")]
     ModelNotFound { model: String },
@@ -42,10 +36,7 @@ pub enum ApiError {
     /// prompt (`messages` for chat, `prompt` for completions), used for
     /// prompt-related engine errors.
     #[error("{source}")]
-    Engine {
-        source: EngineError,
-        prompt_param: &'static str,
-    },
+    Engine { source: EngineError, prompt_param: &'static str },
     /// No or a wrong API key / cluster token (401). `code` says which.
     #[error("{message}")]
     Unauthorized { message: String, code: &'static str },
@@ -54,18 +45,10 @@ pub enum ApiError {
     Forbidden(String),
     /// Every concurrency slot and queue place is taken (429).
     #[error("the server is at capacity ({running} requests running, {queued} queued); retry after {retry_after_s} s")]
-    Busy {
-        running: usize,
-        queued: usize,
-        retry_after_s: u64,
-    },
+    Busy { running: usize, queued: usize, retry_after_s: u64 },
     /// The prompt has more tokens than `--max-prompt-tokens` allows (400).
     #[error("the prompt has {tokens} tokens, more than this server accepts ({limit}, --max-prompt-tokens)")]
-    PromptTooLarge {
-        tokens: usize,
-        limit: usize,
-        param: &'static str,
-    },
+    PromptTooLarge { tokens: usize, limit: usize, param: &'static str },
     /// `--request-timeout-s` passed before the answer was complete (504);
     /// the engine request was cancelled.
     #[error("the request did not complete within the server's timeout of {timeout_s} s; it was cancelled")]
@@ -80,31 +63,19 @@ pub enum ApiError {
 
 impl ApiError {
     pub fn bad_request(message: impl Into<String>, param: Option<&str>) -> Self {
-        ApiError::BadRequest {
-            message: message.into(),
-            param: param.map(str::to_string),
-        }
+        ApiError::BadRequest { message: message.into(), param: param.map(str::to_string) }
     }
 
     pub fn unsupported(feature: impl Into<String>, param: &str) -> Self {
-        ApiError::Unsupported {
-            feature: feature.into(),
-            param: Some(param.to_string()),
-        }
+        ApiError::Unsupported { feature: feature.into(), param: Some(param.to_string()) }
     }
 
     pub fn chat_engine(source: EngineError) -> Self {
-        ApiError::Engine {
-            source,
-            prompt_param: "messages",
-        }
+        ApiError::Engine { source, prompt_param: "messages" }
     }
 
     pub fn completion_engine(source: EngineError) -> Self {
-        ApiError::Engine {
-            source,
-            prompt_param: "prompt",
-        }
+        ApiError::Engine { source, prompt_param: "prompt" }
     }
 }
 
@@ -131,47 +102,18 @@ pub struct ErrorBody {
 /// `service_unavailable_error` for 503.
 pub fn error_response(err: &ApiError) -> (StatusCode, ErrorBody) {
     let message = err.to_string();
-    let invalid = |status: StatusCode, param: Option<String>, code: Option<&str>| {
-        (
-            status,
-            "invalid_request_error",
-            param,
-            code.map(str::to_string),
-        )
-    };
+    let invalid =
+        |status: StatusCode, param: Option<String>, code: Option<&str>| (status, "invalid_request_error", param, code.map(str::to_string));
     let (status, kind, param, code) = match err {
         ApiError::BadRequest { param, .. } => invalid(StatusCode::BAD_REQUEST, param.clone(), None),
-        ApiError::Unsupported { param, .. } => invalid(
-            StatusCode::BAD_REQUEST,
-            param.clone(),
-            Some("unsupported_parameter"),
-        ),
-        ApiError::ModelNotFound { .. } => invalid(
-            StatusCode::NOT_FOUND,
-            Some("model".into()),
-            Some("model_not_found"),
-        ),
-        ApiError::SessionNotFound { .. } => {
-            invalid(StatusCode::NOT_FOUND, None, Some("session_not_found"))
-        }
+        ApiError::Unsupported { param, .. } => invalid(StatusCode::BAD_REQUEST, param.clone(), Some("unsupported_parameter")),
+        ApiError::ModelNotFound { .. } => invalid(StatusCode::NOT_FOUND, Some("model".into()), Some("model_not_found")),
+        ApiError::SessionNotFound { .. } => invalid(StatusCode::NOT_FOUND, None, Some("session_not_found")),
         ApiError::NoRoute { .. } => invalid(StatusCode::NOT_FOUND, None, Some("unknown_url")),
-        ApiError::MethodNotAllowed { .. } => invalid(
-            StatusCode::METHOD_NOT_ALLOWED,
-            None,
-            Some("method_not_allowed"),
-        ),
-        ApiError::PayloadTooLarge { .. } => invalid(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            None,
-            Some("request_too_large"),
-        ),
-        ApiError::Engine {
-            source,
-            prompt_param,
-        } if source.is_client_error() => {
-            let param = source
-                .param()
-                .map(|p| if p == "messages" { *prompt_param } else { p });
+        ApiError::MethodNotAllowed { .. } => invalid(StatusCode::METHOD_NOT_ALLOWED, None, Some("method_not_allowed")),
+        ApiError::PayloadTooLarge { .. } => invalid(StatusCode::PAYLOAD_TOO_LARGE, None, Some("request_too_large")),
+        ApiError::Engine { source, prompt_param } if source.is_client_error() => {
+            let param = source.param().map(|p| if p == "messages" { *prompt_param } else { p });
             let code = match source {
                 EngineError::PromptTooLong { .. } => Some("context_length_exceeded"),
                 EngineError::TokenOutOfRange { .. } => Some("invalid_token_id"),
@@ -180,54 +122,18 @@ pub fn error_response(err: &ApiError) -> (StatusCode, ErrorBody) {
             invalid(StatusCode::BAD_REQUEST, param.map(str::to_string), code)
         }
         ApiError::Unauthorized { code, .. } => invalid(StatusCode::UNAUTHORIZED, None, Some(*code)),
-        ApiError::Forbidden(_) => (
-            StatusCode::FORBIDDEN,
-            "permission_error",
-            None,
-            Some("forbidden".into()),
-        ),
-        ApiError::Busy { .. } => (
-            StatusCode::TOO_MANY_REQUESTS,
-            "rate_limit_error",
-            None,
-            Some("server_busy".into()),
-        ),
-        ApiError::PromptTooLarge { param, .. } => invalid(
-            StatusCode::BAD_REQUEST,
-            Some(param.to_string()),
-            Some("context_length_exceeded"),
-        ),
-        ApiError::Timeout { .. } => (
-            StatusCode::GATEWAY_TIMEOUT,
-            "timeout_error",
-            None,
-            Some("request_timeout".into()),
-        ),
-        ApiError::Engine {
-            source: EngineError::ShuttingDown,
-            ..
+        ApiError::Forbidden(_) => (StatusCode::FORBIDDEN, "permission_error", None, Some("forbidden".into())),
+        ApiError::Busy { .. } => (StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", None, Some("server_busy".into())),
+        ApiError::PromptTooLarge { param, .. } => {
+            invalid(StatusCode::BAD_REQUEST, Some(param.to_string()), Some("context_length_exceeded"))
         }
-        | ApiError::Unavailable(_) => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "service_unavailable_error",
-            None,
-            None,
-        ),
-        ApiError::Engine { .. } | ApiError::Internal(_) => (
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "internal_server_error",
-            None,
-            None,
-        ),
+        ApiError::Timeout { .. } => (StatusCode::GATEWAY_TIMEOUT, "timeout_error", None, Some("request_timeout".into())),
+        ApiError::Engine { source: EngineError::ShuttingDown, .. } | ApiError::Unavailable(_) => {
+            (StatusCode::SERVICE_UNAVAILABLE, "service_unavailable_error", None, None)
+        }
+        ApiError::Engine { .. } | ApiError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal_server_error", None, None),
     };
-    let body = ErrorBody {
-        error: ErrorDetail {
-            message,
-            kind: kind.to_string(),
-            param,
-            code,
-        },
-    };
+    let body = ErrorBody { error: ErrorDetail { message, kind: kind.to_string(), param, code } };
     (status, body)
 }
 
@@ -242,10 +148,7 @@ pub fn error_headers(err: &ApiError) -> Vec<(HeaderName, HeaderValue)> {
         ApiError::Busy { retry_after_s, .. } => {
             vec![(header::RETRY_AFTER, HeaderValue::from(*retry_after_s))]
         }
-        ApiError::Timeout { .. } => vec![(
-            HeaderName::from_static("x-should-retry"),
-            HeaderValue::from_static("false"),
-        )],
+        ApiError::Timeout { .. } => vec![(HeaderName::from_static("x-should-retry"), HeaderValue::from_static("false"))],
         _ => Vec::new(),
     }
 }
@@ -292,9 +195,7 @@ mod tests {
 
     #[test]
     fn unknown_model_is_404_model_not_found() {
-        let (status, e) = map(ApiError::ModelNotFound {
-            model: "gpt-4".into(),
-        });
+        let (status, e) = map(ApiError::ModelNotFound { model: "gpt-4".into() });
         assert_eq!(status, 404);
         assert_eq!(e.code.as_deref(), Some("model_not_found"));
         assert!(e.message.contains("gpt-4"));
@@ -307,12 +208,7 @@ mod tests {
 
     #[test]
     fn engine_client_errors_are_400_with_endpoint_prompt_param() {
-        let too_long = || EngineError::PromptTooLong {
-            prompt_tokens: 10,
-            max_tokens: 5,
-            requested: 15,
-            max_model_len: 12,
-        };
+        let too_long = || EngineError::PromptTooLong { prompt_tokens: 10, max_tokens: 5, requested: 15, max_model_len: 12 };
         let (status, e) = map(ApiError::chat_engine(too_long()));
         assert_eq!(status, 400);
         assert_eq!(e.param.as_deref(), Some("messages"));
@@ -321,17 +217,11 @@ mod tests {
         let (_, e) = map(ApiError::completion_engine(too_long()));
         assert_eq!(e.param.as_deref(), Some("prompt"));
 
-        let (status, e) = map(ApiError::completion_engine(EngineError::TokenOutOfRange {
-            token: 9,
-            vocab_size: 5,
-        }));
+        let (status, e) = map(ApiError::completion_engine(EngineError::TokenOutOfRange { token: 9, vocab_size: 5 }));
         assert_eq!(status, 400);
         assert_eq!(e.param.as_deref(), Some("prompt"));
 
-        let invalid = EngineError::InvalidParam {
-            param: "top_p".into(),
-            message: "top_p must be in (0, 1]".into(),
-        };
+        let invalid = EngineError::InvalidParam { param: "top_p".into(), message: "top_p must be in (0, 1]".into() };
         let (status, e) = map(ApiError::chat_engine(invalid));
         assert_eq!(status, 400);
         assert_eq!(e.param.as_deref(), Some("top_p"));
@@ -348,35 +238,14 @@ mod tests {
 
     #[test]
     fn auth_capacity_and_timeout_errors_have_their_status_and_headers() {
-        let unauthorized = ApiError::Unauthorized {
-            message: "no key".into(),
-            code: "invalid_api_key",
-        };
-        let (status, e) = map(ApiError::Unauthorized {
-            message: "no key".into(),
-            code: "invalid_api_key",
-        });
+        let unauthorized = ApiError::Unauthorized { message: "no key".into(), code: "invalid_api_key" };
+        let (status, e) = map(ApiError::Unauthorized { message: "no key".into(), code: "invalid_api_key" });
         assert_eq!((status, e.code.as_deref()), (401, Some("invalid_api_key")));
         assert_eq!(error_headers(&unauthorized)[0].0, header::WWW_AUTHENTICATE);
 
-        let busy = ApiError::Busy {
-            running: 4,
-            queued: 8,
-            retry_after_s: 2,
-        };
-        assert_eq!(
-            map(ApiError::Busy {
-                running: 4,
-                queued: 8,
-                retry_after_s: 2
-            })
-            .0,
-            429
-        );
-        assert_eq!(
-            error_headers(&busy),
-            vec![(header::RETRY_AFTER, HeaderValue::from(2u64))]
-        );
+        let busy = ApiError::Busy { running: 4, queued: 8, retry_after_s: 2 };
+        assert_eq!(map(ApiError::Busy { running: 4, queued: 8, retry_after_s: 2 }).0, 429);
+        assert_eq!(error_headers(&busy), vec![(header::RETRY_AFTER, HeaderValue::from(2u64))]);
 
         let timeout = ApiError::Timeout { timeout_s: 5 };
         assert_eq!(map(ApiError::Timeout { timeout_s: 5 }).0, 504);
@@ -384,15 +253,8 @@ mod tests {
 
         assert_eq!(map(ApiError::Forbidden("off".into())).0, 403);
         assert_eq!(map(ApiError::Unavailable("draining".into())).0, 503);
-        let (status, e) = map(ApiError::PromptTooLarge {
-            tokens: 9,
-            limit: 4,
-            param: "prompt",
-        });
-        assert_eq!(
-            (status, e.param.as_deref(), e.code.as_deref()),
-            (400, Some("prompt"), Some("context_length_exceeded"))
-        );
+        let (status, e) = map(ApiError::PromptTooLarge { tokens: 9, limit: 4, param: "prompt" });
+        assert_eq!((status, e.param.as_deref(), e.code.as_deref()), (400, Some("prompt"), Some("context_length_exceeded")));
     }
 
     #[test]

@@ -30,10 +30,7 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
             JsonRejection::JsonDataError(_) => top_level_field(&text),
             _ => None,
         };
-        ApiError::BadRequest {
-            message: text,
-            param,
-        }
+        ApiError::BadRequest { message: text, param }
     })
 }
 
@@ -57,10 +54,7 @@ impl<S: Send + Sync, T: JsonBody> FromRequest<S> for OpenAiJson<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
-        let limit = req
-            .extensions()
-            .get::<BodyLimit>()
-            .map_or(MAX_BODY_BYTES, |l| l.0);
+        let limit = req.extensions().get::<BodyLimit>().map_or(MAX_BODY_BYTES, |l| l.0);
         let bytes = Bytes::from_request(req, state).await.map_err(|r| {
             if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
                 ApiError::PayloadTooLarge { limit }
@@ -80,14 +74,8 @@ mod tests {
     use axum::body::Body;
 
     async fn extract<T: JsonBody>(body: impl Into<Body>) -> Result<T, ApiError> {
-        let req = Request::builder()
-            .method("POST")
-            .uri("/v1/x")
-            .body(body.into())
-            .unwrap();
-        OpenAiJson::<T>::from_request(req, &())
-            .await
-            .map(|OpenAiJson(v)| v)
+        let req = Request::builder().method("POST").uri("/v1/x").body(body.into()).unwrap();
+        OpenAiJson::<T>::from_request(req, &()).await.map(|OpenAiJson(v)| v)
     }
 
     fn status_and_message(err: ApiError) -> (u16, String) {
@@ -97,77 +85,42 @@ mod tests {
 
     #[tokio::test]
     async fn body_is_parsed_without_a_content_type() {
-        let req: ChatCompletionRequest =
-            extract(r#"{"messages": [{"role": "user", "content": "hi"}], "temperature": 0.5}"#)
-                .await
-                .unwrap();
+        let req: ChatCompletionRequest = extract(r#"{"messages": [{"role": "user", "content": "hi"}], "temperature": 0.5}"#).await.unwrap();
         assert_eq!(req.messages.len(), 1);
         assert_eq!(req.sampling.temperature, Some(0.5));
-        let req: CompletionRequest = extract(r#"{"prompt": "x", "max_tokens": 3}"#)
-            .await
-            .unwrap();
+        let req: CompletionRequest = extract(r#"{"prompt": "x", "max_tokens": 3}"#).await.unwrap();
         assert_eq!(req.sampling.max_tokens, Some(3));
     }
 
     #[tokio::test]
     async fn malformed_json_is_a_400_openai_error() {
-        let (status, msg) = status_and_message(
-            extract::<ChatCompletionRequest>(r#"{"messages": ["#)
-                .await
-                .unwrap_err(),
-        );
+        let (status, msg) = status_and_message(extract::<ChatCompletionRequest>(r#"{"messages": ["#).await.unwrap_err());
         assert_eq!(status, 400);
         assert!(msg.contains("parse"), "{msg}");
-        let (status, _) =
-            status_and_message(extract::<ChatCompletionRequest>("").await.unwrap_err());
+        let (status, _) = status_and_message(extract::<ChatCompletionRequest>("").await.unwrap_err());
         assert_eq!(status, 400);
     }
 
     #[tokio::test]
     async fn type_errors_name_the_field() {
         let cases = [
-            (
-                r#"{"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}"#,
-                "temperature",
-            ),
-            (
-                r#"{"messages": [{"role": "user", "content": "x"}], "n": "two"}"#,
-                "n",
-            ),
-            (
-                r#"{"messages": [{"role": "user", "content": 5}]}"#,
-                "messages[0].content",
-            ),
-            (
-                r#"{"messages": [{"role": "user", "content": "x"}], "stop": 5}"#,
-                "stop",
-            ),
+            (r#"{"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}"#, "temperature"),
+            (r#"{"messages": [{"role": "user", "content": "x"}], "n": "two"}"#, "n"),
+            (r#"{"messages": [{"role": "user", "content": 5}]}"#, "messages[0].content"),
+            (r#"{"messages": [{"role": "user", "content": "x"}], "stop": 5}"#, "stop"),
             (r#"{"model": "m"}"#, "messages"),
         ];
         for (body, field) in cases {
             let err = extract::<ChatCompletionRequest>(body).await.unwrap_err();
             let (status, detail) = error_response(&err);
             assert_eq!(status.as_u16(), 400);
-            assert!(
-                detail.error.message.contains(field),
-                "{field} not named in {}",
-                detail.error.message
-            );
+            assert!(detail.error.message.contains(field), "{field} not named in {}", detail.error.message);
             if field != "messages" || body.contains("content") {
                 let top = field.split(['.', '[']).next().unwrap();
-                assert_eq!(
-                    detail.error.param.as_deref(),
-                    Some(top),
-                    "{}",
-                    detail.error.message
-                );
+                assert_eq!(detail.error.param.as_deref(), Some(top), "{}", detail.error.message);
             }
         }
-        let (_, msg) = status_and_message(
-            extract::<CompletionRequest>(r#"{"prompt": "x", "top_p": []}"#)
-                .await
-                .unwrap_err(),
-        );
+        let (_, msg) = status_and_message(extract::<CompletionRequest>(r#"{"prompt": "x", "top_p": []}"#).await.unwrap_err());
         assert!(msg.contains("top_p"), "{msg}");
     }
 
@@ -179,26 +132,16 @@ mod tests {
         // is bounded by the parser, not by luck with the stack size.
         let nest = |n: usize| format!("{}{}", "[".repeat(n), "]".repeat(n));
         let bodies = [
-            format!(
-                r#"{{"messages": [{{"role": "user", "content": "x"}}], "tools": {}}}"#,
-                nest(100_000)
-            ),
-            format!(
-                r#"{{"messages": [{{"role": "user", "content": "x"}}], "junk": {}}}"#,
-                nest(100_000)
-            ),
+            format!(r#"{{"messages": [{{"role": "user", "content": "x"}}], "tools": {}}}"#, nest(100_000)),
+            format!(r#"{{"messages": [{{"role": "user", "content": "x"}}], "junk": {}}}"#, nest(100_000)),
             format!(r#"{{"messages": {}}}"#, nest(100_000)),
         ];
         for (i, body) in bodies.into_iter().enumerate() {
             let handle = std::thread::Builder::new()
                 .stack_size(256 << 10)
                 .spawn(move || {
-                    let rt = tokio::runtime::Builder::new_current_thread()
-                        .build()
-                        .unwrap();
-                    rt.block_on(extract::<ChatCompletionRequest>(body))
-                        .map(|_| ())
-                        .map_err(status_and_message)
+                    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+                    rt.block_on(extract::<ChatCompletionRequest>(body)).map(|_| ()).map_err(status_and_message)
                 })
                 .unwrap();
             let (status, msg) = handle.join().expect("no stack overflow").unwrap_err();
@@ -214,28 +157,16 @@ mod tests {
         let mut body = br#"{"messages": [{"role": "user", "content": ""#.to_vec();
         body.extend_from_slice(&[0xff, 0xfe]);
         body.extend_from_slice(br#""}]}"#);
-        assert_eq!(
-            status_and_message(extract::<ChatCompletionRequest>(body).await.unwrap_err()).0,
-            400
-        );
+        assert_eq!(status_and_message(extract::<ChatCompletionRequest>(body).await.unwrap_err()).0, 400);
         let surrogate = r#"{"messages": [{"role": "user", "content": "\ud800"}]}"#;
-        assert_eq!(
-            status_and_message(
-                extract::<ChatCompletionRequest>(surrogate)
-                    .await
-                    .unwrap_err()
-            )
-            .0,
-            400
-        );
+        assert_eq!(status_and_message(extract::<ChatCompletionRequest>(surrogate).await.unwrap_err()).0, 400);
     }
 
     #[tokio::test]
     async fn bodies_over_the_limit_are_413() {
         // Without the router's DefaultBodyLimit layer axum's default (2 MB) applies.
         let big = vec![b' '; 3 << 20];
-        let (status, _) =
-            status_and_message(extract::<ChatCompletionRequest>(big).await.unwrap_err());
+        let (status, _) = status_and_message(extract::<ChatCompletionRequest>(big).await.unwrap_err());
         assert_eq!(status, 413);
     }
 }

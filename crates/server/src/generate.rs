@@ -8,10 +8,7 @@ use std::time::Instant;
 use axum::http::{HeaderName, HeaderValue};
 use futures::stream::{BoxStream, SelectAll};
 use futures::StreamExt;
-use kvc_engine::{
-    EngineError, FinishReason, GenerateRequest, Logprobs, MatchedStop, RequestStream,
-    SamplingParams, StreamEvent, Usage,
-};
+use kvc_engine::{EngineError, FinishReason, GenerateRequest, Logprobs, MatchedStop, RequestStream, SamplingParams, StreamEvent, Usage};
 
 use crate::admission::Slot;
 use crate::app::{AppState, ServerCounters};
@@ -26,23 +23,13 @@ pub fn new_request_id(prefix: &str) -> String {
 }
 
 pub fn unix_now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }
 
 /// Headers on every generation response (DESIGN.md §5).
 pub fn serving_headers(request_id: &str, path: &'static str) -> [(HeaderName, HeaderValue); 2] {
-    let id =
-        HeaderValue::from_str(request_id).unwrap_or_else(|_| HeaderValue::from_static("invalid"));
-    [
-        (
-            HeaderName::from_static("x-kvc-path"),
-            HeaderValue::from_static(path),
-        ),
-        (HeaderName::from_static("x-request-id"), id),
-    ]
+    let id = HeaderValue::from_str(request_id).unwrap_or_else(|_| HeaderValue::from_static("invalid"));
+    [(HeaderName::from_static("x-kvc-path"), HeaderValue::from_static(path)), (HeaderName::from_static("x-request-id"), id)]
 }
 
 /// An admitted request: its id, arrival, deadline and concurrency slot.
@@ -56,42 +43,25 @@ pub struct Admitted {
 /// Takes a concurrency slot for a request that arrived at `arrival`
 /// (waiting in the queue if need be, 429 if the queue is full, 504 if the
 /// deadline passes first).
-pub async fn admit(
-    state: &AppState,
-    arrival: Instant,
-    id_prefix: &str,
-) -> Result<Admitted, ApiError> {
+pub async fn admit(state: &AppState, arrival: Instant, id_prefix: &str) -> Result<Admitted, ApiError> {
     if state.lifecycle.is_draining() {
         return Err(ApiError::Unavailable("the server is shutting down".into()));
     }
     let deadline = state.config.request_timeout.map(|t| arrival + t);
     let slot = within(state, deadline, state.admission.admit()).await??;
-    Ok(Admitted {
-        request_id: new_request_id(id_prefix),
-        arrival,
-        deadline,
-        slot,
-    })
+    Ok(Admitted { request_id: new_request_id(id_prefix), arrival, deadline, slot })
 }
 
 /// Runs `work` (e.g. tokenization) under the request's deadline.
-pub async fn within<T>(
-    state: &AppState,
-    deadline: Option<Instant>,
-    work: impl std::future::Future<Output = T>,
-) -> Result<T, ApiError> {
+pub async fn within<T>(state: &AppState, deadline: Option<Instant>, work: impl std::future::Future<Output = T>) -> Result<T, ApiError> {
     match deadline {
-        Some(d) => tokio::time::timeout_at(d.into(), work)
-            .await
-            .map_err(|_| timeout_error(state)),
+        Some(d) => tokio::time::timeout_at(d.into(), work).await.map_err(|_| timeout_error(state)),
         None => Ok(work.await),
     }
 }
 
 fn timeout_error(state: &AppState) -> ApiError {
-    ApiError::Timeout {
-        timeout_s: state.config.request_timeout.map_or(0, |t| t.as_secs()),
-    }
+    ApiError::Timeout { timeout_s: state.config.request_timeout.map_or(0, |t| t.as_secs()) }
 }
 
 impl Admitted {
@@ -101,18 +71,10 @@ impl Admitted {
 }
 
 /// Refuses prompts longer than `--max-prompt-tokens`.
-pub fn check_prompt_len(
-    state: &AppState,
-    tokens: usize,
-    param: &'static str,
-) -> Result<(), ApiError> {
+pub fn check_prompt_len(state: &AppState, tokens: usize, param: &'static str) -> Result<(), ApiError> {
     let limit = state.max_prompt_tokens();
     if tokens > limit {
-        return Err(ApiError::PromptTooLarge {
-            tokens,
-            limit,
-            param,
-        });
+        return Err(ApiError::PromptTooLarge { tokens, limit, param });
     }
     Ok(())
 }
@@ -121,19 +83,11 @@ pub fn check_prompt_len(
 /// its tokenization is refused before tokenizing it: a token decodes to at
 /// most `MAX_TOKEN_BYTES` bytes (Qwen3: 128), and NFC normalization
 /// shrinks text at most 3x.
-pub fn check_prompt_bytes(
-    state: &AppState,
-    bytes: usize,
-    param: &'static str,
-) -> Result<(), ApiError> {
+pub fn check_prompt_bytes(state: &AppState, bytes: usize, param: &'static str) -> Result<(), ApiError> {
     const MAX_TOKEN_BYTES: usize = 128;
     let limit = state.max_prompt_tokens();
     if bytes > limit.saturating_mul(MAX_TOKEN_BYTES * 3) {
-        return Err(ApiError::PromptTooLarge {
-            tokens: bytes / (MAX_TOKEN_BYTES * 3),
-            limit,
-            param,
-        });
+        return Err(ApiError::PromptTooLarge { tokens: bytes / (MAX_TOKEN_BYTES * 3), limit, param });
     }
     Ok(())
 }
@@ -154,23 +108,11 @@ pub struct Submission {
 ///
 /// On a decode worker a single-choice request goes through
 /// [`crate::pd::decode::start`] (local, direct append or remote prefill).
-pub async fn submit(
-    state: &AppState,
-    admitted: Admitted,
-    s: Submission,
-) -> Result<Generation, ApiError> {
-    let Admitted {
-        request_id,
-        arrival,
-        deadline,
-        slot,
-    } = admitted;
+pub async fn submit(state: &AppState, admitted: Admitted, s: Submission) -> Result<Generation, ApiError> {
+    let Admitted { request_id, arrival, deadline, slot } = admitted;
     let prompt_len = s.prompt_tokens.len();
     let mut streams = SelectAll::new();
-    let mut route = Route {
-        path: PATH_LOCAL,
-        ..Default::default()
-    };
+    let mut route = Route { path: PATH_LOCAL, ..Default::default() };
     if let (Some(pd), "decode", 1) = (state.pd.as_deref(), state.role, s.n) {
         let req = GenerateRequest {
             request_id: request_id.clone(),
@@ -199,20 +141,12 @@ pub async fn submit(
         let mut sampling = s.sampling.clone();
         sampling.seed = choice_seed(sampling.seed, index);
         let req = GenerateRequest {
-            request_id: if s.n == 1 {
-                request_id.clone()
-            } else {
-                format!("{request_id}-{index}")
-            },
+            request_id: if s.n == 1 { request_id.clone() } else { format!("{request_id}-{index}") },
             prompt_tokens: s.prompt_tokens.clone(),
             sampling,
             // Only the first choice continues the session; the others are
             // alternatives the client has not chosen yet.
-            session_id: if index == 0 {
-                s.session_id.clone()
-            } else {
-                None
-            },
+            session_id: if index == 0 { s.session_id.clone() } else { None },
             ..Default::default()
         };
         let stream = state.engine.submit(req).map_err(s.map_err)?;
@@ -275,19 +209,8 @@ struct ChoiceTiming {
 /// An event of one choice.
 #[derive(Debug)]
 pub enum ChoiceEvent {
-    Token {
-        index: usize,
-        token_id: u32,
-        text: String,
-        logprobs: Option<Logprobs>,
-    },
-    Finished {
-        index: usize,
-        reason: FinishReason,
-        text: String,
-        matched_stop: Option<MatchedStop>,
-        usage: Usage,
-    },
+    Token { index: usize, token_id: u32, text: String, logprobs: Option<Logprobs> },
+    Finished { index: usize, reason: FinishReason, text: String, matched_stop: Option<MatchedStop>, usage: Usage },
 }
 
 /// The running engine work of one request. Dropping it cancels whatever is
@@ -339,42 +262,18 @@ impl Generation {
         let now = Instant::now();
         match event {
             None => Ok(None),
-            Some((
-                index,
-                Some(StreamEvent::Token {
-                    token_id,
-                    text,
-                    logprobs,
-                }),
-            )) => {
+            Some((index, Some(StreamEvent::Token { token_id, text, logprobs }))) => {
                 if !self.first_token {
                     self.first_token = true;
-                    self.state
-                        .metrics
-                        .ttft
-                        .observe((now - self.arrival).as_secs_f64());
+                    self.state.metrics.ttft.observe((now - self.arrival).as_secs_f64());
                 }
                 let timing = &mut self.choices[index];
                 if let Some(last) = timing.last_token.replace(now) {
                     self.state.metrics.itl.observe((now - last).as_secs_f64());
                 }
-                Ok(Some(ChoiceEvent::Token {
-                    index,
-                    token_id,
-                    text,
-                    logprobs,
-                }))
+                Ok(Some(ChoiceEvent::Token { index, token_id, text, logprobs }))
             }
-            Some((
-                index,
-                Some(StreamEvent::Finished {
-                    reason,
-                    text,
-                    matched_stop,
-                    mut usage,
-                    ..
-                }),
-            )) => {
+            Some((index, Some(StreamEvent::Finished { reason, text, matched_stop, mut usage, .. }))) => {
                 if index == 0 && !self.route.reason.is_empty() {
                     usage.path = self.route.path;
                     usage.path_reason = self.route.reason;
@@ -386,35 +285,20 @@ impl Generation {
                 }
                 self.choices[index].finished = true;
                 if self.choices.iter().all(|c| c.finished) {
-                    self.state
-                        .metrics
-                        .e2e
-                        .observe((now - self.arrival).as_secs_f64());
+                    self.state.metrics.e2e.observe((now - self.arrival).as_secs_f64());
                 }
-                Ok(Some(ChoiceEvent::Finished {
-                    index,
-                    reason,
-                    text,
-                    matched_stop,
-                    usage,
-                }))
+                Ok(Some(ChoiceEvent::Finished { index, reason, text, matched_stop, usage }))
             }
-            Some((_, Some(StreamEvent::Error(msg)))) => Err(self.fail(
-                Finish::Error,
-                ApiError::Internal(format!("generation failed: {msg}")),
-            )),
-            Some((_, None)) => Err(self.fail(
-                Finish::Error,
-                ApiError::Internal("the engine ended the request without a result".into()),
-            )),
+            Some((_, Some(StreamEvent::Error(msg)))) => {
+                Err(self.fail(Finish::Error, ApiError::Internal(format!("generation failed: {msg}"))))
+            }
+            Some((_, None)) => Err(self.fail(Finish::Error, ApiError::Internal("the engine ended the request without a result".into()))),
         }
     }
 
     /// Records how a finished choice ended, as reported to the client.
     pub fn record_finish(&self, finish_reason: &str) {
-        self.state
-            .metrics
-            .count_finish(Finish::from_reason(finish_reason));
+        self.state.metrics.count_finish(Finish::from_reason(finish_reason));
     }
 
     /// Cancels every unfinished sequence and counts it as `finish`.
@@ -469,33 +353,17 @@ mod tests {
 
     #[test]
     fn seeded_choices_get_seed_plus_index_and_unseeded_stay_unseeded() {
-        assert_eq!(
-            (0..3)
-                .map(|i| choice_seed(Some(100), i))
-                .collect::<Vec<_>>(),
-            vec![Some(100), Some(101), Some(102)]
-        );
+        assert_eq!((0..3).map(|i| choice_seed(Some(100), i)).collect::<Vec<_>>(), vec![Some(100), Some(101), Some(102)]);
         assert_eq!(choice_seed(Some(u64::MAX), 1), Some(0));
         assert_eq!(choice_seed(None, 2), None);
     }
 
     #[test]
     fn usage_of_n_choices_counts_the_prompt_once() {
-        let u = |completion, cached| Usage {
-            prompt_tokens: 10,
-            completion_tokens: completion,
-            cached_tokens: cached,
-            ..Default::default()
-        };
+        let u =
+            |completion, cached| Usage { prompt_tokens: 10, completion_tokens: completion, cached_tokens: cached, ..Default::default() };
         let total = total_usage(&[u(3, 0), u(5, 8), u(1, 8)]);
-        assert_eq!(
-            (
-                total.prompt_tokens,
-                total.completion_tokens,
-                total.cached_tokens
-            ),
-            (10, 9, 0)
-        );
+        assert_eq!((total.prompt_tokens, total.completion_tokens, total.cached_tokens), (10, 9, 0));
         assert_eq!(total_usage(&[]).prompt_tokens, 0);
     }
 }

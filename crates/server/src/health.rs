@@ -14,15 +14,9 @@ use crate::app::AppState;
 /// The readiness decision alone.
 pub fn readiness(engine_alive: bool, draining: bool) -> (StatusCode, Value) {
     if draining {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            json!({"status": "draining", "reason": "the server is shutting down"}),
-        )
+        (StatusCode::SERVICE_UNAVAILABLE, json!({"status": "draining", "reason": "the server is shutting down"}))
     } else if !engine_alive {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            json!({"status": "engine_stopped", "reason": "the engine thread has exited"}),
-        )
+        (StatusCode::SERVICE_UNAVAILABLE, json!({"status": "engine_stopped", "reason": "the engine thread has exited"}))
     } else {
         (StatusCode::OK, json!({"status": "ready"}))
     }
@@ -43,10 +37,7 @@ mod tests {
 
     #[test]
     fn ready_only_with_a_live_engine_and_not_draining() {
-        assert_eq!(
-            readiness(true, false),
-            (StatusCode::OK, json!({"status": "ready"}))
-        );
+        assert_eq!(readiness(true, false), (StatusCode::OK, json!({"status": "ready"})));
         assert_eq!(readiness(false, false).0, StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(readiness(false, false).1["status"], "engine_stopped");
         assert_eq!(readiness(true, true).1["status"], "draining");

@@ -14,22 +14,10 @@ pub fn router() -> Router<AppState> {
         .route("/internal/ping", get(ping))
         .route("/internal/state", get(crate::worker_state::get_state))
         .route("/internal/kv/handshake", get(crate::pd::prefill::handshake))
-        .route(
-            "/internal/prefill",
-            post(crate::pd::prefill::remote_prefill),
-        )
-        .route(
-            "/internal/snapshot/reserve",
-            post(crate::pd::prefill::snapshot_reserve),
-        )
-        .route(
-            "/internal/snapshot/commit",
-            post(crate::pd::prefill::snapshot_commit),
-        )
-        .route(
-            "/internal/snapshot/abort",
-            post(crate::pd::prefill::snapshot_abort),
-        )
+        .route("/internal/prefill", post(crate::pd::prefill::remote_prefill))
+        .route("/internal/snapshot/reserve", post(crate::pd::prefill::snapshot_reserve))
+        .route("/internal/snapshot/commit", post(crate::pd::prefill::snapshot_commit))
+        .route("/internal/snapshot/abort", post(crate::pd::prefill::snapshot_abort))
 }
 
 async fn ping(State(state): State<AppState>) -> Json<Value> {

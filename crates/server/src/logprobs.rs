@@ -72,10 +72,7 @@ pub fn token_bytes(tokenizer: &TextTokenizer, id: u32) -> Vec<u8> {
     }
     // Not byte-level (an added token with unusual characters, another
     // tokenizer): its decoded text.
-    tokenizer
-        .decode(&[id], false)
-        .unwrap_or_default()
-        .into_bytes()
+    tokenizer.decode(&[id], false).unwrap_or_default().into_bytes()
 }
 
 fn finite(logprob: f32) -> f32 {
@@ -109,11 +106,7 @@ pub struct ChatLogprobs {
 
 fn top(tokenizer: &TextTokenizer, id: u32, logprob: f32) -> TopLogprob {
     let bytes = token_bytes(tokenizer, id);
-    TopLogprob {
-        token: String::from_utf8_lossy(&bytes).into_owned(),
-        logprob: finite(logprob),
-        bytes,
-    }
+    TopLogprob { token: String::from_utf8_lossy(&bytes).into_owned(), logprob: finite(logprob), bytes }
 }
 
 /// One generated token in chat's shape (`top_logprobs` = the `k` asked for).
@@ -123,11 +116,7 @@ pub fn chat_entry(tokenizer: &TextTokenizer, lp: &Logprobs) -> ChatTokenLogprob 
         token: chosen.token,
         logprob: chosen.logprob,
         bytes: chosen.bytes,
-        top_logprobs: lp
-            .top
-            .iter()
-            .map(|t| top(tokenizer, t.token_id, t.logprob))
-            .collect(),
+        top_logprobs: lp.top.iter().map(|t| top(tokenizer, t.token_id, t.logprob)).collect(),
     }
 }
 
@@ -150,9 +139,7 @@ impl CompletionLogprobs {
         let mut alternatives = Map::new();
         for t in lp.top.iter().chain(std::iter::once(&lp.chosen)) {
             let t = top(tokenizer, t.token_id, t.logprob);
-            alternatives
-                .entry(t.token)
-                .or_insert_with(|| Value::from(t.logprob));
+            alternatives.entry(t.token).or_insert_with(|| Value::from(t.logprob));
         }
         let len = chosen.token.chars().count();
         self.tokens.push(chosen.token);
@@ -198,11 +185,7 @@ mod tests {
     #[test]
     fn token_bytes_concatenate_to_the_encoded_text() {
         let tok = qwen3();
-        for text in [
-            "Hello, world!\n",
-            "naïve café 你好 🦊",
-            "<think>\nx\n</think>",
-        ] {
+        for text in ["Hello, world!\n", "naïve café 你好 🦊", "<think>\nx\n</think>"] {
             let ids = tok.encode(text, false).unwrap();
             let bytes: Vec<u8> = ids.iter().flat_map(|&id| token_bytes(tok, id)).collect();
             assert_eq!(String::from_utf8(bytes).unwrap(), text);
@@ -214,17 +197,8 @@ mod tests {
         let tok = qwen3();
         // A private-use character: no merged token exists for it.
         let ids = tok.encode("\u{F0001}", false).unwrap();
-        assert!(
-            ids.len() > 1,
-            "the character spans several byte-level tokens: {ids:?}"
-        );
-        let lp = Logprobs {
-            chosen: TokenLogprob {
-                token_id: ids[0],
-                logprob: -0.5,
-            },
-            top: vec![],
-        };
+        assert!(ids.len() > 1, "the character spans several byte-level tokens: {ids:?}");
+        let lp = Logprobs { chosen: TokenLogprob { token_id: ids[0], logprob: -0.5 }, top: vec![] };
         let e = chat_entry(tok, &lp);
         assert!(e.token.contains('\u{fffd}'));
         assert_eq!(e.bytes, token_bytes(tok, ids[0]));
@@ -237,30 +211,12 @@ mod tests {
         let hello = tok.encode("Hello", false).unwrap()[0];
         let world = tok.encode(" world", false).unwrap()[0];
         let lp = Logprobs {
-            chosen: TokenLogprob {
-                token_id: hello,
-                logprob: f32::NEG_INFINITY,
-            },
-            top: vec![
-                TokenLogprob {
-                    token_id: world,
-                    logprob: -0.1,
-                },
-                TokenLogprob {
-                    token_id: hello,
-                    logprob: -3.0,
-                },
-            ],
+            chosen: TokenLogprob { token_id: hello, logprob: f32::NEG_INFINITY },
+            top: vec![TokenLogprob { token_id: world, logprob: -0.1 }, TokenLogprob { token_id: hello, logprob: -3.0 }],
         };
         let e = chat_entry(tok, &lp);
         assert_eq!((e.token.as_str(), e.logprob), ("Hello", MIN_LOGPROB));
-        assert_eq!(
-            e.top_logprobs
-                .iter()
-                .map(|t| t.token.as_str())
-                .collect::<Vec<_>>(),
-            vec![" world", "Hello"]
-        );
+        assert_eq!(e.top_logprobs.iter().map(|t| t.token.as_str()).collect::<Vec<_>>(), vec![" world", "Hello"]);
         assert_eq!(e.top_logprobs[0].bytes, b" world".to_vec());
     }
 
@@ -271,13 +227,7 @@ mod tests {
         let mut c = CompletionLogprobs::default();
         let mut offset = 3;
         for &id in &ids {
-            let lp = Logprobs {
-                chosen: TokenLogprob {
-                    token_id: id,
-                    logprob: -1.0,
-                },
-                top: vec![],
-            };
+            let lp = Logprobs { chosen: TokenLogprob { token_id: id, logprob: -1.0 }, top: vec![] };
             offset += c.push(tok, &lp, offset);
         }
         assert_eq!(c.tokens.concat(), "Hi there");

@@ -18,18 +18,8 @@ pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
     if let Some(pd) = &state.pd {
         pd.counters.render(&mut body);
     }
-    crate::server_metrics::ServerMetrics::render_admission(
-        &mut body,
-        state.admission.running(),
-        state.admission.queued(),
-    );
-    (
-        [(
-            header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
-        )],
-        body,
-    )
+    crate::server_metrics::ServerMetrics::render_admission(&mut body, state.admission.running(), state.admission.queued());
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], body)
 }
 
 /// The exposition text; one `# HELP` / `# TYPE` pair per metric.
@@ -42,60 +32,20 @@ pub fn render(s: &EngineStats, c: &ServerCounters) -> String {
             let _ = writeln!(out, "{name}{labels} {value}");
         }
     };
-    metric(
-        "kvc_kv_blocks_free",
-        "gauge",
-        "KV blocks not held by any request.",
-        &[("", s.free_blocks as u64)],
-    );
-    metric(
-        "kvc_kv_blocks_total",
-        "gauge",
-        "KV blocks in the pool.",
-        &[("", s.total_blocks as u64)],
-    );
+    metric("kvc_kv_blocks_free", "gauge", "KV blocks not held by any request.", &[("", s.free_blocks as u64)]);
+    metric("kvc_kv_blocks_total", "gauge", "KV blocks in the pool.", &[("", s.total_blocks as u64)]);
     metric(
         "kvc_kv_blocks_evictable",
         "gauge",
         "KV blocks held only by caches (prefix index, idle sessions): reclaimable.",
         &[("", s.evictable_blocks as u64)],
     );
-    metric(
-        "kvc_requests_running",
-        "gauge",
-        "Requests being prefilled or decoded.",
-        &[("", s.running as u64)],
-    );
-    metric(
-        "kvc_requests_waiting",
-        "gauge",
-        "Requests queued for admission.",
-        &[("", s.waiting as u64)],
-    );
-    metric(
-        "kvc_engine_steps_total",
-        "counter",
-        "Engine steps run.",
-        &[("", s.steps)],
-    );
-    metric(
-        "kvc_preemptions_total",
-        "counter",
-        "Requests preempted for lack of KV blocks.",
-        &[("", s.preemptions)],
-    );
-    metric(
-        "kvc_prompt_tokens_computed_total",
-        "counter",
-        "Prompt tokens run through the model.",
-        &[("", s.prompt_tokens_computed)],
-    );
-    metric(
-        "kvc_generation_tokens_total",
-        "counter",
-        "Tokens generated.",
-        &[("", s.generated_tokens)],
-    );
+    metric("kvc_requests_running", "gauge", "Requests being prefilled or decoded.", &[("", s.running as u64)]);
+    metric("kvc_requests_waiting", "gauge", "Requests queued for admission.", &[("", s.waiting as u64)]);
+    metric("kvc_engine_steps_total", "counter", "Engine steps run.", &[("", s.steps)]);
+    metric("kvc_preemptions_total", "counter", "Requests preempted for lack of KV blocks.", &[("", s.preemptions)]);
+    metric("kvc_prompt_tokens_computed_total", "counter", "Prompt tokens run through the model.", &[("", s.prompt_tokens_computed)]);
+    metric("kvc_generation_tokens_total", "counter", "Tokens generated.", &[("", s.generated_tokens)]);
     let path_labels = format!("{{path=\"{PATH_LOCAL}\"}}");
     metric(
         "kvc_served_requests_total",
@@ -116,24 +66,9 @@ pub fn render(s: &EngineStats, c: &ServerCounters) -> String {
         "Session snapshot pushes committed into this worker's snapshot store.",
         &[("", sn.ingested)],
     );
-    metric(
-        "kvc_snapshot_evicted_total",
-        "counter",
-        "Snapshot store entries evicted (LRU) to make room.",
-        &[("", sn.evicted)],
-    );
-    metric(
-        "kvc_snapshot_aborted_total",
-        "counter",
-        "Snapshot pushes aborted or expired before commit.",
-        &[("", sn.aborted)],
-    );
-    metric(
-        "kvc_snapshot_blocks_used",
-        "gauge",
-        "KV blocks held by the snapshot store.",
-        &[("", s.snapshot_used_blocks as u64)],
-    );
+    metric("kvc_snapshot_evicted_total", "counter", "Snapshot store entries evicted (LRU) to make room.", &[("", sn.evicted)]);
+    metric("kvc_snapshot_aborted_total", "counter", "Snapshot pushes aborted or expired before commit.", &[("", sn.aborted)]);
+    metric("kvc_snapshot_blocks_used", "gauge", "KV blocks held by the snapshot store.", &[("", s.snapshot_used_blocks as u64)]);
     metric(
         "kvc_snapshot_blocks_capacity",
         "gauge",
@@ -147,94 +82,24 @@ pub fn render(s: &EngineStats, c: &ServerCounters) -> String {
         &[("", sn.bypass_tokens)],
     );
     let k = &s.cache;
-    metric(
-        "kvc_kv_blocks_cached",
-        "gauge",
-        "KV blocks in the prefix index.",
-        &[("", s.cached_blocks as u64)],
-    );
-    metric(
-        "kvc_host_kv_blocks_free",
-        "gauge",
-        "Free blocks of the host-memory tier.",
-        &[("", s.host_free_blocks as u64)],
-    );
-    metric(
-        "kvc_host_kv_blocks_total",
-        "gauge",
-        "Blocks of the host-memory tier.",
-        &[("", s.host_total_blocks as u64)],
-    );
-    metric(
-        "kvc_sessions_resident",
-        "gauge",
-        "Sessions the engine holds (any tier).",
-        &[("", s.sessions.len() as u64)],
-    );
-    metric(
-        "kvc_session_hits_total",
-        "counter",
-        "Requests that reused their session's KV.",
-        &[("", k.session_hits)],
-    );
-    metric(
-        "kvc_prefix_cache_hits_total",
-        "counter",
-        "Requests that reused prefix-cache blocks (no session hit).",
-        &[("", k.prefix_hits)],
-    );
-    metric(
-        "kvc_prompt_tokens_reused_total",
-        "counter",
-        "Prompt tokens served from cached KV at admission.",
-        &[("", k.reused_tokens)],
-    );
-    metric(
-        "kvc_prompt_tokens_to_compute_total",
-        "counter",
-        "Prompt tokens left to compute at admission.",
-        &[("", k.computed_tokens)],
-    );
-    metric(
-        "kvc_host_restores_total",
-        "counter",
-        "Blocks copied back from the host tier.",
-        &[("", k.host_restores)],
-    );
-    metric(
-        "kvc_sessions_expired_total",
-        "counter",
-        "Idle sessions deleted by the TTL.",
-        &[("", k.sessions_expired)],
-    );
-    let evictions: Vec<(String, u64)> = k
-        .evictions
-        .iter()
-        .map(|((tier, reason), n)| (format!("{{tier=\"{tier}\",reason=\"{reason}\"}}"), *n))
-        .collect();
+    metric("kvc_kv_blocks_cached", "gauge", "KV blocks in the prefix index.", &[("", s.cached_blocks as u64)]);
+    metric("kvc_host_kv_blocks_free", "gauge", "Free blocks of the host-memory tier.", &[("", s.host_free_blocks as u64)]);
+    metric("kvc_host_kv_blocks_total", "gauge", "Blocks of the host-memory tier.", &[("", s.host_total_blocks as u64)]);
+    metric("kvc_sessions_resident", "gauge", "Sessions the engine holds (any tier).", &[("", s.sessions.len() as u64)]);
+    metric("kvc_session_hits_total", "counter", "Requests that reused their session's KV.", &[("", k.session_hits)]);
+    metric("kvc_prefix_cache_hits_total", "counter", "Requests that reused prefix-cache blocks (no session hit).", &[("", k.prefix_hits)]);
+    metric("kvc_prompt_tokens_reused_total", "counter", "Prompt tokens served from cached KV at admission.", &[("", k.reused_tokens)]);
+    metric("kvc_prompt_tokens_to_compute_total", "counter", "Prompt tokens left to compute at admission.", &[("", k.computed_tokens)]);
+    metric("kvc_host_restores_total", "counter", "Blocks copied back from the host tier.", &[("", k.host_restores)]);
+    metric("kvc_sessions_expired_total", "counter", "Idle sessions deleted by the TTL.", &[("", k.sessions_expired)]);
+    let evictions: Vec<(String, u64)> =
+        k.evictions.iter().map(|((tier, reason), n)| (format!("{{tier=\"{tier}\",reason=\"{reason}\"}}"), *n)).collect();
     let evictions: Vec<(&str, u64)> = evictions.iter().map(|(l, n)| (l.as_str(), *n)).collect();
-    metric(
-        "kvc_evicted_blocks_total",
-        "counter",
-        "KV blocks evicted from the device, by destination tier and reason.",
-        &evictions,
-    );
-    let decisions: Vec<(String, u64)> = c
-        .admission_decisions
-        .lock()
-        .map(|m| {
-            m.iter()
-                .map(|(r, n)| (format!("{{reason=\"{r}\"}}"), *n))
-                .collect()
-        })
-        .unwrap_or_default();
+    metric("kvc_evicted_blocks_total", "counter", "KV blocks evicted from the device, by destination tier and reason.", &evictions);
+    let decisions: Vec<(String, u64)> =
+        c.admission_decisions.lock().map(|m| m.iter().map(|(r, n)| (format!("{{reason=\"{r}\"}}"), *n)).collect()).unwrap_or_default();
     let decisions: Vec<(&str, u64)> = decisions.iter().map(|(l, n)| (l.as_str(), *n)).collect();
-    metric(
-        "kvc_admission_decisions_total",
-        "counter",
-        "Admission probe answers, by reason.",
-        &decisions,
-    );
+    metric("kvc_admission_decisions_total", "counter", "Admission probe answers, by reason.", &decisions);
     metric(
         "kvc_streams_cancelled_total",
         "counter",
@@ -277,10 +142,7 @@ mod tests {
             "# TYPE kvc_preemptions_total counter",
             "# TYPE kvc_kv_blocks_free gauge",
         ] {
-            assert!(
-                text.lines().any(|l| l == line),
-                "missing {line:?} in\n{text}"
-            );
+            assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
         }
         let helps = text.lines().filter(|l| l.starts_with("# HELP")).count();
         let types = text.lines().filter(|l| l.starts_with("# TYPE")).count();

@@ -9,26 +9,14 @@ use crate::openai_types::{ModelCard, ModelList};
 
 fn card(state: &AppState) -> ModelCard {
     let info = state.engine.info();
-    ModelCard {
-        id: info.id.clone(),
-        object: "model",
-        created: info.created,
-        owned_by: "kvc",
-        max_model_len: info.max_model_len,
-    }
+    ModelCard { id: info.id.clone(), object: "model", created: info.created, owned_by: "kvc", max_model_len: info.max_model_len }
 }
 
 pub async fn list_models(State(state): State<AppState>) -> Json<ModelList> {
-    Json(ModelList {
-        object: "list",
-        data: vec![card(&state)],
-    })
+    Json(ModelList { object: "list", data: vec![card(&state)] })
 }
 
-pub async fn get_model(
-    State(state): State<AppState>,
-    Path(model): Path<String>,
-) -> Result<Json<ModelCard>, ApiError> {
+pub async fn get_model(State(state): State<AppState>, Path(model): Path<String>) -> Result<Json<ModelCard>, ApiError> {
     state.check_model(Some(&model))?;
     Ok(Json(card(&state)))
 }

@@ -215,9 +215,7 @@ impl From<kvc_engine::Usage> for UsageInfo {
             prompt_tokens: u.prompt_tokens,
             completion_tokens: u.completion_tokens,
             total_tokens: u.prompt_tokens + u.completion_tokens,
-            prompt_tokens_details: PromptTokensDetails {
-                cached_tokens: u.cached_tokens,
-            },
+            prompt_tokens_details: PromptTokensDetails { cached_tokens: u.cached_tokens },
         }
     }
 }
@@ -241,16 +239,8 @@ pub const PATH_LOCAL: &str = "local";
 impl KvcInfo {
     pub fn local(u: &kvc_engine::Usage) -> Self {
         Self {
-            path: if u.path.is_empty() {
-                PATH_LOCAL
-            } else {
-                u.path
-            },
-            reason: if u.path_reason.is_empty() {
-                u.reuse_reason
-            } else {
-                u.path_reason
-            },
+            path: if u.path.is_empty() { PATH_LOCAL } else { u.path },
+            reason: if u.path_reason.is_empty() { u.reuse_reason } else { u.path_reason },
             reuse: u.reuse_reason,
             cached_tokens: u.cached_tokens,
             computed_tokens: u.prompt_tokens.saturating_sub(u.cached_tokens),
@@ -323,10 +313,7 @@ pub struct ChatDelta {
 
 impl ChatDelta {
     pub fn is_empty(&self) -> bool {
-        self.role.is_none()
-            && self.content.is_none()
-            && self.reasoning_content.is_none()
-            && self.tool_calls.is_none()
+        self.role.is_none() && self.content.is_none() && self.reasoning_content.is_none() && self.tool_calls.is_none()
     }
 }
 
@@ -425,20 +412,12 @@ mod tests {
         let req: ChatCompletionRequest = parse(body).unwrap();
         assert_eq!(req.messages.len(), 4);
         assert_eq!(req.messages[3].role, Role::Tool);
-        assert!(
-            matches!(req.messages[1].content, Some(MessageContent::Parts(ref p)) if p.len() == 2)
-        );
+        assert!(matches!(req.messages[1].content, Some(MessageContent::Parts(ref p)) if p.len() == 2));
         assert_eq!(req.sampling.max_tokens, Some(5));
         assert_eq!(req.sampling.temperature, Some(0.0));
         assert_eq!(req.sampling.stop, Some(StopSpec::One("x".into())));
-        assert_eq!(
-            req.sampling.stream_options.unwrap().include_usage,
-            Some(true)
-        );
-        assert_eq!(
-            req.chat_template_kwargs.unwrap()["enable_thinking"],
-            json!(false)
-        );
+        assert_eq!(req.sampling.stream_options.unwrap().include_usage, Some(true));
+        assert_eq!(req.chat_template_kwargs.unwrap()["enable_thinking"], json!(false));
         assert_eq!(req.session_id.as_deref(), Some("s1"));
         let unknown = json!({"messages": [], "some_future_field": {"anything": 1}});
         assert!(parse::<ChatCompletionRequest>(unknown).is_err());
@@ -461,8 +440,7 @@ mod tests {
 
     #[test]
     fn completion_request_keeps_prompt_as_json() {
-        let req: CompletionRequest =
-            parse(json!({"prompt": [1, 2, 3], "stop": ["a", "b"]})).unwrap();
+        let req: CompletionRequest = parse(json!({"prompt": [1, 2, 3], "stop": ["a", "b"]})).unwrap();
         assert_eq!(req.prompt, json!([1, 2, 3]));
         assert_eq!(req.sampling.stop.unwrap().into_vec(), vec!["a", "b"]);
     }
@@ -483,12 +461,7 @@ mod tests {
         };
         assert!(chunk(None).get("usage").is_none());
         assert!(chunk(Some(None))["usage"].is_null());
-        let u = kvc_engine::Usage {
-            prompt_tokens: 3,
-            completion_tokens: 2,
-            cached_tokens: 1,
-            ..Default::default()
-        };
+        let u = kvc_engine::Usage { prompt_tokens: 3, completion_tokens: 2, cached_tokens: 1, ..Default::default() };
         let v = chunk(Some(Some(u.into())));
         assert_eq!(v["usage"]["total_tokens"], 5);
         assert_eq!(v["usage"]["prompt_tokens_details"]["cached_tokens"], 1);
@@ -496,22 +469,8 @@ mod tests {
 
     #[test]
     fn kvc_info_counts_computed_tokens() {
-        let u = kvc_engine::Usage {
-            prompt_tokens: 10,
-            completion_tokens: 2,
-            cached_tokens: 4,
-            ..Default::default()
-        };
+        let u = kvc_engine::Usage { prompt_tokens: 10, completion_tokens: 2, cached_tokens: 4, ..Default::default() };
         let k = KvcInfo::local(&u);
-        assert_eq!(
-            (
-                k.path,
-                k.reason,
-                k.cached_tokens,
-                k.computed_tokens,
-                k.transferred_tokens
-            ),
-            ("local", "", 4, 6, 0)
-        );
+        assert_eq!((k.path, k.reason, k.cached_tokens, k.computed_tokens, k.transferred_tokens), ("local", "", 4, 6, 0));
     }
 }

@@ -68,10 +68,7 @@ impl Default for ReasoningParser {
 
 impl ReasoningParser {
     pub fn new() -> Self {
-        Self {
-            phase: Phase::Undecided,
-            held: String::new(),
-        }
+        Self { phase: Phase::Undecided, held: String::new() }
     }
 
     /// A parser positioned after `prefix`, the part of the assistant turn
@@ -114,16 +111,11 @@ impl ReasoningParser {
                         return out;
                     }
                     self.held = rest.to_string();
-                    self.phase = if self.phase == Phase::ReasoningStart {
-                        Phase::Reasoning
-                    } else {
-                        Phase::Content
-                    };
+                    self.phase = if self.phase == Phase::ReasoningStart { Phase::Reasoning } else { Phase::Content };
                 }
                 Phase::Reasoning => {
                     if let Some(i) = self.held.find(THINK_END) {
-                        out.reasoning
-                            .push_str(self.held[..i].trim_end_matches('\n'));
+                        out.reasoning.push_str(self.held[..i].trim_end_matches('\n'));
                         self.held = self.held[i + THINK_END.len()..].to_string();
                         self.phase = Phase::ContentStart;
                         continue;
@@ -171,9 +163,7 @@ impl ReasoningParser {
 fn held_back_len(text: &str, tag: &str) -> usize {
     let partial = (1..tag.len().min(text.len() + 1))
         .rev()
-        .find(|&k| {
-            text.is_char_boundary(text.len() - k) && tag.starts_with(&text[text.len() - k..])
-        })
+        .find(|&k| text.is_char_boundary(text.len() - k) && tag.starts_with(&text[text.len() - k..]))
         .unwrap_or(0);
     let before = &text[..text.len() - partial];
     partial + (before.len() - before.trim_end_matches('\n').len())
@@ -195,27 +185,18 @@ mod tests {
     }
 
     fn split(reasoning: &str, content: &str) -> Split {
-        Split {
-            reasoning: reasoning.into(),
-            content: content.into(),
-        }
+        Split { reasoning: reasoning.into(), content: content.into() }
     }
 
     #[test]
     fn think_block_is_reasoning_and_the_rest_content() {
         let text = "<think>\nThe user greets me.\n</think>\n\nHello!";
-        assert_eq!(
-            ReasoningParser::parse_all("", text),
-            split("The user greets me.", "Hello!")
-        );
+        assert_eq!(ReasoningParser::parse_all("", text), split("The user greets me.", "Hello!"));
     }
 
     #[test]
     fn answer_without_think_is_all_content() {
-        assert_eq!(
-            ReasoningParser::parse_all("", "Hello </think> there"),
-            split("", "Hello </think> there")
-        );
+        assert_eq!(ReasoningParser::parse_all("", "Hello </think> there"), split("", "Hello </think> there"));
         assert_eq!(ReasoningParser::parse_all("", "  \n"), split("", "  \n"));
         assert_eq!(ReasoningParser::parse_all("", ""), split("", ""));
     }
@@ -233,30 +214,18 @@ mod tests {
         let (p, echoed) = ReasoningParser::primed(prefix);
         assert!(p.in_content());
         assert_eq!(echoed, split("", ""));
-        assert_eq!(
-            ReasoningParser::parse_all(prefix, "<think>x</think>y"),
-            split("", "<think>x</think>y")
-        );
+        assert_eq!(ReasoningParser::parse_all(prefix, "<think>x</think>y"), split("", "<think>x</think>y"));
     }
 
     #[test]
     fn answer_cut_off_inside_reasoning_keeps_it_as_reasoning() {
-        assert_eq!(
-            ReasoningParser::parse_all("", "<think>\nstill thinking\n"),
-            split("still thinking\n", "")
-        );
-        assert_eq!(
-            ReasoningParser::parse_all("", "<think>a</thi"),
-            split("a</thi", "")
-        );
+        assert_eq!(ReasoningParser::parse_all("", "<think>\nstill thinking\n"), split("still thinking\n", ""));
+        assert_eq!(ReasoningParser::parse_all("", "<think>a</thi"), split("a</thi", ""));
     }
 
     #[test]
     fn leading_end_tag_closes_an_empty_reasoning() {
-        assert_eq!(
-            ReasoningParser::parse_all("", "</think>\n\nAnswer"),
-            split("", "Answer")
-        );
+        assert_eq!(ReasoningParser::parse_all("", "</think>\n\nAnswer"), split("", "Answer"));
     }
 
     #[test]
@@ -264,11 +233,7 @@ mod tests {
         let text = "<think>\nabc\n</think>\n\nxyz";
         // Every way of cutting the text in two, and char by char.
         for cut in 0..=text.len() {
-            assert_eq!(
-                stream("", &[&text[..cut], &text[cut..]]),
-                split("abc", "xyz"),
-                "cut at {cut}"
-            );
+            assert_eq!(stream("", &[&text[..cut], &text[cut..]]), split("abc", "xyz"), "cut at {cut}");
         }
         let chars: Vec<String> = text.chars().map(String::from).collect();
         let pieces: Vec<&str> = chars.iter().map(String::as_str).collect();
@@ -290,10 +255,7 @@ mod tests {
     fn multibyte_text_next_to_tags_is_kept_whole() {
         let text = "<think>思考</think>答案";
         for cut in (0..=text.len()).filter(|&c| text.is_char_boundary(c)) {
-            assert_eq!(
-                stream("", &[&text[..cut], &text[cut..]]),
-                split("思考", "答案")
-            );
+            assert_eq!(stream("", &[&text[..cut], &text[cut..]]), split("思考", "答案"));
         }
     }
 }

@@ -125,10 +125,7 @@ fn unsupported(endpoint: Endpoint, field: &str) -> Option<Option<Value>> {
         | "return_token_ids"
         | "no_stop_trim"
         | "return_hidden_states" => Some(json!(false)),
-        "spaces_between_special_tokens"
-        | "separate_reasoning"
-        | "stream_reasoning"
-        | "parallel_tool_calls" => Some(json!(true)),
+        "spaces_between_special_tokens" | "separate_reasoning" | "stream_reasoning" | "parallel_tool_calls" => Some(json!(true)),
         "best_of" => Some(json!(1)),
         "response_format" => Some(json!({"type": "text"})),
         _ => return None,
@@ -158,10 +155,7 @@ pub fn check_fields(bytes: &[u8], endpoint: Endpoint) -> Result<(), ApiError> {
             continue;
         }
         let Some(off) = unsupported(endpoint, field) else {
-            return Err(ApiError::bad_request(
-                format!("Unrecognized request argument supplied: {field}"),
-                Some(field),
-            ));
+            return Err(ApiError::bad_request(format!("Unrecognized request argument supplied: {field}"), Some(field)));
         };
         if let Some(off) = off {
             if values.is_none() {
@@ -193,77 +187,37 @@ mod tests {
         let chat = json!({"model": "m", "messages": [], "top_k": 5, "chat_template_kwargs": {}, "session_id": "s",
                           "user": "u", "metadata": {"a": "b"}, "tools": [], "continue_final_message": true});
         assert!(check(Endpoint::Chat, chat).is_ok());
-        assert!(check(
-            Endpoint::Completions,
-            json!({"prompt": "x", "echo": true, "best_of": 1, "ignore_eos": true})
-        )
-        .is_ok());
+        assert!(check(Endpoint::Completions, json!({"prompt": "x", "echo": true, "best_of": 1, "ignore_eos": true})).is_ok());
     }
 
     #[test]
     fn unknown_fields_are_rejected_like_openai() {
-        let (status, msg, param) =
-            check(Endpoint::Chat, json!({"messages": [], "max_token": 5})).unwrap_err();
+        let (status, msg, param) = check(Endpoint::Chat, json!({"messages": [], "max_token": 5})).unwrap_err();
         assert_eq!((status, param.as_deref()), (400, Some("max_token")));
         assert_eq!(msg, "Unrecognized request argument supplied: max_token");
         // Chat-only fields are unknown on completions.
-        assert_eq!(
-            check(
-                Endpoint::Completions,
-                json!({"prompt": "x", "messages": []})
-            )
-            .unwrap_err()
-            .0,
-            400
-        );
+        assert_eq!(check(Endpoint::Completions, json!({"prompt": "x", "messages": []})).unwrap_err().0, 400);
     }
 
     #[test]
     fn null_fields_count_as_absent() {
-        assert!(check(
-            Endpoint::Chat,
-            json!({"messages": [], "functions": null, "whatever": null})
-        )
-        .is_ok());
+        assert!(check(Endpoint::Chat, json!({"messages": [], "functions": null, "whatever": null})).is_ok());
     }
 
     #[test]
     fn known_unimplemented_fields_are_refused_unless_off() {
-        let (_, msg, param) = check(
-            Endpoint::Chat,
-            json!({"messages": [], "guided_json": {"type": "object"}}),
-        )
-        .unwrap_err();
+        let (_, msg, param) = check(Endpoint::Chat, json!({"messages": [], "guided_json": {"type": "object"}})).unwrap_err();
         assert!(msg.contains("not supported"), "{msg}");
         assert_eq!(param.as_deref(), Some("guided_json"));
-        assert!(check(Endpoint::Chat, json!({"messages": [], "min_tokens": 0, "use_beam_search": false, "parallel_tool_calls": true})).is_ok());
+        assert!(
+            check(Endpoint::Chat, json!({"messages": [], "min_tokens": 0, "use_beam_search": false, "parallel_tool_calls": true})).is_ok()
+        );
         assert_eq!(
-            check(
-                Endpoint::Chat,
-                json!({"messages": [], "parallel_tool_calls": false})
-            )
-            .unwrap_err()
-            .2
-            .as_deref(),
+            check(Endpoint::Chat, json!({"messages": [], "parallel_tool_calls": false})).unwrap_err().2.as_deref(),
             Some("parallel_tool_calls")
         );
-        assert_eq!(
-            check(Endpoint::Chat, json!({"messages": [], "min_tokens": 3}))
-                .unwrap_err()
-                .0,
-            400
-        );
-        assert!(check(
-            Endpoint::Completions,
-            json!({"prompt": "x", "response_format": {"type": "text"}})
-        )
-        .is_ok());
-        assert_eq!(
-            check(Endpoint::Completions, json!({"prompt": "x", "tools": []}))
-                .unwrap_err()
-                .2
-                .as_deref(),
-            Some("tools")
-        );
+        assert_eq!(check(Endpoint::Chat, json!({"messages": [], "min_tokens": 3})).unwrap_err().0, 400);
+        assert!(check(Endpoint::Completions, json!({"prompt": "x", "response_format": {"type": "text"}})).is_ok());
+        assert_eq!(check(Endpoint::Completions, json!({"prompt": "x", "tools": []})).unwrap_err().2.as_deref(), Some("tools"));
     }
 }

@@ -19,58 +19,27 @@ pub trait Endpoint: Send + 'static {
     /// Deltas before any token (chat's role, an echoed prompt).
     fn start(&mut self, index: usize) -> Vec<Self::Delta>;
     /// A token arrived; `None` while there is nothing to say yet.
-    fn token(
-        &mut self,
-        index: usize,
-        token_id: u32,
-        text: &str,
-        logprobs: Option<&Logprobs>,
-    ) -> Option<Self::Delta>;
+    fn token(&mut self, index: usize, token_id: u32, text: &str, logprobs: Option<&Logprobs>) -> Option<Self::Delta>;
     /// The choice ended; the last deltas and the `finish_reason` reported.
-    fn finish(
-        &mut self,
-        index: usize,
-        text: &str,
-        reason: FinishReason,
-        stop: Option<MatchedStop>,
-    ) -> (Vec<Self::Delta>, &'static str);
+    fn finish(&mut self, index: usize, text: &str, reason: FinishReason, stop: Option<MatchedStop>) -> (Vec<Self::Delta>, &'static str);
     /// A streaming chunk holding `deltas`.
-    fn chunk(
-        &self,
-        deltas: Vec<Self::Delta>,
-        usage: ChunkUsage,
-        kvc: Option<KvcInfo>,
-    ) -> Self::Chunk;
+    fn chunk(&self, deltas: Vec<Self::Delta>, usage: ChunkUsage, kvc: Option<KvcInfo>) -> Self::Chunk;
     /// The whole answer from every choice's deltas.
     fn body(&self, choices: Vec<Vec<Self::Delta>>, usage: Usage) -> Self::Body;
 }
 
 /// Reads every choice to its end and builds the whole answer. Dropping this
 /// future (client gone) drops the generation, which cancels it.
-pub async fn collect<E: Endpoint>(
-    mut generation: Generation,
-    mut endpoint: E,
-) -> Result<E::Body, ApiError> {
+pub async fn collect<E: Endpoint>(mut generation: Generation, mut endpoint: E) -> Result<E::Body, ApiError> {
     let n = generation.n();
     let mut deltas: Vec<Vec<E::Delta>> = (0..n).map(|i| endpoint.start(i)).collect();
     let mut usages = vec![Usage::default(); n];
     while let Some(event) = generation.next().await? {
         match event {
-            ChoiceEvent::Token {
-                index,
-                token_id,
-                text,
-                logprobs,
-            } => {
+            ChoiceEvent::Token { index, token_id, text, logprobs } => {
                 deltas[index].extend(endpoint.token(index, token_id, &text, logprobs.as_ref()));
             }
-            ChoiceEvent::Finished {
-                index,
-                reason,
-                text,
-                matched_stop,
-                usage,
-            } => {
+            ChoiceEvent::Finished { index, reason, text, matched_stop, usage } => {
                 let (last, reported) = endpoint.finish(index, &text, reason, matched_stop);
                 deltas[index].extend(last);
                 usages[index] = usage;

@@ -40,68 +40,35 @@ pub struct SamplingPlan {
 impl SamplingPlan {
     /// Checks every field (the error names the offending one) and maps them.
     /// `max_tokens` is the already-chosen limit field: `(value, field name)`.
-    pub fn new(
-        f: &SamplingFields,
-        max_tokens: Option<(i64, &str)>,
-        vocab_size: usize,
-    ) -> Result<Self, ApiError> {
+    pub fn new(f: &SamplingFields, max_tokens: Option<(i64, &str)>, vocab_size: usize) -> Result<Self, ApiError> {
         let n = match f.n {
             None => 1,
             Some(n) if (1..=MAX_N).contains(&n) => n as usize,
-            Some(n) => {
-                return Err(ApiError::bad_request(
-                    format!("n must be between 1 and {MAX_N}, got {n}"),
-                    Some("n"),
-                ))
-            }
+            Some(n) => return Err(ApiError::bad_request(format!("n must be between 1 and {MAX_N}, got {n}"), Some("n"))),
         };
-        let max_tokens =
-            match max_tokens {
-                None => None,
-                Some((v, name)) if v < 1 => {
-                    return Err(ApiError::bad_request(
-                        format!("{name} must be at least 1, got {v}"),
-                        Some(name),
-                    ))
-                }
-                Some((v, name)) => Some(usize::try_from(v).map_err(|_| {
-                    ApiError::bad_request(format!("{name} is too large"), Some(name))
-                })?),
-            };
+        let max_tokens = match max_tokens {
+            None => None,
+            Some((v, name)) if v < 1 => return Err(ApiError::bad_request(format!("{name} must be at least 1, got {v}"), Some(name))),
+            Some((v, name)) => Some(usize::try_from(v).map_err(|_| ApiError::bad_request(format!("{name} is too large"), Some(name)))?),
+        };
         let top_k = match f.top_k {
             None | Some(-1) | Some(0) => 0,
             Some(k) if k < -1 => {
-                return Err(ApiError::bad_request(
-                    format!("top_k must be -1 (disable) or at least 1, got {k}"),
-                    Some("top_k"),
-                ))
+                return Err(ApiError::bad_request(format!("top_k must be -1 (disable) or at least 1, got {k}"), Some("top_k")))
             }
             Some(k) => usize::try_from(k).unwrap_or(usize::MAX),
         };
-        let stop: Vec<String> = f
-            .stop
-            .clone()
-            .map(|s| s.into_vec())
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|s| !s.is_empty())
-            .collect();
+        let stop: Vec<String> = f.stop.clone().map(|s| s.into_vec()).unwrap_or_default().into_iter().filter(|s| !s.is_empty()).collect();
         if stop.len() > MAX_STOP_STRINGS {
             return Err(ApiError::bad_request(
-                format!(
-                    "at most {MAX_STOP_STRINGS} stop strings are allowed, got {}",
-                    stop.len()
-                ),
+                format!("at most {MAX_STOP_STRINGS} stop strings are allowed, got {}", stop.len()),
                 Some("stop"),
             ));
         }
         let stop_token_ids = f.stop_token_ids.clone().unwrap_or_default();
         if stop_token_ids.len() > MAX_TOKEN_LIST {
             return Err(ApiError::bad_request(
-                format!(
-                    "at most {MAX_TOKEN_LIST} stop_token_ids are allowed, got {}",
-                    stop_token_ids.len()
-                ),
+                format!("at most {MAX_TOKEN_LIST} stop_token_ids are allowed, got {}", stop_token_ids.len()),
                 Some("stop_token_ids"),
             ));
         }
@@ -114,16 +81,9 @@ impl SamplingPlan {
         let logit_bias = parse_logit_bias(f, vocab_size)?;
         let stream = f.stream.unwrap_or(false);
         if f.stream_options.is_some() && !stream {
-            return Err(ApiError::bad_request(
-                "stream_options is only allowed when stream is true",
-                Some("stream_options"),
-            ));
+            return Err(ApiError::bad_request("stream_options is only allowed when stream is true", Some("stream_options")));
         }
-        let include_usage = f
-            .stream_options
-            .as_ref()
-            .and_then(|o| o.include_usage)
-            .unwrap_or(false);
+        let include_usage = f.stream_options.as_ref().and_then(|o| o.include_usage).unwrap_or(false);
         let defaults = SamplingParams::default();
         let params = SamplingParams {
             temperature: f.temperature.unwrap_or(defaults.temperature),
@@ -143,19 +103,10 @@ impl SamplingPlan {
             skip_special_tokens: f.skip_special_tokens.unwrap_or(true),
         };
         params.validate().map_err(|e| match e {
-            EngineError::InvalidParam { param, message } => ApiError::BadRequest {
-                message,
-                param: Some(param),
-            },
+            EngineError::InvalidParam { param, message } => ApiError::BadRequest { message, param: Some(param) },
             other => ApiError::bad_request(other.to_string(), None),
         })?;
-        Ok(Self {
-            params,
-            max_tokens,
-            n,
-            stream,
-            include_usage,
-        })
+        Ok(Self { params, max_tokens, n, stream, include_usage })
     }
 
     /// Asks the engine for logprobs with `top` alternatives per token.
@@ -167,22 +118,14 @@ impl SamplingPlan {
     /// an explicit `max_tokens`, the default is capped to the context left;
     /// a prompt that fills the context keeps 1 so that the engine reports
     /// it as too long.
-    pub fn params_for(
-        &self,
-        prompt_len: usize,
-        max_model_len: usize,
-        default: DefaultMaxTokens,
-    ) -> SamplingParams {
+    pub fn params_for(&self, prompt_len: usize, max_model_len: usize, default: DefaultMaxTokens) -> SamplingParams {
         let rest = max_model_len.saturating_sub(prompt_len).max(1);
         let max_tokens = match (self.max_tokens, default) {
             (Some(m), _) => m,
             (None, DefaultMaxTokens::RestOfContext) => rest,
             (None, DefaultMaxTokens::Fixed(n)) => n.min(rest),
         };
-        SamplingParams {
-            max_tokens,
-            ..self.params.clone()
-        }
+        SamplingParams { max_tokens, ..self.params.clone() }
     }
 }
 
@@ -192,10 +135,7 @@ fn parse_logit_bias(f: &SamplingFields, vocab_size: usize) -> Result<Vec<(u32, f
     };
     let bad = |msg: String| ApiError::bad_request(msg, Some("logit_bias"));
     if map.len() > MAX_TOKEN_LIST {
-        return Err(bad(format!(
-            "logit_bias may hold at most {MAX_TOKEN_LIST} tokens, got {}",
-            map.len()
-        )));
+        return Err(bad(format!("logit_bias may hold at most {MAX_TOKEN_LIST} tokens, got {}", map.len())));
     }
     map.iter()
         .map(|(k, v)| {
@@ -262,32 +202,12 @@ mod tests {
     #[test]
     fn missing_max_tokens_defaults_to_rest_of_context_or_fixed() {
         let p = plan(json!({})).unwrap();
-        assert_eq!(
-            p.params_for(30, 100, DefaultMaxTokens::RestOfContext)
-                .max_tokens,
-            70
-        );
-        assert_eq!(
-            p.params_for(30, 100, DefaultMaxTokens::Fixed(16))
-                .max_tokens,
-            16
-        );
-        assert_eq!(
-            p.params_for(95, 100, DefaultMaxTokens::Fixed(16))
-                .max_tokens,
-            5
-        );
+        assert_eq!(p.params_for(30, 100, DefaultMaxTokens::RestOfContext).max_tokens, 70);
+        assert_eq!(p.params_for(30, 100, DefaultMaxTokens::Fixed(16)).max_tokens, 16);
+        assert_eq!(p.params_for(95, 100, DefaultMaxTokens::Fixed(16)).max_tokens, 5);
         // A prompt that fills the context keeps 1 so the engine reports it.
-        assert_eq!(
-            p.params_for(100, 100, DefaultMaxTokens::RestOfContext)
-                .max_tokens,
-            1
-        );
-        assert_eq!(
-            p.params_for(10, 100, DefaultMaxTokens::RestOfContext)
-                .temperature,
-            1.0
-        );
+        assert_eq!(p.params_for(100, 100, DefaultMaxTokens::RestOfContext).max_tokens, 1);
+        assert_eq!(p.params_for(10, 100, DefaultMaxTokens::RestOfContext).temperature, 1.0);
     }
 
     #[test]
@@ -296,10 +216,7 @@ mod tests {
         assert_eq!(rejected_param(json!({"max_tokens": -5})), "max_tokens");
         let f = fields(json!({}));
         let err = SamplingPlan::new(&f, Some((0, "max_completion_tokens")), VOCAB).unwrap_err();
-        assert_eq!(
-            error_response(&err).1.error.param.as_deref(),
-            Some("max_completion_tokens")
-        );
+        assert_eq!(error_response(&err).1.error.param.as_deref(), Some("max_completion_tokens"));
     }
 
     #[test]
@@ -309,48 +226,24 @@ mod tests {
         assert_eq!(rejected_param(json!({"top_p": 1.5})), "top_p");
         assert_eq!(rejected_param(json!({"top_k": -2})), "top_k");
         assert_eq!(rejected_param(json!({"min_p": 2})), "min_p");
-        assert_eq!(
-            rejected_param(json!({"presence_penalty": 3})),
-            "presence_penalty"
-        );
-        assert_eq!(
-            rejected_param(json!({"repetition_penalty": 0})),
-            "repetition_penalty"
-        );
-        assert_eq!(
-            rejected_param(json!({"stop_token_ids": [VOCAB]})),
-            "stop_token_ids"
-        );
-        assert_eq!(
-            rejected_param(json!({"logit_bias": {"x": 1}})),
-            "logit_bias"
-        );
-        assert_eq!(
-            rejected_param(json!({"logit_bias": {"3": 101}})),
-            "logit_bias"
-        );
+        assert_eq!(rejected_param(json!({"presence_penalty": 3})), "presence_penalty");
+        assert_eq!(rejected_param(json!({"repetition_penalty": 0})), "repetition_penalty");
+        assert_eq!(rejected_param(json!({"stop_token_ids": [VOCAB]})), "stop_token_ids");
+        assert_eq!(rejected_param(json!({"logit_bias": {"x": 1}})), "logit_bias");
+        assert_eq!(rejected_param(json!({"logit_bias": {"3": 101}})), "logit_bias");
     }
 
     #[test]
     fn top_k_minus_one_and_zero_disable_it() {
         for k in [-1, 0] {
-            assert_eq!(
-                plan(json!({"top_k": k}))
-                    .unwrap()
-                    .params_for(1, 10, DefaultMaxTokens::Fixed(1))
-                    .top_k,
-                0
-            );
+            assert_eq!(plan(json!({"top_k": k})).unwrap().params_for(1, 10, DefaultMaxTokens::Fixed(1)).top_k, 0);
         }
     }
 
     #[test]
     fn more_than_four_stop_strings_are_rejected() {
         assert!(plan(json!({"stop": ["a", "b", "c", "d"]})).is_ok());
-        assert_eq!(
-            rejected_param(json!({"stop": ["a", "b", "c", "d", "e"]})),
-            "stop"
-        );
+        assert_eq!(rejected_param(json!({"stop": ["a", "b", "c", "d", "e"]})), "stop");
     }
 
     #[test]
@@ -365,31 +258,18 @@ mod tests {
 
     #[test]
     fn token_lists_are_bounded() {
-        let ids: Vec<u32> = (0..(MAX_TOKEN_LIST as u32 + 1))
-            .map(|i| i % VOCAB as u32)
-            .collect();
-        assert_eq!(
-            rejected_param(json!({"stop_token_ids": ids})),
-            "stop_token_ids"
-        );
-        let bias: serde_json::Map<String, serde_json::Value> = (0..=MAX_TOKEN_LIST)
-            .map(|i| (i.to_string(), json!(1)))
-            .collect();
+        let ids: Vec<u32> = (0..(MAX_TOKEN_LIST as u32 + 1)).map(|i| i % VOCAB as u32).collect();
+        assert_eq!(rejected_param(json!({"stop_token_ids": ids})), "stop_token_ids");
+        let bias: serde_json::Map<String, serde_json::Value> = (0..=MAX_TOKEN_LIST).map(|i| (i.to_string(), json!(1))).collect();
         let mut f = fields(json!({}));
         f.logit_bias = Some(bias);
         let err = SamplingPlan::new(&f, None, 1 << 20).unwrap_err();
-        assert_eq!(
-            error_response(&err).1.error.param.as_deref(),
-            Some("logit_bias")
-        );
+        assert_eq!(error_response(&err).1.error.param.as_deref(), Some("logit_bias"));
     }
 
     #[test]
     fn stream_options_need_stream() {
-        assert_eq!(
-            rejected_param(json!({"stream_options": {"include_usage": true}})),
-            "stream_options"
-        );
+        assert_eq!(rejected_param(json!({"stream_options": {"include_usage": true}})), "stream_options");
         let p = plan(json!({"stream": true, "stream_options": {"include_usage": true}})).unwrap();
         assert!(p.stream && p.include_usage);
         let p = plan(json!({"stream": true})).unwrap();

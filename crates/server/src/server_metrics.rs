@@ -38,15 +38,8 @@ pub enum Finish {
 }
 
 impl Finish {
-    const ALL: [Finish; 7] = [
-        Finish::Stop,
-        Finish::Length,
-        Finish::ToolCalls,
-        Finish::Abort,
-        Finish::Timeout,
-        Finish::Shutdown,
-        Finish::Error,
-    ];
+    const ALL: [Finish; 7] =
+        [Finish::Stop, Finish::Length, Finish::ToolCalls, Finish::Abort, Finish::Timeout, Finish::Shutdown, Finish::Error];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -104,80 +97,40 @@ impl ServerMetrics {
     }
 
     pub fn count_finish(&self, finish: Finish) {
-        let i = Finish::ALL
-            .iter()
-            .position(|&f| f == finish)
-            .expect("listed");
+        let i = Finish::ALL.iter().position(|&f| f == finish).expect("listed");
         self.finishes[i].fetch_add(1, Ordering::Relaxed);
     }
 
     pub fn finishes(&self, finish: Finish) -> u64 {
-        let i = Finish::ALL
-            .iter()
-            .position(|&f| f == finish)
-            .expect("listed");
+        let i = Finish::ALL.iter().position(|&f| f == finish).expect("listed");
         self.finishes[i].load(Ordering::Relaxed)
     }
 
     /// Appends the admission gauges (requests holding a slot, waiting).
     pub fn render_admission(out: &mut String, running: usize, queued: usize) {
-        let _ = writeln!(
-            out,
-            "# HELP kvc_http_requests_running Generation requests holding a concurrency slot."
-        );
+        let _ = writeln!(out, "# HELP kvc_http_requests_running Generation requests holding a concurrency slot.");
         let _ = writeln!(out, "# TYPE kvc_http_requests_running gauge");
         let _ = writeln!(out, "kvc_http_requests_running {running}");
-        let _ = writeln!(
-            out,
-            "# HELP kvc_http_requests_queued Generation requests waiting for a concurrency slot."
-        );
+        let _ = writeln!(out, "# HELP kvc_http_requests_queued Generation requests waiting for a concurrency slot.");
         let _ = writeln!(out, "# TYPE kvc_http_requests_queued gauge");
         let _ = writeln!(out, "kvc_http_requests_queued {queued}");
     }
 
     /// Appends the exposition of every server metric.
     pub fn render(&self, out: &mut String) {
-        let _ = writeln!(
-            out,
-            "# HELP kvc_requests_total HTTP requests answered, by status class."
-        );
+        let _ = writeln!(out, "# HELP kvc_requests_total HTTP requests answered, by status class.");
         let _ = writeln!(out, "# TYPE kvc_requests_total counter");
         for (i, c) in self.status.iter().enumerate() {
-            let _ = writeln!(
-                out,
-                "kvc_requests_total{{status=\"{}xx\"}} {}",
-                i + 1,
-                c.load(Ordering::Relaxed)
-            );
+            let _ = writeln!(out, "kvc_requests_total{{status=\"{}xx\"}} {}", i + 1, c.load(Ordering::Relaxed));
         }
-        let _ = writeln!(
-            out,
-            "# HELP kvc_request_finishes_total Generated choices, by how they ended."
-        );
+        let _ = writeln!(out, "# HELP kvc_request_finishes_total Generated choices, by how they ended.");
         let _ = writeln!(out, "# TYPE kvc_request_finishes_total counter");
         for (f, c) in Finish::ALL.iter().zip(&self.finishes) {
-            let _ = writeln!(
-                out,
-                "kvc_request_finishes_total{{reason=\"{}\"}} {}",
-                f.as_str(),
-                c.load(Ordering::Relaxed)
-            );
+            let _ = writeln!(out, "kvc_request_finishes_total{{reason=\"{}\"}} {}", f.as_str(), c.load(Ordering::Relaxed));
         }
-        self.ttft.render(
-            out,
-            "kvc_time_to_first_token_seconds",
-            "Request arrival to the first generated token.",
-        );
-        self.itl.render(
-            out,
-            "kvc_inter_token_latency_seconds",
-            "Time between consecutive tokens of a sequence.",
-        );
-        self.e2e.render(
-            out,
-            "kvc_e2e_request_latency_seconds",
-            "Request arrival to the end of its last choice.",
-        );
+        self.ttft.render(out, "kvc_time_to_first_token_seconds", "Request arrival to the first generated token.");
+        self.itl.render(out, "kvc_inter_token_latency_seconds", "Time between consecutive tokens of a sequence.");
+        self.e2e.render(out, "kvc_e2e_request_latency_seconds", "Request arrival to the end of its last choice.");
         self.queue.render(
             out,
             "kvc_request_queue_time_seconds",
@@ -212,10 +165,7 @@ mod tests {
             "# TYPE kvc_inter_token_latency_seconds histogram",
             "# TYPE kvc_e2e_request_latency_seconds histogram",
         ] {
-            assert!(
-                text.lines().any(|l| l == line),
-                "missing {line:?} in\n{text}"
-            );
+            assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
         }
         assert_eq!(Finish::from_reason("length"), Finish::Length);
     }

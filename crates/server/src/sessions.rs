@@ -24,9 +24,7 @@ pub const MAX_SESSION_ID_LEN: usize = 256;
 /// `x-session-id` header; matched exactly, never by prefix.
 pub fn session_id(body: Option<&str>, headers: &HeaderMap) -> Result<Option<String>, ApiError> {
     let from_header = headers.get(SESSION_HEADER).map(|v| {
-        v.to_str().map(str::to_string).map_err(|_| {
-            ApiError::bad_request("x-session-id must be visible ASCII", Some("session_id"))
-        })
+        v.to_str().map(str::to_string).map_err(|_| ApiError::bad_request("x-session-id must be visible ASCII", Some("session_id")))
     });
     let id = match (body, from_header) {
         (Some(b), _) => Some(b.to_string()),
@@ -34,21 +32,16 @@ pub fn session_id(body: Option<&str>, headers: &HeaderMap) -> Result<Option<Stri
         (None, None) => None,
     };
     match id {
-        Some(id) if id.is_empty() || id.len() > MAX_SESSION_ID_LEN => Err(ApiError::bad_request(
-            format!("session_id must be 1 to {MAX_SESSION_ID_LEN} bytes long"),
-            Some("session_id"),
-        )),
+        Some(id) if id.is_empty() || id.len() > MAX_SESSION_ID_LEN => {
+            Err(ApiError::bad_request(format!("session_id must be 1 to {MAX_SESSION_ID_LEN} bytes long"), Some("session_id")))
+        }
         other => Ok(other),
     }
 }
 
 /// [`session_id`], then dropped when the server keeps no session KV
 /// (`--no-enable-session-cache`).
-pub fn request_session(
-    state: &AppState,
-    body: Option<&str>,
-    headers: &HeaderMap,
-) -> Result<Option<String>, ApiError> {
+pub fn request_session(state: &AppState, body: Option<&str>, headers: &HeaderMap) -> Result<Option<String>, ApiError> {
     let id = session_id(body, headers)?;
     Ok(id.filter(|_| state.config.enable_session_cache))
 }
@@ -71,30 +64,15 @@ fn session_json(s: &SessionInfo) -> Value {
     })
 }
 
-pub async fn get_session(
-    State(state): State<AppState>,
-    Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+pub async fn get_session(State(state): State<AppState>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
     let snap = state.engine.snapshot();
-    snap.sessions
-        .get(&id)
-        .map(|s| Json(session_json(s)))
-        .ok_or_else(|| not_found(&id))
+    snap.sessions.get(&id).map(|s| Json(session_json(s))).ok_or_else(|| not_found(&id))
 }
 
-pub async fn delete_session(
-    State(state): State<AppState>,
-    Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
-    let deleted = state
-        .engine
-        .delete_session(&id)
-        .await
-        .map_err(|e| ApiError::Unavailable(e.to_string()))?;
+pub async fn delete_session(State(state): State<AppState>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
+    let deleted = state.engine.delete_session(&id).await.map_err(|e| ApiError::Unavailable(e.to_string()))?;
     if deleted {
-        Ok(Json(
-            json!({"id": id, "object": "session", "deleted": true}),
-        ))
+        Ok(Json(json!({"id": id, "object": "session", "deleted": true})))
     } else {
         Err(not_found(&id))
     }
@@ -126,23 +104,12 @@ pub async fn admission(
     let prompt_tokens = match (&req.prompt_token_ids, req.prompt_tokens) {
         (Some(ids), _) => ids.len(),
         (None, Some(n)) => n,
-        (None, None) => {
-            return Err(ApiError::bad_request(
-                "give prompt_token_ids or prompt_tokens",
-                Some("prompt_tokens"),
-            ))
-        }
+        (None, None) => return Err(ApiError::bad_request("give prompt_token_ids or prompt_tokens", Some("prompt_tokens"))),
     };
     if prompt_tokens == 0 {
-        return Err(ApiError::bad_request(
-            "the prompt must have at least one token",
-            Some("prompt_tokens"),
-        ));
+        return Err(ApiError::bad_request("the prompt must have at least one token", Some("prompt_tokens")));
     }
-    let decision = state.engine.admission(&AdmissionQuery {
-        session_id: req.session_id.as_deref(),
-        prompt_tokens,
-    });
+    let decision = state.engine.admission(&AdmissionQuery { session_id: req.session_id.as_deref(), prompt_tokens });
     if let Ok(mut m) = state.counters.admission_decisions.lock() {
         *m.entry(decision.reason).or_insert(0) += 1;
     }
@@ -151,11 +118,7 @@ pub async fn admission(
 }
 
 pub async fn reset_prefix_cache(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
-    let freed = state
-        .engine
-        .reset_prefix_cache()
-        .await
-        .map_err(|e| ApiError::Unavailable(e.to_string()))?;
+    let freed = state.engine.reset_prefix_cache().await.map_err(|e| ApiError::Unavailable(e.to_string()))?;
     Ok(Json(json!({"reset": true, "blocks_released": freed})))
 }
 
@@ -167,14 +130,8 @@ mod tests {
     fn body_session_id_wins_over_the_header_and_ids_are_kept_verbatim() {
         let mut h = HeaderMap::new();
         h.insert(SESSION_HEADER, "from-header".parse().unwrap());
-        assert_eq!(
-            session_id(Some("session-1"), &h).unwrap().as_deref(),
-            Some("session-1")
-        );
-        assert_eq!(
-            session_id(None, &h).unwrap().as_deref(),
-            Some("from-header")
-        );
+        assert_eq!(session_id(Some("session-1"), &h).unwrap().as_deref(), Some("session-1"));
+        assert_eq!(session_id(None, &h).unwrap().as_deref(), Some("from-header"));
         assert_eq!(session_id(None, &HeaderMap::new()).unwrap(), None);
         assert!(session_id(Some(""), &h).is_err());
         assert!(session_id(Some(&"x".repeat(300)), &h).is_err());

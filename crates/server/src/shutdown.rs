@@ -24,10 +24,7 @@ pub struct Lifecycle {
 
 impl Default for Lifecycle {
     fn default() -> Self {
-        Self {
-            draining: AtomicBool::new(false),
-            cancel: watch::channel(false).0,
-        }
+        Self { draining: AtomicBool::new(false), cancel: watch::channel(false).0 }
     }
 }
 
@@ -81,10 +78,7 @@ pub async fn serve_until(
         tracing::info!("all requests finished; exiting");
         return r;
     }
-    tracing::warn!(
-        timeout_s = shutdown_timeout.as_secs(),
-        "requests still in flight after the shutdown timeout; cancelling them"
-    );
+    tracing::warn!(timeout_s = shutdown_timeout.as_secs(), "requests still in flight after the shutdown timeout; cancelling them");
     lifecycle.cancel_in_flight();
     match tokio::time::timeout(CANCEL_GRACE, &mut server).await {
         Ok(r) => r,
@@ -130,9 +124,7 @@ mod tests {
         assert!(l.is_draining());
         l.cancel_in_flight();
         let late = l.cancelled();
-        tokio::time::timeout(Duration::from_secs(10), async { tokio::join!(early, late) })
-            .await
-            .expect("both resolve");
+        tokio::time::timeout(Duration::from_secs(10), async { tokio::join!(early, late) }).await.expect("both resolve");
     }
 
     #[tokio::test]
@@ -142,27 +134,14 @@ mod tests {
         let app = Router::new().route("/", axum::routing::get(|| async { "hi" }));
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let lifecycle = std::sync::Arc::new(Lifecycle::default());
-        let server = tokio::spawn(serve_until(
-            listener,
-            app,
-            lifecycle.clone(),
-            Duration::from_secs(30),
-            async {
-                let _ = rx.await;
-            },
-        ));
+        let server = tokio::spawn(serve_until(listener, app, lifecycle.clone(), Duration::from_secs(30), async {
+            let _ = rx.await;
+        }));
         // Serving before the signal.
         drop(tokio::net::TcpStream::connect(addr).await.unwrap());
         tx.send(()).unwrap();
-        tokio::time::timeout(Duration::from_secs(10), server)
-            .await
-            .expect("exits promptly")
-            .unwrap()
-            .unwrap();
+        tokio::time::timeout(Duration::from_secs(10), server).await.expect("exits promptly").unwrap().unwrap();
         assert!(lifecycle.is_draining());
-        assert!(
-            tokio::net::TcpStream::connect(addr).await.is_err(),
-            "the listener should be closed"
-        );
+        assert!(tokio::net::TcpStream::connect(addr).await.is_err(), "the listener should be closed");
     }
 }

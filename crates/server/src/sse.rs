@@ -51,33 +51,18 @@ impl<E: Endpoint> Driver<E> {
 
     fn fail(&mut self, err: ApiError) {
         let (_, body) = error_response(&err);
-        self.queue
-            .push_back(serde_json::to_string(&body).unwrap_or_default());
+        self.queue.push_back(serde_json::to_string(&body).unwrap_or_default());
         self.end();
     }
 
     fn on_event(&mut self, event: Result<Option<ChoiceEvent>, ApiError>) {
         match event {
-            Ok(Some(ChoiceEvent::Token {
-                index,
-                token_id,
-                text,
-                logprobs,
-            })) => {
-                if let Some(delta) = self
-                    .endpoint
-                    .token(index, token_id, &text, logprobs.as_ref())
-                {
+            Ok(Some(ChoiceEvent::Token { index, token_id, text, logprobs })) => {
+                if let Some(delta) = self.endpoint.token(index, token_id, &text, logprobs.as_ref()) {
                     self.push(vec![delta], None);
                 }
             }
-            Ok(Some(ChoiceEvent::Finished {
-                index,
-                reason,
-                text,
-                matched_stop,
-                usage,
-            })) => {
+            Ok(Some(ChoiceEvent::Finished { index, reason, text, matched_stop, usage })) => {
                 let (deltas, reported) = self.endpoint.finish(index, &text, reason, matched_stop);
                 let last = deltas.len().saturating_sub(1);
                 for (i, delta) in deltas.into_iter().enumerate() {
@@ -94,10 +79,7 @@ impl<E: Endpoint> Driver<E> {
                     let chunk = self.endpoint.chunk(vec![], Some(Some(usage.into())), None);
                     match serde_json::to_string(&chunk) {
                         Ok(s) => self.queue.push_back(s),
-                        Err(e) => {
-                            return self
-                                .fail(ApiError::Internal(format!("cannot serialize a chunk: {e}")))
-                        }
+                        Err(e) => return self.fail(ApiError::Internal(format!("cannot serialize a chunk: {e}"))),
                     }
                 }
                 self.end();
@@ -120,12 +102,7 @@ impl<E: Endpoint> Drop for Driver<E> {
 }
 
 /// The streaming response: `data: {chunk}` lines, then `data: [DONE]`.
-pub fn stream_response<E: Endpoint>(
-    state: &AppState,
-    generation: Generation,
-    mut endpoint: E,
-    include_usage: bool,
-) -> Response {
+pub fn stream_response<E: Endpoint>(state: &AppState, generation: Generation, mut endpoint: E, include_usage: bool) -> Response {
     let request_id = generation.request_id().to_string();
     let path = generation.path();
     let n = generation.n();
@@ -156,9 +133,5 @@ pub fn stream_response<E: Endpoint>(
             d.on_event(event);
         }
     });
-    (
-        serving_headers(&request_id, path),
-        Sse::new(body).keep_alive(KeepAlive::default()),
-    )
-        .into_response()
+    (serving_headers(&request_id, path), Sse::new(body).keep_alive(KeepAlive::default())).into_response()
 }

@@ -98,11 +98,7 @@ impl ToolCallParser {
             self.inside = false;
             return vec![self.close_block(&held, false)];
         }
-        let text = if self.calls > 0 {
-            held.trim_end().to_string()
-        } else {
-            held
-        };
+        let text = if self.calls > 0 { held.trim_end().to_string() } else { held };
         if text.is_empty() {
             Vec::new()
         } else {
@@ -137,10 +133,7 @@ impl ToolCallParser {
 fn possible_block_start_len(text: &str) -> usize {
     let partial = (1..TOOL_CALL_START.len().min(text.len() + 1))
         .rev()
-        .find(|&k| {
-            text.is_char_boundary(text.len() - k)
-                && TOOL_CALL_START.starts_with(&text[text.len() - k..])
-        })
+        .find(|&k| text.is_char_boundary(text.len() - k) && TOOL_CALL_START.starts_with(&text[text.len() - k..]))
         .unwrap_or(0);
     let before = &text[..text.len() - partial];
     partial + (before.len() - before.trim_end().len())
@@ -159,10 +152,7 @@ pub fn parse_call(block: &str) -> Option<ParsedToolCall> {
         Some(Value::String(s)) => s.clone(),
         Some(other) => other.to_string(),
     };
-    Some(ParsedToolCall {
-        name: name.to_string(),
-        arguments,
-    })
+    Some(ParsedToolCall { name: name.to_string(), arguments })
 }
 
 #[cfg(test)]
@@ -170,10 +160,7 @@ mod tests {
     use super::*;
 
     fn call(name: &str, arguments: &str) -> ToolOutput {
-        ToolOutput::Call(ParsedToolCall {
-            name: name.into(),
-            arguments: arguments.into(),
-        })
+        ToolOutput::Call(ParsedToolCall { name: name.into(), arguments: arguments.into() })
     }
 
     fn text(s: &str) -> ToolOutput {
@@ -201,13 +188,7 @@ mod tests {
 
     #[test]
     fn blocks_become_calls_with_json_string_arguments() {
-        assert_eq!(
-            ToolCallParser::parse_all(TWO_CALLS),
-            vec![
-                call("get_weather", r#"{"city":"Paris"}"#),
-                call("get_time", "{}")
-            ]
-        );
+        assert_eq!(ToolCallParser::parse_all(TWO_CALLS), vec![call("get_weather", r#"{"city":"Paris"}"#), call("get_time", "{}")]);
     }
 
     #[test]
@@ -215,11 +196,7 @@ mod tests {
         let answer = format!("Let me check.\n\n{TWO_CALLS}\n");
         assert_eq!(
             ToolCallParser::parse_all(&answer),
-            vec![
-                text("Let me check."),
-                call("get_weather", r#"{"city":"Paris"}"#),
-                call("get_time", "{}")
-            ]
+            vec![text("Let me check."), call("get_weather", r#"{"city":"Paris"}"#), call("get_time", "{}")]
         );
     }
 
@@ -239,38 +216,23 @@ mod tests {
         assert_eq!(ToolCallParser::parse_all(no_name), vec![text(no_name)]);
         // A good call after a bad one still parses.
         let mixed = format!("{no_name}<tool_call>{{\"name\": \"g\"}}</tool_call>");
-        assert_eq!(
-            ToolCallParser::parse_all(&mixed),
-            vec![text(no_name), call("g", "{}")]
-        );
+        assert_eq!(ToolCallParser::parse_all(&mixed), vec![text(no_name), call("g", "{}")]);
     }
 
     #[test]
     fn unclosed_block_at_the_end_is_parsed_or_returned_as_text() {
-        assert_eq!(
-            ToolCallParser::parse_all(
-                "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n"
-            ),
-            vec![call("f", r#"{"a":1}"#)]
-        );
-        assert_eq!(
-            ToolCallParser::parse_all("<tool_call>\n{\"name\": \"f\", \"argu"),
-            vec![text("<tool_call>\n{\"name\": \"f\", \"argu")]
-        );
+        assert_eq!(ToolCallParser::parse_all("<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n"), vec![call("f", r#"{"a":1}"#)]);
+        assert_eq!(ToolCallParser::parse_all("<tool_call>\n{\"name\": \"f\", \"argu"), vec![text("<tool_call>\n{\"name\": \"f\", \"argu")]);
     }
 
     #[test]
     fn string_arguments_are_kept_and_parameters_is_an_alias() {
         assert_eq!(
-            ToolCallParser::parse_all(
-                r#"<tool_call>{"name": "f", "arguments": "{\"x\": 1}"}</tool_call>"#
-            ),
+            ToolCallParser::parse_all(r#"<tool_call>{"name": "f", "arguments": "{\"x\": 1}"}</tool_call>"#),
             vec![call("f", r#"{"x": 1}"#)]
         );
         assert_eq!(
-            ToolCallParser::parse_all(
-                r#"<tool_call>{"name": "f", "parameters": {"y": [1, 2]}}</tool_call>"#
-            ),
+            ToolCallParser::parse_all(r#"<tool_call>{"name": "f", "parameters": {"y": [1, 2]}}</tool_call>"#),
             vec![call("f", r#"{"y":[1,2]}"#)]
         );
     }
@@ -281,17 +243,10 @@ mod tests {
         let whole = ToolCallParser::parse_all(&answer);
         assert_eq!(whole.len(), 4);
         for cut in (0..=answer.len()).filter(|&c| answer.is_char_boundary(c)) {
-            assert_eq!(
-                stream(&[&answer[..cut], &answer[cut..]]),
-                whole,
-                "cut at {cut}"
-            );
+            assert_eq!(stream(&[&answer[..cut], &answer[cut..]]), whole, "cut at {cut}");
         }
         let chars: Vec<String> = answer.chars().map(String::from).collect();
-        assert_eq!(
-            stream(&chars.iter().map(String::as_str).collect::<Vec<_>>()),
-            whole
-        );
+        assert_eq!(stream(&chars.iter().map(String::as_str).collect::<Vec<_>>()), whole);
     }
 
     #[test]

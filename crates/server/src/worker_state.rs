@@ -21,16 +21,8 @@ pub fn worker_state(state: &AppState) -> WorkerState {
         evictable_blocks: s.evictable_blocks,
         running: s.running,
         waiting: s.waiting,
-        sessions: s
-            .sessions
-            .iter()
-            .map(|(id, i)| (id.clone(), i.resident_tokens))
-            .collect(),
-        snapshots: s
-            .snapshots
-            .iter()
-            .map(|(id, i)| (id.clone(), i.tokens))
-            .collect(),
+        sessions: s.sessions.iter().map(|(id, i)| (id.clone(), i.resident_tokens)).collect(),
+        snapshots: s.snapshots.iter().map(|(id, i)| (id.clone(), i.tokens)).collect(),
         prefill_tokens_per_s: s.prefill_tokens_per_s,
     }
 }

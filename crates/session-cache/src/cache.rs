@@ -124,20 +124,9 @@ impl SessionAwareCache {
     /// of the prefix index. At least the prompt's last token is left to
     /// compute. Host-tier blocks are copied back. A session's blocks past
     /// the common prefix are superseded by this turn and released now.
-    pub fn acquire(
-        &mut self,
-        session: Option<&str>,
-        prompt: &[u32],
-        alloc: &mut BlockAllocator,
-        storage: &mut KvStorage,
-    ) -> Acquired {
+    pub fn acquire(&mut self, session: Option<&str>, prompt: &[u32], alloc: &mut BlockAllocator, storage: &mut KvStorage) -> Acquired {
         let max_reuse = prompt.len().saturating_sub(1);
-        let mut out = Acquired {
-            blocks: Vec::new(),
-            tokens: 0,
-            source: ReuseSource::None,
-            restored_blocks: 0,
-        };
+        let mut out = Acquired { blocks: Vec::new(), tokens: 0, source: ReuseSource::None, restored_blocks: 0 };
         if let Some(id) = session {
             let s = self.sessions.entry(id.to_string()).or_default();
             s.busy += 1;
@@ -162,14 +151,7 @@ impl SessionAwareCache {
         out
     }
 
-    fn reuse_session(
-        &mut self,
-        id: &str,
-        k: usize,
-        alloc: &mut BlockAllocator,
-        storage: &mut KvStorage,
-        out: &mut Acquired,
-    ) {
+    fn reuse_session(&mut self, id: &str, k: usize, alloc: &mut BlockAllocator, storage: &mut KvStorage, out: &mut Acquired) {
         let bs = self.config.block_size;
         // Whole blocks only: the block holding position k is rewritten by
         // this turn, so it is recomputed (at most block_size - 1 tokens).
@@ -211,8 +193,7 @@ impl SessionAwareCache {
                 self.host.restore(storage, h, dst);
                 // The session now holds the device block (the allocation's reference).
                 self.cache_refs[dst as usize] += 1;
-                self.sessions.get_mut(id).expect("session exists").blocks[i] =
-                    BlockLoc::Device(dst);
+                self.sessions.get_mut(id).expect("session exists").blocks[i] = BlockLoc::Device(dst);
                 out.restored_blocks += 1;
                 self.stats.host_restores += 1;
                 Some(dst)
@@ -220,13 +201,7 @@ impl SessionAwareCache {
         }
     }
 
-    fn extend_from_index(
-        &mut self,
-        prompt: &[u32],
-        max_reuse: usize,
-        alloc: &mut BlockAllocator,
-        out: &mut Acquired,
-    ) {
+    fn extend_from_index(&mut self, prompt: &[u32], max_reuse: usize, alloc: &mut BlockAllocator, out: &mut Acquired) {
         let bs = self.config.block_size;
         let mut parent: Option<BlockHash> = None;
         let mut i = 0;
@@ -248,12 +223,7 @@ impl SessionAwareCache {
     }
 
     /// Allocates, reclaiming cached KV if the pool is short.
-    pub fn allocate(
-        &mut self,
-        n: usize,
-        alloc: &mut BlockAllocator,
-        storage: &KvStorage,
-    ) -> Option<Vec<BlockId>> {
+    pub fn allocate(&mut self, n: usize, alloc: &mut BlockAllocator, storage: &KvStorage) -> Option<Vec<BlockId>> {
         if alloc.num_free() < n {
             self.reclaim(n, alloc, storage);
         }
@@ -262,18 +232,9 @@ impl SessionAwareCache {
 
     /// Indexes a sequence's newly full block (the index takes a reference).
     /// Returns the block's hash, the parent of the next one.
-    pub fn register_block(
-        &mut self,
-        parent: Option<BlockHash>,
-        tokens: &[u32],
-        block: BlockId,
-        alloc: &mut BlockAllocator,
-    ) -> BlockHash {
+    pub fn register_block(&mut self, parent: Option<BlockHash>, tokens: &[u32], block: BlockId, alloc: &mut BlockAllocator) -> BlockHash {
         let h = hash_block(parent, tokens);
-        if self.config.enable_prefix_caching
-            && !self.index.contains_hash(h)
-            && !self.index.contains_block(block)
-        {
+        if self.config.enable_prefix_caching && !self.index.contains_hash(h) && !self.index.contains_block(block) {
             let tick = self.next_tick();
             self.index.insert(h, tokens, block, tick);
             self.take_ref(alloc, block);
@@ -283,13 +244,7 @@ impl SessionAwareCache {
 
     /// Stores a finished turn in its session: `tokens` (those with KV) and
     /// the blocks covering them. The session takes its own references.
-    pub fn commit(
-        &mut self,
-        id: &str,
-        tokens: &[u32],
-        blocks: &[BlockId],
-        alloc: &mut BlockAllocator,
-    ) {
+    pub fn commit(&mut self, id: &str, tokens: &[u32], blocks: &[BlockId], alloc: &mut BlockAllocator) {
         let needed = tokens.len().div_ceil(self.config.block_size);
         let blocks = &blocks[..needed.min(blocks.len())];
         for &b in blocks {
@@ -301,10 +256,7 @@ impl SessionAwareCache {
             s.turns += 1;
             s.busy = s.busy.saturating_sub(1);
             s.last_use = Instant::now();
-            std::mem::replace(
-                &mut s.blocks,
-                blocks.iter().map(|&b| BlockLoc::Device(b)).collect(),
-            )
+            std::mem::replace(&mut s.blocks, blocks.iter().map(|&b| BlockLoc::Device(b)).collect())
         };
         for loc in old {
             self.release_loc(alloc, loc);
@@ -327,10 +279,7 @@ impl SessionAwareCache {
 
     pub fn sessions(&self) -> Vec<SessionInfo> {
         let now = Instant::now();
-        self.sessions
-            .iter()
-            .map(|(id, s)| s.info(id, now))
-            .collect()
+        self.sessions.iter().map(|(id, s)| s.info(id, now)).collect()
     }
 
     /// Deletes a session and releases its KV. False if unknown.
@@ -379,9 +328,7 @@ impl SessionAwareCache {
     /// Blocks that eviction could free now (indexed or held by idle
     /// sessions, with no running user).
     pub fn evictable_blocks(&self, alloc: &BlockAllocator) -> usize {
-        (0..self.cache_refs.len() as BlockId)
-            .filter(|&b| self.cache_refs[b as usize] > 0 && self.running_refs(alloc, b) == 0)
-            .count()
+        (0..self.cache_refs.len() as BlockId).filter(|&b| self.cache_refs[b as usize] > 0 && self.running_refs(alloc, b) == 0).count()
     }
 
     pub fn host_free_blocks(&self) -> usize {
@@ -399,12 +346,7 @@ impl SessionAwareCache {
     /// Frees device blocks until `need` are free or nothing more can go:
     /// 1. indexed blocks nobody else uses (LRU), 2. idle sessions' blocks to
     /// the host tier (victim by [`choose_victim`]), 3. drop the victim.
-    pub fn reclaim(
-        &mut self,
-        need: usize,
-        alloc: &mut BlockAllocator,
-        storage: &KvStorage,
-    ) -> usize {
+    pub fn reclaim(&mut self, need: usize, alloc: &mut BlockAllocator, storage: &KvStorage) -> usize {
         let start = alloc.num_free();
         while alloc.num_free() < need {
             if self.evict_index_only(need - alloc.num_free(), alloc) > 0 {
@@ -438,9 +380,7 @@ impl SessionAwareCache {
 
     fn evict_index_only(&mut self, want: usize, alloc: &mut BlockAllocator) -> usize {
         let cache_refs = &self.cache_refs;
-        let victims = self
-            .index
-            .lru_blocks(|b| cache_refs[b as usize] == 1 && alloc.refcount(b) == 1);
+        let victims = self.index.lru_blocks(|b| cache_refs[b as usize] == 1 && alloc.refcount(b) == 1);
         let mut freed = 0;
         for b in victims.into_iter().take(want) {
             self.index.remove_block(b);
@@ -448,14 +388,8 @@ impl SessionAwareCache {
             freed += 1;
         }
         if freed > 0 {
-            self.stats
-                .count_eviction("device", "prefix_lru", freed as u64);
-            tracing::debug!(
-                event = "eviction",
-                tier = "device",
-                reason = "prefix_lru",
-                blocks = freed
-            );
+            self.stats.count_eviction("device", "prefix_lru", freed as u64);
+            tracing::debug!(event = "eviction", tier = "device", reason = "prefix_lru", blocks = freed);
         }
         freed
     }
@@ -469,13 +403,7 @@ impl SessionAwareCache {
             .map(|(id, s)| VictimCandidate {
                 session: id.clone(),
                 idle_s: now.saturating_duration_since(s.last_use).as_secs_f64(),
-                device_blocks: s
-                    .blocks
-                    .iter()
-                    .filter(
-                        |l| matches!(l, BlockLoc::Device(b) if self.running_refs(alloc, *b) == 0),
-                    )
-                    .count(),
+                device_blocks: s.blocks.iter().filter(|l| matches!(l, BlockLoc::Device(b) if self.running_refs(alloc, *b) == 0)).count(),
                 turns: s.turns,
             })
             .collect();
@@ -483,12 +411,7 @@ impl SessionAwareCache {
     }
 
     /// Offloads (or drops) a session's device blocks that no request uses.
-    fn evict_session(
-        &mut self,
-        d: &EvictionDecision,
-        alloc: &mut BlockAllocator,
-        storage: &KvStorage,
-    ) -> usize {
+    fn evict_session(&mut self, d: &EvictionDecision, alloc: &mut BlockAllocator, storage: &KvStorage) -> usize {
         let locs = self.sessions[&d.session].blocks.clone();
         let mut moved = 0;
         match d.action {
@@ -501,10 +424,7 @@ impl SessionAwareCache {
                     let Some(h) = self.host.store(storage, b) else {
                         break;
                     };
-                    self.sessions
-                        .get_mut(&d.session)
-                        .expect("victim exists")
-                        .blocks[i] = BlockLoc::Host(h);
+                    self.sessions.get_mut(&d.session).expect("victim exists").blocks[i] = BlockLoc::Host(h);
                     self.drop_ref(alloc, b);
                     moved += 1;
                 }
@@ -514,10 +434,7 @@ impl SessionAwareCache {
                 let s = self.sessions.get_mut(&d.session).expect("victim exists");
                 let blocks = std::mem::take(&mut s.blocks);
                 s.tokens.clear();
-                moved = blocks
-                    .iter()
-                    .filter(|l| matches!(l, BlockLoc::Device(_)))
-                    .count();
+                moved = blocks.iter().filter(|l| matches!(l, BlockLoc::Device(_))).count();
                 for loc in blocks {
                     self.release_loc(alloc, loc);
                 }
@@ -533,11 +450,7 @@ impl SessionAwareCache {
         let victim = self
             .sessions
             .iter()
-            .filter(|(id, s)| {
-                s.busy == 0
-                    && id.as_str() != except
-                    && s.blocks.iter().any(|l| matches!(l, BlockLoc::Host(_)))
-            })
+            .filter(|(id, s)| s.busy == 0 && id.as_str() != except && s.blocks.iter().any(|l| matches!(l, BlockLoc::Host(_))))
             .min_by_key(|(_, s)| s.last_use)
             .map(|(id, _)| id.clone());
         let Some(id) = victim else { return false };
@@ -564,32 +477,14 @@ mod tests {
     const BS: usize = 4;
 
     fn setup(blocks: usize, host: usize) -> (SessionAwareCache, BlockAllocator, KvStorage) {
-        let layout = KvLayout {
-            num_layers: 2,
-            num_kv_heads: 1,
-            head_dim: 2,
-            block_size: BS,
-            dtype: DType::F32,
-        };
-        let cfg = CacheConfig {
-            block_size: BS,
-            enable_prefix_caching: true,
-            host_blocks: host,
-            session_ttl: Duration::from_secs(60),
-        };
-        (
-            SessionAwareCache::new(cfg, blocks),
-            BlockAllocator::new(blocks),
-            KvStorage::new(layout, blocks).unwrap(),
-        )
+        let layout = KvLayout { num_layers: 2, num_kv_heads: 1, head_dim: 2, block_size: BS, dtype: DType::F32 };
+        let cfg = CacheConfig { block_size: BS, enable_prefix_caching: true, host_blocks: host, session_ttl: Duration::from_secs(60) };
+        (SessionAwareCache::new(cfg, blocks), BlockAllocator::new(blocks), KvStorage::new(layout, blocks).unwrap())
     }
 
     /// Writes distinct values into every slot of `blocks` and returns them.
     fn fill(storage: &mut KvStorage, blocks: &[BlockId], seed: f32) -> Vec<Vec<u8>> {
-        let slots: Vec<usize> = blocks
-            .iter()
-            .flat_map(|&b| (0..BS).map(move |o| b as usize * BS + o))
-            .collect();
+        let slots: Vec<usize> = blocks.iter().flat_map(|&b| (0..BS).map(move |o| b as usize * BS + o)).collect();
         for layer in 0..2 {
             let n = slots.len();
             let k = Tensor::arange(0f32, (n * 2) as f32, &Device::Cpu)
@@ -598,18 +493,9 @@ mod tests {
                 .unwrap()
                 .reshape((n, 1, 2))
                 .unwrap();
-            storage
-                .write(layer, &slots, &k, &(k.clone() * 2.0).unwrap())
-                .unwrap();
+            storage.write(layer, &slots, &k, &(k.clone() * 2.0).unwrap()).unwrap();
         }
-        blocks
-            .iter()
-            .map(|&b| {
-                (0..2)
-                    .flat_map(|l| storage.block_bytes(l, b).to_vec())
-                    .collect()
-            })
-            .collect()
+        blocks.iter().map(|&b| (0..2).flat_map(|l| storage.block_bytes(l, b).to_vec()).collect()).collect()
     }
 
     #[test]
@@ -633,14 +519,9 @@ mod tests {
         let mut next = tokens.clone();
         next.extend([50, 51, 52]);
         let got = cache.acquire(Some("s"), &next, &mut alloc, &mut storage);
-        assert_eq!(
-            (got.tokens, got.source, got.restored_blocks),
-            (12, ReuseSource::Session, 3)
-        );
+        assert_eq!((got.tokens, got.source, got.restored_blocks), (12, ReuseSource::Session, 3));
         for (i, &b) in got.blocks.iter().enumerate() {
-            let bytes: Vec<u8> = (0..2)
-                .flat_map(|l| storage.block_bytes(l, b).to_vec())
-                .collect();
+            let bytes: Vec<u8> = (0..2).flat_map(|l| storage.block_bytes(l, b).to_vec()).collect();
             assert_eq!(bytes, original[i], "block {i}");
         }
         assert_eq!(cache.stats.host_restores, 3);
@@ -681,14 +562,6 @@ mod tests {
         assert_eq!(cache.reclaim(1, &mut alloc, &storage), 1);
         assert_eq!(cache.session_info("old").unwrap().tier, crate::Tier::None);
         assert_eq!(cache.session_info("new").unwrap().tier, crate::Tier::Device);
-        assert!(
-            cache
-                .stats
-                .evictions
-                .keys()
-                .any(|(tier, _)| tier == "dropped"),
-            "{:?}",
-            cache.stats.evictions
-        );
+        assert!(cache.stats.evictions.keys().any(|(tier, _)| tier == "dropped"), "{:?}", cache.stats.evictions);
     }
 }

@@ -37,11 +37,7 @@ pub struct EvictionDecision {
 /// helps most) and when it has had few turns (agent sessions that have run
 /// many turns keep coming back). Score = idle term + size term + turn term;
 /// the highest score is evicted.
-pub fn choose_victim(
-    candidates: &[VictimCandidate],
-    host_free_blocks: usize,
-    pool_blocks: usize,
-) -> Option<EvictionDecision> {
+pub fn choose_victim(candidates: &[VictimCandidate], host_free_blocks: usize, pool_blocks: usize) -> Option<EvictionDecision> {
     let pool = pool_blocks.max(1) as f64;
     candidates
         .iter()
@@ -58,23 +54,10 @@ pub fn choose_victim(
             } else {
                 "few_turns"
             };
-            let action = if host_free_blocks >= c.device_blocks {
-                EvictionAction::Offload
-            } else {
-                EvictionAction::Drop
-            };
-            EvictionDecision {
-                session: c.session.clone(),
-                action,
-                score,
-                reason,
-            }
+            let action = if host_free_blocks >= c.device_blocks { EvictionAction::Offload } else { EvictionAction::Drop };
+            EvictionDecision { session: c.session.clone(), action, score, reason }
         })
-        .max_by(|a, b| {
-            a.score
-                .total_cmp(&b.score)
-                .then_with(|| b.session.cmp(&a.session))
-        })
+        .max_by(|a, b| a.score.total_cmp(&b.score).then_with(|| b.session.cmp(&a.session)))
 }
 
 #[cfg(test)]
@@ -82,12 +65,7 @@ mod tests {
     use super::*;
 
     fn c(s: &str, idle_s: f64, blocks: usize, turns: u32) -> VictimCandidate {
-        VictimCandidate {
-            session: s.into(),
-            idle_s,
-            device_blocks: blocks,
-            turns,
-        }
+        VictimCandidate { session: s.into(), idle_s, device_blocks: blocks, turns }
     }
 
     #[test]

@@ -12,10 +12,7 @@ pub struct HostTier {
 
 impl HostTier {
     pub fn new(capacity_blocks: usize) -> Self {
-        Self {
-            slots: vec![None; capacity_blocks],
-            free: (0..capacity_blocks as HostBlockId).rev().collect(),
-        }
+        Self { slots: vec![None; capacity_blocks], free: (0..capacity_blocks as HostBlockId).rev().collect() }
     }
 
     pub fn capacity(&self) -> usize {
@@ -40,14 +37,10 @@ impl HostTier {
 
     /// Copies a stored block back into device block `dst` and frees the slot.
     pub fn restore(&mut self, storage: &mut KvStorage, slot: HostBlockId, dst: BlockId) {
-        let bytes = self.slots[slot as usize]
-            .take()
-            .expect("restoring an occupied host slot");
+        let bytes = self.slots[slot as usize].take().expect("restoring an occupied host slot");
         let per_layer = storage.layout().layer_block_bytes();
         for (layer, chunk) in bytes.chunks_exact(per_layer).enumerate() {
-            storage
-                .set_block_bytes(layer, dst, chunk)
-                .expect("host block has the pool's layout");
+            storage.set_block_bytes(layer, dst, chunk).expect("host block has the pool's layout");
         }
         self.free.push(slot);
     }

@@ -16,7 +16,5 @@ pub use block_hash::{hash_block, hash_blocks, BlockHash};
 pub use cache::{Acquired, CacheConfig, ReuseSource, SessionAwareCache};
 pub use eviction::{choose_victim, EvictionAction, EvictionDecision, VictimCandidate};
 pub use session::{common_prefix, SessionInfo, Tier};
-pub use snapshot_store::{
-    SnapshotError, SnapshotInfo, SnapshotReservation, SnapshotStats, SnapshotStore,
-};
+pub use snapshot_store::{SnapshotError, SnapshotInfo, SnapshotReservation, SnapshotStats, SnapshotStore};
 pub use stats::CacheStats;

@@ -45,14 +45,7 @@ impl PrefixIndex {
     /// Adds a block (the caller takes the pool reference for the index).
     pub fn insert(&mut self, hash: BlockHash, tokens: &[u32], block: BlockId, tick: u64) {
         self.by_block.insert(block, hash);
-        self.by_hash.insert(
-            hash,
-            Entry {
-                block,
-                tokens: tokens.into(),
-                last_use: tick,
-            },
-        );
+        self.by_hash.insert(hash, Entry { block, tokens: tokens.into(), last_use: tick });
     }
 
     /// Moves a block to the front of the eviction order.
@@ -77,12 +70,7 @@ impl PrefixIndex {
 
     /// Indexed blocks accepted by `evictable`, least recently used first.
     pub fn lru_blocks(&self, evictable: impl Fn(BlockId) -> bool) -> Vec<BlockId> {
-        let mut v: Vec<(u64, BlockId)> = self
-            .by_hash
-            .values()
-            .filter(|e| evictable(e.block))
-            .map(|e| (e.last_use, e.block))
-            .collect();
+        let mut v: Vec<(u64, BlockId)> = self.by_hash.values().filter(|e| evictable(e.block)).map(|e| (e.last_use, e.block)).collect();
         v.sort_unstable();
         v.into_iter().map(|(_, b)| b).collect()
     }

@@ -54,13 +54,7 @@ pub struct SessionInfo {
 
 impl Session {
     pub fn new() -> Self {
-        Self {
-            tokens: Vec::new(),
-            blocks: Vec::new(),
-            last_use: Instant::now(),
-            turns: 0,
-            busy: 0,
-        }
+        Self { tokens: Vec::new(), blocks: Vec::new(), last_use: Instant::now(), turns: 0, busy: 0 }
     }
 
     pub fn tier(&self) -> Tier {
@@ -74,10 +68,7 @@ impl Session {
     }
 
     pub fn device_blocks(&self) -> usize {
-        self.blocks
-            .iter()
-            .filter(|b| matches!(b, BlockLoc::Device(_)))
-            .count()
+        self.blocks.iter().filter(|b| matches!(b, BlockLoc::Device(_))).count()
     }
 
     pub fn info(&self, id: &str, now: Instant) -> SessionInfo {

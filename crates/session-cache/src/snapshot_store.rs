@@ -72,11 +72,7 @@ pub struct SnapshotStats {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SnapshotError {
     #[error("the snapshot store cannot hold {need} more blocks (capacity {capacity}, {free} free in the pool)")]
-    NoRoom {
-        need: usize,
-        capacity: usize,
-        free: usize,
-    },
+    NoRoom { need: usize, capacity: usize, free: usize },
     #[error("snapshot tokens must be a whole number of blocks of {block_size} ({tokens} given)")]
     NotWholeBlocks { tokens: usize, block_size: usize },
     #[error("unknown snapshot reservation {0}")]
@@ -130,16 +126,7 @@ impl SnapshotStore {
     pub fn info(&self) -> HashMap<String, SnapshotInfo> {
         self.entries
             .iter()
-            .map(|(id, e)| {
-                (
-                    id.clone(),
-                    SnapshotInfo {
-                        tokens: e.tokens.len(),
-                        blocks: e.blocks.len(),
-                        updated: e.updated,
-                    },
-                )
-            })
+            .map(|(id, e)| (id.clone(), SnapshotInfo { tokens: e.tokens.len(), blocks: e.blocks.len(), updated: e.updated }))
             .collect()
     }
 
@@ -152,12 +139,7 @@ impl SnapshotStore {
     /// the longest whole-block prefix of `prompt` that the session's
     /// snapshot covers, leaving at least the prompt's last token to
     /// compute; None when nothing is reusable.
-    pub fn lookup(
-        &mut self,
-        session: &str,
-        prompt: &[u32],
-        alloc: &mut BlockAllocator,
-    ) -> Option<(Vec<BlockId>, usize)> {
+    pub fn lookup(&mut self, session: &str, prompt: &[u32], alloc: &mut BlockAllocator) -> Option<(Vec<BlockId>, usize)> {
         let tick = self.touch();
         let bs = self.block_size;
         let Some(e) = self.entries.get_mut(session) else {
@@ -190,76 +172,38 @@ impl SnapshotStore {
     /// `session`. Blocks of the current entry whose tokens match are kept;
     /// the reservation covers the rest. Evicts other sessions' entries,
     /// least recently used first, to make room.
-    pub fn reserve(
-        &mut self,
-        session: &str,
-        tokens: Vec<u32>,
-        alloc: &mut BlockAllocator,
-    ) -> Result<SnapshotReservation, SnapshotError> {
+    pub fn reserve(&mut self, session: &str, tokens: Vec<u32>, alloc: &mut BlockAllocator) -> Result<SnapshotReservation, SnapshotError> {
         let bs = self.block_size;
         if tokens.len() % bs != 0 {
-            return Err(SnapshotError::NotWholeBlocks {
-                tokens: tokens.len(),
-                block_size: bs,
-            });
+            return Err(SnapshotError::NotWholeBlocks { tokens: tokens.len(), block_size: bs });
         }
-        let keep = self.entries.get(session).map_or(0, |e| {
-            (common_prefix(&e.tokens, &tokens) / bs).min(e.blocks.len())
-        });
+        let keep = self.entries.get(session).map_or(0, |e| (common_prefix(&e.tokens, &tokens) / bs).min(e.blocks.len()));
         let need = tokens.len() / bs - keep;
         // The entry's blocks past `keep` are replaced at commit: count them as room.
-        let replaced = self
-            .entries
-            .get(session)
-            .map_or(0, |e| e.blocks.len() - keep);
-        while self.used - replaced.min(self.used) + need > self.capacity || alloc.num_free() < need
-        {
+        let replaced = self.entries.get(session).map_or(0, |e| e.blocks.len() - keep);
+        while self.used - replaced.min(self.used) + need > self.capacity || alloc.num_free() < need {
             if !self.evict_lru(Some(session), alloc) {
                 self.stats.refused += 1;
-                return Err(SnapshotError::NoRoom {
-                    need,
-                    capacity: self.capacity,
-                    free: alloc.num_free(),
-                });
+                return Err(SnapshotError::NoRoom { need, capacity: self.capacity, free: alloc.num_free() });
             }
         }
         let blocks = alloc.allocate(need).expect("free blocks were counted");
         self.used += need;
         let id = self.next_id;
         self.next_id += 1;
-        self.pending.insert(
-            id,
-            Pending {
-                session: session.to_string(),
-                tokens,
-                keep,
-                blocks: blocks.clone(),
-                created: Instant::now(),
-            },
-        );
-        Ok(SnapshotReservation {
-            id,
-            from_block: keep,
-            blocks,
-        })
+        self.pending.insert(id, Pending { session: session.to_string(), tokens, keep, blocks: blocks.clone(), created: Instant::now() });
+        Ok(SnapshotReservation { id, from_block: keep, blocks })
     }
 
     /// Makes a written reservation the session's entry; returns the tokens
     /// it covers. If the entry changed meanwhile so that the kept prefix no
     /// longer matches, the push is dropped (aborted) instead.
     pub fn commit(&mut self, id: u64, alloc: &mut BlockAllocator) -> Result<usize, SnapshotError> {
-        let p = self
-            .pending
-            .remove(&id)
-            .ok_or(SnapshotError::UnknownReservation(id))?;
+        let p = self.pending.remove(&id).ok_or(SnapshotError::UnknownReservation(id))?;
         let bs = self.block_size;
         let tick = self.touch();
         let kept: Vec<BlockId> = match self.entries.get(&p.session) {
-            Some(e)
-                if e.blocks.len() >= p.keep
-                    && e.tokens.len() >= p.keep * bs
-                    && e.tokens[..p.keep * bs] == p.tokens[..p.keep * bs] =>
-            {
+            Some(e) if e.blocks.len() >= p.keep && e.tokens.len() >= p.keep * bs && e.tokens[..p.keep * bs] == p.tokens[..p.keep * bs] => {
                 e.blocks[..p.keep].to_vec()
             }
             None if p.keep == 0 => Vec::new(),
@@ -282,15 +226,7 @@ impl SnapshotStore {
         let mut blocks = kept;
         blocks.extend(p.blocks);
         let n = p.tokens.len();
-        self.entries.insert(
-            p.session,
-            Entry {
-                tokens: p.tokens,
-                blocks,
-                last_use: tick,
-                updated: Instant::now(),
-            },
-        );
+        self.entries.insert(p.session, Entry { tokens: p.tokens, blocks, last_use: tick, updated: Instant::now() });
         Ok(n)
     }
 
@@ -306,12 +242,7 @@ impl SnapshotStore {
 
     /// Aborts reservations older than `max_age` (their pusher went away).
     pub fn expire_pending(&mut self, max_age: Duration, alloc: &mut BlockAllocator) -> usize {
-        let old: Vec<u64> = self
-            .pending
-            .iter()
-            .filter(|(_, p)| p.created.elapsed() > max_age)
-            .map(|(&id, _)| id)
-            .collect();
+        let old: Vec<u64> = self.pending.iter().filter(|(_, p)| p.created.elapsed() > max_age).map(|(&id, _)| id).collect();
         for id in &old {
             self.abort(*id, alloc);
         }
@@ -321,13 +252,7 @@ impl SnapshotStore {
     /// Records KV this worker computed itself for `session` (a remote
     /// prefill's prompt, whole blocks): it becomes the entry when it covers
     /// more than the current one. Takes new references on the blocks.
-    pub fn ingest_local(
-        &mut self,
-        session: &str,
-        tokens: &[u32],
-        blocks: &[BlockId],
-        alloc: &mut BlockAllocator,
-    ) {
+    pub fn ingest_local(&mut self, session: &str, tokens: &[u32], blocks: &[BlockId], alloc: &mut BlockAllocator) {
         let n = (tokens.len() / self.block_size).min(blocks.len());
         if n == 0 || self.capacity == 0 || self.tokens_of(session) >= n * self.block_size {
             return;
@@ -346,12 +271,8 @@ impl SnapshotStore {
             self.release(alloc, &old.blocks);
         }
         let tick = self.touch();
-        let entry = Entry {
-            tokens: tokens[..n * self.block_size].to_vec(),
-            blocks: blocks[..n].to_vec(),
-            last_use: tick,
-            updated: Instant::now(),
-        };
+        let entry =
+            Entry { tokens: tokens[..n * self.block_size].to_vec(), blocks: blocks[..n].to_vec(), last_use: tick, updated: Instant::now() };
         self.entries.insert(session.to_string(), entry);
     }
 
@@ -368,12 +289,8 @@ impl SnapshotStore {
 
     /// Evicts the least recently used entry other than `keep`'s.
     fn evict_lru(&mut self, keep: Option<&str>, alloc: &mut BlockAllocator) -> bool {
-        let victim = self
-            .entries
-            .iter()
-            .filter(|(id, _)| Some(id.as_str()) != keep)
-            .min_by_key(|(_, e)| e.last_use)
-            .map(|(id, _)| id.clone());
+        let victim =
+            self.entries.iter().filter(|(id, _)| Some(id.as_str()) != keep).min_by_key(|(_, e)| e.last_use).map(|(id, _)| id.clone());
         let Some(id) = victim else { return false };
         let e = self.entries.remove(&id).expect("victim exists");
         self.stats.evicted += 1;
@@ -399,12 +316,7 @@ mod tests {
         (0..n as u32).map(|i| i * 7 + salt).collect()
     }
 
-    fn push(
-        store: &mut SnapshotStore,
-        s: &str,
-        tokens: Vec<u32>,
-        alloc: &mut BlockAllocator,
-    ) -> SnapshotReservation {
+    fn push(store: &mut SnapshotStore, s: &str, tokens: Vec<u32>, alloc: &mut BlockAllocator) -> SnapshotReservation {
         let r = store.reserve(s, tokens, alloc).unwrap();
         store.commit(r.id, alloc).unwrap();
         r
@@ -418,11 +330,7 @@ mod tests {
         let r1 = push(&mut store, "s", t[..8].to_vec(), &mut alloc);
         assert_eq!((r1.from_block, r1.blocks.len()), (0, 2));
         let r2 = store.reserve("s", t[..16].to_vec(), &mut alloc).unwrap();
-        assert_eq!(
-            (r2.from_block, r2.blocks.len()),
-            (2, 2),
-            "only the two new blocks"
-        );
+        assert_eq!((r2.from_block, r2.blocks.len()), (2, 2), "only the two new blocks");
         assert_eq!(store.commit(r2.id, &mut alloc).unwrap(), 16);
         assert_eq!(store.used_blocks(), 4);
         // A prompt that diverges inside block 2 reuses blocks 0 and 1 only.
@@ -470,10 +378,7 @@ mod tests {
         assert_eq!(store.stats.evicted, 1);
         assert!(store.used_blocks() <= 5);
         // Larger than the store: refused, nothing lost.
-        assert!(matches!(
-            store.reserve("d", toks(28, 4), &mut alloc),
-            Err(SnapshotError::NoRoom { .. })
-        ));
+        assert!(matches!(store.reserve("d", toks(28, 4), &mut alloc), Err(SnapshotError::NoRoom { .. })));
         assert_eq!(store.info().len(), 0, "everything was evicted trying");
         assert_eq!(alloc.num_free(), 64);
     }

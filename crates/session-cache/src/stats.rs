@@ -19,10 +19,7 @@ pub struct CacheStats {
 impl CacheStats {
     pub fn count_eviction(&mut self, tier: &str, reason: &str, blocks: u64) {
         if blocks > 0 {
-            *self
-                .evictions
-                .entry((tier.to_string(), reason.to_string()))
-                .or_insert(0) += blocks;
+            *self.evictions.entry((tier.to_string(), reason.to_string())).or_insert(0) += blocks;
         }
     }
 }

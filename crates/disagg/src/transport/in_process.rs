@@ -28,23 +28,16 @@ impl InProcessTransport {
     pub fn new(memory: PoolMemory) -> Result<Self> {
         static NEXT: AtomicU64 = AtomicU64::new(1);
         let name = format!("in-process:{}", NEXT.fetch_add(1, Ordering::Relaxed));
-        let local =
-            HandshakeRecord::describe(&memory.layout, memory.num_blocks, memory.region, name);
+        let local = HandshakeRecord::describe(&memory.layout, memory.num_blocks, memory.region, name);
         local.validate()?;
-        registry()
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(local.segment.clone(), (local.base_addr, local.region_len));
+        registry().lock().unwrap_or_else(|p| p.into_inner()).insert(local.segment.clone(), (local.base_addr, local.region_len));
         Ok(Self { local })
     }
 }
 
 impl Drop for InProcessTransport {
     fn drop(&mut self) {
-        registry()
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&self.local.segment);
+        registry().lock().unwrap_or_else(|p| p.into_inner()).remove(&self.local.segment);
     }
 }
 
@@ -55,40 +48,23 @@ impl KvTransport for InProcessTransport {
 
     fn connect(&self, remote: &HandshakeRecord) -> Result<Peer> {
         self.local.check_compatible(remote)?;
-        let live = registry()
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&remote.segment)
-            .copied();
+        let live = registry().lock().unwrap_or_else(|p| p.into_inner()).get(&remote.segment).copied();
         match live {
-            Some((addr, len)) if addr == remote.base_addr && len == remote.region_len => Ok(Peer {
-                record: remote.clone(),
-                handle: 0,
-            }),
+            Some((addr, len)) if addr == remote.base_addr && len == remote.region_len => Ok(Peer { record: remote.clone(), handle: 0 }),
             _ => Err(DisaggError::Engine {
                 call: "connect",
                 code: -1,
-                detail: format!(
-                    ": no in-process segment {} with that region",
-                    remote.segment
-                ),
+                detail: format!(": no in-process segment {} with that region", remote.segment),
             }),
         }
     }
 
-    fn write_blocks(
-        &self,
-        peer: &Peer,
-        copies: &[BlockCopy],
-        _timeout: Duration,
-    ) -> Result<TransferReport> {
+    fn write_blocks(&self, peer: &Peer, copies: &[BlockCopy], _timeout: Duration) -> Result<TransferReport> {
         let started = Instant::now();
         let plan = plan_writes(&self.local, &peer.record, copies)?;
         // Hold the registry so the destination cannot be dropped mid-copy.
         let registry = registry().lock().unwrap_or_else(|p| p.into_inner());
-        if registry.get(&peer.record.segment)
-            != Some(&(peer.record.base_addr, peer.record.region_len))
-        {
+        if registry.get(&peer.record.segment) != Some(&(peer.record.base_addr, peer.record.region_len)) {
             return Err(DisaggError::TransferFailed {
                 peer: peer.name().into(),
                 task: 0,
@@ -110,11 +86,7 @@ impl KvTransport for InProcessTransport {
                 );
             }
         }
-        Ok(TransferReport {
-            bytes: plan.iter().map(|r| r.len).sum(),
-            ranges: plan.len(),
-            elapsed: started.elapsed(),
-        })
+        Ok(TransferReport { bytes: plan.iter().map(|r| r.len).sum(), ranges: plan.len(), elapsed: started.elapsed() })
     }
 
     fn disconnect(&self, _peer: Peer) -> Result<()> {
@@ -131,13 +103,7 @@ mod tests {
     use crate::loopback::{fill_pool, hash_blocks, sides};
 
     fn pool(num_blocks: usize, seed: u64) -> KvStorage {
-        let layout = KvLayout {
-            num_layers: 2,
-            num_kv_heads: 2,
-            head_dim: 8,
-            block_size: 4,
-            dtype: DType::F16,
-        };
+        let layout = KvLayout { num_layers: 2, num_kv_heads: 2, head_dim: 8, block_size: 4, dtype: DType::F16 };
         let mut s = KvStorage::new(layout, num_blocks).unwrap();
         fill_pool(&mut s, seed).unwrap();
         s
@@ -155,15 +121,10 @@ mod tests {
         let t: &dyn KvTransport = &ta;
         let peer = t.connect(tb.local_record()).unwrap();
         let copies = BlockCopy::all_layers(2, &[1, 2, 7], &[10, 11, 0]);
-        let report = t
-            .write_blocks(&peer, &copies, Duration::from_secs(1))
-            .unwrap();
+        let report = t.write_blocks(&peer, &copies, Duration::from_secs(1)).unwrap();
         assert_eq!(report.ranges, 4);
         let (src, dst) = sides(&copies);
-        assert_eq!(
-            hash_blocks(&a, &src).unwrap(),
-            hash_blocks(&b, &dst).unwrap()
-        );
+        assert_eq!(hash_blocks(&a, &src).unwrap(), hash_blocks(&b, &dst).unwrap());
     }
 
     #[test]
@@ -173,17 +134,7 @@ mod tests {
         let tb = transport(&b);
         let peer = ta.connect(tb.local_record()).unwrap();
         drop(tb);
-        let err = ta
-            .write_blocks(
-                &peer,
-                &[BlockCopy {
-                    layer: 0,
-                    src: 0,
-                    dst: 0,
-                }],
-                Duration::from_secs(1),
-            )
-            .unwrap_err();
+        let err = ta.write_blocks(&peer, &[BlockCopy { layer: 0, src: 0, dst: 0 }], Duration::from_secs(1)).unwrap_err();
         assert!(matches!(err, DisaggError::TransferFailed { .. }), "{err}");
     }
 }

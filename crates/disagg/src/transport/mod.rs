@@ -34,12 +34,7 @@ pub trait KvTransport: Send + Sync {
 
     /// Writes the local blocks into the peer's blocks and waits until every
     /// byte is confirmed, or fails with a typed error within `timeout`.
-    fn write_blocks(
-        &self,
-        peer: &Peer,
-        copies: &[BlockCopy],
-        timeout: Duration,
-    ) -> Result<TransferReport>;
+    fn write_blocks(&self, peer: &Peer, copies: &[BlockCopy], timeout: Duration) -> Result<TransferReport>;
 
     /// Closes the peer.
     fn disconnect(&self, peer: Peer) -> Result<()>;
@@ -92,17 +87,10 @@ impl PoolMemory {
     /// region's contents staying unchanged while peers may write to it.
     pub unsafe fn of_storage(storage: &KvStorage) -> Result<Self> {
         match storage.regions().as_slice() {
-            [region] => Ok(Self {
-                layout: *storage.layout(),
-                num_blocks: storage.num_blocks(),
-                region: *region,
-            }),
+            [region] => Ok(Self { layout: *storage.layout(), num_blocks: storage.num_blocks(), region: *region }),
             regions => Err(DisaggError::InvalidRecord {
                 field: "region_len",
-                reason: format!(
-                    "the pool has {} memory regions; one is supported",
-                    regions.len()
-                ),
+                reason: format!("the pool has {} memory regions; one is supported", regions.len()),
             }),
         }
     }

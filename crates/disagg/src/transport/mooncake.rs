@@ -38,16 +38,8 @@ pub struct MooncakeConfig {
 
 impl Default for MooncakeConfig {
     fn default() -> Self {
-        let queue = std::env::var("MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(1024usize);
-        Self {
-            host: "127.0.0.1".into(),
-            protocol: "tcp".into(),
-            backoff: Backoff::default(),
-            max_tasks_in_flight: queue.max(1),
-        }
+        let queue = std::env::var("MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER").ok().and_then(|v| v.parse().ok()).unwrap_or(1024usize);
+        Self { host: "127.0.0.1".into(), protocol: "tcp".into(), backoff: Backoff::default(), max_tasks_in_flight: queue.max(1) }
     }
 }
 
@@ -86,8 +78,7 @@ fn start_engine(config: &MooncakeConfig) -> Result<sys::transfer_engine_t> {
         // SAFETY: valid C strings for the duration of the calls; the engine
         // is destroyed here unless returned.
         unsafe {
-            let engine =
-                sys::createTransferEngine(meta.as_ptr(), host.as_ptr(), empty.as_ptr(), 0, 0);
+            let engine = sys::createTransferEngine(meta.as_ptr(), host.as_ptr(), empty.as_ptr(), 0, 0);
             if engine.is_null() {
                 failed = "createTransferEngine";
             } else if sys::installTransport(engine, proto.as_ptr(), ptr::null_mut()).is_null() {
@@ -102,19 +93,12 @@ fn start_engine(config: &MooncakeConfig) -> Result<sys::transfer_engine_t> {
     Err(DisaggError::Engine {
         call: failed,
         code: -1,
-        detail: format!(
-            " ({} on {}, {START_ATTEMPTS} attempts)",
-            config.protocol, config.host
-        ),
+        detail: format!(" ({} on {}, {START_ATTEMPTS} attempts)", config.protocol, config.host),
     })
 }
 
 fn cstring(what: &'static str, s: &str) -> Result<CString> {
-    CString::new(s).map_err(|_| DisaggError::Engine {
-        call: what,
-        code: -1,
-        detail: format!(": {s:?} contains a NUL byte"),
-    })
+    CString::new(s).map_err(|_| DisaggError::Engine { call: what, code: -1, detail: format!(": {s:?} contains a NUL byte") })
 }
 
 impl MooncakeTransport {
@@ -124,12 +108,7 @@ impl MooncakeTransport {
         // From here on, Drop cleans up whatever was set up.
         let mut this = Self {
             engine: start_engine(config)?,
-            local: HandshakeRecord::describe(
-                &memory.layout,
-                memory.num_blocks,
-                memory.region,
-                String::new(),
-            ),
+            local: HandshakeRecord::describe(&memory.layout, memory.num_blocks, memory.region, String::new()),
             registered: false,
             backoff: config.backoff,
             window: config.max_tasks_in_flight,
@@ -140,16 +119,10 @@ impl MooncakeTransport {
         // SAFETY: live engine; the buffer and its length match.
         let rc = unsafe { sys::getLocalIpAndPort(this.engine, name.as_mut_ptr(), name.len()) };
         if rc != 0 {
-            return Err(DisaggError::Engine {
-                call: "getLocalIpAndPort",
-                code: rc.into(),
-                detail: String::new(),
-            });
+            return Err(DisaggError::Engine { call: "getLocalIpAndPort", code: rc.into(), detail: String::new() });
         }
         // SAFETY: NUL-terminated by the callee.
-        this.local.segment = unsafe { CStr::from_ptr(name.as_ptr()) }
-            .to_string_lossy()
-            .into_owned();
+        this.local.segment = unsafe { CStr::from_ptr(name.as_ptr()) }.to_string_lossy().into_owned();
         this.local.validate()?;
         // Mooncake's location names: "*" lets it find host memory's NUMA
         // node; "cuda:N" marks device memory (staged or sent by the GPU path
@@ -161,15 +134,7 @@ impl MooncakeTransport {
         let anywhere = cstring("registerLocalMemory", &location)?;
         // SAFETY: the caller of PoolMemory::of_storage promised the region
         // outlives this transport; Drop unregisters it.
-        let rc = unsafe {
-            sys::registerLocalMemory(
-                this.engine,
-                memory.region.addr as *mut _,
-                memory.region.len,
-                anywhere.as_ptr(),
-                1,
-            )
-        };
+        let rc = unsafe { sys::registerLocalMemory(this.engine, memory.region.addr as *mut _, memory.region.len, anywhere.as_ptr(), 1) };
         if rc != 0 {
             return Err(DisaggError::Engine {
                 call: "registerLocalMemory",
@@ -200,43 +165,23 @@ impl MooncakeTransport {
                 length: r.len,
             })
             .collect();
-        PendingWrite::start(
-            self,
-            peer.name().to_string(),
-            requests,
-            self.window,
-            started,
-        )
+        PendingWrite::start(self, peer.name().to_string(), requests, self.window, started)
     }
 
     /// Allocates a batch for `requests` and submits them.
-    pub(super) fn submit_batch(
-        &self,
-        requests: &mut [sys::transfer_request],
-        peer: &str,
-    ) -> Result<sys::batch_id_t> {
+    pub(super) fn submit_batch(&self, requests: &mut [sys::transfer_request], peer: &str) -> Result<sys::batch_id_t> {
         // SAFETY: live engine.
         let batch = unsafe { sys::allocateBatchID(self.engine, requests.len()) };
         if batch == sys::INVALID_BATCH {
-            return Err(DisaggError::Engine {
-                call: "allocateBatchID",
-                code: -1,
-                detail: format!(" for {} tasks", requests.len()),
-            });
+            return Err(DisaggError::Engine { call: "allocateBatchID", code: -1, detail: format!(" for {} tasks", requests.len()) });
         }
         self.open_batches.fetch_add(1, Ordering::Relaxed);
         // SAFETY: the requests point into the registered local region and
         // the peer's region as its record describes (checked by the plan).
-        let rc = unsafe {
-            sys::submitTransfer(self.engine, batch, requests.as_mut_ptr(), requests.len())
-        };
+        let rc = unsafe { sys::submitTransfer(self.engine, batch, requests.as_mut_ptr(), requests.len()) };
         if rc != 0 {
             self.release_batch(batch, requests.len(), false);
-            return Err(DisaggError::Engine {
-                call: "submitTransfer",
-                code: rc.into(),
-                detail: format!(" to {peer}"),
-            });
+            return Err(DisaggError::Engine { call: "submitTransfer", code: rc.into(), detail: format!(" to {peer}") });
         }
         Ok(batch)
     }
@@ -269,17 +214,9 @@ impl MooncakeTransport {
     /// a second after the peer's connection dies).
     /// `all_seen_finished`: every task's status was just read as finished,
     /// so Mooncake knows and the sweep in `try_free` can be skipped.
-    pub(super) fn release_batch(
-        &self,
-        batch: sys::batch_id_t,
-        tasks: usize,
-        all_seen_finished: bool,
-    ) {
+    pub(super) fn release_batch(&self, batch: sys::batch_id_t, tasks: usize, all_seen_finished: bool) {
         if !self.try_free(batch, if all_seen_finished { 0 } else { tasks }) {
-            self.parked
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .push((batch, tasks));
+            self.parked.lock().unwrap_or_else(|p| p.into_inner()).push((batch, tasks));
         }
     }
 
@@ -313,28 +250,14 @@ impl KvTransport for MooncakeTransport {
         // SAFETY: live engine, valid C string.
         let segment = unsafe { sys::openSegment(self.engine, name.as_ptr()) };
         if segment < 0 {
-            return Err(DisaggError::Engine {
-                call: "openSegment",
-                code: segment.into(),
-                detail: format!(" ({})", remote.segment),
-            });
+            return Err(DisaggError::Engine { call: "openSegment", code: segment.into(), detail: format!(" ({})", remote.segment) });
         }
         debug!(event = "kv_peer_connected", peer = %remote.segment, segment);
-        Ok(Peer {
-            record: remote.clone(),
-            handle: segment.into(),
-        })
+        Ok(Peer { record: remote.clone(), handle: segment.into() })
     }
 
-    fn write_blocks(
-        &self,
-        peer: &Peer,
-        copies: &[BlockCopy],
-        timeout: Duration,
-    ) -> Result<TransferReport> {
-        let result = self
-            .submit_write(peer, copies)
-            .and_then(|p| p.wait(timeout));
+    fn write_blocks(&self, peer: &Peer, copies: &[BlockCopy], timeout: Duration) -> Result<TransferReport> {
+        let result = self.submit_write(peer, copies).and_then(|p| p.wait(timeout));
         match &result {
             Ok(r) => {
                 debug!(event = "kv_transfer", peer = %peer.name(), bytes = r.bytes, ranges = r.ranges, micros = r.elapsed.as_micros() as u64)
@@ -348,11 +271,7 @@ impl KvTransport for MooncakeTransport {
         // SAFETY: live engine; the segment was opened by it.
         let rc = unsafe { sys::closeSegment(self.engine, peer.handle as sys::segment_id_t) };
         if rc != 0 {
-            return Err(DisaggError::Engine {
-                call: "closeSegment",
-                code: rc.into(),
-                detail: format!(" ({})", peer.name()),
-            });
+            return Err(DisaggError::Engine { call: "closeSegment", code: rc.into(), detail: format!(" ({})", peer.name()) });
         }
         Ok(())
     }
@@ -362,10 +281,7 @@ impl Drop for MooncakeTransport {
     fn drop(&mut self) {
         let parked = self.free_parked();
         if parked > 0 {
-            warn!(
-                event = "kv_transport_parked_batches",
-                parked, "destroying the engine with unfinished batches"
-            );
+            warn!(event = "kv_transport_parked_batches", parked, "destroying the engine with unfinished batches");
         }
         // SAFETY: live engine; the region is registered if `registered`;
         // nothing uses the engine after this.
@@ -386,19 +302,12 @@ mod tests {
     use super::*;
 
     fn storage(num_blocks: usize, seed: u8) -> KvStorage {
-        let layout = KvLayout {
-            num_layers: 2,
-            num_kv_heads: 2,
-            head_dim: 16,
-            block_size: 4,
-            dtype: DType::BF16,
-        };
+        let layout = KvLayout { num_layers: 2, num_kv_heads: 2, head_dim: 16, block_size: 4, dtype: DType::BF16 };
         let mut s = KvStorage::new(layout, num_blocks).unwrap();
         for layer in 0..2 {
             for block in 0..num_blocks as u32 {
-                let bytes: Vec<u8> = (0..layout.layer_block_bytes())
-                    .map(|i| (i as u8) ^ (block as u8).wrapping_mul(seed) ^ layer as u8)
-                    .collect();
+                let bytes: Vec<u8> =
+                    (0..layout.layer_block_bytes()).map(|i| (i as u8) ^ (block as u8).wrapping_mul(seed) ^ layer as u8).collect();
                 s.set_block_bytes(layer, block, &bytes).unwrap();
             }
         }
@@ -412,8 +321,7 @@ mod tests {
     fn transport_with(s: &KvStorage, config: &MooncakeConfig) -> MooncakeTransport {
         // SAFETY: every storage outlives its transport in these tests.
         let memory = unsafe { PoolMemory::of_storage(s) }.unwrap();
-        MooncakeTransport::new(config, memory)
-            .unwrap_or_else(|e| panic!("this test needs Mooncake: {e}"))
+        MooncakeTransport::new(config, memory).unwrap_or_else(|e| panic!("this test needs Mooncake: {e}"))
     }
 
     /// Every block of both layers, sent to the mirrored block: nothing
@@ -431,20 +339,11 @@ mod tests {
         let peer = ta.connect(tb.local_record()).unwrap();
         let (src, dst) = ([3u32, 4, 5, 9, 0], [20u32, 21, 22, 1, 7]);
         let copies = BlockCopy::all_layers(2, &src, &dst);
-        let report = ta
-            .write_blocks(&peer, &copies, Duration::from_secs(10))
-            .unwrap();
-        assert_eq!(
-            report.bytes,
-            copies.len() as u64 * a.layout().layer_block_bytes() as u64
-        );
+        let report = ta.write_blocks(&peer, &copies, Duration::from_secs(10)).unwrap();
+        assert_eq!(report.bytes, copies.len() as u64 * a.layout().layer_block_bytes() as u64);
         assert_eq!(report.ranges, 2 * 3, "one range per run per layer");
         for c in &copies {
-            assert_eq!(
-                a.block_bytes(c.layer as usize, c.src),
-                b.block_bytes(c.layer as usize, c.dst),
-                "{c:?}"
-            );
+            assert_eq!(a.block_bytes(c.layer as usize, c.src), b.block_bytes(c.layer as usize, c.dst), "{c:?}");
         }
         assert_eq!(ta.open_batches(), 0);
         ta.disconnect(peer).unwrap();
@@ -458,34 +357,20 @@ mod tests {
         let (ta, tb) = (transport(&a), transport(&b));
         let peer = ta.connect(tb.local_record()).unwrap();
         let copies = mirrored(3000);
-        assert_eq!(
-            ta.write_blocks(&peer, &copies, Duration::from_secs(30))
-                .unwrap()
-                .ranges,
-            6000
-        );
-        assert!(copies
-            .iter()
-            .all(|c| a.block_bytes(c.layer as usize, c.src)
-                == b.block_bytes(c.layer as usize, c.dst)));
+        assert_eq!(ta.write_blocks(&peer, &copies, Duration::from_secs(30)).unwrap().ranges, 6000);
+        assert!(copies.iter().all(|c| a.block_bytes(c.layer as usize, c.src) == b.block_bytes(c.layer as usize, c.dst)));
         assert_eq!(ta.open_batches(), 0);
     }
 
     #[test]
     fn a_window_of_a_few_tasks_still_delivers_everything_in_many_batches() {
         let (a, b) = (storage(50, 5), storage(50, 0));
-        let config = MooncakeConfig {
-            max_tasks_in_flight: 3,
-            ..MooncakeConfig::default()
-        };
+        let config = MooncakeConfig { max_tasks_in_flight: 3, ..MooncakeConfig::default() };
         let (ta, tb) = (transport_with(&a, &config), transport(&b));
         let peer = ta.connect(tb.local_record()).unwrap();
         let copies = mirrored(50);
         let mut pending = ta.submit_write(&peer, &copies).unwrap();
-        assert!(
-            ta.open_batches() <= 2,
-            "at most two batches of 2 tasks in flight"
-        );
+        assert!(ta.open_batches() <= 2, "at most two batches of 2 tasks in flight");
         assert_eq!(pending.tasks(), 100);
         let deadline = Instant::now() + Duration::from_secs(10);
         while !pending.poll().unwrap() {
@@ -494,10 +379,7 @@ mod tests {
             std::thread::sleep(Duration::from_micros(100));
         }
         assert_eq!(pending.done_bytes(), pending.total_bytes());
-        assert!(copies
-            .iter()
-            .all(|c| a.block_bytes(c.layer as usize, c.src)
-                == b.block_bytes(c.layer as usize, c.dst)));
+        assert!(copies.iter().all(|c| a.block_bytes(c.layer as usize, c.src) == b.block_bytes(c.layer as usize, c.dst)));
         assert_eq!(ta.open_batches(), 0);
     }
 
@@ -506,27 +388,8 @@ mod tests {
         let (a, b) = (storage(4, 1), storage(4, 2));
         let (ta, tb) = (transport(&a), transport(&b));
         let peer = ta.connect(tb.local_record()).unwrap();
-        let err = ta
-            .write_blocks(
-                &peer,
-                &[BlockCopy {
-                    layer: 0,
-                    src: 0,
-                    dst: 4,
-                }],
-                Duration::from_secs(1),
-            )
-            .unwrap_err();
-        assert!(
-            matches!(
-                err,
-                DisaggError::BlockOutOfRange {
-                    side: "destination",
-                    ..
-                }
-            ),
-            "{err}"
-        );
+        let err = ta.write_blocks(&peer, &[BlockCopy { layer: 0, src: 0, dst: 4 }], Duration::from_secs(1)).unwrap_err();
+        assert!(matches!(err, DisaggError::BlockOutOfRange { side: "destination", .. }), "{err}");
         assert_eq!(ta.open_batches(), 0);
     }
 
@@ -535,33 +398,16 @@ mod tests {
         let (a, b) = (storage(2, 1), storage(2, 2));
         let (ta, tb) = (transport(&a), transport(&b));
         let peer = ta.connect(tb.local_record()).unwrap();
-        assert_eq!(
-            ta.write_blocks(&peer, &[], Duration::from_secs(1))
-                .unwrap()
-                .bytes,
-            0
-        );
+        assert_eq!(ta.write_blocks(&peer, &[], Duration::from_secs(1)).unwrap().bytes, 0);
     }
 
     #[test]
     fn incompatible_peer_is_refused_at_connect() {
         let a = storage(2, 1);
-        let layout = KvLayout {
-            head_dim: 8,
-            ..*a.layout()
-        };
+        let layout = KvLayout { head_dim: 8, ..*a.layout() };
         let b = KvStorage::new(layout, 2).unwrap();
         let (ta, tb) = (transport(&a), transport(&b));
         let err = ta.connect(tb.local_record()).unwrap_err();
-        assert!(
-            matches!(
-                err,
-                DisaggError::Incompatible {
-                    field: "head_dim",
-                    ..
-                }
-            ),
-            "{err}"
-        );
+        assert!(matches!(err, DisaggError::Incompatible { field: "head_dim", .. }), "{err}");
     }
 }

@@ -32,10 +32,7 @@ pub struct Backoff {
 
 impl Default for Backoff {
     fn default() -> Self {
-        Self {
-            first: Duration::from_micros(50),
-            max: Duration::from_millis(2),
-        }
+        Self { first: Duration::from_micros(50), max: Duration::from_millis(2) }
     }
 }
 
@@ -118,9 +115,7 @@ impl<'t> PendingWrite<'t> {
     /// failed.
     pub fn poll(&mut self) -> Result<bool> {
         if self.aborted {
-            return Err(DisaggError::Aborted {
-                peer: self.peer.clone(),
-            });
+            return Err(DisaggError::Aborted { peer: self.peer.clone() });
         }
         loop {
             let Some(front) = self.inflight.front() else {
@@ -157,11 +152,7 @@ impl<'t> PendingWrite<'t> {
         loop {
             let before = self.done_bytes;
             if self.poll()? {
-                return Ok(TransferReport {
-                    bytes: self.total_bytes,
-                    ranges: self.requests.len(),
-                    elapsed: self.started.elapsed(),
-                });
+                return Ok(TransferReport { bytes: self.total_bytes, ranges: self.requests.len(), elapsed: self.started.elapsed() });
             }
             if self.done_bytes > before {
                 pause = backoff.first;
@@ -195,22 +186,14 @@ impl<'t> PendingWrite<'t> {
                 break;
             }
             let start = self.submitted;
-            let batch = match self
-                .transport
-                .submit_batch(&mut self.requests[start..start + len], &self.peer)
-            {
+            let batch = match self.transport.submit_batch(&mut self.requests[start..start + len], &self.peer) {
                 Ok(b) => b,
                 Err(e) => {
                     self.release_all();
                     return Err(e);
                 }
             };
-            self.inflight.push_back(Chunk {
-                batch,
-                start,
-                len,
-                next: 0,
-            });
+            self.inflight.push_back(Chunk { batch, start, len, next: 0 });
             self.submitted += len;
             in_flight += len;
         }
@@ -234,18 +217,11 @@ impl<'t> PendingWrite<'t> {
     }
 
     fn scan_for_failure(&mut self) -> Result<()> {
-        let chunks: Vec<(sys::batch_id_t, usize, usize, usize)> = self
-            .inflight
-            .iter()
-            .map(|c| (c.batch, c.start, c.next, c.len))
-            .collect();
+        let chunks: Vec<(sys::batch_id_t, usize, usize, usize)> = self.inflight.iter().map(|c| (c.batch, c.start, c.next, c.len)).collect();
         for (batch, start, next, len) in chunks {
             for task in next..len {
                 let s = self.status(batch, task)?;
-                if !matches!(
-                    s,
-                    sys::STATUS_COMPLETED | sys::STATUS_WAITING | sys::STATUS_PENDING
-                ) {
+                if !matches!(s, sys::STATUS_COMPLETED | sys::STATUS_WAITING | sys::STATUS_PENDING) {
                     return Err(self.fail_task(start + task, s));
                 }
             }

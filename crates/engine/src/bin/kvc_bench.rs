@@ -22,10 +22,7 @@ use std::time::Instant;
 #[path = "bench/model.rs"]
 mod model_bench;
 
-use kvc_engine::{
-    EngineConfig, EngineHandle, GenerateRequest, LoadFormat, ModelSource, SamplingParams,
-    StreamEvent,
-};
+use kvc_engine::{EngineConfig, EngineHandle, GenerateRequest, LoadFormat, ModelSource, SamplingParams, StreamEvent};
 
 struct Args {
     batches: Vec<usize>,
@@ -41,9 +38,7 @@ struct Args {
 }
 
 fn list(v: &str, flag: &str) -> Result<Vec<usize>, String> {
-    v.split(',')
-        .map(|b| b.trim().parse().map_err(|e| format!("{flag}: {e}")))
-        .collect()
+    v.split(',').map(|b| b.trim().parse().map_err(|e| format!("{flag}: {e}"))).collect()
 }
 
 fn parse() -> Result<Args, String> {
@@ -66,24 +61,15 @@ fn parse() -> Result<Args, String> {
             a.prompt_len = 4096;
             a.batches = vec![0];
         }
-        other => {
-            return Err(format!(
-                "usage: kvc-bench engine|admission [options]; got {other:?}"
-            ))
-        }
+        other => return Err(format!("usage: kvc-bench engine|admission [options]; got {other:?}")),
     }
     while let Some(flag) = it.next() {
         let mut val = || it.next().ok_or(format!("{flag} needs a value"));
         match flag.as_str() {
             "--batch" => {
-                a.batches = val()?
-                    .split(',')
-                    .map(|b| b.trim().parse().map_err(|e| format!("--batch: {e}")))
-                    .collect::<Result<_, _>>()?
+                a.batches = val()?.split(',').map(|b| b.trim().parse().map_err(|e| format!("--batch: {e}"))).collect::<Result<_, _>>()?
             }
-            "--prompt-len" => {
-                a.prompt_len = val()?.parse().map_err(|e| format!("--prompt-len: {e}"))?
-            }
+            "--prompt-len" => a.prompt_len = val()?.parse().map_err(|e| format!("--prompt-len: {e}"))?,
             "--gen-len" => a.gen_len = val()?.parse().map_err(|e| format!("--gen-len: {e}"))?,
             "--model" => a.model = Some(val()?),
             "--load-format" => a.dummy = val()? == "dummy",
@@ -130,11 +116,7 @@ fn main() {
     let config = EngineConfig {
         device: args.device.clone(),
         model: ModelSource::parse(args.model.as_deref()),
-        load_format: if args.dummy {
-            LoadFormat::Dummy
-        } else {
-            LoadFormat::Auto
-        },
+        load_format: if args.dummy { LoadFormat::Dummy } else { LoadFormat::Auto },
         max_num_seqs: max_batch.max(1),
         max_num_batched_tokens: (args.prompt_len * max_batch).clamp(512, 8192),
         ..Default::default()
@@ -149,14 +131,9 @@ fn main() {
         info.id,
         args.prompt_len,
         args.gen_len,
-        std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1)
+        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
     );
-    println!(
-        "{:>6} {:>12} {:>16} {:>16}",
-        "batch", "prefill_s", "decode_tok/s", "output_tok/s"
-    );
+    println!("{:>6} {:>12} {:>16} {:>16}", "batch", "prefill_s", "decode_tok/s", "output_tok/s");
     run(&engine, 1, args.prompt_len, 4); // warm-up
     for &b in &args.batches {
         let (prefill, decode, overall) = run(&engine, b, args.prompt_len, args.gen_len);
@@ -169,19 +146,12 @@ fn run(engine: &EngineHandle, batch: usize, prompt_len: usize, gen_len: usize) -
     let t0 = Instant::now();
     let mut streams: Vec<_> = (0..batch)
         .map(|i| {
-            let prompt = (0..prompt_len)
-                .map(|j| ((i * 7919 + j * 104729) % 150000) as u32 + 10)
-                .collect();
+            let prompt = (0..prompt_len).map(|j| ((i * 7919 + j * 104729) % 150000) as u32 + 10).collect();
             engine
                 .submit(GenerateRequest {
                     request_id: format!("bench-{i}"),
                     prompt_tokens: prompt,
-                    sampling: SamplingParams {
-                        temperature: 0.0,
-                        max_tokens: gen_len,
-                        ignore_eos: true,
-                        ..Default::default()
-                    },
+                    sampling: SamplingParams { temperature: 0.0, max_tokens: gen_len, ignore_eos: true, ..Default::default() },
                     ..Default::default()
                 })
                 .expect("submit")
@@ -216,11 +186,7 @@ fn run(engine: &EngineHandle, batch: usize, prompt_len: usize, gen_len: usize) -
     let total = t0.elapsed().as_secs_f64();
     let prefill = first.iter().map(|f| f.unwrap().0).fold(0.0, f64::max);
     let decode_tokens = tokens.saturating_sub(batch) as f64;
-    (
-        prefill,
-        decode_tokens / (total - prefill).max(1e-9),
-        tokens as f64 / total,
-    )
+    (prefill, decode_tokens / (total - prefill).max(1e-9), tokens as f64 / total)
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -231,11 +197,7 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 fn admission_bench(prompt_len: usize) {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
-    let engine = EngineHandle::start(EngineConfig {
-        max_num_batched_tokens: 512,
-        ..Default::default()
-    })
-    .expect("engine");
+    let engine = EngineHandle::start(EngineConfig { max_num_batched_tokens: 512, ..Default::default() }).expect("engine");
     run(&engine, 1, 16, 4); // warm-up
                             // Latency while a long prompt is prefilled in 512-token chunks next to 8 decodes.
     let stop = Arc::new(AtomicBool::new(false));
@@ -245,10 +207,7 @@ fn admission_bench(prompt_len: usize) {
             let mut lat = Vec::new();
             while !stop.load(Ordering::Relaxed) {
                 let t = Instant::now();
-                let d = engine.admission(&kvc_engine::AdmissionQuery {
-                    session_id: Some("probe"),
-                    prompt_tokens: 2048,
-                });
+                let d = engine.admission(&kvc_engine::AdmissionQuery { session_id: Some("probe"), prompt_tokens: 2048 });
                 lat.push(t.elapsed().as_secs_f64() * 1e3);
                 std::hint::black_box(d);
                 std::thread::sleep(std::time::Duration::from_micros(500));
@@ -259,15 +218,8 @@ fn admission_bench(prompt_len: usize) {
     let long = engine
         .submit(GenerateRequest {
             request_id: "long".into(),
-            prompt_tokens: (0..prompt_len)
-                .map(|j| (j * 7919 % 150000) as u32 + 10)
-                .collect(),
-            sampling: SamplingParams {
-                temperature: 0.0,
-                max_tokens: 4,
-                ignore_eos: true,
-                ..Default::default()
-            },
+            prompt_tokens: (0..prompt_len).map(|j| (j * 7919 % 150000) as u32 + 10).collect(),
+            sampling: SamplingParams { temperature: 0.0, max_tokens: 4, ignore_eos: true, ..Default::default() },
             ..Default::default()
         })
         .expect("submit");
@@ -298,10 +250,7 @@ fn admission_bench(prompt_len: usize) {
             let (engine, stop) = (engine.clone(), stop.clone());
             std::thread::spawn(move || {
                 while !stop.load(Ordering::Relaxed) {
-                    std::hint::black_box(engine.admission(&kvc_engine::AdmissionQuery {
-                        session_id: None,
-                        prompt_tokens: 512,
-                    }));
+                    std::hint::black_box(engine.admission(&kvc_engine::AdmissionQuery { session_id: None, prompt_tokens: 512 }));
                     std::thread::sleep(std::time::Duration::from_millis(10));
                 }
             })
@@ -318,7 +267,13 @@ fn admission_bench(prompt_len: usize) {
         }
     }
     let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
-    println!("decode tok/s at batch 16, 3 runs each: without probes {:.1} {:?}; with 100 probes/s {:.1} {:?}", mean(&without), without.iter().map(|x| x.round()).collect::<Vec<_>>(), mean(&with), with.iter().map(|x| x.round()).collect::<Vec<_>>());
+    println!(
+        "decode tok/s at batch 16, 3 runs each: without probes {:.1} {:?}; with 100 probes/s {:.1} {:?}",
+        mean(&without),
+        without.iter().map(|x| x.round()).collect::<Vec<_>>(),
+        mean(&with),
+        with.iter().map(|x| x.round()).collect::<Vec<_>>()
+    );
 }
 
 fn drop_until_done(mut s: kvc_engine::RequestStream) {

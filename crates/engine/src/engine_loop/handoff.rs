@@ -48,12 +48,7 @@ impl EngineLoop {
     /// Reservation, lease and snapshot-store commands.
     pub(super) fn handle_handoff(&mut self, cmd: Command) {
         match cmd {
-            Command::Reserve {
-                id,
-                session,
-                prompt,
-                reply,
-            } => {
+            Command::Reserve { id, session, prompt, reply } => {
                 let _ = reply.send(self.reserve(id, session, &prompt));
                 self.publish();
             }
@@ -70,21 +65,14 @@ impl EngineLoop {
                     self.allocator.free_all(&l.blocks);
                 }
             }
-            Command::SnapshotReserve {
-                session,
-                tokens,
-                reply,
-            } => {
+            Command::SnapshotReserve { session, tokens, reply } => {
                 let _ = reply.send(self.snapshot_reserve(&session, tokens));
             }
             Command::SnapshotCommit { reservation, reply } => {
-                let r = self
-                    .snapshots
-                    .commit(reservation, &mut self.allocator)
-                    .map_err(|e| {
-                        tracing::info!(event = "snapshot_commit_dropped", reservation, error = %e);
-                        EngineError::UnknownReservation(reservation)
-                    });
+                let r = self.snapshots.commit(reservation, &mut self.allocator).map_err(|e| {
+                    tracing::info!(event = "snapshot_commit_dropped", reservation, error = %e);
+                    EngineError::UnknownReservation(reservation)
+                });
                 if let Ok(tokens) = r {
                     tracing::info!(event = "snapshot_ingested", reservation, tokens);
                 }
@@ -107,78 +95,36 @@ impl EngineLoop {
 
     /// Reserves a prompt's blocks: those the caches hold for it, and fresh
     /// ones for the rest.
-    pub(super) fn reserve(
-        &mut self,
-        id: u64,
-        session: Option<String>,
-        prompt: &[u32],
-    ) -> Result<Reserved, EngineError> {
+    pub(super) fn reserve(&mut self, id: u64, session: Option<String>, prompt: &[u32]) -> Result<Reserved, EngineError> {
         let bs = self.block_size();
-        let got = self.cache.acquire(
-            session.as_deref(),
-            prompt,
-            &mut self.allocator,
-            &mut self.storage,
-        );
+        let got = self.cache.acquire(session.as_deref(), prompt, &mut self.allocator, &mut self.storage);
         let need = prompt.len().div_ceil(bs) - got.blocks.len();
-        let Some(fresh) = self
-            .cache
-            .allocate(need, &mut self.allocator, &self.storage)
-        else {
+        let Some(fresh) = self.cache.allocate(need, &mut self.allocator, &self.storage) else {
             self.allocator.free_all(&got.blocks);
             if let Some(s) = &session {
                 self.cache.abandon(s);
             }
-            return Err(EngineError::NoKvRoom(format!(
-                "{need} free blocks needed for the prompt, {} free",
-                self.allocator.num_free()
-            )));
+            return Err(EngineError::NoKvRoom(format!("{need} free blocks needed for the prompt, {} free", self.allocator.num_free())));
         };
         let mut blocks = got.blocks;
         blocks.extend(fresh);
         let reason = got.source.as_str();
-        self.reservations.insert(
-            id,
-            ReservationState {
-                session,
-                blocks: blocks.clone(),
-                held: got.tokens,
-                reason,
-                restored: got.restored_blocks,
-            },
-        );
-        Ok(Reserved {
-            held_tokens: got.tokens,
-            reuse_reason: reason,
-            restored_blocks: got.restored_blocks,
-            blocks,
-        })
+        self.reservations
+            .insert(id, ReservationState { session, blocks: blocks.clone(), held: got.tokens, reason, restored: got.restored_blocks });
+        Ok(Reserved { held_tokens: got.tokens, reuse_reason: reason, restored_blocks: got.restored_blocks, blocks })
     }
 
-    pub(super) fn snapshot_reserve(
-        &mut self,
-        session: &str,
-        tokens: Vec<u32>,
-    ) -> Result<SnapshotSlot, EngineError> {
+    pub(super) fn snapshot_reserve(&mut self, session: &str, tokens: Vec<u32>) -> Result<SnapshotSlot, EngineError> {
         if self.snapshots.capacity() == 0 {
-            return Err(EngineError::NoKvRoom(
-                "this worker keeps no snapshot store".into(),
-            ));
+            return Err(EngineError::NoKvRoom("this worker keeps no snapshot store".into()));
         }
         // Room the store may take from the prefix cache.
         let need = tokens.len() / self.block_size();
         if self.allocator.num_free() < need {
             self.cache.reclaim(need, &mut self.allocator, &self.storage);
         }
-        let r = self
-            .snapshots
-            .reserve(session, tokens, &mut self.allocator)
-            .map_err(|e| EngineError::NoKvRoom(e.to_string()))?;
-        Ok(SnapshotSlot {
-            reservation: r.id,
-            from_block: r.from_block,
-            blocks: r.blocks,
-        })
+        let r = self.snapshots.reserve(session, tokens, &mut self.allocator).map_err(|e| EngineError::NoKvRoom(e.to_string()))?;
+        Ok(SnapshotSlot { reservation: r.id, from_block: r.from_block, blocks: r.blocks })
     }
 
     /// A lease on `blocks` (new references, released with the lease).
@@ -189,23 +135,14 @@ impl EngineLoop {
         let id = self.next_lease;
         self.next_lease += 1;
         let revoked = Arc::new(AtomicBool::new(false));
-        self.leases.insert(
-            id,
-            LeaseState {
-                blocks: blocks.clone(),
-                session,
-                revoked: revoked.clone(),
-            },
-        );
+        self.leases.insert(id, LeaseState { blocks: blocks.clone(), session, revoked: revoked.clone() });
         KvLease::new(id, blocks, revoked, self.commands.clone())
     }
 
     /// Marks the leases of released sessions: their pushes are abandoned.
     pub(super) fn revoke_leases_of(&mut self, released: impl Fn(&str) -> bool) {
         for l in self.leases.values() {
-            if l.session.as_deref().is_some_and(&released)
-                && !l.revoked.swap(true, Ordering::AcqRel)
-            {
+            if l.session.as_deref().is_some_and(&released) && !l.revoked.swap(true, Ordering::AcqRel) {
                 tracing::info!(event = "snapshot_push_revoked", session = ?l.session, "session released during its snapshot push");
             }
         }
@@ -213,47 +150,24 @@ impl EngineLoop {
 
     /// After a committed turn: queue a push of the session's full blocks
     /// when enough of them are not yet snapshotted.
-    pub(super) fn maybe_push_snapshot(
-        &mut self,
-        session: &str,
-        tokens: &[u32],
-        blocks: &[BlockId],
-    ) {
-        if self.snapshot_jobs.is_none()
-            || self.snapshot_min_tokens == 0
-            || self.pushing.contains_key(session)
-        {
+    pub(super) fn maybe_push_snapshot(&mut self, session: &str, tokens: &[u32], blocks: &[BlockId]) {
+        if self.snapshot_jobs.is_none() || self.snapshot_min_tokens == 0 || self.pushing.contains_key(session) {
             return;
         }
         let bs = self.block_size();
         let full = (tokens.len() / bs).min(blocks.len());
         let hashes = hash_blocks(&tokens[..full * bs], bs);
-        let same = self.pushed.get(session).map_or(0, |p| {
-            p.iter().zip(&hashes).take_while(|(a, b)| a == b).count()
-        });
+        let same = self.pushed.get(session).map_or(0, |p| p.iter().zip(&hashes).take_while(|(a, b)| a == b).count());
         if (full - same) * bs < self.snapshot_min_tokens {
             return;
         }
         let job_tokens = tokens[..full * bs].to_vec();
         let lease = self.lease(blocks[..full].to_vec(), Some(session.to_string()));
-        let job = SnapshotJob {
-            session_id: session.to_string(),
-            tokens: job_tokens,
-            lease,
-        };
-        if self
-            .snapshot_jobs
-            .as_ref()
-            .is_some_and(|jobs| jobs.send(job).is_ok())
-        {
+        let job = SnapshotJob { session_id: session.to_string(), tokens: job_tokens, lease };
+        if self.snapshot_jobs.as_ref().is_some_and(|jobs| jobs.send(job).is_ok()) {
             self.pushing.insert(session.to_string(), hashes);
             self.local.snapshot_pushes_enqueued += 1;
-            tracing::info!(
-                event = "snapshot_push_enqueued",
-                session,
-                blocks = full,
-                new_blocks = full - same
-            );
+            tracing::info!(event = "snapshot_push_enqueued", session, blocks = full, new_blocks = full - same);
         }
     }
 
@@ -269,8 +183,7 @@ impl EngineLoop {
         let blocks = seq.block_table[..n.div_ceil(self.block_size())].to_vec();
         if let Some(s) = a.snapshot_session.clone() {
             let tokens = seq.tokens[..n].to_vec();
-            self.snapshots
-                .ingest_local(&s, &tokens, &blocks, &mut self.allocator);
+            self.snapshots.ingest_local(&s, &tokens, &blocks, &mut self.allocator);
         }
         Some(self.lease(blocks, None))
     }

@@ -56,35 +56,19 @@ pub struct AttentionPlan {
 }
 
 impl AttentionPlan {
-    pub fn new(
-        batch: &BatchInput,
-        num_heads: usize,
-        num_kv_heads: usize,
-        device: &Device,
-    ) -> Result<Self> {
+    pub fn new(batch: &BatchInput, num_heads: usize, num_kv_heads: usize, device: &Device) -> Result<Self> {
         if num_kv_heads == 0 || num_heads % num_kv_heads != 0 || num_heads / num_kv_heads > BR {
-            bail!(
-                "attention: {num_heads} query heads over {num_kv_heads} KV heads is not supported"
-            );
+            bail!("attention: {num_heads} query heads over {num_kv_heads} KV heads is not supported");
         }
         let group = num_heads / num_kv_heads;
         let tok_per_tile = BR / group;
         let mut seqs = Vec::with_capacity(batch.seqs.len() * 4);
         let mut tables = Vec::new();
         for s in &batch.seqs {
-            seqs.extend([
-                s.start as u32,
-                s.len as u32,
-                s.context_len as u32,
-                tables.len() as u32,
-            ]);
+            seqs.extend([s.start as u32, s.len as u32, s.context_len as u32, tables.len() as u32]);
             tables.extend(s.block_table.iter().copied());
         }
-        let tiles: usize = batch
-            .seqs
-            .iter()
-            .map(|s| s.len.div_ceil(tok_per_tile))
-            .sum();
+        let tiles: usize = batch.seqs.iter().map(|s| s.len.div_ceil(tok_per_tile)).sum();
         let base_ctas = tiles * num_kv_heads;
         let (mut items, mut decode_items, mut combine) = (Vec::new(), Vec::new(), Vec::new());
         let mut parts = 0u32;
@@ -92,20 +76,13 @@ impl AttentionPlan {
             let ctx = s.context_len;
             let mut splits = 1;
             if s.len <= tok_per_tile && base_ctas < TARGET_CTAS {
-                splits = TARGET_CTAS
-                    .div_ceil(base_ctas)
-                    .min(ctx.div_ceil(MIN_SPLIT))
-                    .clamp(1, MAX_SPLITS);
+                splits = TARGET_CTAS.div_ceil(base_ctas).min(ctx.div_ceil(MIN_SPLIT)).clamp(1, MAX_SPLITS);
             }
             if splits > 1 {
                 let split_len = ctx.div_ceil(splits).div_ceil(BC) * BC;
                 let splits = ctx.div_ceil(split_len);
                 combine.extend([si as u32, parts, splits as u32, s.len as u32]);
-                let dst = if s.len * group <= DECODE_ROWS {
-                    &mut decode_items
-                } else {
-                    &mut items
-                };
+                let dst = if s.len * group <= DECODE_ROWS { &mut decode_items } else { &mut items };
                 for p in 0..splits {
                     let (b, e) = (p * split_len, ((p + 1) * split_len).min(ctx));
                     dst.extend([si as u32, 0, s.len as u32, b as u32, e as u32, parts, 0]);
@@ -115,11 +92,7 @@ impl AttentionPlan {
                 let mut off = 0;
                 while off < s.len {
                     let n = tok_per_tile.min(s.len - off);
-                    let dst = if n * group <= DECODE_ROWS {
-                        &mut decode_items
-                    } else {
-                        &mut items
-                    };
+                    let dst = if n * group <= DECODE_ROWS { &mut decode_items } else { &mut items };
                     dst.extend([si as u32, off as u32, n as u32, 0, ctx as u32, u32::MAX, 0]);
                     off += n;
                 }
@@ -158,54 +131,22 @@ impl PagedAttention {
         let (t, _) = q.dims2()?;
         let (nh, nkv, hd) = (plan.num_heads, plan.num_kv_heads, self.head_dim);
         if q.dtype() != DType::BF16 || q.dim(1)? != nh * hd {
-            bail!(
-                "attention: q {:?} {:?} for {nh} heads of {hd}",
-                q.shape(),
-                q.dtype()
-            );
+            bail!("attention: q {:?} {:?} for {nh} heads of {hd}", q.shape(), q.dtype());
         }
         let hp = padded_head_dim(hd)?;
-        let f = &k
-            .attention
-            .iter()
-            .find(|(p, _)| *p == hp)
-            .expect("compiled head dims")
-            .1;
-        let fd = &k
-            .decode
-            .iter()
-            .find(|(p, _)| *p == hp)
-            .expect("compiled head dims")
-            .1;
+        let f = &k.attention.iter().find(|(p, _)| *p == hp).expect("compiled head dims").1;
+        let fd = &k.decode.iter().find(|(p, _)| *p == hp).expect("compiled head dims").1;
         let out = empty(dev, (t, nh * hd), DType::BF16)?;
         let parts = plan.num_parts.max(1) * nkv * BR;
-        let part_o = if plan.num_parts > 0 {
-            empty(dev, parts * hd, DType::F32)?
-        } else {
-            empty(dev, 1, DType::F32)?
-        };
-        let part_lse = if plan.num_parts > 0 {
-            empty(dev, parts, DType::F32)?
-        } else {
-            empty(dev, 1, DType::F32)?
-        };
-        for (func, items, n, smem) in [
-            (f, &plan.items, plan.num_items, smem_bytes(hp)),
-            (
-                fd,
-                &plan.decode_items,
-                plan.num_decode_items,
-                decode_smem_bytes(hp),
-            ),
-        ] {
+        let part_o = if plan.num_parts > 0 { empty(dev, parts * hd, DType::F32)? } else { empty(dev, 1, DType::F32)? };
+        let part_lse = if plan.num_parts > 0 { empty(dev, parts, DType::F32)? } else { empty(dev, 1, DType::F32)? };
+        for (func, items, n, smem) in
+            [(f, &plan.items, plan.num_items, smem_bytes(hp)), (fd, &plan.decode_items, plan.num_decode_items, decode_smem_bytes(hp))]
+        {
             if n == 0 {
                 continue;
             }
-            let cfg = LaunchConfig {
-                grid_dim: (n as u32, nkv as u32, 1),
-                block_dim: (128, 1, 1),
-                shared_mem_bytes: smem as u32,
-            };
+            let cfg = LaunchConfig { grid_dim: (n as u32, nkv as u32, 1), block_dim: (128, 1, 1), shared_mem_bytes: smem as u32 };
             launch!(
                 func,
                 cfg,
@@ -225,11 +166,8 @@ impl PagedAttention {
             )?;
         }
         if plan.num_combine > 0 {
-            let cfg = LaunchConfig {
-                grid_dim: (plan.num_combine as u32, nkv as u32, BR as u32),
-                block_dim: (128, 1, 1),
-                shared_mem_bytes: 0,
-            };
+            let cfg =
+                LaunchConfig { grid_dim: (plan.num_combine as u32, nkv as u32, BR as u32), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
             launch!(
                 k.attn_combine,
                 cfg,

@@ -13,9 +13,7 @@ pub use moe::{set_moe_small_pairs, SMALL_PAIRS};
 
 use std::sync::Arc;
 
-use candle_core::cuda::cudarc::driver::{
-    sys, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchArgs, LaunchConfig,
-};
+use candle_core::cuda::cudarc::driver::{sys, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchArgs, LaunchConfig};
 use candle_core::cuda::WrapErr;
 use candle_core::op::BackpropOp;
 use candle_core::{bail, CudaDevice, CudaStorage, DType, Device, Result, Shape, Storage, Tensor};
@@ -71,10 +69,7 @@ impl Kernels {
         let stream = dev.cuda_stream();
         let get = |name: &str, module: &str, ptx: &str| -> Result<CudaFunc> {
             let f = dev.get_or_load_custom_func(name, module, ptx)?;
-            Ok(CudaFunc {
-                func: (*f).clone(),
-                stream: stream.clone(),
-            })
+            Ok(CudaFunc { func: (*f).clone(), stream: stream.clone() })
         };
         let l = |name: &str| get(name, "kvc_layers", PTX_LAYERS);
         let a = |name: &str| get(name, "kvc_attention", PTX_ATTENTION);
@@ -83,10 +78,7 @@ impl Kernels {
         for hd in [16usize, 32, 64, 128, 256] {
             let f = a(&format!("paged_attention_hd{hd}"))?;
             f.func
-                .set_attribute(
-                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    attention::smem_bytes(hd) as i32,
-                )
+                .set_attribute(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, attention::smem_bytes(hd) as i32)
                 .w()?;
             attention.push((hd, f));
             let f = a(&format!("paged_decode_hd{hd}"))?;
@@ -125,14 +117,9 @@ pub fn ptr(t: &Tensor) -> Result<u64> {
     if !layout.is_contiguous() {
         bail!("kvc kernel input must be contiguous, got {:?}", layout);
     }
-    let Storage::Cuda(cs) = &*st else {
-        bail!("kvc kernel input must be on a CUDA device")
-    };
+    let Storage::Cuda(cs) = &*st else { bail!("kvc kernel input must be on a CUDA device") };
     let stream = candle_core::backend::BackendStorage::device(cs).cuda_stream();
-    fn base<T>(
-        s: &CudaSlice<T>,
-        stream: &std::sync::Arc<candle_core::cuda::cudarc::driver::CudaStream>,
-    ) -> u64 {
+    fn base<T>(s: &CudaSlice<T>, stream: &std::sync::Arc<candle_core::cuda::cudarc::driver::CudaStream>) -> u64 {
         let (p, _sync) = s.device_ptr(stream);
         p
     }
@@ -159,12 +146,7 @@ pub fn empty(dev: &CudaDevice, shape: impl Into<Shape>, dtype: DType) -> Result<
             other => bail!("empty: unsupported dtype {other:?}"),
         }
     };
-    Ok(Tensor::from_storage(
-        Storage::Cuda(storage),
-        shape,
-        BackpropOp::none(),
-        false,
-    ))
+    Ok(Tensor::from_storage(Storage::Cuda(storage), shape, BackpropOp::none(), false))
 }
 
 /// A zeroed 1-D tensor in memory from `cuMemAlloc`, not from the
@@ -183,18 +165,9 @@ pub fn zeros_shareable(device: &Device, n: usize, dtype: DType) -> Result<Tensor
         let p = result::malloc_sync(bytes).w()?;
         result::memset_d8_sync(p, 0, bytes).w()?;
         match dtype {
-            DType::BF16 => CudaStorage::wrap_cuda_slice(
-                stream.upgrade_device_ptr::<bf16>(p, n.max(1)),
-                dev.clone(),
-            ),
-            DType::F32 => CudaStorage::wrap_cuda_slice(
-                stream.upgrade_device_ptr::<f32>(p, n.max(1)),
-                dev.clone(),
-            ),
-            DType::F16 => CudaStorage::wrap_cuda_slice(
-                stream.upgrade_device_ptr::<half::f16>(p, n.max(1)),
-                dev.clone(),
-            ),
+            DType::BF16 => CudaStorage::wrap_cuda_slice(stream.upgrade_device_ptr::<bf16>(p, n.max(1)), dev.clone()),
+            DType::F32 => CudaStorage::wrap_cuda_slice(stream.upgrade_device_ptr::<f32>(p, n.max(1)), dev.clone()),
+            DType::F16 => CudaStorage::wrap_cuda_slice(stream.upgrade_device_ptr::<half::f16>(p, n.max(1)), dev.clone()),
             other => bail!("zeros_shareable: unsupported dtype {other:?}"),
         }
     };
@@ -212,11 +185,7 @@ pub(crate) fn upload_u32(v: Vec<u32>, device: &Device) -> Result<Tensor> {
 }
 
 pub(crate) fn grid1(n: usize, block: u32) -> LaunchConfig {
-    LaunchConfig {
-        grid_dim: ((n as u32).div_ceil(block).clamp(1, 65535 * 16), 1, 1),
-        block_dim: (block, 1, 1),
-        shared_mem_bytes: 0,
-    }
+    LaunchConfig { grid_dim: ((n as u32).div_ceil(block).clamp(1, 65535 * 16), 1, 1), block_dim: (block, 1, 1), shared_mem_bytes: 0 }
 }
 
 /// Start-up for a CUDA device: keep freed memory in the stream-ordered

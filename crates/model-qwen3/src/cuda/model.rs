@@ -48,22 +48,13 @@ pub(crate) struct GpuModel {
 fn experts(cfg: &Qwen3Config, ev: &VarBuilder, e: usize, i: usize) -> Result<(Tensor, Tensor)> {
     let h = cfg.hidden_size;
     if ev.contains_tensor("gate_up_proj") {
-        return Ok((
-            ev.get((e, 2 * i, h), "gate_up_proj")?,
-            ev.get((e, h, i), "down_proj")?,
-        ));
+        return Ok((ev.get((e, 2 * i, h), "gate_up_proj")?, ev.get((e, h, i), "down_proj")?));
     }
     let mut gu = Vec::with_capacity(e);
     let mut dn = Vec::with_capacity(e);
     for j in 0..e {
         let x = ev.pp(j.to_string());
-        gu.push(Tensor::cat(
-            &[
-                x.get((i, h), "gate_proj.weight")?,
-                x.get((i, h), "up_proj.weight")?,
-            ],
-            0,
-        )?);
+        gu.push(Tensor::cat(&[x.get((i, h), "gate_proj.weight")?, x.get((i, h), "up_proj.weight")?], 0)?);
         dn.push(x.get((h, i), "down_proj.weight")?);
     }
     Ok((Tensor::stack(&gu, 0)?, Tensor::stack(&dn, 0)?))
@@ -72,45 +63,20 @@ fn experts(cfg: &Qwen3Config, ev: &VarBuilder, e: usize, i: usize) -> Result<(Te
 impl GpuModel {
     pub fn new(cfg: &Qwen3Config, vb: &VarBuilder) -> Result<Self> {
         if vb.dtype() != DType::BF16 {
-            bail!(
-                "the CUDA path runs in bf16 (got {:?}); pass --dtype bf16",
-                vb.dtype()
-            );
+            bail!("the CUDA path runs in bf16 (got {:?}); pass --dtype bf16", vb.dtype());
         }
         let kernels = Kernels::load(cuda_dev(vb.device())?)?;
-        let (h, nh, nkv, hd) = (
-            cfg.hidden_size,
-            cfg.num_attention_heads,
-            cfg.num_key_value_heads,
-            cfg.head_dim,
-        );
+        let (h, nh, nkv, hd) = (cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim);
         let m = vb.pp("model");
         let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
         for l in 0..cfg.num_hidden_layers {
             let lv = m.pp("layers").pp(l.to_string());
             let a = lv.pp("self_attn");
             let w = |name: &str, rows: usize, cols: usize| a.pp(name).get((rows, cols), "weight");
-            let qkv = Tensor::cat(
-                &[
-                    w("q_proj", nh * hd, h)?,
-                    w("k_proj", nkv * hd, h)?,
-                    w("v_proj", nkv * hd, h)?,
-                ],
-                0,
-            )?;
+            let qkv = Tensor::cat(&[w("q_proj", nh * hd, h)?, w("k_proj", nkv * hd, h)?, w("v_proj", nkv * hd, h)?], 0)?;
             let (qkv_bias, o_bias) = if cfg.attention_bias {
                 let b = |name: &str, n: usize| a.pp(name).get(n, "bias");
-                (
-                    Some(Tensor::cat(
-                        &[
-                            b("q_proj", nh * hd)?,
-                            b("k_proj", nkv * hd)?,
-                            b("v_proj", nkv * hd)?,
-                        ],
-                        0,
-                    )?),
-                    Some(b("o_proj", h)?),
-                )
+                (Some(Tensor::cat(&[b("q_proj", nh * hd)?, b("k_proj", nkv * hd)?, b("v_proj", nkv * hd)?], 0)?), Some(b("o_proj", h)?))
             } else {
                 (None, None)
             };
@@ -133,10 +99,7 @@ impl GpuModel {
                     let i = cfg.intermediate_size;
                     let g = mv.pp("gate_proj").get((i, h), "weight")?;
                     let u = mv.pp("up_proj").get((i, h), "weight")?;
-                    Ffn::Dense {
-                        gate_up: Tensor::cat(&[g, u], 0)?,
-                        down: mv.pp("down_proj").get((h, i), "weight")?,
-                    }
+                    Ffn::Dense { gate_up: Tensor::cat(&[g, u], 0)?, down: mv.pp("down_proj").get((h, i), "weight")? }
                 }
             };
             layers.push(Layer {
@@ -166,20 +129,8 @@ impl GpuModel {
     fn rmsnorm(&self, x: &Tensor, w: &Tensor) -> Result<Tensor> {
         let (t, h) = x.dims2()?;
         let out = empty(cuda_dev(x.device())?, (t, h), DType::BF16)?;
-        let cfg = LaunchConfig {
-            grid_dim: (t as u32, 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        launch!(
-            self.kernels.rmsnorm,
-            cfg,
-            ptr(x)?,
-            ptr(w)?,
-            ptr(&out)?,
-            h as i32,
-            self.eps
-        )?;
+        let cfg = LaunchConfig { grid_dim: (t as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        launch!(self.kernels.rmsnorm, cfg, ptr(x)?, ptr(w)?, ptr(&out)?, h as i32, self.eps)?;
         Ok(out)
     }
 
@@ -187,21 +138,8 @@ impl GpuModel {
     fn add_rmsnorm(&self, x: &Tensor, h: &Tensor, w: &Tensor) -> Result<Tensor> {
         let (t, hid) = x.dims2()?;
         let out = empty(cuda_dev(x.device())?, (t, hid), DType::BF16)?;
-        let cfg = LaunchConfig {
-            grid_dim: (t as u32, 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        launch!(
-            self.kernels.add_rmsnorm,
-            cfg,
-            ptr(x)?,
-            ptr(h)?,
-            ptr(w)?,
-            ptr(&out)?,
-            hid as i32,
-            self.eps
-        )?;
+        let cfg = LaunchConfig { grid_dim: (t as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        launch!(self.kernels.add_rmsnorm, cfg, ptr(x)?, ptr(h)?, ptr(w)?, ptr(&out)?, hid as i32, self.eps)?;
         Ok(out)
     }
 
@@ -214,20 +152,12 @@ impl GpuModel {
     }
 
     /// The CUDA forward pass; same contract as `Qwen3Model::forward`.
-    pub fn forward(
-        &self,
-        embed: &Embedding,
-        lm_head: &Tensor,
-        batch: &BatchInput,
-        kv: &mut KvStorage,
-    ) -> Result<Tensor> {
+    pub fn forward(&self, embed: &Embedding, lm_head: &Tensor, batch: &BatchInput, kv: &mut KvStorage) -> Result<Tensor> {
         let device = embed.embeddings().device().clone();
         let dev = cuda_dev(&device)?;
         let t = batch.tokens.len();
         let layout = *kv.layout();
-        let Some(cache) = kv.device_tensor() else {
-            bail!("the CUDA model needs a KV pool on the device (KvStorage::new_on)")
-        };
+        let Some(cache) = kv.device_tensor() else { bail!("the CUDA model needs a KV pool on the device (KvStorage::new_on)") };
         if cache.dtype() != DType::BF16 || !cache.device().same_device(&device) {
             bail!("KV pool must be bf16 on the model's device");
         }
@@ -235,32 +165,13 @@ impl GpuModel {
         let layer_bytes = (kv.num_blocks() * layout.layer_block_bytes()) as u64;
         let (nh, nkv, hd) = (self.num_heads, self.num_kv_heads, self.head_dim);
         let pos = upload_u32(batch.positions(), &device)?;
-        let slots = upload_u32(
-            batch
-                .slots(layout.block_size)
-                .into_iter()
-                .map(|s| s as u32)
-                .collect(),
-            &device,
-        )?;
+        let slots = upload_u32(batch.slots(layout.block_size).into_iter().map(|s| s as u32).collect(), &device)?;
         let plan = AttentionPlan::new(batch, nh, nkv, &device)?;
         let ids = Tensor::from_vec(batch.tokens.clone(), t, &device)?;
         let x = embed.forward(&ids)?.contiguous()?;
         let heads = nh + 2 * nkv;
-        let rope_cfg = LaunchConfig {
-            grid_dim: (t as u32, heads.div_ceil(4) as u32, 1),
-            block_dim: (128, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let mut h = self.rmsnorm(
-            &x,
-            &self
-                .layers
-                .first()
-                .map(|l| &l.input_norm)
-                .unwrap_or(&self.final_norm)
-                .clone(),
-        )?;
+        let rope_cfg = LaunchConfig { grid_dim: (t as u32, heads.div_ceil(4) as u32, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+        let mut h = self.rmsnorm(&x, &self.layers.first().map(|l| &l.input_norm).unwrap_or(&self.final_norm).clone())?;
         for (l, layer) in self.layers.iter().enumerate() {
             let qkv = Self::linear(&h, &layer.qkv, layer.qkv_bias.as_ref())?;
             let q = empty(dev, (t, nh * hd), DType::BF16)?;
@@ -282,12 +193,7 @@ impl GpuModel {
                 self.eps,
                 self.theta
             )?;
-            let attn = PagedAttention {
-                layer_ptr,
-                block_size: layout.block_size,
-                head_dim: hd,
-                scale: 1.0 / (hd as f32).sqrt(),
-            };
+            let attn = PagedAttention { layer_ptr, block_size: layout.block_size, head_dim: hd, scale: 1.0 / (hd as f32).sqrt() };
             let a = attn.forward(&self.kernels, &q, &plan)?;
             let o = Self::linear(&a, &layer.o_proj, layer.o_bias.as_ref())?;
             let hn = self.add_rmsnorm(&x, &o, &layer.post_norm)?;
@@ -298,17 +204,10 @@ impl GpuModel {
                 }
                 Ffn::Moe(moe) => moe.forward(&self.kernels, &hn)?,
             };
-            let next = self
-                .layers
-                .get(l + 1)
-                .map(|n| &n.input_norm)
-                .unwrap_or(&self.final_norm);
+            let next = self.layers.get(l + 1).map(|n| &n.input_norm).unwrap_or(&self.final_norm);
             h = self.add_rmsnorm(&x, &f, next)?;
         }
-        let rows = upload_u32(
-            batch.logits_rows.iter().map(|&r| r as u32).collect(),
-            &device,
-        )?;
+        let rows = upload_u32(batch.logits_rows.iter().map(|&r| r as u32).collect(), &device)?;
         let hs = h.index_select(&rows, 0)?;
         hs.matmul(&lm_head.t()?)?.to_dtype(DType::F32)
     }

@@ -24,10 +24,7 @@ fn small_pairs() -> usize {
     if v != usize::MAX {
         return v;
     }
-    let v = std::env::var("KVC_MOE_SMALL_PAIRS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(SMALL_PAIRS);
+    let v = std::env::var("KVC_MOE_SMALL_PAIRS").ok().and_then(|v| v.parse().ok()).unwrap_or(SMALL_PAIRS);
     SMALL_PAIRS_NOW.store(v, Ordering::Relaxed);
     v
 }
@@ -54,14 +51,7 @@ pub struct GpuMoe {
 pub(crate) fn silu_mul(k: &Kernels, gu: &Tensor) -> Result<Tensor> {
     let (r, i2) = gu.dims2()?;
     let out = empty(cuda_dev(gu.device())?, (r, i2 / 2), DType::BF16)?;
-    launch!(
-        k.silu_mul,
-        grid1(r * i2 / 2, 256),
-        ptr(gu)?,
-        ptr(&out)?,
-        r as i32,
-        (i2 / 2) as i32
-    )?;
+    launch!(k.silu_mul, grid1(r * i2 / 2, 256), ptr(gu)?, ptr(&out)?, r as i32, (i2 / 2) as i32)?;
     Ok(out)
 }
 
@@ -94,56 +84,18 @@ impl GpuMoe {
         // pair -> position in `sorted` (the GEMMs below write in pair order
         // and do not need it; moe_align always produces it).
         let inv = empty(dev, tk, DType::U32)?;
-        let one = LaunchConfig {
-            grid_dim: (1, 1, 1),
-            block_dim: (1024, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let one = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (1024, 1, 1), shared_mem_bytes: 0 };
         // Active experts in order, then each expert's first 64-row tile.
         let meta = empty(dev, 2 * e + 1, DType::U32)?;
-        launch!(
-            k.moe_align,
-            one,
-            ptr(&ids)?,
-            tk as i32,
-            e as i32,
-            ptr(&offsets)?,
-            ptr(&sorted)?,
-            ptr(&inv)?,
-            ptr(&meta)?
-        )?;
+        launch!(k.moe_align, one, ptr(&ids)?, tk as i32, e as i32, ptr(&offsets)?, ptr(&sorted)?, ptr(&inv)?, ptr(&meta)?)?;
 
         let y = empty(dev, (t, h), DType::BF16)?;
         let gu = empty(dev, (tk, 2 * i), DType::BF16)?;
-        self.grouped_gemm(
-            k,
-            x,
-            &self.gate_up,
-            &offsets,
-            &sorted,
-            &meta,
-            &gu,
-            2 * i,
-            h,
-            kk,
-            tk,
-        )?;
+        self.grouped_gemm(k, x, &self.gate_up, &offsets, &sorted, &meta, &gu, 2 * i, h, kk, tk)?;
         let act = silu_mul(k, &gu)?;
         let dn = empty(dev, (tk, h), DType::BF16)?;
-        self.grouped_gemm(
-            k, &act, &self.down, &offsets, &sorted, &meta, &dn, h, i, 1, tk,
-        )?;
-        launch!(
-            k.moe_sum,
-            grid1(t * h, 256),
-            ptr(&dn)?,
-            ptr(&w)?,
-            0u64,
-            ptr(&y)?,
-            t as i32,
-            kk as i32,
-            h as i32
-        )?;
+        self.grouped_gemm(k, &act, &self.down, &offsets, &sorted, &meta, &dn, h, i, 1, tk)?;
+        launch!(k.moe_sum, grid1(t * h, 256), ptr(&dn)?, ptr(&w)?, 0u64, ptr(&y)?, t as i32, kk as i32, h as i32)?;
         Ok(y)
     }
 
@@ -189,11 +141,7 @@ impl GpuMoe {
         } else {
             // Row tiles of 64: at most pairs / 64 + one partial tile per active expert.
             let tiles = pairs / 64 + e.min(pairs);
-            let cfg = LaunchConfig {
-                grid_dim: (n.div_ceil(64) as u32, tiles as u32, 1),
-                block_dim: (128, 1, 1),
-                shared_mem_bytes: 0,
-            };
+            let cfg = LaunchConfig { grid_dim: (n.div_ceil(64) as u32, tiles as u32, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
             launch!(
                 k.moe_gemm_tc,
                 cfg,

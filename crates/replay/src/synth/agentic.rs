@@ -86,17 +86,10 @@ pub fn generate(shape: &AgenticShape, scale: Scale, seed: u64) -> Vec<SessionRow
     for s in 0..scale.count(shape.sessions) {
         let id = format!("agentic-{s:03}");
         let turns = rng.range(shape.min_turns as u64, shape.max_turns as u64) as usize;
-        let peak = rng
-            .lognormal(shape.peak_input_median, shape.peak_input_sigma)
-            .clamp(shape.peak_input_min, shape.peak_input_max);
-        let first = rng
-            .lognormal(shape.first_prompt_median, shape.first_prompt_sigma)
-            .clamp(1_000.0, peak / 4.0);
+        let peak = rng.lognormal(shape.peak_input_median, shape.peak_input_sigma).clamp(shape.peak_input_min, shape.peak_input_max);
+        let first = rng.lognormal(shape.first_prompt_median, shape.first_prompt_sigma).clamp(1_000.0, peak / 4.0);
         let start = rng.unit() * shape.arrival_window_s;
-        let output = |rng: &mut Rng| {
-            rng.lognormal(shape.output_median, shape.output_sigma)
-                .clamp(8.0, shape.output_max)
-        };
+        let output = |rng: &mut Rng| rng.lognormal(shape.output_median, shape.output_sigma).clamp(8.0, shape.output_max);
         let mut context = first;
         let mut out = output(&mut rng);
         rows.push(SessionRow {
@@ -116,9 +109,7 @@ pub fn generate(shape: &AgenticShape, scale: Scale, seed: u64) -> Vec<SessionRow
                 rng.lognormal(shape.small_append_median, shape.small_append_sigma)
             }
             .max(1.0);
-            let think = rng
-                .lognormal(shape.gap_p50_s, gap_sigma)
-                .clamp(0.05, shape.gap_max_s);
+            let think = rng.lognormal(shape.gap_p50_s, gap_sigma).clamp(0.05, shape.gap_max_s);
             let mut row = SessionRow {
                 session_id: id.clone(),
                 turn: t,
@@ -131,9 +122,7 @@ pub fn generate(shape: &AgenticShape, scale: Scale, seed: u64) -> Vec<SessionRow
             };
             if context + out + append > peak {
                 // Compaction: keep the first prompt, summarize the rest.
-                let input = (peak * (0.35 + 0.25 * rng.unit()))
-                    .max(first + append)
-                    .min(peak);
+                let input = (peak * (0.35 + 0.25 * rng.unit())).max(first + append).min(peak);
                 row.input_length = Some(scale.len(input as usize));
                 row.keep_prefix = Some(scale.len(first as usize));
                 context = input;
@@ -165,10 +154,7 @@ mod tests {
         assert_eq!(s.sessions, 50);
         assert!(s.min_turns >= 8 && s.max_turns <= 150, "{s:?}");
         assert!((40_000.0..58_000.0).contains(&s.peak_input_p50), "{s:?}");
-        assert!(
-            s.peak_input_max <= 104_000.0 && s.peak_input_max > 80_000.0,
-            "{s:?}"
-        );
+        assert!(s.peak_input_max <= 104_000.0 && s.peak_input_max > 80_000.0, "{s:?}");
         assert!((520.0..720.0).contains(&s.new_tokens_p50), "{s:?}");
         assert!((31_000.0..42_000.0).contains(&s.new_tokens_p90), "{s:?}");
         assert!((2.2..2.8).contains(&s.gap_p50_s), "{s:?}");
@@ -182,33 +168,17 @@ mod tests {
         assert_eq!(ShapeStats::of(&small).sessions, 5);
         let (a, b) = (&full[0], &small[0]);
         assert_eq!(a.start_time_s, b.start_time_s);
-        let (fa, fb) = (
-            a.input_length.unwrap() as f64,
-            b.input_length.unwrap() as f64,
-        );
+        let (fa, fb) = (a.input_length.unwrap() as f64, b.input_length.unwrap() as f64);
         assert!((fa / 10.0 - fb).abs() <= 1.0, "{fa} vs {fb}");
     }
 
     #[test]
     fn sessions_start_inside_the_arrival_window() {
-        let shape = AgenticShape {
-            sessions: 40,
-            arrival_window_s: 4.8,
-            ..AgenticShape::default()
-        };
-        let starts: Vec<f64> = generate(&shape, Scale::ONE, 5)
-            .iter()
-            .filter_map(|r| r.start_time_s)
-            .collect();
+        let shape = AgenticShape { sessions: 40, arrival_window_s: 4.8, ..AgenticShape::default() };
+        let starts: Vec<f64> = generate(&shape, Scale::ONE, 5).iter().filter_map(|r| r.start_time_s).collect();
         assert_eq!(starts.len(), 40);
-        assert!(
-            starts.iter().all(|&t| (0.0..4.8).contains(&t)),
-            "{starts:?}"
-        );
+        assert!(starts.iter().all(|&t| (0.0..4.8).contains(&t)), "{starts:?}");
         // Spread over the window, not bunched at its start.
-        assert!(
-            starts.iter().any(|&t| t > 2.4) && starts.iter().any(|&t| t < 2.4),
-            "{starts:?}"
-        );
+        assert!(starts.iter().any(|&t| t > 2.4) && starts.iter().any(|&t| t < 2.4), "{starts:?}");
     }
 }

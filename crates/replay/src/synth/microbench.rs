@@ -20,15 +20,7 @@ pub struct MicroShape {
 
 impl Default for MicroShape {
     fn default() -> Self {
-        MicroShape {
-            sessions: 8,
-            turns: 3,
-            first_prompt: 10_000,
-            append: 1_000,
-            output: 1_000,
-            gap_s: 1.0,
-            stagger_s: 0.1,
-        }
+        MicroShape { sessions: 8, turns: 3, first_prompt: 10_000, append: 1_000, output: 1_000, gap_s: 1.0, stagger_s: 0.1 }
     }
 }
 

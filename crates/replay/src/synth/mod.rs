@@ -48,11 +48,7 @@ impl ShapeStats {
                         a
                     }
                     (_, Some(n)) => {
-                        let keep = if i == 0 {
-                            0
-                        } else {
-                            r.keep_prefix.unwrap_or(ctx).min(n)
-                        };
+                        let keep = if i == 0 { 0 } else { r.keep_prefix.unwrap_or(ctx).min(n) };
                         ctx = n;
                         n - keep
                     }

@@ -32,13 +32,7 @@ pub struct Prompt {
 
 /// The tokens of a hash-block prompt; tokens past the last named block
 /// are unique to `request`.
-pub fn block_prompt(
-    synth: &TokenSynth,
-    hash_ids: &[u64],
-    block_tokens: usize,
-    len: usize,
-    request: u64,
-) -> Vec<u32> {
+pub fn block_prompt(synth: &TokenSynth, hash_ids: &[u64], block_tokens: usize, len: usize, request: u64) -> Vec<u32> {
     let mut out = Vec::with_capacity(len);
     for &h in hash_ids {
         let n = block_tokens.min(len - out.len());
@@ -67,50 +61,28 @@ pub struct SessionContext {
 impl SessionContext {
     /// `session` tells this session's new tokens apart from every other's.
     pub fn new(synth: TokenSynth, session: u64, chat: bool) -> Self {
-        SessionContext {
-            synth,
-            session,
-            chat,
-            context: Vec::new(),
-            messages: Vec::new(),
-        }
+        SessionContext { synth, session, chat, context: Vec::new(), messages: Vec::new() }
     }
 
     /// The prompt of the session's `index`-th turn (0-based position).
     pub fn prompt(&mut self, index: usize, turn: &Turn) -> Prompt {
         match &turn.prompt {
-            PromptSpec::Blocks {
-                hash_ids,
-                block_tokens,
-                len,
-            } => {
+            PromptSpec::Blocks { hash_ids, block_tokens, len } => {
                 let request = crate::synth::rng::mix_all(&[self.session, index as u64]);
                 let tokens = block_prompt(&self.synth, hash_ids, *block_tokens, *len, request);
-                let messages = if self.chat {
-                    vec![user(words(&tokens))]
-                } else {
-                    vec![]
-                };
+                let messages = if self.chat { vec![user(words(&tokens))] } else { vec![] };
                 self.context = tokens.clone();
                 Prompt { tokens, messages }
             }
             PromptSpec::Grow(growth) => {
                 let (keep, len) = match *growth {
                     Growth::Append(n) => (self.context.len(), self.context.len() + n),
-                    Growth::Input { len, keep } => {
-                        (keep.unwrap_or(len).min(self.context.len()).min(len), len)
-                    }
+                    Growth::Input { len, keep } => (keep.unwrap_or(len).min(self.context.len()).min(len), len),
                 };
                 let extends = keep == self.context.len() && !self.context.is_empty();
                 self.context.truncate(keep);
                 let start = self.context.len();
-                self.synth.fresh(
-                    self.session,
-                    index as u64,
-                    0,
-                    len - start,
-                    &mut self.context,
-                );
+                self.synth.fresh(self.session, index as u64, 0, len - start, &mut self.context);
                 if self.chat {
                     let new = words(&self.context[start..]);
                     if extends && !self.messages.is_empty() {
@@ -119,10 +91,7 @@ impl SessionContext {
                         self.messages = vec![user(words(&self.context))];
                     }
                 }
-                Prompt {
-                    tokens: self.context.clone(),
-                    messages: self.messages.clone(),
-                }
+                Prompt { tokens: self.context.clone(), messages: self.messages.clone() }
             }
         }
     }
@@ -130,26 +99,15 @@ impl SessionContext {
     /// The turn ended: its output joins the history (the stand-in tokens of
     /// the trace's output length; in chat, the real answer text).
     pub fn finish(&mut self, index: usize, turn: &Turn, answer: &str) {
-        self.synth.output_stand_in(
-            self.session,
-            index as u64,
-            turn.output_tokens,
-            &mut self.context,
-        );
+        self.synth.output_stand_in(self.session, index as u64, turn.output_tokens, &mut self.context);
         if self.chat {
-            self.messages.push(Message {
-                role: "assistant",
-                content: answer.to_string(),
-            });
+            self.messages.push(Message { role: "assistant", content: answer.to_string() });
         }
     }
 }
 
 fn user(content: String) -> Message {
-    Message {
-        role: "user",
-        content,
-    }
+    Message { role: "user", content }
 }
 
 #[cfg(test)]
@@ -157,26 +115,14 @@ mod tests {
     use super::*;
 
     fn turn(prompt: PromptSpec, output_tokens: usize) -> Turn {
-        Turn {
-            turn: 0,
-            arrival_s: 0.0,
-            think_s: 0.0,
-            prompt,
-            output_tokens,
-        }
+        Turn { turn: 0, arrival_s: 0.0, think_s: 0.0, prompt, output_tokens }
     }
 
     #[test]
     fn a_session_turn_extends_the_previous_prompt_and_output_stand_in() {
         let s = TokenSynth::new(3);
         let mut ctx = SessionContext::new(s, 1, false);
-        let t0 = turn(
-            PromptSpec::Grow(Growth::Input {
-                len: 100,
-                keep: Some(0),
-            }),
-            20,
-        );
+        let t0 = turn(PromptSpec::Grow(Growth::Input { len: 100, keep: Some(0) }), 20);
         let t1 = turn(PromptSpec::Grow(Growth::Append(30)), 5);
         let p0 = ctx.prompt(0, &t0).tokens;
         ctx.finish(0, &t0, "ignored in completions");
@@ -191,22 +137,10 @@ mod tests {
     #[test]
     fn compaction_keeps_the_prefix_and_replaces_the_rest() {
         let mut ctx = SessionContext::new(TokenSynth::new(0), 1, false);
-        let t0 = turn(
-            PromptSpec::Grow(Growth::Input {
-                len: 100,
-                keep: Some(0),
-            }),
-            10,
-        );
+        let t0 = turn(PromptSpec::Grow(Growth::Input { len: 100, keep: Some(0) }), 10);
         let p0 = ctx.prompt(0, &t0).tokens;
         ctx.finish(0, &t0, "");
-        let t1 = turn(
-            PromptSpec::Grow(Growth::Input {
-                len: 80,
-                keep: Some(40),
-            }),
-            10,
-        );
+        let t1 = turn(PromptSpec::Grow(Growth::Input { len: 80, keep: Some(40) }), 10);
         let p1 = ctx.prompt(1, &t1).tokens;
         assert_eq!(p1.len(), 80);
         assert_eq!(&p1[..40], &p0[..40]);
@@ -231,21 +165,12 @@ mod tests {
     #[test]
     fn chat_history_carries_the_real_answers() {
         let mut ctx = SessionContext::new(TokenSynth::new(0), 1, true);
-        let t0 = turn(
-            PromptSpec::Grow(Growth::Input {
-                len: 8,
-                keep: Some(0),
-            }),
-            4,
-        );
+        let t0 = turn(PromptSpec::Grow(Growth::Input { len: 8, keep: Some(0) }), 4);
         let t1 = turn(PromptSpec::Grow(Growth::Append(4)), 4);
         assert_eq!(ctx.prompt(0, &t0).messages.len(), 1);
         ctx.finish(0, &t0, "the real answer");
         let m = ctx.prompt(1, &t1).messages;
-        assert_eq!(
-            m.iter().map(|m| m.role).collect::<Vec<_>>(),
-            ["user", "assistant", "user"]
-        );
+        assert_eq!(m.iter().map(|m| m.role).collect::<Vec<_>>(), ["user", "assistant", "user"]);
         assert_eq!(m[1].content, "the real answer");
     }
 }

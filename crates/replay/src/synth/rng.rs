@@ -12,9 +12,7 @@ pub fn mix(mut x: u64) -> u64 {
 
 /// Mixes several words into one seed.
 pub fn mix_all(words: &[u64]) -> u64 {
-    words
-        .iter()
-        .fold(0x6A09_E667_F3BC_C909, |acc, &w| mix(acc ^ mix(w)))
+    words.iter().fold(0x6A09_E667_F3BC_C909, |acc, &w| mix(acc ^ mix(w)))
 }
 
 #[derive(Debug, Clone)]

@@ -26,10 +26,7 @@ impl TokenSynth {
 
     fn stream(&self, seed: u64, n: usize, start: usize, out: &mut Vec<u32>) {
         let base = mix_all(&[self.salt, seed]);
-        out.extend(
-            (start..start + n)
-                .map(|pos| TOKEN_MIN + (mix(base ^ mix(pos as u64)) % TOKEN_SPAN) as u32),
-        );
+        out.extend((start..start + n).map(|pos| TOKEN_MIN + (mix(base ^ mix(pos as u64)) % TOKEN_SPAN) as u32));
     }
 
     /// The first `n` tokens of the block named `hash_id`.
@@ -55,20 +52,16 @@ impl TokenSynth {
 /// usual BPE vocabularies: the text form of synthesized tokens for
 /// `--api chat`, where the server tokenizes.
 const WORDS: &[&str] = &[
-    " the", " of", " and", " to", " in", " is", " that", " for", " it", " as", " with", " was",
-    " on", " be", " by", " at", " this", " are", " from", " or", " have", " an", " they", " which",
-    " one", " you", " were", " her", " all", " she", " there", " would", " their", " we", " him",
-    " been", " has", " when", " who", " will", " more", " no", " if", " out", " so", " said",
-    " what", " up", " its", " about", " into", " than", " them", " can", " only", " other", " new",
-    " some", " could", " time", " these", " two", " may", " then", " do", " first", " any", " my",
-    " now", " such", " like", " our", " over", " man", " me", " even", " most", " made", " after",
-    " also", " did", " many", " before", " must", " through", " back", " years", " where", " much",
-    " your", " way", " well", " down", " should", " because", " each", " just", " those",
-    " people", " how", " too", " little", " state", " good", " very", " make", " world", " still",
-    " own", " see", " men", " work", " long", " get", " here", " between", " both", " life",
-    " being", " under", " never", " day", " same", " another", " know", " while", " last",
-    " might", " us", " great", " old", " year", " off", " come", " since", " against", " go",
-    " came", " right", " used", " take", " three",
+    " the", " of", " and", " to", " in", " is", " that", " for", " it", " as", " with", " was", " on", " be", " by", " at", " this",
+    " are", " from", " or", " have", " an", " they", " which", " one", " you", " were", " her", " all", " she", " there", " would",
+    " their", " we", " him", " been", " has", " when", " who", " will", " more", " no", " if", " out", " so", " said", " what", " up",
+    " its", " about", " into", " than", " them", " can", " only", " other", " new", " some", " could", " time", " these", " two", " may",
+    " then", " do", " first", " any", " my", " now", " such", " like", " our", " over", " man", " me", " even", " most", " made", " after",
+    " also", " did", " many", " before", " must", " through", " back", " years", " where", " much", " your", " way", " well", " down",
+    " should", " because", " each", " just", " those", " people", " how", " too", " little", " state", " good", " very", " make", " world",
+    " still", " own", " see", " men", " work", " long", " get", " here", " between", " both", " life", " being", " under", " never",
+    " day", " same", " another", " know", " while", " last", " might", " us", " great", " old", " year", " off", " come", " since",
+    " against", " go", " came", " right", " used", " take", " three",
 ];
 
 /// Text standing for `tokens`: one common word per token (roughly one
@@ -104,9 +97,7 @@ mod tests {
         let s = TokenSynth::new(9);
         let mut t = vec![];
         s.fresh(1, 2, 3, 10_000, &mut t);
-        assert!(t
-            .iter()
-            .all(|&x| (TOKEN_MIN as u64..TOKEN_MIN as u64 + TOKEN_SPAN).contains(&(x as u64))));
+        assert!(t.iter().all(|&x| (TOKEN_MIN as u64..TOKEN_MIN as u64 + TOKEN_SPAN).contains(&(x as u64))));
     }
 
     #[test]

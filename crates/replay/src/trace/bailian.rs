@@ -48,16 +48,11 @@ pub fn parse(path: &Path, text: &str, opts: &LoadOptions) -> Result<Workload> {
     let block = opts.block_size.unwrap_or(BLOCK_TOKENS);
     let scaled_block = opts.scale.block(block)?;
     let rows = jsonl::<Row>(path, text)?;
-    let t0 = rows
-        .iter()
-        .map(|(_, r)| r.timestamp)
-        .fold(f64::INFINITY, f64::min);
+    let t0 = rows.iter().map(|(_, r)| r.timestamp).fold(f64::INFINITY, f64::min);
 
     // Root of each chat: follow parent links (parents not in the file start a session).
-    let parent: HashMap<String, Option<String>> = rows
-        .iter()
-        .filter_map(|(_, r)| key(&r.chat_id).map(|id| (id, key(&r.parent_chat_id))))
-        .collect();
+    let parent: HashMap<String, Option<String>> =
+        rows.iter().filter_map(|(_, r)| key(&r.chat_id).map(|id| (id, key(&r.parent_chat_id)))).collect();
     let root_of = |id: &str| -> String {
         let mut cur = id.to_string();
         for _ in 0..parent.len() + 1 {
@@ -72,8 +67,7 @@ pub fn parse(path: &Path, text: &str, opts: &LoadOptions) -> Result<Workload> {
     let mut order: Vec<String> = Vec::new();
     let mut by_root: HashMap<String, Vec<(usize, Row)>> = HashMap::new();
     for (line, r) in rows {
-        let id = key(&r.chat_id)
-            .ok_or_else(|| ReplayError::trace(path, line, "chat_id is missing or negative"))?;
+        let id = key(&r.chat_id).ok_or_else(|| ReplayError::trace(path, line, "chat_id is missing or negative"))?;
         let root = root_of(&id);
         if !by_root.contains_key(&root) {
             order.push(root.clone());
@@ -84,11 +78,7 @@ pub fn parse(path: &Path, text: &str, opts: &LoadOptions) -> Result<Workload> {
     let mut sessions = Vec::new();
     for root in order.into_iter().skip(opts.skip) {
         let mut reqs = by_root.remove(&root).unwrap_or_default();
-        reqs.sort_by(|a, b| {
-            a.1.timestamp
-                .total_cmp(&b.1.timestamp)
-                .then(a.1.turn.cmp(&b.1.turn))
-        });
+        reqs.sort_by(|a, b| a.1.timestamp.total_cmp(&b.1.timestamp).then(a.1.turn.cmp(&b.1.turn)));
         let mut turns = Vec::with_capacity(reqs.len());
         let mut prev_ts: Option<f64> = None;
         for (i, (line, r)) in reqs.into_iter().enumerate() {
@@ -108,20 +98,10 @@ pub fn parse(path: &Path, text: &str, opts: &LoadOptions) -> Result<Workload> {
             });
             prev_ts = Some(r.timestamp);
         }
-        sessions.push(Session {
-            id: Some(format!("bailian-{root}")),
-            turns,
-        });
+        sessions.push(Session { id: Some(format!("bailian-{root}")), turns });
     }
     sessions.sort_by(|a, b| a.turns[0].arrival_s.total_cmp(&b.turns[0].arrival_s));
-    Ok(Workload {
-        source: format!(
-            "bailian:{} (block {block}, scale {})",
-            path.display(),
-            opts.scale
-        ),
-        sessions,
-    })
+    Ok(Workload { source: format!("bailian:{} (block {block}, scale {})", path.display(), opts.scale), sessions })
 }
 
 #[cfg(test)]
@@ -138,20 +118,10 @@ mod tests {
         assert_eq!(w.sessions.len(), 2);
         let s = &w.sessions[0];
         assert_eq!(s.id.as_deref(), Some("bailian-1"));
-        assert_eq!(
-            s.turns.iter().map(|t| t.turn).collect::<Vec<_>>(),
-            [1, 2, 3]
-        );
+        assert_eq!(s.turns.iter().map(|t| t.turn).collect::<Vec<_>>(), [1, 2, 3]);
         assert_eq!(s.turns[1].think_s, 4.5);
         assert_eq!(s.turns[2].arrival_s, 10.0);
-        assert_eq!(
-            s.turns[2].prompt,
-            PromptSpec::Blocks {
-                hash_ids: vec![1, 2, 3, 4, 5],
-                block_tokens: 16,
-                len: 80
-            }
-        );
+        assert_eq!(s.turns[2].prompt, PromptSpec::Blocks { hash_ids: vec![1, 2, 3, 4, 5], block_tokens: 16, len: 80 });
         assert_eq!(w.sessions[1].turns.len(), 1);
     }
 }

@@ -48,11 +48,7 @@ pub enum PromptSpec {
     /// `len` tokens made of the blocks `hash_ids` names, `block_tokens`
     /// each (the last possibly partial); tokens past the last block are
     /// unique to the request.
-    Blocks {
-        hash_ids: Vec<u64>,
-        block_tokens: usize,
-        len: usize,
-    },
+    Blocks { hash_ids: Vec<u64>, block_tokens: usize, len: usize },
     /// Built on the session's previous context (its prompt plus the
     /// stand-in for its output).
     Grow(Growth),
@@ -145,11 +141,7 @@ impl FromStr for Scale {
     type Err = String;
 
     fn from_str(s: &str) -> std::result::Result<Self, String> {
-        let parse = |x: &str| {
-            x.trim()
-                .parse::<f64>()
-                .map_err(|_| format!("{s:?} is not a scale (use e.g. 0.25 or 1/32)"))
-        };
+        let parse = |x: &str| x.trim().parse::<f64>().map_err(|_| format!("{s:?} is not a scale (use e.g. 0.25 or 1/32)"));
         let (num, den) = match s.split_once('/') {
             Some((a, b)) => (parse(a)?, parse(b)?),
             None => (parse(s)?, 1.0),
@@ -177,9 +169,7 @@ impl FromStr for Format {
             "mooncake" => Ok(Format::Mooncake),
             "bailian" | "qwen" => Ok(Format::Bailian),
             "session" | "kvc" => Ok(Format::Session),
-            _ => Err(format!(
-                "unknown trace format {s:?} (mooncake, bailian, session)"
-            )),
+            _ => Err(format!("unknown trace format {s:?} (mooncake, bailian, session)")),
         }
     }
 }
@@ -197,12 +187,7 @@ pub struct LoadOptions {
 
 impl Default for LoadOptions {
     fn default() -> Self {
-        LoadOptions {
-            format: None,
-            scale: Scale::ONE,
-            block_size: None,
-            skip: 0,
-        }
+        LoadOptions { format: None, scale: Scale::ONE, block_size: None, skip: 0 }
     }
 }
 
@@ -211,13 +196,9 @@ pub fn load(path: &Path, opts: &LoadOptions) -> Result<Workload> {
     let text = std::fs::read_to_string(path).map_err(|e| ReplayError::io(path, e))?;
     let format = match opts.format {
         Some(f) => f,
-        None => detect(&text).ok_or_else(|| {
-            ReplayError::trace(
-                path,
-                1,
-                "cannot tell the trace format from the first line; pass --format",
-            )
-        })?,
+        None => {
+            detect(&text).ok_or_else(|| ReplayError::trace(path, 1, "cannot tell the trace format from the first line; pass --format"))?
+        }
     };
     match format {
         Format::Mooncake => mooncake::parse(path, &text, opts),
@@ -243,18 +224,11 @@ pub fn detect(text: &str) -> Option<Format> {
 }
 
 /// Parses each non-empty line of JSONL text as `T`, with line numbers in errors.
-pub(crate) fn jsonl<T: serde::de::DeserializeOwned>(
-    path: &Path,
-    text: &str,
-) -> Result<Vec<(usize, T)>> {
+pub(crate) fn jsonl<T: serde::de::DeserializeOwned>(path: &Path, text: &str) -> Result<Vec<(usize, T)>> {
     text.lines()
         .enumerate()
         .filter(|(_, l)| !l.trim().is_empty())
-        .map(|(i, l)| {
-            serde_json::from_str(l)
-                .map(|r| (i + 1, r))
-                .map_err(|e| ReplayError::trace(path, i + 1, e.to_string()))
-        })
+        .map(|(i, l)| serde_json::from_str(l).map(|r| (i + 1, r)).map_err(|e| ReplayError::trace(path, i + 1, e.to_string())))
         .collect()
 }
 
@@ -262,19 +236,9 @@ pub(crate) fn jsonl<T: serde::de::DeserializeOwned>(
 /// `block`-token hash blocks: whole blocks become `scaled_block` tokens
 /// each, a partial tail is scaled on its own (at least one token), so the
 /// scaled prompt keeps its block boundaries aligned.
-pub fn scaled_block_len(
-    input_length: usize,
-    block: usize,
-    scaled_block: usize,
-    scale: Scale,
-) -> usize {
+pub fn scaled_block_len(input_length: usize, block: usize, scaled_block: usize, scale: Scale) -> usize {
     let (full, rem) = (input_length / block, input_length % block);
-    full * scaled_block
-        + if rem == 0 {
-            0
-        } else {
-            scale.len(rem).clamp(1, scaled_block)
-        }
+    full * scaled_block + if rem == 0 { 0 } else { scale.len(rem).clamp(1, scaled_block) }
 }
 
 #[cfg(test)]
@@ -310,20 +274,9 @@ mod tests {
 
     #[test]
     fn formats_are_detected_from_their_fields() {
-        assert_eq!(
-            detect(
-                "{\"timestamp\": 0, \"input_length\": 5, \"output_length\": 1, \"hash_ids\": [1]}"
-            ),
-            Some(Format::Mooncake)
-        );
-        assert_eq!(
-            detect("\n{\"chat_id\": 1, \"parent_chat_id\": -1}"),
-            Some(Format::Bailian)
-        );
-        assert_eq!(
-            detect("{\"session_id\": \"a\", \"turn\": 0}"),
-            Some(Format::Session)
-        );
+        assert_eq!(detect("{\"timestamp\": 0, \"input_length\": 5, \"output_length\": 1, \"hash_ids\": [1]}"), Some(Format::Mooncake));
+        assert_eq!(detect("\n{\"chat_id\": 1, \"parent_chat_id\": -1}"), Some(Format::Bailian));
+        assert_eq!(detect("{\"session_id\": \"a\", \"turn\": 0}"), Some(Format::Session));
         assert_eq!(detect("{\"x\": 1}"), None);
     }
 }

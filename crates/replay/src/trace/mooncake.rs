@@ -26,10 +26,7 @@ pub fn parse(path: &Path, text: &str, opts: &LoadOptions) -> Result<Workload> {
     let block = opts.block_size.unwrap_or(BLOCK_TOKENS);
     let scaled_block = opts.scale.block(block)?;
     let rows: Vec<(usize, Row)> = jsonl(path, text)?.into_iter().skip(opts.skip).collect();
-    let t0 = rows
-        .iter()
-        .map(|(_, r)| r.timestamp)
-        .fold(f64::INFINITY, f64::min);
+    let t0 = rows.iter().map(|(_, r)| r.timestamp).fold(f64::INFINITY, f64::min);
     let mut sessions = Vec::with_capacity(rows.len());
     for (line, r) in rows {
         if r.input_length == 0 {
@@ -52,10 +49,7 @@ pub fn parse(path: &Path, text: &str, opts: &LoadOptions) -> Result<Workload> {
     }
     // Replay in arrival order even if the file is not sorted.
     sessions.sort_by(|a, b| a.turns[0].arrival_s.total_cmp(&b.turns[0].arrival_s));
-    Ok(Workload {
-        source: format!("mooncake:{} (scale {})", path.display(), opts.scale),
-        sessions,
-    })
+    Ok(Workload { source: format!("mooncake:{} (scale {})", path.display(), opts.scale), sessions })
 }
 
 #[cfg(test)]
@@ -66,28 +60,15 @@ mod tests {
     fn requests_keep_hash_structure_and_rebase_time_when_scaled() {
         let text = "{\"timestamp\": 1000, \"input_length\": 1100, \"output_length\": 64, \"hash_ids\": [7, 8, 9]}\n\
                     {\"timestamp\": 3500, \"input_length\": 1024, \"output_length\": 3, \"hash_ids\": [7, 8]}\n";
-        let opts = LoadOptions {
-            scale: "1/32".parse().unwrap(),
-            ..Default::default()
-        };
+        let opts = LoadOptions { scale: "1/32".parse().unwrap(), ..Default::default() };
         let w = parse(Path::new("t.jsonl"), text, &opts).unwrap();
         assert_eq!(w.sessions.len(), 2);
         let t = &w.sessions[1].turns[0];
         assert_eq!(t.arrival_s, 2.5);
-        assert_eq!(
-            t.prompt,
-            PromptSpec::Blocks {
-                hash_ids: vec![7, 8],
-                block_tokens: 16,
-                len: 32
-            }
-        );
+        assert_eq!(t.prompt, PromptSpec::Blocks { hash_ids: vec![7, 8], block_tokens: 16, len: 32 });
         assert_eq!(t.output_tokens, 1);
         // 2 whole blocks + a 76-token tail scaled to 2 tokens.
-        assert!(matches!(
-            w.sessions[0].turns[0].prompt,
-            PromptSpec::Blocks { len: 34, .. }
-        ));
+        assert!(matches!(w.sessions[0].turns[0].prompt, PromptSpec::Blocks { len: 34, .. }));
         assert_eq!(w.sessions[0].turns[0].output_tokens, 2);
         assert!(w.sessions.iter().all(|s| s.id.is_none()));
     }

@@ -49,11 +49,7 @@ pub fn parse(path: &Path, text: &str, opts: &LoadOptions) -> Result<Workload> {
 
 /// A workload from rows (read from a file or made by a generator); rows
 /// with line numbers so errors can point at them.
-pub fn from_rows(
-    rows: Vec<(usize, SessionRow)>,
-    scale: super::Scale,
-    name: &str,
-) -> Result<Workload> {
+pub fn from_rows(rows: Vec<(usize, SessionRow)>, scale: super::Scale, name: &str) -> Result<Workload> {
     let path = Path::new(name);
     let mut order: Vec<String> = Vec::new();
     let mut by_id: HashMap<String, Vec<(usize, SessionRow)>> = HashMap::new();
@@ -61,10 +57,7 @@ pub fn from_rows(
         if !by_id.contains_key(&r.session_id) {
             order.push(r.session_id.clone());
         }
-        by_id
-            .entry(r.session_id.clone())
-            .or_default()
-            .push((line, r));
+        by_id.entry(r.session_id.clone()).or_default().push((line, r));
     }
     let mut sessions = Vec::with_capacity(order.len());
     for id in order {
@@ -75,36 +68,14 @@ pub fn from_rows(
         let mut turns = Vec::with_capacity(rows.len());
         for (i, (line, r)) in rows.into_iter().enumerate() {
             let growth = match (i, r.input_length, r.append_length) {
-                (_, Some(_), Some(_)) => {
-                    return Err(ReplayError::trace(
-                        path,
-                        line,
-                        "give input_length or append_length, not both",
-                    ))
-                }
-                (_, None, None) => {
-                    return Err(ReplayError::trace(
-                        path,
-                        line,
-                        "give input_length or append_length",
-                    ))
-                }
-                (0, Some(n), None) | (0, None, Some(n)) => Growth::Input {
-                    len: scale.len(n),
-                    keep: Some(0),
-                },
+                (_, Some(_), Some(_)) => return Err(ReplayError::trace(path, line, "give input_length or append_length, not both")),
+                (_, None, None) => return Err(ReplayError::trace(path, line, "give input_length or append_length")),
+                (0, Some(n), None) | (0, None, Some(n)) => Growth::Input { len: scale.len(n), keep: Some(0) },
                 (_, None, Some(n)) => Growth::Append(scale.len(n)),
-                (_, Some(n), None) => Growth::Input {
-                    len: scale.len(n),
-                    keep: r.keep_prefix.map(|k| scale.len(k)),
-                },
+                (_, Some(n), None) => Growth::Input { len: scale.len(n), keep: r.keep_prefix.map(|k| scale.len(k)) },
             };
             if r.think_time_s < 0.0 || !r.think_time_s.is_finite() {
-                return Err(ReplayError::trace(
-                    path,
-                    line,
-                    "think_time_s must be a non-negative number",
-                ));
+                return Err(ReplayError::trace(path, line, "think_time_s must be a non-negative number"));
             }
             if i > 0 {
                 arrival += r.think_time_s;
@@ -117,16 +88,10 @@ pub fn from_rows(
                 output_tokens: scale.len(r.output_length.max(1)),
             });
         }
-        sessions.push(Session {
-            id: Some(id),
-            turns,
-        });
+        sessions.push(Session { id: Some(id), turns });
     }
     sessions.sort_by(|a, b| a.turns[0].arrival_s.total_cmp(&b.turns[0].arrival_s));
-    Ok(Workload {
-        source: format!("session:{name} (scale {scale})"),
-        sessions,
-    })
+    Ok(Workload { source: format!("session:{name} (scale {scale})"), sessions })
 }
 
 /// Writes rows as JSONL.
@@ -136,9 +101,7 @@ pub fn write(path: &Path, rows: &[SessionRow]) -> Result<()> {
         serde_json::to_writer(&mut out, r)?;
         out.push(b'\n');
     }
-    std::fs::File::create(path)
-        .and_then(|mut f| f.write_all(&out))
-        .map_err(|e| ReplayError::io(path, e))
+    std::fs::File::create(path).and_then(|mut f| f.write_all(&out)).map_err(|e| ReplayError::io(path, e))
 }
 
 #[cfg(test)]
@@ -152,29 +115,11 @@ mod tests {
 {"session_id": "a", "turn": 0, "input_length": 200, "output_length": 10}
 {"session_id": "a", "turn": 2, "think_time_s": 1.0, "input_length": 300, "keep_prefix": 50, "output_length": 8}"#;
         let w = parse(Path::new("s.jsonl"), text, &LoadOptions::default()).unwrap();
-        assert_eq!(
-            w.sessions
-                .iter()
-                .map(|s| s.id.clone().unwrap())
-                .collect::<Vec<_>>(),
-            ["a", "b"]
-        );
+        assert_eq!(w.sessions.iter().map(|s| s.id.clone().unwrap()).collect::<Vec<_>>(), ["a", "b"]);
         let a = &w.sessions[0].turns;
-        assert_eq!(
-            a[0].prompt,
-            PromptSpec::Grow(Growth::Input {
-                len: 200,
-                keep: Some(0)
-            })
-        );
+        assert_eq!(a[0].prompt, PromptSpec::Grow(Growth::Input { len: 200, keep: Some(0) }));
         assert_eq!(a[1].prompt, PromptSpec::Grow(Growth::Append(64)));
-        assert_eq!(
-            a[2].prompt,
-            PromptSpec::Grow(Growth::Input {
-                len: 300,
-                keep: Some(50)
-            })
-        );
+        assert_eq!(a[2].prompt, PromptSpec::Grow(Growth::Input { len: 300, keep: Some(50) }));
         assert_eq!((a[1].think_s, a[2].arrival_s), (2.5, 3.5));
         assert_eq!(w.sessions[1].turns[0].arrival_s, 5.0);
     }
@@ -182,13 +127,8 @@ mod tests {
     #[test]
     fn a_turn_with_both_lengths_is_refused_with_its_line() {
         let text = "{\"session_id\": \"a\", \"turn\": 0, \"input_length\": 2, \"append_length\": 3, \"output_length\": 1}";
-        let err = parse(Path::new("s.jsonl"), text, &LoadOptions::default())
-            .unwrap_err()
-            .to_string();
-        assert!(
-            err.contains("s.jsonl:1") && err.contains("not both"),
-            "{err}"
-        );
+        let err = parse(Path::new("s.jsonl"), text, &LoadOptions::default()).unwrap_err().to_string();
+        assert!(err.contains("s.jsonl:1") && err.contains("not both"), "{err}");
     }
 
     #[test]
@@ -208,10 +148,7 @@ mod tests {
         let p = dir.join("rows.jsonl");
         write(&p, &rows).unwrap();
         let text = std::fs::read_to_string(&p).unwrap();
-        let back: Vec<SessionRow> = text
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect();
+        let back: Vec<SessionRow> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
         assert_eq!(back, rows);
         std::fs::remove_dir_all(&dir).ok();
     }

@@ -12,10 +12,7 @@ use serde_json::Value;
 /// The trace slice the tests replay: the last 43 requests of
 /// shared/traces/mooncake_synthetic_trace.jsonl (its busiest stretch for
 /// prefix sharing), copied so the tests do not depend on shared/.
-pub const MOONCAKE_SLICE: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/tests/data/mooncake_tail43.jsonl"
-);
+pub const MOONCAKE_SLICE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/mooncake_tail43.jsonl");
 
 /// `kvc-server` from this build's target directory (or `KVC_SERVER_BIN`).
 /// Cargo cannot build another package's binary for these tests, so it
@@ -26,39 +23,23 @@ pub fn server_bin() -> PathBuf {
     }
     // This test executable lives in <target>/<profile>/deps/.
     let exe = std::env::current_exe().expect("current_exe");
-    let profile_dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("target/<profile>");
+    let profile_dir = exe.parent().and_then(Path::parent).expect("target/<profile>");
     profile_dir.join(format!("kvc-server{}", std::env::consts::EXE_SUFFIX))
 }
 
 /// A port nobody listens on right now.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 pub fn http_get(port: u16, path: &str) -> Option<u16> {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\n\r\n"
-    )
-    .ok()?;
+    write!(s, "GET {path} HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\n\r\n").ok()?;
     let mut buf = [0u8; 32];
     let n = s.read(&mut buf).ok()?;
-    std::str::from_utf8(&buf[..n])
-        .ok()?
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()
+    std::str::from_utf8(&buf[..n]).ok()?.split_whitespace().nth(1)?.parse().ok()
 }
 
 /// A kvc-server child process on 127.0.0.1, killed on drop.
@@ -84,18 +65,10 @@ impl KvcServer {
             .args(["--host", "127.0.0.1", "--port", &port.to_string()])
             .args(extra)
             .stdout(Stdio::null())
-            .stderr(
-                std::fs::File::create(&log)
-                    .map(Stdio::from)
-                    .unwrap_or(Stdio::null()),
-            )
+            .stderr(std::fs::File::create(&log).map(Stdio::from).unwrap_or(Stdio::null()))
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin.display()));
-        let mut server = KvcServer {
-            child,
-            port,
-            url: format!("http://127.0.0.1:{port}"),
-        };
+        let mut server = KvcServer { child, port, url: format!("http://127.0.0.1:{port}") };
         let deadline = Instant::now() + Duration::from_secs(120);
         loop {
             if http_get(port, "/health") == Some(200) {
@@ -105,10 +78,7 @@ impl KvcServer {
                 let log = std::fs::read_to_string(&log).unwrap_or_default();
                 panic!("kvc-server exited with {status} before it was healthy:\n{log}");
             }
-            assert!(
-                Instant::now() < deadline,
-                "kvc-server not healthy within 120 s"
-            );
+            assert!(Instant::now() < deadline, "kvc-server not healthy within 120 s");
             std::thread::sleep(Duration::from_millis(100));
         }
     }
@@ -131,30 +101,15 @@ pub fn scratch(name: &str) -> PathBuf {
 
 /// Runs `kvc-replay` with `args`, asserting it succeeds; returns stdout.
 pub fn replay(args: &[&str]) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_kvc-replay"))
-        .args(args)
-        .output()
-        .expect("run kvc-replay");
-    assert!(
-        out.status.success(),
-        "kvc-replay {args:?} failed ({}):\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = Command::new(env!("CARGO_BIN_EXE_kvc-replay")).args(args).output().expect("run kvc-replay");
+    assert!(out.status.success(), "kvc-replay {args:?} failed ({}):\n{}", out.status, String::from_utf8_lossy(&out.stderr));
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 pub fn read_json(path: &Path) -> Value {
-    serde_json::from_str(
-        &std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display())),
-    )
-    .unwrap()
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))).unwrap()
 }
 
 pub fn read_rows(path: &Path) -> Vec<Value> {
-    std::fs::read_to_string(path)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
+    std::fs::read_to_string(path).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
 }

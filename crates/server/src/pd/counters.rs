@@ -13,64 +13,21 @@ pub struct PdCounters {
 
 /// Metric names and help texts; the exposition lists only these.
 const HELP: &[(&str, &str, &str)] = &[
-    (
-        "kvc_prefill_path_decisions_total",
-        "counter",
-        "Where decode workers computed prompt suffixes, by path and reason.",
-    ),
-    (
-        "kvc_remote_prefill_total",
-        "counter",
-        "Remote prefills asked of prefill workers, by outcome (ok, failed).",
-    ),
-    (
-        "kvc_remote_prefill_served_total",
-        "counter",
-        "Remote prefills this prefill worker served, by outcome.",
-    ),
-    (
-        "kvc_bypass_total",
-        "counter",
-        "Remote prefills of a session: its snapshot covered a prefix (hit) or not (miss).",
-    ),
-    (
-        "kvc_disagg_fallbacks_total",
-        "counter",
-        "Transfers or peers that failed and were replaced by local recomputation, by reason.",
-    ),
-    (
-        "kvc_snapshot_push_sent_total",
-        "counter",
-        "Session snapshot pushes committed at the prefill worker.",
-    ),
-    (
-        "kvc_snapshot_push_failed_total",
-        "counter",
-        "Session snapshot pushes abandoned, by reason.",
-    ),
-    (
-        "kvc_kv_transfer_bytes_total",
-        "counter",
-        "KV bytes written to peers, by kind (remote_prefill, snapshot).",
-    ),
-    (
-        "kvc_kv_transfer_bandwidth_bytes_per_second",
-        "gauge",
-        "Moving average of measured KV transfer bandwidth.",
-    ),
-    (
-        "kvc_prefill_peer_healthy",
-        "gauge",
-        "1 while a prefill peer answers its state polls.",
-    ),
+    ("kvc_prefill_path_decisions_total", "counter", "Where decode workers computed prompt suffixes, by path and reason."),
+    ("kvc_remote_prefill_total", "counter", "Remote prefills asked of prefill workers, by outcome (ok, failed)."),
+    ("kvc_remote_prefill_served_total", "counter", "Remote prefills this prefill worker served, by outcome."),
+    ("kvc_bypass_total", "counter", "Remote prefills of a session: its snapshot covered a prefix (hit) or not (miss)."),
+    ("kvc_disagg_fallbacks_total", "counter", "Transfers or peers that failed and were replaced by local recomputation, by reason."),
+    ("kvc_snapshot_push_sent_total", "counter", "Session snapshot pushes committed at the prefill worker."),
+    ("kvc_snapshot_push_failed_total", "counter", "Session snapshot pushes abandoned, by reason."),
+    ("kvc_kv_transfer_bytes_total", "counter", "KV bytes written to peers, by kind (remote_prefill, snapshot)."),
+    ("kvc_kv_transfer_bandwidth_bytes_per_second", "gauge", "Moving average of measured KV transfer bandwidth."),
+    ("kvc_prefill_peer_healthy", "gauge", "1 while a prefill peer answers its state polls."),
 ];
 
 impl PdCounters {
     pub fn add(&self, metric: &'static str, labels: &[(&str, &str)], v: f64) {
-        debug_assert!(
-            HELP.iter().any(|h| h.0 == metric),
-            "{metric} has no help text"
-        );
+        debug_assert!(HELP.iter().any(|h| h.0 == metric), "{metric} has no help text");
         let mut m = self.values.lock().unwrap_or_else(|e| e.into_inner());
         *m.entry((metric, render_labels(labels))).or_insert(0.0) += v;
     }
@@ -86,9 +43,7 @@ impl PdCounters {
 
     pub fn get(&self, metric: &'static str, labels: &[(&str, &str)]) -> f64 {
         let m = self.values.lock().unwrap_or_else(|e| e.into_inner());
-        m.get(&(metric, render_labels(labels)))
-            .copied()
-            .unwrap_or(0.0)
+        m.get(&(metric, render_labels(labels))).copied().unwrap_or(0.0)
     }
 
     /// Appends the exposition of every metric seen so far.
@@ -112,10 +67,7 @@ fn render_labels(labels: &[(&str, &str)]) -> String {
     if labels.is_empty() {
         return String::new();
     }
-    let parts: Vec<String> = labels
-        .iter()
-        .map(|(k, v)| format!("{k}=\"{}\"", v.replace('\\', "\\\\").replace('"', "\\\"")))
-        .collect();
+    let parts: Vec<String> = labels.iter().map(|(k, v)| format!("{k}=\"{}\"", v.replace('\\', "\\\\").replace('"', "\\\""))).collect();
     format!("{{{}}}", parts.join(","))
 }
 
@@ -126,26 +78,14 @@ mod tests {
     #[test]
     fn counters_render_with_help_type_and_escaped_labels() {
         let c = PdCounters::default();
-        c.inc(
-            "kvc_disagg_fallbacks_total",
-            &[("reason", "remote_prefill_failed")],
-        );
-        c.inc(
-            "kvc_disagg_fallbacks_total",
-            &[("reason", "remote_prefill_failed")],
-        );
+        c.inc("kvc_disagg_fallbacks_total", &[("reason", "remote_prefill_failed")]);
+        c.inc("kvc_disagg_fallbacks_total", &[("reason", "remote_prefill_failed")]);
         c.set("kvc_prefill_peer_healthy", &[("peer", "http://a\"b")], 1.0);
         let mut out = String::new();
         c.render(&mut out);
         assert!(out.contains("# TYPE kvc_disagg_fallbacks_total counter"));
         assert!(out.contains("kvc_disagg_fallbacks_total{reason=\"remote_prefill_failed\"} 2"));
         assert!(out.contains("kvc_prefill_peer_healthy{peer=\"http://a\\\"b\"} 1"));
-        assert_eq!(
-            c.get(
-                "kvc_disagg_fallbacks_total",
-                &[("reason", "remote_prefill_failed")]
-            ),
-            2.0
-        );
+        assert_eq!(c.get("kvc_disagg_fallbacks_total", &[("reason", "remote_prefill_failed")]), 2.0);
     }
 }

@@ -28,11 +28,7 @@ pub struct Route {
 }
 
 /// Starts `req` on this decode worker.
-pub async fn start(
-    state: &AppState,
-    pd: &PdState,
-    mut req: GenerateRequest,
-) -> Result<(RequestStream, Route), ApiError> {
+pub async fn start(state: &AppState, pd: &PdState, mut req: GenerateRequest) -> Result<(RequestStream, Route), ApiError> {
     let engine = &state.engine;
     let info = engine.info();
     let n = req.prompt_tokens.len();
@@ -40,17 +36,10 @@ pub async fn start(
     // Without a session or peer, a prompt below the threshold cannot go
     // remote: skip the reservation round trip.
     if peer.is_none() || (n < pd.config.min_remote_tokens && req.session_id.is_none()) {
-        let reason = if peer.is_none() {
-            "no_prefill_peer"
-        } else {
-            "suffix_below_threshold"
-        };
+        let reason = if peer.is_none() { "no_prefill_peer" } else { "suffix_below_threshold" };
         return local(state, pd, req, PrefillPath::Local, reason);
     }
-    let reservation = match engine
-        .reserve(req.session_id.as_deref(), &req.prompt_tokens)
-        .await
-    {
+    let reservation = match engine.reserve(req.session_id.as_deref(), &req.prompt_tokens).await {
         Ok(r) => r,
         Err(e) => {
             // The scheduler can still serve it (it preempts or waits).
@@ -64,11 +53,7 @@ pub async fn start(
         healthy: peer.healthy,
         queued_requests: peer.state.as_ref().map_or(0, |s| s.running + s.waiting),
         prefill_tokens_per_s: peer.state.as_ref().map_or(0.0, |s| s.prefill_tokens_per_s),
-        snapshot_tokens: req
-            .session_id
-            .as_ref()
-            .and_then(|s| peer.state.as_ref()?.snapshots.get(s).copied())
-            .unwrap_or(0),
+        snapshot_tokens: req.session_id.as_ref().and_then(|s| peer.state.as_ref()?.snapshots.get(s).copied()).unwrap_or(0),
     };
     let inputs = PathInputs {
         prompt_tokens: n,
@@ -87,10 +72,7 @@ pub async fn start(
         peer: Some(view),
     };
     let d = decide(&inputs);
-    pd.counters.inc(
-        "kvc_prefill_path_decisions_total",
-        &[("path", d.path.as_str()), ("reason", d.reason)],
-    );
+    pd.counters.inc("kvc_prefill_path_decisions_total", &[("path", d.path.as_str()), ("reason", d.reason)]);
     tracing::info!(
         event = "prefill_path", request_id = %req.request_id, path = d.path.as_str(), reason = d.reason,
         prompt_tokens = n, held_tokens = reservation.held_tokens, snapshot_tokens = view.snapshot_tokens,
@@ -98,17 +80,8 @@ pub async fn start(
     );
     if d.path != PrefillPath::Remote {
         let held = reservation.held_tokens;
-        let stream = engine
-            .submit_reserved(req, reservation, held, None)
-            .map_err(ApiError::completion_engine)?;
-        return Ok((
-            stream,
-            Route {
-                path: d.path.as_str(),
-                reason: d.reason,
-                ..Default::default()
-            },
-        ));
+        let stream = engine.submit_reserved(req, reservation, held, None).map_err(ApiError::completion_engine)?;
+        return Ok((stream, Route { path: d.path.as_str(), reason: d.reason, ..Default::default() }));
     }
     // The first token is sampled on P: give it the seed D continues with.
     if req.sampling.seed.is_none() {
@@ -129,13 +102,7 @@ pub async fn start(
     let last_write = pd.config.remote_prefill_budget + pd.link.timeout + Duration::from_secs(2);
     let guard = Quarantine::new(reservation, last_write);
     let started = Instant::now();
-    let sent = pd
-        .client
-        .post(&format!("{}/internal/prefill", peer.url))
-        .json(&body)
-        .timeout(last_write)
-        .send()
-        .await;
+    let sent = pd.client.post(&format!("{}/internal/prefill", peer.url)).json(&body).timeout(last_write).send().await;
     let answer: Result<RemotePrefillResponse, String> = match sent {
         Ok(r) if r.status().is_success() => r.json().await.map_err(|e| format!("bad answer: {e}")),
         Ok(r) => {
@@ -147,63 +114,30 @@ pub async fn start(
     let reservation = guard.defuse();
     match answer {
         Ok(a) => {
-            pd.counters
-                .inc("kvc_remote_prefill_total", &[("outcome", "ok")]);
-            pd.counters.add(
-                "kvc_kv_transfer_bytes_total",
-                &[("kind", "remote_prefill_received")],
-                a.transfer_bytes as f64,
-            );
-            let path = if a.bypass_tokens > 0 {
-                "bypass"
-            } else {
-                "remote_prefill"
-            };
-            pd.observe_remote_overhead(
-                started.elapsed().as_secs_f64() - (a.prefill_ms + a.transfer_ms) / 1e3,
-            );
+            pd.counters.inc("kvc_remote_prefill_total", &[("outcome", "ok")]);
+            pd.counters.add("kvc_kv_transfer_bytes_total", &[("kind", "remote_prefill_received")], a.transfer_bytes as f64);
+            let path = if a.bypass_tokens > 0 { "bypass" } else { "remote_prefill" };
+            pd.observe_remote_overhead(started.elapsed().as_secs_f64() - (a.prefill_ms + a.transfer_ms) / 1e3);
             tracing::info!(
                 event = "remote_prefill_ok", request_id = %req.request_id, path, computed_on_peer = a.computed_tokens,
                 bypass_tokens = a.bypass_tokens, transferred_tokens = a.transferred_tokens, prefill_ms = a.prefill_ms,
                 transfer_ms = a.transfer_ms, total_ms = started.elapsed().as_secs_f64() * 1e3
             );
-            let route = Route {
-                path,
-                reason: d.reason,
-                remote_computed_tokens: Some(a.computed_tokens),
-                transferred_tokens: a.transferred_tokens,
-            };
-            let stream = engine
-                .submit_reserved(req, reservation, n, Some((a.first_token, a.logprobs)))
-                .map_err(ApiError::completion_engine)?;
+            let route =
+                Route { path, reason: d.reason, remote_computed_tokens: Some(a.computed_tokens), transferred_tokens: a.transferred_tokens };
+            let stream =
+                engine.submit_reserved(req, reservation, n, Some((a.first_token, a.logprobs))).map_err(ApiError::completion_engine)?;
             Ok((stream, route))
         }
         Err(e) => {
-            pd.counters
-                .inc("kvc_remote_prefill_total", &[("outcome", "failed")]);
-            pd.counters.inc(
-                "kvc_disagg_fallbacks_total",
-                &[("reason", "remote_prefill_failed")],
-            );
+            pd.counters.inc("kvc_remote_prefill_total", &[("outcome", "failed")]);
+            pd.counters.inc("kvc_disagg_fallbacks_total", &[("reason", "remote_prefill_failed")]);
             pd.peers.mark(&peer.url, false, None, &pd.counters);
             tracing::warn!(event = "fallback", reason = "remote_prefill_failed", request_id = %req.request_id, peer = %peer.url, error = %e, "computing locally instead");
             let held = reservation.held_tokens;
-            let here = if reservation.reuse_reason == "session_hit" {
-                PrefillPath::DirectAppend
-            } else {
-                PrefillPath::Local
-            };
-            let stream = engine
-                .submit_reserved(req, reservation, held, None)
-                .map_err(ApiError::completion_engine)?;
-            Ok((
-                stream,
-                Route {
-                    path: here.as_str(),
-                    reason: "fallback_remote_prefill_failed",
-                    ..Default::default()
-                },
-            ))
+            let here = if reservation.reuse_reason == "session_hit" { PrefillPath::DirectAppend } else { PrefillPath::Local };
+            let stream = engine.submit_reserved(req, reservation, held, None).map_err(ApiError::completion_engine)?;
+            Ok((stream, Route { path: here.as_str(), reason: "fallback_remote_prefill_failed", ..Default::default() }))
         }
     }
 }
@@ -215,22 +149,9 @@ fn local(
     path: PrefillPath,
     reason: &'static str,
 ) -> Result<(RequestStream, Route), ApiError> {
-    pd.counters.inc(
-        "kvc_prefill_path_decisions_total",
-        &[("path", path.as_str()), ("reason", reason)],
-    );
-    let stream = state
-        .engine
-        .submit(req)
-        .map_err(ApiError::completion_engine)?;
-    Ok((
-        stream,
-        Route {
-            path: path.as_str(),
-            reason,
-            ..Default::default()
-        },
-    ))
+    pd.counters.inc("kvc_prefill_path_decisions_total", &[("path", path.as_str()), ("reason", reason)]);
+    let stream = state.engine.submit(req).map_err(ApiError::completion_engine)?;
+    Ok((stream, Route { path: path.as_str(), reason, ..Default::default() }))
 }
 
 /// Holds a reservation while a prefill worker may write into it. If the
@@ -243,17 +164,12 @@ struct Quarantine {
 
 impl Quarantine {
     fn new(reservation: Reservation, hold: Duration) -> Self {
-        Self {
-            reservation: Some(reservation),
-            hold,
-        }
+        Self { reservation: Some(reservation), hold }
     }
 
     /// The peer answered (or failed for good): the blocks are safe to use.
     fn defuse(mut self) -> Reservation {
-        self.reservation
-            .take()
-            .expect("reservation present until defused")
+        self.reservation.take().expect("reservation present until defused")
     }
 }
 
@@ -261,11 +177,7 @@ impl Drop for Quarantine {
     fn drop(&mut self) {
         if let Some(r) = self.reservation.take() {
             let hold = self.hold;
-            tracing::info!(
-                event = "reservation_quarantined",
-                hold_s = hold.as_secs(),
-                "request dropped during a remote prefill"
-            );
+            tracing::info!(event = "reservation_quarantined", hold_s = hold.as_secs(), "request dropped during a remote prefill");
             if let Ok(rt) = tokio::runtime::Handle::try_current() {
                 rt.spawn(async move {
                     tokio::time::sleep(hold).await;

@@ -7,9 +7,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use kvc_disagg::transport::KvTransport;
-use kvc_disagg::{
-    BlockCopy, HandshakeRecord, MooncakeConfig, MooncakeTransport, Peer, PoolMemory, TransferReport,
-};
+use kvc_disagg::{BlockCopy, HandshakeRecord, MooncakeConfig, MooncakeTransport, Peer, PoolMemory, TransferReport};
 use kvc_engine::EngineHandle;
 
 pub struct KvLink {
@@ -22,40 +20,20 @@ pub struct KvLink {
 
 impl KvLink {
     /// Registers the engine's pool with a Mooncake engine.
-    pub fn start(
-        engine: &EngineHandle,
-        host: &str,
-        protocol: &str,
-        timeout: Duration,
-    ) -> anyhow::Result<Self> {
+    pub fn start(engine: &EngineHandle, host: &str, protocol: &str, timeout: Duration) -> anyhow::Result<Self> {
         let info = engine.info();
-        let region = info.kv_region.ok_or_else(|| {
-            anyhow::anyhow!(
-                "the KV pool's memory cannot be registered with a KV transport on this device"
-            )
-        })?;
-        let memory = PoolMemory {
-            layout: info.kv_layout,
-            num_blocks: info.num_kv_blocks,
-            region,
-        };
-        let config = MooncakeConfig {
-            host: host.to_string(),
-            protocol: protocol.to_string(),
-            ..MooncakeConfig::default()
-        };
+        let region = info
+            .kv_region
+            .ok_or_else(|| anyhow::anyhow!("the KV pool's memory cannot be registered with a KV transport on this device"))?;
+        let memory = PoolMemory { layout: info.kv_layout, num_blocks: info.num_kv_blocks, region };
+        let config = MooncakeConfig { host: host.to_string(), protocol: protocol.to_string(), ..MooncakeConfig::default() };
         // The region lives as long as the engine; the link is dropped
         // before the engine (field order of `PdState`).
         let transport = MooncakeTransport::new(&config, memory).map_err(|e| {
             anyhow::anyhow!("cannot start the KV transport ({e}); prefill/decode roles need Mooncake: run scripts/mooncake_setup.sh")
         })?;
         tracing::info!(event = "kv_link_started", segment = %transport.local_record().segment, protocol, location = ?region.location, "KV transport ready");
-        Ok(Self {
-            transport,
-            peers: Mutex::new(HashMap::new()),
-            bandwidth: Mutex::new(0.0),
-            timeout,
-        })
+        Ok(Self { transport, peers: Mutex::new(HashMap::new()), bandwidth: Mutex::new(0.0), timeout })
     }
 
     pub fn record(&self) -> &HandshakeRecord {
@@ -80,25 +58,12 @@ impl KvLink {
     /// Writes local blocks `src` into the remote pool's blocks `dst`
     /// (every layer) and waits for confirmation. Blocking: call from
     /// `spawn_blocking`.
-    pub fn write(
-        &self,
-        remote: &HandshakeRecord,
-        src: &[u32],
-        dst: &[u32],
-    ) -> Result<TransferReport, kvc_disagg::DisaggError> {
+    pub fn write(&self, remote: &HandshakeRecord, src: &[u32], dst: &[u32]) -> Result<TransferReport, kvc_disagg::DisaggError> {
         if src.len() != dst.len() {
-            return Err(kvc_disagg::DisaggError::Control(format!(
-                "{} source blocks for {} destination blocks",
-                src.len(),
-                dst.len()
-            )));
+            return Err(kvc_disagg::DisaggError::Control(format!("{} source blocks for {} destination blocks", src.len(), dst.len())));
         }
         if src.is_empty() {
-            return Ok(TransferReport {
-                bytes: 0,
-                ranges: 0,
-                elapsed: Duration::ZERO,
-            });
+            return Ok(TransferReport { bytes: 0, ranges: 0, elapsed: Duration::ZERO });
         }
         let peer = self.peer(remote)?;
         let copies = BlockCopy::all_layers(self.record().num_layers, src, dst);
@@ -117,19 +82,12 @@ impl KvLink {
                     "KV blocks written"
                 );
                 let mut b = self.bandwidth.lock().unwrap_or_else(|e| e.into_inner());
-                *b = if *b == 0.0 {
-                    rate
-                } else {
-                    0.8 * *b + 0.2 * rate
-                };
+                *b = if *b == 0.0 { rate } else { 0.8 * *b + 0.2 * rate };
             }
             Ok(_) => {}
             Err(_) => {
                 // The peer may have restarted: reopen next time.
-                self.peers
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .remove(&(remote.segment.clone(), remote.base_addr));
+                self.peers.lock().unwrap_or_else(|e| e.into_inner()).remove(&(remote.segment.clone(), remote.base_addr));
             }
         }
         result

@@ -73,19 +73,13 @@ impl PdState {
                 },
                 remote_prefill_budget: Duration::from_secs(d.remote_prefill_timeout_s.max(1)),
             },
-            hold: std::env::var("KVC_FAULT_HOLD")
-                .map(|v| v.split(',').map(str::to_string).collect())
-                .unwrap_or_default(),
+            hold: std::env::var("KVC_FAULT_HOLD").map(|v| v.split(',').map(str::to_string).collect()).unwrap_or_default(),
             remote_overhead: std::sync::Mutex::new(0.0),
             _engine: engine.clone(),
         });
         if args.role == Role::Decode {
             let interval = Duration::from_secs_f64(d.peer_poll_interval_s.max(0.05));
-            tokio::spawn(state.peers.clone().monitor(
-                state.client.clone(),
-                interval,
-                state.counters.clone(),
-            ));
+            tokio::spawn(state.peers.clone().monitor(state.client.clone(), interval, state.counters.clone()));
             if let Some(jobs) = engine.take_snapshot_jobs() {
                 tokio::spawn(pusher::run(engine.clone(), state.clone(), jobs));
             }
@@ -95,21 +89,14 @@ impl PdState {
 
     /// The measured fixed cost of a remote prefill (2 ms until measured).
     pub fn remote_overhead_s(&self) -> f64 {
-        match *self
-            .remote_overhead
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-        {
+        match *self.remote_overhead.lock().unwrap_or_else(|e| e.into_inner()) {
             x if x > 0.0 => x,
             _ => 0.002,
         }
     }
 
     pub fn observe_remote_overhead(&self, s: f64) {
-        let mut o = self
-            .remote_overhead
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let mut o = self.remote_overhead.lock().unwrap_or_else(|e| e.into_inner());
         let s = s.max(0.0);
         *o = if *o == 0.0 { s } else { 0.8 * *o + 0.2 * s };
     }

@@ -25,26 +25,16 @@ pub struct PeerClient {
 
 impl PeerClient {
     pub fn new(token: &str) -> Self {
-        let http = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(2))
-            .build()
-            .expect("HTTP client builds");
-        Self {
-            http,
-            token: token.to_string(),
-        }
+        let http = reqwest::Client::builder().connect_timeout(Duration::from_secs(2)).build().expect("HTTP client builds");
+        Self { http, token: token.to_string() }
     }
 
     pub fn get(&self, url: &str) -> reqwest::RequestBuilder {
-        self.http
-            .get(url)
-            .header("x-kvc-cluster-token", &self.token)
+        self.http.get(url).header("x-kvc-cluster-token", &self.token)
     }
 
     pub fn post(&self, url: &str) -> reqwest::RequestBuilder {
-        self.http
-            .post(url)
-            .header("x-kvc-cluster-token", &self.token)
+        self.http.post(url).header("x-kvc-cluster-token", &self.token)
     }
 }
 
@@ -54,16 +44,8 @@ pub struct PrefillPeers {
 
 impl PrefillPeers {
     pub fn new(urls: &[String]) -> Self {
-        let peers = urls
-            .iter()
-            .map(|u| PeerStatus {
-                url: u.trim_end_matches('/').to_string(),
-                ..Default::default()
-            })
-            .collect();
-        Self {
-            peers: Mutex::new(peers),
-        }
+        let peers = urls.iter().map(|u| PeerStatus { url: u.trim_end_matches('/').to_string(), ..Default::default() }).collect();
+        Self { peers: Mutex::new(peers) }
     }
 
     pub fn all(&self) -> Vec<PeerStatus> {
@@ -80,17 +62,10 @@ impl PrefillPeers {
         }
         if let Some(s) = session {
             // A peer already holding the session's snapshot wins.
-            if let Some(p) = peers.iter().filter(|p| p.healthy).max_by_key(|p| {
-                p.state
-                    .as_ref()
-                    .and_then(|st| st.snapshots.get(s))
-                    .copied()
-                    .unwrap_or(0)
-            }) {
-                if p.state
-                    .as_ref()
-                    .is_some_and(|st| st.snapshots.contains_key(s))
-                {
+            if let Some(p) =
+                peers.iter().filter(|p| p.healthy).max_by_key(|p| p.state.as_ref().and_then(|st| st.snapshots.get(s)).copied().unwrap_or(0))
+            {
+                if p.state.as_ref().is_some_and(|st| st.snapshots.contains_key(s)) {
                     return Some(p.clone());
                 }
             }
@@ -99,62 +74,29 @@ impl PrefillPeers {
                 return Some(home.clone());
             }
         }
-        let load = |p: &PeerStatus| {
-            p.state
-                .as_ref()
-                .map_or(usize::MAX, |s| s.running + s.waiting)
-        };
-        peers
-            .iter()
-            .filter(|p| p.healthy)
-            .min_by_key(|p| load(p))
-            .or(peers.first())
-            .cloned()
+        let load = |p: &PeerStatus| p.state.as_ref().map_or(usize::MAX, |s| s.running + s.waiting);
+        peers.iter().filter(|p| p.healthy).min_by_key(|p| load(p)).or(peers.first()).cloned()
     }
 
-    pub fn mark(
-        &self,
-        url: &str,
-        healthy: bool,
-        state: Option<WorkerState>,
-        counters: &PdCounters,
-    ) {
+    pub fn mark(&self, url: &str, healthy: bool, state: Option<WorkerState>, counters: &PdCounters) {
         let mut peers = self.peers.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(p) = peers.iter_mut().find(|p| p.url == url) {
             if p.healthy != healthy {
-                tracing::info!(
-                    event = "peer_health",
-                    peer = url,
-                    healthy,
-                    "prefill peer health changed"
-                );
+                tracing::info!(event = "peer_health", peer = url, healthy, "prefill peer health changed");
             }
             p.healthy = healthy;
             if state.is_some() {
                 p.state = state;
             }
-            counters.set(
-                "kvc_prefill_peer_healthy",
-                &[("peer", url)],
-                if healthy { 1.0 } else { 0.0 },
-            );
+            counters.set("kvc_prefill_peer_healthy", &[("peer", url)], if healthy { 1.0 } else { 0.0 });
         }
     }
 
     /// Polls every peer forever.
-    pub async fn monitor(
-        self: Arc<Self>,
-        client: PeerClient,
-        interval: Duration,
-        counters: Arc<PdCounters>,
-    ) {
+    pub async fn monitor(self: Arc<Self>, client: PeerClient, interval: Duration, counters: Arc<PdCounters>) {
         loop {
             for p in self.all() {
-                let got = client
-                    .get(&format!("{}/internal/state", p.url))
-                    .timeout(Duration::from_secs(2))
-                    .send()
-                    .await;
+                let got = client.get(&format!("{}/internal/state", p.url)).timeout(Duration::from_secs(2)).send().await;
                 let state = match got {
                     Ok(r) if r.status().is_success() => r.json::<WorkerState>().await.ok(),
                     _ => None,

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use axum::extract::{Path, State};
 use axum::Json;
 use kvc_disagg::protocol::{
-    RemotePrefillRequest, RemotePrefillResponse, SnapshotCommitResponse, SnapshotFinishRequest,
-    SnapshotReserveRequest, SnapshotReserveResponse, SnapshotStatus,
+    RemotePrefillRequest, RemotePrefillResponse, SnapshotCommitResponse, SnapshotFinishRequest, SnapshotReserveRequest,
+    SnapshotReserveResponse, SnapshotStatus,
 };
 use kvc_disagg::HandshakeRecord;
 use kvc_engine::{GenerateRequest, StreamEvent};
@@ -28,18 +28,12 @@ macro_rules! json_body {
         }
     )*};
 }
-json_body!(
-    RemotePrefillRequest,
-    SnapshotReserveRequest,
-    SnapshotFinishRequest
-);
+json_body!(RemotePrefillRequest, SnapshotReserveRequest, SnapshotFinishRequest);
 
 use super::PdState;
 
 fn pd(state: &AppState) -> Result<&PdState, ApiError> {
-    state.pd.as_deref().ok_or_else(|| {
-        ApiError::bad_request("this worker takes no KV transfers (--role both)", None)
-    })
+    state.pd.as_deref().ok_or_else(|| ApiError::bad_request("this worker takes no KV transfers (--role both)", None))
 }
 
 pub async fn handshake(State(state): State<AppState>) -> Result<Json<HandshakeRecord>, ApiError> {
@@ -56,8 +50,7 @@ pub async fn remote_prefill(
     let deadline = Instant::now() + budget;
     let result = serve_prefill(&state, pd, req, deadline, budget).await;
     let outcome = if result.is_ok() { "ok" } else { "failed" };
-    pd.counters
-        .inc("kvc_remote_prefill_served_total", &[("outcome", outcome)]);
+    pd.counters.inc("kvc_remote_prefill_served_total", &[("outcome", outcome)]);
     result.map(Json)
 }
 
@@ -70,10 +63,7 @@ async fn serve_prefill(
 ) -> Result<RemotePrefillResponse, ApiError> {
     let bs = state.engine.info().block_size;
     let n = req.prompt_tokens.len();
-    if req.skip_tokens % bs != 0
-        || req.skip_tokens >= n
-        || req.dst_blocks.len() != n.div_ceil(bs) - req.skip_tokens / bs
-    {
+    if req.skip_tokens % bs != 0 || req.skip_tokens >= n || req.dst_blocks.len() != n.div_ceil(bs) - req.skip_tokens / bs {
         return Err(ApiError::bad_request(
             format!(
                 "skip_tokens {} / {} dst_blocks do not fit a {n}-token prompt in blocks of {bs}",
@@ -83,10 +73,7 @@ async fn serve_prefill(
             Some("dst_blocks"),
         ));
     }
-    pd.link
-        .record()
-        .check_compatible(&req.dst)
-        .map_err(|e| ApiError::bad_request(e.to_string(), Some("dst")))?;
+    pd.link.record().check_compatible(&req.dst).map_err(|e| ApiError::bad_request(e.to_string(), Some("dst")))?;
     let started = Instant::now();
     let mut sampling = req.sampling.clone();
     sampling.max_tokens = 1;
@@ -96,19 +83,12 @@ async fn serve_prefill(
         sampling,
         session_id: req.session_id.clone(),
     };
-    let mut stream = state
-        .engine
-        .submit_export(gen)
-        .map_err(ApiError::completion_engine)?;
+    let mut stream = state.engine.submit_export(gen).map_err(ApiError::completion_engine)?;
     let (mut first, mut logprobs, mut finished) = (None, None, None);
     let wait = tokio::time::timeout_at(deadline.into(), async {
         while let Some(ev) = stream.recv().await {
             match ev {
-                StreamEvent::Token {
-                    token_id,
-                    logprobs: lp,
-                    ..
-                } => {
+                StreamEvent::Token { token_id, logprobs: lp, .. } => {
                     if first.is_none() {
                         first = Some(token_id);
                         logprobs = lp;
@@ -118,34 +98,23 @@ async fn serve_prefill(
                     finished = Some((usage, export));
                     break;
                 }
-                StreamEvent::Error(e) => {
-                    return Err(ApiError::Internal(format!("prefill failed: {e}")))
-                }
+                StreamEvent::Error(e) => return Err(ApiError::Internal(format!("prefill failed: {e}"))),
             }
         }
         Ok(())
     })
     .await;
     match wait {
-        Err(_) => {
-            return Err(ApiError::Timeout {
-                timeout_s: budget.as_secs(),
-            })
-        }
+        Err(_) => return Err(ApiError::Timeout { timeout_s: budget.as_secs() }),
         Ok(r) => r?,
     }
-    let (usage, lease) = finished.ok_or_else(|| {
-        ApiError::Internal("the engine ended the prefill without a result".into())
-    })?;
-    let lease =
-        lease.ok_or_else(|| ApiError::Internal("the prefill's KV was not exported".into()))?;
+    let (usage, lease) = finished.ok_or_else(|| ApiError::Internal("the engine ended the prefill without a result".into()))?;
+    let lease = lease.ok_or_else(|| ApiError::Internal("the prefill's KV was not exported".into()))?;
     let first = first.ok_or_else(|| ApiError::Internal("the prefill produced no token".into()))?;
     let prefill_ms = started.elapsed().as_secs_f64() * 1e3;
     pd.hold_if_asked("remote_prefill").await;
     if Instant::now() > deadline {
-        return Err(ApiError::Timeout {
-            timeout_s: budget.as_secs(),
-        });
+        return Err(ApiError::Timeout { timeout_s: budget.as_secs() });
     }
     let src = lease.blocks()[req.skip_tokens / bs..].to_vec();
     let (link, dst, dst_blocks) = (pd.link.clone(), req.dst.clone(), req.dst_blocks.clone());
@@ -154,16 +123,8 @@ async fn serve_prefill(
         .map_err(|e| ApiError::Internal(format!("transfer task failed: {e}")))?
         .map_err(|e| ApiError::Internal(format!("KV transfer to the decode worker failed: {e}")))?;
     drop(lease);
-    pd.counters.add(
-        "kvc_kv_transfer_bytes_total",
-        &[("kind", "remote_prefill")],
-        report.bytes as f64,
-    );
-    let bypass = if usage.reuse_reason == "bypass" {
-        usage.cached_tokens
-    } else {
-        0
-    };
+    pd.counters.add("kvc_kv_transfer_bytes_total", &[("kind", "remote_prefill")], report.bytes as f64);
+    let bypass = if usage.reuse_reason == "bypass" { usage.cached_tokens } else { 0 };
     if let Some(s) = &req.session_id {
         let hit = if bypass > 0 { "hit" } else { "miss" };
         pd.counters.inc("kvc_bypass_total", &[("result", hit)]);
@@ -187,10 +148,7 @@ pub async fn snapshot_reserve(
     OpenAiJson(req): OpenAiJson<SnapshotReserveRequest>,
 ) -> Result<Json<SnapshotReserveResponse>, ApiError> {
     let pd = pd(&state)?;
-    pd.link
-        .record()
-        .check_compatible(&req.src)
-        .map_err(|e| ApiError::bad_request(e.to_string(), Some("src")))?;
+    pd.link.record().check_compatible(&req.src).map_err(|e| ApiError::bad_request(e.to_string(), Some("src")))?;
     let slot = state
         .engine
         .snapshot_reserve(&req.session_id, req.tokens)
@@ -210,11 +168,8 @@ pub async fn snapshot_commit(
     OpenAiJson(req): OpenAiJson<SnapshotFinishRequest>,
 ) -> Result<Json<SnapshotCommitResponse>, ApiError> {
     pd(&state)?;
-    let tokens = state
-        .engine
-        .snapshot_commit(req.reservation)
-        .await
-        .map_err(|e| ApiError::bad_request(e.to_string(), Some("reservation")))?;
+    let tokens =
+        state.engine.snapshot_commit(req.reservation).await.map_err(|e| ApiError::bad_request(e.to_string(), Some("reservation")))?;
     Ok(Json(SnapshotCommitResponse { tokens }))
 }
 
@@ -228,21 +183,10 @@ pub async fn snapshot_abort(
 }
 
 /// `GET /v1/sessions/{id}/snapshot`: what this worker's snapshot store holds.
-pub async fn snapshot_status(
-    State(state): State<AppState>,
-    Path(id): Path<String>,
-) -> Json<SnapshotStatus> {
+pub async fn snapshot_status(State(state): State<AppState>, Path(id): Path<String>) -> Json<SnapshotStatus> {
     let s = state.engine.snapshot();
     Json(match s.snapshots.get(&id) {
-        Some(i) => SnapshotStatus {
-            exists: true,
-            tokens: i.tokens,
-            age_s: i.updated.elapsed().as_secs_f64(),
-        },
-        None => SnapshotStatus {
-            exists: false,
-            tokens: 0,
-            age_s: 0.0,
-        },
+        Some(i) => SnapshotStatus { exists: true, tokens: i.tokens, age_s: i.updated.elapsed().as_secs_f64() },
+        None => SnapshotStatus { exists: false, tokens: 0, age_s: 0.0 },
     })
 }

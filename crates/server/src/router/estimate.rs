@@ -54,32 +54,21 @@ fn text_tokens(s: &str) -> usize {
 fn content_tokens(content: &Value) -> usize {
     match content {
         Value::String(s) => text_tokens(s),
-        Value::Array(parts) => parts
-            .iter()
-            .map(|p| p.get("text").and_then(Value::as_str).map_or(0, text_tokens))
-            .sum(),
+        Value::Array(parts) => parts.iter().map(|p| p.get("text").and_then(Value::as_str).map_or(0, text_tokens)).sum(),
         _ => 0,
     }
 }
 
 fn chat_prompt_tokens(body: &Value) -> usize {
-    let messages = body
-        .get("messages")
-        .and_then(Value::as_array)
-        .map_or(0, |ms| {
-            ms.iter()
-                .map(|m| {
-                    let tool_calls = m
-                        .get("tool_calls")
-                        .map_or(0, |t| text_tokens(&t.to_string()));
-                    CHAT_MESSAGE_OVERHEAD + m.get("content").map_or(0, content_tokens) + tool_calls
-                })
-                .sum()
-        });
-    let tools = body
-        .get("tools")
-        .filter(|t| !t.is_null())
-        .map_or(0, |t| text_tokens(&t.to_string()));
+    let messages = body.get("messages").and_then(Value::as_array).map_or(0, |ms| {
+        ms.iter()
+            .map(|m| {
+                let tool_calls = m.get("tool_calls").map_or(0, |t| text_tokens(&t.to_string()));
+                CHAT_MESSAGE_OVERHEAD + m.get("content").map_or(0, content_tokens) + tool_calls
+            })
+            .sum()
+    });
+    let tools = body.get("tools").filter(|t| !t.is_null()).map_or(0, |t| text_tokens(&t.to_string()));
     CHAT_REPLY_OVERHEAD + messages + tools
 }
 
@@ -94,10 +83,7 @@ fn completion_prompt_tokens(prompt: &Value) -> usize {
 }
 
 fn positive(body: &Value, field: &str) -> Option<usize> {
-    body.get(field)
-        .and_then(Value::as_u64)
-        .filter(|&v| v > 0)
-        .map(|v| v as usize)
+    body.get(field).and_then(Value::as_u64).filter(|&v| v > 0).map(|v| v as usize)
 }
 
 /// Reads `body` (any bytes: what is not a JSON object estimates as empty).
@@ -110,20 +96,12 @@ pub fn estimate(endpoint: Endpoint, body: &[u8]) -> Estimate {
     }
     let (prompt_tokens, default_max) = match endpoint {
         Endpoint::Chat => (chat_prompt_tokens(&body), DEFAULT_CHAT_MAX_TOKENS),
-        Endpoint::Completions => (
-            body.get("prompt").map_or(0, completion_prompt_tokens),
-            DEFAULT_COMPLETION_MAX_TOKENS,
-        ),
+        Endpoint::Completions => (body.get("prompt").map_or(0, completion_prompt_tokens), DEFAULT_COMPLETION_MAX_TOKENS),
     };
-    let max_tokens = positive(&body, "max_completion_tokens")
-        .or_else(|| positive(&body, "max_tokens"))
-        .unwrap_or(default_max);
+    let max_tokens = positive(&body, "max_completion_tokens").or_else(|| positive(&body, "max_tokens")).unwrap_or(default_max);
     let n = positive(&body, "n").unwrap_or(1).min(128);
     Estimate {
-        session_id: body
-            .get("session_id")
-            .and_then(Value::as_str)
-            .map(str::to_string),
+        session_id: body.get("session_id").and_then(Value::as_str).map(str::to_string),
         prompt_tokens,
         max_tokens: max_tokens.saturating_mul(n),
     }
@@ -154,54 +132,26 @@ mod tests {
 
     #[test]
     fn chat_without_max_tokens_assumes_the_default() {
-        let e = est(
-            Endpoint::Chat,
-            json!({"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 7}),
-        );
+        let e = est(Endpoint::Chat, json!({"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 7}));
         assert_eq!(e.max_tokens, 7);
         let e = est(Endpoint::Chat, json!({"messages": []}));
-        assert_eq!(
-            (e.prompt_tokens, e.max_tokens),
-            (CHAT_REPLY_OVERHEAD, DEFAULT_CHAT_MAX_TOKENS)
-        );
+        assert_eq!((e.prompt_tokens, e.max_tokens), (CHAT_REPLY_OVERHEAD, DEFAULT_CHAT_MAX_TOKENS));
     }
 
     #[test]
     fn completions_count_token_ids_exactly() {
-        assert_eq!(
-            est(Endpoint::Completions, json!({"prompt": [1, 2, 3]})).prompt_tokens,
-            3
-        );
-        assert_eq!(
-            est(Endpoint::Completions, json!({"prompt": [[1, 2], [3]]})).prompt_tokens,
-            3
-        );
-        assert_eq!(
-            est(
-                Endpoint::Completions,
-                json!({"prompt": ["abcd", "abcdefgh"]})
-            )
-            .prompt_tokens,
-            3
-        );
+        assert_eq!(est(Endpoint::Completions, json!({"prompt": [1, 2, 3]})).prompt_tokens, 3);
+        assert_eq!(est(Endpoint::Completions, json!({"prompt": [[1, 2], [3]]})).prompt_tokens, 3);
+        assert_eq!(est(Endpoint::Completions, json!({"prompt": ["abcd", "abcdefgh"]})).prompt_tokens, 3);
         let e = est(Endpoint::Completions, json!({"prompt": "abcdefghi"}));
-        assert_eq!(
-            (e.prompt_tokens, e.max_tokens),
-            (3, DEFAULT_COMPLETION_MAX_TOKENS)
-        );
+        assert_eq!((e.prompt_tokens, e.max_tokens), (3, DEFAULT_COMPLETION_MAX_TOKENS));
     }
 
     #[test]
     fn anything_else_estimates_as_empty_for_the_worker_to_refuse() {
         assert_eq!(estimate(Endpoint::Chat, b"{not json"), Estimate::default());
         assert_eq!(estimate(Endpoint::Chat, b"[1,2]"), Estimate::default());
-        let e = est(
-            Endpoint::Completions,
-            json!({"prompt": 5, "session_id": 12, "max_tokens": -1}),
-        );
-        assert_eq!(
-            (e.session_id, e.prompt_tokens, e.max_tokens),
-            (None, 0, DEFAULT_COMPLETION_MAX_TOKENS)
-        );
+        let e = est(Endpoint::Completions, json!({"prompt": 5, "session_id": 12, "max_tokens": -1}));
+        assert_eq!((e.session_id, e.prompt_tokens, e.max_tokens), (None, 0, DEFAULT_COMPLETION_MAX_TOKENS));
     }
 }

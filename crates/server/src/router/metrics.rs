@@ -27,10 +27,7 @@ pub struct RouterMetrics {
 }
 
 fn bump<K: Ord>(map: &Mutex<BTreeMap<K, u64>>, key: K) {
-    *map.lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .entry(key)
-        .or_default() += 1;
+    *map.lock().unwrap_or_else(|e| e.into_inner()).entry(key).or_default() += 1;
 }
 
 fn snapshot<K: Ord + Clone>(map: &Mutex<BTreeMap<K, u64>>) -> BTreeMap<K, u64> {
@@ -39,9 +36,7 @@ fn snapshot<K: Ord + Clone>(map: &Mutex<BTreeMap<K, u64>>) -> BTreeMap<K, u64> {
 
 /// A label value with `\`, `"` and newlines escaped.
 fn label(v: &str) -> String {
-    v.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
+    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
 }
 
 impl RouterMetrics {
@@ -66,12 +61,7 @@ impl RouterMetrics {
     }
 
     pub fn health_changes_for(&self, worker: &str, to: &'static str) -> u64 {
-        self.health_changes
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&(worker.to_string(), to))
-            .copied()
-            .unwrap_or(0)
+        self.health_changes.lock().unwrap_or_else(|e| e.into_inner()).get(&(worker.to_string(), to)).copied().unwrap_or(0)
     }
 
     /// The exposition text; one `# HELP` / `# TYPE` pair per metric.
@@ -89,22 +79,10 @@ impl RouterMetrics {
             "kvc_router_requests_total",
             "counter",
             "Answers to generation requests, by worker (none: the router's own) and HTTP status.",
-            requests
-                .iter()
-                .map(|((w, s), n)| (format!("{{worker=\"{}\",status=\"{s}\"}}", label(w)), *n))
-                .collect(),
+            requests.iter().map(|((w, s), n)| (format!("{{worker=\"{}\",status=\"{s}\"}}", label(w)), *n)).collect(),
         );
-        let by_reason = |m: BTreeMap<&'static str, u64>| {
-            m.into_iter()
-                .map(|(r, n)| (format!("{{reason=\"{r}\"}}"), n))
-                .collect()
-        };
-        metric(
-            "kvc_router_decisions_total",
-            "counter",
-            "Placement decisions, by reason.",
-            by_reason(snapshot(&self.decisions)),
-        );
+        let by_reason = |m: BTreeMap<&'static str, u64>| m.into_iter().map(|(r, n)| (format!("{{reason=\"{r}\"}}"), n)).collect();
+        metric("kvc_router_decisions_total", "counter", "Placement decisions, by reason.", by_reason(snapshot(&self.decisions)));
         metric(
             "kvc_router_session_moves_total",
             "counter",
@@ -121,41 +99,20 @@ impl RouterMetrics {
             "kvc_router_peer_healthy",
             "gauge",
             "Whether the router sends requests to the worker (1) or not (0).",
-            peers
-                .list
-                .iter()
-                .map(|p| {
-                    (
-                        format!("{{worker=\"{}\"}}", label(&p.url)),
-                        p.is_healthy() as u64,
-                    )
-                })
-                .collect(),
+            peers.list.iter().map(|p| (format!("{{worker=\"{}\"}}", label(&p.url)), p.is_healthy() as u64)).collect(),
         );
         metric(
             "kvc_router_requests_in_flight",
             "gauge",
             "Requests the router is forwarding to the worker now.",
-            peers
-                .list
-                .iter()
-                .map(|p| {
-                    (
-                        format!("{{worker=\"{}\"}}", label(&p.url)),
-                        p.in_flight() as u64,
-                    )
-                })
-                .collect(),
+            peers.list.iter().map(|p| (format!("{{worker=\"{}\"}}", label(&p.url)), p.in_flight() as u64)).collect(),
         );
         let changes: BTreeMap<(String, &'static str), u64> = snapshot(&self.health_changes);
         metric(
             "kvc_router_peer_health_changes_total",
             "counter",
             "Health transitions of each worker, by the state entered.",
-            changes
-                .iter()
-                .map(|((w, to), n)| (format!("{{worker=\"{}\",to=\"{to}\"}}", label(w)), *n))
-                .collect(),
+            changes.iter().map(|((w, to), n)| (format!("{{worker=\"{}\",to=\"{to}\"}}", label(w)), *n)).collect(),
         );
         out
     }
@@ -189,10 +146,7 @@ mod tests {
             "kvc_router_peer_health_changes_total{worker=\"http://a:1\",to=\"unhealthy\"} 1",
             "# TYPE kvc_router_peer_healthy gauge",
         ] {
-            assert!(
-                text.lines().any(|l| l == line),
-                "missing {line:?} in\n{text}"
-            );
+            assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
         }
     }
 

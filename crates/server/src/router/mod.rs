@@ -73,9 +73,7 @@ impl RouterState {
             metrics,
             config: Arc::new(config),
             lifecycle: Arc::new(Lifecycle::default()),
-            client: reqwest::Client::builder()
-                .connect_timeout(CONNECT_TIMEOUT)
-                .build()?,
+            client: reqwest::Client::builder().connect_timeout(CONNECT_TIMEOUT).build()?,
             weights: RouteWeights::default(),
         })
     }
@@ -88,32 +86,18 @@ pub fn app(state: RouterState) -> Router {
         .route("/v1/models", get(list_models))
         .route("/v1/models/{model}", get(get_model))
         .route("/v1/sessions/{id}", get(get_session).delete(delete_session))
-        .route_layer(middleware::from_fn_with_state(
-            state.clone(),
-            require_api_key,
-        ));
+        .route_layer(middleware::from_fn_with_state(state.clone(), require_api_key));
     let ops = Router::new()
         .route("/health", get(health))
-        .route(
-            "/health/live",
-            get(|| async { Json(json!({"status": "alive"})) }),
-        )
+        .route("/health/live", get(|| async { Json(json!({"status": "alive"})) }))
         .route("/metrics", get(metrics_text))
         .route("/router/workers", get(workers));
     Router::new()
         .merge(v1)
         .merge(ops)
-        .fallback(|method: Method, uri: Uri| async move {
-            ApiError::NoRoute {
-                method: method.to_string(),
-                path: uri.path().to_string(),
-            }
-        })
+        .fallback(|method: Method, uri: Uri| async move { ApiError::NoRoute { method: method.to_string(), path: uri.path().to_string() } })
         .method_not_allowed_fallback(|method: Method, uri: Uri| async move {
-            ApiError::MethodNotAllowed {
-                method: method.to_string(),
-                path: uri.path().to_string(),
-            }
+            ApiError::MethodNotAllowed { method: method.to_string(), path: uri.path().to_string() }
         })
         .layer(DefaultBodyLimit::max(state.config.max_request_body_bytes))
         .with_state(state)
@@ -132,29 +116,17 @@ async fn health(State(state): State<RouterState>) -> (StatusCode, Json<Value>) {
     let healthy = state.peers.healthy_count();
     let total = state.peers.list.len();
     if state.lifecycle.is_draining() {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            Json(json!({"status": "draining", "reason": "the router is shutting down"})),
-        )
+        (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"status": "draining", "reason": "the router is shutting down"})))
     } else if healthy == 0 {
         let body = json!({"status": "no_healthy_worker", "healthy_workers": 0, "workers": total});
         (StatusCode::SERVICE_UNAVAILABLE, Json(body))
     } else {
-        (
-            StatusCode::OK,
-            Json(json!({"status": "ready", "healthy_workers": healthy, "workers": total})),
-        )
+        (StatusCode::OK, Json(json!({"status": "ready", "healthy_workers": healthy, "workers": total})))
     }
 }
 
 async fn metrics_text(State(state): State<RouterState>) -> impl IntoResponse {
-    (
-        [(
-            header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
-        )],
-        state.metrics.render(&state.peers),
-    )
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], state.metrics.render(&state.peers))
 }
 
 /// The router's view of its workers.
@@ -179,11 +151,7 @@ async fn list_models(State(state): State<RouterState>, headers: HeaderMap) -> Re
     from_any_worker(&state, "/v1/models", &headers).await
 }
 
-async fn get_model(
-    State(state): State<RouterState>,
-    Path(model): Path<String>,
-    headers: HeaderMap,
-) -> Response {
+async fn get_model(State(state): State<RouterState>, Path(model): Path<String>, headers: HeaderMap) -> Response {
     let mut url = match reqwest::Url::parse("http://x/") {
         Ok(u) => u,
         Err(e) => return ApiError::Internal(e.to_string()).into_response(),
@@ -223,11 +191,7 @@ fn session_workers(state: &RouterState, id: &str) -> Vec<usize> {
 }
 
 /// `GET /v1/sessions/{id}`: the session's worker's answer.
-async fn get_session(
-    State(state): State<RouterState>,
-    Path(id): Path<String>,
-    headers: HeaderMap,
-) -> Response {
+async fn get_session(State(state): State<RouterState>, Path(id): Path<String>, headers: HeaderMap) -> Response {
     for i in session_workers(&state, &id) {
         let url = match proxy::session_url(&state.peers.list[i].url, &id) {
             Ok(u) => u,
@@ -244,11 +208,7 @@ async fn get_session(
 
 /// `DELETE /v1/sessions/{id}`: deleted wherever it is; the router forgets
 /// its home.
-async fn delete_session(
-    State(state): State<RouterState>,
-    Path(id): Path<String>,
-    headers: HeaderMap,
-) -> Response {
+async fn delete_session(State(state): State<RouterState>, Path(id): Path<String>, headers: HeaderMap) -> Response {
     let mut answer = None;
     for i in session_workers(&state, &id) {
         let url = match proxy::session_url(&state.peers.list[i].url, &id) {
@@ -274,9 +234,7 @@ pub async fn serve(args: &Args) -> anyhow::Result<()> {
     let interval = Duration::from_secs_f64(args.disagg.peer_poll_interval_s.max(0.01));
     let shutdown_timeout = config.shutdown_timeout;
     let state = RouterState::new(&args.disagg.decode_peers, config)?;
-    state
-        .peers
-        .spawn_pollers(state.client.clone(), token, interval);
+    state.peers.spawn_pollers(state.client.clone(), token, interval);
     let homes = state.homes.clone();
     tokio::spawn(async move {
         loop {
@@ -293,14 +251,7 @@ pub async fn serve(args: &Args) -> anyhow::Result<()> {
         api_key = state.config.api_key.is_some(), "kvc-server router listening"
     );
     let lifecycle = state.lifecycle.clone();
-    crate::shutdown::serve_until(
-        listener,
-        app(state),
-        lifecycle,
-        shutdown_timeout,
-        crate::shutdown::signal(),
-    )
-    .await?;
+    crate::shutdown::serve_until(listener, app(state), lifecycle, shutdown_timeout, crate::shutdown::signal()).await?;
     Ok(())
 }
 
@@ -316,30 +267,14 @@ mod tests {
     /// A stand-in worker: publishes a state, answers completions with its
     /// name, records deleted sessions.
     async fn fake_worker(name: &'static str, deleted: Arc<Mutex<Vec<String>>>) -> String {
-        let state = WorkerState {
-            ready: true,
-            block_size: 16,
-            total_blocks: 100,
-            free_blocks: 100,
-            ..Default::default()
-        };
+        let state = WorkerState { ready: true, block_size: 16, total_blocks: 100, free_blocks: 100, ..Default::default() };
         let app = Router::new()
-            .route(
-                "/internal/state",
-                get(move || async move { Json(state.clone()) }),
-            )
+            .route("/internal/state", get(move || async move { Json(state.clone()) }))
             .route(
                 "/v1/completions",
                 post(move |headers: HeaderMap| async move {
-                    let session = headers
-                        .get("x-session-id")
-                        .and_then(|v| v.to_str().ok())
-                        .unwrap_or("")
-                        .to_string();
-                    (
-                        [("x-kvc-path", "local"), ("x-request-id", "cmpl-1")],
-                        Json(json!({"worker": name, "session": session})),
-                    )
+                    let session = headers.get("x-session-id").and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
+                    ([("x-kvc-path", "local"), ("x-request-id", "cmpl-1")], Json(json!({"worker": name, "session": session})))
                 }),
             )
             .route(
@@ -366,13 +301,7 @@ mod tests {
     }
 
     fn ready() -> WorkerState {
-        WorkerState {
-            ready: true,
-            block_size: 16,
-            total_blocks: 100,
-            free_blocks: 100,
-            ..Default::default()
-        }
+        WorkerState { ready: true, block_size: 16, total_blocks: 100, free_blocks: 100, ..Default::default() }
     }
 
     async fn post_completion(router: &str, session: &str) -> reqwest::Response {
@@ -389,8 +318,7 @@ mod tests {
     async fn a_worker_that_cannot_be_reached_is_skipped_retried_elsewhere_and_marked_unhealthy() {
         let deleted = Arc::new(Mutex::new(Vec::new()));
         let (dead, alive) = (dead_url().await, fake_worker("a", deleted.clone()).await);
-        let state =
-            RouterState::new(&[dead.clone(), alive.clone()], ServerConfig::default()).unwrap();
+        let state = RouterState::new(&[dead.clone(), alive.clone()], ServerConfig::default()).unwrap();
         // Both look healthy; equal scores send the first request to the dead one.
         state.peers.apply_poll(0, Ok(ready()));
         state.peers.apply_poll(1, Ok(ready()));
@@ -401,73 +329,36 @@ mod tests {
         assert_eq!(r.headers()["x-kvc-worker"], alive.as_str());
         assert_eq!(r.headers()["x-kvc-path"], "local");
         assert_eq!(r.headers()["x-request-id"], "cmpl-1");
-        assert_eq!(
-            r.json::<Value>().await.unwrap(),
-            json!({"worker": "a", "session": "s-1"})
-        );
+        assert_eq!(r.json::<Value>().await.unwrap(), json!({"worker": "a", "session": "s-1"}));
         assert!(!state.peers.list[0].is_healthy());
         let text = state.metrics.render(&state.peers);
         assert!(text.contains("kvc_router_retries_total 1"), "{text}");
-        assert!(
-            text.contains(&format!(
-                "kvc_router_peer_health_changes_total{{worker=\"{dead}\",to=\"unhealthy\"}} 1"
-            )),
-            "{text}"
-        );
+        assert!(text.contains(&format!("kvc_router_peer_health_changes_total{{worker=\"{dead}\",to=\"unhealthy\"}} 1")), "{text}");
         assert_eq!(state.homes.get("s-1").map(|h| h.worker), Some(1));
 
         // The session stays; the dead worker's health returning does not move it.
         state.peers.apply_poll(0, Ok(ready()));
         let r = post_completion(&router, "s-1").await;
         assert_eq!(r.headers()["x-kvc-worker"], alive.as_str());
-        assert!(state
-            .metrics
-            .render(&state.peers)
-            .contains("kvc_router_decisions_total{reason=\"session_resident\"} 1"));
+        assert!(state.metrics.render(&state.peers).contains("kvc_router_decisions_total{reason=\"session_resident\"} 1"));
         assert!(deleted.lock().unwrap().is_empty());
     }
 
     #[tokio::test]
     async fn a_moved_session_is_counted_and_dropped_from_its_old_worker() {
-        let (deleted_a, deleted_b) = (
-            Arc::new(Mutex::new(Vec::new())),
-            Arc::new(Mutex::new(Vec::new())),
-        );
+        let (deleted_a, deleted_b) = (Arc::new(Mutex::new(Vec::new())), Arc::new(Mutex::new(Vec::new())));
         let a = fake_worker("a", deleted_a.clone()).await;
         let b = fake_worker("b", deleted_b.clone()).await;
         let state = RouterState::new(&[a, b], ServerConfig::default()).unwrap();
         state.peers.apply_poll(0, Ok(ready()));
         state.peers.apply_poll(1, Ok(ready()));
         let router = spawn_app(app(state.clone())).await;
-        assert_eq!(
-            post_completion(&router, "s-9")
-                .await
-                .json::<Value>()
-                .await
-                .unwrap()["worker"],
-            "a"
-        );
+        assert_eq!(post_completion(&router, "s-9").await.json::<Value>().await.unwrap()["worker"], "a");
         // Worker a fills up: the next turn goes to b and a's copy is dropped.
-        state.peers.apply_poll(
-            0,
-            Ok(WorkerState {
-                free_blocks: 0,
-                ..ready()
-            }),
-        );
-        assert_eq!(
-            post_completion(&router, "s-9")
-                .await
-                .json::<Value>()
-                .await
-                .unwrap()["worker"],
-            "b"
-        );
+        state.peers.apply_poll(0, Ok(WorkerState { free_blocks: 0, ..ready() }));
+        assert_eq!(post_completion(&router, "s-9").await.json::<Value>().await.unwrap()["worker"], "b");
         let text = state.metrics.render(&state.peers);
-        assert!(
-            text.contains("kvc_router_session_moves_total{reason=\"moved_full\"} 1"),
-            "{text}"
-        );
+        assert!(text.contains("kvc_router_session_moves_total{reason=\"moved_full\"} 1"), "{text}");
         for _ in 0..200 {
             if !deleted_a.lock().unwrap().is_empty() {
                 break;
@@ -489,58 +380,23 @@ mod tests {
         let h = reqwest::get(format!("{router}/health")).await.unwrap();
         assert_eq!(h.status(), 503);
         let text = state.metrics.render(&state.peers);
-        assert!(
-            text.contains("kvc_router_decisions_total{reason=\"no_healthy_worker\"} 1"),
-            "{text}"
-        );
-        assert!(
-            text.contains("kvc_router_requests_total{worker=\"none\",status=\"503\"} 1"),
-            "{text}"
-        );
+        assert!(text.contains("kvc_router_decisions_total{reason=\"no_healthy_worker\"} 1"), "{text}");
+        assert!(text.contains("kvc_router_requests_total{worker=\"none\",status=\"503\"} 1"), "{text}");
     }
 
     #[tokio::test]
     async fn api_key_and_body_limit_guard_v1() {
-        let config = ServerConfig {
-            api_key: Some("k".into()),
-            max_request_body_bytes: 64,
-            ..ServerConfig::default()
-        };
+        let config = ServerConfig { api_key: Some("k".into()), max_request_body_bytes: 64, ..ServerConfig::default() };
         let state = RouterState::new(&[dead_url().await], config).unwrap();
         let router = spawn_app(app(state)).await;
         let client = reqwest::Client::new();
-        let r = client
-            .post(format!("{router}/v1/completions"))
-            .body("{}")
-            .send()
-            .await
-            .unwrap();
+        let r = client.post(format!("{router}/v1/completions")).body("{}").send().await.unwrap();
         assert_eq!(r.status(), 401);
-        assert_eq!(
-            r.json::<Value>().await.unwrap()["error"]["code"],
-            "invalid_api_key"
-        );
-        let r = client
-            .post(format!("{router}/v1/completions"))
-            .bearer_auth("k")
-            .body(vec![b' '; 1000])
-            .send()
-            .await
-            .unwrap();
+        assert_eq!(r.json::<Value>().await.unwrap()["error"]["code"], "invalid_api_key");
+        let r = client.post(format!("{router}/v1/completions")).bearer_auth("k").body(vec![b' '; 1000]).send().await.unwrap();
         assert_eq!(r.status(), 413);
-        assert_eq!(
-            r.json::<Value>().await.unwrap()["error"]["code"],
-            "request_too_large"
-        );
+        assert_eq!(r.json::<Value>().await.unwrap()["error"]["code"], "request_too_large");
         // Probes stay open.
-        assert_eq!(
-            client
-                .get(format!("{router}/health/live"))
-                .send()
-                .await
-                .unwrap()
-                .status(),
-            200
-        );
+        assert_eq!(client.get(format!("{router}/health/live")).send().await.unwrap().status(), 200);
     }
 }

@@ -79,10 +79,7 @@ impl Peer {
     pub fn start_request(self: &Arc<Self>, blocks: usize) -> InFlight {
         self.in_flight.fetch_add(1, Ordering::Relaxed);
         self.in_flight_blocks.fetch_add(blocks, Ordering::Relaxed);
-        InFlight {
-            peer: self.clone(),
-            blocks,
-        }
+        InFlight { peer: self.clone(), blocks }
     }
 
     /// When the last good poll answered.
@@ -92,10 +89,7 @@ impl Peer {
 
     /// Whether the last polled state lists `session` (exact match).
     pub fn holds_session(&self, session: &str) -> bool {
-        self.lock()
-            .state
-            .as_ref()
-            .is_some_and(|s| s.sessions.contains_key(session))
+        self.lock().state.as_ref().is_some_and(|s| s.sessions.contains_key(session))
     }
 
     /// The policy's view of this worker for a request of `session`. Load is
@@ -111,12 +105,8 @@ impl Peer {
         let mut view = WorkerView::from_state(state, inner.healthy, session);
         view.active = view.active.saturating_sub(inner.in_flight_at_poll) + self.in_flight();
         let used = view.total_blocks.saturating_sub(view.available_blocks());
-        let used = used.saturating_sub(inner.in_flight_blocks_at_poll)
-            + self.in_flight_blocks.load(Ordering::Relaxed);
-        view.free_blocks = view
-            .total_blocks
-            .saturating_sub(view.evictable_blocks)
-            .saturating_sub(used);
+        let used = used.saturating_sub(inner.in_flight_blocks_at_poll) + self.in_flight_blocks.load(Ordering::Relaxed);
+        view.free_blocks = view.total_blocks.saturating_sub(view.evictable_blocks).saturating_sub(used);
         view
     }
 
@@ -138,11 +128,7 @@ impl Peer {
             }
             Err(e) => (false, e),
         };
-        inner.failures = if healthy {
-            0
-        } else {
-            inner.failures.saturating_add(1)
-        };
+        inner.failures = if healthy { 0 } else { inner.failures.saturating_add(1) };
         let changed = inner.healthy != healthy;
         inner.healthy = healthy;
         changed.then_some((healthy, why))
@@ -171,9 +157,7 @@ pub struct InFlight {
 impl Drop for InFlight {
     fn drop(&mut self) {
         self.peer.in_flight.fetch_sub(1, Ordering::Relaxed);
-        self.peer
-            .in_flight_blocks
-            .fetch_sub(self.blocks, Ordering::Relaxed);
+        self.peer.in_flight_blocks.fetch_sub(self.blocks, Ordering::Relaxed);
     }
 }
 
@@ -187,10 +171,7 @@ pub struct Peers {
 
 impl Peers {
     pub fn new(urls: &[String], metrics: Arc<RouterMetrics>) -> Self {
-        Self {
-            list: urls.iter().map(|u| Arc::new(Peer::new(u))).collect(),
-            metrics,
-        }
+        Self { list: urls.iter().map(|u| Arc::new(Peer::new(u))).collect(), metrics }
     }
 
     pub fn healthy_count(&self) -> usize {
@@ -229,12 +210,7 @@ impl Peers {
     }
 
     /// Starts one polling task per worker; they run until the runtime stops.
-    pub fn spawn_pollers(
-        self: &Arc<Self>,
-        client: reqwest::Client,
-        token: String,
-        interval: Duration,
-    ) {
+    pub fn spawn_pollers(self: &Arc<Self>, client: reqwest::Client, token: String, interval: Duration) {
         for i in 0..self.list.len() {
             let (peers, client, token) = (self.clone(), client.clone(), token.clone());
             tokio::spawn(async move {
@@ -255,9 +231,7 @@ pub fn next_poll_delay(interval: Duration, failures: u32) -> Duration {
         return interval;
     }
     let factor = 2u32.saturating_pow(failures.min(16));
-    interval
-        .saturating_mul(factor)
-        .min(MAX_BACKOFF.max(interval))
+    interval.saturating_mul(factor).min(MAX_BACKOFF.max(interval))
 }
 
 /// An error with its causes (reqwest's own text omits them: "error sending
@@ -273,11 +247,7 @@ pub fn error_text(e: &dyn std::error::Error) -> String {
     text
 }
 
-async fn poll_state(
-    client: &reqwest::Client,
-    url: &str,
-    token: &str,
-) -> Result<WorkerState, String> {
+async fn poll_state(client: &reqwest::Client, url: &str, token: &str) -> Result<WorkerState, String> {
     let response = client
         .get(format!("{url}/internal/state"))
         .header(CLUSTER_TOKEN_HEADER, token)
@@ -289,10 +259,7 @@ async fn poll_state(
     if !status.is_success() {
         return Err(format!("poll answered {status}"));
     }
-    response
-        .json::<WorkerState>()
-        .await
-        .map_err(|e| format!("poll answer is not a worker state: {e}"))
+    response.json::<WorkerState>().await.map_err(|e| format!("poll answer is not a worker state: {e}"))
 }
 
 #[cfg(test)]
@@ -300,14 +267,7 @@ mod tests {
     use super::*;
 
     fn ready_state(running: usize) -> WorkerState {
-        WorkerState {
-            ready: true,
-            block_size: 16,
-            total_blocks: 64,
-            free_blocks: 64,
-            running,
-            ..Default::default()
-        }
+        WorkerState { ready: true, block_size: 16, total_blocks: 64, free_blocks: 64, running, ..Default::default() }
     }
 
     #[test]
@@ -319,10 +279,7 @@ mod tests {
         assert_eq!(next_poll_delay(i, 5), MAX_BACKOFF);
         assert_eq!(next_poll_delay(i, 1000), MAX_BACKOFF);
         // An interval above the cap is kept.
-        assert_eq!(
-            next_poll_delay(Duration::from_secs(20), 2),
-            Duration::from_secs(20)
-        );
+        assert_eq!(next_poll_delay(Duration::from_secs(20), 2), Duration::from_secs(20));
     }
 
     #[test]
@@ -331,10 +288,7 @@ mod tests {
         let peers = Peers::new(&["http://a/".to_string()], metrics.clone());
         let peer = &peers.list[0];
         assert_eq!(peer.url, "http://a");
-        assert!(
-            !peer.is_healthy() && !peer.view(None).healthy,
-            "unknown until polled"
-        );
+        assert!(!peer.is_healthy() && !peer.view(None).healthy, "unknown until polled");
         peers.apply_poll(0, Ok(ready_state(0)));
         assert!(peer.is_healthy() && peer.view(None).healthy);
         assert_eq!(peer.record_poll(Ok(ready_state(0))), None, "no transition");
@@ -343,10 +297,7 @@ mod tests {
         assert_eq!(peer.failures(), 1);
         assert!(peer.record_poll(Err("down".into())).is_none());
         assert_eq!(peer.failures(), 2);
-        let not_ready = WorkerState {
-            ready: false,
-            ..ready_state(0)
-        };
+        let not_ready = WorkerState { ready: false, ..ready_state(0) };
         assert!(peer.record_poll(Ok(not_ready)).is_none());
         assert!(!peer.view(None).healthy);
         peers.apply_poll(0, Ok(ready_state(0)));
@@ -358,33 +309,19 @@ mod tests {
 
     #[test]
     fn load_counts_the_routers_own_requests_once() {
-        let peers = Peers::new(
-            &["http://a".to_string()],
-            Arc::new(RouterMetrics::default()),
-        );
+        let peers = Peers::new(&["http://a".to_string()], Arc::new(RouterMetrics::default()));
         let peer = &peers.list[0];
         let first = peer.start_request(10);
         // The poll sees the router's request running (12 blocks in use)
         // plus one from elsewhere (4 blocks).
-        peer.record_poll(Ok(WorkerState {
-            free_blocks: 48,
-            ..ready_state(2)
-        }));
+        peer.record_poll(Ok(WorkerState { free_blocks: 48, ..ready_state(2) }));
         let v = peer.view(None);
         assert_eq!((v.active, v.free_blocks), (2, 48));
         let second = peer.start_request(6);
         let v = peer.view(None);
-        assert_eq!(
-            (v.active, v.free_blocks),
-            (3, 42),
-            "a request sent after the poll counts at once"
-        );
+        assert_eq!((v.active, v.free_blocks), (3, 42), "a request sent after the poll counts at once");
         drop((first, second));
         let v = peer.view(None);
-        assert_eq!(
-            (v.active, v.free_blocks),
-            (1, 58),
-            "finished requests stop counting before the next poll"
-        );
+        assert_eq!((v.active, v.free_blocks), (1, 58), "finished requests stop counting before the next poll");
     }
 }

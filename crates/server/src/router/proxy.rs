@@ -40,15 +40,8 @@ pub const WORKER_HEADER: &str = "x-kvc-worker";
 const FORWARDED_REQUEST_HEADERS: [&str; 3] = ["authorization", SESSION_HEADER, "content-type"];
 
 /// Worker answer headers the router passes back to the client.
-const FORWARDED_RESPONSE_HEADERS: [&str; 7] = [
-    "content-type",
-    "cache-control",
-    "x-kvc-path",
-    "x-request-id",
-    "retry-after",
-    "www-authenticate",
-    "x-should-retry",
-];
+const FORWARDED_RESPONSE_HEADERS: [&str; 7] =
+    ["content-type", "cache-control", "x-kvc-path", "x-request-id", "retry-after", "www-authenticate", "x-should-retry"];
 
 pub async fn chat_completions(State(state): State<RouterState>, req: Request) -> Response {
     forward_generation(state, Endpoint::Chat, req).await
@@ -97,10 +90,7 @@ async fn forward_generation(state: RouterState, endpoint: Endpoint, req: Request
             state.metrics.count_retry();
         }
         let decision = decide(&state, session.as_deref(), &est, &excluded);
-        let worker_url = decision
-            .worker
-            .map(|i| state.peers.list[i].url.as_str())
-            .unwrap_or("none");
+        let worker_url = decision.worker.map(|i| state.peers.list[i].url.as_str()).unwrap_or("none");
         tracing::info!(
             event = "route", route_id = %route_id, session = session.as_deref().unwrap_or(""), endpoint = path(endpoint),
             worker = worker_url, reason = decision.reason, attempt,
@@ -110,17 +100,11 @@ async fn forward_generation(state: RouterState, endpoint: Endpoint, req: Request
         );
         state.metrics.count_decision(decision.reason);
         let Some(i) = decision.worker else {
-            return answer_error(
-                &state,
-                ApiError::Unavailable("no healthy worker can take the request; retry later".into()),
-            );
+            return answer_error(&state, ApiError::Unavailable("no healthy worker can take the request; retry later".into()));
         };
         let peer = state.peers.list[i].clone();
         let in_flight = peer.start_request(decision.scores[i].needed_blocks);
-        let mut request = state
-            .client
-            .post(format!("{}{}", peer.url, path(endpoint)))
-            .body(body.clone());
+        let mut request = state.client.post(format!("{}{}", peer.url, path(endpoint))).body(body.clone());
         for name in FORWARDED_REQUEST_HEADERS {
             if let Some(v) = headers.get(name) {
                 request = request.header(name, v.clone());
@@ -133,25 +117,12 @@ async fn forward_generation(state: RouterState, endpoint: Endpoint, req: Request
             Ok(r) if r.status() != StatusCode::SERVICE_UNAVAILABLE => {
                 if r.status().is_success() {
                     if let Some(id) = session.as_deref() {
-                        settle_session(
-                            &state,
-                            id,
-                            i,
-                            &decision,
-                            est.prompt_tokens + est.max_tokens,
-                            &headers,
-                        );
+                        settle_session(&state, id, i, &decision, est.prompt_tokens + est.max_tokens, &headers);
                     }
                 }
                 state.metrics.count_request(&peer.url, r.status().as_u16());
                 let session_done = session.clone().filter(|_| r.status().is_success());
-                return stream_back(
-                    &state,
-                    r,
-                    &peer.url,
-                    in_flight,
-                    session_done.map(|s| (s, i)),
-                );
+                return stream_back(&state, r, &peer.url, in_flight, session_done.map(|s| (s, i)));
             }
             Ok(r) => format!("answered {}", r.status()),
             Err(e) => super::peers::error_text(&e),
@@ -161,19 +132,11 @@ async fn forward_generation(state: RouterState, endpoint: Endpoint, req: Request
         state.peers.mark_failed(i, &failure);
         excluded[i] = true;
     }
-    answer_error(
-        &state,
-        ApiError::Unavailable("every worker failed to take the request; retry later".into()),
-    )
+    answer_error(&state, ApiError::Unavailable("every worker failed to take the request; retry later".into()))
 }
 
 /// The policy's input from the workers' views plus the router's memory.
-fn decide(
-    state: &RouterState,
-    session: Option<&str>,
-    est: &Estimate,
-    excluded: &[bool],
-) -> RouteDecision {
+fn decide(state: &RouterState, session: Option<&str>, est: &Estimate, excluded: &[bool]) -> RouteDecision {
     let home = session.and_then(|s| state.homes.get(s));
     let views: Vec<WorkerView> = state
         .peers
@@ -183,30 +146,17 @@ fn decide(
         .map(|(i, peer)| {
             let mut view = peer.view(session);
             view.healthy &= !excluded[i];
-            view.resident_tokens =
-                view.resident_tokens
-                    .max(resident_hint(home.as_ref(), i, peer.polled_at()));
+            view.resident_tokens = view.resident_tokens.max(resident_hint(home.as_ref(), i, peer.polled_at()));
             view
         })
         .collect();
-    let req = RouteRequest {
-        prompt_tokens: est.prompt_tokens,
-        max_tokens: est.max_tokens,
-        home: home.map(|h| h.worker),
-    };
+    let req = RouteRequest { prompt_tokens: est.prompt_tokens, max_tokens: est.max_tokens, home: home.map(|h| h.worker) };
     choose_worker(&req, &views, &state.weights)
 }
 
 /// The session is served by worker `i` now; a different previous home is
 /// a move, and the old copy is dropped.
-fn settle_session(
-    state: &RouterState,
-    session: &str,
-    i: usize,
-    decision: &RouteDecision,
-    tokens: usize,
-    headers: &HeaderMap,
-) {
+fn settle_session(state: &RouterState, session: &str, i: usize, decision: &RouteDecision, tokens: usize, headers: &HeaderMap) {
     let previous = state.homes.set(session, i, tokens);
     let old = match (previous.map(|h| h.worker), decision.home) {
         (Some(p), _) if p != i => p,
@@ -222,18 +172,12 @@ fn settle_session(
     if !old_peer.is_healthy() {
         return;
     }
-    let (client, session, auth) = (
-        state.client.clone(),
-        session.to_string(),
-        headers.get("authorization").cloned(),
-    );
+    let (client, session, auth) = (state.client.clone(), session.to_string(), headers.get("authorization").cloned());
     tokio::spawn(async move {
         let Ok(url) = session_url(&old_peer.url, &session) else {
             return;
         };
-        let mut request = client
-            .delete(url)
-            .timeout(std::time::Duration::from_secs(10));
+        let mut request = client.delete(url).timeout(std::time::Duration::from_secs(10));
         if let Some(a) = auth {
             request = request.header("authorization", a);
         }
@@ -250,8 +194,7 @@ fn settle_session(
 
 /// `{base}/v1/sessions/{id}` with the id percent-encoded as one segment.
 pub fn session_url(base: &str, id: &str) -> Result<reqwest::Url, ApiError> {
-    let mut url = reqwest::Url::parse(base)
-        .map_err(|e| ApiError::Internal(format!("bad worker url {base}: {e}")))?;
+    let mut url = reqwest::Url::parse(base).map_err(|e| ApiError::Internal(format!("bad worker url {base}: {e}")))?;
     url.path_segments_mut()
         .map_err(|_| ApiError::Internal(format!("bad worker url {base}")))?
         .pop_if_empty()
@@ -294,18 +237,11 @@ pub fn stream_back(
     if let Ok(v) = HeaderValue::from_str(worker) {
         headers.insert(HeaderName::from_static(WORKER_HEADER), v);
     }
-    let finish = Finish {
-        _in_flight: in_flight,
-        session,
-        state: state.clone(),
-    };
-    let stream = r
-        .bytes_stream()
-        .take_until(state.lifecycle.cancelled())
-        .map(move |chunk| {
-            let _keep = &finish;
-            chunk
-        });
+    let finish = Finish { _in_flight: in_flight, session, state: state.clone() };
+    let stream = r.bytes_stream().take_until(state.lifecycle.cancelled()).map(move |chunk| {
+        let _keep = &finish;
+        chunk
+    });
     let mut response = Response::new(Body::from_stream(stream));
     *response.status_mut() = status;
     *response.headers_mut() = headers;
@@ -315,9 +251,7 @@ pub fn stream_back(
 /// The router's own error answer, counted under `worker="none"`.
 pub fn answer_error(state: &RouterState, e: ApiError) -> Response {
     let response = e.into_response();
-    state
-        .metrics
-        .count_request("none", response.status().as_u16());
+    state.metrics.count_request("none", response.status().as_u16());
     response
 }
 
@@ -344,10 +278,7 @@ pub async fn forward_simple(
     if let Some(a) = headers.get("authorization") {
         request = request.header("authorization", a.clone());
     }
-    let r = request
-        .send()
-        .await
-        .map_err(|e| super::peers::error_text(&e))?;
+    let r = request.send().await.map_err(|e| super::peers::error_text(&e))?;
     Ok(stream_back(state, r, &peer.url, in_flight, None))
 }
 
@@ -357,13 +288,7 @@ mod tests {
 
     #[test]
     fn session_urls_encode_the_id_as_one_segment() {
-        assert_eq!(
-            session_url("http://w:1", "s-1").unwrap().as_str(),
-            "http://w:1/v1/sessions/s-1"
-        );
-        assert_eq!(
-            session_url("http://w:1/", "a/b c?").unwrap().as_str(),
-            "http://w:1/v1/sessions/a%2Fb%20c%3F"
-        );
+        assert_eq!(session_url("http://w:1", "s-1").unwrap().as_str(), "http://w:1/v1/sessions/s-1");
+        assert_eq!(session_url("http://w:1/", "a/b c?").unwrap().as_str(), "http://w:1/v1/sessions/a%2Fb%20c%3F");
     }
 }

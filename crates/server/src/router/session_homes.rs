@@ -43,14 +43,7 @@ impl SessionHomes {
 
     /// Records that `worker` serves `session` now; returns the previous home.
     pub fn set(&self, session: &str, worker: usize, tokens: usize) -> Option<Home> {
-        self.lock().insert(
-            session.to_string(),
-            Home {
-                worker,
-                tokens,
-                at: Instant::now(),
-            },
-        )
+        self.lock().insert(session.to_string(), Home { worker, tokens, at: Instant::now() })
     }
 
     /// The turn on the session's home finished now.
@@ -100,10 +93,7 @@ mod tests {
         assert_eq!(homes.set("session-1", 0, 100), None);
         assert_eq!(homes.get("session-12"), None);
         assert_eq!(homes.set("session-1", 1, 120).map(|h| h.worker), Some(0));
-        assert_eq!(
-            homes.get("session-1").map(|h| (h.worker, h.tokens)),
-            Some((1, 120))
-        );
+        assert_eq!(homes.get("session-1").map(|h| (h.worker, h.tokens)), Some((1, 120)));
         assert_eq!(homes.prune(Duration::from_secs(60)), 0);
         std::thread::sleep(Duration::from_millis(2));
         assert_eq!(homes.prune(Duration::from_millis(1)), 1);
@@ -113,23 +103,11 @@ mod tests {
     #[test]
     fn the_hint_covers_only_a_poll_older_than_the_turn() {
         let poll = Instant::now();
-        let home = Home {
-            worker: 1,
-            tokens: 80,
-            at: poll + Duration::from_millis(5),
-        };
+        let home = Home { worker: 1, tokens: 80, at: poll + Duration::from_millis(5) };
         assert_eq!(resident_hint(Some(&home), 1, Some(poll)), 80);
         assert_eq!(resident_hint(Some(&home), 1, None), 80);
-        assert_eq!(
-            resident_hint(Some(&home), 0, Some(poll)),
-            0,
-            "another worker"
-        );
-        assert_eq!(
-            resident_hint(Some(&home), 1, Some(poll + Duration::from_millis(6))),
-            0,
-            "a newer poll is the truth"
-        );
+        assert_eq!(resident_hint(Some(&home), 0, Some(poll)), 0, "another worker");
+        assert_eq!(resident_hint(Some(&home), 1, Some(poll + Duration::from_millis(6))), 0, "a newer poll is the truth");
         assert_eq!(resident_hint(None, 1, None), 0);
     }
 }

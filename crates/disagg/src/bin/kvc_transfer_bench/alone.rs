@@ -16,9 +16,7 @@ use crate::workload::Workload;
 /// The driver, when mooncake-sys built it (wheel linkage).
 pub fn driver() -> Option<PathBuf> {
     let path = env!("KVC_MOONCAKE_ALONE_BENCH");
-    (!path.is_empty())
-        .then(|| PathBuf::from(path))
-        .filter(|p| p.is_file())
+    (!path.is_empty()).then(|| PathBuf::from(path)).filter(|p| p.is_file())
 }
 
 /// A target and an initiator process, connected and ready to move the plan.
@@ -32,13 +30,7 @@ pub struct AloneSession {
 
 impl AloneSession {
     /// `window`: most tasks in flight, as kvc's transport uses.
-    pub fn start(
-        driver: &Path,
-        w: &Workload,
-        plan: &[ByteRange],
-        max_backoff_us: u64,
-        window: usize,
-    ) -> Result<Self> {
+    pub fn start(driver: &Path, w: &Workload, plan: &[ByteRange], max_backoff_us: u64, window: usize) -> Result<Self> {
         let layout = w.spec.layout()?;
         let pool_bytes = (layout.bytes_per_block() * w.spec.num_blocks).to_string();
         let mut target = Command::new(driver)
@@ -56,8 +48,7 @@ impl AloneSession {
             bail!("the baseline target said {ready:?}");
         };
 
-        let plan_file =
-            std::env::temp_dir().join(format!("kvc-transfer-bench-{}.plan", std::process::id()));
+        let plan_file = std::env::temp_dir().join(format!("kvc-transfer-bench-{}.plan", std::process::id()));
         let mut f = std::fs::File::create(&plan_file)?;
         for r in plan {
             writeln!(f, "{} {} {}", r.src_offset, r.dst_offset, r.len)?;
@@ -78,13 +69,7 @@ impl AloneSession {
         if line.trim() != "READY" {
             bail!("the baseline initiator said {line:?}");
         }
-        Ok(Self {
-            target,
-            initiator,
-            to_initiator,
-            from_initiator,
-            plan_file,
-        })
+        Ok(Self { target, initiator, to_initiator, from_initiator, plan_file })
     }
 
     /// Moves the plan once; its duration as the driver measured it.
@@ -93,11 +78,7 @@ impl AloneSession {
         to.write_all(b"GO\n")?;
         to.flush()?;
         let line = read_line(&mut self.from_initiator)?;
-        match line
-            .trim()
-            .strip_prefix("ITER ")
-            .and_then(|n| n.parse::<u64>().ok())
-        {
+        match line.trim().strip_prefix("ITER ").and_then(|n| n.parse::<u64>().ok()) {
             Some(ns) => Ok(Duration::from_nanos(ns)),
             None => bail!("the baseline initiator said {line:?}"),
         }

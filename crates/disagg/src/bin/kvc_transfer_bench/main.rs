@@ -21,10 +21,7 @@ use kvc_disagg::MooncakeConfig;
 use crate::workload::Pattern;
 
 #[derive(Parser)]
-#[command(
-    name = "kvc-transfer-bench",
-    about = "KV transfer benchmark over the Mooncake Transfer Engine (loopback, two processes)"
-)]
+#[command(name = "kvc-transfer-bench", about = "KV transfer benchmark over the Mooncake Transfer Engine (loopback, two processes)")]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -123,21 +120,14 @@ fn run(args: RunArgs) -> Result<()> {
         for &pattern in &patterns {
             let w = workload::Workload::new(&args.pool, mib << 20, pattern, args.seed)?;
             let baseline = alone.as_ref().filter(|_| !args.no_baseline);
-            let (mut kvc, mut base, mut ranges, mut plan_time) =
-                (Vec::new(), Vec::new(), 0, Duration::ZERO);
+            let (mut kvc, mut base, mut ranges, mut plan_time) = (Vec::new(), Vec::new(), 0, Duration::ZERO);
             for _ in 0..args.rounds.max(1) {
                 // Both setups stay up for the round and take turns, one
                 // iteration each, so load from the rest of the machine hits
                 // them alike; each gets one warm-up iteration first.
                 let mut k = workload::KvcSession::start(&exe, &w, backoff_max, timeout)?;
                 let mut b = match baseline {
-                    Some(driver) => Some(alone::AloneSession::start(
-                        driver,
-                        &w,
-                        &k.plan,
-                        args.max_backoff_us,
-                        window,
-                    )?),
+                    Some(driver) => Some(alone::AloneSession::start(driver, &w, &k.plan, args.max_backoff_us, window)?),
                     None => None,
                 };
                 k.iteration()?;

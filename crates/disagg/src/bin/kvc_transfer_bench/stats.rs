@@ -4,8 +4,7 @@ use std::time::Duration;
 
 use crate::workload::Workload;
 
-pub const HEADER: &str =
-    "size      pattern     ranges  impl              p50 ms   p90 ms   p99 ms   min ms  GB/s@p50";
+pub const HEADER: &str = "size      pattern     ranges  impl              p50 ms   p90 ms   p99 ms   min ms  GB/s@p50";
 
 /// The `p`-quantile (nearest rank) of `samples`.
 pub fn percentile(samples: &[Duration], p: f64) -> Duration {
@@ -38,13 +37,7 @@ pub fn row(w: &Workload, name: &str, ranges: usize, samples: &[Duration]) -> Str
 /// kvc's p50 throughput as a share of the baseline's.
 pub fn ratio_row(kvc: &[Duration], base: &[Duration]) -> String {
     let ratio = percentile(base, 0.5).as_secs_f64() / percentile(kvc, 0.5).as_secs_f64();
-    format!(
-        "{:<9} {:<11} {:>6}  kvc / alone throughput at p50: {:.1} %",
-        "",
-        "",
-        "",
-        ratio * 100.0
-    )
+    format!("{:<9} {:<11} {:>6}  kvc / alone throughput at p50: {:.1} %", "", "", "", ratio * 100.0)
 }
 
 #[cfg(test)]

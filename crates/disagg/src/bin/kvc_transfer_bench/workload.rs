@@ -5,14 +5,10 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
-use kvc_disagg::loopback::{
-    fill_pool, hash_blocks, sides, PeerCommand, PeerProcess, PeerReply, PoolSpec,
-};
+use kvc_disagg::loopback::{fill_pool, hash_blocks, sides, PeerCommand, PeerProcess, PeerReply, PoolSpec};
 use kvc_disagg::plan::{plan_writes, ByteRange};
 use kvc_disagg::transport::Backoff;
-use kvc_disagg::{
-    handshake, BlockCopy, KvTransport, MooncakeConfig, MooncakeTransport, Peer, PoolMemory,
-};
+use kvc_disagg::{handshake, BlockCopy, KvTransport, MooncakeConfig, MooncakeTransport, Peer, PoolMemory};
 use kvc_kv_pool::KvStorage;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
@@ -42,33 +38,16 @@ impl Workload {
         let needed = bytes.div_ceil(per_block) as usize;
         let pool = needed + needed.div_ceil(2);
         let (src, dst): (Vec<u32>, Vec<u32>) = match pattern {
-            Pattern::Contiguous => (
-                (0..needed as u32).collect(),
-                ((pool - needed) as u32..pool as u32).collect(),
-            ),
+            Pattern::Contiguous => ((0..needed as u32).collect(), ((pool - needed) as u32..pool as u32).collect()),
             Pattern::Scattered => {
                 let mut rng = StdRng::seed_from_u64(seed);
-                let pick = |rng: &mut StdRng| {
-                    rand::seq::index::sample(rng, pool, needed)
-                        .into_iter()
-                        .map(|b| b as u32)
-                        .collect::<Vec<_>>()
-                };
+                let pick = |rng: &mut StdRng| rand::seq::index::sample(rng, pool, needed).into_iter().map(|b| b as u32).collect::<Vec<_>>();
                 (pick(&mut rng), pick(&mut rng))
             }
         };
         let copies = BlockCopy::all_layers(layout.num_layers, &src, &dst);
-        let spec = PoolSpec {
-            num_blocks: pool,
-            ..shape.clone()
-        };
-        Ok(Self {
-            spec,
-            pattern,
-            copies,
-            bytes: needed as u64 * per_block,
-            seed,
-        })
+        let spec = PoolSpec { num_blocks: pool, ..shape.clone() };
+        Ok(Self { spec, pattern, copies, bytes: needed as u64 * per_block, seed })
     }
 
     pub fn label(&self) -> String {
@@ -96,32 +75,16 @@ impl KvcSession {
     /// Spawns a peer (this executable's `peer` mode), handshakes, and fills
     /// both pools (touching every page, and making the peer's blocks differ
     /// from ours).
-    pub fn start(
-        exe: &Path,
-        w: &Workload,
-        backoff_max: Duration,
-        timeout: Duration,
-    ) -> Result<Self> {
+    pub fn start(exe: &Path, w: &Workload, backoff_max: Duration, timeout: Duration) -> Result<Self> {
         let mut storage = w.spec.storage()?;
         fill_pool(&mut storage, w.seed)?;
-        let config = MooncakeConfig {
-            backoff: Backoff {
-                max: backoff_max,
-                ..Backoff::default()
-            },
-            ..MooncakeConfig::default()
-        };
+        let config = MooncakeConfig { backoff: Backoff { max: backoff_max, ..Backoff::default() }, ..MooncakeConfig::default() };
         // SAFETY: `storage` is dropped after `transport` (field order).
-        let transport =
-            MooncakeTransport::new(&config, unsafe { PoolMemory::of_storage(&storage) }?)?;
+        let transport = MooncakeTransport::new(&config, unsafe { PoolMemory::of_storage(&storage) }?)?;
         let mut peer_proc = PeerProcess::spawn(exe, &w.spec, Duration::from_secs(60))?;
         let remote = handshake::exchange(&mut peer_proc.channel, transport.local_record())?;
         let peer = transport.connect(&remote)?;
-        expect(
-            peer_proc.command(&PeerCommand::Fill { seed: w.seed + 1 })?,
-            PeerReply::Done,
-            &peer_proc,
-        )?;
+        expect(peer_proc.command(&PeerCommand::Fill { seed: w.seed + 1 })?, PeerReply::Done, &peer_proc)?;
 
         const PLANS: u32 = 5;
         let t0 = Instant::now();
@@ -130,23 +93,13 @@ impl KvcSession {
         }
         let plan = plan_writes(transport.local_record(), &remote, &w.copies)?;
         let plan_time = t0.elapsed() / PLANS;
-        Ok(Self {
-            transport,
-            peer_proc,
-            peer: Some(peer),
-            storage,
-            copies: w.copies.clone(),
-            timeout,
-            plan,
-            plan_time,
-        })
+        Ok(Self { transport, peer_proc, peer: Some(peer), storage, copies: w.copies.clone(), timeout, plan, plan_time })
     }
 
     /// One transfer of the whole block list, timed.
     pub fn iteration(&mut self) -> Result<Duration> {
         let t0 = Instant::now();
-        self.transport
-            .write_blocks(self.peer.as_ref().unwrap(), &self.copies, self.timeout)?;
+        self.transport.write_blocks(self.peer.as_ref().unwrap(), &self.copies, self.timeout)?;
         Ok(t0.elapsed())
     }
 
@@ -156,16 +109,9 @@ impl KvcSession {
         let ours = hash_blocks(&self.storage, &src)?;
         let theirs = match self.peer_proc.command(&PeerCommand::Hash { blocks: dst })? {
             PeerReply::Hash { hex } => hex,
-            other => bail!(
-                "peer answered {other:?} to hash; stderr:\n{}",
-                self.peer_proc.stderr_tail()
-            ),
+            other => bail!("peer answered {other:?} to hash; stderr:\n{}", self.peer_proc.stderr_tail()),
         };
-        expect(
-            self.peer_proc.command(&PeerCommand::Exit)?,
-            PeerReply::Bye,
-            &self.peer_proc,
-        )?;
+        expect(self.peer_proc.command(&PeerCommand::Exit)?, PeerReply::Bye, &self.peer_proc)?;
         self.peer_proc.wait_exit(Duration::from_secs(30))?;
         self.transport.disconnect(self.peer.take().unwrap())?;
         Ok(ours == theirs)
@@ -174,10 +120,7 @@ impl KvcSession {
 
 fn expect(got: PeerReply, want: PeerReply, peer: &PeerProcess) -> Result<()> {
     if got != want {
-        bail!(
-            "peer answered {got:?} (expected {want:?}); stderr:\n{}",
-            peer.stderr_tail()
-        );
+        bail!("peer answered {got:?} (expected {want:?}); stderr:\n{}", peer.stderr_tail());
     }
     Ok(())
 }

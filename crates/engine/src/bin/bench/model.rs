@@ -65,17 +65,14 @@ impl Shape {
         }
     }
     fn attn_params(&self) -> f64 {
-        self.hidden * (self.heads + 2.0 * self.kv_heads) * self.head_dim
-            + self.heads * self.head_dim * self.hidden
+        self.hidden * (self.heads + 2.0 * self.kv_heads) * self.head_dim + self.heads * self.head_dim * self.hidden
     }
     fn expert_params(&self) -> f64 {
         3.0 * self.hidden * self.inter
     }
     /// Parameters a token multiplies by (attention, router, top-k experts, lm_head).
     fn active_params(&self) -> f64 {
-        self.layers
-            * (self.attn_params() + self.experts * self.hidden + self.top_k * self.expert_params())
-            + self.vocab * self.hidden
+        self.layers * (self.attn_params() + self.experts * self.hidden + self.top_k * self.expert_params()) + self.vocab * self.hidden
     }
     /// Expected distinct experts per layer for `tokens` uniformly routed tokens.
     fn experts_touched(&self, tokens: f64) -> f64 {
@@ -83,10 +80,7 @@ impl Shape {
     }
     /// Bytes a decode step must read: weights touched once, the whole KV context.
     fn decode_bytes(&self, batch: f64, ctx: f64) -> f64 {
-        let w = self.layers
-            * (self.attn_params()
-                + self.experts * self.hidden
-                + self.experts_touched(batch) * self.expert_params())
+        let w = self.layers * (self.attn_params() + self.experts * self.hidden + self.experts_touched(batch) * self.expert_params())
             + self.vocab * self.hidden;
         let kv = batch * ctx * self.layers * 2.0 * self.kv_heads * self.head_dim;
         2.0 * (w + kv)
@@ -94,8 +88,7 @@ impl Shape {
     /// FLOPs of a forward over `tokens` new tokens at mean context `ctx`
     /// (causal attention: q.k and p.v per query per key).
     fn flops(&self, tokens: f64, mean_ctx: f64) -> f64 {
-        2.0 * tokens * self.active_params()
-            + 4.0 * tokens * mean_ctx * self.heads * self.head_dim * self.layers
+        2.0 * tokens * self.active_params() + 4.0 * tokens * mean_ctx * self.heads * self.head_dim * self.layers
     }
 }
 
@@ -147,15 +140,15 @@ pub fn run(o: &Opts) {
     });
     let cfg = Qwen3Config::from_json(QWEN3_30B_A3B).expect("config");
     let shape = Shape::of(&cfg);
-    let dtype = if device.is_cpu() {
-        DType::F32
-    } else {
-        DType::BF16
-    };
+    let dtype = if device.is_cpu() { DType::F32 } else { DType::BF16 };
     let t0 = Instant::now();
     let model = Qwen3Model::dummy(cfg.clone(), 0, dtype, &device).expect("model");
     sync(&device);
-    println!("Qwen3-30B-A3B shape, dummy {dtype:?} weights on {device:?}: loaded in {:.1} s; {:.2} B active params/token", t0.elapsed().as_secs_f64(), shape.active_params() / 1e9);
+    println!(
+        "Qwen3-30B-A3B shape, dummy {dtype:?} weights on {device:?}: loaded in {:.1} s; {:.2} B active params/token",
+        t0.elapsed().as_secs_f64(),
+        shape.active_params() / 1e9
+    );
     let bs = o.block_size;
     let layout = model.kv_layout(bs);
     let max_prefill = o.prefill.iter().copied().max().unwrap_or(0);
@@ -165,10 +158,7 @@ pub fn run(o: &Opts) {
     let mut pool = KvPool::new_on(layout, blocks, &device).expect("KV pool");
     randomize_pool(&pool).expect("randomize pool");
     sync(&device);
-    println!(
-        "KV pool: {blocks} blocks of {bs} tokens, {:.1} GiB",
-        (blocks * layout.bytes_per_block()) as f64 / (1u64 << 30) as f64
-    );
+    println!("KV pool: {blocks} blocks of {bs} tokens, {:.1} GiB", (blocks * layout.bytes_per_block()) as f64 / (1u64 << 30) as f64);
 
     // Warm-up: loads modules, creates cuBLAS handles, grows the memory pool.
     let table: Vec<BlockId> = (0..blocks.min(64) as BlockId).collect();
@@ -176,35 +166,20 @@ pub fn run(o: &Opts) {
         let len = len.min(table.len() * bs);
         let b = BatchInput {
             tokens: (0..len as u32).map(|i| i % 1000 + 10).collect(),
-            seqs: vec![SeqChunk {
-                start: 0,
-                len,
-                context_len: len,
-                block_table: &table,
-            }],
+            seqs: vec![SeqChunk { start: 0, len, context_len: len, block_table: &table }],
             logits_rows: vec![len - 1],
         };
         greedy(&model.forward(&b, &mut pool.storage).expect("warm-up"));
     }
 
     println!("\nprefill (one sequence, one forward pass)");
-    println!(
-        "{:>8} {:>10} {:>12} {:>14}",
-        "tokens", "ms", "tok/s", "% peak bf16"
-    );
+    println!("{:>8} {:>10} {:>12} {:>14}", "tokens", "ms", "tok/s", "% peak bf16");
     for &len in &o.prefill {
         let table: Vec<BlockId> = (0..len.div_ceil(bs) as BlockId).collect();
-        let tokens: Vec<u32> = (0..len)
-            .map(|i| ((i * 7919) % 150000) as u32 + 10)
-            .collect();
+        let tokens: Vec<u32> = (0..len).map(|i| ((i * 7919) % 150000) as u32 + 10).collect();
         let batch = BatchInput {
             tokens,
-            seqs: vec![SeqChunk {
-                start: 0,
-                len,
-                context_len: len,
-                block_table: &table,
-            }],
+            seqs: vec![SeqChunk { start: 0, len, context_len: len, block_table: &table }],
             logits_rows: vec![len - 1],
         };
         let mut times = Vec::new();
@@ -217,26 +192,13 @@ pub fn run(o: &Opts) {
         times.sort_by(|a, b| a.total_cmp(b));
         let s = times[1];
         let flops = shape.flops(len as f64, len as f64 / 2.0);
-        println!(
-            "{len:>8} {:>10.1} {:>12.0} {:>13.1}%",
-            s * 1e3,
-            len as f64 / s,
-            100.0 * flops / s / PEAK_BF16_FLOPS
-        );
+        println!("{len:>8} {:>10.1} {:>12.0} {:>13.1}%", s * 1e3, len as f64 / s, 100.0 * flops / s / PEAK_BF16_FLOPS);
     }
 
-    println!(
-        "\ndecode ({} context, {} steps; greedy on device)",
-        o.context, o.steps
-    );
-    println!(
-        "{:>6} {:>10} {:>12} {:>10} {:>12} {:>14}",
-        "batch", "ms/step", "tok/s", "GB/step", "% HBM roof", "% peak bf16"
-    );
+    println!("\ndecode ({} context, {} steps; greedy on device)", o.context, o.steps);
+    println!("{:>6} {:>10} {:>12} {:>10} {:>12} {:>14}", "batch", "ms/step", "tok/s", "GB/step", "% HBM roof", "% peak bf16");
     for &b in &o.batches {
-        let tables: Vec<Vec<BlockId>> = (0..b)
-            .map(|i| ((i * per_seq) as BlockId..((i + 1) * per_seq) as BlockId).collect())
-            .collect();
+        let tables: Vec<Vec<BlockId>> = (0..b).map(|i| ((i * per_seq) as BlockId..((i + 1) * per_seq) as BlockId).collect()).collect();
         let mut ctx = o.context;
         let mut step_times = Vec::new();
         let mut tokens: Vec<u32> = (0..b).map(|i| (i * 31 % 1000) as u32 + 10).collect();
@@ -244,14 +206,7 @@ pub fn run(o: &Opts) {
             ctx += 1;
             let batch = BatchInput {
                 tokens: tokens.clone(),
-                seqs: (0..b)
-                    .map(|i| SeqChunk {
-                        start: i,
-                        len: 1,
-                        context_len: ctx,
-                        block_table: &tables[i],
-                    })
-                    .collect(),
+                seqs: (0..b).map(|i| SeqChunk { start: i, len: 1, context_len: ctx, block_table: &tables[i] }).collect(),
                 logits_rows: (0..b).collect(),
             };
             let t = Instant::now();
@@ -274,5 +229,9 @@ pub fn run(o: &Opts) {
             100.0 * flops / s / PEAK_BF16_FLOPS
         );
     }
-    println!("\n(median of 3 prefills / of the decode steps; HBM roof {:.1} TB/s, bf16 peak {:.0} TFLOP/s)", HBM_BYTES_PER_S / 1e12, PEAK_BF16_FLOPS / 1e12);
+    println!(
+        "\n(median of 3 prefills / of the decode steps; HBM roof {:.1} TB/s, bf16 peak {:.0} TFLOP/s)",
+        HBM_BYTES_PER_S / 1e12,
+        PEAK_BF16_FLOPS / 1e12
+    );
 }
