@@ -6,10 +6,15 @@
 //!
 //! The cost model compares estimated times, from measured rates:
 //!
-//! - local  = suffix / local_rate, plus the stall the prefill imposes on
-//!   the decodes running here (each waits for it): `running * local`.
-//! - remote = round trip + P's queue + (suffix - P's snapshot coverage) /
-//!   P's rate + suffix bytes / transfer bandwidth.
+//! - local  = (this worker's prefill backlog + suffix) / local_rate, plus
+//!   the stall the prefill imposes on the decodes running here (each waits
+//!   for it): `running * suffix / local_rate`.
+//! - remote = round trip + P's backlog / P's rate + (suffix - P's snapshot
+//!   coverage) / P's rate + suffix bytes / transfer bandwidth.
+//!
+//! The backlogs are prompt tokens admitted but not yet computed. Without
+//! them a burst of long prompts all look cheap here (each sees an idle
+//! engine) and queue behind each other while the prefill worker idles.
 //!
 //! Suffixes shorter than `min_remote_tokens` never go remote: below it the
 //! fixed costs (a round trip, block reservation, the transfer set-up)
@@ -60,6 +65,9 @@ pub struct PeerView {
     pub prefill_tokens_per_s: f64,
     /// Tokens of this session's snapshot there (0: none).
     pub snapshot_tokens: usize,
+    /// Prompt tokens admitted there and not yet computed (0: none, or a
+    /// peer that does not report it; then `queued_requests` stands in).
+    pub pending_prefill_tokens: usize,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -73,6 +81,8 @@ pub struct PathInputs {
     pub running: usize,
     /// This worker's measured prompt tokens/s (0: unknown).
     pub local_tokens_per_s: f64,
+    /// Prompt tokens admitted here and not yet computed.
+    pub local_pending_tokens: usize,
     /// KV bytes per token (all layers, K and V).
     pub kv_bytes_per_token: u64,
     /// Measured transfer bandwidth to/from prefill workers, bytes/s.
@@ -116,8 +126,12 @@ pub fn decide(i: &PathInputs) -> PathDecision {
     let local_rate = if i.local_tokens_per_s > 0.0 { i.local_tokens_per_s } else { DEFAULT_TOKENS_PER_S };
     let peer_rate = if peer.prefill_tokens_per_s > 0.0 { peer.prefill_tokens_per_s } else { local_rate };
     let local_compute = suffix as f64 / local_rate;
-    let local_s = local_compute * (1 + i.running) as f64;
-    let peer_queue_s = peer.queued_requests as f64 * local_compute.max(0.001);
+    let local_s = i.local_pending_tokens as f64 / local_rate + local_compute * (1 + i.running) as f64;
+    let peer_queue_s = if peer.pending_prefill_tokens > 0 {
+        peer.pending_prefill_tokens as f64 / peer_rate
+    } else {
+        peer.queued_requests as f64 * local_compute.max(0.001)
+    };
     let transfer_s = (suffix as u64 * i.kv_bytes_per_token) as f64 / i.transfer_bytes_per_s.max(1.0);
     let remote_s = i.round_trip_s + peer_queue_s + suffix.saturating_sub(bypass) as f64 / peer_rate + transfer_s;
     if i.policy == PathPolicy::Threshold {
@@ -143,12 +157,19 @@ mod tests {
             session_hit: false,
             running: 0,
             local_tokens_per_s: 10_000.0,
+            local_pending_tokens: 0,
             kv_bytes_per_token: 100_000,
             transfer_bytes_per_s: 10e9,
             round_trip_s: 0.002,
             min_remote_tokens: 512,
             policy: PathPolicy::Cost,
-            peer: Some(PeerView { healthy: true, queued_requests: 0, prefill_tokens_per_s: 10_000.0, snapshot_tokens: 0 }),
+            peer: Some(PeerView {
+                healthy: true,
+                queued_requests: 0,
+                prefill_tokens_per_s: 10_000.0,
+                snapshot_tokens: 0,
+                pending_prefill_tokens: 0,
+            }),
         }
     }
 
@@ -187,6 +208,30 @@ mod tests {
         i.running = 1;
         i.peer = Some(PeerView { queued_requests: 50, ..inputs().peer.unwrap() });
         assert_eq!(decide(&i).path, PrefillPath::Local);
+    }
+
+    #[test]
+    fn a_prefill_backlog_here_sends_a_long_prompt_to_an_idle_prefill_worker() {
+        // Idle decodes, same rates: alone, the prompt is cheaper here (no
+        // transfer); behind 40K prompt tokens already admitted here it is not.
+        let mut i = inputs();
+        assert_eq!(decide(&i).path, PrefillPath::Local);
+        i.local_pending_tokens = 40_000;
+        let d = decide(&i);
+        assert_eq!((d.path, d.reason), (PrefillPath::Remote, "remote_cheaper"));
+        assert!((d.local_s - (40_000.0 + 4096.0) / 10_000.0).abs() < 1e-9, "{d:?}");
+    }
+
+    #[test]
+    fn a_prefill_backlog_on_the_prefill_worker_keeps_the_prompt_here() {
+        let mut i = inputs();
+        i.running = 8;
+        assert_eq!(decide(&i).path, PrefillPath::Remote);
+        // 8 decodes stall for 0.41 s each here; P first computes 500K tokens.
+        i.peer = Some(PeerView { pending_prefill_tokens: 500_000, ..inputs().peer.unwrap() });
+        let d = decide(&i);
+        assert_eq!((d.path, d.reason), (PrefillPath::Local, "local_cheaper"));
+        assert!(d.remote_s > 50.0, "{d:?}");
     }
 
     #[test]

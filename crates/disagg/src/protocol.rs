@@ -48,6 +48,10 @@ pub struct WorkerState {
     /// Measured prompt tokens per second of this worker's forward passes
     /// (0 until measured).
     pub prefill_tokens_per_s: f64,
+    /// Prompt tokens admitted here but not yet computed (its prefill
+    /// backlog). Absent from older workers: 0.
+    #[serde(default)]
+    pub pending_prefill_tokens: usize,
 }
 
 impl WorkerState {

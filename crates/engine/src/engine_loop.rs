@@ -462,7 +462,13 @@ impl EngineLoop {
         if batch.logits_rows.is_empty() {
             // Only mid-prompt chunks: run for the KV, ask for one row anyway.
             batch.logits_rows.push(batch.tokens.len() - 1);
-            self.model.forward(&batch, &mut self.storage).map_err(|e| EngineError::Model(e.to_string()))?;
+            let out = self.model.forward(&batch, &mut self.storage).map_err(|e| EngineError::Model(e.to_string()))?;
+            // On a GPU the launch returns before the work is done. Wait for
+            // it, so that the step's time (the measured prefill rate the
+            // disaggregation cost model uses) is the work's: without this a
+            // mid-prompt chunk of 8K tokens "took" a millisecond, and the
+            // next step paid for it.
+            out.device().synchronize()?;
             return Ok(Vec::new());
         }
         let logits = self.model.forward(&batch, &mut self.storage).map_err(|e| EngineError::Model(e.to_string()))?;
@@ -577,6 +583,7 @@ impl EngineLoop {
         self.local.free_blocks = self.allocator.num_free();
         self.local.running = self.scheduler.num_running();
         self.local.waiting = self.scheduler.num_waiting();
+        self.local.pending_prefill_tokens = self.scheduler.pending_prefill_tokens();
         self.local.evictable_blocks = self.cache.evictable_blocks(&self.allocator);
         self.local.cached_blocks = self.cache.indexed_blocks();
         self.local.host_free_blocks = self.cache.host_free_blocks();

@@ -55,6 +55,8 @@ pub struct EngineStats {
     pub host_total_blocks: usize,
     pub running: usize,
     pub waiting: usize,
+    /// Prompt tokens admitted but not yet computed (the prefill backlog).
+    pub pending_prefill_tokens: usize,
     pub steps: u64,
     pub preemptions: u64,
     pub prompt_tokens_computed: u64,

@@ -114,6 +114,12 @@ impl Scheduler {
         self.waiting.len()
     }
 
+    /// Prompt tokens still to be computed, over every sequence (waiting and
+    /// running): the prefill backlog a new prompt would queue behind.
+    pub fn pending_prefill_tokens(&self) -> usize {
+        self.seqs.values().map(|s| s.prompt_len.saturating_sub(s.num_computed)).sum()
+    }
+
     pub fn is_idle(&self) -> bool {
         self.seqs.is_empty()
     }
@@ -355,6 +361,26 @@ mod tests {
             })
             .collect();
         assert_eq!(lens, vec![(0, 8, false), (8, 8, false), (16, 4, true)]);
+    }
+
+    #[test]
+    fn the_prefill_backlog_counts_prompt_tokens_not_yet_computed() {
+        let mut alloc = BlockAllocator::new(100);
+        let mut s = sched(8, 8);
+        s.add(1, vec![1; 20]);
+        let blocks = alloc.allocate(2).unwrap();
+        s.add_seeded(2, vec![2; 12], blocks, 8, false);
+        assert_eq!(s.pending_prefill_tokens(), 20 + 4);
+        // One step of 8 tokens: a chunk of sequence 1 (oldest first).
+        let p = s.schedule(&mut alloc, &mut NoCache);
+        apply(&mut s, &p);
+        assert_eq!(s.pending_prefill_tokens(), 24 - p.chunks.iter().map(|c| c.len).sum::<usize>());
+        // Generated tokens are not prompt: a finished prefill leaves nothing.
+        while s.pending_prefill_tokens() > 0 {
+            let p = s.schedule(&mut alloc, &mut NoCache);
+            apply(&mut s, &p);
+        }
+        assert_eq!(s.pending_prefill_tokens(), 0);
     }
 
     #[test]
