@@ -140,12 +140,14 @@ def correctness(protocol: str, log_dir: str, port: int) -> None:
             sessions.append((sid, prompt))
         check(same, f"{protocol}: 4 sessions x 3 turns through P/D equal the both worker's greedy text")
         print(f"{protocol}: paths {paths}", flush=True)
-        # Threshold policy: every suffix of >= 64 tokens goes to P, which
-        # holds the session's snapshot, so later turns are bypass (P computes
-        # only the suffix) unless D appends them itself.
+        # Threshold policy: every suffix of >= 64 tokens goes to P. A later
+        # turn is bypass when D's snapshot push has reached P by then (it is
+        # asynchronous), else a plain remote prefill; either way the text
+        # above must match.
         firsts, laters = paths[0::3], [x for i, x in enumerate(paths) if i % 3]
-        check(all(x == "remote_prefill" for x in firsts) and all(x in ("bypass", "direct_append") for x in laters),
-              f"{protocol}: turn 1 remote_prefill, later turns bypass or direct_append")
+        check(all(x == "remote_prefill" for x in firsts) and "bypass" in laters
+              and all(x in ("bypass", "direct_append", "remote_prefill") for x in laters),
+              f"{protocol}: turn 1 remote_prefill, later turns served from P's snapshot (bypass) at least once")
         m = d1.metrics()
         print(f"{protocol}: D1 kv bytes {sum_metric(m, 'kvc_kv_transfer_bytes_total'):.0f}, snapshot pushes sent {sum_metric(m, 'kvc_snapshot_push_sent_total'):.0f}", flush=True)
         # Session move: a fresh D2 serves the next turn from P's snapshot.
