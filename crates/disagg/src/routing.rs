@@ -332,6 +332,22 @@ mod tests {
     }
 
     #[test]
+    fn a_higher_overlap_weight_keeps_a_long_session_home_under_load() {
+        // The headline experiment's dp case: the home holds 7.6K of a 7.8K
+        // prompt but decodes 4.9K blocks; the other worker decodes 1.5K.
+        let mut home = idle(40_000);
+        home.resident_tokens = 7_632;
+        home.free_blocks = 40_000 - 4_910;
+        let mut other = idle(40_000);
+        other.free_blocks = 40_000 - 1_514;
+        let r = req(7_793, 46, Some(0));
+        assert_eq!(choose(&r, &[home.clone(), other.clone()]).reason, reason::MOVED_LOAD);
+        let heavy = RouteWeights { prefill_weight: 10.0, ..RouteWeights::default() };
+        let d = choose_worker(&r, &[home, other], &heavy);
+        assert_eq!((d.worker, d.reason), (Some(0), reason::SESSION_RESIDENT));
+    }
+
+    #[test]
     fn without_room_anywhere_the_cheapest_healthy_worker_queues_it() {
         let mut a = idle(40);
         a.free_blocks = 0;

@@ -186,9 +186,17 @@ pub struct DisaggArgs {
     #[arg(long, default_value = "127.0.0.1")]
     pub kv_transport_host: String,
 
-    /// Mooncake transport protocol between workers: tcp or rdma.
+    /// Mooncake transport protocol between workers: `tcp` (any pool; GPU
+    /// memory is staged through host buffers), `nvlink_intra` (GPU pools on
+    /// one host, CUDA IPC) or `rdma`.
     #[arg(long, default_value = "tcp")]
     pub kv_transport_protocol: String,
+
+    /// Router: weight of a block of prompt a worker would have to compute,
+    /// against a block of its decode load, in the routing score (Dynamo's
+    /// flag). Above 1 a session stays with its KV longer before load moves it.
+    #[arg(long, default_value_t = 1.0, value_parser = parse_nonneg_f64)]
+    pub kv_overlap_score_weight: f64,
 
     /// Decode workers: longest a remote prefill may take (queueing and
     /// compute on the prefill worker); past it the prompt is computed
@@ -324,7 +332,14 @@ impl Args {
 }
 
 /// Parses a byte count such as `1073741824`, `512MiB`, `2GiB`, `2G` or `1.5GB`.
-pub fn parse_bytes(s: &str) -> Result<usize, String> {
+pub fn parse_nonneg_f64(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
+        _ => Err(format!("{s:?} is not a non-negative number")),
+    }
+}
+
+fn parse_bytes(s: &str) -> Result<usize, String> {
     let s = s.trim();
     let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
     let (num, unit) = (&s[..split], s[split..].trim());
@@ -478,5 +493,13 @@ mod tests {
         assert!(err(&["--role", "router", "--decode-peer", "http://d"]).contains("--cluster-token"));
         assert!(parse(&["--role", "router", "--decode-peer", "http://d", "--cluster-token", "t"]).unwrap().check_role().is_ok());
         assert!(parse(&["--role", "nonsense"]).is_err());
+    }
+
+    #[test]
+    fn the_router_overlap_weight_is_a_non_negative_number() {
+        assert_eq!(parse(&[]).unwrap().disagg.kv_overlap_score_weight, 1.0);
+        assert_eq!(parse(&["--kv-overlap-score-weight", "8"]).unwrap().disagg.kv_overlap_score_weight, 8.0);
+        assert!(parse(&["--kv-overlap-score-weight", "-1"]).is_err());
+        assert!(parse(&["--kv-overlap-score-weight", "NaN"]).is_err());
     }
 }

@@ -233,7 +233,8 @@ pub async fn serve(args: &Args) -> anyhow::Result<()> {
     let token = config.cluster_token.clone().unwrap_or_default();
     let interval = Duration::from_secs_f64(args.disagg.peer_poll_interval_s.max(0.01));
     let shutdown_timeout = config.shutdown_timeout;
-    let state = RouterState::new(&args.disagg.decode_peers, config)?;
+    let mut state = RouterState::new(&args.disagg.decode_peers, config)?;
+    state.weights.prefill_weight = args.disagg.kv_overlap_score_weight;
     state.peers.spawn_pollers(state.client.clone(), token, interval);
     let homes = state.homes.clone();
     tokio::spawn(async move {
