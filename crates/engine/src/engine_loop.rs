@@ -31,6 +31,10 @@ pub(crate) enum Command {
         tx: mpsc::UnboundedSender<StreamEvent>,
         kv: SubmitKv,
     },
+    /// Requests admitted together, in one step's scheduling (the `n`
+    /// choices of one prompt: their batches then do not depend on when
+    /// each submission reached the loop).
+    SubmitGroup(Vec<(u64, GenerateRequest, mpsc::UnboundedSender<StreamEvent>)>),
     Cancel(u64),
     /// Reserve a prompt's blocks (decode worker, before a remote prefill).
     Reserve {
@@ -283,6 +287,12 @@ impl EngineLoop {
         match cmd {
             Command::Submit { seq_id, req, tx, kv } => {
                 self.admit(seq_id, req, tx, kv);
+                true
+            }
+            Command::SubmitGroup(group) => {
+                for (seq_id, req, tx) in group {
+                    self.admit(seq_id, req, tx, SubmitKv::Compute);
+                }
                 true
             }
             Command::Cancel(seq_id) => {

@@ -224,6 +224,27 @@ impl EngineHandle {
         self.submit_kv(req, SubmitKv::Compute)
     }
 
+    /// Submits several requests that enter the scheduler together (the `n`
+    /// choices of a prompt), so that which steps they share does not depend
+    /// on thread timing and a seeded request reproduces. Nothing is
+    /// submitted when any of them is invalid.
+    pub fn submit_group(&self, reqs: Vec<GenerateRequest>) -> Result<Vec<RequestStream>, EngineError> {
+        for req in &reqs {
+            req.sampling.validate()?;
+            self.check_prompt(&req.prompt_tokens, req.sampling.max_tokens)?;
+        }
+        let mut group = Vec::with_capacity(reqs.len());
+        let mut streams = Vec::with_capacity(reqs.len());
+        for req in reqs {
+            let seq_id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
+            let (tx, rx) = mpsc::unbounded_channel();
+            group.push((seq_id, req, tx));
+            streams.push(RequestStream { rx, cancel: CancelGuard { seq_id, commands: self.inner.commands.clone() } });
+        }
+        self.inner.commands.send(Command::SubmitGroup(group)).map_err(|_| EngineError::ShuttingDown)?;
+        Ok(streams)
+    }
+
     /// Prefill worker: runs the request (normally `max_tokens: 1`), reusing
     /// the snapshot of `req.session_id` when it covers a prefix, and hands
     /// the prompt's blocks back in `Finished.export` for transfer.

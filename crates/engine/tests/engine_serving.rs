@@ -162,3 +162,41 @@ fn invalid_requests_are_refused_before_scheduling() {
         .submit(GenerateRequest { request_id: "t".into(), prompt_tokens: vec![1], sampling: bad_temp, ..Default::default() })
         .is_err());
 }
+
+#[test]
+fn a_group_of_seeded_requests_reproduces_and_an_invalid_member_submits_none() {
+    // The `n` choices of one prompt: submitted as one group they share the
+    // same steps every time, so the sampled tokens repeat exactly; each
+    // member alone (its own batches) is the reference for "they differ".
+    let e = engine(|_| {});
+    let p = |seed| SamplingParams { temperature: 1.0, seed: Some(seed), max_tokens: 10, ignore_eos: true, ..Default::default() };
+    let req = |seed| GenerateRequest {
+        request_id: format!("g{seed}"),
+        prompt_tokens: prompts()[3].clone(),
+        sampling: p(seed),
+        ..Default::default()
+    };
+    let run = || -> Vec<Vec<u32>> {
+        let streams = e.submit_group((0..3).map(|i| req(100 + i)).collect()).expect("valid group");
+        streams.into_iter().map(|s| collect(s).tokens).collect()
+    };
+    // Same prefix-cache state for every run: the prompt's whole blocks are
+    // cached first (a group's members then each compute only the rest).
+    collect(submit(&e, &prompts()[3], greedy(1)));
+    let first = run();
+    assert_eq!(first.len(), 3);
+    assert!(first.iter().all(|t| t.len() == 10));
+    assert_eq!(first, run());
+    assert_eq!(first, run());
+    let distinct: std::collections::HashSet<_> = first.iter().collect();
+    assert_eq!(distinct.len(), 3, "different seeds, different samples: {first:?}");
+    // One invalid member: the group is refused as a whole (its valid
+    // member is not submitted either: generated tokens stay as they were).
+    let before = wait_stats(&e, |s| s.running + s.waiting == 0).generated_tokens;
+    let bad = SamplingParams { temperature: -1.0, ..greedy(1) };
+    let group = vec![req(1), GenerateRequest { request_id: "bad".into(), prompt_tokens: vec![1], sampling: bad, ..Default::default() }];
+    assert!(matches!(e.submit_group(group), Err(kvc_engine::EngineError::InvalidParam { .. })));
+    // A later request runs behind whatever was sent before it.
+    assert_eq!(collect(submit(&e, &prompts()[0], greedy(2))).tokens.len(), 2);
+    assert_eq!(wait_stats(&e, |s| s.running + s.waiting == 0 && s.generated_tokens >= before + 2).generated_tokens, before + 2);
+}

@@ -137,19 +137,26 @@ pub async fn submit(state: &AppState, admitted: Admitted, s: Submission) -> Resu
         streams.push(events(0, stream));
     }
     let remote_started = !streams.is_empty();
-    for index in (0..s.n).filter(|_| !remote_started) {
-        let mut sampling = s.sampling.clone();
-        sampling.seed = choice_seed(sampling.seed, index);
-        let req = GenerateRequest {
-            request_id: if s.n == 1 { request_id.clone() } else { format!("{request_id}-{index}") },
-            prompt_tokens: s.prompt_tokens.clone(),
-            sampling,
-            // Only the first choice continues the session; the others are
-            // alternatives the client has not chosen yet.
-            session_id: if index == 0 { s.session_id.clone() } else { None },
-            ..Default::default()
-        };
-        let stream = state.engine.submit(req).map_err(s.map_err)?;
+    let reqs: Vec<GenerateRequest> = (0..s.n)
+        .filter(|_| !remote_started)
+        .map(|index| {
+            let mut sampling = s.sampling.clone();
+            sampling.seed = choice_seed(sampling.seed, index);
+            GenerateRequest {
+                request_id: if s.n == 1 { request_id.clone() } else { format!("{request_id}-{index}") },
+                prompt_tokens: s.prompt_tokens.clone(),
+                sampling,
+                // Only the first choice continues the session; the others are
+                // alternatives the client has not chosen yet.
+                session_id: if index == 0 { s.session_id.clone() } else { None },
+                ..Default::default()
+            }
+        })
+        .collect();
+    // One submission for all choices: they enter the scheduler in the same
+    // step, so a seeded request's batches (and sampled text) reproduce.
+    let group = if reqs.is_empty() { Vec::new() } else { state.engine.submit_group(reqs).map_err(s.map_err)? };
+    for (index, stream) in group.into_iter().enumerate() {
         ServerCounters::inc(&state.counters.local_requests);
         tracing::info!(
             request_id,
