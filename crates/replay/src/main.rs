@@ -354,7 +354,9 @@ async fn run(a: RunArgs) -> anyhow::Result<()> {
             break;
         }
     }
-    if summaries.len() > 1 {
+    // With --runs > 1 the runs' summary goes to the top level, however
+    // many ran (an interrupted first run leaves just one).
+    if a.runs > 1 {
         Aggregate::new(&summaries, run_dirs).write(&out_dir)?;
     }
     println!("{}", std::fs::read_to_string(out_dir.join("summary.md"))?);
