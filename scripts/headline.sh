@@ -86,7 +86,7 @@
 #   KVC_BIN=$PWD/target/debug DEV_A=cpu DEV_B=cpu MODEL_ARGS= RUNS=1 \
 #   AG_SESSIONS=2 AG_TURNS=2 AG_SCALE=1/50 MC_REQUESTS=6 MC_SCALE=1/32 \
 #   MOONCAKE_TRACE=/work/shared/traces/mooncake_synthetic_trace.jsonl \
-#   EXTRA_ARGS="--kv-cache-memory 256MiB" nice bash scripts/headline.sh /tmp/headline-dry
+#   EXTRA_ARGS="--kv-cache-memory 256MiB" PD_ARGS= nice bash scripts/headline.sh /tmp/headline-dry
 #
 # ## Settings (env; defaults are for the GPU run)
 #
@@ -96,24 +96,28 @@
 #                      [--model $ROOT/.gpu/qwen3-30b-a3b --load-format dummy]
 #                      (a missing --model DIR is unpacked from DIR.tgz if
 #                      present; scripts/make_model_dir.sh writes such a DIR)
-#   EXTRA_ARGS         extra flags for every worker (not the router)      []
-#   PD_ARGS            extra flags for P and D of naive and kvc (e.g.
-#                      --kv-transport-protocol ...)                      []
+#   EXTRA_ARGS         extra flags for every worker (not the router)
+#                      [--max-num-batched-tokens 8192]
+#   PD_ARGS            extra flags for P and D of naive and kvc
+#                      [--kv-transport-protocol nvlink_intra] (two GPUs of
+#                      one host; empty for the CPU dry run: tcp)
 #   DP_ARGS, PREFILL_ARGS, DECODE_ARGS, ROUTER_ARGS
 #                      extra flags for dp workers / P / D (naive and kvc) /
 #                      the router                                        []
-#   CONFIGS            [dp naive kvc]        TRACES   [agentic mooncake]
+#   CONFIGS            [dp naive kvc]        TRACES   [mooncake agentic]
+#                      (the short workload first: the time budget gives each
+#                      remaining one an equal share of what is left)
 #   RUNS               kvc-replay --runs                                 [3]
-#   AG_SESSIONS        agentic sessions                                  [8]
-#   AG_TURNS           agentic max turns per session                    [12]
+#   AG_SESSIONS        agentic sessions                                  [4]
+#   AG_TURNS           agentic max turns per session                     [3]
 #   AG_SCALE           agentic --scale (empty: omit)                     [1]
 #   AG_WINDOW_S        agentic --arrival-window-s (empty: the tool's 60 s
 #                      for 50 sessions; 60 * AG_SESSIONS / 50 keeps the
-#                      seed trace's arrival rate)                         []
+#                      seed trace's arrival rate)                       [4.8]
 #   MOONCAKE_TRACE     [$ROOT/.gpu/mooncake_synthetic_trace.jsonl]
-#   MC_REQUESTS        Mooncake requests (--max-sessions)              [200]
+#   MC_REQUESTS        Mooncake requests (--max-sessions)               [12]
 #   MC_SCALE           Mooncake --scale (empty: omit)                    [1]
-#   MC_SKIP            Mooncake requests skipped first (--skip)          [0]
+#   MC_SKIP            Mooncake requests skipped first (--skip)        [500]
 #   KVC_REPLAY_ARGS    extra kvc-replay run flags                        []
 #   REQUEST_TIMEOUT_S  kvc-replay --request-timeout-s                  [300]
 #   WAIT_READY_S       kvc-replay --wait-ready-s                       [300]
@@ -147,23 +151,23 @@ DEV_A=${DEV_A:-cuda:0}
 DEV_B=${DEV_B:-cuda:1}
 # ${VAR-default}: an empty MODEL_ARGS is kept (the embedded model).
 MODEL_ARGS=${MODEL_ARGS-"--model $ROOT/.gpu/qwen3-30b-a3b --load-format dummy"}
-EXTRA_ARGS=${EXTRA_ARGS:-}
-PD_ARGS=${PD_ARGS:-}
+EXTRA_ARGS=${EXTRA_ARGS-"--max-num-batched-tokens 8192"}
+PD_ARGS=${PD_ARGS-"--kv-transport-protocol nvlink_intra"}
 DP_ARGS=${DP_ARGS:-}
 PREFILL_ARGS=${PREFILL_ARGS:-}
 DECODE_ARGS=${DECODE_ARGS:-}
 ROUTER_ARGS=${ROUTER_ARGS:-}
 CONFIGS=${CONFIGS-"dp naive kvc"}
-TRACES=${TRACES-"agentic mooncake"}
+TRACES=${TRACES-"mooncake agentic"}
 RUNS=${RUNS:-3}
-AG_SESSIONS=${AG_SESSIONS:-8}
-AG_TURNS=${AG_TURNS:-12}
+AG_SESSIONS=${AG_SESSIONS:-4}
+AG_TURNS=${AG_TURNS:-3}
 AG_SCALE=${AG_SCALE-1}
 MOONCAKE_TRACE=${MOONCAKE_TRACE:-$ROOT/.gpu/mooncake_synthetic_trace.jsonl}
-MC_REQUESTS=${MC_REQUESTS:-200}
+MC_REQUESTS=${MC_REQUESTS:-12}
 MC_SCALE=${MC_SCALE-1}
-MC_SKIP=${MC_SKIP:-0}
-AG_WINDOW_S=${AG_WINDOW_S:-}
+MC_SKIP=${MC_SKIP:-500}
+AG_WINDOW_S=${AG_WINDOW_S-4.8}
 KVC_REPLAY_ARGS=${KVC_REPLAY_ARGS:-}
 REQUEST_TIMEOUT_S=${REQUEST_TIMEOUT_S:-300}
 WAIT_READY_S=${WAIT_READY_S:-300}
