@@ -1,6 +1,7 @@
 //! `kvc-replay compare DIR...`: the headline numbers of several result
 //! directories side by side (a multi-run directory shows median [min-max]).
 
+use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::path::Path;
 
@@ -37,6 +38,40 @@ impl Loaded {
             }
         }
     }
+}
+
+/// Requests per path label (`path/reason`, or `error` / `unlabelled`),
+/// summed over a directory's runs (a multi-run directory's per-run
+/// summaries are read from its run directories).
+fn path_counts(dir: &Path, loaded: &Loaded) -> Result<BTreeMap<String, usize>> {
+    let mut counts = BTreeMap::new();
+    let mut add = |s: &Summary| {
+        for (label, p) in &s.path_mix {
+            *counts.entry(label.clone()).or_insert(0) += p.count;
+        }
+    };
+    match loaded {
+        Loaded::Run(s) => add(s),
+        Loaded::Runs(a) => {
+            for run in &a.run_dirs {
+                if let Loaded::Run(s) = load(&dir.join(run))? {
+                    add(&s);
+                }
+            }
+        }
+    }
+    Ok(counts)
+}
+
+/// `label count (share %)`, most frequent first, separated by `<br>`.
+fn path_cell(counts: &BTreeMap<String, usize>) -> String {
+    let total: usize = counts.values().sum();
+    if total == 0 {
+        return "–".into();
+    }
+    let mut v: Vec<(&String, &usize)> = counts.iter().collect();
+    v.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+    v.iter().map(|(l, c)| format!("{l} {c} ({:.0} %)", **c as f64 * 100.0 / total as f64)).collect::<Vec<_>>().join("<br>")
 }
 
 pub fn load(dir: &Path) -> Result<Loaded> {
@@ -76,6 +111,12 @@ pub fn table(dirs: &[&Path]) -> Result<String> {
     for (key, name) in HEADLINE_ORDER {
         row(name, &|l| l.cell(key));
     }
+    let paths: Vec<String> = dirs.iter().zip(&loaded).map(|(d, l)| path_counts(d, l).map(|c| path_cell(&c))).collect::<Result<_>>()?;
+    let _ = write!(md, "| path mix (requests, all runs) |");
+    for p in &paths {
+        let _ = write!(md, " {p} |");
+    }
+    md.push('\n');
     let first = loaded[0].meta();
     if loaded.iter().any(|l| l.meta().time_scale != first.time_scale) {
         md.push_str("\n**Warning:** the time scales differ; these runs did not offer the same load.\n");

@@ -211,3 +211,22 @@ async fn failed_and_timed_out_requests_become_error_rows_and_the_run_finishes() 
     let fine = by_output(3);
     assert!(fine.ok && fine.output_tokens == Some(3), "{fine:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compare_puts_directories_side_by_side_with_their_path_mix() {
+    let (url, _) = start_mock().await;
+    let one = scratch("compare-one");
+    let two = scratch("compare-two");
+    run_replay(&url, &one, &[]).await;
+    run_replay(&url, &two, &["--runs", "2"]).await;
+    let (a, b) = (one.display().to_string(), two.display().to_string());
+    let md = tokio::task::spawn_blocking(move || replay(&["compare", &a, &b])).await.unwrap();
+    let row = |name: &str| -> Vec<String> {
+        let line = md.lines().find(|l| l.starts_with(&format!("| {name} |"))).unwrap_or_else(|| panic!("no {name} row in\n{md}"));
+        line.trim_matches('|').split('|').skip(1).map(|c| c.trim().to_string()).collect()
+    };
+    assert_eq!(row("runs"), ["1", "2"]);
+    assert_eq!(row("errors"), ["0", "0 [0–0]"]);
+    // 4 requests a run, none labelled by this server: every run counted.
+    assert_eq!(row("path mix (requests, all runs)"), ["unlabelled 4 (100 %)", "unlabelled 8 (100 %)"]);
+}
