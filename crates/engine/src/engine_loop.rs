@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use kvc_kv_pool::{BlockAllocator, BlockId, KvPool, KvStorage};
-use kvc_model_qwen3::{BatchInput, Qwen3Model, SeqChunk};
-use kvc_scheduler::{ScheduledChunk, Scheduler, SchedulerConfig, SchedulerHooks, SeqId, Sequence};
+use kvc_model_qwen3::Qwen3Model;
+use kvc_scheduler::{Scheduler, SchedulerConfig, SchedulerHooks, SeqId, Sequence};
 use kvc_session_cache::{BlockHash, CacheConfig, SessionAwareCache, SnapshotStore};
 use tokio::sync::{mpsc, oneshot};
 
@@ -16,6 +16,7 @@ use crate::detokenizer::IncrementalDecoder;
 use crate::kv_handoff::{SnapshotJob, SnapshotSlot};
 
 mod handoff;
+mod step;
 
 use crate::sampler::Sampler;
 use crate::stop::StopMatcher;
@@ -401,88 +402,6 @@ impl EngineLoop {
         for id in gone {
             self.finish(id, FinishReason::Abort, None);
         }
-    }
-
-    fn step(&mut self) {
-        let mut hooks =
-            CacheHooks { cache: &mut self.cache, storage: &mut self.storage, active: &mut self.active, snapshots: &mut self.snapshots };
-        let plan = self.scheduler.schedule(&mut self.allocator, &mut hooks);
-        self.local.preemptions += plan.preempted.len() as u64;
-        for id in plan.unfittable {
-            // Only reachable when generation outgrows the pool: the prompt
-            // was checked against max_model_len, which is <= pool capacity.
-            self.finish(id, FinishReason::Length, None);
-        }
-        if plan.chunks.is_empty() {
-            return;
-        }
-        let started = Instant::now();
-        let logits = match self.forward(&plan.chunks) {
-            Ok(l) => l,
-            Err(e) => {
-                tracing::error!(error = %e, "forward pass failed; failing the batch");
-                for c in &plan.chunks {
-                    if let Some(a) = self.active.get(&c.seq_id) {
-                        let _ = a.tx.send(StreamEvent::Error(format!("model error: {e}")));
-                    }
-                    self.drop_seq(c.seq_id);
-                }
-                return;
-            }
-        };
-        self.local.steps += 1;
-        self.measure_prefill_rate(&plan.chunks, started.elapsed());
-        let mut row = 0;
-        for c in &plan.chunks {
-            self.scheduler.mark_computed(c.seq_id, c.len);
-            self.register_full_blocks(c.seq_id);
-            let seq_prompt = self.scheduler.get(c.seq_id).map(|s| s.prompt_len).unwrap_or(0);
-            self.local.prompt_tokens_computed += c.len.min(seq_prompt.saturating_sub(c.start)) as u64;
-            if c.sample {
-                self.on_token(c.seq_id, &logits[row]);
-                row += 1;
-            }
-        }
-    }
-
-    /// Moving average of tokens per second over steps that are mostly
-    /// prefill (the rate the disaggregation cost function needs).
-    fn measure_prefill_rate(&mut self, chunks: &[ScheduledChunk], took: Duration) {
-        const MIN_TOKENS: usize = 64;
-        let tokens: usize = chunks.iter().map(|c| c.len).sum();
-        if tokens < MIN_TOKENS || took.is_zero() {
-            return;
-        }
-        let rate = tokens as f64 / took.as_secs_f64();
-        let r = &mut self.local.prefill_tokens_per_s;
-        *r = if *r == 0.0 { rate } else { 0.8 * *r + 0.2 * rate };
-    }
-
-    fn forward(&mut self, chunks: &[ScheduledChunk]) -> Result<Vec<Vec<f32>>, EngineError> {
-        let mut batch = BatchInput::default();
-        for c in chunks {
-            let seq = self.scheduler.get(c.seq_id).expect("scheduled sequence exists");
-            let start = batch.tokens.len();
-            batch.tokens.extend_from_slice(&seq.tokens[c.start..c.start + c.len]);
-            batch.seqs.push(SeqChunk { start, len: c.len, context_len: c.start + c.len, block_table: &seq.block_table });
-            if c.sample {
-                batch.logits_rows.push(start + c.len - 1);
-            }
-        }
-        if batch.logits_rows.is_empty() {
-            // Only mid-prompt chunks: run for the KV, ask for one row anyway.
-            batch.logits_rows.push(batch.tokens.len() - 1);
-            let out = self.model.forward(&batch, &mut self.storage).map_err(|e| EngineError::Model(e.to_string()))?;
-            // On a GPU the launch returns before the work is done. Wait for
-            // it, so that the step's time (the measured prefill rate the
-            // disaggregation cost model uses) is the work's: without this a
-            // mid-prompt chunk of 8K tokens "took" a millisecond, and the
-            // next step paid for it.
-            out.device().synchronize()?;
-            return Ok(Vec::new());
-        }
-        let logits = self.model.forward(&batch, &mut self.storage).map_err(|e| EngineError::Model(e.to_string()))?;
-        Ok(logits.to_vec2::<f32>()?)
     }
 
     /// Samples, streams and checks stop conditions for one sequence.

@@ -15,7 +15,7 @@ use crate::chat_template::ChatTemplate;
 use crate::engine_loop::{Command, EngineLoop, SubmitKv};
 use crate::kv_handoff::{ReleaseOnDrop, Reservation, SnapshotJob, SnapshotSlot};
 use crate::tokenizer::TextTokenizer;
-use crate::{EngineConfig, EngineError, GenerateRequest, Logprobs, RequestStream};
+use crate::{EngineConfig, EngineError, GenerateRequest, Logprobs, RequestStream, StreamEvent};
 
 /// Static facts about the served model.
 #[derive(Debug, Clone)]
@@ -230,16 +230,14 @@ impl EngineHandle {
     /// submitted when any of them is invalid.
     pub fn submit_group(&self, reqs: Vec<GenerateRequest>) -> Result<Vec<RequestStream>, EngineError> {
         for req in &reqs {
-            req.sampling.validate()?;
-            self.check_prompt(&req.prompt_tokens, req.sampling.max_tokens)?;
+            self.check_request(req)?;
         }
         let mut group = Vec::with_capacity(reqs.len());
         let mut streams = Vec::with_capacity(reqs.len());
         for req in reqs {
-            let seq_id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
-            let (tx, rx) = mpsc::unbounded_channel();
+            let (seq_id, tx, stream) = self.open_stream();
             group.push((seq_id, req, tx));
-            streams.push(RequestStream { rx, cancel: CancelGuard { seq_id, commands: self.inner.commands.clone() } });
+            streams.push(stream);
         }
         self.inner.commands.send(Command::SubmitGroup(group)).map_err(|_| EngineError::ShuttingDown)?;
         Ok(streams)
@@ -343,11 +341,23 @@ impl EngineHandle {
     }
 
     fn submit_kv(&self, req: GenerateRequest, kv: SubmitKv) -> Result<RequestStream, EngineError> {
+        self.check_request(&req)?;
+        let (seq_id, tx, stream) = self.open_stream();
+        self.inner.commands.send(Command::Submit { seq_id, req, tx, kv }).map_err(|_| EngineError::ShuttingDown)?;
+        Ok(stream)
+    }
+
+    /// What every submission checks before anything reaches the loop.
+    fn check_request(&self, req: &GenerateRequest) -> Result<(), EngineError> {
         req.sampling.validate()?;
-        self.check_prompt(&req.prompt_tokens, req.sampling.max_tokens)?;
+        self.check_prompt(&req.prompt_tokens, req.sampling.max_tokens)
+    }
+
+    /// A fresh sequence id, the sender the loop streams its events to, and
+    /// the caller's end (which cancels the sequence when dropped).
+    fn open_stream(&self) -> (u64, mpsc::UnboundedSender<StreamEvent>, RequestStream) {
         let seq_id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::unbounded_channel();
-        self.inner.commands.send(Command::Submit { seq_id, req, tx, kv }).map_err(|_| EngineError::ShuttingDown)?;
-        Ok(RequestStream { rx, cancel: CancelGuard { seq_id, commands: self.inner.commands.clone() } })
+        (seq_id, tx, RequestStream { rx, cancel: CancelGuard { seq_id, commands: self.inner.commands.clone() } })
     }
 }
