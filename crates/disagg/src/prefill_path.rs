@@ -12,9 +12,12 @@
 //! - remote = round trip + P's backlog / P's rate + (suffix - P's snapshot
 //!   coverage) / P's rate + suffix bytes / transfer bandwidth.
 //!
-//! The backlogs are prompt tokens admitted but not yet computed. Without
-//! them a burst of long prompts all look cheap here (each sees an idle
-//! engine) and queue behind each other while the prefill worker idles.
+//! The backlogs are prompt tokens submitted but not yet computed: here,
+//! what the engine holds and what was submitted since its last snapshot;
+//! on P, what it last reported or what this worker has sent it and not
+//! had answered, whichever is more (reports lag by a poll and a step).
+//! Without them a burst of long prompts all look cheap on one side (each
+//! sees an idle engine) and queue behind each other while the other idles.
 //!
 //! Suffixes shorter than `min_remote_tokens` never go remote: below it the
 //! fixed costs (a round trip, block reservation, the transfer set-up)
@@ -102,6 +105,9 @@ pub struct PathDecision {
     /// Estimated seconds (0 when not estimated).
     pub local_s: f64,
     pub remote_s: f64,
+    /// Prompt tokens the prefill worker would compute on the remote path
+    /// (the suffix less what its snapshot covers).
+    pub peer_tokens: usize,
 }
 
 /// Rate assumed before any measurement: the embedded CPU model's order of
@@ -111,15 +117,16 @@ const DEFAULT_TOKENS_PER_S: f64 = 2_000.0;
 pub fn decide(i: &PathInputs) -> PathDecision {
     let suffix = i.prompt_tokens.saturating_sub(i.held_tokens);
     let here = if i.session_hit && i.held_tokens > 0 { PrefillPath::DirectAppend } else { PrefillPath::Local };
-    let done = |path, reason, local_s, remote_s| PathDecision { path, reason, local_s, remote_s };
     let Some(peer) = i.peer else {
-        return done(here, "no_prefill_peer", 0.0, 0.0);
+        return PathDecision { path: here, reason: "no_prefill_peer", local_s: 0.0, remote_s: 0.0, peer_tokens: suffix };
     };
+    // A snapshot on P counts only as far as D does not hold the prompt already.
+    let bypass = peer.snapshot_tokens.min(i.prompt_tokens.saturating_sub(1)).saturating_sub(i.held_tokens);
+    let peer_tokens = suffix.saturating_sub(bypass);
+    let done = |path, reason, local_s, remote_s| PathDecision { path, reason, local_s, remote_s, peer_tokens };
     if !peer.healthy {
         return done(here, "prefill_peer_unhealthy", 0.0, 0.0);
     }
-    // A snapshot on P counts only as far as D does not hold the prompt already.
-    let bypass = peer.snapshot_tokens.min(i.prompt_tokens.saturating_sub(1)).saturating_sub(i.held_tokens);
     if suffix < i.min_remote_tokens && bypass == 0 {
         return done(here, "suffix_below_threshold", 0.0, 0.0);
     }
@@ -133,7 +140,7 @@ pub fn decide(i: &PathInputs) -> PathDecision {
         peer.queued_requests as f64 * local_compute.max(0.001)
     };
     let transfer_s = (suffix as u64 * i.kv_bytes_per_token) as f64 / i.transfer_bytes_per_s.max(1.0);
-    let remote_s = i.round_trip_s + peer_queue_s + suffix.saturating_sub(bypass) as f64 / peer_rate + transfer_s;
+    let remote_s = i.round_trip_s + peer_queue_s + peer_tokens as f64 / peer_rate + transfer_s;
     if i.policy == PathPolicy::Threshold {
         let reason = if bypass > 0 { "snapshot_covers_prefix" } else { "suffix_above_threshold" };
         return done(PrefillPath::Remote, reason, local_s, remote_s);
@@ -250,6 +257,7 @@ mod tests {
         i.peer = Some(PeerView { snapshot_tokens: 288, ..inputs().peer.unwrap() });
         let d = decide(&i);
         assert_eq!((d.path, d.reason), (PrefillPath::Remote, "snapshot_bypass_cheaper"));
+        assert_eq!(d.peer_tokens, 300 - 288, "P computes only what its snapshot lacks");
         // ... but not when this worker already holds what the snapshot covers.
         i.held_tokens = 288;
         i.session_hit = true;

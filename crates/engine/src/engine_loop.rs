@@ -13,6 +13,7 @@ use kvc_session_cache::{BlockHash, CacheConfig, SessionAwareCache, SnapshotStore
 use tokio::sync::{mpsc, oneshot};
 
 use crate::detokenizer::IncrementalDecoder;
+use crate::inbox::{tokens_to_compute, Inbox};
 use crate::kv_handoff::{SnapshotJob, SnapshotSlot};
 
 mod handoff;
@@ -139,6 +140,10 @@ pub(crate) struct EngineLoop {
     /// Block hashes of what each session last pushed, and pushes in flight.
     pushed: HashMap<String, Vec<BlockHash>>,
     pushing: HashMap<String, Vec<BlockHash>>,
+    /// Submitted prompt tokens not yet in a published snapshot, and those
+    /// of them drained from the channel since the last publish.
+    inbox: Arc<Inbox>,
+    drained_tokens: usize,
 }
 
 impl EngineLoop {
@@ -152,6 +157,7 @@ impl EngineLoop {
         stats: Arc<ArcSwap<EngineStats>>,
         commands: std_mpsc::Sender<Command>,
         snapshot_jobs: Option<mpsc::UnboundedSender<SnapshotJob>>,
+        inbox: Arc<Inbox>,
     ) -> Result<Self, EngineError> {
         let block_size = pool.block_size();
         let capacity = pool.num_blocks() * block_size;
@@ -222,6 +228,8 @@ impl EngineLoop {
             snapshot_min_tokens: config.snapshot_min_tokens,
             pushed: HashMap::new(),
             pushing: HashMap::new(),
+            inbox,
+            drained_tokens: 0,
         })
     }
 
@@ -269,6 +277,12 @@ impl EngineLoop {
             if shutdown {
                 break;
             }
+            if self.drained_tokens > 0 {
+                // Show the new prompts before the step (which can take
+                // seconds), then take them off the inbox: see inbox.rs.
+                self.publish();
+                self.inbox.remove(std::mem::take(&mut self.drained_tokens));
+            }
             self.cancel_disconnected();
             if !self.scheduler.is_idle() {
                 self.step();
@@ -287,11 +301,13 @@ impl EngineLoop {
     fn handle(&mut self, cmd: Command) -> bool {
         match cmd {
             Command::Submit { seq_id, req, tx, kv } => {
+                self.drained_tokens += tokens_to_compute(&req, &kv);
                 self.admit(seq_id, req, tx, kv);
                 true
             }
             Command::SubmitGroup(group) => {
                 for (seq_id, req, tx) in group {
+                    self.drained_tokens += tokens_to_compute(&req, &SubmitKv::Compute);
                     self.admit(seq_id, req, tx, SubmitKv::Compute);
                 }
                 true

@@ -13,6 +13,7 @@ use tokio::sync::mpsc;
 
 use crate::chat_template::ChatTemplate;
 use crate::engine_loop::{Command, EngineLoop, SubmitKv};
+use crate::inbox::{tokens_to_compute, Inbox};
 use crate::kv_handoff::{ReleaseOnDrop, Reservation, SnapshotJob, SnapshotSlot};
 use crate::tokenizer::TextTokenizer;
 use crate::{EngineConfig, EngineError, GenerateRequest, Logprobs, RequestStream, StreamEvent};
@@ -86,6 +87,8 @@ struct Inner {
     next_id: AtomicU64,
     thread: std::sync::Mutex<Option<std::thread::JoinHandle<()>>>,
     snapshot_jobs: std::sync::Mutex<Option<mpsc::UnboundedReceiver<SnapshotJob>>>,
+    /// Submitted prompt tokens the published snapshot does not count yet.
+    inbox: Arc<Inbox>,
 }
 
 impl Drop for Inner {
@@ -131,6 +134,7 @@ impl EngineHandle {
         } else {
             (None, None)
         };
+        let inbox = Arc::new(Inbox::default());
         let engine_loop = EngineLoop::new(
             loaded.model,
             loaded.pool,
@@ -140,6 +144,7 @@ impl EngineHandle {
             stats.clone(),
             tx.clone(),
             jobs_tx,
+            inbox.clone(),
         )?;
         let info = ModelInfo {
             id: loaded.served_name,
@@ -167,6 +172,7 @@ impl EngineHandle {
                 next_id: AtomicU64::new(1),
                 thread: std::sync::Mutex::new(Some(thread)),
                 snapshot_jobs: std::sync::Mutex::new(jobs_rx),
+                inbox,
             }),
         })
     }
@@ -196,6 +202,15 @@ impl EngineHandle {
     /// The latest published snapshot (a pointer load; never blocks the loop).
     pub fn snapshot(&self) -> Arc<EngineStats> {
         self.inner.stats.load_full()
+    }
+
+    /// Prompt tokens submitted and not yet computed: the latest snapshot's
+    /// backlog plus what was submitted since (see [`crate::inbox`]). What
+    /// placement decisions (the P/D cost model, `/internal/state`) use.
+    pub fn pending_prefill_tokens(&self) -> usize {
+        // The inbox first: the loop publishes before it takes tokens off.
+        let queued = self.inner.inbox.get();
+        queued + self.snapshot().pending_prefill_tokens
     }
 
     /// The admission probe, answered from the latest snapshot.
@@ -234,12 +249,13 @@ impl EngineHandle {
         }
         let mut group = Vec::with_capacity(reqs.len());
         let mut streams = Vec::with_capacity(reqs.len());
+        let tokens = reqs.iter().map(|r| tokens_to_compute(r, &SubmitKv::Compute)).sum();
         for req in reqs {
             let (seq_id, tx, stream) = self.open_stream();
             group.push((seq_id, req, tx));
             streams.push(stream);
         }
-        self.inner.commands.send(Command::SubmitGroup(group)).map_err(|_| EngineError::ShuttingDown)?;
+        self.send_submission(Command::SubmitGroup(group), tokens)?;
         Ok(streams)
     }
 
@@ -343,8 +359,18 @@ impl EngineHandle {
     fn submit_kv(&self, req: GenerateRequest, kv: SubmitKv) -> Result<RequestStream, EngineError> {
         self.check_request(&req)?;
         let (seq_id, tx, stream) = self.open_stream();
-        self.inner.commands.send(Command::Submit { seq_id, req, tx, kv }).map_err(|_| EngineError::ShuttingDown)?;
+        let tokens = tokens_to_compute(&req, &kv);
+        self.send_submission(Command::Submit { seq_id, req, tx, kv }, tokens)?;
         Ok(stream)
+    }
+
+    /// Sends a submission, its prompt tokens counted in the inbox first.
+    fn send_submission(&self, cmd: Command, tokens: usize) -> Result<(), EngineError> {
+        self.inner.inbox.add(tokens);
+        self.inner.commands.send(cmd).map_err(|_| {
+            self.inner.inbox.remove(tokens);
+            EngineError::ShuttingDown
+        })
     }
 
     /// What every submission checks before anything reaches the loop.

@@ -13,6 +13,7 @@ pub mod device;
 mod engine_loop;
 pub mod error;
 mod handle;
+mod inbox;
 mod kv_handoff;
 pub mod model_source;
 pub mod request;

@@ -218,6 +218,11 @@ impl RequestStream {
         self.rx.blocking_recv()
     }
 
+    /// The next event if one has arrived; never waits.
+    pub fn try_recv(&mut self) -> Option<StreamEvent> {
+        self.rx.try_recv().ok()
+    }
+
     /// The engine's id of this request.
     pub fn id(&self) -> u64 {
         self.cancel.seq_id

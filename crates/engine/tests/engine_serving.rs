@@ -200,3 +200,22 @@ fn a_group_of_seeded_requests_reproduces_and_an_invalid_member_submits_none() {
     assert_eq!(collect(submit(&e, &prompts()[0], greedy(2))).tokens.len(), 2);
     assert_eq!(wait_stats(&e, |s| s.running + s.waiting == 0 && s.generated_tokens >= before + 2).generated_tokens, before + 2);
 }
+
+/// A submitted prompt counts in the backlog that placement decisions read
+/// (`pending_prefill_tokens`) from the moment `submit` returns until it is
+/// computed, also while the loop has not picked it up yet. Each prompt here
+/// fits one step, so a count below its length means it was computed, and
+/// then its first token has been sent.
+#[test]
+fn submitted_prompts_count_in_the_backlog_until_computed() {
+    let e = engine(|_| {});
+    for p in prompts() {
+        let mut s = submit(&e, &p, greedy(3));
+        let pending = e.pending_prefill_tokens();
+        if pending < p.len() {
+            assert!(s.try_recv().is_some(), "backlog {pending} < prompt {} but the prompt was not computed", p.len());
+        }
+        collect(s);
+        assert_eq!(e.pending_prefill_tokens(), 0, "nothing left once the request finished");
+    }
+}

@@ -24,7 +24,7 @@ pub fn worker_state(state: &AppState) -> WorkerState {
         sessions: s.sessions.iter().map(|(id, i)| (id.clone(), i.resident_tokens)).collect(),
         snapshots: s.snapshots.iter().map(|(id, i)| (id.clone(), i.tokens)).collect(),
         prefill_tokens_per_s: s.prefill_tokens_per_s,
-        pending_prefill_tokens: s.pending_prefill_tokens,
+        pending_prefill_tokens: state.engine.pending_prefill_tokens(),
     }
 }
 

@@ -53,7 +53,7 @@ pub async fn start(state: &AppState, pd: &PdState, mut req: GenerateRequest) -> 
         healthy: peer.healthy,
         queued_requests: peer.state.as_ref().map_or(0, |s| s.running + s.waiting),
         prefill_tokens_per_s: peer.state.as_ref().map_or(0.0, |s| s.prefill_tokens_per_s),
-        pending_prefill_tokens: peer.state.as_ref().map_or(0, |s| s.pending_prefill_tokens),
+        pending_prefill_tokens: pd.peers.backlog(&peer),
         snapshot_tokens: req.session_id.as_ref().and_then(|s| peer.state.as_ref()?.snapshots.get(s).copied()).unwrap_or(0),
     };
     let inputs = PathInputs {
@@ -62,7 +62,7 @@ pub async fn start(state: &AppState, pd: &PdState, mut req: GenerateRequest) -> 
         session_hit: reservation.reuse_reason == "session_hit",
         running: snap.running,
         local_tokens_per_s: snap.prefill_tokens_per_s,
-        local_pending_tokens: snap.pending_prefill_tokens,
+        local_pending_tokens: engine.pending_prefill_tokens(),
         kv_bytes_per_token: (info.kv_layout.bytes_per_block() / info.block_size.max(1)) as u64,
         transfer_bytes_per_s: match pd.link.bandwidth() {
             b if b > 0.0 => b,
@@ -103,6 +103,8 @@ pub async fn start(state: &AppState, pd: &PdState, mut req: GenerateRequest) -> 
     // Past this, P has stopped (its budget) and no write of it can land.
     let last_write = pd.config.remote_prefill_budget + pd.link.timeout + Duration::from_secs(2);
     let guard = Quarantine::new(reservation, last_write);
+    // Until P answers, its backlog includes this (its reports lag).
+    let _in_flight = pd.peers.dispatch(&peer, d.peer_tokens);
     let started = Instant::now();
     let sent = pd.client.post(&format!("{}/internal/prefill", peer.url)).json(&body).timeout(last_write).send().await;
     let answer: Result<RemotePrefillResponse, String> = match sent {

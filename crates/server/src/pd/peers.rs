@@ -2,6 +2,7 @@
 //! state (`GET /internal/state`), polled every `--peer-poll-interval-s`. A
 //! failed poll or call marks the peer unhealthy until a poll succeeds.
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -40,12 +41,49 @@ impl PeerClient {
 
 pub struct PrefillPeers {
     peers: Mutex<Vec<PeerStatus>>,
+    /// Prompt tokens this worker has asked each peer to compute and whose
+    /// answer has not come back (by URL).
+    sent: Mutex<HashMap<String, usize>>,
+}
+
+/// A remote prefill in flight: its tokens count in [`PrefillPeers::backlog`]
+/// until this is dropped (answer, error or cancelled request alike).
+pub struct InFlight<'a> {
+    peers: &'a PrefillPeers,
+    url: String,
+    tokens: usize,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        let mut sent = self.peers.sent.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(v) = sent.get_mut(&self.url) {
+            *v = v.saturating_sub(self.tokens);
+        }
+    }
 }
 
 impl PrefillPeers {
     pub fn new(urls: &[String]) -> Self {
         let peers = urls.iter().map(|u| PeerStatus { url: u.trim_end_matches('/').to_string(), ..Default::default() }).collect();
-        Self { peers: Mutex::new(peers) }
+        Self { peers: Mutex::new(peers), sent: Mutex::new(HashMap::new()) }
+    }
+
+    /// Counts `tokens` as sent to `peer` until the returned guard drops.
+    pub fn dispatch(&self, peer: &PeerStatus, tokens: usize) -> InFlight<'_> {
+        *self.sent.lock().unwrap_or_else(|e| e.into_inner()).entry(peer.url.clone()).or_default() += tokens;
+        InFlight { peers: self, url: peer.url.clone(), tokens }
+    }
+
+    /// The peer's prefill backlog as far as this worker knows: what it last
+    /// reported, or what this worker has sent it and not had answered if
+    /// that is more. Its report lags by up to a poll interval plus one of
+    /// its steps; without this, requests placed in that window all saw an
+    /// idle peer and queued behind each other there.
+    pub fn backlog(&self, peer: &PeerStatus) -> usize {
+        let reported = peer.state.as_ref().map_or(0, |s| s.pending_prefill_tokens);
+        let sent = self.sent.lock().unwrap_or_else(|e| e.into_inner()).get(&peer.url).copied().unwrap_or(0);
+        reported.max(sent)
     }
 
     pub fn all(&self) -> Vec<PeerStatus> {
@@ -118,4 +156,34 @@ fn stable_index(session: &str, n: usize) -> usize {
         h = h.wrapping_mul(0x0100_0000_01b3);
     }
     (h % n as u64) as usize
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reporting(peers: &PrefillPeers, pending: usize) -> PeerStatus {
+        let state = WorkerState { pending_prefill_tokens: pending, ready: true, ..Default::default() };
+        peers.mark("http://p", true, Some(state), &PdCounters::default());
+        peers.all().remove(0)
+    }
+
+    #[test]
+    fn the_backlog_counts_what_was_sent_until_answered_when_reports_lag() {
+        let peers = PrefillPeers::new(&["http://p/".to_string()]);
+        let p = reporting(&peers, 1_000);
+        assert_eq!(peers.backlog(&p), 1_000);
+        // Two prefills sent; P has not reported them yet.
+        let a = peers.dispatch(&p, 50_000);
+        let b = peers.dispatch(&p, 7_000);
+        assert_eq!(peers.backlog(&p), 57_000);
+        // A report that includes them and more wins.
+        let p = reporting(&peers, 60_000);
+        assert_eq!(peers.backlog(&p), 60_000);
+        drop(a);
+        let p = reporting(&peers, 0);
+        assert_eq!(peers.backlog(&p), 7_000);
+        drop(b);
+        assert_eq!(peers.backlog(&p), 0);
+    }
 }
