@@ -132,16 +132,9 @@ impl Qwen3Model {
     /// Runs a flattened batch; writes its K/V into `kv`; returns f32 logits
     /// `[batch.logits_rows.len(), vocab]`.
     pub fn forward(&self, batch: &BatchInput, kv: &mut KvStorage) -> Result<Tensor, ModelError> {
+        check_batch(batch, kv)?;
         let t = batch.tokens.len();
-        if t == 0 || batch.logits_rows.is_empty() {
-            return Err(ModelError::Input("empty batch".into()));
-        }
         let bs = kv.layout().block_size;
-        for s in &batch.seqs {
-            if s.len == 0 || s.context_len < s.len || s.start + s.len > t || s.block_table.len() * bs < s.context_len {
-                return Err(ModelError::Input(format!("inconsistent sequence chunk {s:?}")));
-            }
-        }
         #[cfg(feature = "cuda")]
         if let Some(gpu) = &self.gpu {
             return Ok(gpu.forward(&self.embed_tokens, &self.lm_head, batch, kv)?);
@@ -164,6 +157,31 @@ impl Qwen3Model {
         let logits = x.matmul(&self.lm_head.t()?)?;
         Ok(logits.to_dtype(DType::F32)?)
     }
+}
+
+impl Qwen3Model {
+    /// The forward pass of `batch` captured as a CUDA graph, replayable
+    /// ([`crate::cuda::CapturedStep`]); the model must be on a CUDA device.
+    #[cfg(feature = "cuda")]
+    pub fn capture_step(&self, batch: &BatchInput, kv: &KvStorage) -> Result<crate::cuda::CapturedStep, ModelError> {
+        check_batch(batch, kv)?;
+        let Some(gpu) = &self.gpu else { return Err(ModelError::Input("CUDA graphs need the model on a CUDA device".into())) };
+        Ok(gpu.capture(&self.embed_tokens, &self.lm_head, batch, kv)?)
+    }
+}
+
+fn check_batch(batch: &BatchInput, kv: &KvStorage) -> Result<(), ModelError> {
+    let t = batch.tokens.len();
+    if t == 0 || batch.logits_rows.is_empty() {
+        return Err(ModelError::Input("empty batch".into()));
+    }
+    let bs = kv.layout().block_size;
+    for s in &batch.seqs {
+        if s.len == 0 || s.context_len < s.len || s.start + s.len > t || s.block_table.len() * bs < s.context_len {
+            return Err(ModelError::Input(format!("inconsistent sequence chunk {s:?}")));
+        }
+    }
+    Ok(())
 }
 
 pub fn read_config(dir: &Path) -> Result<String, ModelError> {

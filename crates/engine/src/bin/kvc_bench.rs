@@ -4,10 +4,11 @@
 //! kvc-bench engine [--batch 1,16] [--prompt-len 128] [--gen-len 64] [--model DIR] [--load-format dummy]
 //! kvc-bench admission [--prompt-len 4096]
 //! kvc-bench engine --shape qwen3-30b-a3b [--device auto|cpu|cuda] [--prefill 1024,8192,32768]
-//!                  [--batch 1,16,64,256] [--context 2048] [--steps 64]
+//!                  [--batch 1,16,64,256] [--context 2048] [--steps 64] [--cuda-graph]
 //! ```
 //! With `--shape qwen3-30b-a3b` the model's forward pass is measured at
-//! Qwen3-30B-A3B's shape against the hardware limit (bench/model.rs).
+//! Qwen3-30B-A3B's shape against the hardware limit (bench/model.rs);
+//! `--cuda-graph` adds each decode step replayed as a CUDA graph.
 //! `admission` measures the admission probe's latency while the engine
 //! runs a long prefill plus decodes, and the engine's decode throughput
 //! with and without 100 probes per second.
@@ -31,6 +32,7 @@ struct Args {
     model: Option<String>,
     dummy: bool,
     shape: Option<String>,
+    cuda_graph: bool,
     device: String,
     prefill: Vec<usize>,
     context: usize,
@@ -49,6 +51,7 @@ fn parse() -> Result<Args, String> {
         model: None,
         dummy: false,
         shape: None,
+        cuda_graph: false,
         device: "auto".into(),
         prefill: vec![1024, 8192, 32768],
         context: 2048,
@@ -78,6 +81,7 @@ fn parse() -> Result<Args, String> {
             "--prefill" => a.prefill = list(&val()?, "--prefill")?,
             "--context" => a.context = val()?.parse().map_err(|e| format!("--context: {e}"))?,
             "--steps" => a.steps = val()?.parse().map_err(|e| format!("--steps: {e}"))?,
+            "--cuda-graph" => a.cuda_graph = true,
             other => return Err(format!("unknown flag {other}")),
         }
     }
@@ -105,6 +109,7 @@ fn main() {
                 context: args.context,
                 steps: args.steps,
                 block_size: 16,
+                cuda_graph: args.cuda_graph,
             })
         }
         Some(other) => {

@@ -4,10 +4,12 @@
 //! routing and the grouped expert GEMM for small batches.
 
 mod attention;
+mod graph;
 mod model;
 mod moe;
 
 pub use attention::{AttentionPlan, PagedAttention};
+pub use graph::CapturedStep;
 pub(crate) use model::GpuModel;
 pub use moe::{set_moe_small_pairs, SMALL_PAIRS};
 

@@ -12,6 +12,16 @@ use super::{cuda_dev, empty, launch, ptr, upload_u32, AttentionPlan, Kernels, Pa
 use crate::batch::BatchInput;
 use crate::config::Qwen3Config;
 
+/// A batch's inputs on the device, as [`GpuModel::run`] reads them.
+pub struct StepInputs {
+    tokens: usize,
+    pos: Tensor,
+    slots: Tensor,
+    plan: AttentionPlan,
+    ids: Tensor,
+    rows: Tensor,
+}
+
 enum Ffn {
     /// `gate_up [2I, H]`, `down [H, I]`.
     Dense {
@@ -151,11 +161,41 @@ impl GpuModel {
         }
     }
 
+    /// `prepare` + `run`, the `run` captured as a CUDA graph (graph.rs).
+    pub fn capture(&self, embed: &Embedding, lm_head: &Tensor, batch: &BatchInput, kv: &KvStorage) -> Result<super::CapturedStep> {
+        let inputs = self.prepare(embed, batch, kv)?;
+        super::graph::capture(self, embed, lm_head, inputs, kv)
+    }
+
     /// The CUDA forward pass; same contract as `Qwen3Model::forward`.
-    pub fn forward(&self, embed: &Embedding, lm_head: &Tensor, batch: &BatchInput, kv: &mut KvStorage) -> Result<Tensor> {
+    pub fn forward(&self, embed: &Embedding, lm_head: &Tensor, batch: &BatchInput, kv: &KvStorage) -> Result<Tensor> {
+        let inputs = self.prepare(embed, batch, kv)?;
+        self.run(embed, lm_head, &inputs, kv)
+    }
+
+    /// Copies a batch's inputs to the device: everything [`Self::run`]
+    /// reads from the host side.
+    pub fn prepare(&self, embed: &Embedding, batch: &BatchInput, kv: &KvStorage) -> Result<StepInputs> {
+        let device = embed.embeddings().device().clone();
+        let t = batch.tokens.len();
+        let bs = kv.layout().block_size;
+        Ok(StepInputs {
+            tokens: t,
+            pos: upload_u32(batch.positions(), &device)?,
+            slots: upload_u32(batch.slots(bs).into_iter().map(|s| s as u32).collect(), &device)?,
+            plan: AttentionPlan::new(batch, self.num_heads, self.num_kv_heads, &device)?,
+            ids: Tensor::from_vec(batch.tokens.clone(), t, &device)?,
+            rows: upload_u32(batch.logits_rows.iter().map(|&r| r as u32).collect(), &device)?,
+        })
+    }
+
+    /// The forward pass over prepared inputs: kernel launches and
+    /// stream-ordered allocations only, no copy from or to the host (what
+    /// a CUDA graph can capture).
+    pub fn run(&self, embed: &Embedding, lm_head: &Tensor, inputs: &StepInputs, kv: &KvStorage) -> Result<Tensor> {
         let device = embed.embeddings().device().clone();
         let dev = cuda_dev(&device)?;
-        let t = batch.tokens.len();
+        let t = inputs.tokens;
         let layout = *kv.layout();
         let Some(cache) = kv.device_tensor() else { bail!("the CUDA model needs a KV pool on the device (KvStorage::new_on)") };
         if cache.dtype() != DType::BF16 || !cache.device().same_device(&device) {
@@ -164,11 +204,8 @@ impl GpuModel {
         let cache_base = ptr(cache)?;
         let layer_bytes = (kv.num_blocks() * layout.layer_block_bytes()) as u64;
         let (nh, nkv, hd) = (self.num_heads, self.num_kv_heads, self.head_dim);
-        let pos = upload_u32(batch.positions(), &device)?;
-        let slots = upload_u32(batch.slots(layout.block_size).into_iter().map(|s| s as u32).collect(), &device)?;
-        let plan = AttentionPlan::new(batch, nh, nkv, &device)?;
-        let ids = Tensor::from_vec(batch.tokens.clone(), t, &device)?;
-        let x = embed.forward(&ids)?.contiguous()?;
+        let (pos, slots, plan) = (&inputs.pos, &inputs.slots, &inputs.plan);
+        let x = embed.forward(&inputs.ids)?.contiguous()?;
         let heads = nh + 2 * nkv;
         let rope_cfg = LaunchConfig { grid_dim: (t as u32, heads.div_ceil(4) as u32, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
         let mut h = self.rmsnorm(&x, &self.layers.first().map(|l| &l.input_norm).unwrap_or(&self.final_norm).clone())?;
@@ -182,8 +219,8 @@ impl GpuModel {
                 ptr(&qkv)?,
                 ptr(&layer.q_norm)?,
                 ptr(&layer.k_norm)?,
-                ptr(&pos)?,
-                ptr(&slots)?,
+                ptr(pos)?,
+                ptr(slots)?,
                 ptr(&q)?,
                 layer_ptr,
                 nh as i32,
@@ -194,7 +231,7 @@ impl GpuModel {
                 self.theta
             )?;
             let attn = PagedAttention { layer_ptr, block_size: layout.block_size, head_dim: hd, scale: 1.0 / (hd as f32).sqrt() };
-            let a = attn.forward(&self.kernels, &q, &plan)?;
+            let a = attn.forward(&self.kernels, &q, plan)?;
             let o = Self::linear(&a, &layer.o_proj, layer.o_bias.as_ref())?;
             let hn = self.add_rmsnorm(&x, &o, &layer.post_norm)?;
             let f = match &layer.ffn {
@@ -207,8 +244,7 @@ impl GpuModel {
             let next = self.layers.get(l + 1).map(|n| &n.input_norm).unwrap_or(&self.final_norm);
             h = self.add_rmsnorm(&x, &f, next)?;
         }
-        let rows = upload_u32(batch.logits_rows.iter().map(|&r| r as u32).collect(), &device)?;
-        let hs = h.index_select(&rows, 0)?;
+        let hs = h.index_select(&inputs.rows, 0)?;
         hs.matmul(&lm_head.t()?)?.to_dtype(DType::F32)
     }
 }

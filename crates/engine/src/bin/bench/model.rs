@@ -5,6 +5,12 @@
 //! hardware limit (bytes read per step over HBM bandwidth; FLOPs over peak
 //! dense bf16). Engine scheduling and sampling are left out: greedy
 //! argmax runs on the device and only token ids come back.
+//!
+//! With `--cuda-graph`, each batch size's last decode step is also
+//! captured as a CUDA graph and replayed `steps` times (same inputs, same
+//! greedy read-back): the difference is what graphs save in launch
+//! overhead (kvc_model_qwen3::cuda::CapturedStep says what serving with
+//! them would need besides).
 
 use std::time::Instant;
 
@@ -35,6 +41,8 @@ pub struct Opts {
     pub context: usize,
     pub steps: usize,
     pub block_size: usize,
+    /// Also replay each decode step as a CUDA graph (cuda builds).
+    pub cuda_graph: bool,
 }
 
 struct Shape {
@@ -133,6 +141,31 @@ fn greedy(logits: &Tensor) -> Vec<u32> {
     v
 }
 
+/// Median time of a decode step replayed as a CUDA graph, greedy read-back
+/// included as in the eager loop; and whether the replay picks the same
+/// tokens as an eager pass over the same inputs.
+#[cfg(feature = "cuda")]
+fn graph_step_time(model: &Qwen3Model, batch: &BatchInput, pool: &mut KvPool, steps: usize) -> Result<(f64, bool), String> {
+    let step = model.capture_step(batch, &pool.storage).map_err(|e| e.to_string())?;
+    let eager = greedy(&model.forward(batch, &mut pool.storage).map_err(|e| e.to_string())?);
+    step.replay().map_err(|e| e.to_string())?;
+    let same = greedy(step.logits()) == eager;
+    let mut times = Vec::new();
+    for _ in 0..steps.max(1) {
+        let t = Instant::now();
+        step.replay().map_err(|e| e.to_string())?;
+        greedy(step.logits());
+        times.push(t.elapsed().as_secs_f64());
+    }
+    times.sort_by(|a, b| a.total_cmp(b));
+    Ok((times[times.len() / 2], same))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn graph_step_time(_: &Qwen3Model, _: &BatchInput, _: &mut KvPool, _: usize) -> Result<(f64, bool), String> {
+    Err("this kvc-bench was built without --features cuda".into())
+}
+
 pub fn run(o: &Opts) {
     let device = kvc_engine::device::select(&o.device).unwrap_or_else(|e| {
         eprintln!("{e}");
@@ -228,6 +261,24 @@ pub fn run(o: &Opts) {
             100.0 * bytes / s / HBM_BYTES_PER_S,
             100.0 * flops / s / PEAK_BF16_FLOPS
         );
+        if o.cuda_graph {
+            let batch = BatchInput {
+                tokens,
+                seqs: (0..b).map(|i| SeqChunk { start: i, len: 1, context_len: ctx, block_table: &tables[i] }).collect(),
+                logits_rows: (0..b).collect(),
+            };
+            match graph_step_time(&model, &batch, &mut pool, o.steps) {
+                Ok((g, same)) => println!(
+                    "{:>6} {:>10.2} {:>12.0}   CUDA graph replay: {:+.1} % step time vs eager; tokens {}",
+                    "graph",
+                    g * 1e3,
+                    b as f64 / g,
+                    100.0 * (g - s) / s,
+                    if same { "equal to eager" } else { "DIFFER from eager" }
+                ),
+                Err(e) => println!("{:>6} CUDA graph capture or replay failed: {e}", "graph"),
+            }
+        }
     }
     println!(
         "\n(median of 3 prefills / of the decode steps; HBM roof {:.1} TB/s, bf16 peak {:.0} TFLOP/s)",
