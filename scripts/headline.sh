@@ -119,6 +119,12 @@
 #   MC_SCALE           Mooncake --scale (empty: omit)                    [1]
 #   MC_SKIP            Mooncake requests skipped first (--skip)        [500]
 #   KVC_REPLAY_ARGS    extra kvc-replay run flags                        []
+#   WARMUP_REQUESTS    plain completions sent to every worker (not the
+#                      router) after its config starts, before any replay:
+#                      a fresh server's first requests pay one-time costs
+#                      (cuBLAS handles, memory pool growth, the first
+#                      transfer) that otherwise land in run 1 only       [2]
+#   WARMUP_WORDS       prompt length of each, in words (~tokens)       [2000]
 #   REQUEST_TIMEOUT_S  kvc-replay --request-timeout-s                  [300]
 #   WAIT_READY_S       kvc-replay --wait-ready-s                       [300]
 #   READY_TIMEOUT_S    servers' readiness deadline per config          [600]
@@ -169,6 +175,8 @@ MC_SCALE=${MC_SCALE-1}
 MC_SKIP=${MC_SKIP:-500}
 AG_WINDOW_S=${AG_WINDOW_S-4.8}
 KVC_REPLAY_ARGS=${KVC_REPLAY_ARGS:-}
+WARMUP_REQUESTS=${WARMUP_REQUESTS:-2}
+WARMUP_WORDS=${WARMUP_WORDS:-2000}
 REQUEST_TIMEOUT_S=${REQUEST_TIMEOUT_S:-300}
 WAIT_READY_S=${WAIT_READY_S:-300}
 READY_TIMEOUT_S=${READY_TIMEOUT_S:-600}
@@ -427,6 +435,23 @@ run_pair() {
     status_line "$config" "$trace" "$rc" $((SECONDS - t)) "${note}log logs/$trace-$config-replay.log"
 }
 
+# warm_up pid...: WARMUP_REQUESTS plain completions (no session, greedy,
+# 16 tokens, a prompt nothing in the traces shares) to each server's
+# OpenAI endpoint in turn. Logged; a failure is logged and not fatal.
+warm_up() {
+    local pid url i code body
+    [ "$WARMUP_REQUESTS" -gt 0 ] || return 0
+    body=$(awk -v n="$WARMUP_WORDS" 'BEGIN { printf "{\"prompt\": \""; for (i = 0; i < n; i++) printf "w%d ", i % 97; printf "\", \"max_tokens\": 16, \"temperature\": 0}" }')
+    for pid in "$@"; do
+        url=${PROC_URL[$pid]}
+        for ((i = 1; i <= WARMUP_REQUESTS; i++)); do
+            code=$(curl -s -o /dev/null -w '%{http_code}' -m 120 -H 'Content-Type: application/json' \
+                -d "$body" "$url/v1/completions" 2>/dev/null)
+            log "  warm-up $i/$WARMUP_REQUESTS -> ${PROC_NAME[$pid]}: HTTP ${code:-none}"
+        done
+    done
+}
+
 # ------------------------------------------------------------------ configs
 # start_config config: starts the config's servers, waits until ready.
 # Sets CFG_PIDS (all servers) and CFG_URL (where the client goes).
@@ -497,7 +522,7 @@ echo "==== $(date -u +%FT%TZ) $0 $*" >> "$LOG"
     echo "ROOT=$ROOT"
     for v in KVC_BIN DEV_A DEV_B MODEL_ARGS EXTRA_ARGS PD_ARGS DP_ARGS PREFILL_ARGS DECODE_ARGS ROUTER_ARGS \
              CONFIGS TRACES RUNS AG_SESSIONS AG_TURNS AG_SCALE AG_WINDOW_S MOONCAKE_TRACE MC_REQUESTS MC_SCALE MC_SKIP \
-             KVC_REPLAY_ARGS REQUEST_TIMEOUT_S WAIT_READY_S READY_TIMEOUT_S STOP_TIMEOUT_S TIME_BUDGET_S \
+             KVC_REPLAY_ARGS WARMUP_REQUESTS WARMUP_WORDS REQUEST_TIMEOUT_S WAIT_READY_S READY_TIMEOUT_S STOP_TIMEOUT_S TIME_BUDGET_S \
              BASE_PORT RUST_LOG LD_LIBRARY_PATH; do
         printf '%s=%s\n' "$v" "${!v:-}"
     done
@@ -597,6 +622,11 @@ for config in "${CONFIG_LIST[@]}"; do
         CONFIGS_LEFT=$((CONFIGS_LEFT - 1))
         continue
     fi
+    workers=()
+    for pid in "${CFG_PIDS[@]}"; do
+        case ${PROC_NAME[$pid]} in *-router) ;; *) workers+=("$pid") ;; esac
+    done
+    warm_up "${workers[@]}"
     STARTUP_EST_S=$((SECONDS - t_cfg))
     log "CONFIG $config: ready in ${STARTUP_EST_S} s; client -> $CFG_URL"
     gpu_snapshot "$config loaded"
