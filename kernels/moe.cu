@@ -155,6 +155,17 @@ extern "C" __global__ void __launch_bounds__(256) moe_gemm_small(
     }
 }
 
+// xs[i, :] = x[sorted[i] / row_div, :]: the pairs' input rows grouped by
+// expert, for cuBLAS's grouped GEMM. One block per row. K % 8 == 0.
+extern "C" __global__ void moe_gather(const bf16* __restrict__ x, const int* __restrict__ sorted, int row_div,
+                                      bf16* __restrict__ xs, int TK, int K) {
+    const int i = blockIdx.x;
+    if (i >= TK) return;
+    const uint4* src = (const uint4*)(x + (size_t)(sorted[i] / row_div) * K);
+    uint4* dst = (uint4*)(xs + (size_t)i * K);
+    for (int c = threadIdx.x; c < K / 8; c += blockDim.x) dst[c] = src[c];
+}
+
 // y[t] = sum_k w[t, k] * rows[pos(t * K + k)], pos = inv (or identity when
 // inv is null). Products rounded to bf16 like the reference's bf16 multiply.
 extern "C" __global__ void moe_sum(const bf16* rows, const float* w, const int* inv, bf16* y, int T, int K, int H) {

@@ -129,8 +129,9 @@ fn fixtures_match_transformers_within_bf16_tolerance_and_greedy_agrees() {
 }
 
 /// The fixtures' MoE prompts route few (token, expert) pairs, which the
-/// CUDA-core grouped kernel takes; force each kernel in turn and hold both
-/// to transformers' logits and to each other.
+/// CUDA-core grouped kernel takes; force each expert GEMM in turn (CUDA-core
+/// kernel, tensor-core kernel, cuBLAS's grouped GEMM) and hold each to
+/// transformers' logits and to the first.
 #[test]
 #[ignore = "needs a CUDA device: run with scripts/gpu_run.sh"]
 fn moe_tensor_core_and_cuda_core_expert_kernels_both_match_transformers() {
@@ -141,21 +142,27 @@ fn moe_tensor_core_and_cuda_core_expert_kernels_both_match_transformers() {
             let n = case.prompt.len();
             let nb = 2 * n.div_ceil(BLOCK_SIZE) + 1;
             let table = scattered_table(n, nb);
-            let mut rows = Vec::new();
-            for small_pairs in [usize::MAX - 1, 0] {
+            let mut rows: Vec<Vec<f32>> = Vec::new();
+            for (what, small_pairs, cublas) in
+                [("CUDA-core kernel", usize::MAX - 1, false), ("tensor-core kernel", 0, false), ("cuBLAS grouped GEMM", 0, true)]
+            {
                 kvc_model_qwen3::cuda::set_moe_small_pairs(small_pairs);
+                kvc_model_qwen3::cuda::set_moe_prefill_cublas(cublas);
                 let mut kv = KvStorage::new_on(model.kv_layout(BLOCK_SIZE), nb, &dev).unwrap();
                 let last = run_chunk(&model, &mut kv, &table, &case.prompt, 0, n).pop().unwrap();
                 let e = rel_err(&last, &case.logits[0]);
-                assert!(e < BF16_REL_TOL, "{name}: expert kernel (small_pairs {small_pairs}) relative error {e}");
+                assert!(e < BF16_REL_TOL, "{name}: {what}: relative error {e} against transformers");
+                if let Some(first) = rows.first() {
+                    let d = rel_err(&last, first);
+                    println!("{name}: {what} vs CUDA-core kernel: relative difference {d:.2e}");
+                    assert!(d < 1e-2, "{name}: {what} differs from the CUDA-core kernel by {d}");
+                }
                 rows.push(last);
             }
-            let e = rel_err(&rows[1], &rows[0]);
-            println!("{name}: tensor-core vs CUDA-core expert kernels: relative difference {e:.2e}");
-            assert!(e < 1e-2, "{name}: the two expert kernels differ by {e}");
         }
     }
     kvc_model_qwen3::cuda::set_moe_small_pairs(kvc_model_qwen3::cuda::SMALL_PAIRS);
+    kvc_model_qwen3::cuda::set_moe_prefill_cublas(false);
 }
 
 #[test]

@@ -7,11 +7,13 @@ mod attention;
 mod graph;
 mod model;
 mod moe;
+mod moe_cublas;
 
 pub use attention::{AttentionPlan, PagedAttention};
 pub use graph::CapturedStep;
 pub(crate) use model::GpuModel;
 pub use moe::{set_moe_small_pairs, SMALL_PAIRS};
+pub use moe_cublas::set_moe_prefill_cublas;
 
 use std::sync::Arc;
 
@@ -64,6 +66,7 @@ pub struct Kernels {
     pub moe_gemm_small: CudaFunc,
     pub moe_gemm_tc: CudaFunc,
     pub moe_sum: CudaFunc,
+    pub moe_gather: CudaFunc,
 }
 
 impl Kernels {
@@ -105,6 +108,7 @@ impl Kernels {
             moe_gemm_small: m("moe_gemm_small")?,
             moe_gemm_tc: m("moe_gemm_tc")?,
             moe_sum: m("moe_sum")?,
+            moe_gather: m("moe_gather")?,
         })
     }
 }

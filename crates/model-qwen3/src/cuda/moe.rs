@@ -1,8 +1,10 @@
-//! The sparse MoE block on the GPU, without a host round trip: routing
+//! The sparse MoE block on the GPU, without a host round trip (but for the
+//! cuBLAS option below): routing
 //! (softmax, top-k) and grouping by expert run on the device, then one
 //! grouped-GEMM launch per projection over every active expert: on the CUDA
 //! cores for decode-sized batches (each active expert's weights streamed
-//! once), on the tensor cores for prefill-sized ones.
+//! once), on the tensor cores for prefill-sized ones (kvc's kernel, or
+//! cuBLAS's grouped GEMM with `KVC_MOE_GEMM=cublas`: moe_cublas.rs).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -89,6 +91,9 @@ impl GpuMoe {
         let meta = empty(dev, 2 * e + 1, DType::U32)?;
         launch!(k.moe_align, one, ptr(&ids)?, tk as i32, e as i32, ptr(&offsets)?, ptr(&sorted)?, ptr(&inv)?, ptr(&meta)?)?;
 
+        if tk > small_pairs() && super::moe_cublas::prefill_cublas() {
+            return super::moe_cublas::experts(k, dev, x, &self.gate_up, &self.down, &offsets, &sorted, &inv, &w, kk);
+        }
         let y = empty(dev, (t, h), DType::BF16)?;
         let gu = empty(dev, (tk, 2 * i), DType::BF16)?;
         self.grouped_gemm(k, x, &self.gate_up, &offsets, &sorted, &meta, &gu, 2 * i, h, kk, tk)?;
