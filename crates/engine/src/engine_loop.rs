@@ -280,7 +280,7 @@ impl EngineLoop {
             if self.drained_tokens > 0 {
                 // Show the new prompts before the step (which can take
                 // seconds), then take them off the inbox: see inbox.rs.
-                self.publish();
+                self.publish_backlog();
                 self.inbox.remove(std::mem::take(&mut self.drained_tokens));
             }
             self.cancel_disconnected();
@@ -521,6 +521,16 @@ impl EngineLoop {
         self.close_turn(id, false);
         self.active.remove(&id);
         self.scheduler.remove(id, &mut self.allocator);
+    }
+
+    /// Publishes the queue counts only (no cache or session walk): what
+    /// the new submissions changed before a step.
+    fn publish_backlog(&mut self) {
+        self.local.running = self.scheduler.num_running();
+        self.local.waiting = self.scheduler.num_waiting();
+        self.local.pending_prefill_tokens = self.scheduler.pending_prefill_tokens();
+        self.local.published_at = Some(Instant::now());
+        self.stats.store(Arc::new(self.local.clone()));
     }
 
     /// Publishes an immutable snapshot; readers never touch the loop.

@@ -129,6 +129,15 @@ impl Qwen3Model {
         }
     }
 
+    /// The forward pass of `batch` captured as a CUDA graph, replayable
+    /// ([`crate::cuda::CapturedStep`]); the model must be on a CUDA device.
+    #[cfg(feature = "cuda")]
+    pub fn capture_step(&self, batch: &BatchInput, kv: &KvStorage) -> Result<crate::cuda::CapturedStep, ModelError> {
+        check_batch(batch, kv)?;
+        let Some(gpu) = &self.gpu else { return Err(ModelError::Input("CUDA graphs need the model on a CUDA device".into())) };
+        Ok(gpu.capture(&self.embed_tokens, &self.lm_head, batch, kv)?)
+    }
+
     /// Runs a flattened batch; writes its K/V into `kv`; returns f32 logits
     /// `[batch.logits_rows.len(), vocab]`.
     pub fn forward(&self, batch: &BatchInput, kv: &mut KvStorage) -> Result<Tensor, ModelError> {
@@ -156,17 +165,6 @@ impl Qwen3Model {
         let x = self.norm.forward(&x.index_select(&rows, 0)?)?;
         let logits = x.matmul(&self.lm_head.t()?)?;
         Ok(logits.to_dtype(DType::F32)?)
-    }
-}
-
-impl Qwen3Model {
-    /// The forward pass of `batch` captured as a CUDA graph, replayable
-    /// ([`crate::cuda::CapturedStep`]); the model must be on a CUDA device.
-    #[cfg(feature = "cuda")]
-    pub fn capture_step(&self, batch: &BatchInput, kv: &KvStorage) -> Result<crate::cuda::CapturedStep, ModelError> {
-        check_batch(batch, kv)?;
-        let Some(gpu) = &self.gpu else { return Err(ModelError::Input("CUDA graphs need the model on a CUDA device".into())) };
-        Ok(gpu.capture(&self.embed_tokens, &self.lm_head, batch, kv)?)
     }
 }
 

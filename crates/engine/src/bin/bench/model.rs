@@ -121,6 +121,12 @@ fn randomize_pool(pool: &KvPool) -> candle_core::Result<()> {
     Ok(())
 }
 
+/// One decode step: token i of sequence i, each at `ctx` tokens of context.
+fn decode_batch<'a>(tokens: Vec<u32>, tables: &'a [Vec<BlockId>], ctx: usize) -> BatchInput<'a> {
+    let seqs = tables.iter().enumerate().map(|(i, t)| SeqChunk { start: i, len: 1, context_len: ctx, block_table: t }).collect();
+    BatchInput { logits_rows: (0..tokens.len()).collect(), tokens, seqs }
+}
+
 fn greedy(logits: &Tensor) -> Vec<u32> {
     let ids = logits.argmax(D::Minus1).expect("argmax");
     let v = ids.to_vec1::<u32>().expect("ids");
@@ -237,11 +243,7 @@ pub fn run(o: &Opts) {
         let mut tokens: Vec<u32> = (0..b).map(|i| (i * 31 % 1000) as u32 + 10).collect();
         for step in 0..o.steps + 2 {
             ctx += 1;
-            let batch = BatchInput {
-                tokens: tokens.clone(),
-                seqs: (0..b).map(|i| SeqChunk { start: i, len: 1, context_len: ctx, block_table: &tables[i] }).collect(),
-                logits_rows: (0..b).collect(),
-            };
+            let batch = decode_batch(tokens.clone(), &tables, ctx);
             let t = Instant::now();
             tokens = greedy(&model.forward(&batch, &mut pool.storage).expect("decode"));
             if step >= 2 {
@@ -262,11 +264,7 @@ pub fn run(o: &Opts) {
             100.0 * flops / s / PEAK_BF16_FLOPS
         );
         if o.cuda_graph {
-            let batch = BatchInput {
-                tokens,
-                seqs: (0..b).map(|i| SeqChunk { start: i, len: 1, context_len: ctx, block_table: &tables[i] }).collect(),
-                logits_rows: (0..b).collect(),
-            };
+            let batch = decode_batch(tokens, &tables, ctx);
             match graph_step_time(&model, &batch, &mut pool, o.steps) {
                 Ok((g, same)) => println!(
                     "{:>6} {:>10.2} {:>12.0}   CUDA graph replay: {:+.1} % step time vs eager; tokens {}",
