@@ -1,5 +1,6 @@
 // Per-token layers: RMSNorm (plain and fused with the residual add),
-// q/k RMSNorm + rotary embedding + paged K/V store, SiLU-and-multiply.
+// q/k RMSNorm + rotary embedding + paged K/V store, SiLU-and-multiply,
+// and a row gather (embedding lookup, logits rows, MoE pairs in expert order).
 #include "common.cuh"
 
 // out = w * bf16(x * rsqrt(mean(x^2) + eps)) per row (HF's Qwen3RMSNorm).
@@ -119,5 +120,23 @@ extern "C" __global__ void silu_mul(const bf16* gu, bf16* out, int R, int I) {
         float g = to_f(gu[r * 2 * I + c]);
         float u = to_f(gu[r * 2 * I + I + c]);
         out[idx] = to_bf(round_bf(g / (1.f + __expf(-g))) * u);
+    }
+}
+
+// out[i, :] = x[idx[i] / row_div, :] for i < R: the embedding lookup, the
+// rows that need logits, and the MoE pairs' input rows in expert order
+// (row_div = top-k). Indices are checked on the host. One block per row;
+// 16-byte copies when K % 8 == 0.
+extern "C" __global__ void gather_rows(const bf16* __restrict__ x, const unsigned* __restrict__ idx, int row_div,
+                                       bf16* __restrict__ out, int R, int K) {
+    const int i = blockIdx.x;
+    if (i >= R) return;
+    const size_t src_row = (size_t)(idx[i] / (unsigned)row_div);
+    if (K % 8 == 0) {
+        const uint4* src = (const uint4*)(x + src_row * K);
+        uint4* dst = (uint4*)(out + (size_t)i * K);
+        for (int c = threadIdx.x; c < K / 8; c += blockDim.x) dst[c] = src[c];
+    } else {
+        for (int c = threadIdx.x; c < K; c += blockDim.x) out[(size_t)i * K + c] = x[src_row * K + c];
     }
 }

@@ -7,31 +7,36 @@
 #include <mma.h>
 using namespace nvcuda;
 
-// logits: [T, E] (bf16, the router's output). Softmax in f32, top-k with
-// ties to the lower expert id, optional renormalisation, weights rounded
-// to bf16 as transformers does. One warp per token. E <= 1024, K <= 32.
-extern "C" __global__ void moe_topk(const bf16* logits, int* ids, float* weights, int T, int E, int K, int renorm) {
-    int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
-    if (warp >= T) return;
-    const bf16* row = logits + (size_t)warp * E;
+// Routing of one token (warp `t`): softmax over logits [T, E] (bf16, the
+// router's output) in f32, top-k with ties to the lower expert id, optional
+// renormalisation, weights rounded to bf16 as transformers does. Each lane
+// keeps its slice of the row (experts lane, lane + 32, ...) in registers
+// and drops an expert from it once chosen. E <= 1024, K <= 32.
+__device__ __forceinline__ void topk_token(const bf16* logits, int* ids, float* weights, int t, int E, int K, int renorm) {
+    const int lane = threadIdx.x & 31;
+    const bf16* row = logits + (size_t)t * E;
+    float v[32];
     float mx = -INFINITY;
-    for (int e = lane; e < E; e += 32) mx = fmaxf(mx, to_f(row[e]));
+#pragma unroll
+    for (int i = 0; i < 32; i++) {
+        int e = lane + 32 * i;
+        v[i] = e < E ? to_f(row[e]) : -INFINITY;
+        mx = fmaxf(mx, v[i]);
+    }
     mx = warp_max(mx);
     float sum = 0.f;
-    for (int e = lane; e < E; e += 32) sum += __expf(to_f(row[e]) - mx);
+#pragma unroll
+    for (int i = 0; i < 32; i++)
+        if (lane + 32 * i < E) sum += __expf(v[i] - mx);
     sum = warp_sum(sum);
-    float chosen_sum = 0.f;
-    float w_k[32];
-    int id_k[32];
-    unsigned taken[32];  // bitmap of chosen experts, per lane's slice (E <= 1024)
-    for (int i = 0; i < 32; i++) taken[i] = 0;
+    float chosen_sum = 0.f, mine = 0.f;
     for (int k = 0; k < K; k++) {
         float best = -INFINITY;
         int best_e = 0x7fffffff;
-        for (int i = 0, e = lane; e < E; i++, e += 32) {
-            if (taken[i >> 5] >> (i & 31) & 1) continue;
-            float v = to_f(row[e]);
-            if (v > best || (v == best && e < best_e)) { best = v; best_e = e; }
+#pragma unroll
+        for (int i = 0; i < 32; i++) {
+            int e = lane + 32 * i;
+            if (e < E && (v[i] > best || (v[i] == best && e < best_e))) { best = v[i]; best_e = e; }
         }
         for (int o = 16; o > 0; o >>= 1) {
             float ov = __shfl_xor_sync(0xffffffffu, best, o);
@@ -39,54 +44,100 @@ extern "C" __global__ void moe_topk(const bf16* logits, int* ids, float* weights
             if (ov > best || (ov == best && oe < best_e)) { best = ov; best_e = oe; }
         }
         if ((best_e & 31) == lane) {
-            int i = best_e >> 5;
-            taken[i >> 5] |= 1u << (i & 31);
+#pragma unroll
+            for (int i = 0; i < 32; i++)
+                if (i == (best_e >> 5)) v[i] = -INFINITY;
         }
         float p = __expf(best - mx) / sum;
-        w_k[k] = p;
-        id_k[k] = best_e;
         chosen_sum += p;
+        if (lane == k) mine = p;
+        if (lane == 0) ids[t * K + k] = best_e;
     }
-    if (lane == 0) {
-        for (int k = 0; k < K; k++) {
-            ids[warp * K + k] = id_k[k];
-            weights[warp * K + k] = round_bf(renorm ? w_k[k] / chosen_sum : w_k[k]);
-        }
-    }
+    if (lane < K) weights[t * K + lane] = round_bf(renorm ? mine / chosen_sum : mine);
+}
+
+// One warp per token.
+extern "C" __global__ void moe_topk(const bf16* logits, int* ids, float* weights, int T, int E, int K, int renorm) {
+    int t = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    if (t < T) topk_token(logits, ids, weights, t, E, K, renorm);
 }
 
 #define GM 64
 // Groups the T*K pairs by expert: offsets [E + 1], sorted [TK] (pair ids,
 // expert-major), inv [TK] (pair -> position in sorted), and for the GEMMs'
 // block lookups meta [2E + 1]: the active experts in order (-1 padded),
-// then the prefix sum of each expert's 64-row tiles. One block of 1024.
-extern "C" __global__ void moe_align(const int* ids, int TK, int E, int* offsets, int* sorted, int* inv, int* meta) {
-    __shared__ int count[1025];
-    __shared__ int cursor[1025];
-    for (int e = threadIdx.x; e <= E; e += blockDim.x) count[e] = 0;
+// then the prefix sum of each expert's 64-row tiles. One block of at least
+// E threads (1024 for moe_align); the prefix sums are a block-wide scan over
+// the experts.
+__device__ __forceinline__ void align_block(const int* ids, int TK, int E, int* offsets, int* sorted, int* inv, int* meta) {
+    __shared__ int count[1024];
+    __shared__ int cursor[1024];
+    __shared__ int warp_tot[3][32];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
+    for (int e = tid; e < E; e += blockDim.x) count[e] = 0;
     __syncthreads();
-    for (int p = threadIdx.x; p < TK; p += blockDim.x) atomicAdd(&count[ids[p]], 1);
+    for (int p = tid; p < TK; p += blockDim.x) atomicAdd(&count[ids[p]], 1);
     __syncthreads();
-    if (threadIdx.x == 0) {
-        int acc = 0, na = 0, tiles = 0;
-        for (int e = 0; e < E; e++) {
-            cursor[e] = acc;
-            offsets[e] = acc;
-            meta[E + e] = tiles;
-            if (count[e] > 0) meta[na++] = e;
-            tiles += (count[e] + GM - 1) / GM;
-            acc += count[e];
+    // Thread e scans (pairs, 64-row tiles, active) of expert e.
+    const int c = tid < E ? count[tid] : 0;
+    int a[3] = {c, (c + GM - 1) / GM, c > 0 ? 1 : 0};
+#pragma unroll
+    for (int j = 0; j < 3; j++) {
+        int x = a[j];
+        for (int o = 1; o < 32; o <<= 1) {
+            int y = __shfl_up_sync(0xffffffffu, x, o);
+            if (lane >= o) x += y;
         }
-        offsets[E] = acc;
-        meta[2 * E] = tiles;
-        for (int i = na; i < E; i++) meta[i] = -1;
+        if (lane == 31) warp_tot[j][warp] = x;
+        a[j] = x - a[j];  // exclusive within the warp
     }
     __syncthreads();
-    for (int p = threadIdx.x; p < TK; p += blockDim.x) {
+    if (warp == 0) {
+#pragma unroll
+        for (int j = 0; j < 3; j++) {
+            int x = lane < nw ? warp_tot[j][lane] : 0;
+            for (int o = 1; o < 32; o <<= 1) {
+                int y = __shfl_up_sync(0xffffffffu, x, o);
+                if (lane >= o) x += y;
+            }
+            warp_tot[j][lane] = x;  // inclusive over warps
+        }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < 3; j++) a[j] += warp > 0 ? warp_tot[j][warp - 1] : 0;
+    if (tid < E) {
+        cursor[tid] = a[0];
+        offsets[tid] = a[0];
+        meta[E + tid] = a[1];
+        if (c > 0) meta[a[2]] = tid;
+    }
+    const int active = warp_tot[2][nw - 1];
+    if (tid == 0) {
+        offsets[E] = warp_tot[0][nw - 1];
+        meta[2 * E] = warp_tot[1][nw - 1];
+    }
+    for (int i = active + tid; i < E; i += blockDim.x) meta[i] = -1;
+    __syncthreads();
+    for (int p = tid; p < TK; p += blockDim.x) {
         int at = atomicAdd(&cursor[ids[p]], 1);
         sorted[at] = p;
         inv[p] = at;
     }
+}
+
+extern "C" __global__ void __launch_bounds__(1024) moe_align(const int* ids, int TK, int E, int* offsets, int* sorted, int* inv, int* meta) {
+    align_block(ids, TK, E, offsets, sorted, inv, meta);
+}
+
+// Routing and grouping in one launch for decode-sized batches: one block of
+// 512 threads (so E <= 512); its warps route the tokens, then the block
+// groups the pairs.
+extern "C" __global__ void __launch_bounds__(512) moe_route(const bf16* logits, int* ids, float* weights, int T, int E, int K, int renorm,
+                                     int* offsets, int* sorted, int* inv, int* meta) {
+    for (int t = threadIdx.x >> 5; t < T; t += blockDim.x >> 5) topk_token(logits, ids, weights, t, E, K, renorm);
+    __syncthreads();
+    align_block(ids, T * K, E, offsets, sorted, inv, meta);
 }
 
 // Grouped GEMM for few rows per expert: for expert e = blockIdx.y and each
@@ -153,17 +204,6 @@ extern "C" __global__ void __launch_bounds__(256) moe_gemm_small(
             if (lane == 0 && m < mt) out[(size_t)sorted[m0 + m] * N + n] = to_bf(s);
         }
     }
-}
-
-// xs[i, :] = x[sorted[i] / row_div, :]: the pairs' input rows grouped by
-// expert, for cuBLAS's grouped GEMM. One block per row. K % 8 == 0.
-extern "C" __global__ void moe_gather(const bf16* __restrict__ x, const int* __restrict__ sorted, int row_div,
-                                      bf16* __restrict__ xs, int TK, int K) {
-    const int i = blockIdx.x;
-    if (i >= TK) return;
-    const uint4* src = (const uint4*)(x + (size_t)(sorted[i] / row_div) * K);
-    uint4* dst = (uint4*)(xs + (size_t)i * K);
-    for (int c = threadIdx.x; c < K / 8; c += blockDim.x) dst[c] = src[c];
 }
 
 // y[t] = sum_k w[t, k] * rows[pos(t * K + k)], pos = inv (or identity when

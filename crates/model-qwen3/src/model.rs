@@ -133,7 +133,7 @@ impl Qwen3Model {
     /// ([`crate::cuda::CapturedStep`]); the model must be on a CUDA device.
     #[cfg(feature = "cuda")]
     pub fn capture_step(&self, batch: &BatchInput, kv: &KvStorage) -> Result<crate::cuda::CapturedStep, ModelError> {
-        check_batch(batch, kv)?;
+        check_batch(batch, kv, self.config.vocab_size)?;
         let Some(gpu) = &self.gpu else { return Err(ModelError::Input("CUDA graphs need the model on a CUDA device".into())) };
         Ok(gpu.capture(&self.embed_tokens, &self.lm_head, batch, kv)?)
     }
@@ -141,7 +141,7 @@ impl Qwen3Model {
     /// Runs a flattened batch; writes its K/V into `kv`; returns f32 logits
     /// `[batch.logits_rows.len(), vocab]`.
     pub fn forward(&self, batch: &BatchInput, kv: &mut KvStorage) -> Result<Tensor, ModelError> {
-        check_batch(batch, kv)?;
+        check_batch(batch, kv, self.config.vocab_size)?;
         let t = batch.tokens.len();
         let bs = kv.layout().block_size;
         #[cfg(feature = "cuda")]
@@ -168,10 +168,16 @@ impl Qwen3Model {
     }
 }
 
-fn check_batch(batch: &BatchInput, kv: &KvStorage) -> Result<(), ModelError> {
+fn check_batch(batch: &BatchInput, kv: &KvStorage, vocab: usize) -> Result<(), ModelError> {
     let t = batch.tokens.len();
     if t == 0 || batch.logits_rows.is_empty() {
         return Err(ModelError::Input("empty batch".into()));
+    }
+    if let Some(&tok) = batch.tokens.iter().find(|&&tok| tok as usize >= vocab) {
+        return Err(ModelError::Input(format!("token id {tok} is outside the vocabulary of {vocab}")));
+    }
+    if let Some(&r) = batch.logits_rows.iter().find(|&&r| r >= t) {
+        return Err(ModelError::Input(format!("logits row {r} is outside the batch of {t} tokens")));
     }
     let bs = kv.layout().block_size;
     for s in &batch.seqs {

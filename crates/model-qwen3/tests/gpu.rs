@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use candle_core::{DType, Device, Tensor};
 use kvc_kv_pool::{BlockId, KvLayout, KvStorage};
-use kvc_model_qwen3::cuda::{ptr, AttentionPlan, Kernels, PagedAttention};
+use kvc_model_qwen3::cuda::{ptr, AttentionPlan, GpuMoe, Kernels, PagedAttention};
 use kvc_model_qwen3::{BatchInput, Qwen3Config, Qwen3Model, SeqChunk};
 use rand::{Rng, SeedableRng};
 
@@ -162,7 +162,7 @@ fn moe_tensor_core_and_cuda_core_expert_kernels_both_match_transformers() {
         }
     }
     kvc_model_qwen3::cuda::set_moe_small_pairs(kvc_model_qwen3::cuda::SMALL_PAIRS);
-    kvc_model_qwen3::cuda::set_moe_prefill_cublas(false);
+    kvc_model_qwen3::cuda::set_moe_prefill_cublas(true);
 }
 
 #[test]
@@ -356,4 +356,125 @@ fn qwen3_30b_shape_runs_prefill_and_256_decode_steps_with_finite_logits() {
         distinct.extend(next.iter().copied());
     }
     println!("30B-shaped dummy model: prefill {prompt} x {seqs} + {steps} decode steps, finite logits, {} distinct tokens", distinct.len());
+}
+
+/// A decode step captured as a CUDA graph (`Qwen3Model::capture_step`) and
+/// replayed gives transformers' next-token logits, as the eager pass does:
+/// nothing the graph reads may come from host memory freed after capture.
+#[test]
+#[ignore = "needs a CUDA device: run with scripts/gpu_run.sh"]
+fn a_captured_decode_step_replays_to_the_reference_logits() {
+    let dev = gpu();
+    for name in FIXTURES {
+        let model = Qwen3Model::load(&fixture_dir(name), Some(DType::BF16), &dev).unwrap();
+        for (ci, case) in cases(name).iter().enumerate().filter(|(_, c)| c.greedy.len() >= 2) {
+            let n = case.prompt.len() + 1;
+            let nb = 2 * n.div_ceil(BLOCK_SIZE) + 1;
+            let mut kv = KvStorage::new_on(model.kv_layout(BLOCK_SIZE), nb, &dev).unwrap();
+            let table = scattered_table(n, nb);
+            let mut seq = case.prompt.clone();
+            run_chunk(&model, &mut kv, &table, &seq, 0, seq.len());
+            seq.push(case.greedy[0]);
+            let step = BatchInput {
+                tokens: vec![case.greedy[0]],
+                seqs: vec![SeqChunk { start: 0, len: 1, context_len: n, block_table: &table }],
+                logits_rows: vec![0],
+            };
+            let eager = model.forward(&step, &mut kv).unwrap().to_vec2::<f32>().unwrap().remove(0);
+            let graph = model.capture_step(&step, &kv).unwrap();
+            for replay in 0..3 {
+                graph.replay().unwrap();
+                let got = graph.logits().to_vec2::<f32>().unwrap().remove(0);
+                let e = rel_err(&got, &case.logits[1]);
+                assert!(e < BF16_REL_TOL, "{name} case {ci} replay {replay}: relative error {e:.4} against transformers");
+                let d = rel_err(&got, &eager);
+                assert!(d < 1e-3, "{name} case {ci} replay {replay}: differs from the eager pass by {d:.2e}");
+            }
+        }
+    }
+}
+
+/// The MoE block at production widths (hidden 2048 and 4096), where the
+/// fixtures' tiny shapes do not reach: every expert GEMM path (the CUDA-core
+/// kernel with its row chunks and pair groups, the tensor-core kernel,
+/// cuBLAS's grouped GEMM) against an f64 reference on the host. The router
+/// reads two input columns with small dyadic weights, so its logits are
+/// exact in bf16 and the reference routes every token as the GPU does.
+#[test]
+#[ignore = "needs a CUDA device: run with scripts/gpu_run.sh"]
+fn moe_expert_paths_match_a_host_reference_at_production_widths() {
+    let dev = gpu();
+    let kernels = Kernels::load(dev.as_cuda_device().unwrap()).unwrap();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let bf = |v: Vec<f32>| v.into_iter().map(|x| half::bf16::from_f32(x).to_f32()).collect::<Vec<f32>>();
+    // 3 and 5 tokens route in one block (moe_route), 40 and 100 over many (moe_topk, moe_align).
+    for (h, i, e, top_k, tokens) in [(2048, 768, 8, 4, 3), (2048, 768, 8, 4, 40), (4096, 1536, 8, 2, 5), (2048, 768, 8, 4, 100)] {
+        let uni = |rng: &mut rand::rngs::StdRng, n: usize, a: f32| bf((0..n).map(|_| rng.random_range(-a..a)).collect());
+        let mut x = uni(&mut rng, tokens * h, 1.0);
+        let mut router = vec![0f32; e * h];
+        for ex in 0..e {
+            router[ex * h] = ex as f32 / 16.0;
+            router[ex * h + 1] = ((ex * 5) % e) as f32 / 16.0;
+        }
+        for t in 0..tokens {
+            x[t * h] = [1.0, -1.0, 2.0, -0.5][t % 4];
+            x[t * h + 1] = [0.5, 1.0, -2.0, 1.0][(t / 4) % 4];
+        }
+        let gate_up = uni(&mut rng, e * 2 * i * h, 0.05);
+        let down = uni(&mut rng, e * h * i, 0.05);
+        let on = |v: &[f32], shape: &[usize]| Tensor::from_slice(v, shape, &dev).unwrap().to_dtype(DType::BF16).unwrap();
+        let moe = GpuMoe {
+            router: on(&router, &[e, h]),
+            gate_up: on(&gate_up, &[e, 2 * i, h]),
+            down: on(&down, &[e, h, i]),
+            num_experts: e,
+            intermediate: i,
+            top_k,
+            norm_topk_prob: true,
+        };
+        // The reference: softmax over exact logits, top-k (ties to the lower
+        // id), renormalised weights rounded to bf16, bf16 intermediates.
+        let mut want = vec![0f64; tokens * h];
+        for t in 0..tokens {
+            let xt = &x[t * h..(t + 1) * h];
+            let logits: Vec<f64> = (0..e).map(|ex| (xt[0] * router[ex * h] + xt[1] * router[ex * h + 1]) as f64).collect();
+            let mut order: Vec<usize> = (0..e).collect();
+            order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
+            let mx = logits[order[0]];
+            let p: Vec<f64> = order[..top_k].iter().map(|&ex| (logits[ex] - mx).exp()).collect();
+            let sum: f64 = p.iter().sum();
+            for (j, &ex) in order[..top_k].iter().enumerate() {
+                let w = half::bf16::from_f64(p[j] / sum).to_f64();
+                let gu = &gate_up[ex * 2 * i * h..(ex + 1) * 2 * i * h];
+                let dot = |row: &[f32]| row.iter().zip(xt).map(|(a, b)| *a as f64 * *b as f64).sum::<f64>();
+                let act: Vec<f64> = (0..i)
+                    .map(|c| {
+                        let g = half::bf16::from_f64(dot(&gu[c * h..(c + 1) * h])).to_f64();
+                        let u = half::bf16::from_f64(dot(&gu[(i + c) * h..(i + c + 1) * h])).to_f64();
+                        half::bf16::from_f64(half::bf16::from_f64(g / (1.0 + (-g).exp())).to_f64() * u).to_f64()
+                    })
+                    .collect();
+                let dn = &down[ex * h * i..(ex + 1) * h * i];
+                for r in 0..h {
+                    let y = half::bf16::from_f64(dn[r * i..(r + 1) * i].iter().zip(&act).map(|(a, b)| *a as f64 * b).sum::<f64>());
+                    want[t * h + r] += w * y.to_f64();
+                }
+            }
+        }
+        let want: Vec<f32> = want.into_iter().map(|v| v as f32).collect();
+        let xs = on(&x, &[tokens, h]);
+        for (what, small_pairs, cublas) in
+            [("CUDA-core kernel", usize::MAX - 1, false), ("tensor-core kernel", 0, false), ("cuBLAS grouped GEMM", 0, true)]
+        {
+            kvc_model_qwen3::cuda::set_moe_small_pairs(small_pairs);
+            kvc_model_qwen3::cuda::set_moe_prefill_cublas(cublas);
+            let got =
+                moe.forward(&kernels, &xs, true).unwrap().to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            let err = rel_err(&got, &want);
+            println!("moe h={h} i={i} tokens={tokens} top-{top_k}: {what}: relative error {err:.2e}");
+            assert!(err < 1e-2, "moe h={h} i={i} tokens={tokens}: {what}: relative error {err} against the host reference");
+        }
+    }
+    kvc_model_qwen3::cuda::set_moe_small_pairs(kvc_model_qwen3::cuda::SMALL_PAIRS);
+    kvc_model_qwen3::cuda::set_moe_prefill_cublas(true);
 }

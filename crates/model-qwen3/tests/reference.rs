@@ -172,3 +172,22 @@ fn missing_weights_are_a_clear_error() {
     assert!(err.contains("model.safetensors"), "{err}");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn a_token_outside_the_vocabulary_or_a_logits_row_outside_the_batch_is_an_input_error() {
+    let model = load("dense");
+    let vocab = model.config().vocab_size as u32;
+    let mut kv = KvStorage::new(model.kv_layout(BLOCK_SIZE), 4).unwrap();
+    let table = scattered_table(2, 4);
+    let batch = |tokens: Vec<u32>, rows: Vec<usize>| BatchInput {
+        seqs: vec![SeqChunk { start: 0, len: tokens.len(), context_len: tokens.len(), block_table: &table }],
+        tokens,
+        logits_rows: rows,
+    };
+    let err = model.forward(&batch(vec![1, vocab], vec![1]), &mut kv).unwrap_err().to_string();
+    assert!(err.contains(&format!("token id {vocab}")) && err.contains("vocabulary"), "{err}");
+    let err = model.forward(&batch(vec![1, 2], vec![2]), &mut kv).unwrap_err().to_string();
+    assert!(err.contains("logits row 2"), "{err}");
+    // The same tokens within range run.
+    assert!(model.forward(&batch(vec![1, vocab - 1], vec![1]), &mut kv).is_ok());
+}

@@ -12,7 +12,7 @@ mod moe_cublas;
 pub use attention::{AttentionPlan, PagedAttention};
 pub use graph::CapturedStep;
 pub(crate) use model::GpuModel;
-pub use moe::{set_moe_small_pairs, SMALL_PAIRS};
+pub use moe::{set_moe_small_pairs, GpuMoe, SMALL_PAIRS};
 pub use moe_cublas::set_moe_prefill_cublas;
 
 use std::sync::Arc;
@@ -58,15 +58,16 @@ pub struct Kernels {
     pub add_rmsnorm: CudaFunc,
     pub qk_norm_rope_store: CudaFunc,
     pub silu_mul: CudaFunc,
+    pub gather_rows: CudaFunc,
     pub attention: Vec<(usize, CudaFunc)>,
     pub decode: Vec<(usize, CudaFunc)>,
     pub attn_combine: CudaFunc,
     pub moe_topk: CudaFunc,
     pub moe_align: CudaFunc,
+    pub moe_route: CudaFunc,
     pub moe_gemm_small: CudaFunc,
     pub moe_gemm_tc: CudaFunc,
     pub moe_sum: CudaFunc,
-    pub moe_gather: CudaFunc,
 }
 
 impl Kernels {
@@ -100,15 +101,16 @@ impl Kernels {
             add_rmsnorm: l("add_rmsnorm")?,
             qk_norm_rope_store: l("qk_norm_rope_store")?,
             silu_mul: l("silu_mul")?,
+            gather_rows: l("gather_rows")?,
             attention,
             decode,
             attn_combine: a("attn_combine")?,
             moe_topk: m("moe_topk")?,
             moe_align: m("moe_align")?,
+            moe_route: m("moe_route")?,
             moe_gemm_small: m("moe_gemm_small")?,
             moe_gemm_tc: m("moe_gemm_tc")?,
             moe_sum: m("moe_sum")?,
-            moe_gather: m("moe_gather")?,
         })
     }
 }
@@ -188,6 +190,17 @@ pub(crate) fn upload_u32(v: Vec<u32>, device: &Device) -> Result<Tensor> {
     let v = if v.is_empty() { vec![0] } else { v };
     let t = Tensor::from_vec(v, n.max(1), device)?;
     Ok(t)
+}
+
+/// `out[i] = x[idx[i] / row_div]` for the `r` rows of `idx` (u32): a row
+/// gather that, unlike candle's `index_select`, copies nothing from the
+/// host, so a CUDA graph can capture it. `x` is `[_, k]` bf16.
+pub(crate) fn gather_rows(k: &Kernels, x: &Tensor, idx: &Tensor, row_div: usize, r: usize) -> Result<Tensor> {
+    let (_, kd) = x.dims2()?;
+    let out = empty(cuda_dev(x.device())?, (r, kd), DType::BF16)?;
+    let cfg = LaunchConfig { grid_dim: (r as u32, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+    launch!(k.gather_rows, cfg, ptr(x)?, ptr(idx)?, row_div as i32, ptr(&out)?, r as i32, kd as i32)?;
+    Ok(out)
 }
 
 pub(crate) fn grid1(n: usize, block: u32) -> LaunchConfig {

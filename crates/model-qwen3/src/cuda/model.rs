@@ -3,12 +3,12 @@
 //! fused into the next RMSNorm, and the dense or MoE feed-forward.
 
 use candle_core::cuda::cudarc::driver::LaunchConfig;
-use candle_core::{bail, DType, Module, Result, Tensor};
+use candle_core::{bail, DType, Result, Tensor};
 use candle_nn::{Embedding, VarBuilder};
 use kvc_kv_pool::KvStorage;
 
 use super::moe::{silu_mul, GpuMoe};
-use super::{cuda_dev, empty, launch, ptr, upload_u32, AttentionPlan, Kernels, PagedAttention};
+use super::{cuda_dev, empty, gather_rows, launch, ptr, upload_u32, AttentionPlan, Kernels, PagedAttention};
 use crate::batch::BatchInput;
 use crate::config::Qwen3Config;
 
@@ -170,7 +170,7 @@ impl GpuModel {
     /// The CUDA forward pass; same contract as `Qwen3Model::forward`.
     pub fn forward(&self, embed: &Embedding, lm_head: &Tensor, batch: &BatchInput, kv: &KvStorage) -> Result<Tensor> {
         let inputs = self.prepare(embed, batch, kv)?;
-        self.run(embed, lm_head, &inputs, kv)
+        self.run(embed, lm_head, &inputs, kv, false)
     }
 
     /// Copies a batch's inputs to the device: everything [`Self::run`]
@@ -184,15 +184,19 @@ impl GpuModel {
             pos: upload_u32(batch.positions(), &device)?,
             slots: upload_u32(batch.slots(bs).into_iter().map(|s| s as u32).collect(), &device)?,
             plan: AttentionPlan::new(batch, self.num_heads, self.num_kv_heads, &device)?,
-            ids: Tensor::from_vec(batch.tokens.clone(), t, &device)?,
+            ids: upload_u32(batch.tokens.clone(), &device)?,
             rows: upload_u32(batch.logits_rows.iter().map(|&r| r as u32).collect(), &device)?,
         })
     }
 
     /// The forward pass over prepared inputs: kernel launches and
-    /// stream-ordered allocations only, no copy from or to the host (what
-    /// a CUDA graph can capture).
-    pub fn run(&self, embed: &Embedding, lm_head: &Tensor, inputs: &StepInputs, kv: &KvStorage) -> Result<Tensor> {
+    /// stream-ordered allocations, no copy from the host (what a CUDA graph
+    /// can capture).
+    ///
+    /// `capturing`: the pass is being captured as a CUDA graph, so no step
+    /// may wait for the host either (the cuBLAS expert path reads its
+    /// offsets back; kvc's kernels take its place then).
+    pub fn run(&self, embed: &Embedding, lm_head: &Tensor, inputs: &StepInputs, kv: &KvStorage, capturing: bool) -> Result<Tensor> {
         let device = embed.embeddings().device().clone();
         let dev = cuda_dev(&device)?;
         let t = inputs.tokens;
@@ -205,7 +209,7 @@ impl GpuModel {
         let layer_bytes = (kv.num_blocks() * layout.layer_block_bytes()) as u64;
         let (nh, nkv, hd) = (self.num_heads, self.num_kv_heads, self.head_dim);
         let (pos, slots, plan) = (&inputs.pos, &inputs.slots, &inputs.plan);
-        let x = embed.forward(&inputs.ids)?.contiguous()?;
+        let x = gather_rows(&self.kernels, embed.embeddings(), &inputs.ids, 1, t)?;
         let heads = nh + 2 * nkv;
         let rope_cfg = LaunchConfig { grid_dim: (t as u32, heads.div_ceil(4) as u32, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
         let mut h = self.rmsnorm(&x, &self.layers.first().map(|l| &l.input_norm).unwrap_or(&self.final_norm).clone())?;
@@ -239,12 +243,12 @@ impl GpuModel {
                     let act = silu_mul(&self.kernels, &hn.matmul(&gate_up.t()?)?)?;
                     act.matmul(&down.t()?)?
                 }
-                Ffn::Moe(moe) => moe.forward(&self.kernels, &hn)?,
+                Ffn::Moe(moe) => moe.forward(&self.kernels, &hn, !capturing)?,
             };
             let next = self.layers.get(l + 1).map(|n| &n.input_norm).unwrap_or(&self.final_norm);
             h = self.add_rmsnorm(&x, &f, next)?;
         }
-        let hs = h.index_select(&inputs.rows, 0)?;
+        let hs = gather_rows(&self.kernels, &h, &inputs.rows, 1, inputs.rows.dim(0)?)?;
         hs.matmul(&lm_head.t()?)?.to_dtype(DType::F32)
     }
 }

@@ -4,7 +4,7 @@
 //! grouped-GEMM launch per projection over every active expert: on the CUDA
 //! cores for decode-sized batches (each active expert's weights streamed
 //! once), on the tensor cores for prefill-sized ones (kvc's kernel, or
-//! cuBLAS's grouped GEMM with `KVC_MOE_GEMM=cublas`: moe_cublas.rs).
+//! cuBLAS's grouped GEMM by default: moe_cublas.rs).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -21,7 +21,7 @@ pub const SMALL_PAIRS: usize = 64;
 
 static SMALL_PAIRS_NOW: AtomicUsize = AtomicUsize::new(usize::MAX);
 
-fn small_pairs() -> usize {
+pub(crate) fn small_pairs() -> usize {
     let v = SMALL_PAIRS_NOW.load(Ordering::Relaxed);
     if v != usize::MAX {
         return v;
@@ -50,6 +50,15 @@ pub struct GpuMoe {
     pub norm_topk_prob: bool,
 }
 
+/// Threads of `moe_route`'s one block (kernels/moe.cu): it takes at most
+/// this many experts.
+const ROUTE_BLOCK: usize = 512;
+/// Most tokens routed by `moe_route`: one per warp. Its tokens' routing is
+/// serial per warp, so larger batches route with one warp per token over
+/// many blocks (at 64 tokens, 4 per warp took 41 us per layer against 14
+/// for the two kernels on the H200).
+const ROUTE_ONE_BLOCK_TOKENS: usize = ROUTE_BLOCK / 32;
+
 pub(crate) fn silu_mul(k: &Kernels, gu: &Tensor) -> Result<Tensor> {
     let (r, i2) = gu.dims2()?;
     let out = empty(cuda_dev(gu.device())?, (r, i2 / 2), DType::BF16)?;
@@ -59,7 +68,9 @@ pub(crate) fn silu_mul(k: &Kernels, gu: &Tensor) -> Result<Tensor> {
 
 impl GpuMoe {
     /// `x: [T, H]` bf16 -> `[T, H]`.
-    pub fn forward(&self, k: &Kernels, x: &Tensor) -> Result<Tensor> {
+    /// `host_sync`: whether the cuBLAS path may read the expert offsets
+    /// back to the host (not inside a CUDA graph capture).
+    pub fn forward(&self, k: &Kernels, x: &Tensor, host_sync: bool) -> Result<Tensor> {
         let dev = cuda_dev(x.device())?;
         let (t, h) = x.dims2()?;
         let (e, i, kk) = (self.num_experts, self.intermediate, self.top_k);
@@ -70,28 +81,26 @@ impl GpuMoe {
         let logits = x.matmul(&self.router.t()?)?; // [T, E] bf16
         let ids = empty(dev, tk, DType::U32)?;
         let w = empty(dev, tk, DType::F32)?;
-        launch!(
-            k.moe_topk,
-            grid1(t * 32, 256),
-            ptr(&logits)?,
-            ptr(&ids)?,
-            ptr(&w)?,
-            t as i32,
-            e as i32,
-            kk as i32,
-            self.norm_topk_prob as i32
-        )?;
         let offsets = empty(dev, e + 1, DType::U32)?;
         let sorted = empty(dev, tk, DType::U32)?;
-        // pair -> position in `sorted` (the GEMMs below write in pair order
-        // and do not need it; moe_align always produces it).
+        // pair -> position in `sorted` (for the cuBLAS path's sum).
         let inv = empty(dev, tk, DType::U32)?;
-        let one = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (1024, 1, 1), shared_mem_bytes: 0 };
         // Active experts in order, then each expert's first 64-row tile.
         let meta = empty(dev, 2 * e + 1, DType::U32)?;
-        launch!(k.moe_align, one, ptr(&ids)?, tk as i32, e as i32, ptr(&offsets)?, ptr(&sorted)?, ptr(&inv)?, ptr(&meta)?)?;
+        let renorm = self.norm_topk_prob as i32;
+        let (ids_p, w_p, off_p, sorted_p, inv_p, meta_p) = (ptr(&ids)?, ptr(&w)?, ptr(&offsets)?, ptr(&sorted)?, ptr(&inv)?, ptr(&meta)?);
+        if t <= ROUTE_ONE_BLOCK_TOKENS && e <= ROUTE_BLOCK {
+            // Decode: routing and grouping in one block, one launch.
+            let one = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (ROUTE_BLOCK as u32, 1, 1), shared_mem_bytes: 0 };
+            let (ti, ei, ki) = (t as i32, e as i32, kk as i32);
+            launch!(k.moe_route, one, ptr(&logits)?, ids_p, w_p, ti, ei, ki, renorm, off_p, sorted_p, inv_p, meta_p)?;
+        } else {
+            launch!(k.moe_topk, grid1(t * 32, 256), ptr(&logits)?, ids_p, w_p, t as i32, e as i32, kk as i32, renorm)?;
+            let one = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (1024, 1, 1), shared_mem_bytes: 0 };
+            launch!(k.moe_align, one, ids_p, tk as i32, e as i32, off_p, sorted_p, inv_p, meta_p)?;
+        }
 
-        if tk > small_pairs() && super::moe_cublas::prefill_cublas() {
+        if host_sync && super::moe_cublas::use_cublas(tk) {
             return super::moe_cublas::experts(k, dev, x, &self.gate_up, &self.down, &offsets, &sorted, &inv, &w, kk);
         }
         let y = empty(dev, (t, h), DType::BF16)?;
