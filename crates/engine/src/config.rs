@@ -80,7 +80,15 @@ pub struct EngineConfig {
     /// On a GPU without `num_kv_blocks`: the share of the GPU's memory the
     /// engine may use in all; the KV pool gets what the weights leave.
     pub gpu_memory_utilization: f64,
+    /// On a GPU: never run a step as a CUDA graph (otherwise decode steps
+    /// of up to [`CUDA_GRAPH_MAX_BATCH`] sequences are).
+    pub enforce_eager: bool,
 }
+
+/// Largest decode batch run as a CUDA graph: beyond 16 sequences the MoE
+/// experts go to cuBLAS's grouped GEMM, which a graph cannot hold, and the
+/// eager step is faster (docs/benchmarks.md).
+pub const CUDA_GRAPH_MAX_BATCH: usize = 16;
 
 impl Default for EngineConfig {
     fn default() -> Self {
@@ -103,6 +111,7 @@ impl Default for EngineConfig {
             session_ttl_s: 600,
             device: "auto".to_string(),
             gpu_memory_utilization: 0.9,
+            enforce_eager: false,
         }
     }
 }

@@ -97,6 +97,10 @@ pub(crate) fn load(config: &EngineConfig) -> Result<Loaded, EngineError> {
         (Some(d), LoadFormat::Auto) => Qwen3Model::load(d, Some(dtype), &device).map_err(load_err)?,
         _ => Qwen3Model::dummy(model_config.clone(), config.seed, dtype, &device).map_err(load_err)?,
     };
+    #[cfg(feature = "cuda")]
+    if !config.enforce_eager {
+        model.set_cuda_graphs(crate::config::CUDA_GRAPH_MAX_BATCH.min(config.max_num_seqs));
+    }
     let tokenizer = match &dir {
         None => TextTokenizer::embedded_qwen3()?,
         Some(d) => TextTokenizer::from_dir(d)?,

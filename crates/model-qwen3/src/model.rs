@@ -33,6 +33,9 @@ pub struct Qwen3Model {
     /// (`layers` is then empty).
     #[cfg(feature = "cuda")]
     gpu: Option<crate::cuda::GpuModel>,
+    /// Decode steps as CUDA graphs ([`Self::set_cuda_graphs`]); None: off.
+    #[cfg(feature = "cuda")]
+    graphs: std::sync::Mutex<Option<crate::cuda::DecodeGraphs>>,
 }
 
 /// The dtype named by a config or flag ("float32", "bf16", ...).
@@ -85,6 +88,8 @@ impl Qwen3Model {
             dtype,
             #[cfg(feature = "cuda")]
             gpu,
+            #[cfg(feature = "cuda")]
+            graphs: std::sync::Mutex::new(None),
         })
     }
 
@@ -129,6 +134,22 @@ impl Qwen3Model {
         }
     }
 
+    /// Runs decode steps of up to `max_batch` sequences as CUDA graphs, one
+    /// per batch size, captured at first use (0: never). Only on a CUDA
+    /// device; elsewhere this does nothing. vLLM's default with
+    /// `--enforce-eager` off.
+    #[cfg(feature = "cuda")]
+    pub fn set_cuda_graphs(&self, max_batch: usize) {
+        let on = max_batch > 0 && self.gpu.is_some();
+        *self.graphs.lock().unwrap_or_else(|e| e.into_inner()) = on.then(|| crate::cuda::DecodeGraphs::new(max_batch));
+    }
+
+    /// Why CUDA graphs were turned off after a failed capture, if they were.
+    #[cfg(feature = "cuda")]
+    pub fn cuda_graphs_disabled(&self) -> Option<String> {
+        self.graphs.lock().unwrap_or_else(|e| e.into_inner()).as_ref().and_then(|g| g.disabled().map(str::to_string))
+    }
+
     /// The forward pass of `batch` captured as a CUDA graph, replayable
     /// ([`crate::cuda::CapturedStep`]); the model must be on a CUDA device.
     #[cfg(feature = "cuda")]
@@ -146,6 +167,17 @@ impl Qwen3Model {
         let bs = kv.layout().block_size;
         #[cfg(feature = "cuda")]
         if let Some(gpu) = &self.gpu {
+            let mut graphs = self.graphs.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(g) = graphs.as_mut().filter(|g| g.takes(gpu, batch)) {
+                match g.forward(gpu, &self.embed_tokens, &self.lm_head, batch, kv) {
+                    Ok(logits) => return Ok(logits),
+                    // The eager pass below runs this step instead.
+                    Err(e) => {
+                        tracing::warn!(error = %e, "CUDA graph capture or replay failed; decode steps run eagerly from now on");
+                        g.disable(format!("CUDA graph capture or replay failed: {e}"));
+                    }
+                }
+            }
             return Ok(gpu.forward(&self.embed_tokens, &self.lm_head, batch, kv)?);
         }
         let positions = batch.positions();

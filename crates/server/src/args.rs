@@ -116,6 +116,12 @@ pub struct Args {
     #[arg(long, default_value_t = 0.9)]
     pub gpu_memory_utilization: f64,
 
+    /// GPU only: run every step eagerly, never as a CUDA graph (vLLM's
+    /// flag). By default decode steps of up to 16 sequences are captured as
+    /// CUDA graphs, one per batch size, at first use.
+    #[arg(long)]
+    pub enforce_eager: bool,
+
     /// Seed for dummy weights.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -326,6 +332,7 @@ impl Args {
             },
             device: self.device.clone(),
             gpu_memory_utilization: self.gpu_memory_utilization,
+            enforce_eager: self.enforce_eager,
             ..EngineConfig::default()
         }
     }

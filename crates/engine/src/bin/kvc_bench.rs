@@ -2,6 +2,7 @@
 //!
 //! ```text
 //! kvc-bench engine [--batch 1,16] [--prompt-len 128] [--gen-len 64] [--model DIR] [--load-format dummy]
+//!                  [--device auto|cpu|cuda] [--enforce-eager]
 //! kvc-bench admission [--prompt-len 4096]
 //! kvc-bench engine --shape qwen3-30b-a3b [--device auto|cpu|cuda] [--prefill 1024,8192,32768]
 //!                  [--batch 1,16,64,256] [--context 2048] [--steps 64] [--cuda-graph]
@@ -33,6 +34,7 @@ struct Args {
     dummy: bool,
     shape: Option<String>,
     cuda_graph: bool,
+    enforce_eager: bool,
     device: String,
     prefill: Vec<usize>,
     context: usize,
@@ -52,6 +54,7 @@ fn parse() -> Result<Args, String> {
         dummy: false,
         shape: None,
         cuda_graph: false,
+        enforce_eager: false,
         device: "auto".into(),
         prefill: vec![1024, 8192, 32768],
         context: 2048,
@@ -82,6 +85,7 @@ fn parse() -> Result<Args, String> {
             "--context" => a.context = val()?.parse().map_err(|e| format!("--context: {e}"))?,
             "--steps" => a.steps = val()?.parse().map_err(|e| format!("--steps: {e}"))?,
             "--cuda-graph" => a.cuda_graph = true,
+            "--enforce-eager" => a.enforce_eager = true,
             other => return Err(format!("unknown flag {other}")),
         }
     }
@@ -124,6 +128,7 @@ fn main() {
         load_format: if args.dummy { LoadFormat::Dummy } else { LoadFormat::Auto },
         max_num_seqs: max_batch.max(1),
         max_num_batched_tokens: (args.prompt_len * max_batch).clamp(512, 8192),
+        enforce_eager: args.enforce_eager,
         ..Default::default()
     };
     let engine = EngineHandle::start(config).unwrap_or_else(|e| {

@@ -5,7 +5,7 @@
 use candle_core::cuda::cudarc::driver::LaunchConfig;
 use candle_core::{bail, DType, Device, Result, Tensor};
 
-use super::{cuda_dev, empty, launch, ptr, upload_u32, Kernels};
+use super::{cuda_dev, empty, launch, overwrite_u32, ptr, upload_u32, Kernels};
 use crate::batch::BatchInput;
 
 /// Rows (token x query head of a group) per work item, as in attention.cu.
@@ -115,6 +115,92 @@ impl AttentionPlan {
 }
 
 /// The paged KV cache of one layer as the kernels see it.
+/// A decode batch's attention plan with launch shapes that depend only on
+/// the batch size, for a CUDA graph: every sequence is cut into `splits`
+/// KV ranges (the ones past its context are empty and merge with zero
+/// weight). Block tables are packed one after another, into a device
+/// buffer of at least their total length. The host vectors of
+/// [`AttentionPlan`].
+pub(crate) struct FixedPlanHost {
+    pub seqs: Vec<u32>,
+    pub tables: Vec<u32>,
+    pub decode_items: Vec<u32>,
+    pub combine: Vec<u32>,
+}
+
+/// Whether a decode of this model can run with a fixed plan: one token per
+/// sequence must fit one decode work item.
+pub(crate) fn fixed_plan_fits(num_heads: usize, num_kv_heads: usize) -> bool {
+    num_kv_heads > 0 && num_heads % num_kv_heads == 0 && num_heads / num_kv_heads <= DECODE_ROWS
+}
+
+/// KV splits per sequence for a graph of `batch` decodes: about
+/// [`TARGET_CTAS`] work items over the KV heads, at most 64.
+pub(crate) fn fixed_splits(batch: usize, num_kv_heads: usize) -> usize {
+    TARGET_CTAS.div_ceil(batch * num_kv_heads).clamp(1, 64)
+}
+
+impl FixedPlanHost {
+    /// `batch`: decodes only (one token each, sequence i at row i).
+    pub fn new(batch: &BatchInput, splits: usize) -> Result<Self> {
+        let n = batch.seqs.len();
+        let mut seqs = Vec::with_capacity(n * 4);
+        let mut tables = Vec::new();
+        let mut decode_items = Vec::with_capacity(n * splits * 7);
+        let mut combine = Vec::with_capacity(n * 4);
+        for (si, s) in batch.seqs.iter().enumerate() {
+            if s.len != 1 || s.start != si {
+                bail!("fixed attention plan: sequence {si} is not a decode at row {si}");
+            }
+            seqs.extend([si as u32, 1, s.context_len as u32, tables.len() as u32]);
+            tables.extend_from_slice(s.block_table);
+            let ctx = s.context_len;
+            let split_len = ctx.div_ceil(splits).div_ceil(BC) * BC;
+            combine.extend([si as u32, (si * splits) as u32, splits as u32, 1]);
+            for p in 0..splits {
+                let (b, e) = ((p * split_len).min(ctx), ((p + 1) * split_len).min(ctx));
+                decode_items.extend([si as u32, 0, 1, b as u32, e as u32, (si * splits + p) as u32, 0]);
+            }
+        }
+        Ok(Self { seqs, tables, decode_items, combine })
+    }
+
+    /// Table entries of the batch.
+    pub fn table_len(&self) -> usize {
+        self.tables.len()
+    }
+
+    /// The device plan, allocated (at capture), with room for
+    /// `table_capacity` table entries.
+    pub fn upload(&self, num_heads: usize, num_kv_heads: usize, table_capacity: usize, device: &Device) -> Result<AttentionPlan> {
+        let n = self.seqs.len() / 4;
+        let mut tables = self.tables.clone();
+        tables.resize(table_capacity.max(tables.len()), 0);
+        Ok(AttentionPlan {
+            seqs: upload_u32(self.seqs.clone(), device)?,
+            tables: upload_u32(tables, device)?,
+            items: upload_u32(Vec::new(), device)?,
+            decode_items: upload_u32(self.decode_items.clone(), device)?,
+            combine: upload_u32(self.combine.clone(), device)?,
+            num_items: 0,
+            num_decode_items: self.decode_items.len() / 7,
+            num_combine: n,
+            num_parts: self.decode_items.len() / 7,
+            num_heads,
+            num_kv_heads,
+        })
+    }
+
+    /// Copies into a plan made by [`Self::upload`] for the same batch size
+    /// and splits, with room for these tables (before a replay).
+    pub fn write_into(&self, plan: &AttentionPlan) -> Result<()> {
+        overwrite_u32(&plan.seqs, &self.seqs)?;
+        overwrite_u32(&plan.tables, &self.tables)?;
+        overwrite_u32(&plan.decode_items, &self.decode_items)?;
+        overwrite_u32(&plan.combine, &self.combine)
+    }
+}
+
 pub struct PagedAttention {
     /// Device address of the layer's first block.
     pub layer_ptr: u64,

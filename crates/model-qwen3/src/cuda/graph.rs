@@ -17,12 +17,17 @@
 
 use candle_core::cuda::cudarc::driver::{sys, CudaGraph};
 use candle_core::cuda::WrapErr;
+use std::collections::HashMap;
+
 use candle_core::{Result, Tensor};
 use candle_nn::Embedding;
 use kvc_kv_pool::KvStorage;
 
+use super::attention::{fixed_plan_fits, fixed_splits};
 use super::cuda_dev;
-use super::model::{GpuModel, StepInputs};
+use super::model::{GpuModel, GraphInputsHost, StepInputs};
+use super::ptr;
+use crate::batch::BatchInput;
 
 /// A captured forward pass. Fields drop in order: the output allocation
 /// first (live from the last replay), then the graph, then the inputs it
@@ -30,7 +35,7 @@ use super::model::{GpuModel, StepInputs};
 pub struct CapturedStep {
     logits: Tensor,
     graph: CudaGraph,
-    _inputs: StepInputs,
+    inputs: StepInputs,
 }
 
 impl CapturedStep {
@@ -67,5 +72,85 @@ pub(crate) fn capture(model: &GpuModel, embed: &Embedding, lm_head: &Tensor, inp
     // reads or frees it.
     graph.launch().w()?;
     stream.synchronize().w()?;
-    Ok(CapturedStep { logits, graph, _inputs: inputs })
+    Ok(CapturedStep { logits, graph, inputs })
+}
+
+/// The serving path's CUDA graphs: one decode step per batch size up to
+/// `max_batch`, captured at its first use and replayed after with the
+/// step's inputs copied into the graph's input buffers. Launch shapes must
+/// not depend on the batch's contents, so the attention plan is the fixed
+/// one ([`super::attention::FixedPlanHost`]); the MoE block uses kvc's
+/// kernels (no host round trip). A capture that fails turns graphs off for
+/// the model, with the reason kept.
+pub(crate) struct DecodeGraphs {
+    max_batch: usize,
+    steps: HashMap<usize, GraphStep>,
+    disabled: Option<String>,
+}
+
+struct GraphStep {
+    step: CapturedStep,
+    /// The KV pool the graph was captured on.
+    cache_base: u64,
+    /// Room in its block-table buffer (entries).
+    table_capacity: usize,
+}
+
+// SAFETY: a graph and its buffers are only used by the thread that runs
+// the model (the engine loop); CUDA graph and memory handles are valid on
+// any thread of the process.
+unsafe impl Send for DecodeGraphs {}
+
+impl DecodeGraphs {
+    pub fn new(max_batch: usize) -> Self {
+        Self { max_batch, steps: HashMap::new(), disabled: None }
+    }
+
+    /// Decodes only (one token per sequence, sequence i at row i, logits
+    /// for every row), at most `max_batch` of them.
+    pub fn takes(&self, model: &GpuModel, batch: &BatchInput) -> bool {
+        let n = batch.seqs.len();
+        let (nh, nkv) = model.heads();
+        self.disabled.is_none()
+            && (1..=self.max_batch).contains(&n)
+            && fixed_plan_fits(nh, nkv)
+            && batch.tokens.len() == n
+            && batch.logits_rows.iter().copied().eq(0..n)
+            && batch.seqs.iter().enumerate().all(|(i, s)| s.len == 1 && s.start == i)
+    }
+
+    pub fn disable(&mut self, why: String) {
+        self.steps.clear();
+        self.disabled = Some(why);
+    }
+
+    pub fn disabled(&self) -> Option<&str> {
+        self.disabled.as_deref()
+    }
+
+    /// Runs `batch` (see [`Self::takes`]) through its graph; f32 logits
+    /// `[n, vocab]`, a copy that outlives the next replay.
+    pub fn forward(&mut self, model: &GpuModel, embed: &Embedding, lm_head: &Tensor, batch: &BatchInput, kv: &KvStorage) -> Result<Tensor> {
+        let n = batch.seqs.len();
+        let (nh, nkv) = model.heads();
+        let Some(cache) = kv.device_tensor() else { candle_core::bail!("CUDA graphs need a KV pool on the device") };
+        let cache_base = ptr(cache)?;
+        let host = GraphInputsHost::new(batch, kv.layout().block_size, fixed_splits(n, nkv))?;
+        match self.steps.get(&n) {
+            Some(g) if g.cache_base == cache_base && g.table_capacity >= host.table_len() => {
+                g.step.inputs.write(&host)?;
+                g.step.replay()?;
+            }
+            _ => {
+                // Room for twice these tables: contexts grow by a block at a
+                // time, so a recapture for a longer table is rare.
+                let table_capacity = (2 * host.table_len()).next_power_of_two().max(64usize);
+                let inputs = StepInputs::from_graph_host(&host, nh, nkv, table_capacity, embed.embeddings().device())?;
+                // The capture's one launch is this step's pass.
+                let step = capture(model, embed, lm_head, inputs, kv)?;
+                self.steps.insert(n, GraphStep { step, cache_base, table_capacity });
+            }
+        }
+        self.steps[&n].step.logits().copy()
+    }
 }

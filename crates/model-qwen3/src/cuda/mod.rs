@@ -11,6 +11,7 @@ mod moe_cublas;
 
 pub use attention::{AttentionPlan, PagedAttention};
 pub use graph::CapturedStep;
+pub(crate) use graph::DecodeGraphs;
 pub(crate) use model::GpuModel;
 pub use moe::{set_moe_small_pairs, GpuMoe, SMALL_PAIRS};
 pub use moe_cublas::set_moe_prefill_cublas;
@@ -190,6 +191,23 @@ pub(crate) fn upload_u32(v: Vec<u32>, device: &Device) -> Result<Tensor> {
     let v = if v.is_empty() { vec![0] } else { v };
     let t = Tensor::from_vec(v, n.max(1), device)?;
     Ok(t)
+}
+
+/// Overwrites the first `src.len()` values of the u32 tensor `dst` (from
+/// [`upload_u32`]) with `src`, in stream order: the inputs of a CUDA
+/// graph's next replay.
+pub(crate) fn overwrite_u32(dst: &Tensor, src: &[u32]) -> Result<()> {
+    if dst.dtype() != DType::U32 || dst.elem_count() < src.len() {
+        bail!("overwrite_u32: {} values into {:?} {:?}", src.len(), dst.shape(), dst.dtype());
+    }
+    if src.is_empty() {
+        return Ok(());
+    }
+    let stream = cuda_dev(dst.device())?.cuda_stream();
+    stream.context().bind_to_thread().w()?;
+    // SAFETY: `dst` holds at least `src.len()` u32s on this device; a copy
+    // from pageable memory returns once the source has been read.
+    unsafe { candle_core::cuda::cudarc::driver::result::memcpy_htod_async(ptr(dst)?, src, stream.cu_stream()) }.w()
 }
 
 /// `out[i] = x[idx[i] / row_div]` for the `r` rows of `idx` (u32): a row

@@ -3,12 +3,13 @@
 //! fused into the next RMSNorm, and the dense or MoE feed-forward.
 
 use candle_core::cuda::cudarc::driver::LaunchConfig;
-use candle_core::{bail, DType, Result, Tensor};
+use candle_core::{bail, DType, Device, Result, Tensor};
 use candle_nn::{Embedding, VarBuilder};
 use kvc_kv_pool::KvStorage;
 
+use super::attention::FixedPlanHost;
 use super::moe::{silu_mul, GpuMoe};
-use super::{cuda_dev, empty, gather_rows, launch, ptr, upload_u32, AttentionPlan, Kernels, PagedAttention};
+use super::{cuda_dev, empty, gather_rows, launch, overwrite_u32, ptr, upload_u32, AttentionPlan, Kernels, PagedAttention};
 use crate::batch::BatchInput;
 use crate::config::Qwen3Config;
 
@@ -20,6 +21,62 @@ pub struct StepInputs {
     plan: AttentionPlan,
     ids: Tensor,
     rows: Tensor,
+}
+
+/// A decode batch's inputs on the host, in the fixed shapes of a CUDA graph
+/// for its batch size ([`FixedPlanHost`]).
+pub(crate) struct GraphInputsHost {
+    ids: Vec<u32>,
+    pos: Vec<u32>,
+    slots: Vec<u32>,
+    plan: FixedPlanHost,
+}
+
+impl GraphInputsHost {
+    pub fn new(batch: &BatchInput, block_size: usize, splits: usize) -> Result<Self> {
+        Ok(Self {
+            ids: batch.tokens.clone(),
+            pos: batch.positions(),
+            slots: batch.slots(block_size).into_iter().map(|s| s as u32).collect(),
+            plan: FixedPlanHost::new(batch, splits)?,
+        })
+    }
+
+    /// Block-table entries of the batch.
+    pub fn table_len(&self) -> usize {
+        self.plan.table_len()
+    }
+}
+
+impl StepInputs {
+    /// Device copies of `host` (at capture), with room for `table_capacity`
+    /// block-table entries: logits for every row.
+    pub(crate) fn from_graph_host(
+        host: &GraphInputsHost,
+        num_heads: usize,
+        num_kv_heads: usize,
+        table_capacity: usize,
+        device: &Device,
+    ) -> Result<Self> {
+        let n = host.ids.len();
+        Ok(Self {
+            tokens: n,
+            pos: upload_u32(host.pos.clone(), device)?,
+            slots: upload_u32(host.slots.clone(), device)?,
+            plan: host.plan.upload(num_heads, num_kv_heads, table_capacity, device)?,
+            ids: upload_u32(host.ids.clone(), device)?,
+            rows: upload_u32((0..n as u32).collect(), device)?,
+        })
+    }
+
+    /// Rewrites these inputs (made by [`Self::from_graph_host`] for the same
+    /// batch size) with the next step's, before a replay.
+    pub(crate) fn write(&self, host: &GraphInputsHost) -> Result<()> {
+        overwrite_u32(&self.ids, &host.ids)?;
+        overwrite_u32(&self.pos, &host.pos)?;
+        overwrite_u32(&self.slots, &host.slots)?;
+        host.plan.write_into(&self.plan)
+    }
 }
 
 enum Ffn {
@@ -159,6 +216,10 @@ impl GpuModel {
             Some(b) => y.broadcast_add(b),
             None => Ok(y),
         }
+    }
+
+    pub fn heads(&self) -> (usize, usize) {
+        (self.num_heads, self.num_kv_heads)
     }
 
     /// `prepare` + `run`, the `run` captured as a CUDA graph (graph.rs).
