@@ -10,12 +10,13 @@ use kvc_kv_pool::{BlockAllocator, BlockId, KvPool, KvStorage};
 use kvc_model_qwen3::Qwen3Model;
 use kvc_scheduler::{Scheduler, SchedulerConfig, SchedulerHooks, SeqId, Sequence};
 use kvc_session_cache::{BlockHash, CacheConfig, SessionAwareCache, SnapshotStore};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 
 use crate::detokenizer::IncrementalDecoder;
 use crate::inbox::{tokens_to_compute, Inbox};
-use crate::kv_handoff::{SnapshotJob, SnapshotSlot};
+use crate::kv_handoff::SnapshotJob;
 
+mod command;
 mod handoff;
 mod step;
 
@@ -23,74 +24,8 @@ use crate::sampler::Sampler;
 use crate::stop::StopMatcher;
 use crate::tokenizer::TextTokenizer;
 use crate::{EngineConfig, EngineError, EngineStats, FinishReason, GenerateRequest, Logprobs, MatchedStop, StreamEvent, Usage};
-pub(crate) use handoff::Reserved;
+pub(crate) use command::{Command, SubmitKv};
 use handoff::{LeaseState, ReservationState, SNAPSHOT_RESERVATION_TTL};
-
-pub(crate) enum Command {
-    Submit {
-        seq_id: u64,
-        req: GenerateRequest,
-        tx: mpsc::UnboundedSender<StreamEvent>,
-        kv: SubmitKv,
-    },
-    /// Requests admitted together, in one step's scheduling (the `n`
-    /// choices of one prompt: their batches then do not depend on when
-    /// each submission reached the loop).
-    SubmitGroup(Vec<(u64, GenerateRequest, mpsc::UnboundedSender<StreamEvent>)>),
-    Cancel(u64),
-    /// Reserve a prompt's blocks (decode worker, before a remote prefill).
-    Reserve {
-        id: u64,
-        session: Option<String>,
-        prompt: Vec<u32>,
-        reply: oneshot::Sender<Result<Reserved, EngineError>>,
-    },
-    ReleaseReservation(u64),
-    ReleaseLease(u64),
-    /// Snapshot store (prefill worker): set blocks aside for a push.
-    SnapshotReserve {
-        session: String,
-        tokens: Vec<u32>,
-        reply: oneshot::Sender<Result<SnapshotSlot, EngineError>>,
-    },
-    SnapshotCommit {
-        reservation: u64,
-        reply: oneshot::Sender<Result<usize, EngineError>>,
-    },
-    SnapshotAbort(u64),
-    /// A snapshot push (decode worker) ended: the pushed tokens, or None.
-    SnapshotPushed {
-        session: String,
-        ok: bool,
-    },
-    DeleteSession(String, oneshot::Sender<bool>),
-    ResetPrefixCache(oneshot::Sender<usize>),
-    Shutdown,
-}
-
-impl std::fmt::Debug for Command {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Command::ReleaseReservation(id) => write!(f, "ReleaseReservation({id})"),
-            Command::ReleaseLease(id) => write!(f, "ReleaseLease({id})"),
-            _ => f.write_str("Command"),
-        }
-    }
-}
-
-/// Where a submitted sequence's prompt KV comes from.
-#[derive(Debug)]
-pub(crate) enum SubmitKv {
-    /// Computed here, reusing what the caches hold.
-    Compute,
-    /// Computed here (prefill worker); after the first token the prompt's
-    /// blocks are leased to the caller for transfer.
-    Export,
-    /// From a reservation: its first `computed` tokens have KV; with
-    /// `first`, the prompt is complete and its first token was sampled by
-    /// a peer.
-    Reserved { id: u64, computed: usize, first: Option<(u32, Option<Logprobs>)> },
-}
 
 /// Per-request state the scheduler does not know about.
 struct Active {
@@ -524,7 +459,8 @@ impl EngineLoop {
     }
 
     /// Publishes the queue counts only (no cache or session walk): what
-    /// the new submissions changed before a step.
+    /// the new submissions changed before a step. [`Self::publish`] ends
+    /// with it.
     fn publish_backlog(&mut self) {
         self.local.running = self.scheduler.num_running();
         self.local.waiting = self.scheduler.num_waiting();
@@ -536,9 +472,6 @@ impl EngineLoop {
     /// Publishes an immutable snapshot; readers never touch the loop.
     fn publish(&mut self) {
         self.local.free_blocks = self.allocator.num_free();
-        self.local.running = self.scheduler.num_running();
-        self.local.waiting = self.scheduler.num_waiting();
-        self.local.pending_prefill_tokens = self.scheduler.pending_prefill_tokens();
         self.local.evictable_blocks = self.cache.evictable_blocks(&self.allocator);
         self.local.cached_blocks = self.cache.indexed_blocks();
         self.local.host_free_blocks = self.cache.host_free_blocks();
@@ -553,8 +486,7 @@ impl EngineLoop {
             self.local.snapshot_stats = self.snapshots.stats.clone();
             self.local.snapshot_used_blocks = self.snapshots.used_blocks();
         }
-        self.local.published_at = Some(Instant::now());
-        self.stats.store(Arc::new(self.local.clone()));
+        self.publish_backlog();
     }
 }
 

@@ -1,6 +1,6 @@
-//! One forward pass captured as a CUDA graph and replayed: what graphs
-//! would save in launch overhead (issue 8, build item 4), measured by
-//! `kvc-bench engine --cuda-graph`.
+//! Forward passes captured as CUDA graphs and replayed: decode steps in
+//! serving, and what graphs save in launch overhead (measured by
+//! `kvc-bench engine --cuda-graph`).
 //!
 //! The capture covers [`GpuModel::run`] only. Its inputs are copied to the
 //! device first ([`GpuModel::prepare`]): a copy from pageable host memory
@@ -11,9 +11,10 @@
 //! `index_select` uploads its layout on every call, which a capture records
 //! as a copy from freed host memory (the first attempt replayed into
 //! CUDA_ERROR_ILLEGAL_ADDRESS), so rows are gathered by kvc's own kernel.
-//! Serving with graphs needs more than this: persistent
-//! input buffers per batch-size bucket, rewritten before each replay, and
-//! launch shapes that do not depend on the batch's contents.
+//!
+//! Serving ([`DecodeGraphs`]) keeps one captured step per decode batch
+//! size, with input buffers rewritten before each replay and launch shapes
+//! that depend only on the batch size.
 
 use candle_core::cuda::cudarc::driver::{sys, CudaGraph};
 use candle_core::cuda::WrapErr;
@@ -136,10 +137,11 @@ impl DecodeGraphs {
         let Some(cache) = kv.device_tensor() else { candle_core::bail!("CUDA graphs need a KV pool on the device") };
         let cache_base = ptr(cache)?;
         let host = GraphInputsHost::new(batch, kv.layout().block_size, fixed_splits(n, nkv))?;
-        match self.steps.get(&n) {
+        let step = match self.steps.get(&n) {
             Some(g) if g.cache_base == cache_base && g.table_capacity >= host.table_len() => {
                 g.step.inputs.write(&host)?;
                 g.step.replay()?;
+                &g.step
             }
             _ => {
                 // Room for twice these tables: contexts grow by a block at a
@@ -148,9 +150,9 @@ impl DecodeGraphs {
                 let inputs = StepInputs::from_graph_host(&host, nh, nkv, table_capacity, embed.embeddings().device())?;
                 // The capture's one launch is this step's pass.
                 let step = capture(model, embed, lm_head, inputs, kv)?;
-                self.steps.insert(n, GraphStep { step, cache_base, table_capacity });
+                &self.steps.entry(n).insert_entry(GraphStep { step, cache_base, table_capacity }).into_mut().step
             }
-        }
-        self.steps[&n].step.logits().copy()
+        };
+        step.logits().copy()
     }
 }

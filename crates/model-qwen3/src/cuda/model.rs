@@ -23,23 +23,29 @@ pub struct StepInputs {
     rows: Tensor,
 }
 
-/// A decode batch's inputs on the host, in the fixed shapes of a CUDA graph
-/// for its batch size ([`FixedPlanHost`]).
-pub(crate) struct GraphInputsHost {
+/// A batch's per-token inputs on the host: token ids, positions, KV slots.
+struct TokenInputs {
     ids: Vec<u32>,
     pos: Vec<u32>,
     slots: Vec<u32>,
+}
+
+impl TokenInputs {
+    fn new(batch: &BatchInput, block_size: usize) -> Self {
+        Self { ids: batch.tokens.clone(), pos: batch.positions(), slots: batch.slots(block_size).into_iter().map(|s| s as u32).collect() }
+    }
+}
+
+/// A decode batch's inputs on the host, in the fixed shapes of a CUDA graph
+/// for its batch size ([`FixedPlanHost`]).
+pub(crate) struct GraphInputsHost {
+    tokens: TokenInputs,
     plan: FixedPlanHost,
 }
 
 impl GraphInputsHost {
     pub fn new(batch: &BatchInput, block_size: usize, splits: usize) -> Result<Self> {
-        Ok(Self {
-            ids: batch.tokens.clone(),
-            pos: batch.positions(),
-            slots: batch.slots(block_size).into_iter().map(|s| s as u32).collect(),
-            plan: FixedPlanHost::new(batch, splits)?,
-        })
+        Ok(Self { tokens: TokenInputs::new(batch, block_size), plan: FixedPlanHost::new(batch, splits)? })
     }
 
     /// Block-table entries of the batch.
@@ -49,6 +55,17 @@ impl GraphInputsHost {
 }
 
 impl StepInputs {
+    fn upload(tokens: &TokenInputs, plan: AttentionPlan, rows: Vec<u32>, device: &Device) -> Result<Self> {
+        Ok(Self {
+            tokens: tokens.ids.len(),
+            pos: upload_u32(tokens.pos.clone(), device)?,
+            slots: upload_u32(tokens.slots.clone(), device)?,
+            plan,
+            ids: upload_u32(tokens.ids.clone(), device)?,
+            rows: upload_u32(rows, device)?,
+        })
+    }
+
     /// Device copies of `host` (at capture), with room for `table_capacity`
     /// block-table entries: logits for every row.
     pub(crate) fn from_graph_host(
@@ -58,23 +75,16 @@ impl StepInputs {
         table_capacity: usize,
         device: &Device,
     ) -> Result<Self> {
-        let n = host.ids.len();
-        Ok(Self {
-            tokens: n,
-            pos: upload_u32(host.pos.clone(), device)?,
-            slots: upload_u32(host.slots.clone(), device)?,
-            plan: host.plan.upload(num_heads, num_kv_heads, table_capacity, device)?,
-            ids: upload_u32(host.ids.clone(), device)?,
-            rows: upload_u32((0..n as u32).collect(), device)?,
-        })
+        let plan = host.plan.upload(num_heads, num_kv_heads, table_capacity, device)?;
+        Self::upload(&host.tokens, plan, (0..host.tokens.ids.len() as u32).collect(), device)
     }
 
     /// Rewrites these inputs (made by [`Self::from_graph_host`] for the same
     /// batch size) with the next step's, before a replay.
     pub(crate) fn write(&self, host: &GraphInputsHost) -> Result<()> {
-        overwrite_u32(&self.ids, &host.ids)?;
-        overwrite_u32(&self.pos, &host.pos)?;
-        overwrite_u32(&self.slots, &host.slots)?;
+        overwrite_u32(&self.ids, &host.tokens.ids)?;
+        overwrite_u32(&self.pos, &host.tokens.pos)?;
+        overwrite_u32(&self.slots, &host.tokens.slots)?;
         host.plan.write_into(&self.plan)
     }
 }
@@ -237,17 +247,10 @@ impl GpuModel {
     /// Copies a batch's inputs to the device: everything [`Self::run`]
     /// reads from the host side.
     pub fn prepare(&self, embed: &Embedding, batch: &BatchInput, kv: &KvStorage) -> Result<StepInputs> {
-        let device = embed.embeddings().device().clone();
-        let t = batch.tokens.len();
-        let bs = kv.layout().block_size;
-        Ok(StepInputs {
-            tokens: t,
-            pos: upload_u32(batch.positions(), &device)?,
-            slots: upload_u32(batch.slots(bs).into_iter().map(|s| s as u32).collect(), &device)?,
-            plan: AttentionPlan::new(batch, self.num_heads, self.num_kv_heads, &device)?,
-            ids: upload_u32(batch.tokens.clone(), &device)?,
-            rows: upload_u32(batch.logits_rows.iter().map(|&r| r as u32).collect(), &device)?,
-        })
+        let device = embed.embeddings().device();
+        let plan = AttentionPlan::new(batch, self.num_heads, self.num_kv_heads, device)?;
+        let rows = batch.logits_rows.iter().map(|&r| r as u32).collect();
+        StepInputs::upload(&TokenInputs::new(batch, kv.layout().block_size), plan, rows, device)
     }
 
     /// The forward pass over prepared inputs: kernel launches and

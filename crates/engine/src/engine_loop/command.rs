@@ -1,0 +1,74 @@
+//! The commands the loop takes from its handles, and where a submitted
+//! sequence's prompt KV comes from.
+
+use tokio::sync::{mpsc, oneshot};
+
+use super::handoff::Reserved;
+use crate::kv_handoff::SnapshotSlot;
+use crate::{EngineError, GenerateRequest, Logprobs, StreamEvent};
+
+pub(crate) enum Command {
+    Submit {
+        seq_id: u64,
+        req: GenerateRequest,
+        tx: mpsc::UnboundedSender<StreamEvent>,
+        kv: SubmitKv,
+    },
+    /// Requests admitted together, in one step's scheduling (the `n`
+    /// choices of one prompt: their batches then do not depend on when
+    /// each submission reached the loop).
+    SubmitGroup(Vec<(u64, GenerateRequest, mpsc::UnboundedSender<StreamEvent>)>),
+    Cancel(u64),
+    /// Reserve a prompt's blocks (decode worker, before a remote prefill).
+    Reserve {
+        id: u64,
+        session: Option<String>,
+        prompt: Vec<u32>,
+        reply: oneshot::Sender<Result<Reserved, EngineError>>,
+    },
+    ReleaseReservation(u64),
+    ReleaseLease(u64),
+    /// Snapshot store (prefill worker): set blocks aside for a push.
+    SnapshotReserve {
+        session: String,
+        tokens: Vec<u32>,
+        reply: oneshot::Sender<Result<SnapshotSlot, EngineError>>,
+    },
+    SnapshotCommit {
+        reservation: u64,
+        reply: oneshot::Sender<Result<usize, EngineError>>,
+    },
+    SnapshotAbort(u64),
+    /// A snapshot push (decode worker) ended: the pushed tokens, or None.
+    SnapshotPushed {
+        session: String,
+        ok: bool,
+    },
+    DeleteSession(String, oneshot::Sender<bool>),
+    ResetPrefixCache(oneshot::Sender<usize>),
+    Shutdown,
+}
+
+impl std::fmt::Debug for Command {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Command::ReleaseReservation(id) => write!(f, "ReleaseReservation({id})"),
+            Command::ReleaseLease(id) => write!(f, "ReleaseLease({id})"),
+            _ => f.write_str("Command"),
+        }
+    }
+}
+
+/// Where a submitted sequence's prompt KV comes from.
+#[derive(Debug)]
+pub(crate) enum SubmitKv {
+    /// Computed here, reusing what the caches hold.
+    Compute,
+    /// Computed here (prefill worker); after the first token the prompt's
+    /// blocks are leased to the caller for transfer.
+    Export,
+    /// From a reservation: its first `computed` tokens have KV; with
+    /// `first`, the prompt is complete and its first token was sampled by
+    /// a peer.
+    Reserved { id: u64, computed: usize, first: Option<(u32, Option<Logprobs>)> },
+}
