@@ -1,6 +1,7 @@
 // Per-token layers: RMSNorm (plain and fused with the residual add),
 // q/k RMSNorm + rotary embedding + paged K/V store, SiLU-and-multiply,
-// and a row gather (embedding lookup, logits rows, MoE pairs in expert order).
+// a row gather (embedding lookup, logits rows, MoE pairs in expert order),
+// and a K/V gather from the paged pool (cuDNN's ragged prefill attention).
 #include "common.cuh"
 
 // out = w * bf16(x * rsqrt(mean(x^2) + eps)) per row (HF's Qwen3RMSNorm).
@@ -138,5 +139,23 @@ extern "C" __global__ void gather_rows(const bf16* __restrict__ x, const unsigne
         for (int c = threadIdx.x; c < K / 8; c += blockDim.x) dst[c] = src[c];
     } else {
         for (int c = threadIdx.x; c < K; c += blockDim.x) out[(size_t)i * K + c] = x[src_row * K + c];
+    }
+}
+
+// Copies the K and V rows of n tokens out of one layer of the paged pool
+// (block b = [K | V], each [block_size][row]; token t at slot
+// slots[t] = block * block_size + offset) into contiguous [n][row] buffers.
+// row = KV heads x head_dim, a multiple of 8. grid-stride over 16-byte
+// vectors.
+extern "C" __global__ void kv_gather(const bf16* __restrict__ layer, const unsigned* __restrict__ slots, int n,
+                                     bf16* __restrict__ k_out, bf16* __restrict__ v_out, int row, int block_size) {
+    const int vecs = row / 8;
+    const size_t total = (size_t)n * vecs;
+    for (size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (size_t)gridDim.x * blockDim.x) {
+        const size_t t = e / vecs, c = e % vecs;
+        const unsigned s = slots[t];
+        const bf16* src = layer + ((size_t)(s / block_size) * 2 * block_size + s % block_size) * row + c * 8;
+        *(uint4*)(k_out + t * row + c * 8) = *(const uint4*)src;
+        *(uint4*)(v_out + t * row + c * 8) = *(const uint4*)(src + (size_t)block_size * row);
     }
 }

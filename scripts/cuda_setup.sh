@@ -32,6 +32,9 @@ if [ "${1:-}" = env ]; then
     exit 0
 fi
 
+# cuDNN's headers for the prefill attention path (crates/cudnn-sys).
+bash "$ROOT/scripts/cudnn_setup.sh"
+
 # The registry copy of the candle-core version in Cargo.lock.
 VER=$(awk '/^name = "candle-core"$/{getline; gsub(/"/,"",$3); print $3; exit}' Cargo.lock)
 cargo fetch -q

@@ -9,7 +9,8 @@
 #
 # On the device the command runs with LD_LIBRARY_PATH pointing at the CUDA
 # 13 libraries (cudart, cublas, cublasLt, curand, nvrtc) shipped with
-# PyTorch's pip wheels, or at $KVC_CUDA_LIBS.
+# PyTorch's pip wheels, or at $KVC_CUDA_LIBS, and at cuDNN 9's (same
+# wheels, or $KVC_CUDNN_LIBS).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 G=$ROOT/.gpu
@@ -32,7 +33,10 @@ LIBS=${KVC_CUDA_LIBS:-$(ls -d /opt/torch/.venv/lib/python3.*/site-packages/nvidi
 if [ -z "$LIBS" ]; then
     LIBS=$(python3 -c 'import nvidia, os; print(os.path.join(nvidia.__path__[0], "cu13", "lib"))' 2>/dev/null || true)
 fi
-export LD_LIBRARY_PATH=${LIBS}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+# cuDNN 9 (the prefill attention path opens libcudnn.so.9 at run time):
+# PyTorch's wheel beside the CUDA libraries, or $KVC_CUDNN_LIBS.
+CUDNN=${KVC_CUDNN_LIBS:-$(ls -d "$LIBS"/../../cudnn/lib 2>/dev/null | head -1)}
+export LD_LIBRARY_PATH=${LIBS}${CUDNN:+:$CUDNN}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 # Mooncake's CUDA runtime (scripts/mooncake_cuda_stage.sh): engine.so and
 # its libraries first; the Debian libraries it was staged with only where
 # this machine has none of that name.

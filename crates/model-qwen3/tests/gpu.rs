@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use candle_core::{DType, Device, Tensor};
 use kvc_kv_pool::{BlockId, KvLayout, KvStorage};
-use kvc_model_qwen3::cuda::{ptr, AttentionPlan, GpuMoe, Kernels, PagedAttention};
+use kvc_model_qwen3::cuda::{ptr, AttentionPlan, CudnnAttention, GpuMoe, Kernels, PagedAttention, PrefillBackend, PrefillContext};
 use kvc_model_qwen3::{BatchInput, Qwen3Config, Qwen3Model, SeqChunk};
 use rand::{Rng, SeedableRng};
 
@@ -237,20 +237,22 @@ fn reference_attention(q: &[f32], k: &[f32], v: &[f32], q_len: usize, ctx: usize
     out
 }
 
-#[test]
-#[ignore = "needs a CUDA device: run with scripts/gpu_run.sh"]
-fn paged_attention_kernels_match_reference_on_random_data() {
+/// (heads, kv heads, head dim, block size, [(new tokens, context)])
+type AttentionShape<'a> = (usize, usize, usize, usize, &'a [(usize, usize)]);
+
+/// Runs one batch per shape through the attention route of `backend`
+/// (None: kvc's kernels only) on random data in a pool with shuffled block
+/// tables, and compares every sequence with an f64 reference. With a cuDNN
+/// backend, `cudnn_head_dims` lists the head dims cuDNN must take (a
+/// missing cuDNN is a failure, not a skip).
+fn check_attention(backend: Option<PrefillBackend>, shapes: &[AttentionShape], cudnn_head_dims: &[usize]) {
     let dev = gpu();
     let kernels = Kernels::load(dev.as_cuda_device().unwrap()).unwrap();
+    let cudnn = backend.map(|b| {
+        CudnnAttention::open(b, &dev)
+            .expect("cuDNN must load for this test: put cuDNN 9's lib directory on LD_LIBRARY_PATH (scripts/gpu_run.sh does)")
+    });
     let mut rng = rand::rngs::StdRng::seed_from_u64(42);
-    // (heads, kv heads, head dim, block size, [(new tokens, context)])
-    let shapes: &[(usize, usize, usize, usize, &[(usize, usize)])] = &[
-        (32, 4, 128, 16, &[(1, 2049), (1, 37), (7, 7), (100, 301), (1, 5000)]),
-        (32, 4, 128, 16, &[(1, 3001)]), // one long decode: split over the KV length
-        (4, 2, 16, 4, &[(13, 13), (1, 22), (5, 50)]),
-        (8, 1, 64, 8, &[(33, 90), (1, 1), (2, 9)]),
-        (4, 2, 8, 4, &[(3, 10), (1, 6)]),
-    ];
     for &(nh, nkv, hd, bs, seqs) in shapes {
         let blocks_needed: usize = seqs.iter().map(|&(_, c)| c.div_ceil(bs)).sum();
         let nb = blocks_needed * 2 + 3;
@@ -286,7 +288,10 @@ fn paged_attention_kernels_match_reference_on_random_data() {
             })
             .collect();
         let batch = BatchInput { tokens: vec![0; total], seqs: chunks, logits_rows: vec![0] };
-        let plan = AttentionPlan::new(&batch, nh, nkv, &dev).unwrap();
+        let prefill = cudnn.as_ref().map(|attention| PrefillContext { attention, head_dim: hd, block_size: bs, num_blocks: nb });
+        let plan = AttentionPlan::with_prefill(&batch, nh, nkv, prefill, &dev).unwrap();
+        let wants_cudnn = cudnn.is_some() && cudnn_head_dims.contains(&hd) && seqs.iter().any(|&(l, _)| l * (nh / nkv) >= 17);
+        assert!(!wants_cudnn || plan.uses_cudnn(), "cuDNN took no sequence of nh={nh} nkv={nkv} hd={hd} bs={bs} {seqs:?}");
         let cache = kv.device_tensor().unwrap();
         let attn = PagedAttention {
             layer_ptr: ptr(cache).unwrap() + (layer * nb * layout.layer_block_bytes()) as u64,
@@ -303,10 +308,51 @@ fn paged_attention_kernels_match_reference_on_random_data() {
             let o = &out[start * nh * hd..(start + len) * nh * hd];
             assert!(o.iter().all(|x| x.is_finite()));
             let e = rel_err(o, &r);
-            println!("attention nh={nh} nkv={nkv} hd={hd} bs={bs} len={len} ctx={c}: relative error {e:.2e}");
-            assert!(e < 1e-2, "nh={nh} nkv={nkv} hd={hd} bs={bs} seq {i} (len {len}, ctx {c}): relative error {e}");
+            println!(
+                "attention {backend:?} (cuDNN: {}) nh={nh} nkv={nkv} hd={hd} bs={bs} len={len} ctx={c}: relative error {e:.2e}",
+                plan.uses_cudnn()
+            );
+            assert!(e < 1e-2, "{backend:?} nh={nh} nkv={nkv} hd={hd} bs={bs} seq {i} (len {len}, ctx {c}): relative error {e}");
             start += len;
         }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA device: run with scripts/gpu_run.sh"]
+fn paged_attention_kernels_match_reference_on_random_data() {
+    check_attention(
+        None,
+        &[
+            (32, 4, 128, 16, &[(1, 2049), (1, 37), (7, 7), (100, 301), (1, 5000)]),
+            (32, 4, 128, 16, &[(1, 3001)]), // one long decode: split over the KV length
+            (4, 2, 16, 4, &[(13, 13), (1, 22), (5, 50)]),
+            (8, 1, 64, 8, &[(33, 90), (1, 1), (2, 9)]),
+            (4, 2, 8, 4, &[(3, 10), (1, 6)]),
+        ],
+        &[],
+    );
+}
+
+/// The prefill route on cuDNN, gathered and paged: varlen batches with
+/// decodes between the prefill chunks (kvc's kernels write those rows),
+/// chunks after cached context, lengths off the block size, GQA 2 to 8,
+/// block sizes 8 to 32. Head dims 8 and 16 (the fixtures') may fall back
+/// to kvc's kernels but must stay right.
+#[test]
+#[ignore = "needs a CUDA device and cuDNN 9: run with scripts/gpu_run.sh"]
+fn cudnn_prefill_attention_matches_reference_gathered_and_paged() {
+    let shapes: &[AttentionShape] = &[
+        (32, 4, 128, 16, &[(300, 2500), (1, 700), (129, 129), (1, 33), (1000, 1000)]),
+        (16, 8, 64, 8, &[(77, 77), (1, 40), (200, 333)]),
+        (24, 4, 128, 32, &[(45, 1000), (513, 513)]),
+        (8, 2, 128, 16, &[(3, 3), (64, 64), (17, 4000)]),
+        (32, 4, 128, 16, &[(512, 3000)]),
+        (4, 2, 16, 4, &[(13, 13), (1, 22), (5, 50)]),
+        (4, 2, 8, 4, &[(30, 40), (1, 6)]),
+    ];
+    for backend in [PrefillBackend::Cudnn, PrefillBackend::CudnnPaged] {
+        check_attention(Some(backend), shapes, &[64, 128]);
     }
 }
 

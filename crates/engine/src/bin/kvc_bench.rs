@@ -4,12 +4,15 @@
 //! kvc-bench engine [--batch 1,16] [--prompt-len 128] [--gen-len 64] [--model DIR] [--load-format dummy]
 //!                  [--device auto|cpu|cuda] [--enforce-eager]
 //! kvc-bench admission [--prompt-len 4096]
+//! kvc-bench attention [--device cuda] [--case NAME|NAME:LEN/CTX,LEN/CTX...]... [--peer SCRIPT|none]
 //! kvc-bench engine --shape qwen3-30b-a3b [--device auto|cpu|cuda] [--prefill 1024,8192,32768]
 //!                  [--batch 1,16,64,256] [--context 2048] [--steps 64] [--cuda-graph]
 //! ```
 //! With `--shape qwen3-30b-a3b` the model's forward pass is measured at
 //! Qwen3-30B-A3B's shape against the hardware limit (bench/model.rs);
 //! `--cuda-graph` adds each decode step replayed as a CUDA graph.
+//! `attention` times the attention kernels alone against PyTorch's SDPA
+//! (bench/attention.rs).
 //! `admission` measures the admission probe's latency while the engine
 //! runs a long prefill plus decodes, and the engine's decode throughput
 //! with and without 100 probes per second.
@@ -21,6 +24,8 @@
 
 use std::time::Instant;
 
+#[path = "bench/attention.rs"]
+mod attention_bench;
 #[path = "bench/model.rs"]
 mod model_bench;
 
@@ -67,7 +72,7 @@ fn parse() -> Result<Args, String> {
             a.prompt_len = 4096;
             a.batches = vec![0];
         }
-        other => return Err(format!("usage: kvc-bench engine|admission [options]; got {other:?}")),
+        other => return Err(format!("usage: kvc-bench engine|admission|attention [options]; got {other:?}")),
     }
     while let Some(flag) = it.next() {
         let mut val = || it.next().ok_or(format!("{flag} needs a value"));
@@ -92,7 +97,58 @@ fn parse() -> Result<Args, String> {
     Ok(a)
 }
 
+/// `kvc-bench attention [--device D] [--case C]... [--peer SCRIPT|none]`.
+fn attention_args(mut it: impl Iterator<Item = String>) -> Result<attention_bench::Opts, String> {
+    let mut o = attention_bench::Opts { device: "cuda".into(), cases: Vec::new(), peer: Some("scripts/attention_peer.py".into()) };
+    let defaults = attention_bench::default_cases();
+    while let Some(flag) = it.next() {
+        let mut val = || it.next().ok_or(format!("{flag} needs a value"));
+        match flag.as_str() {
+            "--device" => o.device = val()?,
+            "--peer" => o.peer = Some(val()?).filter(|p| p != "none"),
+            "--case" => {
+                let v = val()?;
+                let case = match v.split_once(':') {
+                    Some((name, seqs)) => attention_bench::Case {
+                        name: name.into(),
+                        seqs: seqs
+                            .split(',')
+                            .map(|p| {
+                                let (l, c) = p.split_once('/').ok_or(format!("--case {v}: LEN/CTX expected"))?;
+                                let l: usize = l.parse().map_err(|e| format!("--case {v}: {e}"))?;
+                                let c: usize = c.parse().map_err(|e| format!("--case {v}: {e}"))?;
+                                if l == 0 || l > c {
+                                    return Err(format!("--case {v}: need 0 < LEN <= CTX"));
+                                }
+                                Ok((l, c))
+                            })
+                            .collect::<Result<_, String>>()?,
+                    },
+                    None => defaults.iter().find(|c| c.name == v).cloned().ok_or_else(|| {
+                        format!("--case {v}: unknown (one of {})", defaults.iter().map(|c| c.name.as_str()).collect::<Vec<_>>().join(", "))
+                    })?,
+                };
+                o.cases.push(case);
+            }
+            other => return Err(format!("unknown flag {other}")),
+        }
+    }
+    if o.cases.is_empty() {
+        o.cases = defaults;
+    }
+    Ok(o)
+}
+
 fn main() {
+    if std::env::args().nth(1).as_deref() == Some("attention") {
+        match attention_args(std::env::args().skip(2)) {
+            Ok(o) => return attention_bench::run(&o),
+            Err(e) => {
+                eprintln!("{e}");
+                std::process::exit(2);
+            }
+        }
+    }
     let args = match parse() {
         Ok(a) => a,
         Err(e) => {

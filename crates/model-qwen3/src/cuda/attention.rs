@@ -5,8 +5,9 @@
 use candle_core::cuda::cudarc::driver::LaunchConfig;
 use candle_core::{bail, DType, Device, Result, Tensor};
 
+use super::cudnn_attention::{CudnnPlan, PrefillContext, MIN_CUDNN_ROWS};
 use super::{cuda_dev, empty, launch, overwrite_u32, ptr, upload_u32, Kernels};
-use crate::batch::BatchInput;
+use crate::batch::{BatchInput, SeqChunk};
 
 /// Rows (token x query head of a group) per work item, as in attention.cu.
 const BR: usize = 64;
@@ -53,14 +54,38 @@ pub struct AttentionPlan {
     num_parts: usize,
     num_heads: usize,
     num_kv_heads: usize,
+    /// The prefill-shaped sequences, where cuDNN takes them.
+    cudnn: Option<CudnnPlan>,
 }
 
 impl AttentionPlan {
+    /// Every sequence on kvc's kernels.
     pub fn new(batch: &BatchInput, num_heads: usize, num_kv_heads: usize, device: &Device) -> Result<Self> {
+        Self::with_prefill(batch, num_heads, num_kv_heads, None, device)
+    }
+
+    /// Prefill-shaped sequences on cuDNN where `prefill` is given and
+    /// cuDNN has an engine for their shape; the rest on kvc's kernels.
+    pub fn with_prefill(
+        batch: &BatchInput,
+        num_heads: usize,
+        num_kv_heads: usize,
+        prefill: Option<PrefillContext>,
+        device: &Device,
+    ) -> Result<Self> {
         if num_kv_heads == 0 || num_heads % num_kv_heads != 0 || num_heads / num_kv_heads > BR {
             bail!("attention: {num_heads} query heads over {num_kv_heads} KV heads is not supported");
         }
         let group = num_heads / num_kv_heads;
+        let on_cudnn = |s: &SeqChunk| s.len * group >= MIN_CUDNN_ROWS;
+        let cudnn = match prefill {
+            Some(ctx) => {
+                let seqs: Vec<&SeqChunk> = batch.seqs.iter().filter(|s| on_cudnn(s)).collect();
+                CudnnPlan::new(ctx, &seqs, num_heads, num_kv_heads, device)?
+            }
+            None => None,
+        };
+        let kvc_takes = |s: &SeqChunk| cudnn.is_none() || !on_cudnn(s);
         let tok_per_tile = BR / group;
         let mut seqs = Vec::with_capacity(batch.seqs.len() * 4);
         let mut tables = Vec::new();
@@ -68,11 +93,11 @@ impl AttentionPlan {
             seqs.extend([s.start as u32, s.len as u32, s.context_len as u32, tables.len() as u32]);
             tables.extend(s.block_table.iter().copied());
         }
-        let tiles: usize = batch.seqs.iter().map(|s| s.len.div_ceil(tok_per_tile)).sum();
+        let tiles: usize = batch.seqs.iter().filter(|s| kvc_takes(s)).map(|s| s.len.div_ceil(tok_per_tile)).sum();
         let base_ctas = tiles * num_kv_heads;
         let (mut items, mut decode_items, mut combine) = (Vec::new(), Vec::new(), Vec::new());
         let mut parts = 0u32;
-        for (si, s) in batch.seqs.iter().enumerate() {
+        for (si, s) in batch.seqs.iter().enumerate().filter(|(_, s)| kvc_takes(s)) {
             let ctx = s.context_len;
             let mut splits = 1;
             if s.len <= tok_per_tile && base_ctas < TARGET_CTAS {
@@ -110,7 +135,13 @@ impl AttentionPlan {
             combine: upload_u32(combine, device)?,
             num_heads,
             num_kv_heads,
+            cudnn,
         })
+    }
+
+    /// Whether cuDNN takes this plan's prefill-shaped sequences.
+    pub fn uses_cudnn(&self) -> bool {
+        self.cudnn.is_some()
     }
 }
 
@@ -188,6 +219,7 @@ impl FixedPlanHost {
             num_parts: self.decode_items.len() / 7,
             num_heads,
             num_kv_heads,
+            cudnn: None,
         })
     }
 
@@ -223,6 +255,10 @@ impl PagedAttention {
         let f = &k.attention.iter().find(|(p, _)| *p == hp).expect("compiled head dims").1;
         let fd = &k.decode.iter().find(|(p, _)| *p == hp).expect("compiled head dims").1;
         let out = empty(dev, (t, nh * hd), DType::BF16)?;
+        // cuDNN first: kvc's kernels then write their rows after it.
+        if let Some(c) = &plan.cudnn {
+            c.run(k, q, &out, self.layer_ptr, nkv, hd, self.block_size)?;
+        }
         let parts = plan.num_parts.max(1) * nkv * BR;
         let part_o = if plan.num_parts > 0 { empty(dev, parts * hd, DType::F32)? } else { empty(dev, 1, DType::F32)? };
         let part_lse = if plan.num_parts > 0 { empty(dev, parts, DType::F32)? } else { empty(dev, 1, DType::F32)? };

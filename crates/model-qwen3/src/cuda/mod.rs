@@ -4,12 +4,14 @@
 //! routing and the grouped expert GEMM for small batches.
 
 mod attention;
+mod cudnn_attention;
 mod graph;
 mod model;
 mod moe;
 mod moe_cublas;
 
 pub use attention::{AttentionPlan, PagedAttention};
+pub use cudnn_attention::{CudnnAttention, PrefillBackend, PrefillContext};
 pub use graph::CapturedStep;
 pub(crate) use graph::DecodeGraphs;
 pub(crate) use model::GpuModel;
@@ -60,6 +62,7 @@ pub struct Kernels {
     pub qk_norm_rope_store: CudaFunc,
     pub silu_mul: CudaFunc,
     pub gather_rows: CudaFunc,
+    pub kv_gather: CudaFunc,
     pub attention: Vec<(usize, CudaFunc)>,
     pub decode: Vec<(usize, CudaFunc)>,
     pub attn_combine: CudaFunc,
@@ -103,6 +106,7 @@ impl Kernels {
             qk_norm_rope_store: l("qk_norm_rope_store")?,
             silu_mul: l("silu_mul")?,
             gather_rows: l("gather_rows")?,
+            kv_gather: l("kv_gather")?,
             attention,
             decode,
             attn_combine: a("attn_combine")?,

@@ -9,7 +9,11 @@ use kvc_kv_pool::KvStorage;
 
 use super::attention::FixedPlanHost;
 use super::moe::{silu_mul, GpuMoe};
-use super::{cuda_dev, empty, gather_rows, launch, overwrite_u32, ptr, upload_u32, AttentionPlan, Kernels, PagedAttention};
+use super::{
+    cuda_dev, empty, gather_rows, launch, overwrite_u32, ptr, upload_u32, AttentionPlan, CudnnAttention, Kernels, PagedAttention,
+    PrefillBackend, PrefillContext,
+};
+use std::sync::Arc;
 use crate::batch::BatchInput;
 use crate::config::Qwen3Config;
 
@@ -113,6 +117,8 @@ struct Layer {
 
 pub(crate) struct GpuModel {
     kernels: Kernels,
+    /// Prefill-shaped attention on cuDNN (cudnn_attention.rs); None: kvc's kernels.
+    cudnn: Option<Arc<CudnnAttention>>,
     layers: Vec<Layer>,
     final_norm: Tensor,
     num_heads: usize,
@@ -143,6 +149,7 @@ impl GpuModel {
             bail!("the CUDA path runs in bf16 (got {:?}); pass --dtype bf16", vb.dtype());
         }
         let kernels = Kernels::load(cuda_dev(vb.device())?)?;
+        let cudnn = CudnnAttention::open(PrefillBackend::from_env()?, vb.device());
         let (h, nh, nkv, hd) = (cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim);
         let m = vb.pp("model");
         let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
@@ -193,6 +200,7 @@ impl GpuModel {
         }
         Ok(Self {
             kernels,
+            cudnn,
             layers,
             final_norm: m.pp("norm").get(h, "weight")?,
             num_heads: nh,
@@ -248,7 +256,13 @@ impl GpuModel {
     /// reads from the host side.
     pub fn prepare(&self, embed: &Embedding, batch: &BatchInput, kv: &KvStorage) -> Result<StepInputs> {
         let device = embed.embeddings().device();
-        let plan = AttentionPlan::new(batch, self.num_heads, self.num_kv_heads, device)?;
+        let prefill = self.cudnn.as_ref().map(|attention| PrefillContext {
+            attention,
+            head_dim: self.head_dim,
+            block_size: kv.layout().block_size,
+            num_blocks: kv.num_blocks(),
+        });
+        let plan = AttentionPlan::with_prefill(batch, self.num_heads, self.num_kv_heads, prefill, device)?;
         let rows = batch.logits_rows.iter().map(|&r| r as u32).collect();
         StepInputs::upload(&TokenInputs::new(batch, kv.layout().block_size), plan, rows, device)
     }

@@ -211,8 +211,11 @@ pub fn run(o: &Opts) {
         greedy(&model.forward(&b, &mut pool.storage).expect("warm-up"));
     }
 
-    println!("\nprefill (one sequence, one forward pass)");
-    println!("{:>8} {:>10} {:>12} {:>14}", "tokens", "ms", "tok/s", "% peak bf16");
+    println!("\nprefill (one sequence, one forward pass; attention = one layer's alone x layers, rest = the other work)");
+    println!(
+        "{:>8} {:>10} {:>12} {:>14} {:>14} {:>10} {:>14}",
+        "tokens", "ms", "tok/s", "% peak bf16", "attention ms", "rest ms", "rest TFLOP/s"
+    );
     for &len in &o.prefill {
         let table: Vec<BlockId> = (0..len.div_ceil(bs) as BlockId).collect();
         let tokens: Vec<u32> = (0..len).map(|i| ((i * 7919) % 150000) as u32 + 10).collect();
@@ -231,7 +234,25 @@ pub fn run(o: &Opts) {
         times.sort_by(|a, b| a.total_cmp(b));
         let s = times[1];
         let flops = shape.flops(len as f64, len as f64 / 2.0);
-        println!("{len:>8} {:>10.1} {:>12.0} {:>13.1}%", s * 1e3, len as f64 / s, 100.0 * flops / s / PEAK_BF16_FLOPS);
+        let case = super::attention_bench::Case { name: format!("prefill-{len}"), seqs: vec![(len, len)] };
+        let (attn, rest) = match (device.is_cuda(), shape.heads as usize == 32 && shape.head_dim as usize == 128) {
+            (true, true) => match super::attention_bench::serving_route_time(&case, &device) {
+                Some((route, a)) => {
+                    let a = a * shape.layers;
+                    let rest = s - a;
+                    let rest_flops = 2.0 * len as f64 * shape.active_params();
+                    (format!("{:.1} ({route})", a * 1e3), format!("{:>10.1} {:>14.0}", rest * 1e3, rest_flops / rest / 1e12))
+                }
+                None => ("-".into(), String::new()),
+            },
+            _ => ("-".into(), String::new()),
+        };
+        println!(
+            "{len:>8} {:>10.1} {:>12.0} {:>13.1}% {attn:>14} {rest}",
+            s * 1e3,
+            len as f64 / s,
+            100.0 * flops / s / PEAK_BF16_FLOPS
+        );
     }
 
     println!("\ndecode ({} context, {} steps; greedy on device)", o.context, o.steps);
