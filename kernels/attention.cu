@@ -509,7 +509,7 @@ extern "C" __global__ void attn_combine(const float* part_o, const float* part_l
 // no second launch.
 //
 // Items (8 ints): seq, tok_off, ntok, kv_begin, kv_end, part, first_part,
-// nparts. Partials: part_o [parts][nkv][16][hd] f32, part_lse
+// nparts; grid.x = items x nkv (KV head fastest), block = Cfg::NT. Partials: part_o [parts][nkv][16][hd] f32, part_lse
 // [parts][nkv][16] f32 (log2 domain); counters [parts][nkv] u32, zero
 // before the first launch, indexed by the group's first part.
 namespace dec2 {
@@ -714,13 +714,15 @@ __device__ void attn_decode2(const bf16* __restrict__ q, const bf16* __restrict_
     float* sRowL = sRowM + ROWS;
     int* sFlag = (int*)(smem + C::FLAG_OFF);
 
-    const int* it = items + blockIdx.x * 8;
+    // grid.x = items x KV heads, KV head fastest: the CTAs that run side by
+    // side read neighbouring slices of the same cache blocks.
+    const int kvh = blockIdx.x % nkv;
+    const int* it = items + (blockIdx.x / nkv) * 8;
     const int seq = it[0], tok_off = it[1], ntok = it[2], kv_begin = it[3], kv_end_item = it[4];
     const int part = it[5], first = it[6], nparts = it[7];
     const int* sq = seqs + seq * 4;
     const int q_start = sq[0], q_len = sq[1], ctx = sq[2];
     const int* table = tables + sq[3];
-    const int kvh = blockIdx.y;
     const int G = nh / nkv;
     const int R = ntok * G;  // valid rows
     const int first_pos = ctx - q_len + tok_off;

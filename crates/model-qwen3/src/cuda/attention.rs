@@ -468,7 +468,8 @@ impl PagedAttention {
             (empty(dev, 1, DType::F32)?, empty(dev, 1, DType::F32)?)
         };
         let cfg = LaunchConfig {
-            grid_dim: (plan.num_decode_items as u32, nkv as u32, 1),
+            // KV head fastest (attention.cu): neighbouring CTAs share blocks.
+            grid_dim: ((plan.num_decode_items * nkv) as u32, 1, 1),
             block_dim: (decode2_threads(hp), 1, 1),
             shared_mem_bytes: decode2_smem_bytes(hp) as u32,
         };
