@@ -482,3 +482,505 @@ extern "C" __global__ void attn_combine(const float* part_o, const float* part_l
         out[((size_t)(q_start + tok) * nh + head) * hd + d] = to_bf(den > 0.f ? num / den : 0.f);
     }
 }
+
+// ---------------------------------------------------------------------------
+// Decode attention v2 (the default for decode-shaped work items; the
+// environment variable KVC_DECODE_KERNEL=v1 keeps attn_decode above).
+//
+// Same rows as attn_decode (at most 16: tokens x query heads of one KV
+// head's group, padded to 16), but every warp runs its own pipeline over
+// its own 16-key tiles (tiles w, w + NW, w + 2 NW, ... of the CTA's key
+// range): a ring of STAGES K/V tiles per warp filled with 16-byte cp.async
+// (zero-filled past the range and past hd), so the only synchronisation in
+// the loop is __syncwarp and each warp keeps STAGES - 1 tiles in flight
+// while it computes one. S = Q K^T and O += P V use
+// mma.m16n8k16 (bf16 in, f32 accumulate) with S, P and O in registers
+// (FlashAttention-2 layout: the S accumulator is P's A fragment), Q's A
+// fragments are loaded once, K and V fragments come from shared memory
+// with ldmatrix (.trans for V). The block table is read once per key row
+// per tile, two tiles ahead of the copies that need it.
+//
+// At the end the warps' (max, sum, O) states merge in shared memory. A
+// CTA that covers the whole range writes bf16 output. Split ranges (part
+// >= 0) write the normalised f32 partial and its log2-sum-exp, then count
+// themselves on their group's counter; the last CTA of a (group, KV head)
+// resets the counter to 0 (so the next launch, or a CUDA graph replay,
+// starts clean), merges every split of the group and writes bf16 output:
+// no second launch.
+//
+// Items (8 ints): seq, tok_off, ntok, kv_begin, kv_end, part, first_part,
+// nparts; grid.x = items x nkv (KV head fastest), block = Cfg::NT. Partials: part_o [parts][nkv][16][hd] f32, part_lse
+// [parts][nkv][16] f32 (log2 domain); counters [parts][nkv] u32, zero
+// before the first launch, indexed by the group's first part.
+namespace dec2 {
+constexpr int TK = 16;          // keys per warp tile
+constexpr int ROWS = 16;        // query rows per CTA (mma M)
+constexpr int MERGE_PARTS = 128;  // splits one group may have (the merge's weight table)
+
+template <int HD>
+struct Cfg {
+    static constexpr int NW = HD == 256 ? 4 : 8;  // warps per CTA
+    static constexpr int NT = NW * 32;
+    static constexpr int STAGES = HD >= 64 ? 3 : 4;
+    static constexpr int LD = HD + 8;   // bf16 row stride of Q/K/V tiles: ldmatrix rows in distinct banks
+    static constexpr int LDO = HD + 8;  // f32 row stride of the warps' O tiles (float2 stores conflict-free)
+    static constexpr int STAGE = 2 * TK * LD;  // elements of one ring slot: K tile, then V tile
+    static constexpr int KV_BYTES = NW * STAGES * STAGE * 2;
+    static constexpr int Q_OFF = KV_BYTES;
+    static constexpr int M_OFF = Q_OFF + ROWS * LD * 2;  // [NW][16] each warp's row maxima
+    static constexpr int L_OFF = M_OFF + NW * ROWS * 4;  // [NW][16] row sums
+    static constexpr int F_OFF = L_OFF + NW * ROWS * 4;  // [NW][16] warp weights
+    static constexpr int ROW_OFF = F_OFF + NW * ROWS * 4;  // [16] max, [16] sum of the CTA
+    static constexpr int FLAG_OFF = ROW_OFF + 2 * ROWS * 4;
+    // Mirrored by decode2_smem_bytes in crates/model-qwen3/src/cuda/attention.rs.
+    static constexpr int SMEM = FLAG_OFF + 16;
+    // After the loop the ring holds the warps' f32 O tiles, and in the
+    // merging CTA the weight table plus at least one staged partial.
+    static_assert(KV_BYTES >= NW * ROWS * LDO * 4, "O tiles fit in the K/V ring");
+    static_assert(KV_BYTES >= MERGE_PARTS * ROWS * 4 + ROWS * HD * 4, "merge staging fits in the K/V ring");
+};
+
+__device__ __forceinline__ unsigned smem_u32(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+
+// 16-byte async copy; copies nothing and writes zeros when !full.
+__device__ __forceinline__ void cp16(void* dst, const void* src, bool full) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src), "r"(full ? 16 : 0)
+                 : "memory");
+}
+__device__ __forceinline__ void commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+__device__ __forceinline__ void ldsm4(unsigned (&r)[4], const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_u32(p))
+                 : "memory");
+}
+__device__ __forceinline__ void ldsm4t(unsigned (&r)[4], const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_u32(p))
+                 : "memory");
+}
+
+// d += a (16x16, row) * b (16x8, col), bf16 in, f32 accumulate.
+__device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<unsigned*>(&v);
+}
+
+// 2^x (ex2.approx: 0 at -inf).
+__device__ __forceinline__ float ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+__device__ __forceinline__ long long shfl64(long long v, int src) {
+    int lo = __shfl_sync(0xffffffffu, (int)(v & 0xffffffffll), src);
+    int hi = __shfl_sync(0xffffffffu, (int)(v >> 32), src);
+    return ((long long)hi << 32) | (unsigned)lo;
+}
+
+__device__ __forceinline__ void store_bf16x4(bf16* dst, float4 v) {
+    uint2 u = make_uint2(pack_bf16(v.x, v.y), pack_bf16(v.z, v.w));
+    *reinterpret_cast<uint2*>(dst) = u;
+}
+
+// The last split of a group: merges the group's `nparts` partials (rows
+// [0, R)) into bf16 output. Weights first (all log-sum-exps in one pass of
+// parallel loads), then the partial outputs in rounds that fill the K/V
+// ring with cp.async, so a round costs about one L2 round trip.
+template <int HD>
+__device__ void merge_parts(unsigned char* smem, const float* __restrict__ part_o, const float* __restrict__ part_lse,
+                            bf16* __restrict__ out, int first, int nparts, int R, int out_row, int nh, int nkv, int kvh,
+                            int G, int hd) {
+    using C = Cfg<HD>;
+    float* sW = (float*)smem;                  // [nparts][16]: log2-sum-exps, then weights
+    float* sStage = sW + MERGE_PARTS * ROWS;     // staged partials
+    float* sDen = (float*)(smem + C::ROW_OFF) + ROWS;
+    const int tid = threadIdx.x;
+    for (int i = tid; i < nparts * ROWS; i += C::NT) {
+        int p = i / ROWS, r = i % ROWS;
+        sW[i] = r < R ? __ldcg(part_lse + ((size_t)(first + p) * nkv + kvh) * ROWS + r) : -INFINITY;
+    }
+    __syncthreads();
+    {
+        constexpr int TPR = C::NT / ROWS;  // threads per row, a power of two dividing 32
+        const int r = tid / TPR, sub = tid % TPR;
+        float M = -INFINITY;
+        for (int p = sub; p < nparts; p += TPR) M = fmaxf(M, sW[p * ROWS + r]);
+#pragma unroll
+        for (int o = TPR / 2; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+        float den = 0.f;
+        for (int p = sub; p < nparts; p += TPR) {
+            float x = sW[p * ROWS + r];
+            float w = x == -INFINITY ? 0.f : ex2(x - M);
+            sW[p * ROWS + r] = w;
+            den += w;
+        }
+#pragma unroll
+        for (int o = TPR / 2; o > 0; o >>= 1) den += __shfl_xor_sync(0xffffffffu, den, o);
+        if (sub == 0) sDen[r] = den;
+    }
+    __syncthreads();
+
+    constexpr int MAXE = (ROWS * HD / 4 + C::NT - 1) / C::NT;
+    const int n4 = R * hd / 4;  // float4s of one partial's valid rows (contiguous)
+    const int cap = (C::KV_BYTES - MERGE_PARTS * ROWS * 4) / (n4 * 16);  // partials per round
+    float4 acc[MAXE];
+#pragma unroll
+    for (int k = 0; k < MAXE; k++) acc[k] = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int p0 = 0; p0 < nparts; p0 += cap) {
+        const int np = min(cap, nparts - p0);
+        for (int i = tid; i < np * n4; i += C::NT) {
+            int pp = i / n4, e = i - pp * n4;
+            int r = e * 4 / hd;
+            // Weight-0 partials (empty splits) are not read.
+            if (sW[(p0 + pp) * ROWS + r] != 0.f)
+                cp16(sStage + (size_t)i * 4, part_o + ((size_t)(first + p0 + pp) * nkv + kvh) * ROWS * hd + e * 4, true);
+        }
+        commit();
+        wait<0>();
+        __syncthreads();
+#pragma unroll
+        for (int k = 0; k < MAXE; k++) {
+            int e = tid + k * C::NT;
+            if (e < n4) {
+                int r = e * 4 / hd;
+                for (int pp = 0; pp < np; pp++) {
+                    float w = sW[(p0 + pp) * ROWS + r];
+                    if (w != 0.f) {
+                        float4 v = *(const float4*)(sStage + ((size_t)pp * n4 + e) * 4);
+                        acc[k].x += w * v.x;
+                        acc[k].y += w * v.y;
+                        acc[k].z += w * v.z;
+                        acc[k].w += w * v.w;
+                    }
+                }
+            }
+        }
+        __syncthreads();  // the staging area is refilled by the next round
+    }
+#pragma unroll
+    for (int k = 0; k < MAXE; k++) {
+        int e = tid + k * C::NT;
+        if (e < n4) {
+            int r = e * 4 / hd, c = e * 4 - r * hd;
+            float den = sDen[r];
+            float inv = den > 0.f ? 1.f / den : 0.f;
+            float4 v = make_float4(acc[k].x * inv, acc[k].y * inv, acc[k].z * inv, acc[k].w * inv);
+            store_bf16x4(out + ((size_t)(out_row + r / G) * nh + kvh * G + r % G) * hd + c, v);
+        }
+    }
+}
+}  // namespace dec2
+
+template <int HD>
+__device__ void attn_decode2(const bf16* __restrict__ q, const bf16* __restrict__ cache, const int* __restrict__ tables,
+                             const int* __restrict__ seqs, const int* __restrict__ items, bf16* __restrict__ out,
+                             float* __restrict__ part_o, float* __restrict__ part_lse, unsigned* __restrict__ counters,
+                             int nh, int nkv, int hd, int block_size, float scale) {
+    using namespace dec2;
+    using C = Cfg<HD>;
+    constexpr int NW = C::NW, NT = C::NT, S = C::STAGES, LD = C::LD;
+    constexpr int CPR = HD / 8;      // 16-byte chunks per K/V row
+    constexpr int RPI = 32 / CPR;    // rows one warp-wide copy instruction covers
+    constexpr int NI = TK / RPI;     // copy instructions per tile (K, and as many for V)
+    constexpr bool QREG = HD <= 128;  // Q fragments stay in registers (at 256: reloaded per tile)
+    extern __shared__ __align__(128) unsigned char smem[];
+    {
+        // A size that disagrees with the host's would corrupt memory silently.
+        unsigned dyn;
+        asm("mov.u32 %0, %%dynamic_smem_size;\n" : "=r"(dyn));
+        if (dyn < (unsigned)C::SMEM) __trap();
+    }
+    bf16* sKV = (bf16*)smem;
+    bf16* sQ = (bf16*)(smem + C::Q_OFF);
+    float* sM = (float*)(smem + C::M_OFF);
+    float* sL = (float*)(smem + C::L_OFF);
+    float* sF = (float*)(smem + C::F_OFF);
+    float* sRowM = (float*)(smem + C::ROW_OFF);
+    float* sRowL = sRowM + ROWS;
+    int* sFlag = (int*)(smem + C::FLAG_OFF);
+
+    // grid.x = items x KV heads, KV head fastest: the CTAs that run side by
+    // side read neighbouring slices of the same cache blocks.
+    const int kvh = blockIdx.x % nkv;
+    const int* it = items + (blockIdx.x / nkv) * 8;
+    const int seq = it[0], tok_off = it[1], ntok = it[2], kv_begin = it[3], kv_end_item = it[4];
+    const int part = it[5], first = it[6], nparts = it[7];
+    const int* sq = seqs + seq * 4;
+    const int q_start = sq[0], q_len = sq[1], ctx = sq[2];
+    const int* table = tables + sq[3];
+    const int G = nh / nkv;
+    const int R = ntok * G;  // valid rows
+    const int first_pos = ctx - q_len + tok_off;
+    const int kv_hi = min(kv_end_item, first_pos + ntok);  // causal: keys <= last position
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int g = lane >> 2, t = lane & 3;  // mma fragment row group and column pair
+    const size_t kv_tok = (size_t)block_size * nkv * hd;
+    const int ntiles = kv_hi > kv_begin ? (kv_hi - kv_begin + TK - 1) / TK : 0;
+    const int my_tiles = ntiles > warp ? (ntiles - warp + NW - 1) / NW : 0;
+    bf16* ring = sKV + warp * S * C::STAGE;
+
+    // Lane l (and l + 16) looks up key row l % 16 of this warp's tile i:
+    // the block id (raw table entry, -1 past the range) and the row's
+    // element offset inside its block.
+    auto lookup = [&](int i, int& blk, int& in_blk) {
+        int j = kv_begin + (warp + i * NW) * TK + (lane & 15);
+        blk = -1;
+        in_blk = 0;
+        if (j < kv_hi) {
+            int b = j / block_size;
+            blk = table[b];
+            in_blk = ((j - b * block_size) * nkv + kvh) * hd;
+        }
+    };
+    // Copies tile i (K and V) into ring slot i % S; lane l's chunks are
+    // column l % CPR of rows l / CPR + RPI * c, so a warp's instruction
+    // reads whole rows (coalesced). Row offsets come from their lookup lane.
+    auto issue = [&](int i, int blk, int in_blk) {
+        bf16* dK = ring + (i % S) * C::STAGE;
+        long long src = blk < 0 ? -1 : (long long)blk * 2 * (long long)kv_tok + in_blk;
+        const int ch = lane % CPR;
+        const bool col_ok = ch * 8 < hd;
+#pragma unroll
+        for (int c = 0; c < NI; c++) {
+            const int row = c * RPI + lane / CPR;
+            long long rs = shfl64(src, row);
+            bool ok = rs >= 0 && col_ok;
+            const bf16* gk = cache + (ok ? rs + ch * 8 : 0);
+            cp16(dK + row * LD + ch * 8, gk, ok);
+            cp16(dK + TK * LD + row * LD + ch * 8, ok ? gk + kv_tok : cache, ok);
+        }
+    };
+
+    // Block-table entries of the first S + 1 tiles, then the first S - 1
+    // tiles in flight while Q is staged.
+    int pb[S + 1], po[S + 1];
+#pragma unroll
+    for (int s = 0; s <= S; s++) lookup(s, pb[s], po[s]);
+#pragma unroll
+    for (int s = 0; s < S - 1; s++) {
+        if (s < my_tiles) issue(s, pb[s], po[s]);
+        commit();
+    }
+    int nb0 = pb[S - 1], no0 = po[S - 1], nb1 = pb[S], no1 = po[S];
+
+    // Q rows: row r = (token r / G, head kvh * G + r % G); zeros past R and hd.
+    for (int e = tid; e < ROWS * CPR; e += NT) {
+        int r = e / CPR, c = e % CPR;
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (r < R && c * 8 < hd) {
+            int head = kvh * G + r % G;
+            v = *(const uint4*)(q + ((size_t)(q_start + tok_off + r / G) * nh + head) * hd + c * 8);
+        }
+        *(uint4*)(sQ + r * LD + c * 8) = v;
+    }
+    __syncthreads();
+
+    // ldmatrix addresses (see the PTX ISA fragment layouts of m16n8k16):
+    // Q (A, row-major): matrices (rows 0-7 | 8-15) x (cols 0-7 | 8-15);
+    // K (B = K^T, "col"): matrices (keys 0-7, d 0-7 | 8-15), (keys 8-15, ...);
+    // V (B, via .trans): matrices (keys 0-7 | 8-15) x (d 0-7 | 8-15).
+    const int a_row = (lane & 7) + ((lane >> 3) & 1) * 8, a_col = (lane >> 4) * 8;
+    const int k_row = (lane & 7) + (lane >> 4) * 8, k_col = ((lane >> 3) & 1) * 8;
+    unsigned qf[QREG ? HD / 16 : 1][4];
+    if constexpr (QREG) {
+#pragma unroll
+        for (int k = 0; k < HD / 16; k++) ldsm4(qf[k], sQ + a_row * LD + k * 16 + a_col);
+    }
+
+    const float sl2 = scale * 1.4426950408889634f;  // scores in log2 units: exp(x) = 2^(x log2 e)
+    // Key limits of this thread's rows g and g + 8 (causal within the
+    // item's tokens, and the range end); the smallest bounds every row.
+    const int lim0 = min(kv_hi, first_pos + g / G + 1), lim1 = min(kv_hi, first_pos + (g + 8) / G + 1);
+    const int lim_min = min(kv_hi, first_pos + 1);
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+    float o[HD / 8][4];
+#pragma unroll
+    for (int n = 0; n < HD / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+
+    for (int i = 0; i < my_tiles; i++) {
+        if (i + S - 1 < my_tiles) issue(i + S - 1, nb0, no0);
+        commit();
+        nb0 = nb1;
+        no0 = no1;
+        lookup(i + S + 1, nb1, no1);
+        wait<S - 1>();  // this lane's copies of tile i have landed
+        __syncwarp();   // ... and every lane's
+        const bf16* sK = ring + (i % S) * C::STAGE;
+        const bf16* sV = sK + TK * LD;
+        const int kb = kv_begin + (warp + i * NW) * TK;
+
+        float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll
+        for (int k = 0; k < HD / 16; k++) {
+            unsigned a[4], b[4];
+            if constexpr (QREG) {
+                a[0] = qf[k][0];
+                a[1] = qf[k][1];
+                a[2] = qf[k][2];
+                a[3] = qf[k][3];
+            } else {
+                ldsm4(a, sQ + a_row * LD + k * 16 + a_col);
+            }
+            ldsm4(b, sK + k_row * LD + k * 16 + k_col);
+            mma(s[0], a, b[0], b[1]);
+            mma(s[1], a, b[2], b[3]);
+        }
+        // s[n][e]: row g (e < 2) or g + 8, key kb + 8 n + 2 t + (e & 1).
+#pragma unroll
+        for (int n = 0; n < 2; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) s[n][e] *= sl2;
+        if (kb + TK > lim_min) {
+#pragma unroll
+            for (int n = 0; n < 2; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    if (kb + n * 8 + 2 * t + (e & 1) >= (e < 2 ? lim0 : lim1)) s[n][e] = -INFINITY;
+        }
+        float mx0 = fmaxf(fmaxf(s[0][0], s[0][1]), fmaxf(s[1][0], s[1][1]));
+        float mx1 = fmaxf(fmaxf(s[0][2], s[0][3]), fmaxf(s[1][2], s[1][3]));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+        const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+        // A row with no key yet keeps max -inf: subtract 0 instead (p = 0).
+        const float mu0 = mn0 == -INFINITY ? 0.f : mn0, mu1 = mn1 == -INFINITY ? 0.f : mn1;
+        const float al0 = ex2(m0 - mu0), al1 = ex2(m1 - mu1);
+        m0 = mn0;
+        m1 = mn1;
+        float p[2][4];
+#pragma unroll
+        for (int n = 0; n < 2; n++) {
+            p[n][0] = ex2(s[n][0] - mu0);
+            p[n][1] = ex2(s[n][1] - mu0);
+            p[n][2] = ex2(s[n][2] - mu1);
+            p[n][3] = ex2(s[n][3] - mu1);
+        }
+        // Per-thread partial sums; the quad's are added after the loop.
+        l0 = l0 * al0 + (p[0][0] + p[0][1]) + (p[1][0] + p[1][1]);
+        l1 = l1 * al1 + (p[0][2] + p[0][3]) + (p[1][2] + p[1][3]);
+#pragma unroll
+        for (int n = 0; n < HD / 8; n++) {
+            o[n][0] *= al0;
+            o[n][1] *= al0;
+            o[n][2] *= al1;
+            o[n][3] *= al1;
+        }
+        // The S accumulators of keys 0-7 and 8-15 are P's A fragment.
+        const unsigned pa[4] = {pack_bf16(p[0][0], p[0][1]), pack_bf16(p[0][2], p[0][3]), pack_bf16(p[1][0], p[1][1]),
+                                pack_bf16(p[1][2], p[1][3])};
+#pragma unroll
+        for (int dt = 0; dt < HD / 16; dt++) {
+            unsigned b[4];
+            ldsm4t(b, sV + a_row * LD + dt * 16 + a_col);
+            mma(o[2 * dt], pa, b[0], b[1]);
+            mma(o[2 * dt + 1], pa, b[2], b[3]);
+        }
+        __syncwarp();  // every lane has read slot i % S before it is refilled
+    }
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+
+    // Merge the warps: their O tiles go where the K/V ring was.
+    wait<0>();
+    __syncthreads();
+    float* sO = (float*)smem;  // [NW][16][LDO]
+    if (t == 0) {
+        sM[warp * ROWS + g] = m0;
+        sM[warp * ROWS + g + 8] = m1;
+        sL[warp * ROWS + g] = l0;
+        sL[warp * ROWS + g + 8] = l1;
+    }
+#pragma unroll
+    for (int n = 0; n < HD / 8; n++) {
+        *(float2*)(sO + (warp * ROWS + g) * C::LDO + n * 8 + 2 * t) = make_float2(o[n][0], o[n][1]);
+        *(float2*)(sO + (warp * ROWS + g + 8) * C::LDO + n * 8 + 2 * t) = make_float2(o[n][2], o[n][3]);
+    }
+    __syncthreads();
+    if (tid < ROWS) {
+        float M = -INFINITY;
+        for (int w = 0; w < NW; w++) M = fmaxf(M, sM[w * ROWS + tid]);
+        float l = 0.f;
+        for (int w = 0; w < NW; w++) {
+            float f = M == -INFINITY ? 0.f : ex2(sM[w * ROWS + tid] - M);
+            sF[w * ROWS + tid] = f;
+            l += f * sL[w * ROWS + tid];
+        }
+        sRowM[tid] = M;
+        sRowL[tid] = l;
+    }
+    __syncthreads();
+    const int hd4 = hd / 4;
+    for (int e = tid; e < R * hd4; e += NT) {
+        int r = e / hd4, c = (e - r * hd4) * 4;
+        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+        for (int w = 0; w < NW; w++) {
+            float f = sF[w * ROWS + r];
+            float4 v = *(const float4*)(sO + (w * ROWS + r) * C::LDO + c);
+            acc.x += f * v.x;
+            acc.y += f * v.y;
+            acc.z += f * v.z;
+            acc.w += f * v.w;
+        }
+        float l = sRowL[r];
+        float inv = l > 0.f ? 1.f / l : 0.f;
+        acc = make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
+        if (part < 0) {
+            store_bf16x4(out + ((size_t)(q_start + tok_off + r / G) * nh + kvh * G + r % G) * hd + c, acc);
+        } else {
+            *(float4*)(part_o + (((size_t)part * nkv + kvh) * ROWS + r) * hd + c) = acc;
+        }
+    }
+    if (part < 0) return;
+    if (tid < R) {
+        float l = sRowL[tid];
+        part_lse[((size_t)part * nkv + kvh) * ROWS + tid] = l > 0.f ? sRowM[tid] + log2f(l) : -INFINITY;
+    }
+
+    // Count this split; the group's last one merges (threadFenceReduction
+    // pattern: each thread's partial stores are fenced before the count).
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) {
+        unsigned* ctr = counters + (size_t)first * nkv + kvh;
+        int last = atomicAdd(ctr, 1u) == (unsigned)(nparts - 1);
+        if (last) atomicExch(ctr, 0u);  // every split has counted: clean for the next launch
+        *sFlag = last;
+    }
+    __syncthreads();
+    if (!*sFlag) return;
+    __threadfence();
+    if (nparts > MERGE_PARTS) __trap();
+    merge_parts<HD>(smem, part_o, part_lse, out, first, nparts, R, q_start + tok_off, nh, nkv, kvh, G, hd);
+}
+
+#define DECODE2(HD)                                                                                                  \
+    extern "C" __global__ void __launch_bounds__(dec2::Cfg<HD>::NT, 1) paged_decode2_hd##HD(                        \
+        const bf16* q, const bf16* cache, const int* tables, const int* seqs, const int* items, bf16* out,           \
+        float* part_o, float* part_lse, unsigned* counters, int nh, int nkv, int hd, int block_size, float scale) {  \
+        attn_decode2<HD>(q, cache, tables, seqs, items, out, part_o, part_lse, counters, nh, nkv, hd, block_size,    \
+                         scale);                                                                                     \
+    }
+DECODE2(16)
+DECODE2(32)
+DECODE2(64)
+DECODE2(128)
+DECODE2(256)

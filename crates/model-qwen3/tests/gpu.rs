@@ -7,7 +7,9 @@ use std::path::PathBuf;
 
 use candle_core::{DType, Device, Tensor};
 use kvc_kv_pool::{BlockId, KvLayout, KvStorage};
-use kvc_model_qwen3::cuda::{ptr, AttentionPlan, CudnnAttention, GpuMoe, Kernels, PagedAttention, PrefillBackend, PrefillContext};
+use kvc_model_qwen3::cuda::{
+    ptr, set_decode_kernel_v1, AttentionPlan, CudnnAttention, GpuMoe, Kernels, PagedAttention, PrefillBackend, PrefillContext,
+};
 use kvc_model_qwen3::{BatchInput, Qwen3Config, Qwen3Model, SeqChunk};
 use rand::{Rng, SeedableRng};
 
@@ -289,9 +291,6 @@ fn check_attention(backend: Option<PrefillBackend>, shapes: &[AttentionShape], c
             .collect();
         let batch = BatchInput { tokens: vec![0; total], seqs: chunks, logits_rows: vec![0] };
         let prefill = cudnn.as_ref().map(|attention| PrefillContext { attention, head_dim: hd, block_size: bs, num_blocks: nb });
-        let plan = AttentionPlan::with_prefill(&batch, nh, nkv, prefill, &dev).unwrap();
-        let wants_cudnn = cudnn.is_some() && cudnn_head_dims.contains(&hd) && seqs.iter().any(|&(l, _)| l * (nh / nkv) >= 17);
-        assert!(!wants_cudnn || plan.uses_cudnn(), "cuDNN took no sequence of nh={nh} nkv={nkv} hd={hd} bs={bs} {seqs:?}");
         let cache = kv.device_tensor().unwrap();
         let attn = PagedAttention {
             layer_ptr: ptr(cache).unwrap() + (layer * nb * layout.layer_block_bytes()) as u64,
@@ -299,22 +298,127 @@ fn check_attention(backend: Option<PrefillBackend>, shapes: &[AttentionShape], c
             head_dim: hd,
             scale: 1.0 / (hd as f32).sqrt(),
         };
-        let out = attn.forward(&kernels, &q.to_device(&dev).unwrap(), &plan).unwrap();
-        let out = out.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
-        let mut start = 0;
-        for (i, &(len, c)) in seqs.iter().enumerate() {
-            let qs = &qh[start * nh * hd..(start + len) * nh * hd];
-            let r = reference_attention(qs, &host_kv[i].0, &host_kv[i].1, len, c, nh, nkv, hd);
-            let o = &out[start * nh * hd..(start + len) * nh * hd];
-            assert!(o.iter().all(|x| x.is_finite()));
-            let e = rel_err(o, &r);
-            println!(
-                "attention {backend:?} (cuDNN: {}) nh={nh} nkv={nkv} hd={hd} bs={bs} len={len} ctx={c}: relative error {e:.2e}",
-                plan.uses_cudnn()
-            );
-            assert!(e < 1e-2, "{backend:?} nh={nh} nkv={nkv} hd={hd} bs={bs} seq {i} (len {len}, ctx {c}): relative error {e}");
-            start += len;
+        let refs: Vec<Vec<f32>> = {
+            let mut start = 0;
+            seqs.iter()
+                .enumerate()
+                .map(|(i, &(len, c))| {
+                    let qs = &qh[start * nh * hd..(start + len) * nh * hd];
+                    start += len;
+                    reference_attention(qs, &host_kv[i].0, &host_kv[i].1, len, c, nh, nkv, hd)
+                })
+                .collect()
+        };
+        // Both decode kernels (v2, the default, merges its splits itself).
+        for v1 in [false, true] {
+            set_decode_kernel_v1(v1);
+            let name = if v1 { "decode v1" } else { "decode v2" };
+            let plan = AttentionPlan::with_prefill(&batch, nh, nkv, prefill, &dev).unwrap();
+            let wants_cudnn = cudnn.is_some() && cudnn_head_dims.contains(&hd) && seqs.iter().any(|&(l, _)| l * (nh / nkv) >= 17);
+            assert!(!wants_cudnn || plan.uses_cudnn(), "cuDNN took no sequence of nh={nh} nkv={nkv} hd={hd} bs={bs} {seqs:?}");
+            // Twice: the second launch finds the split counters the first
+            // one left (they must be back at zero).
+            for round in 0..2 {
+                let out = attn.forward(&kernels, &q.to_device(&dev).unwrap(), &plan).unwrap();
+                let out = out.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+                let mut start = 0;
+                for (i, &(len, c)) in seqs.iter().enumerate() {
+                    let o = &out[start * nh * hd..(start + len) * nh * hd];
+                    assert!(o.iter().all(|x| x.is_finite()));
+                    let e = rel_err(o, &refs[i]);
+                    if round == 0 {
+                        println!(
+                            "attention {backend:?} (cuDNN: {}, {name}) nh={nh} nkv={nkv} hd={hd} bs={bs} len={len} ctx={c}: relative error {e:.2e}",
+                            plan.uses_cudnn()
+                        );
+                    }
+                    assert!(
+                        e < 1e-2,
+                        "{backend:?} {name} nh={nh} nkv={nkv} hd={hd} bs={bs} seq {i} (len {len}, ctx {c}), launch {round}: relative error {e}"
+                    );
+                    start += len;
+                }
+            }
         }
+        set_decode_kernel_v1(default_decode_v1());
+    }
+}
+
+/// Whether `KVC_DECODE_KERNEL` picks the v1 decode kernel (what tests that
+/// switch kernels restore).
+fn default_decode_v1() -> bool {
+    std::env::var("KVC_DECODE_KERNEL").is_ok_and(|v| v == "v1")
+}
+
+/// Decode attention at the Qwen3-30B-A3B shape (32 query heads over 4 KV
+/// heads of 128, blocks of 16) and serving sizes, both decode kernels:
+/// a few sequences against the f64 reference, and the time per launch
+/// (cache filled on the device, shuffled block tables, contexts that are
+/// no multiple of a tile).
+#[test]
+#[ignore = "needs a CUDA device: run with scripts/gpu_run.sh"]
+fn decode_attention_at_serving_sizes_matches_reference_and_is_timed() {
+    let dev = gpu();
+    let kernels = Kernels::load(dev.as_cuda_device().unwrap()).unwrap();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let (nh, nkv, hd, bs) = (32, 4, 128, 16);
+    for (batch, ctx) in [(64usize, 8192usize), (1, 32768), (1, 2048), (16, 8192), (64, 2048)] {
+        let ctxs: Vec<usize> = (0..batch).map(|i| ctx - (i * 7) % 13).collect();
+        let nb: usize = ctxs.iter().map(|c| c.div_ceil(bs)).sum::<usize>() + 1;
+        let layout = KvLayout { num_layers: 1, num_kv_heads: nkv, head_dim: hd, block_size: bs, dtype: DType::BF16 };
+        let n = nb * layout.block_elems();
+        let cache = Tensor::randn(0f32, 1.0, n, &dev).unwrap().to_dtype(DType::BF16).unwrap();
+        let kv = KvStorage::from_device_tensor(layout, nb, cache).unwrap();
+        let mut free: Vec<BlockId> = (0..nb as BlockId).collect();
+        for i in (1..free.len()).rev() {
+            free.swap(i, rng.random_range(0..=i));
+        }
+        let tables: Vec<Vec<BlockId>> = ctxs.iter().map(|c| (0..c.div_ceil(bs)).map(|_| free.pop().unwrap()).collect()).collect();
+        let chunks: Vec<SeqChunk> =
+            ctxs.iter().enumerate().map(|(i, &c)| SeqChunk { start: i, len: 1, context_len: c, block_table: &tables[i] }).collect();
+        let b = BatchInput { tokens: vec![0; batch], seqs: chunks, logits_rows: vec![0] };
+        let q = Tensor::randn(0f32, 1.0, (batch, nh * hd), &dev).unwrap().to_dtype(DType::BF16).unwrap();
+        let qh = q.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let attn = PagedAttention {
+            layer_ptr: ptr(kv.device_tensor().unwrap()).unwrap(),
+            block_size: bs,
+            head_dim: hd,
+            scale: 1.0 / (hd as f32).sqrt(),
+        };
+        let bytes: usize = ctxs.iter().sum::<usize>() * nkv * hd * 2 * 2;
+        let checked = [0, batch / 2, batch - 1];
+        let refs: Vec<Vec<f32>> = checked
+            .iter()
+            .map(|&i| {
+                let (k, v) = kv.gather(0, &tables[i], ctxs[i], &Device::Cpu).unwrap();
+                let f = |t: &Tensor| t.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+                reference_attention(&qh[i * nh * hd..(i + 1) * nh * hd], &f(&k), &f(&v), 1, ctxs[i], nh, nkv, hd)
+            })
+            .collect();
+        for v1 in [false, true] {
+            set_decode_kernel_v1(v1);
+            let name = if v1 { "v1" } else { "v2" };
+            let plan = AttentionPlan::new(&b, nh, nkv, &dev).unwrap();
+            let out = attn.forward(&kernels, &q, &plan).unwrap();
+            let out = out.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            for (r, &i) in refs.iter().zip(&checked) {
+                let e = rel_err(&out[i * nh * hd..(i + 1) * nh * hd], r);
+                assert!(e < 1e-2, "{name} batch {batch} x {ctx}: sequence {i} relative error {e}");
+            }
+            let iters = 20;
+            dev.synchronize().unwrap();
+            let t0 = std::time::Instant::now();
+            for _ in 0..iters {
+                attn.forward(&kernels, &q, &plan).unwrap();
+            }
+            dev.synchronize().unwrap();
+            let us = t0.elapsed().as_secs_f64() * 1e6 / iters as f64;
+            println!(
+                "decode attention ({name}) batch {batch} x {ctx}: {us:.1} us per layer (launches included), {:.2} TB/s of K/V",
+                bytes as f64 / us / 1e6
+            );
+        }
+        set_decode_kernel_v1(default_decode_v1());
     }
 }
 
@@ -329,6 +433,14 @@ fn paged_attention_kernels_match_reference_on_random_data() {
             (4, 2, 16, 4, &[(13, 13), (1, 22), (5, 50)]),
             (8, 1, 64, 8, &[(33, 90), (1, 1), (2, 9)]),
             (4, 2, 8, 4, &[(3, 10), (1, 6)]),
+            // Decode-shaped items split over the KV length at every head dim:
+            // 2 to 16 rows, several tokens (causal inside a split), group 3.
+            (4, 2, 16, 4, &[(1, 3000), (3, 2000), (8, 900)]),
+            (8, 1, 64, 8, &[(2, 4000), (1, 17)]),
+            (4, 2, 8, 4, &[(1, 1000)]),
+            (16, 2, 256, 32, &[(1, 3000), (2, 300), (1, 1)]),
+            (32, 4, 128, 12, &[(1, 1000), (1, 77)]), // a block size that is no power of two
+            (12, 4, 32, 16, &[(5, 4000)]),
         ],
         &[],
     );

@@ -10,7 +10,7 @@ mod model;
 mod moe;
 mod moe_cublas;
 
-pub use attention::{AttentionPlan, PagedAttention};
+pub use attention::{set_decode_kernel_v1, AttentionPlan, PagedAttention};
 pub use cudnn_attention::{CudnnAttention, PrefillBackend, PrefillContext};
 pub use graph::CapturedStep;
 pub(crate) use graph::DecodeGraphs;
@@ -65,6 +65,7 @@ pub struct Kernels {
     pub kv_gather: CudaFunc,
     pub attention: Vec<(usize, CudaFunc)>,
     pub decode: Vec<(usize, CudaFunc)>,
+    pub decode2: Vec<(usize, CudaFunc)>,
     pub attn_combine: CudaFunc,
     pub moe_topk: CudaFunc,
     pub moe_align: CudaFunc,
@@ -84,7 +85,7 @@ impl Kernels {
         let l = |name: &str| get(name, "kvc_layers", PTX_LAYERS);
         let a = |name: &str| get(name, "kvc_attention", PTX_ATTENTION);
         let m = |name: &str| get(name, "kvc_moe", PTX_MOE);
-        let (mut attention, mut decode) = (Vec::new(), Vec::new());
+        let (mut attention, mut decode, mut decode2) = (Vec::new(), Vec::new(), Vec::new());
         for hd in [16usize, 32, 64, 128, 256] {
             let f = a(&format!("paged_attention_hd{hd}"))?;
             f.func
@@ -99,6 +100,17 @@ impl Kernels {
                 )
                 .w()?;
             decode.push((hd, f));
+            // One CTA of up to 210 KB per SM: ask for the largest shared
+            // memory carveout (a hint; L1 barely serves this kernel).
+            let f = a(&format!("paged_decode2_hd{hd}"))?;
+            f.func
+                .set_attribute(
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    attention::decode2_smem_bytes(hd) as i32,
+                )
+                .w()?;
+            f.func.set_attribute(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100).w()?;
+            decode2.push((hd, f));
         }
         Ok(Self {
             rmsnorm: l("rmsnorm")?,
@@ -109,6 +121,7 @@ impl Kernels {
             kv_gather: l("kv_gather")?,
             attention,
             decode,
+            decode2,
             attn_combine: a("attn_combine")?,
             moe_topk: m("moe_topk")?,
             moe_align: m("moe_align")?,
