@@ -6,7 +6,7 @@
 //! kvc-bench admission [--prompt-len 4096]
 //! kvc-bench attention [--device cuda] [--case NAME|NAME:LEN/CTX,LEN/CTX...]... [--peer SCRIPT|none]
 //! kvc-bench engine --shape qwen3-30b-a3b [--device auto|cpu|cuda] [--prefill 1024,8192,32768]
-//!                  [--batch 1,16,64,256] [--context 2048] [--steps 64] [--cuda-graph]
+//!                  [--batch 1,16,64,256] [--context 2048] [--decode 1x2048,1x32768,...] [--steps 64] [--cuda-graph]
 //! ```
 //! With `--shape qwen3-30b-a3b` the model's forward pass is measured at
 //! Qwen3-30B-A3B's shape against the hardware limit (bench/model.rs);
@@ -43,6 +43,7 @@ struct Args {
     device: String,
     prefill: Vec<usize>,
     context: usize,
+    decode: Vec<(usize, usize)>,
     steps: usize,
 }
 
@@ -63,6 +64,7 @@ fn parse() -> Result<Args, String> {
         device: "auto".into(),
         prefill: vec![1024, 8192, 32768],
         context: 2048,
+        decode: Vec::new(),
         steps: 64,
     };
     let mut it = std::env::args().skip(1);
@@ -88,6 +90,15 @@ fn parse() -> Result<Args, String> {
             "--device" => a.device = val()?,
             "--prefill" => a.prefill = list(&val()?, "--prefill")?,
             "--context" => a.context = val()?.parse().map_err(|e| format!("--context: {e}"))?,
+            "--decode" => {
+                a.decode = val()?
+                    .split(',')
+                    .map(|p| {
+                        let (b, c) = p.trim().split_once('x').ok_or(format!("--decode {p}: BATCHxCONTEXT expected"))?;
+                        Ok((b.parse().map_err(|e| format!("--decode {p}: {e}"))?, c.parse().map_err(|e| format!("--decode {p}: {e}"))?))
+                    })
+                    .collect::<Result<_, String>>()?
+            }
             "--steps" => a.steps = val()?.parse().map_err(|e| format!("--steps: {e}"))?,
             "--cuda-graph" => a.cuda_graph = true,
             "--enforce-eager" => a.enforce_eager = true,
@@ -165,8 +176,11 @@ fn main() {
             return model_bench::run(&model_bench::Opts {
                 device: args.device,
                 prefill: args.prefill,
-                batches: args.batches,
-                context: args.context,
+                decode: if args.decode.is_empty() {
+                    args.batches.iter().map(|&b| (b, args.context)).collect()
+                } else {
+                    args.decode.clone()
+                },
                 steps: args.steps,
                 block_size: 16,
                 cuda_graph: args.cuda_graph,

@@ -1,7 +1,7 @@
 //! `kvc-bench engine --shape qwen3-30b-a3b`: the model's forward pass at
 //! Qwen3-30B-A3B's exact shape with dummy bf16 weights, on the device the
 //! engine would pick: prefill tok/s at several prompt lengths and decode
-//! tok/s at several batch sizes over a fixed context, each against the
+//! tok/s at several (batch, context) pairs, each against the
 //! hardware limit (bytes read per step over HBM bandwidth; FLOPs over peak
 //! dense bf16). Engine scheduling and sampling are left out: greedy
 //! argmax runs on the device and only token ids come back.
@@ -37,8 +37,8 @@ const PEAK_BF16_FLOPS: f64 = 989e12;
 pub struct Opts {
     pub device: String,
     pub prefill: Vec<usize>,
-    pub batches: Vec<usize>,
-    pub context: usize,
+    /// Decode runs: (batch, context).
+    pub decode: Vec<(usize, usize)>,
     pub steps: usize,
     pub block_size: usize,
     /// Also replay each decode step as a CUDA graph (cuda builds).
@@ -191,9 +191,8 @@ pub fn run(o: &Opts) {
     let bs = o.block_size;
     let layout = model.kv_layout(bs);
     let max_prefill = o.prefill.iter().copied().max().unwrap_or(0);
-    let max_batch = o.batches.iter().copied().max().unwrap_or(0);
-    let per_seq = (o.context + o.steps + 8).div_ceil(bs);
-    let blocks = max_prefill.div_ceil(bs).max(max_batch * per_seq).max(1);
+    let per_seq = |ctx: usize| (ctx + o.steps + 8).div_ceil(bs);
+    let blocks = o.decode.iter().map(|&(b, c)| b * per_seq(c)).max().unwrap_or(0).max(max_prefill.div_ceil(bs)).max(1);
     let mut pool = KvPool::new_on(layout, blocks, &device).expect("KV pool");
     randomize_pool(&pool).expect("randomize pool");
     sync(&device);
@@ -255,11 +254,12 @@ pub fn run(o: &Opts) {
         );
     }
 
-    println!("\ndecode ({} context, {} steps; greedy on device)", o.context, o.steps);
-    println!("{:>6} {:>10} {:>12} {:>10} {:>12} {:>14}", "batch", "ms/step", "tok/s", "GB/step", "% HBM roof", "% peak bf16");
-    for &b in &o.batches {
+    println!("\ndecode ({} steps; greedy on device)", o.steps);
+    println!("{:>6} {:>8} {:>10} {:>12} {:>10} {:>12} {:>14}", "batch", "context", "ms/step", "tok/s", "GB/step", "% HBM roof", "% peak bf16");
+    for &(b, context) in &o.decode {
+        let per_seq = per_seq(context);
         let tables: Vec<Vec<BlockId>> = (0..b).map(|i| ((i * per_seq) as BlockId..((i + 1) * per_seq) as BlockId).collect()).collect();
-        let mut ctx = o.context;
+        let mut ctx = context;
         let mut step_times = Vec::new();
         let mut tokens: Vec<u32> = (0..b).map(|i| (i * 31 % 1000) as u32 + 10).collect();
         for step in 0..o.steps + 2 {
@@ -273,11 +273,11 @@ pub fn run(o: &Opts) {
         }
         step_times.sort_by(|a, b| a.total_cmp(b));
         let s = step_times[step_times.len() / 2];
-        let mean_ctx = (o.context + o.steps / 2) as f64;
+        let mean_ctx = (context + o.steps / 2) as f64;
         let bytes = shape.decode_bytes(b as f64, mean_ctx);
         let flops = shape.flops(b as f64, mean_ctx);
         println!(
-            "{b:>6} {:>10.2} {:>12.0} {:>10.2} {:>11.1}% {:>13.2}%",
+            "{b:>6} {context:>8} {:>10.2} {:>12.0} {:>10.2} {:>11.1}% {:>13.2}%",
             s * 1e3,
             b as f64 / s,
             bytes / 1e9,
@@ -288,7 +288,7 @@ pub fn run(o: &Opts) {
             let batch = decode_batch(tokens, &tables, ctx);
             match graph_step_time(&model, &batch, &mut pool, o.steps) {
                 Ok((g, same)) => println!(
-                    "{:>6} {:>10.2} {:>12.0}   CUDA graph replay: {:+.1} % step time vs eager; tokens {}",
+                    "{:>6} {context:>8} {:>10.2} {:>12.0}   CUDA graph replay: {:+.1} % step time vs eager; tokens {}",
                     "graph",
                     g * 1e3,
                     b as f64 / g,
