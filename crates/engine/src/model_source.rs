@@ -101,6 +101,8 @@ pub(crate) fn load(config: &EngineConfig) -> Result<Loaded, EngineError> {
     if !config.enforce_eager {
         model.set_cuda_graphs(crate::config::CUDA_GRAPH_MAX_BATCH.min(config.max_num_seqs));
     }
+    #[cfg(feature = "cuda")]
+    model.warm_up_attention(config.max_num_batched_tokens);
     let tokenizer = match &dir {
         None => TextTokenizer::embedded_qwen3()?,
         Some(d) => TextTokenizer::from_dir(d)?,

@@ -144,6 +144,16 @@ impl Qwen3Model {
         *self.graphs.lock().unwrap_or_else(|e| e.into_inner()) = on.then(|| crate::cuda::DecodeGraphs::new(max_batch));
     }
 
+    /// Prepares prefill attention for chunks of up to `max_tokens` tokens
+    /// (cuDNN's graphs, built at load instead of at a request's first
+    /// chunk). Only on a CUDA device; elsewhere this does nothing.
+    #[cfg(feature = "cuda")]
+    pub fn warm_up_attention(&self, max_tokens: usize) {
+        if let Some(gpu) = &self.gpu {
+            gpu.warm_up_attention(max_tokens);
+        }
+    }
+
     /// Why CUDA graphs were turned off after a failed capture, if they were.
     #[cfg(feature = "cuda")]
     pub fn cuda_graphs_disabled(&self) -> Option<String> {

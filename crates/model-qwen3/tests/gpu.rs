@@ -220,7 +220,8 @@ fn reference_attention(q: &[f32], k: &[f32], v: &[f32], q_len: usize, ctx: usize
     let g = nh / nkv;
     let scale = 1.0 / (hd as f64).sqrt();
     let mut out = vec![0f32; q_len * nh * hd];
-    for t in 0..q_len {
+    // One token's rows: every head, causal over positions 0..=pos.
+    let token = |t: usize, rows: &mut [f32]| {
         let pos = ctx - q_len + t;
         for h in 0..nh {
             let kh = h / g;
@@ -230,12 +231,31 @@ fn reference_attention(q: &[f32], k: &[f32], v: &[f32], q_len: usize, ctx: usize
             let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
             let w: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
             let z: f64 = w.iter().sum();
+            let mut o = vec![0f64; hd];
+            for (j, wj) in w.iter().enumerate() {
+                let vr = &v[(j * nkv + kh) * hd..(j * nkv + kh + 1) * hd];
+                for d in 0..hd {
+                    o[d] += wj * vr[d] as f64;
+                }
+            }
             for d in 0..hd {
-                let o: f64 = (0..=pos).map(|j| w[j] * v[(j * nkv + kh) * hd + d] as f64).sum::<f64>() / z;
-                out[(t * nh + h) * hd + d] = o as f32;
+                rows[h * hd + d] = (o[d] / z) as f32;
             }
         }
-    }
+    };
+    // Tokens spread over the host's cores (the long cases dominate a GPU run).
+    let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).min(q_len.max(1));
+    let per = q_len.div_ceil(threads).max(1);
+    std::thread::scope(|sc| {
+        for (ci, chunk) in out.chunks_mut(per * nh * hd).enumerate() {
+            let token = &token;
+            sc.spawn(move || {
+                for (i, rows) in chunk.chunks_mut(nh * hd).enumerate() {
+                    token(ci * per + i, rows);
+                }
+            });
+        }
+    });
     out
 }
 

@@ -87,6 +87,24 @@ impl CudnnAttention {
         }
     }
 
+    /// Builds the single-sequence graphs of every query bucket up to
+    /// `max_tokens` at load, so that serving does not stall on them: the
+    /// first graph of a kind compiles its kernels (about a second, measured
+    /// on an H200 with cuDNN 9.19), later ones of other sizes take tens of
+    /// milliseconds.
+    pub fn warm_up(&self, nh: usize, nkv: usize, hd: usize, max_tokens: usize) {
+        if self.paged || hd % 8 != 0 || hd > 256 {
+            return;
+        }
+        let t0 = Instant::now();
+        let mut s = 64;
+        while s <= bucket(max_tokens) {
+            let _ = self.graph(desc(1, nh, nkv, hd, s, s, None));
+            s *= 2;
+        }
+        tracing::info!(ms = t0.elapsed().as_secs_f64() * 1e3, "cuDNN attention graphs warmed up");
+    }
+
     /// The plan for `desc`, built on first use.
     fn graph(&self, desc: SdpaDesc) -> Option<Arc<SdpaGraph>> {
         let mut graphs = self.graphs.lock().unwrap_or_else(|e| e.into_inner());
@@ -114,6 +132,27 @@ impl CudnnAttention {
         };
         graphs.insert(desc, built.clone());
         built
+    }
+}
+
+/// The graph shape of `b` sequences of at most `s_q` new tokens over at
+/// most `s_kv` of context; `pool`: (blocks, block size) of the pool read in
+/// place, None for gathered K/V.
+fn desc(b: usize, nh: usize, nkv: usize, hd: usize, s_q: usize, s_kv: usize, pool: Option<(usize, usize)>) -> SdpaDesc {
+    let (num_blocks, bs) = pool.unwrap_or((0, 0));
+    SdpaDesc {
+        b: b as i64,
+        h_q: nh as i64,
+        h_kv: nkv as i64,
+        d: hd as i64,
+        s_q: s_q as i64,
+        s_kv: s_kv as i64,
+        paged: pool.is_some() as i32,
+        num_blocks: num_blocks as i64,
+        block_size: bs as i64,
+        block_stride: (2 * bs * nkv * hd) as i64,
+        table_len: if bs > 0 { s_kv.div_ceil(bs) as i64 } else { 0 },
+        scale_bits: (1.0 / (hd as f32).sqrt()).to_bits(),
     }
 }
 
@@ -156,21 +195,8 @@ impl CudnnPlan {
         let bs = ctx.block_size;
         let paged = ctx.attention.paged;
         let table_len = if paged { s_kv.div_ceil(bs) } else { 0 };
-        let desc = SdpaDesc {
-            b: b as i64,
-            h_q: nh as i64,
-            h_kv: nkv as i64,
-            d: hd as i64,
-            s_q: s_q as i64,
-            s_kv: s_kv as i64,
-            paged: paged as i32,
-            num_blocks: if paged { ctx.num_blocks as i64 } else { 0 },
-            block_size: if paged { bs as i64 } else { 0 },
-            block_stride: if paged { (2 * bs * nkv * hd) as i64 } else { 0 },
-            table_len: table_len as i64,
-            scale_bits: (1.0 / (hd as f32).sqrt()).to_bits(),
-        };
-        let Some(graph) = ctx.attention.graph(desc) else { return Ok(None) };
+        let pool = paged.then_some((ctx.num_blocks, bs));
+        let Some(graph) = ctx.attention.graph(desc(b, nh, nkv, hd, s_q, s_kv, pool)) else { return Ok(None) };
         let row_q = (nh * hd) as i64;
         let mut q_offsets: Vec<i64> = seqs.iter().map(|s| s.start as i64 * row_q).collect();
         let last = seqs[b - 1];

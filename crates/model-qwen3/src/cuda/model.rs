@@ -13,9 +13,9 @@ use super::{
     cuda_dev, empty, gather_rows, launch, overwrite_u32, ptr, upload_u32, AttentionPlan, CudnnAttention, Kernels, PagedAttention,
     PrefillBackend, PrefillContext,
 };
-use std::sync::Arc;
 use crate::batch::BatchInput;
 use crate::config::Qwen3Config;
+use std::sync::Arc;
 
 /// A batch's inputs on the device, as [`GpuModel::run`] reads them.
 pub struct StepInputs {
@@ -233,6 +233,13 @@ impl GpuModel {
         match b {
             Some(b) => y.broadcast_add(b),
             None => Ok(y),
+        }
+    }
+
+    /// See `Qwen3Model::warm_up_attention`.
+    pub fn warm_up_attention(&self, max_tokens: usize) {
+        if let Some(c) = &self.cudnn {
+            c.warm_up(self.num_heads, self.num_kv_heads, self.head_dim, max_tokens);
         }
     }
 

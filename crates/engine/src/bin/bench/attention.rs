@@ -275,17 +275,15 @@ pub fn run(o: &Opts) {
     }
     println!("\n{:<20} {:<12} {:>12} {:<16} {:>12} {:>8}", "case", "kvc best", "rate", "peer best", "rate", "ratio");
     for (case, route, t) in &best {
-        let p = peers.iter().filter(|p| p.0 == case.name).filter_map(|p| p.2.as_ref().ok().map(|t| (p.1.clone(), *t))).min_by(|a, b| a.1.total_cmp(&b.1));
+        let p = peers
+            .iter()
+            .filter(|p| p.0 == case.name)
+            .filter_map(|p| p.2.as_ref().ok().map(|t| (p.1.clone(), *t)))
+            .min_by(|a, b| a.1.total_cmp(&b.1));
         match p {
-            Some((pb, pt)) => println!(
-                "{:<20} {:<12} {:>12.1} {:<16} {:>12.1} {:>7.2}x",
-                case.name,
-                route,
-                rate(case, *t),
-                pb,
-                rate(case, pt),
-                pt / t
-            ),
+            Some((pb, pt)) => {
+                println!("{:<20} {:<12} {:>12.1} {:<16} {:>12.1} {:>7.2}x", case.name, route, rate(case, *t), pb, rate(case, pt), pt / t)
+            }
             None => println!("{:<20} {:<12} {:>12.1} {:<16}", case.name, route, rate(case, *t), "(none)"),
         }
     }

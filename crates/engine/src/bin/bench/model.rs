@@ -246,16 +246,14 @@ pub fn run(o: &Opts) {
             },
             _ => ("-".into(), String::new()),
         };
-        println!(
-            "{len:>8} {:>10.1} {:>12.0} {:>13.1}% {attn:>14} {rest}",
-            s * 1e3,
-            len as f64 / s,
-            100.0 * flops / s / PEAK_BF16_FLOPS
-        );
+        println!("{len:>8} {:>10.1} {:>12.0} {:>13.1}% {attn:>14} {rest}", s * 1e3, len as f64 / s, 100.0 * flops / s / PEAK_BF16_FLOPS);
     }
 
     println!("\ndecode ({} steps; greedy on device)", o.steps);
-    println!("{:>6} {:>8} {:>10} {:>12} {:>10} {:>12} {:>14}", "batch", "context", "ms/step", "tok/s", "GB/step", "% HBM roof", "% peak bf16");
+    println!(
+        "{:>6} {:>8} {:>10} {:>12} {:>10} {:>12} {:>14}",
+        "batch", "context", "ms/step", "tok/s", "GB/step", "% HBM roof", "% peak bf16"
+    );
     for &(b, context) in &o.decode {
         let per_seq = per_seq(context);
         let tables: Vec<Vec<BlockId>> = (0..b).map(|i| ((i * per_seq) as BlockId..((i + 1) * per_seq) as BlockId).collect()).collect();
