@@ -61,55 +61,62 @@ extern "C" __global__ void add_rmsnorm(bf16* x, const bf16* h, const bf16* w, bf
     rmsnorm_row(xr, w, out + row * H, H, eps);
 }
 
-// qkv: [T, (nh + 2 nkv) * hd] (q heads, k heads, v heads). One warp per
-// (token, head): q and k heads get RMSNorm over head_dim and rotate-half
-// RoPE at the token's position; q goes to q_out [T, nh * hd], k and v to
-// the layer's paged cache [block][k|v][slot][kv_head][hd] at the token's
-// slot (block * block_size + offset; negative = skip).
-// grid: (T, ceil((nh + 2 nkv) / 4)), block: 128. hd <= 256, even.
+// qkv: [T, (nh + 2 nkv) * hd] (q heads, k heads, v heads). One block per
+// token, one warp per head in turn: q and k heads get RMSNorm over head_dim
+// and rotate-half RoPE at the token's position; q goes to q_out
+// [T, nh * hd], k and v to the layer's paged cache
+// [block][k|v][slot][kv_head][hd] at the token's slot (block * block_size +
+// offset; negative = skip). The token's cos/sin are computed once and
+// shared by its heads (sincosf at large positions is the kernel's cost).
+// grid: T, block: 256. hd <= 256, even.
 extern "C" __global__ void qk_norm_rope_store(
     const bf16* qkv, const bf16* q_w, const bf16* k_w, const int* pos, const int* slots,
     bf16* q_out, bf16* cache, int nh, int nkv, int hd, int block_size, float eps, float theta) {
-    __shared__ float buf[4][256];
+    __shared__ float buf[8][256];
+    __shared__ float cos_t[128], sin_t[128];
+    const int nwarps = blockDim.x >> 5;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int t = blockIdx.x;
-    int j = blockIdx.y * 4 + warp;
     int heads = nh + 2 * nkv;
-    if (j >= heads) return;
-    const bf16* src = qkv + ((size_t)t * heads + j) * hd;
-    int slot = slots[t];
-    size_t kv_tok = (size_t)block_size * nkv * hd;  // one of K or V of a block
-    bf16* kdst = 0;
-    if (j >= nh) {
-        if (slot < 0) return;
-        int b = slot / block_size, off = slot % block_size;
-        int kvh = j >= nh + nkv ? j - nh - nkv : j - nh;
-        kdst = cache + (size_t)b * 2 * kv_tok + (j >= nh + nkv ? kv_tok : 0) + ((size_t)off * nkv + kvh) * hd;
-    }
-    if (j >= nh + nkv) {
-        for (int i = lane; i < hd; i += 32) kdst[i] = src[i];
-        return;
-    }
-    const bf16* w = j < nh ? q_w : k_w;
-    float ss = 0.f;
-    for (int i = lane; i < hd; i += 32) {
-        float v = to_f(src[i]);
-        ss += v * v;
-    }
-    float r = rsqrtf(warp_sum(ss) / hd + eps);
-    for (int i = lane; i < hd; i += 32) buf[warp][i] = round_bf(round_bf(to_f(src[i]) * r) * to_f(w[i]));
-    __syncwarp();
     int half = hd / 2;
     float p = (float)pos[t];
-    bf16* dst = j < nh ? q_out + ((size_t)t * nh + j) * hd : kdst;
-    for (int i = lane; i < hd; i += 32) {
-        int f = i < half ? i : i - half;
+    for (int f = threadIdx.x; f < half; f += blockDim.x) {
         float inv_freq = 1.f / powf(theta, (float)(2 * f) / (float)hd);
-        float s, c;
-        sincosf(p * inv_freq, &s, &c);
-        float x = buf[warp][i];
-        float y = i < half ? x * c - buf[warp][i + half] * s : x * c + buf[warp][i - half] * s;
-        dst[i] = to_bf(y);
+        sincosf(p * inv_freq, &sin_t[f], &cos_t[f]);
+    }
+    __syncthreads();
+    int slot = slots[t];
+    size_t kv_tok = (size_t)block_size * nkv * hd;  // one of K or V of a block
+    for (int j = warp; j < heads; j += nwarps) {
+        const bf16* src = qkv + ((size_t)t * heads + j) * hd;
+        bf16* kdst = 0;
+        if (j >= nh) {
+            if (slot < 0) continue;
+            int b = slot / block_size, off = slot % block_size;
+            int kvh = j >= nh + nkv ? j - nh - nkv : j - nh;
+            kdst = cache + (size_t)b * 2 * kv_tok + (j >= nh + nkv ? kv_tok : 0) + ((size_t)off * nkv + kvh) * hd;
+        }
+        if (j >= nh + nkv) {
+            for (int i = lane; i < hd; i += 32) kdst[i] = src[i];
+            continue;
+        }
+        const bf16* w = j < nh ? q_w : k_w;
+        float ss = 0.f;
+        for (int i = lane; i < hd; i += 32) {
+            float v = to_f(src[i]);
+            ss += v * v;
+        }
+        float r = rsqrtf(warp_sum(ss) / hd + eps);
+        for (int i = lane; i < hd; i += 32) buf[warp][i] = round_bf(round_bf(to_f(src[i]) * r) * to_f(w[i]));
+        __syncwarp();
+        bf16* dst = j < nh ? q_out + ((size_t)t * nh + j) * hd : kdst;
+        for (int i = lane; i < hd; i += 32) {
+            int f = i < half ? i : i - half;
+            float x = buf[warp][i];
+            float y = i < half ? x * cos_t[f] - buf[warp][i + half] * sin_t[f] : x * cos_t[f] + buf[warp][i - half] * sin_t[f];
+            dst[i] = to_bf(y);
+        }
+        __syncwarp();  // buf[warp] is rewritten by this warp's next head
     }
 }
 

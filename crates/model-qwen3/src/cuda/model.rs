@@ -295,8 +295,7 @@ impl GpuModel {
         let (nh, nkv, hd) = (self.num_heads, self.num_kv_heads, self.head_dim);
         let (pos, slots, plan) = (&inputs.pos, &inputs.slots, &inputs.plan);
         let x = gather_rows(&self.kernels, embed.embeddings(), &inputs.ids, 1, t)?;
-        let heads = nh + 2 * nkv;
-        let rope_cfg = LaunchConfig { grid_dim: (t as u32, heads.div_ceil(4) as u32, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+        let rope_cfg = LaunchConfig { grid_dim: (t as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
         let mut h = self.rmsnorm(&x, &self.layers.first().map(|l| &l.input_norm).unwrap_or(&self.final_norm).clone())?;
         for (l, layer) in self.layers.iter().enumerate() {
             let qkv = Self::linear(&h, &layer.qkv, layer.qkv_bias.as_ref())?;
