@@ -18,7 +18,7 @@ G=$ROOT/.gpu
 if [ "${1:-}" = stage ]; then
     mkdir -p "$G"
     # GPU test binaries (built by cuda_setup.sh with --tests).
-    for t in gpu; do
+    for t in gpu gpu_attention; do
         exe=$(ls -t "$ROOT"/target/cuda/release/deps/$t-* 2>/dev/null | grep -v '\.d$' | head -1 || true)
         [ -n "$exe" ] && gzip -9 -c "$exe" > "$G/test-$t.gz"
     done
@@ -60,7 +60,12 @@ for f in "$G"/*.gz; do
 done
 export KVC_FIXTURES=$G/fixtures
 case "${1:-}" in
-    tests) shift; exec "$BIN/test-gpu" --ignored --test-threads 1 --nocapture "$@" ;;
+    tests)
+        # Every GPU test binary; the arguments (a name filter, say) go to each.
+        shift
+        rc=0
+        for t in "$BIN"/test-*; do "$t" --ignored --test-threads 1 --nocapture "$@" || rc=1; done
+        exit $rc ;;
     kvc-*) b=$1; shift; exec "$BIN/$b" "$@" ;;
     *) exec "$@" ;;
 esac

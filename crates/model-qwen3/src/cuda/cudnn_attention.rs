@@ -17,6 +17,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use candle_core::cuda::WrapErr;
 use candle_core::{bail, DType, Device, Result, Tensor};
 use cudnn_sys::{Cudnn, SdpaArgs, SdpaDesc, SdpaGraph};
 
@@ -72,7 +73,7 @@ impl CudnnAttention {
             return None;
         }
         let opened = cuda_dev(device)
-            .and_then(|d| d.cuda_stream().context().bind_to_thread().map_err(|e| candle_core::Error::Msg(format!("{e:?}"))))
+            .and_then(|d| d.cuda_stream().context().bind_to_thread().w())
             .map_err(|e| e.to_string())
             .and_then(|_| Cudnn::open().map_err(|e| e.to_string()));
         match opened {
@@ -91,7 +92,8 @@ impl CudnnAttention {
     /// `max_tokens` at load, so that serving does not stall on them: the
     /// first graph of a kind compiles its kernels (about a second, measured
     /// on an H200 with cuDNN 9.19), later ones of other sizes take tens of
-    /// milliseconds.
+    /// milliseconds. Gathered route only (a paged graph's shape includes
+    /// the pool's size).
     pub fn warm_up(&self, nh: usize, nkv: usize, hd: usize, max_tokens: usize) {
         if self.paged || hd % 8 != 0 || hd > 256 {
             return;
@@ -194,9 +196,9 @@ impl CudnnPlan {
         let s_kv = bucket(seqs.iter().map(|s| s.context_len).max().unwrap_or(1));
         let bs = ctx.block_size;
         let paged = ctx.attention.paged;
-        let table_len = if paged { s_kv.div_ceil(bs) } else { 0 };
-        let pool = paged.then_some((ctx.num_blocks, bs));
-        let Some(graph) = ctx.attention.graph(desc(b, nh, nkv, hd, s_q, s_kv, pool)) else { return Ok(None) };
+        let shape = desc(b, nh, nkv, hd, s_q, s_kv, paged.then_some((ctx.num_blocks, bs)));
+        let table_len = shape.table_len as usize;
+        let Some(graph) = ctx.attention.graph(shape) else { return Ok(None) };
         let row_q = (nh * hd) as i64;
         let mut q_offsets: Vec<i64> = seqs.iter().map(|s| s.start as i64 * row_q).collect();
         let last = seqs[b - 1];
@@ -287,7 +289,7 @@ impl CudnnPlan {
             args.workspace = ptr(&ws)?;
             keep.push(ws);
         }
-        stream.context().bind_to_thread().map_err(|e| candle_core::Error::Msg(format!("{e:?}")))?;
+        stream.context().bind_to_thread().w()?;
         // SAFETY: every pointer is a live allocation of the graph's shape on
         // this device (q/out rows of the batch, the layer's pool, this
         // plan's buffers); they outlive the enqueue, and freed ones are

@@ -85,32 +85,22 @@ impl Kernels {
         let l = |name: &str| get(name, "kvc_layers", PTX_LAYERS);
         let a = |name: &str| get(name, "kvc_attention", PTX_ATTENTION);
         let m = |name: &str| get(name, "kvc_moe", PTX_MOE);
+        // An attention kernel of one head dim, allowed `smem` bytes of
+        // dynamic shared memory.
+        let a_smem = |name: String, hd: usize, smem: usize| -> Result<(usize, CudaFunc)> {
+            let f = a(&name)?;
+            f.func.set_attribute(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32).w()?;
+            Ok((hd, f))
+        };
         let (mut attention, mut decode, mut decode2) = (Vec::new(), Vec::new(), Vec::new());
         for hd in [16usize, 32, 64, 128, 256] {
-            let f = a(&format!("paged_attention_hd{hd}"))?;
-            f.func
-                .set_attribute(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, attention::smem_bytes(hd) as i32)
-                .w()?;
-            attention.push((hd, f));
-            let f = a(&format!("paged_decode_hd{hd}"))?;
-            f.func
-                .set_attribute(
-                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    attention::decode_smem_bytes(hd) as i32,
-                )
-                .w()?;
-            decode.push((hd, f));
+            attention.push(a_smem(format!("paged_attention_hd{hd}"), hd, attention::smem_bytes(hd))?);
+            decode.push(a_smem(format!("paged_decode_hd{hd}"), hd, attention::decode_smem_bytes(hd))?);
             // One CTA of up to 210 KB per SM: ask for the largest shared
             // memory carveout (a hint; L1 barely serves this kernel).
-            let f = a(&format!("paged_decode2_hd{hd}"))?;
-            f.func
-                .set_attribute(
-                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    attention::decode2_smem_bytes(hd) as i32,
-                )
-                .w()?;
-            f.func.set_attribute(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100).w()?;
-            decode2.push((hd, f));
+            let f = a_smem(format!("paged_decode2_hd{hd}"), hd, attention::decode2_smem_bytes(hd))?;
+            f.1.func.set_attribute(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100).w()?;
+            decode2.push(f);
         }
         Ok(Self {
             rmsnorm: l("rmsnorm")?,
