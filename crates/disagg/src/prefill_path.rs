@@ -6,9 +6,11 @@
 //!
 //! The cost model compares estimated times, from measured rates:
 //!
-//! - local  = (this worker's prefill backlog + suffix) / local_rate, plus
-//!   the stall the prefill imposes on the decodes running here (each waits
-//!   for it): `running * suffix / local_rate`.
+//! - local  = (this worker's prefill backlog + suffix) / the rate prefill
+//!   gets here (with decodes running, the engine's decode-latency budget
+//!   caps it: its measured mixed rate), plus the stall the prefill imposes
+//!   on the decodes running here (each step of theirs carries a share of
+//!   it): `running * suffix / local_rate`.
 //! - remote = round trip + P's backlog / P's rate + (suffix - P's snapshot
 //!   coverage) / P's rate + suffix bytes / transfer bandwidth.
 //!
@@ -84,6 +86,9 @@ pub struct PathInputs {
     pub running: usize,
     /// This worker's measured prompt tokens/s (0: unknown).
     pub local_tokens_per_s: f64,
+    /// Prompt tokens/s a prefill gets here while decodes run, under the
+    /// engine's step budget (0: unknown or not limited).
+    pub local_mixed_tokens_per_s: f64,
     /// Prompt tokens admitted here and not yet computed.
     pub local_pending_tokens: usize,
     /// KV bytes per token (all layers, K and V).
@@ -133,7 +138,8 @@ pub fn decide(i: &PathInputs) -> PathDecision {
     let local_rate = if i.local_tokens_per_s > 0.0 { i.local_tokens_per_s } else { DEFAULT_TOKENS_PER_S };
     let peer_rate = if peer.prefill_tokens_per_s > 0.0 { peer.prefill_tokens_per_s } else { local_rate };
     let local_compute = suffix as f64 / local_rate;
-    let local_s = i.local_pending_tokens as f64 / local_rate + local_compute * (1 + i.running) as f64;
+    let rate_now = if i.running > 0 && i.local_mixed_tokens_per_s > 0.0 { i.local_mixed_tokens_per_s.min(local_rate) } else { local_rate };
+    let local_s = (i.local_pending_tokens + suffix) as f64 / rate_now + local_compute * i.running as f64;
     let peer_queue_s = if peer.pending_prefill_tokens > 0 {
         peer.pending_prefill_tokens as f64 / peer_rate
     } else {
@@ -164,6 +170,7 @@ mod tests {
             session_hit: false,
             running: 0,
             local_tokens_per_s: 10_000.0,
+            local_mixed_tokens_per_s: 0.0,
             local_pending_tokens: 0,
             kv_bytes_per_token: 100_000,
             transfer_bytes_per_s: 10e9,
@@ -262,5 +269,19 @@ mod tests {
         i.held_tokens = 288;
         i.session_hit = true;
         assert_eq!(decide(&i).path, PrefillPath::DirectAppend);
+    }
+
+    #[test]
+    fn the_step_budget_slows_local_prefill_while_decodes_run() {
+        // 4096 tokens, 2 decodes here: unbudgeted 0.41 s + 2 * 0.41 s stall.
+        let base = PathInputs { running: 2, ..inputs() };
+        let free = decide(&base);
+        assert!((free.local_s - 3.0 * 4096.0 / 10_000.0).abs() < 1e-9, "{free:?}");
+        // Under a budget that leaves prefill 2,000 tokens/s beside decodes.
+        let capped = decide(&PathInputs { local_mixed_tokens_per_s: 2_000.0, ..base });
+        assert!((capped.local_s - (4096.0 / 2_000.0 + 2.0 * 4096.0 / 10_000.0)).abs() < 1e-9, "{capped:?}");
+        // Nothing decoding: the budget does not apply.
+        let idle = decide(&PathInputs { local_mixed_tokens_per_s: 2_000.0, running: 0, ..inputs() });
+        assert!((idle.local_s - 4096.0 / 10_000.0).abs() < 1e-9);
     }
 }

@@ -36,6 +36,11 @@ pub enum LoadFormat {
     Dummy,
 }
 
+/// Default `max_step_ms`: a step with decodes stays near 100 ms, so an
+/// answer streams at 10 tokens/s or better while prompts are prefilled
+/// beside it.
+pub const DEFAULT_MAX_STEP_MS: f64 = 100.0;
+
 /// `snapshot_store_blocks` value meaning half of the pool.
 pub const HALF_THE_POOL: usize = usize::MAX;
 
@@ -59,6 +64,20 @@ pub struct EngineConfig {
     pub max_num_seqs: usize,
     /// Tokens per step (prefill chunks + decodes).
     pub max_num_batched_tokens: usize,
+    /// Most sequences mid-prefill at once (vLLM's flag).
+    pub max_num_partial_prefills: usize,
+    /// Most long prompts mid-prefill at once (vLLM's flag).
+    pub max_long_partial_prefills: usize,
+    /// Prompts with more tokens than this to compute are long; None: 4 %
+    /// of the context cap (vLLM's rule).
+    pub long_prefill_token_threshold: Option<usize>,
+    /// Latency target of a step that runs decodes: its prefill tokens are
+    /// capped so that it stays within this, from measured rates (None: no
+    /// cap beyond `max_num_batched_tokens`).
+    pub max_step_ms: Option<f64>,
+    /// KV growth, in tokens, reserved at admission for each running
+    /// sequence (see kvc-scheduler).
+    pub growth_reserve_tokens: usize,
     /// Context cap; None = the model's `max_position_embeddings`.
     pub max_model_len: Option<usize>,
     /// Seed for dummy weights.
@@ -103,7 +122,12 @@ impl Default for EngineConfig {
             snapshot_min_tokens: 0,
             snapshot_store_blocks: 0,
             max_num_seqs: 64,
-            max_num_batched_tokens: 512,
+            max_num_batched_tokens: 2048,
+            max_num_partial_prefills: 4,
+            max_long_partial_prefills: 1,
+            long_prefill_token_threshold: None,
+            max_step_ms: Some(DEFAULT_MAX_STEP_MS),
+            growth_reserve_tokens: kvc_scheduler::DEFAULT_GROWTH_RESERVE_TOKENS,
             max_model_len: None,
             seed: 0,
             enable_prefix_caching: true,

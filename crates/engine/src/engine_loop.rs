@@ -21,6 +21,7 @@ mod handoff;
 mod step;
 
 use crate::sampler::Sampler;
+use crate::step_budget::StepBudget;
 use crate::stop::StopMatcher;
 use crate::tokenizer::TextTokenizer;
 use crate::{EngineConfig, EngineError, EngineStats, FinishReason, GenerateRequest, Logprobs, MatchedStop, StreamEvent, Usage};
@@ -48,6 +49,9 @@ struct Active {
     /// snapshot may cover the prompt (bypass).
     export: bool,
     snapshot_session: Option<String>,
+    /// Time waited in the engine before the first token, by cause.
+    admission_wait: Duration,
+    prefill_wait: Duration,
 }
 
 pub(crate) struct EngineLoop {
@@ -79,6 +83,8 @@ pub(crate) struct EngineLoop {
     /// of them drained from the channel since the last publish.
     inbox: Arc<Inbox>,
     drained_tokens: usize,
+    /// The decode-latency budget (prefill tokens beside decodes).
+    step_budget: StepBudget,
 }
 
 impl EngineLoop {
@@ -109,11 +115,16 @@ impl EngineLoop {
         if config.max_num_seqs == 0 || config.max_num_batched_tokens == 0 {
             return Err(EngineError::Load("--max-num-seqs and --max-num-batched-tokens must be at least 1".into()));
         }
-        let scheduler = Scheduler::new(SchedulerConfig {
-            max_num_seqs: config.max_num_seqs,
-            max_num_batched_tokens: config.max_num_batched_tokens,
-            block_size,
-        });
+        let mut sc = SchedulerConfig::new(config.max_num_seqs, config.max_num_batched_tokens, block_size, pool.num_blocks(), max_model_len);
+        sc.max_num_partial_prefills = config.max_num_partial_prefills.max(1);
+        sc.max_long_partial_prefills = config.max_long_partial_prefills.max(1);
+        if let Some(t) = config.long_prefill_token_threshold {
+            sc.long_prefill_token_threshold = t;
+        }
+        sc.growth_reserve_tokens = config.growth_reserve_tokens;
+        let scheduler = Scheduler::new(sc);
+        let max_step = config.max_step_ms.filter(|ms| *ms > 0.0).map(|ms| Duration::from_secs_f64(ms / 1000.0));
+        let step_budget = StepBudget::new(max_step, config.max_num_batched_tokens);
         let KvPool { allocator, storage } = pool;
         // The host tier copies blocks through host memory: CPU pools only for now.
         let host_blocks =
@@ -165,6 +176,7 @@ impl EngineLoop {
             pushing: HashMap::new(),
             inbox,
             drained_tokens: 0,
+            step_budget,
         })
     }
 
@@ -287,6 +299,7 @@ impl EngineLoop {
             stop_token_ids.extend(self.eos_token_ids.iter().copied());
         }
         let export = matches!(kv, SubmitKv::Export);
+        let max_new = req.sampling.max_tokens.min(self.max_model_len.saturating_sub(req.prompt_tokens.len()));
         let mut active = Active {
             tx,
             decoder: IncrementalDecoder::new(req.sampling.skip_special_tokens),
@@ -304,12 +317,15 @@ impl EngineLoop {
             last_hash: None,
             export,
             snapshot_session: if export { req.session_id.clone() } else { None },
+            admission_wait: Duration::ZERO,
+            prefill_wait: Duration::ZERO,
         };
         tracing::debug!(request_id = %req.request_id, seq_id, prompt_tokens = active.prompt_len, "admitted");
         match kv {
             SubmitKv::Compute | SubmitKv::Export => {
                 self.active.insert(seq_id, active);
                 self.scheduler.add(seq_id, req.prompt_tokens);
+                self.scheduler.set_max_new_tokens(seq_id, max_new);
             }
             SubmitKv::Reserved { id, computed, first } => {
                 let Some(r) = self.reservations.remove(&id) else {
@@ -323,6 +339,7 @@ impl EngineLoop {
                 self.active.insert(seq_id, active);
                 let computed = computed.clamp(r.held, req.prompt_tokens.len());
                 self.scheduler.add_seeded(seq_id, req.prompt_tokens, r.blocks, computed, first.is_some());
+                self.scheduler.set_max_new_tokens(seq_id, max_new);
                 self.register_full_blocks(seq_id);
                 if let Some((token, logprobs)) = first {
                     if let Some(a) = self.active.get_mut(&seq_id) {
@@ -419,6 +436,8 @@ impl EngineLoop {
                 cached_tokens: a.cached_tokens,
                 reuse_reason: a.reuse_reason,
                 restored_blocks: a.restored_blocks,
+                admission_wait: a.admission_wait,
+                prefill_wait: a.prefill_wait,
                 ..Default::default()
             };
             let _ = a.tx.send(StreamEvent::Finished { reason, text, matched_stop, usage, export });
@@ -465,6 +484,7 @@ impl EngineLoop {
         self.local.running = self.scheduler.num_running();
         self.local.waiting = self.scheduler.num_waiting();
         self.local.pending_prefill_tokens = self.scheduler.pending_prefill_tokens();
+        self.local.partial_prefills = self.scheduler.num_partial_prefills();
         self.local.published_at = Some(Instant::now());
         self.stats.store(Arc::new(self.local.clone()));
     }

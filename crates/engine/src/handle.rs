@@ -75,6 +75,18 @@ pub struct EngineStats {
     /// Measured prompt tokens per second of forward passes (moving
     /// average over steps with a sizeable prefill; 0 until measured).
     pub prefill_tokens_per_s: f64,
+    /// Prompt tokens per second a prefill gets while decodes run (the
+    /// decode-latency budget at its modelled step time; 0 until measured).
+    pub mixed_prefill_tokens_per_s: f64,
+    /// Prefill tokens the next step may carry beside decodes, and why.
+    pub mixed_prefill_budget: usize,
+    pub mixed_prefill_budget_reason: &'static str,
+    /// Running sequences mid-prefill.
+    pub partial_prefills: usize,
+    /// Tokens computed again after preemption lost their KV.
+    pub preempted_tokens_recomputed: u64,
+    /// Scheduler admission decisions by reason (see kvc_scheduler::AdmitReason).
+    pub admission_decisions: Vec<(&'static str, u64)>,
     pub published_at: Option<Instant>,
 }
 

@@ -18,6 +18,7 @@ mod kv_handoff;
 pub mod model_source;
 pub mod request;
 pub mod sampler;
+pub mod step_budget;
 pub mod stop;
 mod template_json;
 pub mod tokenizer;

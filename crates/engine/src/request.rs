@@ -145,6 +145,13 @@ pub struct Usage {
     pub path: &'static str,
     pub path_reason: &'static str,
     pub transferred_tokens: usize,
+    /// How long the request waited in the engine before its first token for
+    /// memory or a sequence slot ("waiting for admission"), and for a
+    /// prefill slot or step budget ("waiting behind other prefills").
+    #[serde(skip)]
+    pub admission_wait: std::time::Duration,
+    #[serde(skip)]
+    pub prefill_wait: std::time::Duration,
 }
 
 impl Usage {

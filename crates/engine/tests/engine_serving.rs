@@ -90,8 +90,13 @@ fn tiny_step_budget_chunks_prefill_without_changing_output() {
 #[test]
 fn preemption_under_a_small_pool_keeps_outputs_and_returns_every_block() {
     let reference = alone(&engine(|_| {}), 24);
-    // 8 sequences need about 3-5 blocks of 16 each; 12 blocks cannot hold them all.
-    let small = engine(|c| c.num_kv_blocks = Some(12));
+    // 8 sequences need about 3-5 blocks of 16 each; 12 blocks cannot hold
+    // them all. With no growth reserved at admission, decodes outgrow the
+    // pool and preempt.
+    let small = engine(|c| {
+        c.num_kv_blocks = Some(12);
+        c.growth_reserve_tokens = 0;
+    });
     let initial_free = small.stats().free_blocks;
     assert_eq!(initial_free, 12);
     assert_eq!(concurrent(&small, 24), reference);
@@ -103,6 +108,34 @@ fn preemption_under_a_small_pool_keeps_outputs_and_returns_every_block() {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(small.reset_prefix_cache()).unwrap();
     assert_eq!(wait_stats(&small, |s| s.free_blocks == initial_free).free_blocks, initial_free);
+}
+
+/// Long prompts chunked beside short ones that go first, several partial
+/// prefills, one long at a time, and a step budget cut to the floor by a
+/// tiny latency target: greedy outputs are those of each prompt alone.
+#[test]
+fn fair_long_prefill_ordering_keeps_greedy_outputs() {
+    let mut all = prompts();
+    all.push((0..300u32).map(|j| (500 + 13 * j) % 150000).collect());
+    all.push((0..280u32).map(|j| (900 + 17 * j) % 150000).collect());
+    all.rotate_right(2); // the long ones arrive first
+    let reference: Vec<Vec<u32>> = {
+        let e = engine(|_| {});
+        all.iter().map(|p| collect(submit(&e, p, greedy(8))).tokens).collect()
+    };
+    let fair = engine(|c| {
+        c.max_num_batched_tokens = 300;
+        c.long_prefill_token_threshold = Some(100);
+        c.max_num_partial_prefills = 3;
+        c.max_long_partial_prefills = 1;
+        c.max_step_ms = Some(0.001);
+    });
+    let streams: Vec<_> = all.iter().map(|p| submit(&fair, p, greedy(8))).collect();
+    let got: Vec<Vec<u32>> = streams.into_iter().map(|s| collect(s).tokens).collect();
+    assert_eq!(got, reference);
+    let s = wait_stats(&fair, |s| s.running == 0 && s.waiting == 0);
+    assert_eq!(s.preemptions, 0);
+    assert!(s.admission_decisions.iter().any(|(r, n)| *r == "admitted" && *n == all.len() as u64), "{:?}", s.admission_decisions);
 }
 
 #[test]

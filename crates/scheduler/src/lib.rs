@@ -1,14 +1,19 @@
-//! Continuous batching with chunked prefill.
+//! Continuous batching with chunked prefill, KV-aware admission and fair
+//! long prefills (see scheduler.rs for the planner and its bounds).
 //!
-//! Each step: running sequences first (decodes and unfinished prefill
-//! chunks, oldest first), then waiting sequences, within a token budget
-//! (`max_num_batched_tokens`) and a sequence cap (`max_num_seqs`). When the
-//! pool has no block for a running sequence, the newest running sequence is
-//! preempted: its blocks are freed and it is recomputed later from its
-//! prompt plus what it has generated, so nothing fails for lack of memory.
+//! Each step: every decode, then admissions (a waiting prompt is admitted
+//! only when all its blocks and a reserve for the running sequences'
+//! growth fit), then prefill chunks, short prompts before long ones,
+//! within the step's prefill budget. When a running sequence needs a block
+//! and none is left after reclaiming caches, the running sequence whose
+//! loss wastes least is preempted and recomputed later.
 
+mod config;
+mod policy;
 mod scheduler;
 mod sequence;
 
-pub use scheduler::{NoCache, Schedule, ScheduledChunk, Scheduler, SchedulerConfig, SchedulerHooks};
+pub use config::{SchedulerConfig, DEFAULT_GROWTH_RESERVE_TOKENS};
+pub use policy::{choose_victim, decide_admission, AdmitInputs, AdmitReason, VictimCandidate, Wait};
+pub use scheduler::{NoCache, Schedule, ScheduledChunk, Scheduler, SchedulerHooks, SchedulerStats};
 pub use sequence::{SeqId, SeqStatus, Sequence};

@@ -1,9 +1,42 @@
 //! The step planner.
+//!
+//! A step is planned in three passes:
+//!
+//! 1. **Decodes.** Every running sequence with one token to compute gets
+//!    it, every step. One that needs a block and finds none first has the
+//!    caches reclaimed (prefix index, idle sessions: demoted to the host
+//!    tier where there is one), then releases blocks held by waiting
+//!    sequences, and only then preempts the running sequence whose loss
+//!    wastes least ([`choose_victim`]); that one is recomputed later.
+//! 2. **Admission** ([`decide_admission`]), in arrival order: a waiting
+//!    sequence is admitted when a sequence slot and a prefill slot are
+//!    free and the blocks for its *whole* token list fit beside a reserve
+//!    for the running sequences' growth. Admitted prompts hold all their
+//!    blocks, so prefill chunks never need memory and never preempt:
+//!    excess load waits in the queue instead of thrashing. A long prompt
+//!    that finds the long-prefill slots taken is passed by shorter ones
+//!    behind it; a prompt that does not fit in memory is not (it would
+//!    starve).
+//! 3. **Prefill chunks.** Short prefills first (oldest first), then long
+//!    ones (at most `max_long_partial_prefills`), within the step's prefill
+//!    budget: `max_num_batched_tokens` when nothing decodes, the mixed
+//!    budget the engine sets from its latency target otherwise.
+//!
+//! **Progress bound for long prompts.** In every step, the oldest running
+//! long prefill is given at least `ceil(B / 4)` tokens (or what it has
+//! left) before short prefills take the rest, where `B` is the step's
+//! prefill budget (at least 1). A running long prompt of `L` tokens to
+//! compute therefore finishes within `ceil(L / ceil(B_min / 4))` steps of
+//! becoming the oldest long prefill, `B_min` being the smallest budget of
+//! those steps; a long prompt waiting for a long slot gets it as soon as
+//! the long prefills ahead of it finish.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use kvc_kv_pool::{BlockAllocator, BlockId};
 
+use crate::config::SchedulerConfig;
+use crate::policy::{choose_victim, decide_admission, AdmitInputs, AdmitReason, VictimCandidate, Wait};
 use crate::sequence::{SeqId, SeqStatus, Sequence};
 
 /// What the scheduler asks of the KV caches around it.
@@ -27,13 +60,6 @@ impl SchedulerHooks for NoCache {
     }
 }
 
-#[derive(Debug, Clone, Copy)]
-pub struct SchedulerConfig {
-    pub max_num_seqs: usize,
-    pub max_num_batched_tokens: usize,
-    pub block_size: usize,
-}
-
 /// One sequence's work in a step: tokens `start..start + len` of its
 /// token list. `sample` is true when the chunk reaches the end of the
 /// sequence, so its last logits give the next token.
@@ -53,6 +79,33 @@ pub struct Schedule {
     /// Sequences that can never fit in the pool, even alone; the caller
     /// must finish them (they hold no blocks any more).
     pub unfittable: Vec<SeqId>,
+    /// Why the first waiting sequence left waiting was not admitted.
+    pub admission_blocked: Option<AdmitReason>,
+    /// Sequences with no chunk this step that have not produced a token
+    /// since their (re)admission began, and what they wait for.
+    pub stalled: Vec<(SeqId, Wait)>,
+    /// Chunks of one token (decodes) among `chunks`.
+    pub decodes: usize,
+    /// Running sequences mid-prefill after planning.
+    pub partial_prefills: usize,
+}
+
+impl Schedule {
+    /// Tokens of prefill chunks (everything but decodes).
+    pub fn prefill_tokens(&self) -> usize {
+        self.chunks.iter().map(|c| c.len).sum::<usize>() - self.decodes
+    }
+}
+
+/// Counters since start.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct SchedulerStats {
+    pub preemptions: u64,
+    /// Tokens computed again after their KV was lost to preemption.
+    pub recomputed_tokens: u64,
+    /// Admission decisions by reason: one per admitted sequence, and one
+    /// per step for the sequence at the head of what is left waiting.
+    pub admissions: BTreeMap<AdmitReason, u64>,
 }
 
 pub struct Scheduler {
@@ -62,16 +115,41 @@ pub struct Scheduler {
     /// In arrival order.
     running: Vec<SeqId>,
     next_arrival: u64,
-    preemptions_total: u64,
+    /// Prefill tokens a step that also decodes may carry.
+    mixed_prefill_budget: usize,
+    stats: SchedulerStats,
 }
 
 impl Scheduler {
     pub fn new(config: SchedulerConfig) -> Self {
-        Self { config, seqs: HashMap::new(), waiting: VecDeque::new(), running: Vec::new(), next_arrival: 0, preemptions_total: 0 }
+        Self {
+            mixed_prefill_budget: config.max_num_batched_tokens,
+            config,
+            seqs: HashMap::new(),
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            next_arrival: 0,
+            stats: SchedulerStats::default(),
+        }
     }
 
     pub fn config(&self) -> &SchedulerConfig {
         &self.config
+    }
+
+    pub fn stats(&self) -> &SchedulerStats {
+        &self.stats
+    }
+
+    /// Prefill tokens a step that also runs decodes may carry (the
+    /// engine's decode-latency budget); at least 1, at most
+    /// `max_num_batched_tokens`.
+    pub fn set_mixed_prefill_budget(&mut self, tokens: usize) {
+        self.mixed_prefill_budget = tokens.clamp(1, self.config.max_num_batched_tokens);
+    }
+
+    pub fn mixed_prefill_budget(&self) -> usize {
+        self.mixed_prefill_budget
     }
 
     pub fn add(&mut self, id: SeqId, prompt: Vec<u32>) {
@@ -102,6 +180,14 @@ impl Scheduler {
         self.seqs.insert(id, seq);
     }
 
+    /// Caps the tokens `id` may still generate (its request's `max_tokens`),
+    /// which bounds the growth reserved for it.
+    pub fn set_max_new_tokens(&mut self, id: SeqId, n: usize) {
+        if let Some(s) = self.seqs.get_mut(&id) {
+            s.max_new_tokens = n;
+        }
+    }
+
     pub fn get(&self, id: SeqId) -> Option<&Sequence> {
         self.seqs.get(&id)
     }
@@ -112,6 +198,11 @@ impl Scheduler {
 
     pub fn num_waiting(&self) -> usize {
         self.waiting.len()
+    }
+
+    /// Running sequences still computing their prompt.
+    pub fn num_partial_prefills(&self) -> usize {
+        self.running.iter().filter(|id| !self.seqs[id].is_decoding()).count()
     }
 
     /// Prompt tokens still to be computed, over every sequence (waiting and
@@ -125,12 +216,14 @@ impl Scheduler {
     }
 
     pub fn preemptions_total(&self) -> u64 {
-        self.preemptions_total
+        self.stats.preemptions
     }
 
     /// Records that `len` more tokens of `id` now have KV in the pool.
     pub fn mark_computed(&mut self, id: SeqId, len: usize) {
         if let Some(s) = self.seqs.get_mut(&id) {
+            let again = (s.num_computed + len).min(s.recompute_until).saturating_sub(s.num_computed);
+            self.stats.recomputed_tokens += again as u64;
             s.num_computed += len;
             debug_assert!(s.num_computed <= s.tokens.len());
         }
@@ -158,53 +251,87 @@ impl Scheduler {
         self.waiting.iter().map(|id| &self.seqs[id])
     }
 
+    /// Blocks `id` lacks for its first `tokens` tokens.
+    fn missing_blocks(&self, id: SeqId, tokens: usize) -> usize {
+        tokens.div_ceil(self.config.block_size).saturating_sub(self.seqs[&id].block_table.len())
+    }
+
     /// Makes sure `id` has blocks for its first `tokens` tokens, asking
     /// `reclaim` to free cached KV when the pool is short.
     fn grow(&mut self, id: SeqId, tokens: usize, alloc: &mut BlockAllocator, hooks: &mut dyn SchedulerHooks) -> bool {
-        let seq = &self.seqs[&id];
-        let need = tokens.div_ceil(self.config.block_size).saturating_sub(seq.block_table.len());
+        let need = self.missing_blocks(id, tokens);
         if need == 0 {
             return true;
         }
         if alloc.num_free() < need {
             hooks.reclaim(need, alloc);
         }
-        let seq = self.seqs.get_mut(&id).expect("scheduled sequence exists");
         match alloc.allocate(need) {
             Some(blocks) => {
-                seq.block_table.extend(blocks);
+                self.seqs.get_mut(&id).expect("scheduled sequence exists").block_table.extend(blocks);
                 true
             }
             None => false,
         }
     }
 
+    /// Blocks for `id`'s first `tokens` tokens, by reclaiming caches, then
+    /// releasing waiting sequences' blocks, then preempting. False when
+    /// `id` itself was preempted.
+    fn ensure_blocks(
+        &mut self,
+        id: SeqId,
+        tokens: usize,
+        alloc: &mut BlockAllocator,
+        hooks: &mut dyn SchedulerHooks,
+        out: &mut Schedule,
+    ) -> bool {
+        while !self.grow(id, tokens, alloc, hooks) {
+            if self.unseed_one_waiting(alloc) {
+                continue;
+            }
+            let candidates: Vec<VictimCandidate> = self
+                .running
+                .iter()
+                .map(|r| {
+                    let s = &self.seqs[r];
+                    VictimCandidate { id: *r, computed: s.num_computed, arrival: s.arrival }
+                })
+                .collect();
+            let (victim, reason) = choose_victim(&candidates).expect("`id` itself is running");
+            tracing::debug!(event = "preempt", seq_id = victim, reason, for_seq = id, "preempted sequence for recompute");
+            self.preempt(victim, alloc);
+            out.preempted.push(victim);
+            if victim == id {
+                return false;
+            }
+        }
+        true
+    }
+
     fn preempt(&mut self, id: SeqId, alloc: &mut BlockAllocator) {
         let seq = self.seqs.get_mut(&id).expect("preempted sequence exists");
         alloc.free_all(&seq.block_table);
         seq.block_table.clear();
+        seq.recompute_until = seq.recompute_until.max(seq.num_computed);
         seq.num_computed = 0;
         seq.acquired = false;
+        seq.long_prefill = false;
         seq.status = SeqStatus::Waiting;
         seq.preemptions += 1;
-        self.preemptions_total += 1;
+        self.stats.preemptions += 1;
         self.running.retain(|&r| r != id);
         // Back to the front: it is older than everything still waiting.
         self.waiting.push_front(id);
-        tracing::debug!(event = "preempt", seq_id = id, "preempted sequence for recompute");
     }
 
-    /// Plans one step.
-    /// Releases reused blocks of a waiting sequence that could not be
-    /// admitted (it acquires again when its turn comes). True if it had any.
-    fn unseed_waiting_head(&mut self, alloc: &mut BlockAllocator) -> bool {
-        let Some(&id) = self.waiting.front() else {
+    /// Releases the reused blocks of one waiting sequence, the last in the
+    /// queue first (it acquires again when admitted). True if one had any.
+    fn unseed_one_waiting(&mut self, alloc: &mut BlockAllocator) -> bool {
+        let Some(&id) = self.waiting.iter().rev().find(|id| !self.seqs[id].block_table.is_empty()) else {
             return false;
         };
         let seq = self.seqs.get_mut(&id).expect("waiting sequence exists");
-        if seq.block_table.is_empty() {
-            return false;
-        }
         alloc.free_all(&seq.block_table);
         seq.block_table.clear();
         seq.num_computed = 0;
@@ -212,69 +339,145 @@ impl Scheduler {
         true
     }
 
+    /// Blocks kept free at admission for the running sequences' growth:
+    /// the watermark plus, for each, the blocks of its next
+    /// `growth_reserve_tokens` tokens (fewer when `max_new_tokens` ends
+    /// it sooner). Nothing when nothing runs: a prompt alone may fill the pool.
+    fn growth_reserve(&self) -> usize {
+        if self.running.is_empty() {
+            return 0;
+        }
+        let bs = self.config.block_size;
+        let growth: usize = self
+            .running
+            .iter()
+            .map(|id| {
+                let s = &self.seqs[id];
+                let more = s.max_new_tokens.saturating_sub(s.num_generated()).min(self.config.growth_reserve_tokens);
+                (s.tokens.len() + more).div_ceil(bs).saturating_sub(s.block_table.len())
+            })
+            .sum();
+        self.config.watermark_blocks + growth
+    }
+
+    /// Plans one step.
     pub fn schedule(&mut self, alloc: &mut BlockAllocator, hooks: &mut dyn SchedulerHooks) -> Schedule {
         let mut out = Schedule::default();
-        let mut budget = self.config.max_num_batched_tokens;
+        let max_tokens = self.config.max_num_batched_tokens;
         let capacity_tokens = alloc.num_blocks() * self.config.block_size;
 
-        // 1. Running sequences, oldest first. A running sequence that cannot
-        //    get a block preempts the newest running one (possibly itself).
-        let mut i = 0;
-        while i < self.running.len() && budget > 0 {
-            let id = self.running[i];
-            let seq = &self.seqs[&id];
-            let len = seq.remaining().min(budget);
-            let (start, end) = (seq.num_computed, seq.num_computed + len);
+        // 1. Decodes, oldest first.
+        let decoding: Vec<SeqId> = self.running.iter().copied().filter(|id| self.seqs[id].is_decoding()).collect();
+        for id in decoding {
+            if self.seqs[&id].status != SeqStatus::Running || out.chunks.len() >= max_tokens {
+                continue;
+            }
+            let end = self.seqs[&id].num_computed + 1;
             if end > capacity_tokens {
                 self.preempt(id, alloc);
                 self.waiting.retain(|&w| w != id);
                 out.unfittable.push(id);
                 continue;
             }
-            let mut scheduled = true;
-            while !self.grow(id, end, alloc, hooks) {
-                if self.unseed_waiting_head(alloc) {
-                    continue;
-                }
-                let newest = *self.running.last().expect("running is not empty");
-                self.preempt(newest, alloc);
-                out.preempted.push(newest);
-                if newest == id {
-                    scheduled = false;
-                    break;
-                }
+            if self.ensure_blocks(id, end, alloc, hooks, &mut out) {
+                out.chunks.push(ScheduledChunk { seq_id: id, start: end - 1, len: 1, sample: true });
             }
-            if !scheduled {
-                continue; // `id` left `running`; index i now points past it
-            }
-            let sample = end == self.seqs[&id].tokens.len();
-            out.chunks.push(ScheduledChunk { seq_id: id, start, len, sample });
-            budget -= len;
-            i += 1;
         }
-        // Chunks planned before a later preemption may belong to sequences
-        // preempted afterwards: drop them.
+        // A decode planned before a later preemption may belong to a victim.
         out.chunks.retain(|c| self.seqs[&c.seq_id].status == SeqStatus::Running);
+        out.decodes = out.chunks.len();
+        let mut budget = if out.decodes > 0 { self.mixed_prefill_budget } else { max_tokens }.min(max_tokens - out.decodes);
 
-        if !out.preempted.is_empty() {
-            // Memory is short: admitting work now would only thrash.
-            return out;
+        // 2. Admission. None while memory is short: that would only thrash.
+        if out.preempted.is_empty() {
+            self.admit(alloc, hooks, budget, &mut out);
+        } else if !self.waiting.is_empty() {
+            out.admission_blocked = Some(AdmitReason::KvWatermark);
+        }
+        if let Some(reason) = out.admission_blocked {
+            *self.stats.admissions.entry(reason).or_default() += 1;
         }
 
-        // 2. Waiting sequences, in order, while budget, sequence slots and
-        //    free blocks last. No preemption to admit new work.
-        while budget > 0 && self.running.len() < self.config.max_num_seqs {
-            let Some(&id) = self.waiting.front() else {
-                break;
-            };
-            let seq = &self.seqs[&id];
-            if seq.tokens.len() + 1 > capacity_tokens {
-                self.waiting.pop_front();
+        // 3. Prefill chunks: short ones, then at most
+        //    `max_long_partial_prefills` long ones, the oldest long one
+        //    guaranteed ceil(budget / 4) first.
+        let prefilling: Vec<SeqId> = self.running.iter().copied().filter(|id| !self.seqs[id].is_decoding()).collect();
+        let (long, short): (Vec<SeqId>, Vec<SeqId>) = prefilling.iter().partition(|id| self.seqs[id].long_prefill);
+        let long_floor = long.first().map_or(0, |id| self.seqs[id].remaining().min(budget.div_ceil(4)));
+        let long_slots = self.config.max_long_partial_prefills.max(1);
+        let order = short.iter().map(|&id| (id, false)).chain(long.iter().take(long_slots).map(|&id| (id, true)));
+        let mut planned = Vec::new();
+        for (id, is_long) in order {
+            let reserved = if is_long { 0 } else { long_floor };
+            let len = self.seqs[&id].remaining().min(budget.saturating_sub(reserved));
+            if len == 0 {
+                continue;
+            }
+            planned.push((id, len));
+            budget -= len;
+        }
+        for (id, len) in planned {
+            let start = self.seqs[&id].num_computed;
+            // Admission reserved the whole token list; this only guards it.
+            if !self.ensure_blocks(id, start + len, alloc, hooks, &mut out) {
+                continue;
+            }
+            let sample = start + len == self.seqs[&id].tokens.len();
+            out.chunks.push(ScheduledChunk { seq_id: id, start, len, sample });
+        }
+        out.chunks.retain(|c| self.seqs[&c.seq_id].status == SeqStatus::Running);
+        out.decodes = out.chunks.iter().filter(|c| self.seqs[&c.seq_id].is_decoding()).count();
+
+        // Who waits, and for what.
+        let scheduled: std::collections::HashSet<SeqId> = out.chunks.iter().map(|c| c.seq_id).collect();
+        for id in self.running.iter().filter(|id| !scheduled.contains(id) && !self.seqs[id].is_decoding()) {
+            out.stalled.push((*id, Wait::Prefill));
+        }
+        let head_wait = out.admission_blocked.map_or(Wait::Prefill, AdmitReason::wait);
+        for id in &self.waiting {
+            let wait = if self.seqs[id].long_prefill { Wait::Prefill } else { head_wait };
+            out.stalled.push((*id, wait));
+        }
+        out.partial_prefills = self.num_partial_prefills();
+        out
+    }
+
+    /// Pass 2 of [`Self::schedule`]: admits waiting sequences in order.
+    /// Marks those passed over for a long slot with `long_prefill` (so
+    /// their wait counts as behind other prefills).
+    fn admit(&mut self, alloc: &mut BlockAllocator, hooks: &mut dyn SchedulerHooks, budget: usize, out: &mut Schedule) {
+        let capacity_tokens = alloc.num_blocks() * self.config.block_size;
+        let mut partial = self.running.iter().filter(|id| !self.seqs[id].is_decoding()).count();
+        let mut long_partial = self.running.iter().filter(|id| !self.seqs[id].is_decoding() && self.seqs[id].long_prefill).count();
+        let mut i = 0;
+        while i < self.waiting.len() {
+            let id = self.waiting[i];
+            if self.seqs[&id].tokens.len() + 1 > capacity_tokens {
+                self.waiting.remove(i);
                 out.unfittable.push(id);
                 continue;
             }
-            if !seq.acquired {
-                let found = hooks.acquire(seq, alloc);
+            // Slots first: the cache lookup below pins blocks.
+            let mut inputs = AdmitInputs {
+                running: self.running.len(),
+                max_num_seqs: self.config.max_num_seqs,
+                partial_prefills: partial,
+                max_num_partial_prefills: self.config.max_num_partial_prefills.max(1),
+                long_partial_prefills: long_partial,
+                max_long_partial_prefills: self.config.max_long_partial_prefills.max(1),
+                is_long: false,
+                budget_left: budget,
+                need_blocks: 0,
+                free_blocks: usize::MAX,
+                reserve_blocks: 0,
+            };
+            let reason = decide_admission(&inputs);
+            if reason != AdmitReason::Admitted {
+                out.admission_blocked = Some(reason);
+                break;
+            }
+            if !self.seqs[&id].acquired {
+                let found = hooks.acquire(&self.seqs[&id], alloc);
                 let seq = self.seqs.get_mut(&id).expect("waiting sequence exists");
                 seq.acquired = true;
                 if let Some((blocks, tokens)) = found {
@@ -284,188 +487,49 @@ impl Scheduler {
                 }
             }
             let seq = &self.seqs[&id];
-            let start = seq.num_computed;
-            let want_blocks = (start + seq.remaining().min(budget)).div_ceil(self.config.block_size);
-            let missing = want_blocks.saturating_sub(seq.block_table.len());
-            if alloc.num_free() < missing {
-                hooks.reclaim(missing, alloc);
+            inputs.is_long = seq.remaining() > self.config.long_prefill_token_threshold;
+            inputs.need_blocks = self.missing_blocks(id, seq.tokens.len());
+            inputs.reserve_blocks = self.growth_reserve();
+            let want = inputs.need_blocks + inputs.reserve_blocks;
+            if alloc.num_free() < want {
+                hooks.reclaim(want, alloc);
             }
-            let seq = &self.seqs[&id];
-            let have = seq.block_table.len() * self.config.block_size;
-            let fit = have + alloc.num_free() * self.config.block_size - start;
-            let len = seq.remaining().min(budget).min(fit);
-            if len == 0 {
-                break;
-            }
-            let ok = self.grow(id, start + len, alloc, hooks);
-            debug_assert!(ok, "blocks were counted as free");
-            self.waiting.pop_front();
-            let seq = self.seqs.get_mut(&id).expect("waiting sequence exists");
-            seq.status = SeqStatus::Running;
-            let sample = start + len == seq.tokens.len();
-            self.running.push(id);
-            self.running.sort_by_key(|r| self.seqs[r].arrival);
-            out.chunks.push(ScheduledChunk { seq_id: id, start, len, sample });
-            budget -= len;
-        }
-        out
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn sched(seqs: usize, tokens: usize) -> Scheduler {
-        Scheduler::new(SchedulerConfig { max_num_seqs: seqs, max_num_batched_tokens: tokens, block_size: 4 })
-    }
-
-    /// Applies a schedule as the engine would, sampling token 7.
-    fn apply(s: &mut Scheduler, plan: &Schedule) {
-        for c in &plan.chunks {
-            s.mark_computed(c.seq_id, c.len);
-            if c.sample {
-                s.append_token(c.seq_id, 7);
-            }
-        }
-    }
-
-    #[test]
-    fn seeded_sequences_compute_only_what_they_lack() {
-        let mut alloc = BlockAllocator::new(100);
-        let mut s = sched(8, 64);
-        // A filled prompt of 10 tokens with its first token appended: decodes next.
-        let blocks = alloc.allocate(3).unwrap();
-        let mut filled = vec![1; 10];
-        filled.push(5);
-        s.add_seeded(1, filled, blocks, 10, true);
-        // A reserved prompt of 12 tokens holding 8: computes tokens 8..12.
-        let blocks = alloc.allocate(3).unwrap();
-        s.add_seeded(2, vec![2; 12], blocks, 8, false);
-        let p = s.schedule(&mut alloc, &mut NoCache);
-        let got: Vec<(u64, usize, usize, bool)> = p.chunks.iter().map(|c| (c.seq_id, c.start, c.len, c.sample)).collect();
-        assert_eq!(got, vec![(1, 10, 1, true), (2, 8, 4, true)]);
-        assert_eq!(alloc.num_free(), 94, "no block allocated beyond the seeded ones");
-    }
-
-    #[test]
-    fn long_prompt_is_split_into_budget_sized_chunks() {
-        let mut alloc = BlockAllocator::new(100);
-        let mut s = sched(8, 8);
-        s.add(1, vec![1; 20]);
-        let lens: Vec<(usize, usize, bool)> = (0..3)
-            .map(|_| {
-                let p = s.schedule(&mut alloc, &mut NoCache);
-                apply(&mut s, &p);
-                (p.chunks[0].start, p.chunks[0].len, p.chunks[0].sample)
-            })
-            .collect();
-        assert_eq!(lens, vec![(0, 8, false), (8, 8, false), (16, 4, true)]);
-    }
-
-    #[test]
-    fn the_prefill_backlog_counts_prompt_tokens_not_yet_computed() {
-        let mut alloc = BlockAllocator::new(100);
-        let mut s = sched(8, 8);
-        s.add(1, vec![1; 20]);
-        let blocks = alloc.allocate(2).unwrap();
-        s.add_seeded(2, vec![2; 12], blocks, 8, false);
-        assert_eq!(s.pending_prefill_tokens(), 20 + 4);
-        // One step of 8 tokens: a chunk of sequence 1 (oldest first).
-        let p = s.schedule(&mut alloc, &mut NoCache);
-        apply(&mut s, &p);
-        assert_eq!(s.pending_prefill_tokens(), 24 - p.chunks.iter().map(|c| c.len).sum::<usize>());
-        // Generated tokens are not prompt: a finished prefill leaves nothing.
-        while s.pending_prefill_tokens() > 0 {
-            let p = s.schedule(&mut alloc, &mut NoCache);
-            apply(&mut s, &p);
-        }
-        assert_eq!(s.pending_prefill_tokens(), 0);
-    }
-
-    #[test]
-    fn decodes_come_before_new_prefills() {
-        let mut alloc = BlockAllocator::new(100);
-        let mut s = sched(8, 6);
-        s.add(1, vec![1; 3]);
-        let p = s.schedule(&mut alloc, &mut NoCache);
-        apply(&mut s, &p);
-        s.add(2, vec![1; 10]);
-        let p = s.schedule(&mut alloc, &mut NoCache);
-        assert_eq!(p.chunks[0], ScheduledChunk { seq_id: 1, start: 3, len: 1, sample: true });
-        assert_eq!(p.chunks[1], ScheduledChunk { seq_id: 2, start: 0, len: 5, sample: false });
-    }
-
-    #[test]
-    fn max_num_seqs_caps_the_batch() {
-        let mut alloc = BlockAllocator::new(100);
-        let mut s = sched(2, 100);
-        for id in 0..3 {
-            s.add(id, vec![1; 2]);
-        }
-        let p = s.schedule(&mut alloc, &mut NoCache);
-        assert_eq!(p.chunks.len(), 2);
-        assert_eq!(s.num_waiting(), 1);
-    }
-
-    #[test]
-    fn out_of_blocks_preempts_newest_and_frees_everything_at_the_end() {
-        let mut alloc = BlockAllocator::new(4); // 16 tokens
-        let mut s = sched(8, 100);
-        s.add(1, vec![1; 4]);
-        s.add(2, vec![1; 4]);
-        s.add(3, vec![1; 4]);
-        let p = s.schedule(&mut alloc, &mut NoCache);
-        apply(&mut s, &p);
-        assert_eq!(p.chunks.len(), 3);
-        // Every sequence now needs a second block; only one is free.
-        let p = s.schedule(&mut alloc, &mut NoCache);
-        assert_eq!(p.preempted, vec![3]);
-        assert_eq!(p.chunks.iter().map(|c| c.seq_id).collect::<Vec<_>>(), vec![1, 2]);
-        apply(&mut s, &p);
-        // Drive to completion: each sequence generates 6 tokens.
-        let mut done = Vec::new();
-        for _ in 0..200 {
-            let p = s.schedule(&mut alloc, &mut NoCache);
-            apply(&mut s, &p);
-            for c in p.chunks.iter().filter(|c| c.sample) {
-                if s.get(c.seq_id).unwrap().num_generated() >= 6 {
-                    s.remove(c.seq_id, &mut alloc);
-                    done.push(c.seq_id);
+            inputs.free_blocks = alloc.num_free();
+            let reason = decide_admission(&inputs);
+            tracing::debug!(
+                event = "admission",
+                seq_id = id,
+                reason = reason.as_str(),
+                need = inputs.need_blocks,
+                reserve = inputs.reserve_blocks,
+                free = inputs.free_blocks
+            );
+            match reason {
+                AdmitReason::Admitted => {}
+                AdmitReason::LongPartialPrefills => {
+                    // Shorter prompts behind it may go first.
+                    self.seqs.get_mut(&id).expect("waiting sequence exists").long_prefill = true;
+                    out.admission_blocked.get_or_insert(reason);
+                    i += 1;
+                    continue;
+                }
+                _ => {
+                    out.admission_blocked = Some(reason);
+                    break;
                 }
             }
-            if s.is_idle() {
-                break;
-            }
+            let need = inputs.need_blocks;
+            let blocks = alloc.allocate(need).expect("blocks were counted as free");
+            self.waiting.remove(i);
+            let seq = self.seqs.get_mut(&id).expect("waiting sequence exists");
+            seq.block_table.extend(blocks);
+            seq.status = SeqStatus::Running;
+            seq.long_prefill = inputs.is_long;
+            self.running.push(id);
+            self.running.sort_by_key(|r| self.seqs[r].arrival);
+            *self.stats.admissions.entry(AdmitReason::Admitted).or_default() += 1;
+            partial += 1;
+            long_partial += usize::from(inputs.is_long);
         }
-        done.sort();
-        assert_eq!(done, vec![1, 2, 3]);
-        assert_eq!(alloc.num_free(), 4);
-        assert!(s.preemptions_total() >= 1);
-    }
-
-    #[test]
-    fn a_sequence_larger_than_the_pool_is_reported_not_looped_on() {
-        let mut alloc = BlockAllocator::new(2);
-        let mut s = sched(8, 100);
-        s.add(1, vec![1; 9]);
-        let p = s.schedule(&mut alloc, &mut NoCache);
-        assert_eq!(p.unfittable, vec![1]);
-        assert!(p.chunks.is_empty());
-        s.remove(1, &mut alloc);
-        assert_eq!(alloc.num_free(), 2);
-    }
-
-    #[test]
-    fn removing_a_running_sequence_frees_its_blocks() {
-        let mut alloc = BlockAllocator::new(10);
-        let mut s = sched(8, 100);
-        s.add(1, vec![1; 9]);
-        let p = s.schedule(&mut alloc, &mut NoCache);
-        apply(&mut s, &p);
-        assert_eq!(alloc.num_free(), 7);
-        s.remove(1, &mut alloc);
-        assert_eq!(alloc.num_free(), 10);
-        assert!(s.is_idle());
     }
 }

@@ -20,12 +20,20 @@ pub struct Sequence {
     pub num_computed: usize,
     pub block_table: BlockTable,
     pub status: SeqStatus,
-    /// Submission order; preemption picks the highest.
+    /// Submission order: older sequences go first among equals.
     pub arrival: u64,
     /// Times this sequence was preempted.
     pub preemptions: u32,
     /// Reusable KV was looked up since the last (re)admission.
     pub acquired: bool,
+    /// Tokens it may still generate at most (`max_tokens`); bounds the
+    /// growth reserved for it.
+    pub max_new_tokens: usize,
+    /// Admitted with more than the long-prefill threshold to compute.
+    pub long_prefill: bool,
+    /// Tokens whose KV was computed once and lost to preemption: computing
+    /// them again is recompute.
+    pub recompute_until: usize,
 }
 
 impl Sequence {
@@ -41,12 +49,20 @@ impl Sequence {
             arrival,
             preemptions: 0,
             acquired: false,
+            max_new_tokens: usize::MAX,
+            long_prefill: false,
+            recompute_until: 0,
         }
     }
 
     /// Tokens still to run through the model before the next sample.
     pub fn remaining(&self) -> usize {
         self.tokens.len() - self.num_computed
+    }
+
+    /// Running with one token to compute: its chunks are decodes.
+    pub fn is_decoding(&self) -> bool {
+        self.status == SeqStatus::Running && self.remaining() == 1
     }
 
     pub fn num_generated(&self) -> usize {

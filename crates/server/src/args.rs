@@ -78,9 +78,34 @@ pub struct Args {
     #[arg(long, default_value_t = 64)]
     pub max_num_seqs: usize,
 
-    /// Most tokens (prefill chunks + decodes) in one engine step.
-    #[arg(long, default_value_t = 512)]
+    /// Most tokens (prefill chunks + decodes) in one engine step: the
+    /// chunk size of a prefill running alone (vLLM's default for its API
+    /// server). Beside decodes, --max-step-ms caps it further.
+    #[arg(long, default_value_t = 2048)]
     pub max_num_batched_tokens: usize,
+
+    /// Most sequences mid-prefill at once; short prompts among them go
+    /// ahead of long prompts' remaining chunks (vLLM's flag).
+    #[arg(long, default_value_t = 4)]
+    pub max_num_partial_prefills: usize,
+
+    /// Most long prompts (over --long-prefill-token-threshold tokens to
+    /// compute) mid-prefill at once; a long prompt waiting for this slot is
+    /// passed by shorter ones (vLLM's flag).
+    #[arg(long, default_value_t = 1)]
+    pub max_long_partial_prefills: usize,
+
+    /// A prompt with more tokens than this to compute (after cache reuse)
+    /// is long; default: 4 % of --max-model-len (vLLM's rule).
+    #[arg(long)]
+    pub long_prefill_token_threshold: Option<usize>,
+
+    /// Decode-latency budget: a step that runs decodes carries only as many
+    /// prefill tokens as fit in this many milliseconds, from measured rates
+    /// (at least 256); 0 turns it off. Prefill alone still uses
+    /// --max-num-batched-tokens.
+    #[arg(long, default_value_t = kvc_engine::config::DEFAULT_MAX_STEP_MS)]
+    pub max_step_ms: f64,
 
     /// Context cap (prompt + completion); default: the model's maximum.
     #[arg(long)]
@@ -320,6 +345,10 @@ impl Args {
             kv_cache_memory_bytes: self.kv_cache_memory,
             max_num_seqs: self.max_num_seqs,
             max_num_batched_tokens: self.max_num_batched_tokens,
+            max_num_partial_prefills: self.max_num_partial_prefills,
+            max_long_partial_prefills: self.max_long_partial_prefills,
+            long_prefill_token_threshold: self.long_prefill_token_threshold,
+            max_step_ms: (self.max_step_ms > 0.0).then_some(self.max_step_ms),
             max_model_len: self.max_model_len,
             seed: self.seed,
             enable_prefix_caching: !self.no_enable_prefix_caching,
@@ -404,6 +433,10 @@ mod tests {
         assert_eq!(c.kv_cache_memory_bytes, d.kv_cache_memory_bytes);
         assert_eq!(c.max_num_seqs, d.max_num_seqs);
         assert_eq!(c.max_num_batched_tokens, d.max_num_batched_tokens);
+        assert_eq!(c.max_num_partial_prefills, d.max_num_partial_prefills);
+        assert_eq!(c.max_long_partial_prefills, d.max_long_partial_prefills);
+        assert_eq!(c.long_prefill_token_threshold, d.long_prefill_token_threshold);
+        assert_eq!(c.max_step_ms, d.max_step_ms);
         assert_eq!(c.dtype, None);
     }
 
@@ -430,10 +463,20 @@ mod tests {
             "8",
             "--max-num-batched-tokens",
             "1024",
+            "--max-num-partial-prefills",
+            "3",
+            "--max-long-partial-prefills",
+            "2",
+            "--long-prefill-token-threshold",
+            "900",
+            "--max-step-ms",
+            "0",
         ])
         .unwrap();
         let c = a.engine_config();
         assert_eq!(c.served_model_name.as_deref(), Some("m"));
+        assert_eq!((c.max_num_partial_prefills, c.max_long_partial_prefills), (3, 2));
+        assert_eq!((c.long_prefill_token_threshold, c.max_step_ms), (Some(900), None));
         assert_eq!(c.max_model_len, Some(4096));
         assert_eq!(c.num_kv_blocks, Some(100));
         assert_eq!(c.kv_cache_memory_bytes, 2 << 30);

@@ -291,6 +291,8 @@ impl Generation {
                     }
                 }
                 self.choices[index].finished = true;
+                self.state.metrics.admission_wait.observe(usage.admission_wait.as_secs_f64());
+                self.state.metrics.prefill_wait.observe(usage.prefill_wait.as_secs_f64());
                 if self.choices.iter().all(|c| c.finished) {
                     self.state.metrics.e2e.observe((now - self.arrival).as_secs_f64());
                 }

@@ -44,6 +44,27 @@ pub fn render(s: &EngineStats, c: &ServerCounters) -> String {
     metric("kvc_requests_waiting", "gauge", "Requests queued for admission.", &[("", s.waiting as u64)]);
     metric("kvc_engine_steps_total", "counter", "Engine steps run.", &[("", s.steps)]);
     metric("kvc_preemptions_total", "counter", "Requests preempted for lack of KV blocks.", &[("", s.preemptions)]);
+    metric(
+        "kvc_preempted_tokens_recomputed_total",
+        "counter",
+        "Tokens computed again because preemption lost their KV.",
+        &[("", s.preempted_tokens_recomputed)],
+    );
+    metric("kvc_scheduler_partial_prefills", "gauge", "Running sequences mid-prefill.", &[("", s.partial_prefills as u64)]);
+    metric(
+        "kvc_scheduler_mixed_prefill_budget_tokens",
+        "gauge",
+        "Prefill tokens a step may carry beside decodes (the decode-latency budget, --max-step-ms).",
+        &[("", s.mixed_prefill_budget as u64)],
+    );
+    let admissions: Vec<(String, u64)> = s.admission_decisions.iter().map(|(r, n)| (format!("{{reason=\"{r}\"}}"), *n)).collect();
+    let admissions: Vec<(&str, u64)> = admissions.iter().map(|(l, n)| (l.as_str(), *n)).collect();
+    metric(
+        "kvc_scheduler_admission_decisions_total",
+        "counter",
+        "Scheduler admissions (reason=admitted) and, per step, why the queue's head still waits.",
+        &admissions,
+    );
     metric("kvc_prompt_tokens_computed_total", "counter", "Prompt tokens run through the model.", &[("", s.prompt_tokens_computed)]);
     metric("kvc_generation_tokens_total", "counter", "Tokens generated.", &[("", s.generated_tokens)]);
     let path_labels = format!("{{path=\"{PATH_LOCAL}\"}}");

@@ -11,6 +11,11 @@
 //!   admitted (got a concurrency slot) and handed to the engine. The
 //!   engine's own waiting queue (no free batch slot or KV blocks) is not in
 //!   it; that time shows up in time to first token.
+//! - `kvc_engine_admission_wait_seconds`: time a sequence waited in the
+//!   engine before its first token for KV memory or a sequence slot.
+//! - `kvc_engine_prefill_wait_seconds`: time it waited, admitted or not,
+//!   behind other prompts' prefills (prefill slots, long-prefill slots,
+//!   the step's token budget).
 //! - `kvc_requests_total{status}`: answered HTTP requests by status class
 //!   (a stream counts as 2xx once its headers went out, whatever ends it).
 //! - `kvc_request_finishes_total{reason}`: generated choices by how they
@@ -71,6 +76,8 @@ pub struct ServerMetrics {
     pub itl: Histogram,
     pub e2e: Histogram,
     pub queue: Histogram,
+    pub admission_wait: Histogram,
+    pub prefill_wait: Histogram,
     /// Answers by status class, 1xx..5xx.
     status: [AtomicU64; 5],
     finishes: [AtomicU64; Finish::ALL.len()],
@@ -83,6 +90,8 @@ impl Default for ServerMetrics {
             itl: Histogram::new(ITL_BUCKETS),
             e2e: Histogram::new(REQUEST_BUCKETS),
             queue: Histogram::new(REQUEST_BUCKETS),
+            admission_wait: Histogram::new(REQUEST_BUCKETS),
+            prefill_wait: Histogram::new(REQUEST_BUCKETS),
             status: Default::default(),
             finishes: Default::default(),
         }
@@ -136,6 +145,16 @@ impl ServerMetrics {
             "kvc_request_queue_time_seconds",
             "Request arrival to admission (concurrency slot taken, handed to the engine).",
         );
+        self.admission_wait.render(
+            out,
+            "kvc_engine_admission_wait_seconds",
+            "Time a sequence waited in the engine, before its first token, for KV memory or a sequence slot.",
+        );
+        self.prefill_wait.render(
+            out,
+            "kvc_engine_prefill_wait_seconds",
+            "Time a sequence waited in the engine, before its first token, behind other prompts' prefills.",
+        );
     }
 }
 
@@ -164,6 +183,8 @@ mod tests {
             "# TYPE kvc_request_queue_time_seconds histogram",
             "# TYPE kvc_inter_token_latency_seconds histogram",
             "# TYPE kvc_e2e_request_latency_seconds histogram",
+            "# TYPE kvc_engine_admission_wait_seconds histogram",
+            "# TYPE kvc_engine_prefill_wait_seconds histogram",
         ] {
             assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
         }

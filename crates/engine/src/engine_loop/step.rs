@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use kvc_model_qwen3::{BatchInput, SeqChunk};
-use kvc_scheduler::ScheduledChunk;
+use kvc_scheduler::{ScheduledChunk, Wait};
 
 use super::{CacheHooks, EngineLoop};
 use crate::{EngineError, FinishReason, StreamEvent};
@@ -13,9 +13,13 @@ impl EngineLoop {
     pub(super) fn step(&mut self) {
         let mut hooks =
             CacheHooks { cache: &mut self.cache, storage: &mut self.storage, active: &mut self.active, snapshots: &mut self.snapshots };
-        let plan = self.scheduler.schedule(&mut self.allocator, &mut hooks);
+        let budget = self.step_budget.mixed_prefill_tokens();
+        self.scheduler.set_mixed_prefill_budget(budget.tokens);
+        let mut plan = self.scheduler.schedule(&mut self.allocator, &mut hooks);
         self.local.preemptions += plan.preempted.len() as u64;
-        for id in plan.unfittable {
+        self.local.mixed_prefill_budget = budget.tokens;
+        self.local.mixed_prefill_budget_reason = budget.reason;
+        for id in std::mem::take(&mut plan.unfittable) {
             // Only reachable when generation outgrows the pool: the prompt
             // was checked against max_model_len, which is <= pool capacity.
             self.finish(id, FinishReason::Length, None);
@@ -24,6 +28,7 @@ impl EngineLoop {
             return;
         }
         let started = Instant::now();
+        let (decodes, prefill_tokens) = (plan.decodes, plan.prefill_tokens());
         let logits = match self.forward(&plan.chunks) {
             Ok(l) => l,
             Err(e) => {
@@ -38,7 +43,21 @@ impl EngineLoop {
             }
         };
         self.local.steps += 1;
-        self.measure_prefill_rate(&plan.chunks, started.elapsed());
+        let took = started.elapsed();
+        self.measure_prefill_rate(&plan.chunks, took);
+        self.step_budget.observe(decodes, prefill_tokens, took);
+        self.local.mixed_prefill_tokens_per_s = self.step_budget.mixed_prefill_tokens_per_s();
+        for &(id, wait) in &plan.stalled {
+            if let Some(a) = self.active.get_mut(&id) {
+                match wait {
+                    Wait::Admission => a.admission_wait += took,
+                    Wait::Prefill => a.prefill_wait += took,
+                }
+            }
+        }
+        let st = self.scheduler.stats();
+        self.local.preempted_tokens_recomputed = st.recomputed_tokens;
+        self.local.admission_decisions = st.admissions.iter().map(|(r, n)| (r.as_str(), *n)).collect();
         let mut row = 0;
         for c in &plan.chunks {
             self.scheduler.mark_computed(c.seq_id, c.len);

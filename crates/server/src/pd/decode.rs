@@ -62,6 +62,7 @@ pub async fn start(state: &AppState, pd: &PdState, mut req: GenerateRequest) -> 
         session_hit: reservation.reuse_reason == "session_hit",
         running: snap.running,
         local_tokens_per_s: snap.prefill_tokens_per_s,
+        local_mixed_tokens_per_s: snap.mixed_prefill_tokens_per_s,
         local_pending_tokens: engine.pending_prefill_tokens(),
         kv_bytes_per_token: (info.kv_layout.bytes_per_block() / info.block_size.max(1)) as u64,
         transfer_bytes_per_s: match pd.link.bandwidth() {

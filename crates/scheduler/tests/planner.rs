@@ -1,0 +1,324 @@
+//! The planner's properties, driven step by step as the engine drives it
+//! (no model, no clock): chunking, decodes every step, fair long prefills
+//! with their progress bound, KV-aware admission without recompute storms,
+//! and every block back at the end.
+
+use std::collections::HashMap;
+
+use kvc_kv_pool::BlockAllocator;
+use kvc_scheduler::{AdmitReason, NoCache, Schedule, ScheduledChunk, Scheduler, SchedulerConfig, SeqId, Wait};
+
+fn config(max_num_seqs: usize, max_num_batched_tokens: usize, block_size: usize) -> SchedulerConfig {
+    SchedulerConfig {
+        max_num_seqs,
+        max_num_batched_tokens,
+        block_size,
+        max_num_partial_prefills: 4,
+        max_long_partial_prefills: 1,
+        long_prefill_token_threshold: 4096,
+        watermark_blocks: 0,
+        growth_reserve_tokens: 512,
+    }
+}
+
+/// The engine's side of a step: marks the chunks computed, samples token 7
+/// where a chunk ends its sequence, and finishes sequences that reached
+/// their `max_new` (returned).
+struct Driver {
+    s: Scheduler,
+    alloc: BlockAllocator,
+    max_new: HashMap<SeqId, usize>,
+    computed_tokens: u64,
+    finished: Vec<SeqId>,
+}
+
+impl Driver {
+    fn new(c: SchedulerConfig, blocks: usize) -> Self {
+        Self { s: Scheduler::new(c), alloc: BlockAllocator::new(blocks), max_new: HashMap::new(), computed_tokens: 0, finished: vec![] }
+    }
+
+    fn add(&mut self, id: SeqId, prompt_len: usize, max_new: usize) {
+        self.s.add(id, vec![1; prompt_len]);
+        self.s.set_max_new_tokens(id, max_new);
+        self.max_new.insert(id, max_new);
+    }
+
+    fn step(&mut self) -> Schedule {
+        let p = self.s.schedule(&mut self.alloc, &mut NoCache);
+        for id in &p.unfittable {
+            self.s.remove(*id, &mut self.alloc);
+        }
+        for c in &p.chunks {
+            self.s.mark_computed(c.seq_id, c.len);
+            self.computed_tokens += c.len as u64;
+            if c.sample {
+                self.s.append_token(c.seq_id, 7);
+                if self.s.get(c.seq_id).unwrap().num_generated() >= self.max_new[&c.seq_id] {
+                    self.s.remove(c.seq_id, &mut self.alloc);
+                    self.finished.push(c.seq_id);
+                }
+            }
+        }
+        p
+    }
+
+    fn run_to_end(&mut self, max_steps: usize) -> usize {
+        for n in 0..max_steps {
+            if self.s.is_idle() {
+                return n;
+            }
+            self.step();
+        }
+        panic!("not idle after {max_steps} steps");
+    }
+}
+
+fn chunk_of(p: &Schedule, id: SeqId) -> Option<ScheduledChunk> {
+    p.chunks.iter().copied().find(|c| c.seq_id == id)
+}
+
+#[test]
+fn a_long_prompt_is_split_into_budget_sized_chunks() {
+    let mut d = Driver::new(config(8, 8, 4), 100);
+    d.add(1, 20, 1);
+    let got: Vec<(usize, usize, bool)> = (0..3)
+        .map(|_| {
+            let c = d.step().chunks[0];
+            (c.start, c.len, c.sample)
+        })
+        .collect();
+    assert_eq!(got, vec![(0, 8, false), (8, 8, false), (16, 4, true)]);
+}
+
+#[test]
+fn seeded_sequences_compute_only_what_they_lack() {
+    let mut alloc = BlockAllocator::new(100);
+    let mut s = Scheduler::new(config(8, 64, 4));
+    // A filled prompt of 10 tokens with its first token appended: decodes next.
+    let blocks = alloc.allocate(3).unwrap();
+    let mut filled = vec![1; 10];
+    filled.push(5);
+    s.add_seeded(1, filled, blocks, 10, true);
+    s.set_max_new_tokens(1, 4);
+    // A reserved prompt of 12 tokens holding 8: computes tokens 8..12.
+    let blocks = alloc.allocate(3).unwrap();
+    s.add_seeded(2, vec![2; 12], blocks, 8, false);
+    let p = s.schedule(&mut alloc, &mut NoCache);
+    let got: Vec<(u64, usize, usize, bool)> = p.chunks.iter().map(|c| (c.seq_id, c.start, c.len, c.sample)).collect();
+    assert_eq!(got, vec![(1, 10, 1, true), (2, 8, 4, true)]);
+    assert_eq!(alloc.num_free(), 94, "no block allocated beyond the seeded ones");
+}
+
+#[test]
+fn the_prefill_backlog_counts_prompt_tokens_not_yet_computed() {
+    let mut d = Driver::new(config(8, 8, 4), 100);
+    d.add(1, 20, 3);
+    let blocks = d.alloc.allocate(2).unwrap();
+    d.s.add_seeded(2, vec![2; 12], blocks, 8, false);
+    d.max_new.insert(2, 3);
+    assert_eq!(d.s.pending_prefill_tokens(), 20 + 4);
+    let p = d.step();
+    assert_eq!(d.s.pending_prefill_tokens(), 24 - p.prefill_tokens());
+    // Generated tokens are not prompt: a finished prefill leaves nothing.
+    while d.s.pending_prefill_tokens() > 0 {
+        d.step();
+    }
+    assert_eq!(d.s.pending_prefill_tokens(), 0);
+}
+
+#[test]
+fn max_num_seqs_caps_the_batch() {
+    let mut d = Driver::new(config(2, 100, 4), 100);
+    for id in 0..3 {
+        d.add(id, 2, 5);
+    }
+    let p = d.step();
+    assert_eq!(p.chunks.len(), 2);
+    assert_eq!(d.s.num_waiting(), 1);
+    assert_eq!(p.admission_blocked, Some(AdmitReason::MaxNumSeqs));
+    assert_eq!(p.stalled, vec![(2, Wait::Admission)]);
+}
+
+#[test]
+fn a_sequence_larger_than_the_pool_is_reported_not_looped_on() {
+    let mut alloc = BlockAllocator::new(2);
+    let mut s = Scheduler::new(config(8, 100, 4));
+    s.add(1, vec![1; 9]);
+    let p = s.schedule(&mut alloc, &mut NoCache);
+    assert_eq!(p.unfittable, vec![1]);
+    assert!(p.chunks.is_empty());
+    s.remove(1, &mut alloc);
+    assert_eq!(alloc.num_free(), 2);
+}
+
+/// The case: a 1,000-token prompt arriving while a 60,000-token
+/// one is mid-prefill gets its whole prefill in the next step, and the
+/// long one still gets at least a quarter of every step's budget.
+#[test]
+fn a_short_prompt_behind_a_long_one_goes_in_the_next_step() {
+    let budget = 8192;
+    let mut d = Driver::new(config(64, budget, 16), 10_000);
+    d.add(1, 60_000, 4);
+    let first = d.step();
+    assert_eq!(chunk_of(&first, 1).unwrap().len, budget);
+    d.add(2, 1_000, 4);
+    let next = d.step();
+    let short = chunk_of(&next, 2).expect("the short prompt is scheduled in the next step");
+    assert_eq!((short.start, short.len, short.sample), (0, 1_000, true), "its whole prefill, first token sampled");
+    assert_eq!(chunk_of(&next, 1).unwrap().len, budget - 1_000, "the long one takes the rest");
+    // The long prompt finishes within the bound: ceil(L / ceil(B / 4))
+    // steps, here with every step after it carrying the short's decodes.
+    let bound = 60_000usize.div_ceil(budget.div_ceil(4));
+    let mut steps = 2;
+    while d.s.get(1).is_some_and(|s| s.num_generated() == 0) {
+        let p = d.step();
+        steps += 1;
+        assert!(steps <= bound, "the long prompt did not finish within {bound} steps");
+        if d.s.get(2).is_some() {
+            assert!(chunk_of(&p, 2).is_some(), "the short one decodes every step");
+        }
+    }
+    // Here the budget was never cut, so it did as well as alone: 60000 / 8192.
+    assert_eq!(steps, 60_000usize.div_ceil(budget));
+}
+
+/// With a stream of short prompts and a small mixed budget, the oldest
+/// long prefill still gets ceil(B / 4) per step: the stated bound holds.
+#[test]
+fn a_long_prompt_progresses_under_a_stream_of_short_ones() {
+    let mut c = config(256, 2048, 16);
+    c.max_num_partial_prefills = 8;
+    let mut d = Driver::new(c, 100_000);
+    d.s.set_mixed_prefill_budget(512);
+    d.add(0, 20_000, 2);
+    let mut next_id = 1;
+    let mut steps = 0;
+    let floor = 512usize.div_ceil(4);
+    while d.s.get(0).is_some_and(|s| s.num_generated() == 0) {
+        // Two new short prompts of 300 tokens every step.
+        for _ in 0..2 {
+            d.add(next_id, 300, 50);
+            next_id += 1;
+        }
+        let before = d.s.get(0).unwrap().num_computed;
+        let decoding: Vec<SeqId> = (1..next_id).filter(|id| d.s.get(*id).is_some_and(|s| s.is_decoding())).collect();
+        let p = d.step();
+        steps += 1;
+        let got = chunk_of(&p, 0).map_or(0, |c| c.len);
+        assert!(got >= floor.min(20_000 - before), "step {steps}: the long prompt got {got} < {floor}");
+        for id in decoding {
+            assert!(chunk_of(&p, id).is_some(), "step {steps}: decode {id} starved");
+        }
+    }
+    assert!(steps <= 20_000usize.div_ceil(floor), "{steps} steps exceed the bound");
+}
+
+/// Every running decode has a chunk in every step, whatever prefills wait.
+#[test]
+fn decodes_are_scheduled_every_step() {
+    let mut d = Driver::new(config(64, 256, 16), 10_000);
+    for id in 0..4 {
+        d.add(id, 10, 40);
+    }
+    d.step();
+    for id in 4..12 {
+        d.add(id, 3_000, 3);
+    }
+    for _ in 0..30 {
+        let decoding: Vec<SeqId> = (0..4).filter(|id| d.s.get(*id).is_some_and(|s| s.is_decoding())).collect();
+        let p = d.step();
+        for id in decoding {
+            assert!(chunk_of(&p, id).is_some_and(|c| c.len == 1), "decode {id} skipped");
+        }
+    }
+}
+
+/// A long prompt waiting for the long slot is passed by a short one, and
+/// admitted as soon as the long one ahead finishes.
+#[test]
+fn a_short_prompt_passes_a_long_one_waiting_for_the_long_slot() {
+    let mut d = Driver::new(config(64, 1024, 16), 10_000);
+    d.add(1, 10_000, 1);
+    d.step();
+    d.add(2, 10_000, 1);
+    d.add(3, 500, 1);
+    let p = d.step();
+    assert!(chunk_of(&p, 3).is_some(), "the short one went ahead");
+    assert!(chunk_of(&p, 2).is_none(), "one long prefill at a time");
+    assert!(p.stalled.contains(&(2, Wait::Prefill)));
+    while d.s.get(1).is_some() {
+        d.step();
+    }
+    assert!(chunk_of(&d.step(), 2).is_some(), "the second long one starts right after the first");
+}
+
+/// Admission holds a prompt back while its blocks and the running
+/// sequences' reserve do not fit, instead of admitting and preempting.
+#[test]
+fn a_prompt_that_does_not_fit_beside_the_reserve_waits() {
+    let mut d = Driver::new(config(64, 4096, 16), 100);
+    d.add(1, 800, 200); // 50 blocks + 13 reserved for its growth
+    d.step();
+    d.add(2, 800, 10); // 50 more: 113 > 100
+    let p = d.step();
+    assert!(chunk_of(&p, 2).is_none());
+    assert_eq!(p.admission_blocked, Some(AdmitReason::KvWatermark));
+    assert_eq!(p.stalled, vec![(2, Wait::Admission)]);
+    d.run_to_end(1_000);
+    assert_eq!(d.s.stats().preemptions, 0);
+    assert_eq!(d.alloc.num_free(), 100);
+}
+
+/// The storm: a pool that holds 5 prompts, 50 arrivals at once.
+/// Nothing is recomputed (admission waits instead), everything finishes
+/// and every block comes back.
+#[test]
+fn fifty_arrivals_on_a_pool_for_five_cause_no_recompute_storm() {
+    let (prompt, out): (usize, usize) = (1_000, 100);
+    let blocks = 5 * (prompt + out).div_ceil(16);
+    let mut d = Driver::new(config(64, 2048, 16), blocks);
+    for id in 0..50 {
+        d.add(id, prompt, out);
+    }
+    d.run_to_end(100_000);
+    let mut finished = d.finished.clone();
+    finished.sort();
+    assert_eq!(finished, (0..50).collect::<Vec<_>>());
+    let st = d.s.stats();
+    assert_eq!(st.recomputed_tokens, 0, "{st:?}");
+    assert_eq!(d.alloc.num_free(), blocks);
+    // Compute was the offered work, no more: prompts plus decodes.
+    assert_eq!(d.computed_tokens, 50 * (prompt as u64 + out as u64 - 1));
+}
+
+/// Sequences that outgrow the reserve (max_tokens unknown, so only the
+/// horizon is reserved) force preemption; the victim is the one with
+/// least computed, recompute is counted, and every block comes back.
+#[test]
+fn preemption_takes_the_least_computed_and_returns_every_block() {
+    let mut c = config(64, 256, 4);
+    c.growth_reserve_tokens = 4;
+    let mut d = Driver::new(c, 24); // 96 tokens
+    for id in 0..3 {
+        d.add(id, 8 + 4 * id as usize, 30);
+    }
+    let mut preempted = Vec::new();
+    for _ in 0..2_000 {
+        if d.s.is_idle() {
+            break;
+        }
+        let computed: HashMap<SeqId, usize> = (0..3).filter_map(|id| d.s.get(id).map(|s| (id, s.num_computed))).collect();
+        let p = d.step();
+        for v in &p.preempted {
+            let least = computed.iter().filter(|(id, _)| d.s.get(**id).is_some()).map(|(_, c)| *c).min().unwrap();
+            assert_eq!(computed[v], least, "preempted {v} with {} computed, least was {least}", computed[v]);
+            preempted.push(*v);
+        }
+    }
+    assert!(d.s.is_idle());
+    assert!(!preempted.is_empty(), "the pool was meant to be too small");
+    assert!(d.s.stats().recomputed_tokens > 0);
+    assert_eq!(d.s.stats().preemptions, preempted.len() as u64);
+    assert_eq!(d.alloc.num_free(), 24);
+    assert_eq!(d.finished.len(), 3);
+}
