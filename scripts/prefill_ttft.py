@@ -27,9 +27,9 @@ def model_id(url):
         return json.load(r)["data"][0]["id"]
 
 
-def ttft(url, model, ids, session=None):
+def ttft(url, model, ids, session=None, max_tokens=2):
     """Seconds to the first streamed token, and the final usage/kvc fields."""
-    body = {"model": model, "prompt": ids, "max_tokens": 2, "stream": True, "temperature": 0,
+    body = {"model": model, "prompt": ids, "max_tokens": max_tokens, "stream": True, "temperature": 0, "ignore_eos": True,
             "stream_options": {"include_usage": True}}
     if session:
         body["session_id"] = session

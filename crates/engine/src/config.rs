@@ -36,9 +36,9 @@ pub enum LoadFormat {
     Dummy,
 }
 
-/// Default `max_step_ms`: a step with decodes stays near 100 ms, so an
-/// answer streams at 10 tokens/s or better while prompts are prefilled
-/// beside it.
+/// Default `max_step_ms`: steps stay near 100 ms, so an answer streams at
+/// 10 tokens/s or better while prompts are prefilled beside it, and a new
+/// prompt waits at most about one step for its first chunk.
 pub const DEFAULT_MAX_STEP_MS: f64 = 100.0;
 
 /// `snapshot_store_blocks` value meaning half of the pool.
@@ -71,9 +71,9 @@ pub struct EngineConfig {
     /// Prompts with more tokens than this to compute are long; None: 4 %
     /// of the context cap (vLLM's rule).
     pub long_prefill_token_threshold: Option<usize>,
-    /// Latency target of a step that runs decodes: its prefill tokens are
-    /// capped so that it stays within this, from measured rates (None: no
-    /// cap beyond `max_num_batched_tokens`).
+    /// Step-time target: a step's prefill tokens are capped so that it
+    /// stays within this, beside its decodes or alone, from measured rates
+    /// (None: no cap beyond `max_num_batched_tokens`).
     pub max_step_ms: Option<f64>,
     /// KV growth, in tokens, reserved at admission for each running
     /// sequence (see kvc-scheduler).

@@ -124,7 +124,7 @@ impl EngineLoop {
         sc.growth_reserve_tokens = config.growth_reserve_tokens;
         let scheduler = Scheduler::new(sc);
         let max_step = config.max_step_ms.filter(|ms| *ms > 0.0).map(|ms| Duration::from_secs_f64(ms / 1000.0));
-        let step_budget = StepBudget::new(max_step, config.max_num_batched_tokens);
+        let step_budget = StepBudget::new(max_step);
         let KvPool { allocator, storage } = pool;
         // The host tier copies blocks through host memory: CPU pools only for now.
         let host_blocks =

@@ -78,9 +78,9 @@ pub struct EngineStats {
     /// Prompt tokens per second a prefill gets while decodes run (the
     /// decode-latency budget at its modelled step time; 0 until measured).
     pub mixed_prefill_tokens_per_s: f64,
-    /// Prefill tokens the next step may carry beside decodes, and why.
-    pub mixed_prefill_budget: usize,
-    pub mixed_prefill_budget_reason: &'static str,
+    /// Seconds of prefill the next step may carry alone and beside
+    /// decodes (None: no target, or not measured yet).
+    pub step_budget: Option<(f64, f64)>,
     /// Running sequences mid-prefill.
     pub partial_prefills: usize,
     /// Tokens computed again after preemption lost their KV.

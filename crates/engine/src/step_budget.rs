@@ -1,85 +1,126 @@
-//! The decode-latency budget: how many prefill tokens a step that also
-//! runs decodes may carry, so that the step stays within `--max-step-ms`.
+//! The step-time budget: how much prefill a step may carry so that it
+//! stays within `--max-step-ms`, beside its decodes or alone.
 //!
-//! Step time is modelled as `decode_s + prefill_tokens * s_per_token`:
-//! `decode_s` is the moving average of steps with decodes only,
-//! `s_per_token` that of `(step - decode_s) / prefill_tokens` over steps
-//! with a sizeable prefill. Both are measured on this engine, so the same
-//! target gives large chunks on a fast GPU and small ones on a CPU. Steps
-//! with no decode are not limited (prefill alone uses the whole
-//! `--max-num-batched-tokens`), and a step with decodes always keeps
-//! [`MIN_MIXED_PREFILL_TOKENS`] so that prefill never stops while
-//! answers stream.
+//! Step time is modelled as `decode_s + sum over prefill chunks of
+//! len * (a + b * context)`: `decode_s` is the moving average of steps
+//! with decodes only; `a` and `b` (the per-token cost and its growth with
+//! the context a chunk attends to) are fitted by exponentially weighted
+//! least squares over steps with a sizeable prefill. All are measured on
+//! this engine, so the same target gives large chunks on a fast GPU and
+//! small ones on a CPU, larger ones for a prompt's first chunk than deep
+//! into a long context, and larger ones alone than beside decodes. The
+//! scheduler turns the seconds into chunk lengths ([`TimeBudget`]).
+//!
+//! Bounding every step, not only mixed ones, bounds two waits at once: an
+//! answer's next token (a step) and a new prompt's first chunk (the step
+//! in flight when it arrives, then its own). A step always keeps
+//! [`MIN_PREFILL_TOKENS`] so that prefill never stops.
 
 use std::time::Duration;
 
-/// Prefill tokens a mixed step keeps even when decodes alone take the
-/// whole target.
-pub const MIN_MIXED_PREFILL_TOKENS: usize = 256;
+use kvc_scheduler::{ChunkCost, TimeBudget};
 
-/// Prefill tokens below which a step's time says little about the rate.
+/// Prefill tokens a step keeps even when decodes alone take the whole
+/// target (at most `--max-num-batched-tokens`).
+pub const MIN_PREFILL_TOKENS: usize = 256;
+
+/// Prefill tokens below which a step's time says little about the cost.
 const MIN_MEASURED_PREFILL: usize = 64;
 
-/// Weight of a new measurement in the moving averages.
+/// Weight of a new measurement in the moving averages; the fit forgets
+/// old steps at the same rate.
 const ALPHA: f64 = 0.2;
+
+/// Weighted least squares of `y = a * x0 + b * x1` (x0: tokens, x1:
+/// tokens times context), forgetting old samples.
+#[derive(Debug, Clone, Default)]
+struct CostFit {
+    s00: f64,
+    s01: f64,
+    s11: f64,
+    r0: f64,
+    r1: f64,
+}
+
+impl CostFit {
+    fn add(&mut self, x0: f64, x1: f64, y: f64) {
+        let k = 1.0 - ALPHA;
+        self.s00 = k * self.s00 + x0 * x0;
+        self.s01 = k * self.s01 + x0 * x1;
+        self.s11 = k * self.s11 + x1 * x1;
+        self.r0 = k * self.r0 + x0 * y;
+        self.r1 = k * self.r1 + x1 * y;
+    }
+
+    /// The fitted cost; `b = 0` while the contexts seen cannot tell `a`
+    /// from `b` (or the fit says cost falls with context).
+    fn cost(&self) -> Option<ChunkCost> {
+        if self.s00 <= 0.0 {
+            return None;
+        }
+        let det = self.s00 * self.s11 - self.s01 * self.s01;
+        if det > 1e-6 * self.s00 * self.s11 {
+            let a = (self.r0 * self.s11 - self.r1 * self.s01) / det;
+            let b = (self.s00 * self.r1 - self.s01 * self.r0) / det;
+            if a > 0.0 && b >= 0.0 {
+                return Some(ChunkCost { a, b });
+            }
+        }
+        // One parameter: the average cost per token at the contexts seen.
+        let a = self.r0 / self.s00;
+        (a > 0.0).then_some(ChunkCost { a, b: 0.0 })
+    }
+}
 
 #[derive(Debug, Clone)]
 pub struct StepBudget {
     target_s: Option<f64>,
-    max_tokens: usize,
     decode_s: Option<f64>,
-    s_per_token: Option<f64>,
-}
-
-/// The budget for the next mixed step, and why it is what it is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct BudgetDecision {
-    pub tokens: usize,
-    /// "no_target", "unmeasured", "latency_target" or "floor".
-    pub reason: &'static str,
+    fit: CostFit,
 }
 
 impl StepBudget {
-    /// `max_step`: the latency target (None: no limit).
-    pub fn new(max_step: Option<Duration>, max_num_batched_tokens: usize) -> Self {
-        Self { target_s: max_step.map(|d| d.as_secs_f64()), max_tokens: max_num_batched_tokens, decode_s: None, s_per_token: None }
+    /// `max_step`: the step-time target (None: no limit).
+    pub fn new(max_step: Option<Duration>) -> Self {
+        Self { target_s: max_step.map(|d| d.as_secs_f64()), decode_s: None, fit: CostFit::default() }
     }
 
-    /// Records a step: its decodes, prefill tokens and time.
-    pub fn observe(&mut self, decodes: usize, prefill_tokens: usize, took: Duration) {
+    /// Records a step: its decodes, its prefill chunks as (start, len), and
+    /// its time.
+    pub fn observe(&mut self, decodes: usize, prefill: &[(usize, usize)], took: Duration) {
         let t = took.as_secs_f64();
-        let ewma = |avg: &mut Option<f64>, x: f64| *avg = Some(avg.map_or(x, |a| (1.0 - ALPHA) * a + ALPHA * x));
-        if prefill_tokens == 0 && decodes > 0 {
-            ewma(&mut self.decode_s, t);
-        } else if prefill_tokens >= MIN_MEASURED_PREFILL {
+        let tokens: usize = prefill.iter().map(|c| c.1).sum();
+        if tokens == 0 && decodes > 0 {
+            self.decode_s = Some(self.decode_s.map_or(t, |a| (1.0 - ALPHA) * a + ALPHA * t));
+        } else if tokens >= MIN_MEASURED_PREFILL {
             let base = if decodes > 0 { self.decode_s.unwrap_or(0.0).min(t) } else { 0.0 };
-            ewma(&mut self.s_per_token, (t - base) / prefill_tokens as f64);
+            let x1: f64 = prefill.iter().map(|&(start, len)| len as f64 * (start as f64 + len as f64 / 2.0)).sum();
+            self.fit.add(tokens as f64, x1, t - base);
         }
     }
 
-    /// Prefill tokens for the next step if it runs decodes.
-    pub fn mixed_prefill_tokens(&self) -> BudgetDecision {
-        let cap = |n: usize| n.clamp(MIN_MIXED_PREFILL_TOKENS.min(self.max_tokens), self.max_tokens);
-        let Some(target) = self.target_s else {
-            return BudgetDecision { tokens: self.max_tokens, reason: "no_target" };
-        };
-        let Some(per_token) = self.s_per_token.filter(|p| *p > 0.0) else {
-            return BudgetDecision { tokens: self.max_tokens, reason: "unmeasured" };
-        };
-        let left = target - self.decode_s.unwrap_or(0.0);
-        let tokens = if left > 0.0 { (left / per_token) as usize } else { 0 };
-        let reason = if tokens <= MIN_MIXED_PREFILL_TOKENS { "floor" } else { "latency_target" };
-        BudgetDecision { tokens: cap(tokens), reason }
+    /// The budget for the next step: None without a target or before the
+    /// first measurement (then only `--max-num-batched-tokens` limits).
+    pub fn decide(&self) -> Option<TimeBudget> {
+        let target = self.target_s?;
+        let cost = self.fit.cost()?;
+        Some(TimeBudget {
+            alone_s: target,
+            mixed_s: (target - self.decode_s.unwrap_or(0.0)).max(0.0),
+            cost,
+            min_tokens: MIN_PREFILL_TOKENS,
+        })
     }
 
-    /// Prompt tokens per second a prefill gets while decodes run (the
-    /// mixed budget at the modelled step time); 0 until measured.
+    /// Prompt tokens per second a prefill from an empty context gets while
+    /// decodes run (the mixed budget at the modelled step time); 0 until
+    /// measured.
     pub fn mixed_prefill_tokens_per_s(&self) -> f64 {
-        let Some(per_token) = self.s_per_token.filter(|p| *p > 0.0) else {
+        let Some(b) = self.decide() else {
             return 0.0;
         };
-        let n = self.mixed_prefill_tokens().tokens as f64;
-        n / (self.decode_s.unwrap_or(0.0) + n * per_token)
+        let n = b.cost.tokens_within(0, b.mixed_s).max(b.min_tokens) as f64;
+        n / (self.decode_s.unwrap_or(0.0) + b.cost.seconds(0, n as usize))
     }
 }
 
@@ -90,32 +131,36 @@ mod tests {
     const MS: fn(u64) -> Duration = Duration::from_millis;
 
     #[test]
-    fn the_budget_fills_what_decodes_leave_of_the_target() {
-        let mut b = StepBudget::new(Some(MS(100)), 8192);
-        assert_eq!(b.mixed_prefill_tokens(), BudgetDecision { tokens: 8192, reason: "unmeasured" });
-        b.observe(8, 0, MS(20)); // decodes alone: 20 ms
-        b.observe(0, 4000, MS(200)); // prefill alone: 50 us/token
-                                     // (100 - 20) ms / 50 us = 1600 tokens.
-        assert_eq!(b.mixed_prefill_tokens(), BudgetDecision { tokens: 1600, reason: "latency_target" });
-        assert!((b.mixed_prefill_tokens_per_s() - 1600.0 / 0.1).abs() < 1.0);
-        // A mixed step measures the rate net of the decodes: (70 - 20) / 1000.
-        let mut m = StepBudget::new(Some(MS(100)), 8192);
-        m.observe(8, 0, MS(20));
-        m.observe(8, 1000, MS(70));
-        assert_eq!(m.mixed_prefill_tokens().tokens, 1600);
+    fn the_fit_recovers_a_cost_that_grows_with_context() {
+        let truth = ChunkCost { a: 3e-5, b: 2e-10 };
+        let mut b = StepBudget::new(Some(MS(100)));
+        assert_eq!(b.decide(), None, "unmeasured");
+        b.observe(8, &[], MS(20));
+        for (start, len) in [(0, 2048), (2048, 2048), (30_000, 1024), (0, 512), (60_000, 700)] {
+            b.observe(0, &[(start, len)], Duration::from_secs_f64(truth.seconds(start, len)));
+        }
+        let got = b.decide().unwrap();
+        assert!((got.cost.a - truth.a).abs() < 1e-9 && (got.cost.b - truth.b).abs() < 1e-13, "{got:?}");
+        assert_eq!((got.alone_s, got.mixed_s), (0.1, 0.1 - 0.02));
+        // A mixed step is fitted net of the decodes.
+        b.observe(8, &[(0, 1000)], MS(20) + Duration::from_secs_f64(truth.seconds(0, 1000)));
+        assert!((b.decide().unwrap().cost.a - truth.a).abs() < 1e-9);
     }
 
     #[test]
-    fn slow_decodes_leave_the_floor_and_no_target_means_no_limit() {
-        let mut b = StepBudget::new(Some(MS(30)), 8192);
-        b.observe(64, 0, MS(40));
-        b.observe(0, 1000, MS(50));
-        assert_eq!(b.mixed_prefill_tokens(), BudgetDecision { tokens: MIN_MIXED_PREFILL_TOKENS, reason: "floor" });
-        let mut free = StepBudget::new(None, 512);
-        free.observe(0, 1000, MS(50));
-        assert_eq!(free.mixed_prefill_tokens(), BudgetDecision { tokens: 512, reason: "no_target" });
-        // The floor never exceeds the step cap.
-        let small = StepBudget::new(Some(MS(1)), 100);
-        assert!(small.mixed_prefill_tokens().tokens <= 100);
+    fn one_context_only_gives_the_average_cost_and_no_target_no_budget() {
+        let mut b = StepBudget::new(Some(MS(100)));
+        b.observe(0, &[(0, 1000)], MS(50));
+        b.observe(0, &[(0, 1000)], MS(50));
+        let c = b.decide().unwrap().cost;
+        assert!((c.a - 5e-5).abs() < 1e-12 && c.b == 0.0, "{c:?}");
+        let mut free = StepBudget::new(None);
+        free.observe(0, &[(0, 1000)], MS(50));
+        assert_eq!(free.decide(), None);
+        // Decodes slower than the target leave nothing but the floor.
+        let mut slow = StepBudget::new(Some(MS(30)));
+        slow.observe(64, &[], MS(40));
+        slow.observe(0, &[(0, 1000)], MS(50));
+        assert_eq!(slow.decide().unwrap().mixed_s, 0.0);
     }
 }

@@ -8,11 +8,13 @@
 //! and none is left after reclaiming caches, the running sequence whose
 //! loss wastes least is preempted and recomputed later.
 
+mod budget;
 mod config;
 mod policy;
 mod scheduler;
 mod sequence;
 
+pub use budget::{ChunkCost, TimeBudget};
 pub use config::{SchedulerConfig, DEFAULT_GROWTH_RESERVE_TOKENS};
 pub use policy::{choose_victim, decide_admission, AdmitInputs, AdmitReason, VictimCandidate, Wait};
 pub use scheduler::{NoCache, Schedule, ScheduledChunk, Scheduler, SchedulerHooks, SchedulerStats};

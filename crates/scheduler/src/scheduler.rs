@@ -18,23 +18,28 @@
 //!    behind it; a prompt that does not fit in memory is not (it would
 //!    starve).
 //! 3. **Prefill chunks.** Short prefills first (oldest first), then long
-//!    ones (at most `max_long_partial_prefills`), within the step's prefill
-//!    budget: `max_num_batched_tokens` when nothing decodes, the mixed
-//!    budget the engine sets from its latency target otherwise.
+//!    ones (at most `max_long_partial_prefills`), within
+//!    `max_num_batched_tokens` and the engine's step-time budget
+//!    ([`TimeBudget`]: seconds of prefill, more when nothing decodes than
+//!    beside decodes, priced per chunk by the context it attends to).
 //!
-//! **Progress bound for long prompts.** In every step, the oldest running
-//! long prefill is given at least `ceil(B / 4)` tokens (or what it has
-//! left) before short prefills take the rest, where `B` is the step's
-//! prefill budget (at least 1). A running long prompt of `L` tokens to
-//! compute therefore finishes within `ceil(L / ceil(B_min / 4))` steps of
-//! becoming the oldest long prefill, `B_min` being the smallest budget of
-//! those steps; a long prompt waiting for a long slot gets it as soon as
-//! the long prefills ahead of it finish.
+//! **Progress bound for long prompts.** In every step, before short
+//! prefills take the rest, the oldest running long prefill is given the
+//! tokens that fit in a quarter of the step's prefill budget, of its
+//! tokens (`ceil(B / 4)`, `B` = `max_num_batched_tokens` less the step's
+//! decodes) and of its time budget, and never fewer than 1 (or what it has
+//! left). With a time budget of `T` seconds and the measured cost per token
+//! at context `c` of `a + b c`, a long prompt of `L` tokens therefore
+//! finishes within `ceil(L / min(ceil(B / 4), n))` steps of becoming the
+//! oldest long prefill, `n >= 1` being the tokens whose chunk at its
+//! deepest context costs `T / 4`; a long prompt waiting for a long slot
+//! gets it as soon as the long prefills ahead of it finish.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use kvc_kv_pool::{BlockAllocator, BlockId};
 
+use crate::budget::TimeBudget;
 use crate::config::SchedulerConfig;
 use crate::policy::{choose_victim, decide_admission, AdmitInputs, AdmitReason, VictimCandidate, Wait};
 use crate::sequence::{SeqId, SeqStatus, Sequence};
@@ -115,15 +120,15 @@ pub struct Scheduler {
     /// In arrival order.
     running: Vec<SeqId>,
     next_arrival: u64,
-    /// Prefill tokens a step that also decodes may carry.
-    mixed_prefill_budget: usize,
+    /// Seconds of prefill a step may carry (None: tokens only).
+    time_budget: Option<TimeBudget>,
     stats: SchedulerStats,
 }
 
 impl Scheduler {
     pub fn new(config: SchedulerConfig) -> Self {
         Self {
-            mixed_prefill_budget: config.max_num_batched_tokens,
+            time_budget: None,
             config,
             seqs: HashMap::new(),
             waiting: VecDeque::new(),
@@ -141,15 +146,10 @@ impl Scheduler {
         &self.stats
     }
 
-    /// Prefill tokens a step that also runs decodes may carry (the
-    /// engine's decode-latency budget); at least 1, at most
-    /// `max_num_batched_tokens`.
-    pub fn set_mixed_prefill_budget(&mut self, tokens: usize) {
-        self.mixed_prefill_budget = tokens.clamp(1, self.config.max_num_batched_tokens);
-    }
-
-    pub fn mixed_prefill_budget(&self) -> usize {
-        self.mixed_prefill_budget
+    /// The engine's step-time budget for prefill chunks (None: only
+    /// `max_num_batched_tokens` limits them).
+    pub fn set_time_budget(&mut self, budget: Option<TimeBudget>) {
+        self.time_budget = budget;
     }
 
     pub fn add(&mut self, id: SeqId, prompt: Vec<u32>) {
@@ -386,11 +386,10 @@ impl Scheduler {
         // A decode planned before a later preemption may belong to a victim.
         out.chunks.retain(|c| self.seqs[&c.seq_id].status == SeqStatus::Running);
         out.decodes = out.chunks.len();
-        let mut budget = if out.decodes > 0 { self.mixed_prefill_budget } else { max_tokens }.min(max_tokens - out.decodes);
-
+        let token_cap = max_tokens - out.decodes;
         // 2. Admission. None while memory is short: that would only thrash.
         if out.preempted.is_empty() {
-            self.admit(alloc, hooks, budget, &mut out);
+            self.admit(alloc, hooks, token_cap, &mut out);
         } else if !self.waiting.is_empty() {
             out.admission_blocked = Some(AdmitReason::KvWatermark);
         }
@@ -398,24 +397,8 @@ impl Scheduler {
             *self.stats.admissions.entry(reason).or_default() += 1;
         }
 
-        // 3. Prefill chunks: short ones, then at most
-        //    `max_long_partial_prefills` long ones, the oldest long one
-        //    guaranteed ceil(budget / 4) first.
-        let prefilling: Vec<SeqId> = self.running.iter().copied().filter(|id| !self.seqs[id].is_decoding()).collect();
-        let (long, short): (Vec<SeqId>, Vec<SeqId>) = prefilling.iter().partition(|id| self.seqs[id].long_prefill);
-        let long_floor = long.first().map_or(0, |id| self.seqs[id].remaining().min(budget.div_ceil(4)));
-        let long_slots = self.config.max_long_partial_prefills.max(1);
-        let order = short.iter().map(|&id| (id, false)).chain(long.iter().take(long_slots).map(|&id| (id, true)));
-        let mut planned = Vec::new();
-        for (id, is_long) in order {
-            let reserved = if is_long { 0 } else { long_floor };
-            let len = self.seqs[&id].remaining().min(budget.saturating_sub(reserved));
-            if len == 0 {
-                continue;
-            }
-            planned.push((id, len));
-            budget -= len;
-        }
+        // 3. Prefill chunks.
+        let planned = self.plan_prefill_chunks(token_cap, out.decodes > 0);
         for (id, len) in planned {
             let start = self.seqs[&id].num_computed;
             // Admission reserved the whole token list; this only guards it.
@@ -440,6 +423,59 @@ impl Scheduler {
         }
         out.partial_prefills = self.num_partial_prefills();
         out
+    }
+
+    /// Pass 3 of [`Self::schedule`]: (sequence, chunk length) for the
+    /// running prefills. Short ones first (oldest first), then at most
+    /// `max_long_partial_prefills` long ones; the oldest long one is first
+    /// given a quarter of the step (of its tokens and of its time) or what
+    /// it has left. Within `token_cap` tokens and the time budget (alone or
+    /// beside decodes); at least `min_tokens` in all when anything is left.
+    fn plan_prefill_chunks(&self, token_cap: usize, with_decodes: bool) -> Vec<(SeqId, usize)> {
+        let prefilling: Vec<SeqId> = self.running.iter().copied().filter(|id| !self.seqs[id].is_decoding()).collect();
+        let (long, short): (Vec<SeqId>, Vec<SeqId>) = prefilling.iter().partition(|id| self.seqs[id].long_prefill);
+        let long_slots = self.config.max_long_partial_prefills.max(1);
+        let order: Vec<SeqId> = short.iter().chain(long.iter().take(long_slots)).copied().collect();
+        let (mut secs, cost, min_tokens) = match self.time_budget {
+            Some(t) => (if with_decodes { t.mixed_s } else { t.alone_s }, Some(t.cost), t.min_tokens.min(token_cap)),
+            None => (f64::INFINITY, None, 0),
+        };
+        let mut tokens = token_cap;
+        // Most tokens of `id`, `done` of them planned already, within
+        // `tokens` and `secs`; and what they cost.
+        let fit = |id: SeqId, done: usize, tokens: usize, secs: f64| {
+            let s = &self.seqs[&id];
+            let by_time = cost.map_or(usize::MAX, |c| c.tokens_within(s.num_computed + done, secs));
+            (s.remaining() - done).min(tokens).min(by_time)
+        };
+        let cost_of = |id: SeqId, done: usize, len: usize| cost.map_or(0.0, |c| c.seconds(self.seqs[&id].num_computed + done, len));
+        let mut lens: Vec<usize> = vec![0; order.len()];
+        // The oldest long prefill's quarter comes off the top.
+        if let Some(&first_long) = long.first() {
+            let i = short.len();
+            lens[i] = fit(first_long, 0, tokens.div_ceil(4), secs / 4.0).max(1).min(self.seqs[&first_long].remaining());
+            tokens -= lens[i];
+            secs -= cost_of(first_long, 0, lens[i]);
+        }
+        // Then in order: shorts, the oldest long's top-up, other longs.
+        for (i, &id) in order.iter().enumerate() {
+            let more = fit(id, lens[i], tokens, secs);
+            secs -= cost_of(id, lens[i], more);
+            lens[i] += more;
+            tokens -= more;
+        }
+        // The floor: at least `min_tokens` in all, in the same order.
+        let mut short_of = min_tokens.saturating_sub(lens.iter().sum());
+        for (i, &id) in order.iter().enumerate() {
+            if short_of == 0 {
+                break;
+            }
+            let more = short_of.min(self.seqs[&id].remaining() - lens[i]).min(tokens);
+            lens[i] += more;
+            tokens -= more;
+            short_of -= more;
+        }
+        order.into_iter().zip(lens).filter(|(_, len)| *len > 0).collect()
     }
 
     /// Pass 2 of [`Self::schedule`]: admits waiting sequences in order.

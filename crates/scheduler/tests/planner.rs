@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 
 use kvc_kv_pool::BlockAllocator;
-use kvc_scheduler::{AdmitReason, NoCache, Schedule, ScheduledChunk, Scheduler, SchedulerConfig, SeqId, Wait};
+use kvc_scheduler::{AdmitReason, ChunkCost, NoCache, Schedule, ScheduledChunk, Scheduler, SchedulerConfig, SeqId, TimeBudget, Wait};
 
 fn config(max_num_seqs: usize, max_num_batched_tokens: usize, block_size: usize) -> SchedulerConfig {
     SchedulerConfig {
@@ -182,18 +182,28 @@ fn a_short_prompt_behind_a_long_one_goes_in_the_next_step() {
     assert_eq!(steps, 60_000usize.div_ceil(budget));
 }
 
-/// With a stream of short prompts and a small mixed budget, the oldest
-/// long prefill still gets ceil(B / 4) per step: the stated bound holds.
+/// A time budget priced by context: 1 us per token plus 1 ns per token of
+/// context; 2 ms of prefill alone, 0.5 ms beside decodes.
+fn time_budget(min_tokens: usize) -> TimeBudget {
+    TimeBudget { alone_s: 2e-3, mixed_s: 5e-4, cost: ChunkCost { a: 1e-6, b: 1e-9 }, min_tokens }
+}
+
+/// With a stream of short prompts and a small time budget beside their
+/// decodes, the oldest long prefill still gets a quarter of every step:
+/// the stated bound holds.
 #[test]
 fn a_long_prompt_progresses_under_a_stream_of_short_ones() {
     let mut c = config(256, 2048, 16);
     c.max_num_partial_prefills = 8;
     let mut d = Driver::new(c, 100_000);
-    d.s.set_mixed_prefill_budget(512);
+    let budget = time_budget(0);
+    d.s.set_time_budget(Some(budget));
     d.add(0, 20_000, 2);
     let mut next_id = 1;
     let mut steps = 0;
-    let floor = 512usize.div_ceil(4);
+    // The quarter at the long prompt's deepest context, beside decodes.
+    let floor = budget.cost.tokens_within(20_000, budget.mixed_s / 4.0).min(2048usize.div_ceil(4));
+    assert!(floor >= 1);
     while d.s.get(0).is_some_and(|s| s.num_generated() == 0) {
         // Two new short prompts of 300 tokens every step.
         for _ in 0..2 {
@@ -321,4 +331,35 @@ fn preemption_takes_the_least_computed_and_returns_every_block() {
     assert_eq!(d.s.stats().preemptions, preempted.len() as u64);
     assert_eq!(d.alloc.num_free(), 24);
     assert_eq!(d.finished.len(), 3);
+}
+
+/// Under a time budget, a short prompt's cheap first tokens get a larger
+/// chunk than a long prompt's tokens deep into its context; every chunk
+/// fits the budget; the floor keeps prefill going when the time says none.
+#[test]
+fn a_time_budget_prices_chunks_by_their_context() {
+    let mut d = Driver::new(config(64, 100_000, 16), 100_000);
+    let budget = time_budget(0);
+    d.s.set_time_budget(Some(budget));
+    d.add(1, 60_000, 1);
+    // Alone: the long prompt's first chunks fit 2 ms each.
+    let mut spent_steps = 0;
+    while d.s.get(1).unwrap().num_computed < 40_000 {
+        let p = d.step();
+        let c = chunk_of(&p, 1).unwrap();
+        assert!(budget.cost.seconds(c.start, c.len) <= budget.alone_s + 1e-12);
+        spent_steps += 1;
+    }
+    assert!(spent_steps > 10, "chunks are time-sized, not the whole 100K token cap");
+    d.add(2, 3_000, 1); // under the long threshold
+    let p = d.step();
+    let (long, short) = (chunk_of(&p, 1).unwrap(), chunk_of(&p, 2).unwrap());
+    assert!(short.len > long.len, "short {short:?} long {long:?}");
+    let total = budget.cost.seconds(long.start, long.len) + budget.cost.seconds(short.start, short.len);
+    assert!(total <= budget.alone_s + 1e-9, "{total}");
+    // No time at all: the floor still moves 64 tokens.
+    let mut f = Driver::new(config(64, 4096, 16), 1_000);
+    f.s.set_time_budget(Some(TimeBudget { alone_s: 0.0, mixed_s: 0.0, ..time_budget(64) }));
+    f.add(1, 1_000, 1);
+    assert_eq!(f.step().prefill_tokens(), 64);
 }

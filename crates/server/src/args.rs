@@ -100,10 +100,11 @@ pub struct Args {
     #[arg(long)]
     pub long_prefill_token_threshold: Option<usize>,
 
-    /// Decode-latency budget: a step that runs decodes carries only as many
-    /// prefill tokens as fit in this many milliseconds, from measured rates
-    /// (at least 256); 0 turns it off. Prefill alone still uses
-    /// --max-num-batched-tokens.
+    /// Step-time budget: a step carries only as many prefill tokens as fit
+    /// in this many milliseconds beside its decodes (or alone), from
+    /// measured rates, at least 256 and at most --max-num-batched-tokens;
+    /// this bounds both the gap between an answer's tokens and the wait of
+    /// a new prompt for its first chunk. 0 turns it off.
     #[arg(long, default_value_t = kvc_engine::config::DEFAULT_MAX_STEP_MS)]
     pub max_step_ms: f64,
 

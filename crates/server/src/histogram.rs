@@ -7,9 +7,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// Time to first token, in seconds (vLLM's buckets).
 pub const TTFT_BUCKETS: &[f64] =
     &[0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0];
-/// Time between two tokens of one sequence, in seconds (vLLM's buckets).
+/// Time between two tokens of one sequence, in seconds (vLLM's buckets
+/// plus 0.04, the decode-latency target issue 17 checks).
 pub const ITL_BUCKETS: &[f64] =
-    &[0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0];
+    &[0.01, 0.025, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0];
 /// Whole-request and queue times, in seconds (vLLM's buckets).
 pub const REQUEST_BUCKETS: &[f64] =
     &[0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0];

@@ -51,12 +51,6 @@ pub fn render(s: &EngineStats, c: &ServerCounters) -> String {
         &[("", s.preempted_tokens_recomputed)],
     );
     metric("kvc_scheduler_partial_prefills", "gauge", "Running sequences mid-prefill.", &[("", s.partial_prefills as u64)]);
-    metric(
-        "kvc_scheduler_mixed_prefill_budget_tokens",
-        "gauge",
-        "Prefill tokens a step may carry beside decodes (the decode-latency budget, --max-step-ms).",
-        &[("", s.mixed_prefill_budget as u64)],
-    );
     let admissions: Vec<(String, u64)> = s.admission_decisions.iter().map(|(r, n)| (format!("{{reason=\"{r}\"}}"), *n)).collect();
     let admissions: Vec<(&str, u64)> = admissions.iter().map(|(l, n)| (l.as_str(), *n)).collect();
     metric(
@@ -127,6 +121,13 @@ pub fn render(s: &EngineStats, c: &ServerCounters) -> String {
         "Streaming responses whose client went away before the end.",
         &[("", c.streams_cancelled.load(Ordering::Relaxed))],
     );
+    if let Some((alone, mixed)) = s.step_budget {
+        let name = "kvc_scheduler_prefill_budget_seconds";
+        let _ = writeln!(out, "# HELP {name} Seconds of prefill the next step may carry (--max-step-ms less the measured decodes).");
+        let _ = writeln!(out, "# TYPE {name} gauge");
+        let _ = writeln!(out, "{name}{{step=\"alone\"}} {alone}");
+        let _ = writeln!(out, "{name}{{step=\"with_decodes\"}} {mixed}");
+    }
     out
 }
 

@@ -13,12 +13,11 @@ impl EngineLoop {
     pub(super) fn step(&mut self) {
         let mut hooks =
             CacheHooks { cache: &mut self.cache, storage: &mut self.storage, active: &mut self.active, snapshots: &mut self.snapshots };
-        let budget = self.step_budget.mixed_prefill_tokens();
-        self.scheduler.set_mixed_prefill_budget(budget.tokens);
+        let budget = self.step_budget.decide();
+        self.scheduler.set_time_budget(budget);
         let mut plan = self.scheduler.schedule(&mut self.allocator, &mut hooks);
         self.local.preemptions += plan.preempted.len() as u64;
-        self.local.mixed_prefill_budget = budget.tokens;
-        self.local.mixed_prefill_budget_reason = budget.reason;
+        self.local.step_budget = budget.map(|b| (b.alone_s, b.mixed_s));
         for id in std::mem::take(&mut plan.unfittable) {
             // Only reachable when generation outgrows the pool: the prompt
             // was checked against max_model_len, which is <= pool capacity.
@@ -28,7 +27,8 @@ impl EngineLoop {
             return;
         }
         let started = Instant::now();
-        let (decodes, prefill_tokens) = (plan.decodes, plan.prefill_tokens());
+        let decodes = plan.decodes;
+        let prefill: Vec<(usize, usize)> = plan.chunks.iter().filter(|c| !(c.len == 1 && c.sample)).map(|c| (c.start, c.len)).collect();
         let logits = match self.forward(&plan.chunks) {
             Ok(l) => l,
             Err(e) => {
@@ -45,7 +45,7 @@ impl EngineLoop {
         self.local.steps += 1;
         let took = started.elapsed();
         self.measure_prefill_rate(&plan.chunks, took);
-        self.step_budget.observe(decodes, prefill_tokens, took);
+        self.step_budget.observe(decodes, &prefill, took);
         self.local.mixed_prefill_tokens_per_s = self.step_budget.mixed_prefill_tokens_per_s();
         for &(id, wait) in &plan.stalled {
             if let Some(a) = self.active.get_mut(&id) {
