@@ -51,6 +51,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--run", required=True)
     ap.add_argument("--metrics", required=True)
+    ap.add_argument("--metrics-before", help="/metrics before the run: counters and buckets are taken as differences")
     ap.add_argument("--capacity", type=float, required=True)
     ap.add_argument("--offered", type=float, required=True, help="offered uncached prompt tok/s")
     ap.add_argument("--label", default="")
@@ -59,15 +60,21 @@ def main():
     rows = [json.loads(l) for l in open(f"{a.run}/metrics.jsonl") if l.strip()]
     ok = [r for r in rows if r.get("ok")]
     text = open(a.metrics).read()
+    before = open(a.metrics_before).read() if a.metrics_before else ""
+
+    def value(t, key):
+        m = re.search(rf"^{re.escape(key)} ([0-9.e+-]+)$", t, re.M)
+        return float(m.group(1)) if m else None
 
     def scalar(name):
-        m = re.search(rf"^{name} ([0-9.e+-]+)$", text, re.M)
-        return float(m.group(1)) if m else None
+        v = value(text, name)
+        return None if v is None else v - (value(before, name) or 0.0)
 
     buckets = []
     for m in re.finditer(r'^kvc_inter_token_latency_seconds_bucket\{le="([^"]+)"\} ([0-9.e+-]+)$', text, re.M):
         le = float("inf") if m.group(1) == "+Inf" else float(m.group(1))
-        buckets.append((le, float(m.group(2))))
+        key = f'kvc_inter_token_latency_seconds_bucket{{le="{m.group(1)}"}}'
+        buckets.append((le, float(m.group(2)) - (value(before, key) or 0.0)))
     buckets.sort()
     share = {le: c / buckets[-1][1] for le, c in buckets} if buckets and buckets[-1][1] else {}
 

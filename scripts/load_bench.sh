@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Serving under load on the GPU (issue 17): the prefill capacity by
+# kvc-bench, then the public Mooncake-shaped trace replayed by kvc-replay
+# at real-time pacing at fractions of that capacity, one kvc-server for
+# all (different prompt tokens per run, so no run hits another's cache).
+# Run on the device after `scripts/cuda_setup.sh` and staging here:
+#
+#   cp /work/shared/traces/mooncake_synthetic_trace.jsonl .gpu/ && gzip -kf ...
+#   scripts/load_bench.sh OUT "0.7 2.0" [kvc-server flags ...]
+#
+# env: N (requests from the trace's start, default 300), SBL=1 to also
+# time a short prompt behind a long one (scripts/short_behind_long.py).
+# OUT gets capacity.txt, for each fraction F run-F/ (kvc-replay),
+# metrics-F-{before,after}.txt and report-F.json / .md (scripts/load_report.py).
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+OUT=$1 FRACS=$2
+shift 2
+N=${N:-300}
+RUN=$ROOT/scripts/gpu_run.sh
+TRACE=$ROOT/.gpu/mooncake_synthetic_trace.jsonl
+[ -f "$TRACE" ] || gunzip -kf "$TRACE.gz"
+[ -f "$ROOT/.gpu/qwen3-30b-a3b/tokenizer.json" ] || gunzip -kf "$ROOT/.gpu/qwen3-30b-a3b/tokenizer.json.gz"
+mkdir -p "$OUT"
+
+# 1. Capacity: prompt tokens/s of one 16K prefill (the trace's mean prompt is ~13K).
+"$RUN" kvc-bench engine --shape qwen3-30b-a3b --device cuda --prefill 2048,16384 --decode 1x2048 --steps 2 | tee "$OUT/capacity.txt"
+CAP=$(awk '$1 == 16384 && NF >= 3 {print $3}' "$OUT/capacity.txt" | tail -1)
+echo "capacity: $CAP prompt tok/s"
+
+# 2. The trace's offered uncached prompt tokens/s at real time.
+"$RUN" kvc-replay inspect --trace "$TRACE" --max-sessions "$N" | tee "$OUT/trace.txt"
+OFFERED=$(python3 - "$OUT/trace.txt" <<'PY'
+import re, sys
+t = open(sys.argv[1]).read()
+tok = float(re.search(r"(\d+) prompt tokens", t).group(1))
+last = float(re.search(r"last arrival ([0-9.]+) s", t).group(1))
+reuse = float(re.search(r"reusable ratio ([0-9.]+)", t).group(1))
+print(tok * (1 - reuse) / last)
+PY
+)
+echo "offered at real time: $OFFERED uncached prompt tok/s"
+
+# 3. One server.
+PORT=18200
+"$RUN" kvc-server --model "$ROOT/.gpu/qwen3-30b-a3b" --load-format dummy --device cuda --port "$PORT" \
+    --host 127.0.0.1 --max-model-len 131072 --gpu-memory-utilization 0.85 "$@" > "$OUT/server.log" 2>&1 &
+SERVER=$!
+trap 'kill $SERVER 2>/dev/null || true' EXIT
+for _ in $(seq 300); do curl -sf "http://127.0.0.1:$PORT/health" > /dev/null && break; sleep 1; done
+curl -sf "http://127.0.0.1:$PORT/health" > /dev/null || { tail -20 "$OUT/server.log"; exit 1; }
+
+if [ "${SBL:-0}" = 1 ]; then
+    python3 "$ROOT/scripts/short_behind_long.py" --url "http://127.0.0.1:$PORT" --long 32768 --short 1000 --repeat 3 \
+        | tee "$OUT/short_behind_long.txt"
+fi
+
+seed=1
+for F in $FRACS; do
+    TS=$(python3 -c "print($F * $CAP / $OFFERED)")
+    echo "== $F of capacity: time scale $TS"
+    curl -s "http://127.0.0.1:$PORT/metrics" > "$OUT/metrics-$F-before.txt"
+    "$RUN" kvc-replay run --trace "$TRACE" --max-sessions "$N" --time-scale "$TS" --seed "$seed" \
+        --url "http://127.0.0.1:$PORT" --concurrency 4096 --no-progress --out "$OUT/run-$F" > "$OUT/replay-$F.log" 2>&1 || true
+    curl -s "http://127.0.0.1:$PORT/metrics" > "$OUT/metrics-$F-after.txt"
+    python3 "$ROOT/scripts/load_report.py" --run "$OUT/run-$F" --metrics "$OUT/metrics-$F-after.txt" \
+        --metrics-before "$OUT/metrics-$F-before.txt" --capacity "$CAP" --offered "$(python3 -c "print($F * $CAP)")" \
+        --label "$F" | tee "$OUT/report-$F.txt"
+    seed=$((seed + 1))
+done
