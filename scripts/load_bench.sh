@@ -8,7 +8,8 @@
 #   cp /work/shared/traces/mooncake_synthetic_trace.jsonl .gpu/ && gzip -kf ...
 #   scripts/load_bench.sh OUT "0.7 2.0" [kvc-server flags ...]
 #
-# env: N (requests from the trace's start, default 300), SBL=1 to also
+# env: N (requests from the trace's start, default 300),
+# REQUEST_TIMEOUT_S (kvc-replay's per-request limit, default 600), SBL=1 to also
 # time a short prompt behind a long one (scripts/short_behind_long.py).
 # OUT gets capacity.txt, for each fraction F run-F/ (kvc-replay),
 # metrics-F-{before,after}.txt and report-F.json / .md (scripts/load_report.py).
@@ -47,7 +48,11 @@ PORT=18200
     --host 127.0.0.1 --max-model-len 131072 --gpu-memory-utilization 0.85 "$@" > "$OUT/server.log" 2>&1 &
 SERVER=$!
 trap 'kill $SERVER 2>/dev/null || true' EXIT
-for _ in $(seq 300); do curl -sf "http://127.0.0.1:$PORT/health" > /dev/null && break; sleep 1; done
+for _ in $(seq 300); do
+    curl -sf "http://127.0.0.1:$PORT/health" > /dev/null && break
+    kill -0 $SERVER 2>/dev/null || break
+    sleep 1
+done
 curl -sf "http://127.0.0.1:$PORT/health" > /dev/null || { tail -20 "$OUT/server.log"; exit 1; }
 
 if [ "${SBL:-0}" = 1 ]; then
@@ -61,7 +66,8 @@ for F in $FRACS; do
     echo "== $F of capacity: time scale $TS"
     curl -s "http://127.0.0.1:$PORT/metrics" > "$OUT/metrics-$F-before.txt"
     "$RUN" kvc-replay run --trace "$TRACE" --max-sessions "$N" --time-scale "$TS" --seed "$seed" \
-        --url "http://127.0.0.1:$PORT" --concurrency 4096 --no-progress --out "$OUT/run-$F" > "$OUT/replay-$F.log" 2>&1 || true
+        --url "http://127.0.0.1:$PORT" --concurrency 4096 --request-timeout-s "${REQUEST_TIMEOUT_S:-600}" \
+        --no-progress --out "$OUT/run-$F" > "$OUT/replay-$F.log" 2>&1 || true
     curl -s "http://127.0.0.1:$PORT/metrics" > "$OUT/metrics-$F-after.txt"
     python3 "$ROOT/scripts/load_report.py" --run "$OUT/run-$F" --metrics "$OUT/metrics-$F-after.txt" \
         --metrics-before "$OUT/metrics-$F-before.txt" --capacity "$CAP" --offered "$(python3 -c "print($F * $CAP)")" \
