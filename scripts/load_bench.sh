@@ -11,7 +11,7 @@
 # env: N (requests from the trace's start, default 300),
 # REQUEST_TIMEOUT_S (kvc-replay's per-request limit, default 600), SBL=1 to also
 # time a short prompt behind a long one (scripts/short_behind_long.py).
-# OUT gets capacity.txt, for each fraction F run-F/ (kvc-replay),
+# OUT gets capacity.txt, for each fraction F run-F.tgz (kvc-replay's directory),
 # metrics-F-{before,after}.txt and report-F.json / .md (scripts/load_report.py).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -72,5 +72,7 @@ for F in $FRACS; do
     python3 "$ROOT/scripts/load_report.py" --run "$OUT/run-$F" --metrics "$OUT/metrics-$F-after.txt" \
         --metrics-before "$OUT/metrics-$F-before.txt" --capacity "$CAP" --offered "$(python3 -c "print($F * $CAP)")" \
         --label "$F" | tee "$OUT/report-$F.txt"
+    # Few files come back from the device: pack the run.
+    tar czf "$OUT/run-$F.tgz" -C "$OUT" "run-$F" && rm -rf "$OUT/run-$F"
     seed=$((seed + 1))
 done

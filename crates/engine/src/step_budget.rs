@@ -1,15 +1,24 @@
 //! The step-time budget: how much prefill a step may carry so that it
 //! stays within `--max-step-ms`, beside its decodes or alone.
 //!
-//! Step time is modelled as `decode_s + sum over prefill chunks of
-//! len * (a + b * context)`: `decode_s` is the moving average of steps
-//! with decodes only; `a` and `b` (the per-token cost and its growth with
-//! the context a chunk attends to) are fitted by exponentially weighted
-//! least squares over steps with a sizeable prefill. All are measured on
-//! this engine, so the same target gives large chunks on a fast GPU and
-//! small ones on a CPU, larger ones for a prompt's first chunk than deep
-//! into a long context, and larger ones alone than beside decodes. The
-//! scheduler turns the seconds into chunk lengths ([`TimeBudget`]).
+//! A step's time is modelled as
+//!
+//! ```text
+//! t = t0 + d * decodes + e * (decodes' contexts)
+//!        + sum over prefill chunks of [ len * (a + b * mid-chunk context) + c * start ]
+//! ```
+//!
+//! (fixed cost per step; per decode and per token a decode attends to; per
+//! prefill token, growing with its context; per chunk, reading the context
+//! it attends to). The six coefficients are fitted on every step by
+//! exponentially weighted least squares, each step also pulling them
+//! towards the previous fit, so that long stretches of one kind of step
+//! (decodes only, say) do not lose what the other kind taught. All are
+//! measured on this engine: the same target gives large chunks on a fast
+//! GPU and small ones on a CPU, larger ones for a prompt's first chunk
+//! than deep into a long context, and larger ones alone than beside many
+//! decodes. The scheduler turns the seconds into chunk lengths
+//! ([`TimeBudget`]).
 //!
 //! Bounding every step, not only mixed ones, bounds two waits at once: an
 //! answer's next token (a step) and a new prompt's first chunk (the step
@@ -24,143 +33,223 @@ use kvc_scheduler::{ChunkCost, TimeBudget};
 /// target (at most `--max-num-batched-tokens`).
 pub const MIN_PREFILL_TOKENS: usize = 256;
 
-/// Prefill tokens below which a step's time says little about the cost.
-const MIN_MEASURED_PREFILL: usize = 64;
+/// Steps with prefill seen before the fit is trusted.
+const MIN_PREFILL_SAMPLES: usize = 2;
 
-/// Weight of a new measurement in the moving averages; the fit forgets
-/// old steps at the same rate.
-const ALPHA: f64 = 0.2;
+/// Weight each old step keeps per new one.
+const KEEP: f64 = 0.95;
 
-/// Weighted least squares of `y = a * x0 + b * x1` (x0: tokens, x1:
-/// tokens times context), forgetting old samples.
+/// Pull towards the previous fit (in scaled units, where a step's features are ~1).
+const PRIOR: f64 = 1e-3;
+
+const N: usize = 6;
+
+/// Typical magnitudes of the features, so that the normal equations are
+/// well conditioned: 1, decodes, decode context tokens, prefill tokens,
+/// prefill tokens x context, chunk starts.
+const SCALE: [f64; N] = [1.0, 64.0, 1e6, 1e4, 1e9, 1e5];
+
+/// What a step did, as the model sees it.
 #[derive(Debug, Clone, Default)]
-struct CostFit {
-    s00: f64,
-    s01: f64,
-    s11: f64,
-    r0: f64,
-    r1: f64,
+pub struct StepShape {
+    pub decodes: usize,
+    /// Sum of the decoding sequences' context lengths.
+    pub decode_context: usize,
+    /// Prefill chunks as (start, len).
+    pub prefill: Vec<(usize, usize)>,
 }
 
-impl CostFit {
-    fn add(&mut self, x0: f64, x1: f64, y: f64) {
-        let k = 1.0 - ALPHA;
-        self.s00 = k * self.s00 + x0 * x0;
-        self.s01 = k * self.s01 + x0 * x1;
-        self.s11 = k * self.s11 + x1 * x1;
-        self.r0 = k * self.r0 + x0 * y;
-        self.r1 = k * self.r1 + x1 * y;
-    }
-
-    /// The fitted cost; `b = 0` while the contexts seen cannot tell `a`
-    /// from `b` (or the fit says cost falls with context).
-    fn cost(&self) -> Option<ChunkCost> {
-        if self.s00 <= 0.0 {
-            return None;
-        }
-        let det = self.s00 * self.s11 - self.s01 * self.s01;
-        if det > 1e-6 * self.s00 * self.s11 {
-            let a = (self.r0 * self.s11 - self.r1 * self.s01) / det;
-            let b = (self.s00 * self.r1 - self.s01 * self.r0) / det;
-            if a > 0.0 && b >= 0.0 {
-                return Some(ChunkCost { a, b });
-            }
-        }
-        // One parameter: the average cost per token at the contexts seen.
-        let a = self.r0 / self.s00;
-        (a > 0.0).then_some(ChunkCost { a, b: 0.0 })
+impl StepShape {
+    fn features(&self) -> [f64; N] {
+        let tokens: usize = self.prefill.iter().map(|c| c.1).sum();
+        let tok_ctx: f64 = self.prefill.iter().map(|&(s, l)| l as f64 * (s as f64 + l as f64 / 2.0)).sum();
+        let starts: usize = self.prefill.iter().filter(|c| c.1 > 0).map(|c| c.0).sum();
+        [1.0, self.decodes as f64, self.decode_context as f64, tokens as f64, tok_ctx, starts as f64]
     }
 }
 
 #[derive(Debug, Clone)]
 pub struct StepBudget {
     target_s: Option<f64>,
-    decode_s: Option<f64>,
-    fit: CostFit,
+    s: [[f64; N]; N],
+    r: [f64; N],
+    /// Coefficients in scaled units (multiply features / SCALE).
+    theta: [f64; N],
+    prefill_samples: usize,
 }
 
 impl StepBudget {
     /// `max_step`: the step-time target (None: no limit).
     pub fn new(max_step: Option<Duration>) -> Self {
-        Self { target_s: max_step.map(|d| d.as_secs_f64()), decode_s: None, fit: CostFit::default() }
+        Self { target_s: max_step.map(|d| d.as_secs_f64()), s: [[0.0; N]; N], r: [0.0; N], theta: [0.0; N], prefill_samples: 0 }
     }
 
-    /// Records a step: its decodes, its prefill chunks as (start, len), and
-    /// its time.
-    pub fn observe(&mut self, decodes: usize, prefill: &[(usize, usize)], took: Duration) {
-        let t = took.as_secs_f64();
-        let tokens: usize = prefill.iter().map(|c| c.1).sum();
-        if tokens == 0 && decodes > 0 {
-            self.decode_s = Some(self.decode_s.map_or(t, |a| (1.0 - ALPHA) * a + ALPHA * t));
-        } else if tokens >= MIN_MEASURED_PREFILL {
-            let base = if decodes > 0 { self.decode_s.unwrap_or(0.0).min(t) } else { 0.0 };
-            let x1: f64 = prefill.iter().map(|&(start, len)| len as f64 * (start as f64 + len as f64 / 2.0)).sum();
-            self.fit.add(tokens as f64, x1, t - base);
+    /// Records a step and its time.
+    pub fn observe(&mut self, shape: &StepShape, took: Duration) {
+        let raw = shape.features();
+        let x: Vec<f64> = raw.iter().zip(SCALE).map(|(v, s)| v / s).collect();
+        let y = took.as_secs_f64();
+        for i in 0..N {
+            for j in 0..N {
+                self.s[i][j] = KEEP * self.s[i][j] + x[i] * x[j];
+            }
+            self.r[i] = KEEP * self.r[i] + x[i] * y;
+        }
+        if raw[3] > 0.0 {
+            self.prefill_samples += 1;
+        }
+        // Solve (S + PRIOR I) theta = r + PRIOR theta_prev; costs are not negative.
+        let mut m = self.s;
+        let mut v = self.r;
+        for i in 0..N {
+            m[i][i] += PRIOR;
+            v[i] += PRIOR * self.theta[i];
+        }
+        if let Some(t) = solve(m, v) {
+            self.theta = t.map(|c| c.max(0.0));
         }
     }
 
-    /// The budget for the next step: None without a target or before the
-    /// first measurement (then only `--max-num-batched-tokens` limits).
-    pub fn decide(&self) -> Option<TimeBudget> {
+    fn coef(&self, i: usize) -> f64 {
+        self.theta[i] / SCALE[i]
+    }
+
+    /// Predicted seconds of a step.
+    pub fn predict(&self, shape: &StepShape) -> f64 {
+        shape.features().iter().enumerate().map(|(i, f)| f * self.coef(i)).sum()
+    }
+
+    fn cost(&self) -> ChunkCost {
+        ChunkCost { a: self.coef(3), b: self.coef(4), c: self.coef(5) }
+    }
+
+    /// The budget for the next step, whose decodes are `decodes` with
+    /// contexts summing to `decode_context`: None without a target or
+    /// before the fit has seen prefill (then only `--max-num-batched-tokens`
+    /// limits).
+    pub fn decide(&self, decodes: usize, decode_context: usize) -> Option<TimeBudget> {
         let target = self.target_s?;
-        let cost = self.fit.cost()?;
+        let cost = self.cost();
+        if self.prefill_samples < MIN_PREFILL_SAMPLES || cost.a <= 0.0 {
+            return None;
+        }
+        let fixed = self.predict(&StepShape { decodes, decode_context, prefill: vec![] });
         Some(TimeBudget {
-            alone_s: target,
-            mixed_s: (target - self.decode_s.unwrap_or(0.0)).max(0.0),
+            alone_s: (target - self.coef(0)).max(0.0),
+            mixed_s: (target - fixed).max(0.0),
             cost,
             min_tokens: MIN_PREFILL_TOKENS,
         })
     }
 
-    /// Prompt tokens per second a prefill from an empty context gets while
-    /// decodes run (the mixed budget at the modelled step time); 0 until
-    /// measured.
-    pub fn mixed_prefill_tokens_per_s(&self) -> f64 {
-        let Some(b) = self.decide() else {
+    /// Prompt tokens per second a prefill from an empty context gets beside
+    /// `decodes` decodes (the mixed budget at the modelled step time); 0
+    /// until measured.
+    pub fn mixed_prefill_tokens_per_s(&self, decodes: usize, decode_context: usize) -> f64 {
+        let Some(b) = self.decide(decodes, decode_context) else {
             return 0.0;
         };
-        let n = b.cost.tokens_within(0, b.mixed_s).max(b.min_tokens) as f64;
-        n / (self.decode_s.unwrap_or(0.0) + b.cost.seconds(0, n as usize))
+        let n = b.cost.tokens_within(0, b.mixed_s).clamp(b.min_tokens, 1 << 20);
+        let t = self.predict(&StepShape { decodes, decode_context, prefill: vec![(0, n)] });
+        if t > 0.0 {
+            n as f64 / t
+        } else {
+            0.0
+        }
     }
+}
+
+/// Gaussian elimination with partial pivoting; None when singular.
+fn solve(mut m: [[f64; N]; N], mut v: [f64; N]) -> Option<[f64; N]> {
+    for col in 0..N {
+        let p = (col..N).max_by(|&a, &b| m[a][col].abs().total_cmp(&m[b][col].abs()))?;
+        if m[p][col].abs() < 1e-300 {
+            return None;
+        }
+        m.swap(col, p);
+        v.swap(col, p);
+        for row in col + 1..N {
+            let f = m[row][col] / m[col][col];
+            for k in col..N {
+                m[row][k] -= f * m[col][k];
+            }
+            v[row] -= f * v[col];
+        }
+    }
+    let mut x = [0.0; N];
+    for row in (0..N).rev() {
+        let s: f64 = (row + 1..N).map(|k| m[row][k] * x[k]).sum();
+        x[row] = (v[row] - s) / m[row][row];
+    }
+    x.iter().all(|c| c.is_finite()).then_some(x)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    const MS: fn(u64) -> Duration = Duration::from_millis;
+    /// Steps timed by a known model: 2 ms fixed, 0.3 ms per decode, 20 ns
+    /// per decode context token, 30 us per prefill token plus 1 ns per
+    /// token of its context, 10 ns per token of a chunk's start.
+    fn truth(s: &StepShape) -> Duration {
+        let prefill: f64 =
+            s.prefill.iter().map(|&(st, l)| l as f64 * (30e-6 + 1e-9 * (st as f64 + l as f64 / 2.0)) + 10e-9 * st as f64).sum();
+        Duration::from_secs_f64(2e-3 + 0.3e-3 * s.decodes as f64 + 20e-9 * s.decode_context as f64 + prefill)
+    }
 
-    #[test]
-    fn the_fit_recovers_a_cost_that_grows_with_context() {
-        let truth = ChunkCost { a: 3e-5, b: 2e-10 };
-        let mut b = StepBudget::new(Some(MS(100)));
-        assert_eq!(b.decide(), None, "unmeasured");
-        b.observe(8, &[], MS(20));
-        for (start, len) in [(0, 2048), (2048, 2048), (30_000, 1024), (0, 512), (60_000, 700)] {
-            b.observe(0, &[(start, len)], Duration::from_secs_f64(truth.seconds(start, len)));
+    fn shapes() -> Vec<StepShape> {
+        let mut out = Vec::new();
+        for i in 0..200usize {
+            let decodes = (i * 7) % 40;
+            let prefill = match i % 4 {
+                0 => vec![],
+                1 => vec![(0, 512 + i * 13 % 3000)],
+                2 => vec![((i * 997) % 60_000, 256 + i * 31 % 2000)],
+                _ => vec![(0, 300), ((i * 577) % 30_000, 1000)],
+            };
+            out.push(StepShape { decodes, decode_context: decodes * (1000 + (i * 113) % 20_000), prefill });
         }
-        let got = b.decide().unwrap();
-        assert!((got.cost.a - truth.a).abs() < 1e-9 && (got.cost.b - truth.b).abs() < 1e-13, "{got:?}");
-        assert_eq!((got.alone_s, got.mixed_s), (0.1, 0.1 - 0.02));
-        // A mixed step is fitted net of the decodes.
-        b.observe(8, &[(0, 1000)], MS(20) + Duration::from_secs_f64(truth.seconds(0, 1000)));
-        assert!((b.decide().unwrap().cost.a - truth.a).abs() < 1e-9);
+        out
     }
 
     #[test]
-    fn one_context_only_gives_the_average_cost_and_no_target_no_budget() {
-        let mut b = StepBudget::new(Some(MS(100)));
-        b.observe(0, &[(0, 1000)], MS(50));
-        b.observe(0, &[(0, 1000)], MS(50));
-        let c = b.decide().unwrap().cost;
-        assert!((c.a - 5e-5).abs() < 1e-12 && c.b == 0.0, "{c:?}");
+    fn the_fit_predicts_steps_it_has_not_seen() {
+        let mut b = StepBudget::new(Some(Duration::from_millis(100)));
+        assert_eq!(b.decide(0, 0), None, "unmeasured");
+        for s in shapes() {
+            b.observe(&s, truth(&s));
+        }
+        for s in [
+            StepShape { decodes: 64, decode_context: 64 * 30_000, prefill: vec![(90_000, 700)] },
+            StepShape { decodes: 0, decode_context: 0, prefill: vec![(0, 8192)] },
+            StepShape { decodes: 8, decode_context: 8_000, prefill: vec![] },
+        ] {
+            let (want, got) = (truth(&s).as_secs_f64(), b.predict(&s));
+            assert!((got - want).abs() < 0.05 * want, "{s:?}: predicted {got}, took {want}");
+        }
+        // The budget is what the target leaves: a mixed step planned to it
+        // takes the target.
+        let t = b.decide(20, 20 * 10_000).unwrap();
+        let n = t.cost.tokens_within(5_000, t.mixed_s);
+        let planned = StepShape { decodes: 20, decode_context: 200_000, prefill: vec![(5_000, n)] };
+        assert!((truth(&planned).as_secs_f64() - 0.1).abs() < 0.005, "{:?}", truth(&planned));
+    }
+
+    #[test]
+    fn decodes_only_stretches_keep_the_prefill_fit_and_no_target_means_no_budget() {
+        let mut b = StepBudget::new(Some(Duration::from_millis(100)));
+        for s in shapes() {
+            b.observe(&s, truth(&s));
+        }
+        let before = b.cost();
+        let decode_only = StepShape { decodes: 16, decode_context: 16 * 4_000, prefill: vec![] };
+        for _ in 0..1_000 {
+            b.observe(&decode_only, truth(&decode_only));
+        }
+        let after = b.cost();
+        assert!((after.a - before.a).abs() < 0.05 * before.a, "{before:?} -> {after:?}");
         let mut free = StepBudget::new(None);
-        free.observe(0, &[(0, 1000)], MS(50));
-        assert_eq!(free.decide(), None);
-        // Decodes slower than the target leave nothing but the floor.
-        let mut slow = StepBudget::new(Some(MS(30)));
-        slow.observe(64, &[], MS(40));
-        slow.observe(0, &[(0, 1000)], MS(50));
-        assert_eq!(slow.decide().unwrap().mixed_s, 0.0);
+        free.observe(&shapes()[1], Duration::from_millis(50));
+        assert_eq!(free.decide(0, 0), None);
     }
 }

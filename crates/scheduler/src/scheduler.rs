@@ -200,6 +200,12 @@ impl Scheduler {
         self.waiting.len()
     }
 
+    /// Running sequences decoding, and the sum of their context lengths
+    /// (what the next step's decodes will cost).
+    pub fn decode_load(&self) -> (usize, usize) {
+        self.running.iter().map(|id| &self.seqs[id]).filter(|s| s.is_decoding()).fold((0, 0), |(n, c), s| (n + 1, c + s.tokens.len()))
+    }
+
     /// Running sequences still computing their prompt.
     pub fn num_partial_prefills(&self) -> usize {
         self.running.iter().filter(|id| !self.seqs[id].is_decoding()).count()
@@ -526,12 +532,15 @@ impl Scheduler {
             inputs.is_long = seq.remaining() > self.config.long_prefill_token_threshold;
             inputs.need_blocks = self.missing_blocks(id, seq.tokens.len());
             inputs.reserve_blocks = self.growth_reserve();
-            let want = inputs.need_blocks + inputs.reserve_blocks;
-            if alloc.num_free() < want {
-                hooks.reclaim(want, alloc);
-            }
             inputs.free_blocks = alloc.num_free();
-            let reason = decide_admission(&inputs);
+            let mut reason = decide_admission(&inputs);
+            if reason == AdmitReason::KvWatermark {
+                // Only memory is missing: reclaim caches for it (never for
+                // a sequence a slot limit holds back anyway).
+                hooks.reclaim(inputs.need_blocks + inputs.reserve_blocks, alloc);
+                inputs.free_blocks = alloc.num_free();
+                reason = decide_admission(&inputs);
+            }
             tracing::debug!(
                 event = "admission",
                 seq_id = id,

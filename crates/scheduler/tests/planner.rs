@@ -185,7 +185,7 @@ fn a_short_prompt_behind_a_long_one_goes_in_the_next_step() {
 /// A time budget priced by context: 1 us per token plus 1 ns per token of
 /// context; 2 ms of prefill alone, 0.5 ms beside decodes.
 fn time_budget(min_tokens: usize) -> TimeBudget {
-    TimeBudget { alone_s: 2e-3, mixed_s: 5e-4, cost: ChunkCost { a: 1e-6, b: 1e-9 }, min_tokens }
+    TimeBudget { alone_s: 2e-3, mixed_s: 5e-4, cost: ChunkCost { a: 1e-6, b: 1e-9, c: 0.0 }, min_tokens }
 }
 
 /// With a stream of short prompts and a small time budget beside their

@@ -7,13 +7,15 @@ use kvc_model_qwen3::{BatchInput, SeqChunk};
 use kvc_scheduler::{ScheduledChunk, Wait};
 
 use super::{CacheHooks, EngineLoop};
+use crate::step_budget::StepShape;
 use crate::{EngineError, FinishReason, StreamEvent};
 
 impl EngineLoop {
     pub(super) fn step(&mut self) {
         let mut hooks =
             CacheHooks { cache: &mut self.cache, storage: &mut self.storage, active: &mut self.active, snapshots: &mut self.snapshots };
-        let budget = self.step_budget.decide();
+        let (decodes_next, decode_context) = self.scheduler.decode_load();
+        let budget = self.step_budget.decide(decodes_next, decode_context);
         self.scheduler.set_time_budget(budget);
         let mut plan = self.scheduler.schedule(&mut self.allocator, &mut hooks);
         self.local.preemptions += plan.preempted.len() as u64;
@@ -27,8 +29,12 @@ impl EngineLoop {
             return;
         }
         let started = Instant::now();
-        let decodes = plan.decodes;
-        let prefill: Vec<(usize, usize)> = plan.chunks.iter().filter(|c| !(c.len == 1 && c.sample)).map(|c| (c.start, c.len)).collect();
+        let is_decode = |c: &ScheduledChunk| c.len == 1 && c.sample;
+        let shape = StepShape {
+            decodes: plan.chunks.iter().filter(|c| is_decode(c)).count(),
+            decode_context: plan.chunks.iter().filter(|c| is_decode(c)).map(|c| c.start + 1).sum(),
+            prefill: plan.chunks.iter().filter(|c| !is_decode(c)).map(|c| (c.start, c.len)).collect(),
+        };
         let logits = match self.forward(&plan.chunks) {
             Ok(l) => l,
             Err(e) => {
@@ -45,8 +51,17 @@ impl EngineLoop {
         self.local.steps += 1;
         let took = started.elapsed();
         self.measure_prefill_rate(&plan.chunks, took);
-        self.step_budget.observe(decodes, &prefill, took);
-        self.local.mixed_prefill_tokens_per_s = self.step_budget.mixed_prefill_tokens_per_s();
+        tracing::debug!(
+            event = "step",
+            decodes = shape.decodes,
+            prefill_chunks = shape.prefill.len(),
+            prefill_tokens = shape.prefill.iter().map(|c| c.1).sum::<usize>(),
+            predicted_ms = self.step_budget.predict(&shape) * 1e3,
+            took_ms = took.as_secs_f64() * 1e3,
+            budget_ms = budget.map_or(0.0, |b| if shape.decodes > 0 { b.mixed_s } else { b.alone_s } * 1e3),
+        );
+        self.step_budget.observe(&shape, took);
+        self.local.mixed_prefill_tokens_per_s = self.step_budget.mixed_prefill_tokens_per_s(shape.decodes, shape.decode_context);
         for &(id, wait) in &plan.stalled {
             if let Some(a) = self.active.get_mut(&id) {
                 match wait {
