@@ -10,7 +10,8 @@
 #
 # env: N (requests from the trace's start, default 300),
 # REQUEST_TIMEOUT_S (kvc-replay's per-request limit, default 600), SBL=1 to also
-# time a short prompt behind a long one (scripts/short_behind_long.py).
+# time a short prompt behind a long one (scripts/short_behind_long.py),
+# PACK=1 to leave only OUT.tgz (the device returns few files).
 # OUT gets capacity.txt, for each fraction F run-F.tgz (kvc-replay's directory),
 # metrics-F-{before,after}.txt and report-F.json / .md (scripts/load_report.py).
 set -euo pipefail
@@ -44,7 +45,7 @@ echo "offered at real time: $OFFERED uncached prompt tok/s"
 
 # 3. One server.
 PORT=18200
-"$RUN" kvc-server --model "$ROOT/.gpu/qwen3-30b-a3b" --load-format dummy --device cuda --port "$PORT" \
+RUST_LOG=${RUST_LOG:-info,kvc_engine::engine_loop::step=debug} "$RUN" kvc-server --model "$ROOT/.gpu/qwen3-30b-a3b" --load-format dummy --device cuda --port "$PORT" \
     --host 127.0.0.1 --max-model-len 131072 --gpu-memory-utilization 0.85 "$@" > "$OUT/server.log" 2>&1 &
 SERVER=$!
 trap 'kill $SERVER 2>/dev/null || true' EXIT
@@ -76,3 +77,8 @@ for F in $FRACS; do
     tar czf "$OUT/run-$F.tgz" -C "$OUT" "run-$F" && rm -rf "$OUT/run-$F"
     seed=$((seed + 1))
 done
+python3 "$ROOT/scripts/step_log_stats.py" "$OUT/server.log" | tee "$OUT/steps.txt"
+# Few files come back from the device: everything in one archive.
+if [ "${PACK:-0}" = 1 ]; then
+    tar czf "$OUT.tgz" -C "$(dirname "$OUT")" "$(basename "$OUT")" && rm -rf "$OUT"
+fi

@@ -372,18 +372,6 @@ impl EngineLoop {
         }
     }
 
-    /// Samples, streams and checks stop conditions for one sequence.
-    fn on_token(&mut self, id: SeqId, logits: &[f32]) {
-        let Some(seq) = self.scheduler.get(id) else {
-            return;
-        };
-        let Some(a) = self.active.get_mut(&id) else {
-            return;
-        };
-        let (token, logprobs) = a.sampler.sample(logits, &seq.tokens);
-        self.accept_token(id, token, logprobs);
-    }
-
     /// Appends a chosen token, streams it and checks stop conditions.
     fn accept_token(&mut self, id: SeqId, token: u32, logprobs: Option<Logprobs>) {
         let Some(a) = self.active.get_mut(&id) else {
