@@ -511,6 +511,10 @@ struct CacheHooks<'a> {
 impl SchedulerHooks for CacheHooks<'_> {
     fn reclaim(&mut self, n: usize, alloc: &mut BlockAllocator) {
         self.cache.reclaim(n, alloc, self.storage);
+        if alloc.num_free() < n {
+            // A prefill worker's snapshots give way to the prompts it must compute.
+            self.snapshots.reclaim(n, alloc);
+        }
     }
 
     fn acquire(&mut self, seq: &Sequence, alloc: &mut BlockAllocator) -> Option<(Vec<BlockId>, usize)> {

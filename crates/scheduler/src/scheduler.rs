@@ -293,7 +293,7 @@ impl Scheduler {
         out: &mut Schedule,
     ) -> bool {
         while !self.grow(id, tokens, alloc, hooks) {
-            if self.unseed_one_waiting(alloc) {
+            if self.unseed_one_waiting(None, alloc) {
                 continue;
             }
             let candidates: Vec<VictimCandidate> = self
@@ -331,10 +331,11 @@ impl Scheduler {
         self.waiting.push_front(id);
     }
 
-    /// Releases the reused blocks of one waiting sequence, the last in the
-    /// queue first (it acquires again when admitted). True if one had any.
-    fn unseed_one_waiting(&mut self, alloc: &mut BlockAllocator) -> bool {
-        let Some(&id) = self.waiting.iter().rev().find(|id| !self.seqs[id].block_table.is_empty()) else {
+    /// Releases the reused blocks of one waiting sequence other than
+    /// `except`, the last in the queue first (it acquires again when
+    /// admitted). True if one had any.
+    fn unseed_one_waiting(&mut self, except: Option<SeqId>, alloc: &mut BlockAllocator) -> bool {
+        let Some(&id) = self.waiting.iter().rev().find(|&&id| Some(id) != except && !self.seqs[&id].block_table.is_empty()) else {
             return false;
         };
         let seq = self.seqs.get_mut(&id).expect("waiting sequence exists");
@@ -534,12 +535,16 @@ impl Scheduler {
             inputs.reserve_blocks = self.growth_reserve();
             inputs.free_blocks = alloc.num_free();
             let mut reason = decide_admission(&inputs);
-            if reason == AdmitReason::KvWatermark {
-                // Only memory is missing: reclaim caches for it (never for
-                // a sequence a slot limit holds back anyway).
+            // Only memory is missing: reclaim caches for it (never for a
+            // sequence a slot limit holds back anyway), then blocks that
+            // waiting sequences behind it pinned by their cache hits.
+            while reason == AdmitReason::KvWatermark {
                 hooks.reclaim(inputs.need_blocks + inputs.reserve_blocks, alloc);
                 inputs.free_blocks = alloc.num_free();
                 reason = decide_admission(&inputs);
+                if reason == AdmitReason::KvWatermark && !self.unseed_one_waiting(Some(id), alloc) {
+                    break;
+                }
             }
             tracing::debug!(
                 event = "admission",

@@ -363,3 +363,20 @@ fn a_time_budget_prices_chunks_by_their_context() {
     f.add(1, 1_000, 1);
     assert_eq!(f.step().prefill_tokens(), 64);
 }
+
+/// Blocks pinned by a waiting sequence behind the head (its cache hit, or
+/// KV a peer filled) give way when the head needs them and nothing runs:
+/// no deadlock with memory held by a sequence that cannot go first.
+#[test]
+fn blocks_pinned_behind_the_head_give_way_to_it() {
+    let mut d = Driver::new(config(8, 64, 4), 10);
+    d.add(1, 36, 1); // 9 of the 10 blocks
+    let pinned = d.alloc.allocate(6).unwrap();
+    d.s.add_seeded(2, vec![2; 24], pinned, 20, false);
+    d.max_new.insert(2, 1);
+    let p = d.step();
+    assert!(chunk_of(&p, 1).is_some(), "the head was admitted: {p:?}");
+    d.run_to_end(100);
+    assert_eq!(d.finished.len(), 2);
+    assert_eq!(d.alloc.num_free(), 10);
+}

@@ -287,6 +287,16 @@ impl SnapshotStore {
         }
     }
 
+    /// Evicts entries, least recently used first, until `need` blocks are
+    /// free or none is left: snapshots are a cache that yields to the
+    /// requests a prefill worker must compute (they can be pushed again).
+    /// Returns the blocks freed.
+    pub fn reclaim(&mut self, need: usize, alloc: &mut BlockAllocator) -> usize {
+        let start = alloc.num_free();
+        while alloc.num_free() < need && self.evict_lru(None, alloc) {}
+        alloc.num_free() - start
+    }
+
     /// Evicts the least recently used entry other than `keep`'s.
     fn evict_lru(&mut self, keep: Option<&str>, alloc: &mut BlockAllocator) -> bool {
         let victim =
@@ -413,5 +423,19 @@ mod tests {
         assert_eq!(alloc.num_free(), 14, "the store keeps two blocks");
         let r = store.reserve("s", toks(12, 1), &mut alloc).unwrap();
         assert_eq!((r.from_block, r.blocks.len()), (2, 1));
+    }
+
+    #[test]
+    fn reclaim_evicts_least_recently_used_entries_until_enough_is_free() {
+        let mut alloc = BlockAllocator::new(12);
+        let mut store = SnapshotStore::new(4, 12);
+        push(&mut store, "old", toks(16, 1), &mut alloc);
+        push(&mut store, "new", toks(16, 2), &mut alloc);
+        assert_eq!(alloc.num_free(), 4);
+        assert_eq!(store.reclaim(6, &mut alloc), 4, "one entry (the older) is enough");
+        assert_eq!(store.tokens_of("old"), 0);
+        assert_eq!(store.tokens_of("new"), 16);
+        assert_eq!(store.reclaim(100, &mut alloc), 4, "then everything, and no more");
+        assert_eq!((alloc.num_free(), store.used_blocks()), (12, 0));
     }
 }
