@@ -284,7 +284,13 @@ impl EngineLoop {
                 true
             }
             Command::ResetPrefixCache(reply) => {
-                let _ = reply.send(self.cache.reset_prefix_cache(&mut self.allocator));
+                let free = self.allocator.num_free();
+                let index_blocks = self.cache.reset_prefix_cache(&mut self.allocator);
+                let _ = reply.send(crate::PrefixCacheReset {
+                    index_blocks,
+                    freed_blocks: self.allocator.num_free() - free,
+                    snapshot_blocks: self.snapshots.used_blocks(),
+                });
                 self.publish();
                 true
             }

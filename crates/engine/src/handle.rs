@@ -41,6 +41,18 @@ pub struct ModelInfo {
     pub kv_region: Option<MemoryRegion>,
 }
 
+/// What `reset_prefix_cache` did: blocks dropped from the prefix index,
+/// blocks that became free by it (fewer when sessions, running requests or
+/// a prefill worker's snapshot store still hold some), and the blocks the
+/// snapshot store keeps (a reset leaves it alone; deleting a session
+/// removes its snapshot).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PrefixCacheReset {
+    pub index_blocks: usize,
+    pub freed_blocks: usize,
+    pub snapshot_blocks: usize,
+}
+
 /// The engine's state as of its last step: an immutable snapshot the step
 /// loop publishes (arc-swap) so that probes, metrics and routing never enter
 /// the loop.
@@ -238,8 +250,8 @@ impl EngineHandle {
         rx.await.map_err(|_| EngineError::ShuttingDown)
     }
 
-    /// Drops every prefix-cache block that nothing else uses; returns how many.
-    pub async fn reset_prefix_cache(&self) -> Result<usize, EngineError> {
+    /// Drops the prefix index; says what that freed.
+    pub async fn reset_prefix_cache(&self) -> Result<PrefixCacheReset, EngineError> {
         let (tx, rx) = tokio::sync::oneshot::channel();
         self.inner.commands.send(Command::ResetPrefixCache(tx)).map_err(|_| EngineError::ShuttingDown)?;
         rx.await.map_err(|_| EngineError::ShuttingDown)

@@ -71,7 +71,8 @@ impl SamplingParams {
     pub fn validate(&self) -> Result<(), crate::EngineError> {
         let bad = |param: &str, msg: String| Err(crate::EngineError::InvalidParam { param: param.to_string(), message: msg });
         if !(self.temperature >= 0.0) || !self.temperature.is_finite() {
-            return bad("temperature", format!("temperature must be >= 0, got {}", self.temperature));
+            // An f64 beyond f32's range arrives here as inf: say the range.
+            return bad("temperature", format!("temperature must be a number from 0 to {:e}, got {}", f32::MAX, self.temperature));
         }
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
             return bad("top_p", format!("top_p must be in (0, 1], got {}", self.top_p));

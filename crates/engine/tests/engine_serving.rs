@@ -106,7 +106,8 @@ fn preemption_under_a_small_pool_keeps_outputs_and_returns_every_block() {
     assert_eq!(s.free_blocks + s.evictable_blocks, initial_free);
     // ...and dropping the prefix cache returns every block.
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-    rt.block_on(small.reset_prefix_cache()).unwrap();
+    let r = rt.block_on(small.reset_prefix_cache()).unwrap();
+    assert_eq!((r.freed_blocks, r.snapshot_blocks), (s.evictable_blocks, 0), "{r:?}");
     assert_eq!(wait_stats(&small, |s| s.free_blocks == initial_free).free_blocks, initial_free);
 }
 

@@ -201,6 +201,16 @@ fn a_snapshot_push_lets_another_decode_worker_resume_by_bypass() {
     assert_eq!(p_usage.cached_tokens, 80);
     assert_eq!(p_usage.computed_tokens(), t3.len() - 80);
     assert_eq!(got.tokens, want.tokens, "a session moved by bypass answers as if it never moved");
+
+    // A prefix-cache reset on P reports what it freed, not what it dropped
+    // from the index: the snapshot store still holds its blocks.
+    wait_for(&p, "P idle", |s| s.running == 0 && s.waiting == 0);
+    let free = p.stats().free_blocks;
+    let r = rt.block_on(p.reset_prefix_cache()).unwrap();
+    assert_eq!(r.snapshot_blocks, p.stats().snapshot_used_blocks);
+    assert!(r.snapshot_blocks >= 5, "{r:?}");
+    wait_for(&p, "the reset's snapshot", |s| s.free_blocks == free + r.freed_blocks);
+    assert!(r.freed_blocks <= r.index_blocks, "{r:?}");
 }
 
 #[test]

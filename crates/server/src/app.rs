@@ -216,6 +216,20 @@ pub async fn serve_worker(engine: EngineHandle, args: &crate::args::Args) -> any
     serve_state(state, &args.host, args.port).await
 }
 
+/// The warning a server listening on `addr` without an API key deserves:
+/// on any address but loopback, every route (generation, `DELETE
+/// /v1/sessions/*`, `/reset_prefix_cache`) is open to whoever reaches it.
+/// vLLM binds 0.0.0.0 by default too; the warning is the point.
+pub fn exposure_warning(addr: &std::net::SocketAddr, api_key: bool) -> Option<String> {
+    (!api_key && !addr.ip().is_loopback()).then(|| {
+        format!(
+            "listening on {} without --api-key: anyone who can reach this address can generate, read and delete \
+             sessions and reset the prefix cache; pass --api-key (or KVC_API_KEY) or --host 127.0.0.1",
+            addr.ip()
+        )
+    })
+}
+
 /// Binds `host:port` and serves until SIGINT / SIGTERM, then drains
 /// ([`crate::shutdown`]).
 pub async fn serve(engine: EngineHandle, host: &str, port: u16, config: ServerConfig) -> anyhow::Result<()> {
@@ -234,8 +248,27 @@ async fn serve_state(state: AppState, host: &str, port: u16) -> anyhow::Result<(
         max_concurrent_requests = config.max_concurrent_requests, max_queued_requests = config.max_queued_requests,
         "kvc-server listening"
     );
+    if let Some(w) = exposure_warning(&listener.local_addr()?, config.api_key.is_some()) {
+        tracing::warn!(addr = %listener.local_addr()?, "{w}");
+    }
     let shutdown_timeout = config.shutdown_timeout;
     let lifecycle = state.lifecycle.clone();
     crate::shutdown::serve_until(listener, router(state), lifecycle, shutdown_timeout, crate::shutdown::signal()).await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::exposure_warning;
+
+    #[test]
+    fn only_a_non_loopback_address_without_a_key_is_warned_about() {
+        let addr = |s: &str| s.parse::<std::net::SocketAddr>().unwrap();
+        assert!(exposure_warning(&addr("0.0.0.0:8000"), false).is_some_and(|w| w.contains("--api-key")));
+        assert!(exposure_warning(&addr("[::]:8000"), false).is_some());
+        assert!(exposure_warning(&addr("10.1.2.3:8000"), false).is_some());
+        assert!(exposure_warning(&addr("0.0.0.0:8000"), true).is_none());
+        assert!(exposure_warning(&addr("127.0.0.1:8000"), false).is_none());
+        assert!(exposure_warning(&addr("[::1]:8000"), false).is_none());
+    }
 }

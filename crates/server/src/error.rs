@@ -138,7 +138,8 @@ pub fn error_response(err: &ApiError) -> (StatusCode, ErrorBody) {
 }
 
 /// Headers that go with some errors: `WWW-Authenticate` on 401 (RFC 6750),
-/// `Retry-After` on 429, and `x-should-retry: false` on a timeout (the
+/// `Retry-After` on 429 and 503 (no healthy worker, draining: clients and
+/// load balancers back off instead of hammering), and `x-should-retry: false` on a timeout (the
 /// `openai` client would otherwise retry work that just took too long).
 pub fn error_headers(err: &ApiError) -> Vec<(HeaderName, HeaderValue)> {
     match err {
@@ -149,6 +150,9 @@ pub fn error_headers(err: &ApiError) -> Vec<(HeaderName, HeaderValue)> {
             vec![(header::RETRY_AFTER, HeaderValue::from(*retry_after_s))]
         }
         ApiError::Timeout { .. } => vec![(HeaderName::from_static("x-should-retry"), HeaderValue::from_static("false"))],
+        ApiError::Unavailable(_) | ApiError::Engine { source: EngineError::ShuttingDown, .. } => {
+            vec![(header::RETRY_AFTER, HeaderValue::from(crate::admission::RETRY_AFTER_S))]
+        }
         _ => Vec::new(),
     }
 }
@@ -253,6 +257,8 @@ mod tests {
 
         assert_eq!(map(ApiError::Forbidden("off".into())).0, 403);
         assert_eq!(map(ApiError::Unavailable("draining".into())).0, 503);
+        let unavailable = ApiError::Unavailable("no healthy worker".into());
+        assert_eq!(error_headers(&unavailable), vec![(header::RETRY_AFTER, HeaderValue::from(crate::admission::RETRY_AFTER_S))]);
         let (status, e) = map(ApiError::PromptTooLarge { tokens: 9, limit: 4, param: "prompt" });
         assert_eq!((status, e.param.as_deref(), e.code.as_deref()), (400, Some("prompt"), Some("context_length_exceeded")));
     }

@@ -222,6 +222,9 @@ mod tests {
     #[test]
     fn out_of_range_sampling_values_are_rejected() {
         assert_eq!(rejected_param(json!({"temperature": -0.1})), "temperature");
+        // Beyond f32's range: the message says the range, not "got inf".
+        let msg = error_response(&plan(json!({"temperature": 1e308})).unwrap_err()).1.error.message;
+        assert!(msg.contains("from 0 to 3.4028235e38"), "{msg}");
         assert_eq!(rejected_param(json!({"top_p": 0})), "top_p");
         assert_eq!(rejected_param(json!({"top_p": 1.5})), "top_p");
         assert_eq!(rejected_param(json!({"top_k": -2})), "top_k");

@@ -118,8 +118,17 @@ pub async fn admission(
 }
 
 pub async fn reset_prefix_cache(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
-    let freed = state.engine.reset_prefix_cache().await.map_err(|e| ApiError::Unavailable(e.to_string()))?;
-    Ok(Json(json!({"reset": true, "blocks_released": freed})))
+    let r = state.engine.reset_prefix_cache().await.map_err(|e| ApiError::Unavailable(e.to_string()))?;
+    let mut body = json!({
+        "reset": true,
+        "blocks_released": r.freed_blocks,
+        "index_blocks_dropped": r.index_blocks,
+        "snapshot_blocks_kept": r.snapshot_blocks,
+    });
+    if r.snapshot_blocks > 0 {
+        body["note"] = json!("the snapshot store keeps its blocks; DELETE /v1/sessions/{id} removes a session's snapshot");
+    }
+    Ok(Json(body))
 }
 
 #[cfg(test)]

@@ -45,7 +45,7 @@ pub(crate) enum Command {
         ok: bool,
     },
     DeleteSession(String, oneshot::Sender<bool>),
-    ResetPrefixCache(oneshot::Sender<usize>),
+    ResetPrefixCache(oneshot::Sender<crate::PrefixCacheReset>),
     Shutdown,
 }
 

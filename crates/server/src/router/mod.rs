@@ -251,6 +251,9 @@ pub async fn serve(args: &Args) -> anyhow::Result<()> {
         addr = %listener.local_addr()?, workers = ?urls, poll_interval_s = interval.as_secs_f64(),
         api_key = state.config.api_key.is_some(), "kvc-server router listening"
     );
+    if let Some(w) = crate::app::exposure_warning(&listener.local_addr()?, state.config.api_key.is_some()) {
+        tracing::warn!(addr = %listener.local_addr()?, "{w}");
+    }
     let lifecycle = state.lifecycle.clone();
     crate::shutdown::serve_until(listener, app(state), lifecycle, shutdown_timeout, crate::shutdown::signal()).await?;
     Ok(())
@@ -383,6 +386,63 @@ mod tests {
         let text = state.metrics.render(&state.peers);
         assert!(text.contains("kvc_router_decisions_total{reason=\"no_healthy_worker\"} 1"), "{text}");
         assert!(text.contains("kvc_router_requests_total{worker=\"none\",status=\"503\"} 1"), "{text}");
+    }
+
+    /// A worker that dies mid-stream: the client still gets an error event
+    /// and `[DONE]`, not a cut connection.
+    #[tokio::test]
+    async fn a_stream_cut_by_its_worker_ends_with_an_error_event_and_done() {
+        use futures::StreamExt;
+        // The worker sends one event, then dies when the test says so (once
+        // the client has that event).
+        let (die, died) = tokio::sync::oneshot::channel::<()>();
+        let died = Arc::new(Mutex::new(Some(died)));
+        let dying = Router::new().route("/internal/state", get(|| async { Json(ready()) })).route(
+            "/v1/completions",
+            post(move || {
+                let died = died.lock().unwrap().take().expect("one request");
+                async move {
+                    let first = futures::stream::once(async {
+                        Ok::<_, std::io::Error>(axum::body::Bytes::from_static(b"data: {\"choices\": [{\"text\": \"a\"}]}\n\n"))
+                    });
+                    let then = futures::stream::once(async move {
+                        let _ = died.await;
+                        Err(std::io::Error::other("worker died"))
+                    });
+                    ([("content-type", "text/event-stream")], axum::body::Body::from_stream(first.chain(then)))
+                }
+            }),
+        );
+        let worker = spawn_app(dying).await;
+        let state = RouterState::new(&[worker], ServerConfig::default()).unwrap();
+        state.peers.apply_poll(0, Ok(ready()));
+        let router = spawn_app(app(state)).await;
+        let r = post_completion(&router, "s-cut").await;
+        assert_eq!(r.status(), 200);
+        let mut body = std::pin::pin!(r.bytes_stream());
+        let mut text = String::new();
+        while !text.contains("\n\n") {
+            text.push_str(std::str::from_utf8(&body.next().await.expect("the first event").unwrap()).unwrap());
+        }
+        die.send(()).unwrap();
+        while let Some(chunk) = body.next().await {
+            text.push_str(std::str::from_utf8(&chunk.expect("the stream ends cleanly")).unwrap());
+        }
+        assert!(text.starts_with("data: {\"choices\""), "{text}");
+        let events: Vec<&str> = text.split("\n\n").filter(|e| !e.is_empty()).collect();
+        assert_eq!(events.last(), Some(&"data: [DONE]"), "{text}");
+        let error: Value = serde_json::from_str(events[events.len() - 2].trim_start_matches("data: ")).unwrap();
+        assert_eq!(error["error"]["type"], "service_unavailable_error", "{text}");
+    }
+
+    /// 503 from the router carries Retry-After.
+    #[tokio::test]
+    async fn no_healthy_worker_answers_503_with_retry_after() {
+        let state = RouterState::new(&[dead_url().await], ServerConfig::default()).unwrap();
+        let router = spawn_app(app(state)).await;
+        let r = post_completion(&router, "s").await;
+        assert_eq!(r.status(), 503);
+        assert_eq!(r.headers()["retry-after"], "1");
     }
 
     #[tokio::test]

@@ -237,15 +237,42 @@ pub fn stream_back(
     if let Ok(v) = HeaderValue::from_str(worker) {
         headers.insert(HeaderName::from_static(WORKER_HEADER), v);
     }
+    let sse =
+        r.headers().get(axum::http::header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(|v| v.starts_with("text/event-stream"));
     let finish = Finish { _in_flight: in_flight, session, state: state.clone() };
-    let stream = r.bytes_stream().take_until(state.lifecycle.cancelled()).map(move |chunk| {
+    let worker = worker.to_string();
+    let stream = r.bytes_stream().take_until(state.lifecycle.cancelled()).scan(false, move |ended, chunk| {
         let _keep = &finish;
-        chunk
+        if *ended {
+            return std::future::ready(None);
+        }
+        std::future::ready(Some(match chunk {
+            Ok(bytes) => Ok(bytes),
+            // The worker went away mid-stream: end the stream as a worker
+            // does when it fails mid-stream (an error event, then [DONE]).
+            Err(e) if sse => {
+                *ended = true;
+                tracing::warn!(event = "stream_failed", worker = %worker, error = %e, "worker failed mid-stream");
+                Ok(sse_error_tail(&ApiError::Unavailable(format!("the worker serving this stream failed: {e}; retry the request"))))
+            }
+            Err(e) => {
+                *ended = true;
+                Err(e)
+            }
+        }))
     });
     let mut response = Response::new(Body::from_stream(stream));
     *response.status_mut() = status;
     *response.headers_mut() = headers;
     response
+}
+
+/// Ends an SSE stream with an OpenAI error event and `[DONE]`; the blank
+/// line first ends any event the worker left half-written.
+fn sse_error_tail(err: &ApiError) -> Bytes {
+    let (_, body) = crate::error::error_response(err);
+    let json = serde_json::to_string(&body).unwrap_or_default();
+    Bytes::from(format!("\n\ndata: {json}\n\ndata: [DONE]\n\n"))
 }
 
 /// The router's own error answer, counted under `worker="none"`.
