@@ -168,10 +168,11 @@ fn solve(mut m: [[f64; N]; N], mut v: [f64; N]) -> Option<[f64; N]> {
         }
         m.swap(col, p);
         v.swap(col, p);
+        let pivot = m[col];
         for row in col + 1..N {
-            let f = m[row][col] / m[col][col];
-            for k in col..N {
-                m[row][k] -= f * m[col][k];
+            let f = m[row][col] / pivot[col];
+            for (x, p) in m[row].iter_mut().zip(pivot).skip(col) {
+                *x -= f * p;
             }
             v[row] -= f * v[col];
         }
