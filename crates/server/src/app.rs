@@ -36,6 +36,9 @@ pub struct ServerConfig {
     pub max_queued_requests: usize,
     pub request_timeout: Option<Duration>,
     pub shutdown_timeout: Duration,
+    /// Client connections at once, and the time a connection has to send
+    /// a request's headers.
+    pub conn_limits: crate::shutdown::ConnLimits,
     /// False (`--no-enable-session-cache`): session ids are accepted and
     /// checked, but no KV is kept for them (every turn is a cold request).
     pub enable_session_cache: bool,
@@ -53,6 +56,7 @@ impl std::fmt::Debug for ServerConfig {
             .field("max_queued_requests", &self.max_queued_requests)
             .field("request_timeout", &self.request_timeout)
             .field("shutdown_timeout", &self.shutdown_timeout)
+            .field("conn_limits", &self.conn_limits)
             .field("enable_session_cache", &self.enable_session_cache)
             .finish()
     }
@@ -69,6 +73,7 @@ impl Default for ServerConfig {
             max_queued_requests: 1024,
             request_timeout: None,
             shutdown_timeout: Duration::from_secs(30),
+            conn_limits: crate::shutdown::ConnLimits::default(),
             enable_session_cache: true,
         }
     }
@@ -251,9 +256,9 @@ async fn serve_state(state: AppState, host: &str, port: u16) -> anyhow::Result<(
     if let Some(w) = exposure_warning(&listener.local_addr()?, config.api_key.is_some()) {
         tracing::warn!(addr = %listener.local_addr()?, "{w}");
     }
-    let shutdown_timeout = config.shutdown_timeout;
+    let (shutdown_timeout, limits) = (config.shutdown_timeout, config.conn_limits);
     let lifecycle = state.lifecycle.clone();
-    crate::shutdown::serve_until(listener, router(state), lifecycle, shutdown_timeout, crate::shutdown::signal()).await?;
+    crate::shutdown::serve_until(listener, router(state), lifecycle, shutdown_timeout, limits, crate::shutdown::signal()).await?;
     Ok(())
 }
 

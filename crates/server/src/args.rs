@@ -284,6 +284,17 @@ pub struct ServingArgs {
     /// before they are cancelled.
     #[arg(long, default_value_t = 30)]
     pub shutdown_timeout_s: u64,
+
+    /// Client connections open at once; more wait in the listen backlog
+    /// until one closes. Default: the open-files limit less 256.
+    #[arg(long)]
+    pub max_connections: Option<usize>,
+
+    /// Seconds a connection has to send a request's headers, from when it
+    /// opens or its previous response ended; then it is closed (idle and
+    /// slowloris connections).
+    #[arg(long, default_value_t = 30.0, value_parser = parse_positive_f64)]
+    pub header_read_timeout_s: f64,
 }
 
 impl ServingArgs {
@@ -298,6 +309,10 @@ impl ServingArgs {
             max_queued_requests: self.max_queued_requests,
             request_timeout: secs(self.request_timeout_s),
             shutdown_timeout: Duration::from_secs(self.shutdown_timeout_s),
+            conn_limits: crate::shutdown::ConnLimits {
+                max_connections: self.max_connections.unwrap_or_else(crate::shutdown::default_max_connections).max(1),
+                header_read_timeout: Duration::from_secs_f64(self.header_read_timeout_s),
+            },
             enable_session_cache: true,
         }
     }
@@ -368,7 +383,6 @@ impl Args {
     }
 }
 
-/// Parses a byte count such as `1073741824`, `512MiB`, `2GiB`, `2G` or `1.5GB`.
 pub fn parse_nonneg_f64(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
         Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
@@ -376,6 +390,14 @@ pub fn parse_nonneg_f64(s: &str) -> Result<f64, String> {
     }
 }
 
+fn parse_positive_f64(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 && v < 1e9 => Ok(v),
+        _ => Err(format!("{s:?} is not a positive number of seconds")),
+    }
+}
+
+/// Parses a byte count such as `1073741824`, `512MiB`, `2GiB`, `2G` or `1.5GB`.
 fn parse_bytes(s: &str) -> Result<usize, String> {
     let s = s.trim();
     let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());

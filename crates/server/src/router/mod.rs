@@ -232,7 +232,7 @@ pub async fn serve(args: &Args) -> anyhow::Result<()> {
     let config = args.serving.server_config();
     let token = config.cluster_token.clone().unwrap_or_default();
     let interval = Duration::from_secs_f64(args.disagg.peer_poll_interval_s.max(0.01));
-    let shutdown_timeout = config.shutdown_timeout;
+    let (shutdown_timeout, limits) = (config.shutdown_timeout, config.conn_limits);
     let mut state = RouterState::new(&args.disagg.decode_peers, config)?;
     state.weights.prefill_weight = args.disagg.kv_overlap_score_weight;
     state.peers.spawn_pollers(state.client.clone(), token, interval);
@@ -255,7 +255,7 @@ pub async fn serve(args: &Args) -> anyhow::Result<()> {
         tracing::warn!(addr = %listener.local_addr()?, "{w}");
     }
     let lifecycle = state.lifecycle.clone();
-    crate::shutdown::serve_until(listener, app(state), lifecycle, shutdown_timeout, crate::shutdown::signal()).await?;
+    crate::shutdown::serve_until(listener, app(state), lifecycle, shutdown_timeout, limits, crate::shutdown::signal()).await?;
     Ok(())
 }
 
