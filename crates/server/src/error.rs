@@ -47,8 +47,10 @@ pub enum ApiError {
     #[error("the server is at capacity ({running} requests running, {queued} queued); retry after {retry_after_s} s")]
     Busy { running: usize, queued: usize, retry_after_s: u64 },
     /// The prompt has more tokens than `--max-prompt-tokens` allows (400).
-    #[error("the prompt has {tokens} tokens, more than this server accepts ({limit}, --max-prompt-tokens)")]
-    PromptTooLarge { tokens: usize, limit: usize, param: &'static str },
+    /// `qualifier` is "" for a counted prompt and "at least " for one
+    /// refused before tokenizing, by a bound from its size.
+    #[error("the prompt has {qualifier}{tokens} tokens, more than this server accepts ({limit}, --max-prompt-tokens)")]
+    PromptTooLarge { tokens: usize, limit: usize, param: &'static str, qualifier: &'static str },
     /// `--request-timeout-s` passed before the answer was complete (504);
     /// the engine request was cancelled.
     #[error("the request did not complete within the server's timeout of {timeout_s} s; it was cancelled")]
@@ -259,7 +261,11 @@ mod tests {
         assert_eq!(map(ApiError::Unavailable("draining".into())).0, 503);
         let unavailable = ApiError::Unavailable("no healthy worker".into());
         assert_eq!(error_headers(&unavailable), vec![(header::RETRY_AFTER, HeaderValue::from(crate::admission::RETRY_AFTER_S))]);
-        let (status, e) = map(ApiError::PromptTooLarge { tokens: 9, limit: 4, param: "prompt" });
+        let (status, e) = map(ApiError::PromptTooLarge { tokens: 9, limit: 4, param: "prompt", qualifier: "" });
+        assert!(e.message.starts_with("the prompt has 9 tokens"), "{}", e.message);
+        // Refused by its size before tokenizing: a lower bound, said so.
+        let bound = map(ApiError::PromptTooLarge { tokens: 9, limit: 4, param: "prompt", qualifier: "at least " }).1;
+        assert!(bound.message.starts_with("the prompt has at least 9 tokens"), "{}", bound.message);
         assert_eq!((status, e.param.as_deref(), e.code.as_deref()), (400, Some("prompt"), Some("context_length_exceeded")));
     }
 

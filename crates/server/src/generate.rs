@@ -74,7 +74,7 @@ impl Admitted {
 pub fn check_prompt_len(state: &AppState, tokens: usize, param: &'static str) -> Result<(), ApiError> {
     let limit = state.max_prompt_tokens();
     if tokens > limit {
-        return Err(ApiError::PromptTooLarge { tokens, limit, param });
+        return Err(ApiError::PromptTooLarge { tokens, limit, param, qualifier: "" });
     }
     Ok(())
 }
@@ -82,12 +82,13 @@ pub fn check_prompt_len(state: &AppState, tokens: usize, param: &'static str) ->
 /// A prompt text so long that it cannot fit `--max-prompt-tokens` whatever
 /// its tokenization is refused before tokenizing it: a token decodes to at
 /// most `MAX_TOKEN_BYTES` bytes (Qwen3: 128), and NFC normalization
-/// shrinks text at most 3x.
+/// shrinks text at most 3x. The count it reports is that lower bound,
+/// and the message says "at least".
 pub fn check_prompt_bytes(state: &AppState, bytes: usize, param: &'static str) -> Result<(), ApiError> {
     const MAX_TOKEN_BYTES: usize = 128;
     let limit = state.max_prompt_tokens();
     if bytes > limit.saturating_mul(MAX_TOKEN_BYTES * 3) {
-        return Err(ApiError::PromptTooLarge { tokens: bytes / (MAX_TOKEN_BYTES * 3), limit, param });
+        return Err(ApiError::PromptTooLarge { tokens: bytes / (MAX_TOKEN_BYTES * 3), limit, param, qualifier: "at least " });
     }
     Ok(())
 }
