@@ -10,10 +10,12 @@ import datetime
 import re
 import sys
 
+from load_report import pct as pct_or_none
+
 
 def pct(v, q):
-    v = sorted(v)
-    return v[min(len(v) - 1, int(q * (len(v) - 1)))] if v else float("nan")
+    p = pct_or_none(v, q)
+    return float("nan") if p is None else p
 
 
 def main():

@@ -25,15 +25,6 @@ pub enum AdmitReason {
 }
 
 impl AdmitReason {
-    pub const ALL: [AdmitReason; 6] = [
-        AdmitReason::Admitted,
-        AdmitReason::MaxNumSeqs,
-        AdmitReason::KvWatermark,
-        AdmitReason::PartialPrefills,
-        AdmitReason::LongPartialPrefills,
-        AdmitReason::TokenBudget,
-    ];
-
     pub fn as_str(self) -> &'static str {
         match self {
             AdmitReason::Admitted => "admitted",

@@ -91,8 +91,6 @@ pub struct Schedule {
     pub stalled: Vec<(SeqId, Wait)>,
     /// Chunks of one token (decodes) among `chunks`.
     pub decodes: usize,
-    /// Running sequences mid-prefill after planning.
-    pub partial_prefills: usize,
 }
 
 impl Schedule {
@@ -428,7 +426,6 @@ impl Scheduler {
             let wait = if self.seqs[id].long_prefill { Wait::Prefill } else { head_wait };
             out.stalled.push((*id, wait));
         }
-        out.partial_prefills = self.num_partial_prefills();
         out
     }
 
