@@ -54,9 +54,15 @@ if [ -f "$G/mooncake.tgz" ]; then
 fi
 BIN=/tmp/kvc-gpu-bin
 mkdir -p "$BIN"
-for f in "$G"/*.gz; do
-    b=$(basename "$f" .gz)
-    [ -x "$BIN/$b" ] || { gunzip -c "$f" > "$BIN/$b"; chmod +x "$BIN/$b"; }
+# Binaries come gzip'd or, where the carry limit is tight, xz'd (Python's
+# lzma where the machine has no xz).
+unxz_c() { if command -v xz > /dev/null; then xz -dc "$1"; else python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), sys.stdout.buffer)' "$1"; fi; }
+for f in "$G"/*.gz "$G"/*.xz; do
+    [ -f "$f" ] || continue
+    b=$(basename "$f"); b=${b%.gz}; b=${b%.xz}
+    [ -x "$BIN/$b" ] && continue
+    case "$f" in *.xz) unxz_c "$f" > "$BIN/$b" ;; *) gunzip -c "$f" > "$BIN/$b" ;; esac
+    chmod +x "$BIN/$b"
 done
 export KVC_FIXTURES=$G/fixtures
 case "${1:-}" in

@@ -34,6 +34,11 @@
 //! oldest long prefill, `n >= 1` being the tokens whose chunk at its
 //! deepest context costs `T / 4`; a long prompt waiting for a long slot
 //! gets it as soon as the long prefills ahead of it finish.
+//!
+//! **Short prompts' first tokens.** A step in which a short prompt's
+//! prefill finishes gives the long prefills only their quarter, not the
+//! rest of the budget: the first token comes after the step in flight and
+//! one step as short as the work in it.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
@@ -461,8 +466,13 @@ impl Scheduler {
             tokens -= lens[i];
             secs -= cost_of(first_long, 0, lens[i]);
         }
-        // Then in order: shorts, the oldest long's top-up, other longs.
+        // Then in order: shorts, the oldest long's top-up, other longs;
+        // no top-up in a step where a short prompt finishes: that step
+        // yields a first token, so it stays as short as its work.
         for (i, &id) in order.iter().enumerate() {
+            if i >= short.len() && (0..short.len()).any(|j| lens[j] > 0 && lens[j] == self.seqs[&order[j]].remaining()) {
+                break;
+            }
             let more = fit(id, lens[i], tokens, secs);
             secs -= cost_of(id, lens[i], more);
             lens[i] += more;

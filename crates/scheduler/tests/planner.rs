@@ -153,7 +153,8 @@ fn a_sequence_larger_than_the_pool_is_reported_not_looped_on() {
 
 /// The case: a 1,000-token prompt arriving while a 60,000-token
 /// one is mid-prefill gets its whole prefill in the next step, and the
-/// long one still gets at least a quarter of every step's budget.
+/// long one still gets at least a quarter of every step's budget (and only
+/// that in the step that yields the short one's first token).
 #[test]
 fn a_short_prompt_behind_a_long_one_goes_in_the_next_step() {
     let budget = 8192;
@@ -165,7 +166,9 @@ fn a_short_prompt_behind_a_long_one_goes_in_the_next_step() {
     let next = d.step();
     let short = chunk_of(&next, 2).expect("the short prompt is scheduled in the next step");
     assert_eq!((short.start, short.len, short.sample), (0, 1_000, true), "its whole prefill, first token sampled");
-    assert_eq!(chunk_of(&next, 1).unwrap().len, budget - 1_000, "the long one takes the rest");
+    // The short one's first token comes out of this step, so the long one
+    // gets its quarter and no more: the step stays short.
+    assert_eq!(chunk_of(&next, 1).unwrap().len, budget.div_ceil(4), "the long one gets its quarter");
     // The long prompt finishes within the bound: ceil(L / ceil(B / 4))
     // steps, here with every step after it carrying the short's decodes.
     let bound = 60_000usize.div_ceil(budget.div_ceil(4));
@@ -178,8 +181,8 @@ fn a_short_prompt_behind_a_long_one_goes_in_the_next_step() {
             assert!(chunk_of(&p, 2).is_some(), "the short one decodes every step");
         }
     }
-    // Here the budget was never cut, so it did as well as alone: 60000 / 8192.
-    assert_eq!(steps, 60_000usize.div_ceil(budget));
+    // One step cut to a quarter costs it at most one step over alone.
+    assert!(steps <= 60_000usize.div_ceil(budget) + 1, "{steps} steps");
 }
 
 /// A time budget priced by context: 1 us per token plus 1 ns per token of
