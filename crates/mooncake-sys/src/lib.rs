@@ -21,6 +21,8 @@
 //! [`ensure_available`] says what to install. Everything here is `unsafe`
 //! and raw; `kvc-disagg`'s `transport` module is the safe layer.
 
+#[cfg(target_os = "linux")]
+pub mod bind_scope;
 mod error;
 mod types;
 mod verified;
@@ -99,6 +101,32 @@ mod tests {
     /// The C API end to end, through whatever this build links: a write
     /// between two engines of one process over TCP on 127.0.0.1 arrives
     /// intact, and the batch, segment, registration and engines are freed.
+    /// Mooncake's listeners (the handshake daemon, the TCP transport's
+    /// acceptor) bind the wildcard address; inside
+    /// [`bind_scope::restrict_binds`] they bind the engine's address, and
+    /// the process listens on nothing else.
+    #[test]
+    fn an_engine_started_in_a_bind_scope_listens_only_on_its_address() {
+        if let Err(e) = ensure_available() {
+            panic!("this test needs Mooncake: {e}");
+        }
+        let lo = std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
+        let before = bind_scope::listening_sockets(None).unwrap();
+        let ((e, name), seen) = bind_scope::restrict_binds(lo, || unsafe { engine() });
+        assert!(seen.len() >= 2, "the handshake daemon and the TCP acceptor bind inside the scope: {seen:?}");
+        assert!(seen.iter().all(|b| !b.is_wildcard()), "{seen:?}");
+        let new: Vec<_> = bind_scope::listening_sockets(None).unwrap().into_iter().filter(|a| !before.contains(a)).collect();
+        assert!(new.len() >= 2, "{new:?}");
+        for a in &new {
+            let ip = match a.ip() {
+                std::net::IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(a.ip(), std::net::IpAddr::V4),
+                v4 => v4,
+            };
+            assert_eq!(ip, lo, "listening on {a} (segment {name})");
+        }
+        unsafe { destroyTransferEngine(e) };
+    }
+
     #[test]
     fn write_between_two_engines_arrives_intact() {
         if let Err(e) = ensure_available() {

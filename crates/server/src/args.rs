@@ -214,9 +214,18 @@ pub struct DisaggArgs {
     #[arg(long)]
     pub snapshot_store_blocks: Option<usize>,
 
-    /// Address peers reach this worker's KV transport at.
-    #[arg(long, default_value = "127.0.0.1")]
-    pub kv_transport_host: String,
+    /// Address of this worker's KV transport: peers reach it there, and its
+    /// listeners bind only it. Default: --host when that is one address,
+    /// else 127.0.0.1 (a single-host deployment). The transport has no
+    /// authentication (docs/disaggregation.md, "Network model").
+    #[arg(long)]
+    pub kv_transport_host: Option<String>,
+
+    /// Let the KV transport listen on a non-loopback address. Anyone who
+    /// can reach that address can read and write this worker's KV pool
+    /// (Mooncake authenticates no peer): use only on a private network.
+    #[arg(long)]
+    pub allow_unauthenticated_kv_transport: bool,
 
     /// Mooncake transport protocol between workers: `tcp` (any pool; GPU
     /// memory is staged through host buffers), `nvlink_intra` (GPU pools on

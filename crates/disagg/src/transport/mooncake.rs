@@ -25,7 +25,8 @@ use crate::{DisaggError, Result};
 
 #[derive(Debug, Clone)]
 pub struct MooncakeConfig {
-    /// Address peers reach this engine at (it listens on all interfaces).
+    /// Address peers reach this engine at, and the only one its listeners
+    /// bind (see [`Listeners`]): an IP address or a name resolving to one.
     pub host: String,
     /// Mooncake transport protocol: "tcp" (works everywhere) or "rdma".
     pub protocol: String,
@@ -43,8 +44,48 @@ impl Default for MooncakeConfig {
     }
 }
 
+/// Where the engine's listeners ended up. Mooncake binds them to the
+/// wildcard address and has no setting for it; they are started inside
+/// [`sys::bind_scope::restrict_binds`], which moves those binds to the
+/// configured address without changing Mooncake.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Listeners {
+    /// The address they were meant to bind.
+    pub addr: std::net::IpAddr,
+    /// Every address bound while starting the engine.
+    pub bound: Vec<std::net::SocketAddr>,
+    /// Ports still on the wildcard address (reachable from every network
+    /// the host is on); empty when every listener was restricted.
+    pub wildcard_ports: Vec<u16>,
+    /// False when no bind was seen at all (this build could not interpose
+    /// `bind`, so nothing is known to be restricted).
+    pub interposed: bool,
+}
+
+impl Listeners {
+    /// Every listener is on `addr`.
+    pub fn restricted(&self) -> bool {
+        self.interposed && self.wildcard_ports.is_empty()
+    }
+}
+
+/// The IP address `host` names (a literal, else its first resolution).
+pub fn host_ip(host: &str) -> Result<std::net::IpAddr> {
+    use std::net::ToSocketAddrs;
+    if let Ok(ip) = host.trim_start_matches('[').trim_end_matches(']').parse() {
+        return Ok(ip);
+    }
+    (host, 0)
+        .to_socket_addrs()
+        .ok()
+        .and_then(|mut a| a.next())
+        .map(|a| a.ip())
+        .ok_or_else(|| DisaggError::Engine { call: "createTransferEngine", code: -1, detail: format!(": {host:?} is neither an IP address nor a name that resolves to one") })
+}
+
 pub struct MooncakeTransport {
     engine: sys::transfer_engine_t,
+    listeners: Listeners,
     local: HandshakeRecord,
     /// The pool's region is registered with the engine.
     registered: bool,
@@ -66,6 +107,17 @@ unsafe impl Sync for MooncakeTransport {}
 /// Engines started before giving up: Mooncake picks its listening ports
 /// at random and fails (rather than trying another) when one is taken.
 const START_ATTEMPTS: usize = 8;
+
+/// [`start_engine`] with its listeners bound to `config.host`'s address.
+fn start_engine_restricted(config: &MooncakeConfig) -> Result<(sys::transfer_engine_t, Listeners)> {
+    let addr = host_ip(&config.host)?;
+    let (engine, seen) = sys::bind_scope::restrict_binds(addr, || start_engine(config));
+    let engine = engine?;
+    let bound: Vec<_> = seen.iter().filter(|b| b.ok).map(|b| b.bound).collect();
+    let mut wildcard_ports: Vec<u16> = seen.iter().filter(|b| b.ok && b.is_wildcard()).map(|b| b.bound.port()).collect();
+    wildcard_ports.dedup();
+    Ok((engine, Listeners { addr, interposed: !bound.is_empty(), bound, wildcard_ports }))
+}
 
 /// An engine with P2P-handshake metadata and `config.protocol` installed.
 fn start_engine(config: &MooncakeConfig) -> Result<sys::transfer_engine_t> {
@@ -105,9 +157,11 @@ impl MooncakeTransport {
     /// Starts an engine and registers `memory` with it.
     pub fn new(config: &MooncakeConfig, memory: PoolMemory) -> Result<Self> {
         sys::ensure_available()?;
+        let (engine, listeners) = start_engine_restricted(config)?;
         // From here on, Drop cleans up whatever was set up.
         let mut this = Self {
-            engine: start_engine(config)?,
+            engine,
+            listeners,
             local: HandshakeRecord::describe(&memory.layout, memory.num_blocks, memory.region, String::new()),
             registered: false,
             backoff: config.backoff,
@@ -199,6 +253,11 @@ impl MooncakeTransport {
         let mut parked = self.parked.lock().unwrap_or_else(|p| p.into_inner());
         parked.retain(|&(batch, tasks)| !self.try_free(batch, tasks));
         parked.len()
+    }
+
+    /// Where the engine's listeners are.
+    pub fn listeners(&self) -> &Listeners {
+        &self.listeners
     }
 
     pub(super) fn engine(&self) -> sys::transfer_engine_t {

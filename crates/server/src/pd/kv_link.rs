@@ -7,11 +7,15 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use kvc_disagg::transport::KvTransport;
+use kvc_disagg::transport::{host_ip, Listeners};
 use kvc_disagg::{BlockCopy, HandshakeRecord, MooncakeConfig, MooncakeTransport, Peer, PoolMemory, TransferReport};
 use kvc_engine::EngineHandle;
 
+use super::exposure::{decide_exposure, refusal, Exposure};
+
 pub struct KvLink {
     transport: MooncakeTransport,
+    exposure: Exposure,
     peers: Mutex<HashMap<(String, u64), Peer>>,
     /// Moving average, bytes/s (0 until measured).
     bandwidth: Mutex<f64>,
@@ -19,8 +23,16 @@ pub struct KvLink {
 }
 
 impl KvLink {
-    /// Registers the engine's pool with a Mooncake engine.
-    pub fn start(engine: &EngineHandle, host: &str, protocol: &str, timeout: Duration) -> anyhow::Result<Self> {
+    /// Registers the engine's pool with a Mooncake engine whose listeners
+    /// bind only `host` (refused on a network address unless `acknowledged`,
+    /// see [`super::exposure`]).
+    pub fn start(engine: &EngineHandle, host: &str, acknowledged: bool, protocol: &str, timeout: Duration) -> anyhow::Result<Self> {
+        let addr = host_ip(host).map_err(|e| anyhow::anyhow!("--kv-transport-host: {e}"))?;
+        let exposure = decide_exposure(addr, acknowledged);
+        tracing::info!(event = "kv_transport_exposure", host, %addr, decision = exposure.as_str());
+        if !exposure.allowed() {
+            anyhow::bail!(refusal(addr, exposure));
+        }
         let info = engine.info();
         let region = info
             .kv_region
@@ -32,8 +44,32 @@ impl KvLink {
         let transport = MooncakeTransport::new(&config, memory).map_err(|e| {
             anyhow::anyhow!("cannot start the KV transport ({e}); prefill/decode roles need Mooncake: run scripts/mooncake_setup.sh")
         })?;
-        tracing::info!(event = "kv_link_started", segment = %transport.local_record().segment, protocol, location = ?region.location, "KV transport ready");
-        Ok(Self { transport, peers: Mutex::new(HashMap::new()), bandwidth: Mutex::new(0.0), timeout })
+        let l = transport.listeners();
+        let bound: Vec<String> = l.bound.iter().map(|a| a.to_string()).collect();
+        tracing::info!(event = "kv_link_started", segment = %transport.local_record().segment, protocol, location = ?region.location, listening = ?bound, "KV transport ready");
+        if !l.restricted() {
+            // Mooncake's listeners could not be moved off the wildcard
+            // address (a build that cannot interpose bind): say so.
+            tracing::warn!(
+                event = "kv_transport_unrestricted",
+                ports = ?l.wildcard_ports,
+                interposed = l.interposed,
+                "the KV transport listens on every address of this host (ports {:?}{}), with no authentication: \
+                 firewall them so that only kvc workers reach them",
+                l.wildcard_ports,
+                if l.interposed { "" } else { "; its listening ports are unknown" }
+            );
+        }
+        Ok(Self { transport, exposure, peers: Mutex::new(HashMap::new()), bandwidth: Mutex::new(0.0), timeout })
+    }
+
+    /// Where the transport listens.
+    pub fn listeners(&self) -> &Listeners {
+        self.transport.listeners()
+    }
+
+    pub fn exposure(&self) -> Exposure {
+        self.exposure
     }
 
     pub fn record(&self) -> &HandshakeRecord {

@@ -5,6 +5,7 @@
 
 pub mod counters;
 pub mod decode;
+pub mod exposure;
 pub mod kv_link;
 pub mod peers;
 pub mod prefill;
@@ -53,9 +54,11 @@ impl PdState {
     /// the snapshot pusher. Call inside the runtime.
     pub fn start(engine: &EngineHandle, args: &Args) -> anyhow::Result<Arc<Self>> {
         let d = &args.disagg;
+        let host = exposure::transport_host(d.kv_transport_host.as_deref(), &args.host);
         let link = Arc::new(KvLink::start(
             engine,
-            &d.kv_transport_host,
+            &host,
+            d.allow_unauthenticated_kv_transport,
             &d.kv_transport_protocol,
             Duration::from_secs(d.kv_transfer_timeout_s.max(1)),
         )?);
@@ -77,6 +80,14 @@ impl PdState {
             remote_overhead: std::sync::Mutex::new(0.0),
             _engine: engine.clone(),
         });
+        let l = state.link.listeners();
+        let exposure = state.link.exposure().as_str();
+        state.counters.set(
+            "kvc_kv_transport_listeners",
+            &[("exposure", exposure), ("bound", "restricted")],
+            (l.bound.len() - l.wildcard_ports.len()) as f64,
+        );
+        state.counters.set("kvc_kv_transport_listeners", &[("exposure", exposure), ("bound", "wildcard")], l.wildcard_ports.len() as f64);
         if args.role == Role::Decode {
             let interval = Duration::from_secs_f64(d.peer_poll_interval_s.max(0.05));
             tokio::spawn(state.peers.clone().monitor(state.client.clone(), interval, state.counters.clone()));

@@ -1,0 +1,135 @@
+"""Where a P/D worker's KV transport listens (issue 18, item 1).
+
+Mooncake binds its handshake daemon and its TCP transport to the wildcard
+address and authenticates no peer. kvc moves those binds to
+`--kv-transport-host` (default: loopback when `--host` is not one address)
+and refuses a network address without `--allow-unauthenticated-kv-transport`.
+The checks read the processes' own sockets (`/proc/<pid>/fd` and
+`/proc/<pid>/net/tcp{,6}`), so they hold whatever Mooncake does inside.
+"""
+
+from __future__ import annotations
+
+import errno
+import ipaddress
+import os
+import socket
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, _free_port as free_port
+from test_disagg import TOKEN, complete, decode_flags, ids, prefill_flags, start_decode
+
+LOOPBACK = ipaddress.ip_address("127.0.0.1")
+
+
+def listening(pid: int) -> list[tuple[ipaddress._BaseAddress, int]]:
+    """(address, port) of every TCP socket process `pid` listens on."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[8:-1])
+    out = []
+    for table in ("tcp", "tcp6"):
+        try:
+            lines = Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            f = line.split()
+            if f[3] != "0A" or f[9] not in inodes:
+                continue
+            hexaddr, hexport = f[1].split(":")
+            raw = b"".join(int(hexaddr[i:i + 8], 16).to_bytes(4, "little") for i in range(0, len(hexaddr), 8))
+            addr = ipaddress.ip_address(raw)
+            if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+                addr = addr.ipv4_mapped
+            out.append((addr, int(hexport, 16)))
+    return out
+
+
+def http_port(server) -> int:
+    return int(server.base_url.rsplit(":", 1)[1])
+
+
+def network_address() -> ipaddress.IPv4Address | None:
+    """A non-loopback IPv4 address of this machine (the one its default
+    route leaves from), or None if it has none."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        s.connect(("192.0.2.123", 9))  # TEST-NET-1: nothing is sent
+        addr = ipaddress.ip_address(s.getsockname()[0])
+        return None if addr.is_loopback or addr.is_unspecified else addr
+    except OSError:
+        return None
+    finally:
+        s.close()
+
+
+def refused(addr, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(2)
+        return s.connect_ex((str(addr), port)) in (errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH)
+
+
+def test_p_and_d_listen_only_on_loopback_and_are_unreachable_from_another_address(start_server):
+    p = start_server(*prefill_flags())
+    d = start_decode(start_server, p)
+    # A remote prefill: the transport is in use, not only started.
+    out = complete(d, ids(7, 200))
+    assert out["kvc"]["path"] == "remote_prefill", out["kvc"]
+    other = network_address()
+    for srv in (p, d):
+        socks = listening(srv.proc.pid)
+        transport = [(a, port) for a, port in socks if port != http_port(srv)]
+        assert len(transport) >= 2, f"the handshake daemon and the TCP transport: {socks}"
+        wild = [(a, port) for a, port in socks if a.is_unspecified]
+        assert not wild, f"listening on the wildcard address: {wild} (all: {socks})"
+        assert all(a == LOOPBACK for a, _ in socks), socks
+        # What the issue's attacker did: reach the transport from another
+        # address of the machine.
+        if other is not None:
+            for _, port in transport:
+                assert refused(other, port), f"port {port} answers on {other}"
+        text = srv.log_path.read_text(errors="replace")
+        assert "kv_transport_unrestricted" not in text, "the listeners were not restricted"
+    # The gauge says the same.
+    assert p.metrics().get('kvc_kv_transport_listeners{exposure="loopback",bound="wildcard"}') == 0.0
+    assert p.metrics().get('kvc_kv_transport_listeners{exposure="loopback",bound="restricted"}', 0) >= 2
+
+
+def run_to_exit(*flags: str, timeout_s: float = 120) -> subprocess.CompletedProcess:
+    binary = Path(os.environ.get("KVC_SERVER_BIN", ROOT / "target" / "debug" / "kvc-server"))
+    return subprocess.run([str(binary), "--port", str(free_port()), *flags], capture_output=True, text=True, timeout=timeout_s,
+                          stdin=subprocess.DEVNULL)
+
+
+@pytest.mark.parametrize("host", ["192.0.2.77", "0.0.0.0"])
+def test_a_network_or_wildcard_transport_address_is_refused_without_acknowledgment(host):
+    r = run_to_exit("--host", "127.0.0.1", *prefill_flags("--kv-transport-host", host))
+    assert r.returncode != 0
+    err = r.stdout + r.stderr
+    if host == "0.0.0.0":
+        assert "every address of this host" in err, err[-2000:]
+    else:
+        assert "--allow-unauthenticated-kv-transport" in err and "no authentication" in err, err[-2000:]
+
+
+def test_an_acknowledged_network_address_is_the_only_one_the_transport_listens_on(start_server):
+    other = network_address()
+    if other is None:
+        pytest.fail("this test needs a non-loopback IPv4 address on the machine (none found)")
+    p = start_server(*prefill_flags("--kv-transport-host", str(other), "--allow-unauthenticated-kv-transport"))
+    socks = listening(p.proc.pid)
+    transport = [(a, port) for a, port in socks if port != http_port(p)]
+    assert len(transport) >= 2 and all(a == other for a, _ in transport), socks
+    # Not on loopback either: only the configured address.
+    for _, port in transport:
+        assert refused(LOOPBACK, port), f"port {port} answers on 127.0.0.1"
+    assert p.metrics().get('kvc_kv_transport_listeners{exposure="network_acknowledged",bound="wildcard"}') == 0.0
