@@ -219,6 +219,29 @@ def test_worker_routes_refuse_calls_without_the_cluster_token(start_server):
     assert httpx.get(f"{p.base_url}/v1/sessions/none/snapshot").json() == {"exists": False, "tokens": 0, "age_s": 0.0}
 
 
+def test_cache_salt_reaches_the_prefill_worker(start_server):
+    """A remote prefill carries the request's `cache_salt`: P's prefix
+    cache is shared only within a salt, as D's is."""
+    p = start_server(*prefill_flags())
+    d = start_decode(start_server, p)
+    prompt = ids(91, 160)
+
+    def run(salt):
+        body = {"prompt": prompt, "max_tokens": 2, "temperature": 0, "ignore_eos": True, "cache_salt": salt}
+        r = httpx.post(f"{d.base_url}/v1/completions", json=body, timeout=300)
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    first = run("salt-a")
+    assert first["kvc"]["path"] == "remote_prefill"
+    reused = p.metrics().get("kvc_prompt_tokens_reused_total", 0.0)
+    second = run("salt-b")
+    assert second["kvc"]["path"] == "remote_prefill", "D's cache does not serve another salt"
+    assert second["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert p.metrics().get("kvc_prompt_tokens_reused_total", 0.0) == reused, "P reused salt-a blocks for salt-b"
+    assert text(second) == text(first), "the same answer either way"
+
+
 def test_1p2d_behind_the_router_moves_a_full_workers_session_by_bypass(start_server, both):
     p = start_server(*prefill_flags())
     # D1 holds 40 blocks (640 tokens) and is listed first (equal scores go to it).

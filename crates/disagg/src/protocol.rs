@@ -67,6 +67,9 @@ pub struct RemotePrefillRequest {
     pub request_id: String,
     /// For P's snapshot lookup (prefill bypass) and snapshot ingest.
     pub session_id: Option<String>,
+    /// The request's cache salt: P's prefix cache is shared only within it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_salt: Option<String>,
     pub prompt_tokens: Vec<u32>,
     /// How P samples the first token. Carries an explicit seed so that D
     /// continues the same random stream.

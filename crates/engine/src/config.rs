@@ -88,6 +88,8 @@ pub struct EngineConfig {
     pub swap_space_bytes: usize,
     /// Idle sessions are deleted after this many seconds.
     pub session_ttl_s: u64,
+    /// Most sessions kept per API-key namespace (0: no limit).
+    pub max_sessions_per_key: usize,
     /// Decode workers: after a committed turn, emit a snapshot job when the
     /// session has at least this many tokens not yet pushed (0: never).
     pub snapshot_min_tokens: usize,
@@ -133,6 +135,7 @@ impl Default for EngineConfig {
             enable_prefix_caching: true,
             swap_space_bytes: 1 << 30,
             session_ttl_s: 600,
+            max_sessions_per_key: 0,
             device: "auto".to_string(),
             gpu_memory_utilization: 0.9,
             enforce_eager: false,

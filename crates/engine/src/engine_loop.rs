@@ -9,7 +9,7 @@ use arc_swap::ArcSwap;
 use kvc_kv_pool::{BlockAllocator, BlockId, KvPool, KvStorage};
 use kvc_model_qwen3::Qwen3Model;
 use kvc_scheduler::{Scheduler, SchedulerConfig, SchedulerHooks, SeqId, Sequence};
-use kvc_session_cache::{BlockHash, CacheConfig, SessionAwareCache, SnapshotStore};
+use kvc_session_cache::{salt_root, BlockHash, CacheConfig, SessionAwareCache, SnapshotStore};
 use tokio::sync::mpsc;
 
 use crate::detokenizer::IncrementalDecoder;
@@ -45,6 +45,8 @@ struct Active {
     /// Full blocks already offered to the prefix index, and the last one's hash.
     registered_blocks: usize,
     last_hash: Option<BlockHash>,
+    /// The parent of the prompt's first block: its cache salt's root.
+    cache_root: Option<BlockHash>,
     /// Prefill worker: lease the prompt's KV at the end; the session whose
     /// snapshot may cover the prompt (bypass).
     export: bool,
@@ -135,6 +137,7 @@ impl EngineLoop {
                 enable_prefix_caching: config.enable_prefix_caching,
                 host_blocks,
                 session_ttl: Duration::from_secs(config.session_ttl_s),
+                max_sessions_per_key: config.max_sessions_per_key,
             },
             allocator.num_blocks(),
         );
@@ -320,7 +323,8 @@ impl EngineLoop {
             reuse_reason: "cold",
             restored_blocks: 0,
             registered_blocks: 0,
-            last_hash: None,
+            last_hash: req.cache_salt.as_deref().map(salt_root),
+            cache_root: req.cache_salt.as_deref().map(salt_root),
             export,
             snapshot_session: if export { req.session_id.clone() } else { None },
             admission_wait: Duration::ZERO,
@@ -526,7 +530,7 @@ impl SchedulerHooks for CacheHooks<'_> {
     fn acquire(&mut self, seq: &Sequence, alloc: &mut BlockAllocator) -> Option<(Vec<BlockId>, usize)> {
         let a = self.active.get_mut(&seq.id)?;
         let session = if a.turn_open { None } else { a.session_id.clone() };
-        let mut got = self.cache.acquire(session.as_deref(), &seq.tokens, alloc, self.storage);
+        let mut got = self.cache.acquire(session.as_deref(), &seq.tokens, a.cache_root, alloc, self.storage);
         a.turn_open |= session.is_some();
         a.reuse_reason = got.source.as_str();
         // A prefill worker's request for a session: its snapshot, when it
@@ -547,7 +551,7 @@ impl SchedulerHooks for CacheHooks<'_> {
         a.cached_tokens = got.tokens;
         a.restored_blocks += got.restored_blocks;
         a.registered_blocks = 0;
-        a.last_hash = None;
+        a.last_hash = a.cache_root;
         tracing::debug!(event = "reuse", seq_id = seq.id, session = ?a.session_id, reused = got.tokens, reason = a.reuse_reason, restored = got.restored_blocks);
         (got.tokens > 0).then_some((got.blocks, got.tokens))
     }

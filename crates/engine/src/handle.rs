@@ -311,11 +311,18 @@ impl EngineHandle {
     /// Reserves blocks for `prompt` (decode worker): the ones the caches
     /// hold for it and fresh ones for the rest (evicting cached KV if
     /// needed). Dropping the reservation unsubmitted gives them back.
-    pub async fn reserve(&self, session_id: Option<&str>, prompt: &[u32]) -> Result<Reservation, EngineError> {
+    /// `cache_salt` as the request's ([`GenerateRequest::cache_salt`]).
+    pub async fn reserve(&self, session_id: Option<&str>, cache_salt: Option<&str>, prompt: &[u32]) -> Result<Reservation, EngineError> {
         self.check_prompt(prompt, 1)?;
         let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = tokio::sync::oneshot::channel();
-        let cmd = Command::Reserve { id, session: session_id.map(str::to_string), prompt: prompt.to_vec(), reply: tx };
+        let cmd = Command::Reserve {
+            id,
+            session: session_id.map(str::to_string),
+            cache_salt: cache_salt.map(str::to_string),
+            prompt: prompt.to_vec(),
+            reply: tx,
+        };
         self.inner.commands.send(cmd).map_err(|_| EngineError::ShuttingDown)?;
         // Armed before the answer: a reservation the caller never sees
         // (dropped future) is released too.

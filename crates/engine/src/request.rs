@@ -106,6 +106,9 @@ pub struct GenerateRequest {
     /// The session this turn belongs to (matched exactly); its KV is kept
     /// after the turn and reused by the next one.
     pub session_id: Option<String>,
+    /// vLLM's `cache_salt`: the prompt's blocks are hashed under it, so it
+    /// shares cached KV only with requests of the same salt.
+    pub cache_salt: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

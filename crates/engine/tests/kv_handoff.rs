@@ -23,7 +23,7 @@ fn greedy(max_tokens: usize) -> SamplingParams {
 }
 
 fn req(session: Option<&str>, prompt: &[u32], sampling: SamplingParams) -> GenerateRequest {
-    GenerateRequest { request_id: "t".into(), prompt_tokens: prompt.to_vec(), sampling, session_id: session.map(str::to_string) }
+    GenerateRequest { request_id: "t".into(), prompt_tokens: prompt.to_vec(), sampling, session_id: session.map(str::to_string), ..Default::default() }
 }
 
 struct Done {
@@ -85,7 +85,7 @@ fn copy_blocks(src: &ModelInfo, src_blocks: &[u32], dst: &ModelInfo, dst_blocks:
 /// blocks are copied, D continues. Returns D's output and P's usage.
 fn remote_turn(p: &EngineHandle, d: &EngineHandle, session: &str, prompt: &[u32], max_tokens: usize) -> (Done, Usage, usize) {
     let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
-    let reservation = rt.block_on(d.reserve(Some(session), prompt)).expect("reserve");
+    let reservation = rt.block_on(d.reserve(Some(session), None, prompt)).expect("reserve");
     let held = reservation.held_tokens;
     let mut sampling = greedy(1);
     sampling.logprobs = Some(2);
@@ -230,7 +230,7 @@ fn a_released_session_revokes_its_push_and_dropped_reservations_free_their_block
     d.snapshot_pushed("gone", false);
     drop(job);
     // A reservation dropped unsubmitted gives its blocks back.
-    let r = rt.block_on(d.reserve(None, &tokens(7, 100))).unwrap();
+    let r = rt.block_on(d.reserve(None, None, &tokens(7, 100))).unwrap();
     assert_eq!(r.blocks.len(), 7);
     drop(r);
     rt.block_on(d.reset_prefix_cache()).unwrap();

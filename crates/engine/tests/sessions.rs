@@ -25,6 +25,7 @@ fn run(e: &EngineHandle, session: Option<&str>, prompt: &[u32], max_tokens: usiz
             prompt_tokens: prompt.to_vec(),
             sampling: greedy(max_tokens),
             session_id: session.map(str::to_string),
+            ..Default::default()
         })
         .unwrap();
     collect(&mut s)
@@ -145,6 +146,7 @@ fn fifty_sessions_under_pressure_fail_nothing_and_match_an_unconstrained_run() {
                             prompt_tokens: prompt,
                             sampling: greedy(6),
                             session_id: Some(format!("session-{s}")),
+                            ..Default::default()
                         })
                         .unwrap();
                     (s, stream)

@@ -26,7 +26,11 @@ pub const MAX_BODY_BYTES: usize = 16 << 20;
 /// never shows the secrets.
 #[derive(Clone, PartialEq)]
 pub struct ServerConfig {
-    pub api_key: Option<String>,
+    /// Accepted API keys (none: no key needed); with several, each is a
+    /// namespace for sessions ([`crate::tenant`]).
+    pub api_keys: Vec<String>,
+    /// `--isolate-cache-per-key`: each key's prefix-cache blocks apart.
+    pub isolate_cache_per_key: bool,
     pub cluster_token: Option<String>,
     pub max_request_body_bytes: usize,
     /// `None`: the model's context length.
@@ -48,7 +52,8 @@ impl std::fmt::Debug for ServerConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let secret = |s: &Option<String>| if s.is_some() { "<set>" } else { "<none>" };
         f.debug_struct("ServerConfig")
-            .field("api_key", &secret(&self.api_key))
+            .field("api_keys", &format!("<{} keys>", self.api_keys.len()))
+            .field("isolate_cache_per_key", &self.isolate_cache_per_key)
             .field("cluster_token", &secret(&self.cluster_token))
             .field("max_request_body_bytes", &self.max_request_body_bytes)
             .field("max_prompt_tokens", &self.max_prompt_tokens)
@@ -65,7 +70,8 @@ impl std::fmt::Debug for ServerConfig {
 impl Default for ServerConfig {
     fn default() -> Self {
         Self {
-            api_key: None,
+            api_keys: Vec::new(),
+            isolate_cache_per_key: false,
             cluster_token: None,
             max_request_body_bytes: MAX_BODY_BYTES,
             max_prompt_tokens: None,
@@ -249,11 +255,11 @@ async fn serve_state(state: AppState, host: &str, port: u16) -> anyhow::Result<(
     tracing::info!(
         addr = %listener.local_addr()?, role = state.role, model = %info.id, max_model_len = info.max_model_len,
         num_kv_blocks = info.num_kv_blocks, block_size = info.block_size,
-        api_key = config.api_key.is_some(), cluster_token = config.cluster_token.is_some(),
+        api_key = !config.api_keys.is_empty(), cluster_token = config.cluster_token.is_some(),
         max_concurrent_requests = config.max_concurrent_requests, max_queued_requests = config.max_queued_requests,
         "kvc-server listening"
     );
-    if let Some(w) = exposure_warning(&listener.local_addr()?, config.api_key.is_some()) {
+    if let Some(w) = exposure_warning(&listener.local_addr()?, !config.api_keys.is_empty()) {
         tracing::warn!(addr = %listener.local_addr()?, "{w}");
     }
     let (shutdown_timeout, limits) = (config.shutdown_timeout, config.conn_limits);

@@ -171,6 +171,12 @@ pub struct Args {
     #[arg(long, default_value_t = 600)]
     pub session_ttl_s: u64,
 
+    /// Most sessions kept per API key (per server when keys are not told
+    /// apart; 0: no limit). A key's new session past it drops that key's
+    /// least recently used idle session, never another key's.
+    #[arg(long, default_value_t = 0)]
+    pub max_sessions_per_key: usize,
+
     #[command(flatten)]
     pub serving: ServingArgs,
 
@@ -259,9 +265,20 @@ pub struct DisaggArgs {
 #[derive(Debug, Clone, clap::Args)]
 pub struct ServingArgs {
     /// Require `Authorization: Bearer <key>` on /v1/* (/health and /metrics
-    /// stay open).
+    /// stay open). Repeat it for several keys: each key then has its own
+    /// sessions (another key's session id is a 404).
     #[arg(long, env = "KVC_API_KEY", hide_env_values = true)]
-    pub api_key: Option<String>,
+    pub api_key: Vec<String>,
+
+    /// More API keys, one per line (blank lines and lines starting with #
+    /// skipped); as --api-key.
+    #[arg(long, value_parser = parse_key_file)]
+    pub api_key_file: Option<KeyFile>,
+
+    /// With several API keys: keep each key's prefix-cache blocks apart too
+    /// (no key reuses, or learns by timing, another key's cached prompts).
+    #[arg(long)]
+    pub isolate_cache_per_key: bool,
 
     /// Token that worker-to-worker calls (/internal/*) must carry in
     /// `x-kvc-cluster-token`; without it those routes are off.
@@ -306,11 +323,38 @@ pub struct ServingArgs {
     pub header_read_timeout_s: f64,
 }
 
+/// The keys of an `--api-key-file`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyFile(pub Vec<String>);
+
+fn parse_key_file(path: &str) -> Result<KeyFile, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {path}: {e}"))?;
+    let keys: Vec<String> =
+        text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')).map(str::to_string).collect();
+    if keys.is_empty() {
+        return Err(format!("{path} holds no key (one per line)"));
+    }
+    Ok(KeyFile(keys))
+}
+
 impl ServingArgs {
+    /// Every accepted key: --api-key's, then the key file's; empty ones
+    /// dropped, duplicates once.
+    pub fn api_keys(&self) -> Vec<String> {
+        let mut keys: Vec<String> = Vec::new();
+        for k in self.api_key.iter().chain(self.api_key_file.iter().flat_map(|f| f.0.iter())) {
+            if !k.is_empty() && !keys.contains(k) {
+                keys.push(k.clone());
+            }
+        }
+        keys
+    }
+
     pub fn server_config(&self) -> ServerConfig {
         let secs = |s: u64| (s > 0).then(|| Duration::from_secs(s));
         ServerConfig {
-            api_key: self.api_key.clone().filter(|k| !k.is_empty()),
+            api_keys: self.api_keys(),
+            isolate_cache_per_key: self.isolate_cache_per_key,
             cluster_token: self.cluster_token.clone().filter(|k| !k.is_empty()),
             max_request_body_bytes: self.max_request_body_bytes,
             max_prompt_tokens: self.max_prompt_tokens,
@@ -379,6 +423,7 @@ impl Args {
             enable_prefix_caching: !self.no_enable_prefix_caching,
             swap_space_bytes: (self.swap_space.max(0.0) * (1u64 << 30) as f64) as usize,
             session_ttl_s: self.session_ttl_s,
+            max_sessions_per_key: self.max_sessions_per_key,
             snapshot_min_tokens: if self.role == Role::Decode { self.disagg.snapshot_min_tokens } else { 0 },
             snapshot_store_blocks: match self.role {
                 Role::Prefill => self.disagg.snapshot_store_blocks.unwrap_or(kvc_engine::config::HALF_THE_POOL),
@@ -524,7 +569,7 @@ mod tests {
     #[test]
     fn serving_flags_map_onto_server_config() {
         let c = parse(&[]).unwrap().serving.server_config();
-        assert_eq!(c.api_key, None);
+        assert!(c.api_keys.is_empty());
         assert_eq!(c.max_request_body_bytes, 16 << 20);
         assert_eq!(c.request_timeout, None);
         assert_eq!(c.shutdown_timeout, Duration::from_secs(30));
@@ -549,12 +594,20 @@ mod tests {
         .unwrap()
         .serving
         .server_config();
-        assert_eq!((c.api_key.as_deref(), c.cluster_token.as_deref()), (Some("k"), Some("t")));
+        assert_eq!((c.api_keys.as_slice(), c.cluster_token.as_deref()), (&["k".to_string()][..], Some("t")));
         assert_eq!((c.max_request_body_bytes, c.max_prompt_tokens), (1 << 20, Some(64)));
         assert_eq!((c.max_concurrent_requests, c.max_queued_requests), (2, 3));
         assert_eq!((c.request_timeout, c.shutdown_timeout), (Some(Duration::from_secs(5)), Duration::from_secs(1)));
         // An empty key is no key (a blank environment variable must not lock everyone out).
-        assert_eq!(parse(&["--api-key", ""]).unwrap().serving.server_config().api_key, None);
+        assert!(parse(&["--api-key", ""]).unwrap().serving.server_config().api_keys.is_empty());
+        // Several keys: repeated flags and a key file, duplicates once.
+        let file = std::env::temp_dir().join(format!("kvc-keys-{}", std::process::id()));
+        std::fs::write(&file, "# team keys\nk2\n\n  k3  \nk1\n").unwrap();
+        let c = parse(&["--api-key", "k1", "--api-key", "k2", "--api-key-file", file.to_str().unwrap()]).unwrap().serving.server_config();
+        assert_eq!(c.api_keys, ["k1", "k2", "k3"]);
+        std::fs::write(&file, "# nothing\n").unwrap();
+        assert!(parse(&["--api-key-file", file.to_str().unwrap()]).is_err(), "an empty key file is refused");
+        std::fs::remove_file(&file).unwrap();
         // Secrets stay out of logs.
         let shown = format!("{:?}", parse(&["--api-key", "hunter2", "--cluster-token", "t0k"]).unwrap().serving.server_config());
         assert!(!shown.contains("hunter2") && !shown.contains("t0k"), "{shown}");

@@ -1,11 +1,13 @@
 //! Who may call what.
 //!
-//! - `--api-key`: every `/v1/*` route needs `Authorization: Bearer <key>`
+//! - `--api-key` (repeatable) / `--api-key-file`: every `/v1/*` route needs
+//!   `Authorization: Bearer <key>` with one of the keys
 //!   (what the `openai` client sends). Without it, or with another key:
 //!   401 with OpenAI's error JSON (`code: invalid_api_key`, as OpenAI
 //!   answers; vLLM answers a bare `{"error": "Unauthorized"}`, which the
 //!   `openai` client cannot read as an error object). `/health*` and
-//!   `/metrics` stay open for probes and scrapers.
+//!   `/metrics` stay open for probes and scrapers. The matched key's
+//!   namespace ([`crate::tenant::Tenant`]) goes with the request.
 //! - `--cluster-token`: the worker-to-worker router (`/internal/*`, P/D)
 //!   needs header `x-kvc-cluster-token: <token>`; without a configured token
 //!   those routes are off (403), so a worker is never open by accident.
@@ -19,6 +21,7 @@ use axum::response::{IntoResponse, Response};
 
 use crate::app::AppState;
 use crate::error::ApiError;
+use crate::tenant::Tenant;
 
 /// Header carrying the cluster token on worker-to-worker calls.
 pub const CLUSTER_TOKEN_HEADER: &str = "x-kvc-cluster-token";
@@ -35,16 +38,21 @@ fn bearer(headers: &HeaderMap) -> Option<&str> {
     scheme.eq_ignore_ascii_case("bearer").then(|| key.trim())
 }
 
-/// The API-key decision alone (unit-testable without a server).
-pub fn check_api_key(expected: Option<&str>, headers: &HeaderMap) -> Result<(), ApiError> {
-    let Some(expected) = expected else {
-        return Ok(());
-    };
+/// The API-key decision alone (unit-testable without a server): which of
+/// `keys` the request carries (None when no key is required).
+pub fn check_api_key(keys: &[String], headers: &HeaderMap) -> Result<Option<usize>, ApiError> {
+    if keys.is_empty() {
+        return Ok(None);
+    }
     let unauthorized = |message: &str| Err(ApiError::Unauthorized { message: message.to_string(), code: "invalid_api_key" });
-    match bearer(headers) {
-        None => unauthorized("You didn't provide an API key. Send it as `Authorization: Bearer <key>`."),
-        Some(key) if constant_time_eq(key.as_bytes(), expected.as_bytes()) => Ok(()),
-        Some(_) => unauthorized("Incorrect API key provided."),
+    let Some(given) = bearer(headers) else {
+        return unauthorized("You didn't provide an API key. Send it as `Authorization: Bearer <key>`.");
+    };
+    // Every key is compared (no early exit on a match).
+    let matched = keys.iter().enumerate().fold(None, |m, (i, k)| if constant_time_eq(given.as_bytes(), k.as_bytes()) { Some(i) } else { m });
+    match matched {
+        Some(i) => Ok(Some(i)),
+        None => unauthorized("Incorrect API key provided."),
     }
 }
 
@@ -61,9 +69,13 @@ pub fn check_cluster_token(expected: Option<&str>, headers: &HeaderMap) -> Resul
 }
 
 /// Middleware for the `/v1/*` routes.
-pub async fn require_api_key(State(state): State<AppState>, req: Request, next: Next) -> Response {
-    match check_api_key(state.config.api_key.as_deref(), req.headers()) {
-        Ok(()) => next.run(req).await,
+pub async fn require_api_key(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
+    match check_api_key(&state.config.api_keys, req.headers()) {
+        Ok(matched) => {
+            let tenant = matched.map(|i| Tenant::of_key(&state.config.api_keys, i)).unwrap_or_default();
+            req.extensions_mut().insert(tenant);
+            next.run(req).await
+        }
         Err(e) => e.into_response(),
     }
 }
@@ -89,18 +101,18 @@ mod tests {
         h
     }
 
-    fn status(r: Result<(), ApiError>) -> u16 {
+    fn status<T>(r: Result<T, ApiError>) -> u16 {
         r.map(|_| 200).unwrap_or_else(|e| error_response(&e).0.as_u16())
     }
 
     #[test]
     fn without_a_configured_key_everything_passes() {
-        assert_eq!(status(check_api_key(None, &headers(&[]))), 200);
+        assert_eq!(check_api_key(&[], &headers(&[])).unwrap(), None);
     }
 
     #[test]
     fn api_key_needs_the_exact_bearer_key() {
-        let key = Some("s3cret");
+        let key = &["s3cret".to_string()];
         assert_eq!(status(check_api_key(key, &headers(&[("authorization", "Bearer s3cret")]))), 200);
         assert_eq!(status(check_api_key(key, &headers(&[("authorization", "bearer  s3cret ")]))), 200);
         for bad in ["Bearer wrong", "Bearer s3cret2", "Basic s3cret", "s3cret", "Bearer "] {
@@ -110,6 +122,14 @@ mod tests {
         let (_, body) = error_response(&err);
         assert_eq!(body.error.code.as_deref(), Some("invalid_api_key"));
         assert!(body.error.message.contains("didn't provide"));
+    }
+
+    #[test]
+    fn several_keys_each_pass_and_say_which_they_are() {
+        let keys = ["k-one".to_string(), "k-two".to_string()];
+        assert_eq!(check_api_key(&keys, &headers(&[("authorization", "Bearer k-one")])).unwrap(), Some(0));
+        assert_eq!(check_api_key(&keys, &headers(&[("authorization", "Bearer k-two")])).unwrap(), Some(1));
+        assert_eq!(status(check_api_key(&keys, &headers(&[("authorization", "Bearer k-three")]))), 401);
     }
 
     #[test]

@@ -41,6 +41,7 @@ struct ChatPlan {
 pub async fn chat_completions(
     State(state): State<AppState>,
     arrival: Option<Extension<Arrival>>,
+    tenant: Option<Extension<crate::tenant::Tenant>>,
     headers: HeaderMap,
     OpenAiJson(req): OpenAiJson<ChatCompletionRequest>,
 ) -> Result<Response, ApiError> {
@@ -49,7 +50,9 @@ pub async fn chat_completions(
     let info = state.engine.info().clone();
     let plan = check_request(&req, info.vocab_size)?;
     let messages = template_messages(&req.messages)?;
-    let session_id = crate::sessions::request_session(&state, req.session_id.as_deref(), &headers)?;
+    let tenant = tenant.map(|Extension(t)| t).unwrap_or_default();
+    let (session_id, cache_salt) =
+        crate::sessions::request_scope(&state, &tenant, req.session_id.as_deref(), req.cache_salt.as_deref(), &headers)?;
     let admitted = admit(&state, arrival, "chatcmpl").await?;
 
     let render_state = state.clone();
@@ -78,7 +81,7 @@ pub async fn chat_completions(
     let sampling = plan.sampling.params_for(prompt_tokens.len(), info.max_model_len, DefaultMaxTokens::RestOfContext);
     let n = plan.sampling.n;
     let generation =
-        submit(&state, admitted, Submission { prompt_tokens, sampling, n, session_id, map_err: ApiError::chat_engine }).await?;
+        submit(&state, admitted, Submission { prompt_tokens, sampling, n, session_id, cache_salt, map_err: ApiError::chat_engine }).await?;
     let spec = ChatSpec {
         id: generation.request_id().to_string(),
         model: info.id,

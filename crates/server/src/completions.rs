@@ -35,6 +35,7 @@ pub enum PromptInput {
 pub async fn completions(
     State(state): State<AppState>,
     arrival: Option<Extension<Arrival>>,
+    tenant: Option<Extension<crate::tenant::Tenant>>,
     headers: HeaderMap,
     OpenAiJson(req): OpenAiJson<CompletionRequest>,
 ) -> Result<Response, ApiError> {
@@ -46,7 +47,9 @@ pub async fn completions(
     if let PromptInput::Text(text) = &prompt {
         check_prompt_bytes(&state, text.len(), "prompt")?;
     }
-    let session_id = crate::sessions::request_session(&state, req.session_id.as_deref(), &headers)?;
+    let tenant = tenant.map(|Extension(t)| t).unwrap_or_default();
+    let (session_id, cache_salt) =
+        crate::sessions::request_scope(&state, &tenant, req.session_id.as_deref(), req.cache_salt.as_deref(), &headers)?;
     let admitted = admit(&state, arrival, "cmpl").await?;
     let echo = req.echo == Some(true);
     let skip_special = req.sampling.skip_special_tokens.unwrap_or(true);
@@ -72,7 +75,7 @@ pub async fn completions(
     let sampling = plan.params_for(prompt_tokens.len(), info.max_model_len, DefaultMaxTokens::Fixed(DEFAULT_MAX_TOKENS));
     let n = plan.n;
     let generation =
-        submit(&state, admitted, Submission { prompt_tokens, sampling, n, session_id, map_err: ApiError::completion_engine }).await?;
+        submit(&state, admitted, Submission { prompt_tokens, sampling, n, session_id, cache_salt, map_err: ApiError::completion_engine }).await?;
     let endpoint = CompletionEndpoint::new(
         generation.request_id().to_string(),
         info.id,

@@ -99,6 +99,9 @@ pub struct Submission {
     pub sampling: SamplingParams,
     pub n: usize,
     pub session_id: Option<String>,
+    /// The salt the prompt's cached blocks are hashed under
+    /// ([`crate::tenant::Tenant::cache_salt`]).
+    pub cache_salt: Option<String>,
     /// Attaches the endpoint's prompt name to engine errors.
     pub map_err: fn(EngineError) -> ApiError,
 }
@@ -120,6 +123,7 @@ pub async fn submit(state: &AppState, admitted: Admitted, s: Submission) -> Resu
             prompt_tokens: s.prompt_tokens.clone(),
             sampling: s.sampling.clone(),
             session_id: s.session_id.clone(),
+            cache_salt: s.cache_salt.clone(),
         };
         let started = within(state, deadline, crate::pd::decode::start(state, pd, req)).await;
         let (stream, r) = started?.map_err(|e| match e {
@@ -150,6 +154,7 @@ pub async fn submit(state: &AppState, admitted: Admitted, s: Submission) -> Resu
                 // Only the first choice continues the session; the others are
                 // alternatives the client has not chosen yet.
                 session_id: if index == 0 { s.session_id.clone() } else { None },
+                cache_salt: s.cache_salt.clone(),
                 ..Default::default()
             }
         })

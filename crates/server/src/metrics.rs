@@ -107,6 +107,12 @@ pub fn render(s: &EngineStats, c: &ServerCounters) -> String {
     metric("kvc_prompt_tokens_to_compute_total", "counter", "Prompt tokens left to compute at admission.", &[("", k.computed_tokens)]);
     metric("kvc_host_restores_total", "counter", "Blocks copied back from the host tier.", &[("", k.host_restores)]);
     metric("kvc_sessions_expired_total", "counter", "Idle sessions deleted by the TTL.", &[("", k.sessions_expired)]);
+    metric(
+        "kvc_sessions_capped_total",
+        "counter",
+        "Idle sessions dropped to keep their API key under --max-sessions-per-key.",
+        &[("", k.sessions_capped)],
+    );
     let evictions: Vec<(String, u64)> =
         k.evictions.iter().map(|((tier, reason), n)| (format!("{{tier=\"{tier}\",reason=\"{reason}\"}}"), *n)).collect();
     let evictions: Vec<(&str, u64)> = evictions.iter().map(|(l, n)| (l.as_str(), *n)).collect();

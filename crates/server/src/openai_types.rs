@@ -97,6 +97,9 @@ pub struct ChatCompletionRequest {
     /// kvc extension: the session this turn belongs to (else header
     /// `x-session-id`).
     pub session_id: Option<String>,
+    /// vLLM extension: cached KV is shared only with requests of the same
+    /// salt (and sessions are kept per salt).
+    pub cache_salt: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -174,6 +177,8 @@ pub struct CompletionRequest {
     pub add_special_tokens: Option<bool>,
     /// kvc extension: the session this request belongs to.
     pub session_id: Option<String>,
+    /// vLLM extension: as chat's.
+    pub cache_salt: Option<String>,
 }
 
 impl JsonBody for ChatCompletionRequest {

@@ -9,7 +9,7 @@
 //!   implements (`top_k`, `min_p`, `repetition_penalty`, `stop_token_ids`,
 //!   `ignore_eos`, `skip_special_tokens`, `add_special_tokens`,
 //!   `chat_template_kwargs`, `add_generation_prompt`,
-//!   `continue_final_message`, `echo`, `session_id`);
+//!   `continue_final_message`, `echo`, `session_id`, `cache_salt`);
 //! - fields that do not change the answer: `user`, `metadata`, `store`,
 //!   `service_tier`, `prompt_cache_key`, `safety_identifier`, `request_id`;
 //! - any field sent as `null` (clients often send every field).
@@ -57,6 +57,7 @@ const COMMON: &[&str] = &[
     "skip_special_tokens",
     "add_special_tokens",
     "session_id",
+    "cache_salt",
     "echo",
     // no effect on the answer
     "user",
@@ -105,7 +106,6 @@ fn unsupported(endpoint: Endpoint, field: &str) -> Option<Option<Value>> {
         | "documents"
         | "mm_processor_kwargs"
         | "logits_processors"
-        | "cache_salt"
         | "kv_transfer_params"
         | "vllm_xargs"
         | "bad_words"

@@ -3,7 +3,8 @@
 //! Reads come from the engine's published snapshot; only DELETE and reset
 //! enter the step loop (as commands).
 
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
+use axum::Extension;
 use axum::http::HeaderMap;
 use axum::Json;
 use kvc_engine::{AdmissionDecision, AdmissionQuery, SessionInfo};
@@ -13,6 +14,8 @@ use serde_json::{json, Value};
 use crate::app::AppState;
 use crate::error::ApiError;
 use crate::extract::{parse_json, JsonBody, OpenAiJson};
+use crate::tenant::{check_cache_salt, Tenant};
+use kvc_session_cache::{client_session_id, is_valid_client_part};
 
 /// The header naming a request's session when the body does not.
 pub const SESSION_HEADER: &str = "x-session-id";
@@ -32,18 +35,44 @@ pub fn session_id(body: Option<&str>, headers: &HeaderMap) -> Result<Option<Stri
         (None, None) => None,
     };
     match id {
-        Some(id) if id.is_empty() || id.len() > MAX_SESSION_ID_LEN => {
-            Err(ApiError::bad_request(format!("session_id must be 1 to {MAX_SESSION_ID_LEN} bytes long"), Some("session_id")))
-        }
+        Some(id) if id.is_empty() || id.len() > MAX_SESSION_ID_LEN || !is_valid_client_part(&id) => Err(ApiError::bad_request(
+            format!("session_id must be 1 to {MAX_SESSION_ID_LEN} bytes long, without control characters"),
+            Some("session_id"),
+        )),
         other => Ok(other),
     }
 }
 
-/// [`session_id`], then dropped when the server keeps no session KV
-/// (`--no-enable-session-cache`).
-pub fn request_session(state: &AppState, body: Option<&str>, headers: &HeaderMap) -> Result<Option<String>, ApiError> {
-    let id = session_id(body, headers)?;
-    Ok(id.filter(|_| state.config.enable_session_cache))
+/// A request's session (the engine's id for it: [`session_id`] scoped by
+/// the caller's key and salt) and the salt its prompt's cached blocks are
+/// hashed under; the session is dropped when the server keeps no session
+/// KV (`--no-enable-session-cache`).
+pub fn request_scope(
+    state: &AppState,
+    tenant: &Tenant,
+    body: Option<&str>,
+    salt: Option<&str>,
+    headers: &HeaderMap,
+) -> Result<(Option<String>, Option<String>), ApiError> {
+    let salt = check_cache_salt(salt)?;
+    let id = session_id(body, headers)?.filter(|_| state.config.enable_session_cache);
+    Ok((id.map(|id| tenant.session(salt, &id)), tenant.cache_salt(state.config.isolate_cache_per_key, salt)))
+}
+
+/// The engine's id of the caller's session `id` (404 for a malformed one:
+/// no such session can exist).
+fn scoped(tenant: &Tenant, salt: Option<&str>, id: &str) -> Result<String, ApiError> {
+    let salt = check_cache_salt(salt)?;
+    if !is_valid_client_part(id) {
+        return Err(not_found(id));
+    }
+    Ok(tenant.session(salt, id))
+}
+
+/// `?cache_salt=` on the session endpoints: the salt the session was kept under.
+#[derive(Debug, Default, Deserialize)]
+pub struct SaltQuery {
+    pub cache_salt: Option<String>,
 }
 
 fn not_found(id: &str) -> ApiError {
@@ -52,7 +81,7 @@ fn not_found(id: &str) -> ApiError {
 
 fn session_json(s: &SessionInfo) -> Value {
     json!({
-        "id": s.id,
+        "id": client_session_id(&s.id),
         "object": "session",
         "resident_tokens": s.resident_tokens,
         "tier": s.tier,
@@ -64,13 +93,25 @@ fn session_json(s: &SessionInfo) -> Value {
     })
 }
 
-pub async fn get_session(State(state): State<AppState>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
+pub async fn get_session(
+    State(state): State<AppState>,
+    tenant: Option<Extension<Tenant>>,
+    Path(id): Path<String>,
+    Query(q): Query<SaltQuery>,
+) -> Result<Json<Value>, ApiError> {
+    let key = scoped(&tenant.map(|Extension(t)| t).unwrap_or_default(), q.cache_salt.as_deref(), &id)?;
     let snap = state.engine.snapshot();
-    snap.sessions.get(&id).map(|s| Json(session_json(s))).ok_or_else(|| not_found(&id))
+    snap.sessions.get(&key).map(|s| Json(session_json(s))).ok_or_else(|| not_found(&id))
 }
 
-pub async fn delete_session(State(state): State<AppState>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
-    let deleted = state.engine.delete_session(&id).await.map_err(|e| ApiError::Unavailable(e.to_string()))?;
+pub async fn delete_session(
+    State(state): State<AppState>,
+    tenant: Option<Extension<Tenant>>,
+    Path(id): Path<String>,
+    Query(q): Query<SaltQuery>,
+) -> Result<Json<Value>, ApiError> {
+    let key = scoped(&tenant.map(|Extension(t)| t).unwrap_or_default(), q.cache_salt.as_deref(), &id)?;
+    let deleted = state.engine.delete_session(&key).await.map_err(|e| ApiError::Unavailable(e.to_string()))?;
     if deleted {
         Ok(Json(json!({"id": id, "object": "session", "deleted": true})))
     } else {
@@ -83,6 +124,9 @@ pub async fn delete_session(State(state): State<AppState>, Path(id): Path<String
 pub struct AdmissionRequest {
     #[serde(default)]
     pub session_id: Option<String>,
+    /// The salt the session was kept under.
+    #[serde(default)]
+    pub cache_salt: Option<String>,
     /// The prompt's token ids ...
     #[serde(default)]
     pub prompt_token_ids: Option<Vec<u32>>,
@@ -99,8 +143,11 @@ impl JsonBody for AdmissionRequest {
 
 pub async fn admission(
     State(state): State<AppState>,
+    tenant: Option<Extension<Tenant>>,
     OpenAiJson(req): OpenAiJson<AdmissionRequest>,
 ) -> Result<Json<AdmissionDecision>, ApiError> {
+    let tenant = tenant.map(|Extension(t)| t).unwrap_or_default();
+    let session = req.session_id.as_deref().map(|id| scoped(&tenant, req.cache_salt.as_deref(), id)).transpose()?;
     let prompt_tokens = match (&req.prompt_token_ids, req.prompt_tokens) {
         (Some(ids), _) => ids.len(),
         (None, Some(n)) => n,
@@ -109,7 +156,7 @@ pub async fn admission(
     if prompt_tokens == 0 {
         return Err(ApiError::bad_request("the prompt must have at least one token", Some("prompt_tokens")));
     }
-    let decision = state.engine.admission(&AdmissionQuery { session_id: req.session_id.as_deref(), prompt_tokens });
+    let decision = state.engine.admission(&AdmissionQuery { session_id: session.as_deref(), prompt_tokens });
     if let Ok(mut m) = state.counters.admission_decisions.lock() {
         *m.entry(decision.reason).or_insert(0) += 1;
     }

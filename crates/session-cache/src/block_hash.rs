@@ -24,6 +24,19 @@ pub fn hash_block(parent: Option<BlockHash>, tokens: &[u32]) -> BlockHash {
     h
 }
 
+/// The root of a salted hash chain: the parent of a salted prompt's first
+/// block (vLLM's `cache_salt`). Chains of different salts (and the
+/// unsalted chain, whose first parent is None) never share a hash, so
+/// requests with different salts never share cached blocks.
+pub fn salt_root(salt: &str) -> BlockHash {
+    let mut h = OFFSET;
+    for &b in b"kvc-cache-salt\0".iter().chain(salt.as_bytes()) {
+        h ^= b as u64;
+        h = h.wrapping_mul(PRIME);
+    }
+    h
+}
+
 /// Hashes of every full block of `tokens`.
 pub fn hash_blocks(tokens: &[u32], block_size: usize) -> Vec<BlockHash> {
     let mut out = Vec::with_capacity(tokens.len() / block_size);
@@ -49,6 +62,16 @@ mod tests {
         assert_eq!(ha.len(), 5);
         assert_eq!(ha[..2], hb[..2]);
         assert!(ha[2..].iter().zip(&hb[2..]).all(|(x, y)| x != y));
+    }
+
+    #[test]
+    fn salted_chains_share_nothing_with_each_other_or_the_unsalted_one() {
+        let blk = [1u32, 2, 3, 4];
+        let (a, b) = (salt_root("tenant-a"), salt_root("tenant-b"));
+        assert_ne!(a, b);
+        let firsts = [hash_block(None, &blk), hash_block(Some(a), &blk), hash_block(Some(b), &blk)];
+        assert!(firsts[0] != firsts[1] && firsts[1] != firsts[2] && firsts[0] != firsts[2]);
+        assert_eq!(salt_root("tenant-a"), a, "stable across calls (and processes: FNV)");
     }
 
     #[test]

@@ -28,6 +28,11 @@ pub struct CacheConfig {
     pub host_blocks: usize,
     /// Idle sessions older than this are deleted.
     pub session_ttl: Duration,
+    /// Most sessions one API key's namespace keeps ([`crate::session_key`];
+    /// 0: no limit). A new session past it drops that key's least recently
+    /// used idle session, so one client cannot push every other client's
+    /// sessions out.
+    pub max_sessions_per_key: usize,
 }
 
 /// Where a request's reused KV came from.
@@ -124,10 +129,23 @@ impl SessionAwareCache {
     /// of the prefix index. At least the prompt's last token is left to
     /// compute. Host-tier blocks are copied back. A session's blocks past
     /// the common prefix are superseded by this turn and released now.
-    pub fn acquire(&mut self, session: Option<&str>, prompt: &[u32], alloc: &mut BlockAllocator, storage: &mut KvStorage) -> Acquired {
+    /// `root`: the parent of the prompt's first block ([`crate::salt_root`]
+    /// of its cache salt; None unsalted): only blocks of the same chain
+    /// are found.
+    pub fn acquire(
+        &mut self,
+        session: Option<&str>,
+        prompt: &[u32],
+        root: Option<BlockHash>,
+        alloc: &mut BlockAllocator,
+        storage: &mut KvStorage,
+    ) -> Acquired {
         let max_reuse = prompt.len().saturating_sub(1);
         let mut out = Acquired { blocks: Vec::new(), tokens: 0, source: ReuseSource::None, restored_blocks: 0 };
         if let Some(id) = session {
+            if !self.sessions.contains_key(id) {
+                self.make_room_for_session(id, alloc);
+            }
             let s = self.sessions.entry(id.to_string()).or_default();
             s.busy += 1;
             s.last_use = Instant::now();
@@ -140,7 +158,7 @@ impl SessionAwareCache {
         }
         if self.config.enable_prefix_caching {
             let before = out.tokens;
-            self.extend_from_index(prompt, max_reuse, alloc, &mut out);
+            self.extend_from_index(prompt, max_reuse, root, alloc, &mut out);
             if out.source == ReuseSource::None && out.tokens > before {
                 out.source = ReuseSource::Prefix;
                 self.stats.prefix_hits += 1;
@@ -201,9 +219,9 @@ impl SessionAwareCache {
         }
     }
 
-    fn extend_from_index(&mut self, prompt: &[u32], max_reuse: usize, alloc: &mut BlockAllocator, out: &mut Acquired) {
+    fn extend_from_index(&mut self, prompt: &[u32], max_reuse: usize, root: Option<BlockHash>, alloc: &mut BlockAllocator, out: &mut Acquired) {
         let bs = self.config.block_size;
-        let mut parent: Option<BlockHash> = None;
+        let mut parent = root;
         let mut i = 0;
         while (i + 1) * bs <= max_reuse {
             let blk = &prompt[i * bs..(i + 1) * bs];
@@ -291,6 +309,33 @@ impl SessionAwareCache {
             self.release_loc(alloc, loc);
         }
         true
+    }
+
+    /// Before `id` is created: when its key's namespace is at
+    /// `max_sessions_per_key`, drops that namespace's least recently used
+    /// idle session (none when all are busy: the cap is then exceeded until
+    /// one ends).
+    fn make_room_for_session(&mut self, id: &str, alloc: &mut BlockAllocator) {
+        let cap = self.config.max_sessions_per_key;
+        if cap == 0 {
+            return;
+        }
+        let key = crate::session_key(id);
+        let mine = self.sessions.iter().filter(|(s, _)| crate::session_key(s) == key);
+        let (count, victim) = mine.fold((0usize, None::<(&String, Instant)>), |(n, v), (s, sess)| {
+            let older = sess.busy == 0 && v.is_none_or(|(_, t)| sess.last_use < t);
+            (n + 1, if older { Some((s, sess.last_use)) } else { v })
+        });
+        if count < cap {
+            return;
+        }
+        if let Some(victim) = victim.map(|(s, _)| s.clone()) {
+            let blocks = self.sessions[&victim].blocks.len() as u64;
+            self.delete(&victim, alloc);
+            self.stats.sessions_capped += 1;
+            self.stats.count_eviction("session", "per_key_session_cap", blocks);
+            tracing::info!(event = "session_capped", key, dropped = %crate::client_session_id(&victim), cap, "a key's oldest idle session made room for its new one");
+        }
     }
 
     /// Deletes idle sessions unused for longer than the TTL.
@@ -478,7 +523,13 @@ mod tests {
 
     fn setup(blocks: usize, host: usize) -> (SessionAwareCache, BlockAllocator, KvStorage) {
         let layout = KvLayout { num_layers: 2, num_kv_heads: 1, head_dim: 2, block_size: BS, dtype: DType::F32 };
-        let cfg = CacheConfig { block_size: BS, enable_prefix_caching: true, host_blocks: host, session_ttl: Duration::from_secs(60) };
+        let cfg = CacheConfig {
+            block_size: BS,
+            enable_prefix_caching: true,
+            host_blocks: host,
+            session_ttl: Duration::from_secs(60),
+            max_sessions_per_key: 0,
+        };
         (SessionAwareCache::new(cfg, blocks), BlockAllocator::new(blocks), KvStorage::new(layout, blocks).unwrap())
     }
 
@@ -505,7 +556,7 @@ mod tests {
         let blocks = alloc.allocate(3).unwrap();
         let original = fill(&mut storage, &blocks, 100.0);
         let tokens: Vec<u32> = (0..12).collect();
-        cache.acquire(Some("s"), &tokens, &mut alloc, &mut storage);
+        cache.acquire(Some("s"), &tokens, None, &mut alloc, &mut storage);
         cache.commit("s", &tokens, &blocks, &mut alloc);
         alloc.free_all(&blocks); // the request ends
                                  // Another request needs the whole pool: "s" must move to the host tier.
@@ -518,7 +569,7 @@ mod tests {
         // The next turn extends the session: its blocks are restored.
         let mut next = tokens.clone();
         next.extend([50, 51, 52]);
-        let got = cache.acquire(Some("s"), &next, &mut alloc, &mut storage);
+        let got = cache.acquire(Some("s"), &next, None, &mut alloc, &mut storage);
         assert_eq!((got.tokens, got.source, got.restored_blocks), (12, ReuseSource::Session, 3));
         for (i, &b) in got.blocks.iter().enumerate() {
             let bytes: Vec<u8> = (0..2).flat_map(|l| storage.block_bytes(l, b).to_vec()).collect();
@@ -532,12 +583,78 @@ mod tests {
         assert_eq!((alloc.num_free(), cache.host_free_blocks()), (4, 8));
     }
 
+    /// `max_sessions_per_key`: a key at its cap loses its own least
+    /// recently used idle session, never another key's.
+    #[test]
+    fn a_key_at_its_session_cap_drops_its_own_oldest_idle_session() {
+        let (mut cache, mut alloc, mut storage) = setup(16, 0);
+        cache.config.max_sessions_per_key = 2;
+        let turn = |cache: &mut SessionAwareCache, alloc: &mut BlockAllocator, storage: &mut KvStorage, id: &str| {
+            let t: Vec<u32> = (0..BS as u32).collect();
+            let got = cache.acquire(Some(id), &t, None, alloc, storage);
+            alloc.free_all(&got.blocks);
+            let b = alloc.allocate(1).unwrap();
+            cache.commit(id, &t, &b, alloc);
+            alloc.free_all(&b);
+            std::thread::sleep(Duration::from_millis(2)); // distinct last-use times
+        };
+        let id = |key: &str, s: &str| crate::scoped_session_id(key, None, s);
+        for s in ["a1", "a2"] {
+            turn(&mut cache, &mut alloc, &mut storage, &id("A", s));
+        }
+        for s in ["b1", "b2"] {
+            turn(&mut cache, &mut alloc, &mut storage, &id("B", s));
+        }
+        // A third session of A: A's oldest goes, B keeps both.
+        turn(&mut cache, &mut alloc, &mut storage, &id("A", "a3"));
+        let mut left: Vec<String> = cache.sessions().iter().map(|s| crate::client_session_id(&s.id).to_string()).collect();
+        left.sort();
+        assert_eq!(left, ["a2", "a3", "b1", "b2"]);
+        assert_eq!(cache.stats.sessions_capped, 1);
+        // A busy session is not dropped: the cap is exceeded instead.
+        let t: Vec<u32> = (0..BS as u32).collect();
+        for s in ["a2", "a3"] {
+            let got = cache.acquire(Some(&id("A", s)), &t, None, &mut alloc, &mut storage);
+            alloc.free_all(&got.blocks);
+        }
+        let got = cache.acquire(Some(&id("A", "a4")), &t, None, &mut alloc, &mut storage);
+        alloc.free_all(&got.blocks);
+        assert_eq!(cache.sessions().len(), 5);
+        // Every block comes back.
+        for s in cache.sessions() {
+            cache.delete(&s.id, &mut alloc);
+        }
+        cache.reset_prefix_cache(&mut alloc);
+        assert_eq!(alloc.num_free(), 16);
+    }
+
+    /// vLLM's `cache_salt`: blocks registered under one salt are found by
+    /// that salt only, not by another or by an unsalted prompt.
+    #[test]
+    fn the_prefix_index_is_shared_only_within_a_salt() {
+        let (mut cache, mut alloc, mut storage) = setup(8, 0);
+        let tokens: Vec<u32> = (0..(3 * BS as u32)).collect();
+        let a = Some(crate::salt_root("a"));
+        let blocks = alloc.allocate(3).unwrap();
+        let mut parent = a;
+        for (j, &b) in blocks.iter().enumerate() {
+            parent = Some(cache.register_block(parent, &tokens[j * BS..(j + 1) * BS], b, &mut alloc));
+        }
+        alloc.free_all(&blocks);
+        for (root, hit) in [(a, 2 * BS), (None, 0), (Some(crate::salt_root("b")), 0)] {
+            let got = cache.acquire(None, &tokens, root, &mut alloc, &mut storage);
+            // At most the prompt less one token is reused: two whole blocks.
+            assert_eq!(got.tokens, hit, "root {root:?}");
+            alloc.free_all(&got.blocks);
+        }
+    }
+
     #[test]
     fn blocks_of_a_running_request_are_never_evicted() {
         let (mut cache, mut alloc, mut storage) = setup(3, 8);
         let blocks = alloc.allocate(2).unwrap();
         let tokens: Vec<u32> = (0..8).collect();
-        cache.acquire(Some("s"), &tokens, &mut alloc, &mut storage);
+        cache.acquire(Some("s"), &tokens, None, &mut alloc, &mut storage);
         cache.commit("s", &tokens, &blocks, &mut alloc);
         // The request still runs (holds its references): nothing can be freed.
         assert_eq!(cache.reclaim(3, &mut alloc, &storage), 0);
@@ -553,7 +670,7 @@ mod tests {
         for (id, first) in [("old", 0u32), ("new", 100)] {
             let b = alloc.allocate(1).unwrap();
             let t: Vec<u32> = (first..first + 4).collect();
-            cache.acquire(Some(id), &t, &mut alloc, &mut storage);
+            cache.acquire(Some(id), &t, None, &mut alloc, &mut storage);
             cache.commit(id, &t, &b, &mut alloc);
             alloc.free_all(&b);
             std::thread::sleep(Duration::from_millis(2)); // distinct last-use times

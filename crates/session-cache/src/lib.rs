@@ -7,13 +7,15 @@ mod block_hash;
 mod cache;
 mod eviction;
 mod host_tier;
+mod namespace;
 mod prefix_index;
 mod session;
 mod snapshot_store;
 mod stats;
 
-pub use block_hash::{hash_block, hash_blocks, BlockHash};
+pub use block_hash::{hash_block, hash_blocks, salt_root, BlockHash};
 pub use cache::{Acquired, CacheConfig, ReuseSource, SessionAwareCache};
+pub use namespace::{client_session_id, is_valid_client_part, scoped_session_id, session_key};
 pub use eviction::{choose_victim, EvictionAction, EvictionDecision, VictimCandidate};
 pub use session::{common_prefix, SessionInfo, Tier};
 pub use snapshot_store::{SnapshotError, SnapshotInfo, SnapshotReservation, SnapshotStats, SnapshotStore};

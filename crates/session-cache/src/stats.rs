@@ -12,6 +12,8 @@ pub struct CacheStats {
     pub computed_tokens: u64,
     pub host_restores: u64,
     pub sessions_expired: u64,
+    /// Idle sessions dropped to keep a key under `max_sessions_per_key`.
+    pub sessions_capped: u64,
     /// Evicted blocks by (tier, reason).
     pub evictions: BTreeMap<(String, String), u64>,
 }

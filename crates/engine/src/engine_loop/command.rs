@@ -23,6 +23,7 @@ pub(crate) enum Command {
     Reserve {
         id: u64,
         session: Option<String>,
+        cache_salt: Option<String>,
         prompt: Vec<u32>,
         reply: oneshot::Sender<Result<Reserved, EngineError>>,
     },

@@ -48,8 +48,8 @@ impl EngineLoop {
     /// Reservation, lease and snapshot-store commands.
     pub(super) fn handle_handoff(&mut self, cmd: Command) {
         match cmd {
-            Command::Reserve { id, session, prompt, reply } => {
-                let _ = reply.send(self.reserve(id, session, &prompt));
+            Command::Reserve { id, session, cache_salt, prompt, reply } => {
+                let _ = reply.send(self.reserve(id, session, cache_salt.as_deref(), &prompt));
                 self.publish();
             }
             Command::ReleaseReservation(id) => {
@@ -95,9 +95,10 @@ impl EngineLoop {
 
     /// Reserves a prompt's blocks: those the caches hold for it, and fresh
     /// ones for the rest.
-    pub(super) fn reserve(&mut self, id: u64, session: Option<String>, prompt: &[u32]) -> Result<Reserved, EngineError> {
+    pub(super) fn reserve(&mut self, id: u64, session: Option<String>, cache_salt: Option<&str>, prompt: &[u32]) -> Result<Reserved, EngineError> {
         let bs = self.block_size();
-        let got = self.cache.acquire(session.as_deref(), prompt, &mut self.allocator, &mut self.storage);
+        let root = cache_salt.map(kvc_session_cache::salt_root);
+        let got = self.cache.acquire(session.as_deref(), prompt, root, &mut self.allocator, &mut self.storage);
         let need = prompt.len().div_ceil(bs) - got.blocks.len();
         let Some(fresh) = self.cache.allocate(need, &mut self.allocator, &self.storage) else {
             self.allocator.free_all(&got.blocks);

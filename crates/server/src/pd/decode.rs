@@ -39,7 +39,7 @@ pub async fn start(state: &AppState, pd: &PdState, mut req: GenerateRequest) -> 
         let reason = if peer.is_none() { "no_prefill_peer" } else { "suffix_below_threshold" };
         return local(state, pd, req, PrefillPath::Local, reason);
     }
-    let reservation = match engine.reserve(req.session_id.as_deref(), &req.prompt_tokens).await {
+    let reservation = match engine.reserve(req.session_id.as_deref(), req.cache_salt.as_deref(), &req.prompt_tokens).await {
         Ok(r) => r,
         Err(e) => {
             // The scheduler can still serve it (it preempts or waits).
@@ -94,6 +94,7 @@ pub async fn start(state: &AppState, pd: &PdState, mut req: GenerateRequest) -> 
     let body = RemotePrefillRequest {
         request_id: req.request_id.clone(),
         session_id: req.session_id.clone(),
+        cache_salt: req.cache_salt.clone(),
         prompt_tokens: req.prompt_tokens.clone(),
         sampling: req.sampling.clone(),
         skip_tokens: reservation.held_tokens,

@@ -82,6 +82,7 @@ async fn serve_prefill(
         prompt_tokens: req.prompt_tokens.clone(),
         sampling,
         session_id: req.session_id.clone(),
+        cache_salt: req.cache_salt.clone(),
     };
     let mut stream = state.engine.submit_export(gen).map_err(ApiError::completion_engine)?;
     let (mut first, mut logprobs, mut finished) = (None, None, None);
@@ -183,7 +184,14 @@ pub async fn snapshot_abort(
 }
 
 /// `GET /v1/sessions/{id}/snapshot`: what this worker's snapshot store holds.
-pub async fn snapshot_status(State(state): State<AppState>, Path(id): Path<String>) -> Json<SnapshotStatus> {
+pub async fn snapshot_status(
+    State(state): State<AppState>,
+    tenant: Option<axum::Extension<crate::tenant::Tenant>>,
+    Path(id): Path<String>,
+    axum::extract::Query(q): axum::extract::Query<crate::sessions::SaltQuery>,
+) -> Json<SnapshotStatus> {
+    let tenant = tenant.map(|axum::Extension(t)| t).unwrap_or_default();
+    let id = tenant.session(q.cache_salt.as_deref().filter(|s| !s.is_empty()), &id);
     let s = state.engine.snapshot();
     Json(match s.snapshots.get(&id) {
         Some(i) => SnapshotStatus { exists: true, tokens: i.tokens, age_s: i.updated.elapsed().as_secs_f64() },

@@ -105,8 +105,8 @@ pub fn app(state: RouterState) -> Router {
 
 /// `--api-key` on `/v1/*`, with the workers' rule ([`check_api_key`]).
 async fn require_api_key(State(state): State<RouterState>, req: Request, next: Next) -> Response {
-    match check_api_key(state.config.api_key.as_deref(), req.headers()) {
-        Ok(()) => next.run(req).await,
+    match check_api_key(&state.config.api_keys, req.headers()) {
+        Ok(_) => next.run(req).await,
         Err(e) => e.into_response(),
     }
 }
@@ -249,9 +249,9 @@ pub async fn serve(args: &Args) -> anyhow::Result<()> {
     let urls: Vec<&str> = state.peers.list.iter().map(|p| p.url.as_str()).collect();
     tracing::info!(
         addr = %listener.local_addr()?, workers = ?urls, poll_interval_s = interval.as_secs_f64(),
-        api_key = state.config.api_key.is_some(), "kvc-server router listening"
+        api_key = !state.config.api_keys.is_empty(), "kvc-server router listening"
     );
-    if let Some(w) = crate::app::exposure_warning(&listener.local_addr()?, state.config.api_key.is_some()) {
+    if let Some(w) = crate::app::exposure_warning(&listener.local_addr()?, !state.config.api_keys.is_empty()) {
         tracing::warn!(addr = %listener.local_addr()?, "{w}");
     }
     let lifecycle = state.lifecycle.clone();
@@ -447,7 +447,7 @@ mod tests {
 
     #[tokio::test]
     async fn api_key_and_body_limit_guard_v1() {
-        let config = ServerConfig { api_key: Some("k".into()), max_request_body_bytes: 64, ..ServerConfig::default() };
+        let config = ServerConfig { api_keys: vec!["k".into()], max_request_body_bytes: 64, ..ServerConfig::default() };
         let state = RouterState::new(&[dead_url().await], config).unwrap();
         let router = spawn_app(app(state)).await;
         let client = reqwest::Client::new();
