@@ -3,6 +3,7 @@
 --max-concurrent-requests / --max-queued-requests (429 + Retry-After), and
 --request-timeout-s (504, or a final error event in a stream)."""
 
+import json
 import threading
 
 import httpx
@@ -143,3 +144,39 @@ def test_stream_past_the_timeout_ends_with_an_error_event(timed):
     timed.wait_idle()
     # The server is fine afterwards.
     assert c.completions.create(model="kvc-default", prompt=[1, 2], max_tokens=2).usage.completion_tokens >= 1
+
+
+def _mem_mib(pid: int) -> dict[str, int]:
+    out = {}
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith(("VmRSS", "VmHWM")):
+            k, v = line.split(":")
+            out[k] = int(v.split()[0]) // 1024
+    return out
+
+
+def test_a_body_of_many_tiny_messages_is_refused_before_rendering(start_server):
+    """Issue 18, item 3: 480K one-character messages (a 16 MB body) used
+    to cost ~2.2 s of CPU and +470 MB before their 400. Now the message
+    count alone refuses them (each message costs at least the template's
+    framing), and the peak memory stays a small multiple of the body."""
+    srv = start_server()
+    url = f"{srv.base_url}/v1/chat/completions"
+    httpx.post(url, json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}, timeout=60)
+    body = json.dumps({"messages": [{"role": "user", "content": "x"}] * 480_000, "max_tokens": 1}).encode()
+    before = _mem_mib(srv.proc.pid)
+    r = httpx.post(url, content=body, headers={"content-type": "application/json"}, timeout=120)
+    after = _mem_mib(srv.proc.pid)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == "messages" and "at least" in err["message"], err
+    growth = after["VmHWM"] - before["VmRSS"]
+    assert growth < 10 * (len(body) >> 20), f"peak memory grew {growth} MiB for a {len(body) >> 20} MiB body"
+    # A conversation under the count bound but over the token limit is
+    # rendered and counted: its number is exact, not a bound.
+    limit = int(err["message"].split("accepts (")[1].split(",")[0])
+    n = limit // 4
+    r = httpx.post(url, json={"messages": [{"role": "user", "content": "x y z"}] * n, "max_tokens": 1}, timeout=120)
+    assert r.status_code == 400
+    msg = r.json()["error"]["message"]
+    assert "at least" not in msg and int(msg.split("has ")[1].split(" tokens")[0]) > limit, msg

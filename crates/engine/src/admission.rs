@@ -61,9 +61,6 @@ pub fn decide_admission(
 
 #[cfg(test)]
 mod tests {
-    use std::collections::HashMap;
-    use std::sync::Arc;
-
     use kvc_session_cache::{SessionInfo, Tier};
 
     use super::*;
@@ -76,14 +73,14 @@ mod tests {
             host_blocks: 0,
             tier: Tier::Device,
             turns: 1,
-            idle_s: 0.0,
+            last_use: std::time::Instant::now(),
             busy: false,
         };
         EngineStats {
             free_blocks: free,
             evictable_blocks: evictable,
             waiting,
-            sessions: Arc::new(HashMap::from([("s".to_string(), info)])),
+            sessions: imbl::HashMap::from_iter([("s".to_string(), info)]),
             ..Default::default()
         }
     }

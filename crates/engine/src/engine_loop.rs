@@ -494,7 +494,13 @@ impl EngineLoop {
         self.local.cached_blocks = self.cache.indexed_blocks();
         self.local.host_free_blocks = self.cache.host_free_blocks();
         self.local.cache = self.cache.stats.clone();
-        self.local.sessions = Arc::new(self.cache.sessions().into_iter().map(|s| (s.id.clone(), s)).collect());
+        // Only what changed since the last publish: O(changes), not O(sessions).
+        for (id, info) in self.cache.take_changed_sessions() {
+            match info {
+                Some(info) => self.local.sessions.insert(id, info),
+                None => self.local.sessions.remove(&id),
+            };
+        }
         if !self.leases.is_empty() {
             let sessions = self.local.sessions.clone();
             self.revoke_leases_of(|s| !sessions.contains_key(s));

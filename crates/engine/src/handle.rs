@@ -76,7 +76,9 @@ pub struct EngineStats {
     pub generated_tokens: u64,
     /// Session hits, reuse, evictions by tier and reason, host restores.
     pub cache: CacheStats,
-    pub sessions: Arc<HashMap<String, SessionInfo>>,
+    /// Every session, a persistent map: publishing updates only the
+    /// sessions that changed since the last step, and a clone is O(1).
+    pub sessions: imbl::HashMap<String, SessionInfo>,
     /// Prefill workers: the snapshot store's entries and counters.
     pub snapshots: Arc<HashMap<String, SnapshotInfo>>,
     pub snapshot_stats: SnapshotStats,

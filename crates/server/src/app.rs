@@ -114,6 +114,9 @@ pub struct AppState {
     pub role: &'static str,
     /// Prefill and decode workers: the KV link, peers, counters.
     pub pd: Option<Arc<crate::pd::PdState>>,
+    /// Tokens every chat message costs at least under this model's
+    /// template (measured once: [`crate::chat_messages::message_token_floor`]).
+    pub message_floor: Arc<std::sync::OnceLock<usize>>,
 }
 
 impl AppState {
@@ -131,6 +134,7 @@ impl AppState {
             lifecycle: Arc::new(Lifecycle::default()),
             role: "both",
             pd: None,
+            message_floor: Arc::new(std::sync::OnceLock::new()),
         }
     }
 

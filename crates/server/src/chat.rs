@@ -49,6 +49,8 @@ pub async fn chat_completions(
     state.check_model(req.model.as_deref())?;
     let info = state.engine.info().clone();
     let plan = check_request(&req, info.vocab_size)?;
+    let floor = *state.message_floor.get_or_init(|| crate::chat_messages::message_token_floor(&state.engine));
+    crate::chat_messages::check_message_count(req.messages.len(), floor, state.max_prompt_tokens())?;
     let messages = template_messages(&req.messages)?;
     let tenant = tenant.map(|Extension(t)| t).unwrap_or_default();
     let (session_id, cache_salt) =

@@ -66,6 +66,43 @@ pub fn tool_mode(tools: Option<&[Value]>, tool_choice: Option<&Value>) -> Result
 /// The messages as the chat template expects them: OpenAI-shaped objects
 /// whose `content` is always a string (text parts joined by newlines, as
 /// vLLM does for text-only models), `developer` rendered as `system`.
+/// Tokens each message adds to a rendered prompt at the least, whatever
+/// its content: the template's per-message framing (Qwen3:
+/// `<|im_start|>role\n ... <|im_end|>\n`, 5 tokens). Measured by rendering
+/// two and four empty messages (user and assistant in turn): half the
+/// mean increment per message, so that a role framed more lightly than the
+/// other (down to half the mean) is not overcounted. 0 when the template
+/// cannot render them (then no message-count bound applies).
+pub fn message_token_floor(engine: &kvc_engine::EngineHandle) -> usize {
+    let Some(template) = engine.chat_template() else {
+        return 0;
+    };
+    let convo = |pairs: usize| {
+        let m: Vec<Value> =
+            (0..pairs).flat_map(|_| [json!({"role": "user", "content": ""}), json!({"role": "assistant", "content": ""})]).collect();
+        template
+            .render(&Value::Array(m), None, false, &Default::default())
+            .ok()
+            .and_then(|p| engine.tokenizer().encode(&p, false).ok())
+            .map(|t| t.len())
+    };
+    match (convo(1), convo(2)) {
+        (Some(one), Some(two)) if two > one => ((two - one) / 4).min(64),
+        _ => 0,
+    }
+}
+
+/// Refuses a conversation whose messages alone need more than `limit`
+/// tokens (`floor` each), before anything is rendered or tokenized: the
+/// count it reports is that lower bound ("at least").
+pub fn check_message_count(count: usize, floor: usize, limit: usize) -> Result<(), ApiError> {
+    let least = count.saturating_mul(floor);
+    if floor > 0 && least > limit {
+        return Err(ApiError::PromptTooLarge { tokens: least, limit, param: "messages", qualifier: "at least " });
+    }
+    Ok(())
+}
+
 pub fn template_messages(messages: &[ChatMessage]) -> Result<Value, ApiError> {
     if messages.is_empty() {
         return Err(ApiError::bad_request("messages must contain at least one message", Some("messages")));

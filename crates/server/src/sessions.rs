@@ -88,7 +88,7 @@ fn session_json(s: &SessionInfo) -> Value {
         "device_blocks": s.device_blocks,
         "host_blocks": s.host_blocks,
         "turns": s.turns,
-        "last_used_s_ago": s.idle_s,
+        "last_used_s_ago": s.idle_s(),
         "busy": s.busy,
     })
 }

@@ -8,7 +8,7 @@
 //! `refcount(b) - cache_refs[b]` is the number of running requests using
 //! `b`; a block with running users is never evicted.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use kvc_kv_pool::{BlockAllocator, BlockId, KvStorage};
@@ -68,6 +68,8 @@ pub struct SessionAwareCache {
     config: CacheConfig,
     index: PrefixIndex,
     sessions: HashMap<String, Session>,
+    /// Sessions changed since [`Self::take_changed_sessions`] last ran.
+    changed: HashSet<String>,
     host: HostTier,
     cache_refs: Vec<u32>,
     tick: u64,
@@ -81,6 +83,7 @@ impl SessionAwareCache {
             config,
             index: PrefixIndex::default(),
             sessions: HashMap::new(),
+            changed: HashSet::new(),
             cache_refs: vec![0; num_blocks],
             tick: 1,
             stats: CacheStats::default(),
@@ -146,6 +149,7 @@ impl SessionAwareCache {
             if !self.sessions.contains_key(id) {
                 self.make_room_for_session(id, alloc);
             }
+            self.changed.insert(id.to_string());
             let s = self.sessions.entry(id.to_string()).or_default();
             s.busy += 1;
             s.last_use = Instant::now();
@@ -212,6 +216,7 @@ impl SessionAwareCache {
                 // The session now holds the device block (the allocation's reference).
                 self.cache_refs[dst as usize] += 1;
                 self.sessions.get_mut(id).expect("session exists").blocks[i] = BlockLoc::Device(dst);
+                self.changed.insert(id.to_string());
                 out.restored_blocks += 1;
                 self.stats.host_restores += 1;
                 Some(dst)
@@ -268,6 +273,7 @@ impl SessionAwareCache {
         for &b in blocks {
             self.take_ref(alloc, b);
         }
+        self.changed.insert(id.to_string());
         let old = {
             let s = self.sessions.entry(id.to_string()).or_default();
             s.tokens = tokens[..(blocks.len() * self.config.block_size).min(tokens.len())].to_vec();
@@ -284,6 +290,7 @@ impl SessionAwareCache {
     /// A turn ended without committing (cancelled, failed).
     pub fn abandon(&mut self, id: &str) {
         if let Some(s) = self.sessions.get_mut(id) {
+            self.changed.insert(id.to_string());
             s.busy = s.busy.saturating_sub(1);
             s.last_use = Instant::now();
         }
@@ -292,12 +299,19 @@ impl SessionAwareCache {
     // ---- sessions ---------------------------------------------------------
 
     pub fn session_info(&self, id: &str) -> Option<SessionInfo> {
-        self.sessions.get(id).map(|s| s.info(id, Instant::now()))
+        self.sessions.get(id).map(|s| s.info(id))
     }
 
     pub fn sessions(&self) -> Vec<SessionInfo> {
-        let now = Instant::now();
-        self.sessions.iter().map(|(id, s)| s.info(id, now)).collect()
+        self.sessions.iter().map(|(id, s)| s.info(id)).collect()
+    }
+
+    /// The sessions changed since the last call, with their current view
+    /// (None: deleted). Publishing only these keeps a published map current
+    /// in O(changes) per step.
+    pub fn take_changed_sessions(&mut self) -> Vec<(String, Option<SessionInfo>)> {
+        let changed = std::mem::take(&mut self.changed);
+        changed.into_iter().map(|id| (self.session_info(&id), id)).map(|(info, id)| (id, info)).collect()
     }
 
     /// Deletes a session and releases its KV. False if unknown.
@@ -305,6 +319,7 @@ impl SessionAwareCache {
         let Some(s) = self.sessions.remove(id) else {
             return false;
         };
+        self.changed.insert(id.to_string());
         for loc in s.blocks {
             self.release_loc(alloc, loc);
         }
@@ -458,6 +473,7 @@ impl SessionAwareCache {
     /// Offloads (or drops) a session's device blocks that no request uses.
     fn evict_session(&mut self, d: &EvictionDecision, alloc: &mut BlockAllocator, storage: &KvStorage) -> usize {
         let locs = self.sessions[&d.session].blocks.clone();
+        self.changed.insert(d.session.clone());
         let mut moved = 0;
         match d.action {
             EvictionAction::Offload => {
@@ -499,6 +515,7 @@ impl SessionAwareCache {
             .min_by_key(|(_, s)| s.last_use)
             .map(|(id, _)| id.clone());
         let Some(id) = victim else { return false };
+        self.changed.insert(id.clone());
         let s = self.sessions.get_mut(&id).expect("victim exists");
         let blocks = std::mem::take(&mut s.blocks);
         s.tokens.clear();
@@ -581,6 +598,49 @@ mod tests {
         cache.delete("s", &mut alloc);
         cache.reset_prefix_cache(&mut alloc);
         assert_eq!((alloc.num_free(), cache.host_free_blocks()), (4, 8));
+    }
+
+    /// A map kept by applying [`SessionAwareCache::take_changed_sessions`]
+    /// after every operation equals the full listing: creation, turns,
+    /// abandon, offload to host, restore, drop, delete, the per-key cap.
+    #[test]
+    fn changed_sessions_keep_a_mirror_equal_to_the_listing() {
+        let (mut cache, mut alloc, mut storage) = setup(6, 4);
+        cache.config.max_sessions_per_key = 3;
+        let mut mirror: HashMap<String, SessionInfo> = HashMap::new();
+        let mut check = |cache: &mut SessionAwareCache, what: &str| {
+            for (id, info) in cache.take_changed_sessions() {
+                match info {
+                    Some(i) => mirror.insert(id, i),
+                    None => mirror.remove(&id),
+                };
+            }
+            let full: HashMap<String, SessionInfo> = cache.sessions().into_iter().map(|i| (i.id.clone(), i)).collect();
+            assert_eq!(mirror, full, "after {what}");
+        };
+        for round in 0..3u32 {
+            for s in 0..4u32 {
+                let id = format!("s{s}");
+                let t: Vec<u32> = (0..(BS as u32 * 2 + round)).map(|x| x + 1000 * s).collect();
+                let got = cache.acquire(Some(&id), &t, None, &mut alloc, &mut storage);
+                check(&mut cache, "acquire");
+                let need = t.len().div_ceil(BS) - got.blocks.len();
+                let Some(fresh) = cache.allocate(need, &mut alloc, &storage) else {
+                    alloc.free_all(&got.blocks);
+                    cache.abandon(&id);
+                    check(&mut cache, "abandon");
+                    continue;
+                };
+                check(&mut cache, "allocate (may evict)");
+                let blocks: Vec<BlockId> = got.blocks.iter().copied().chain(fresh).collect();
+                cache.commit(&id, &t, &blocks, &mut alloc);
+                alloc.free_all(&blocks);
+                check(&mut cache, "commit");
+            }
+        }
+        cache.delete("s1", &mut alloc);
+        check(&mut cache, "delete");
+        assert!(cache.take_changed_sessions().is_empty(), "nothing changed since");
     }
 
     /// `max_sessions_per_key`: a key at its cap loses its own least

@@ -48,8 +48,18 @@ pub struct SessionInfo {
     pub host_blocks: usize,
     pub tier: Tier,
     pub turns: u32,
-    pub idle_s: f64,
+    /// When it was last used (its idle time is read off this, so that a
+    /// published view stays right without being republished).
+    #[serde(skip)]
+    pub last_use: Instant,
     pub busy: bool,
+}
+
+impl SessionInfo {
+    /// Seconds since the session was last used.
+    pub fn idle_s(&self) -> f64 {
+        self.last_use.elapsed().as_secs_f64()
+    }
 }
 
 impl Session {
@@ -71,7 +81,7 @@ impl Session {
         self.blocks.iter().filter(|b| matches!(b, BlockLoc::Device(_))).count()
     }
 
-    pub fn info(&self, id: &str, now: Instant) -> SessionInfo {
+    pub fn info(&self, id: &str) -> SessionInfo {
         let dev = self.device_blocks();
         SessionInfo {
             id: id.to_string(),
@@ -80,7 +90,7 @@ impl Session {
             host_blocks: self.blocks.len() - dev,
             tier: self.tier(),
             turns: self.turns,
-            idle_s: now.saturating_duration_since(self.last_use).as_secs_f64(),
+            last_use: self.last_use,
             busy: self.busy > 0,
         }
     }
