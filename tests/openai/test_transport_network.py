@@ -133,3 +133,43 @@ def test_an_acknowledged_network_address_is_the_only_one_the_transport_listens_o
     for _, port in transport:
         assert refused(LOOPBACK, port), f"port {port} answers on 127.0.0.1"
     assert p.metrics().get('kvc_kv_transport_listeners{exposure="network_acknowledged",bound="wildcard"}') == 0.0
+
+
+# A client that connects, sends a line and reports what came back: "closed"
+# (the server hung up at once) or "open" (the connection was kept, waiting
+# for a well-formed request).
+PROBE = r"""
+import socket, sys
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=5)
+s.settimeout(1.5)
+try:
+    s.sendall(b"{}\n")
+    print("closed" if s.recv(1) == b"" else "open")
+except (ConnectionResetError, BrokenPipeError):
+    print("closed")
+except socket.timeout:
+    print("open")
+"""
+
+
+def probe(port: int, user: str | None) -> str:
+    # The system Python: another user may not be able to read the venv.
+    r = subprocess.run(["/usr/bin/python3", "-c", PROBE, str(port)], capture_output=True, text=True, timeout=30, user=user)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip()
+
+
+def test_another_users_process_cannot_connect_to_the_transport(start_server):
+    """The accept guard: on this host only this user's processes (and
+    peers that proved the cluster token) get a connection to the KV
+    transport; another user's process is hung up on at once."""
+    if os.geteuid() != 0:
+        pytest.fail("this test starts a client as user `nobody` and must run as root (CI does)")
+    p = start_server(*prefill_flags())
+    transport = [port for a, port in listening(p.proc.pid) if port != http_port(p)]
+    assert len(transport) >= 2
+    before = p.metrics().get("kvc_kv_transport_connections_refused_total", 0.0)
+    for port in transport:
+        assert probe(port, "nobody") == "closed", f"another user's process kept a connection to port {port}"
+        assert probe(port, None) == "open", f"this user's own process was refused on port {port}"
+    assert p.metrics().get("kvc_kv_transport_connections_refused_total", 0.0) >= before + len(transport)

@@ -23,7 +23,13 @@ fn greedy(max_tokens: usize) -> SamplingParams {
 }
 
 fn req(session: Option<&str>, prompt: &[u32], sampling: SamplingParams) -> GenerateRequest {
-    GenerateRequest { request_id: "t".into(), prompt_tokens: prompt.to_vec(), sampling, session_id: session.map(str::to_string), ..Default::default() }
+    GenerateRequest {
+        request_id: "t".into(),
+        prompt_tokens: prompt.to_vec(),
+        sampling,
+        session_id: session.map(str::to_string),
+        ..Default::default()
+    }
 }
 
 struct Done {

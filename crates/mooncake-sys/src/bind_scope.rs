@@ -23,6 +23,8 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 /// One bind seen inside a scope.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BindRecord {
+    /// The socket.
+    pub fd: i32,
     /// The address Mooncake asked for.
     pub requested: SocketAddr,
     /// The address bound (`requested` unless rewritten).
@@ -51,8 +53,10 @@ thread_local! {
 /// what `f` returned and every bind it made (empty when this build cannot
 /// interpose `bind`, which the caller must treat as "not restricted").
 pub fn restrict_binds<R>(addr: IpAddr, f: impl FnOnce() -> R) -> (R, Vec<BindRecord>) {
-    // Keeps the definition below linked into every binary using this.
+    // Keeps the definitions of `bind` and `accept` linked into every
+    // binary using this.
     std::hint::black_box(bind as unsafe extern "C" fn(_, _, _) -> _);
+    crate::accept_guard::keep_linked();
     let previous = SCOPE.with(|s| s.borrow_mut().replace(Scope { addr, seen: Vec::new() }));
     let out = f();
     let seen = SCOPE.with(|s| std::mem::replace(&mut *s.borrow_mut(), previous)).map(|s| s.seen).unwrap_or_default();
@@ -63,7 +67,7 @@ pub fn restrict_binds<R>(addr: IpAddr, f: impl FnOnce() -> R) -> (R, Vec<BindRec
 ///
 /// # Safety
 /// `addr` points to `len` readable bytes.
-unsafe fn read_addr(addr: *const libc::sockaddr, len: libc::socklen_t) -> Option<SocketAddr> {
+pub(crate) unsafe fn read_addr(addr: *const libc::sockaddr, len: libc::socklen_t) -> Option<SocketAddr> {
     if addr.is_null() {
         return None;
     }
@@ -125,13 +129,44 @@ pub unsafe extern "C" fn bind(fd: libc::c_int, addr: *const libc::sockaddr, len:
     } else {
         sys_bind(fd, addr, len)
     };
-    let record = BindRecord { requested, bound, ok: rc == 0 };
+    let record = BindRecord { fd, requested, bound, ok: rc == 0 };
     let _ = SCOPE.try_with(|s| {
         if let Some(s) = s.borrow_mut().as_mut() {
             s.seen.push(record);
         }
     });
     rc
+}
+
+/// One row of `/proc/<pid>/net/tcp{,6}` (every TCP socket of the network
+/// namespace, whoever owns it).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct TcpEntry {
+    pub local: SocketAddr,
+    pub listening: bool,
+    pub uid: u32,
+    pub inode: u64,
+}
+
+pub(crate) fn proc_tcp_entries(proc: &str) -> Vec<TcpEntry> {
+    let mut out = Vec::new();
+    for (table, v6) in [("tcp", false), ("tcp6", true)] {
+        let Ok(text) = std::fs::read_to_string(format!("{proc}/net/{table}")) else {
+            continue;
+        };
+        for line in text.lines().skip(1) {
+            // sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode
+            let f: Vec<&str> = line.split_whitespace().collect();
+            if f.len() < 10 {
+                continue;
+            }
+            let (Some(local), Ok(uid), Ok(inode)) = (parse_proc_addr(f[1], v6), f[7].parse(), f[9].parse()) else {
+                continue;
+            };
+            out.push(TcpEntry { local, listening: f[3] == "0A", uid, inode });
+        }
+    }
+    out
 }
 
 /// The TCP sockets process `pid` (this one when None) is listening on,
@@ -142,27 +177,13 @@ pub fn listening_sockets(pid: Option<u32>) -> std::io::Result<Vec<SocketAddr>> {
     for fd in std::fs::read_dir(format!("{proc}/fd"))? {
         if let Ok(link) = std::fs::read_link(fd?.path()) {
             if let Some(n) = link.to_str().and_then(|l| l.strip_prefix("socket:[")).and_then(|l| l.strip_suffix(']')) {
-                inodes.insert(n.to_string());
+                if let Ok(n) = n.parse::<u64>() {
+                    inodes.insert(n);
+                }
             }
         }
     }
-    let mut out = Vec::new();
-    for (table, v6) in [("tcp", false), ("tcp6", true)] {
-        let Ok(text) = std::fs::read_to_string(format!("{proc}/net/{table}")) else {
-            continue;
-        };
-        for line in text.lines().skip(1) {
-            let f: Vec<&str> = line.split_whitespace().collect();
-            // local_address rem_address st ... inode (10th field); 0A = LISTEN.
-            if f.len() < 10 || f[3] != "0A" || !inodes.contains(f[9]) {
-                continue;
-            }
-            if let Some(a) = parse_proc_addr(f[1], v6) {
-                out.push(a);
-            }
-        }
-    }
-    Ok(out)
+    Ok(proc_tcp_entries(&proc).into_iter().filter(|e| e.listening && inodes.contains(&e.inode)).map(|e| e.local).collect())
 }
 
 /// `/proc/net/tcp`'s `HEXADDR:HEXPORT`: the address's bytes as 32-bit

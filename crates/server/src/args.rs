@@ -329,8 +329,7 @@ pub struct KeyFile(pub Vec<String>);
 
 fn parse_key_file(path: &str) -> Result<KeyFile, String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {path}: {e}"))?;
-    let keys: Vec<String> =
-        text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')).map(str::to_string).collect();
+    let keys: Vec<String> = text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')).map(str::to_string).collect();
     if keys.is_empty() {
         return Err(format!("{path} holds no key (one per line)"));
     }

@@ -49,7 +49,8 @@ pub fn check_api_key(keys: &[String], headers: &HeaderMap) -> Result<Option<usiz
         return unauthorized("You didn't provide an API key. Send it as `Authorization: Bearer <key>`.");
     };
     // Every key is compared (no early exit on a match).
-    let matched = keys.iter().enumerate().fold(None, |m, (i, k)| if constant_time_eq(given.as_bytes(), k.as_bytes()) { Some(i) } else { m });
+    let matched =
+        keys.iter().enumerate().fold(None, |m, (i, k)| if constant_time_eq(given.as_bytes(), k.as_bytes()) { Some(i) } else { m });
     match matched {
         Some(i) => Ok(Some(i)),
         None => unauthorized("Incorrect API key provided."),
@@ -83,7 +84,16 @@ pub async fn require_api_key(State(state): State<AppState>, mut req: Request, ne
 /// Middleware for the worker-to-worker routes (`/internal/*`).
 pub async fn require_cluster_token(State(state): State<AppState>, req: Request, next: Next) -> Response {
     match check_cluster_token(state.config.cluster_token.as_deref(), req.headers()) {
-        Ok(()) => next.run(req).await,
+        Ok(()) => {
+            // A peer that proved the token may connect to this worker's KV
+            // transport from the address it called from.
+            if state.pd.is_some() {
+                if let Some(axum::extract::ConnectInfo(addr)) = req.extensions().get::<axum::extract::ConnectInfo<std::net::SocketAddr>>() {
+                    kvc_disagg::transport::allow_peer(addr.ip());
+                }
+            }
+            next.run(req).await
+        }
         Err(e) => e.into_response(),
     }
 }

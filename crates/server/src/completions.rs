@@ -75,7 +75,8 @@ pub async fn completions(
     let sampling = plan.params_for(prompt_tokens.len(), info.max_model_len, DefaultMaxTokens::Fixed(DEFAULT_MAX_TOKENS));
     let n = plan.n;
     let generation =
-        submit(&state, admitted, Submission { prompt_tokens, sampling, n, session_id, cache_salt, map_err: ApiError::completion_engine }).await?;
+        submit(&state, admitted, Submission { prompt_tokens, sampling, n, session_id, cache_salt, map_err: ApiError::completion_engine })
+            .await?;
     let endpoint = CompletionEndpoint::new(
         generation.request_id().to_string(),
         info.id,

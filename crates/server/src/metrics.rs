@@ -16,6 +16,7 @@ pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
     let mut body = render(&state.engine.stats(), &state.counters);
     state.metrics.render(&mut body);
     if let Some(pd) = &state.pd {
+        pd.counters.set("kvc_kv_transport_connections_refused_total", &[], kvc_disagg::transport::refused_connections() as f64);
         pd.counters.render(&mut body);
     }
     crate::server_metrics::ServerMetrics::render_admission(&mut body, state.admission.running(), state.admission.queued());

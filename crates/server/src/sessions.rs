@@ -4,8 +4,8 @@
 //! enter the step loop (as commands).
 
 use axum::extract::{Path, Query, State};
-use axum::Extension;
 use axum::http::HeaderMap;
+use axum::Extension;
 use axum::Json;
 use kvc_engine::{AdmissionDecision, AdmissionQuery, SessionInfo};
 use serde::Deserialize;

@@ -109,9 +109,9 @@ pub async fn serve_until(
             p = slots.clone().acquire_owned() => p.expect("the semaphore is never closed"),
             _ = &mut signal => break,
         };
-        let stream = tokio::select! {
+        let (stream, peer) = tokio::select! {
             r = listener.accept() => match r {
-                Ok((stream, _)) => stream,
+                Ok((stream, peer)) => (stream, peer),
                 Err(e) => {
                     // Out of fds or similar: back off instead of spinning.
                     tracing::warn!(error = %e, "accept failed");
@@ -122,7 +122,14 @@ pub async fn serve_until(
             _ = &mut signal => break,
         };
         let _ = stream.set_nodelay(true);
-        let conn = builder.serve_connection(TokioIo::new(stream), TowerToHyperService::new(app.clone())).into_owned();
+        // The client's address goes with each request (axum's ConnectInfo).
+        let service = tower::ServiceBuilder::new()
+            .map_request(move |mut req: axum::extract::Request<hyper::body::Incoming>| {
+                req.extensions_mut().insert(axum::extract::ConnectInfo(peer));
+                req
+            })
+            .service(app.clone());
+        let conn = builder.serve_connection(TokioIo::new(stream), TowerToHyperService::new(service)).into_owned();
         let conn = graceful.watch(conn);
         tokio::spawn(async move {
             let _slot = permit;

@@ -97,7 +97,11 @@ mod tests {
         let salts = [t.cache_salt(true, None), t.cache_salt(false, Some("s")), t.cache_salt(true, Some("s"))];
         assert!(salts.iter().all(Option::is_some));
         assert!(salts[0] != salts[1] && salts[1] != salts[2] && salts[0] != salts[2]);
-        assert_eq!(t.cache_salt(false, Some("s")), Tenant::default().cache_salt(true, Some("s")), "without isolation the key plays no part");
+        assert_eq!(
+            t.cache_salt(false, Some("s")),
+            Tenant::default().cache_salt(true, Some("s")),
+            "without isolation the key plays no part"
+        );
     }
 
     #[test]

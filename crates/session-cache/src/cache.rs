@@ -224,7 +224,14 @@ impl SessionAwareCache {
         }
     }
 
-    fn extend_from_index(&mut self, prompt: &[u32], max_reuse: usize, root: Option<BlockHash>, alloc: &mut BlockAllocator, out: &mut Acquired) {
+    fn extend_from_index(
+        &mut self,
+        prompt: &[u32],
+        max_reuse: usize,
+        root: Option<BlockHash>,
+        alloc: &mut BlockAllocator,
+        out: &mut Acquired,
+    ) {
         let bs = self.config.block_size;
         let mut parent = root;
         let mut i = 0;

@@ -17,7 +17,7 @@ use std::time::Duration;
 use kvc_kv_pool::{KvLayout, KvStorage, MemoryRegion};
 
 pub use in_process::InProcessTransport;
-pub use mooncake::{host_ip, Listeners, MooncakeConfig, MooncakeTransport};
+pub use mooncake::{allow_peer, host_ip, refused_connections, Listeners, MooncakeConfig, MooncakeTransport};
 pub use pending::{Backoff, PendingWrite};
 
 use crate::handshake::HandshakeRecord;

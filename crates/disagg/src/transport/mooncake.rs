@@ -54,6 +54,10 @@ pub struct Listeners {
     pub addr: std::net::IpAddr,
     /// Every address bound while starting the engine.
     pub bound: Vec<std::net::SocketAddr>,
+    /// The listeners among them, put under the accept guard
+    /// ([`sys::accept_guard`]: only allowed peers and this user's local
+    /// processes get in); released when the transport drops.
+    pub guarded: Vec<(i32, std::net::SocketAddr)>,
     /// Ports still on the wildcard address (reachable from every network
     /// the host is on); empty when every listener was restricted.
     pub wildcard_ports: Vec<u16>,
@@ -69,18 +73,29 @@ impl Listeners {
     }
 }
 
+/// Lets KV transport connections from `ip` in (a peer that proved the
+/// cluster token, or that this worker calls with it); see
+/// [`sys::accept_guard`].
+pub fn allow_peer(ip: std::net::IpAddr) {
+    sys::accept_guard::allow_peer(ip);
+}
+
+/// KV transport connections refused by the accept guard so far.
+pub fn refused_connections() -> u64 {
+    sys::accept_guard::refused()
+}
+
 /// The IP address `host` names (a literal, else its first resolution).
 pub fn host_ip(host: &str) -> Result<std::net::IpAddr> {
     use std::net::ToSocketAddrs;
     if let Ok(ip) = host.trim_start_matches('[').trim_end_matches(']').parse() {
         return Ok(ip);
     }
-    (host, 0)
-        .to_socket_addrs()
-        .ok()
-        .and_then(|mut a| a.next())
-        .map(|a| a.ip())
-        .ok_or_else(|| DisaggError::Engine { call: "createTransferEngine", code: -1, detail: format!(": {host:?} is neither an IP address nor a name that resolves to one") })
+    (host, 0).to_socket_addrs().ok().and_then(|mut a| a.next()).map(|a| a.ip()).ok_or_else(|| DisaggError::Engine {
+        call: "createTransferEngine",
+        code: -1,
+        detail: format!(": {host:?} is neither an IP address nor a name that resolves to one"),
+    })
 }
 
 pub struct MooncakeTransport {
@@ -116,7 +131,12 @@ fn start_engine_restricted(config: &MooncakeConfig) -> Result<(sys::transfer_eng
     let bound: Vec<_> = seen.iter().filter(|b| b.ok).map(|b| b.bound).collect();
     let mut wildcard_ports: Vec<u16> = seen.iter().filter(|b| b.ok && b.is_wildcard()).map(|b| b.bound.port()).collect();
     wildcard_ports.dedup();
-    Ok((engine, Listeners { addr, interposed: !bound.is_empty(), bound, wildcard_ports }))
+    // Sockets closed since (a port probe) are dropped by `guard`.
+    let candidates: Vec<(i32, std::net::SocketAddr)> = seen.iter().filter(|b| b.ok).map(|b| (b.fd, b.bound)).collect();
+    let n = sys::accept_guard::guard(&candidates);
+    let guarded: Vec<_> = candidates.into_iter().filter(|&(fd, a)| sys::accept_guard::is_guarded(fd, a)).collect();
+    debug_assert_eq!(n, guarded.len());
+    Ok((engine, Listeners { addr, interposed: !bound.is_empty(), bound, guarded, wildcard_ports }))
 }
 
 /// An engine with P2P-handshake metadata and `config.protocol` installed.
@@ -350,6 +370,8 @@ impl Drop for MooncakeTransport {
             }
             sys::destroyTransferEngine(self.engine);
         }
+        // Its listeners are closed: their fds may be reused.
+        sys::accept_guard::unguard(&self.listeners.guarded);
     }
 }
 

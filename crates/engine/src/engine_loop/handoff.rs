@@ -95,7 +95,13 @@ impl EngineLoop {
 
     /// Reserves a prompt's blocks: those the caches hold for it, and fresh
     /// ones for the rest.
-    pub(super) fn reserve(&mut self, id: u64, session: Option<String>, cache_salt: Option<&str>, prompt: &[u32]) -> Result<Reserved, EngineError> {
+    pub(super) fn reserve(
+        &mut self,
+        id: u64,
+        session: Option<String>,
+        cache_salt: Option<&str>,
+        prompt: &[u32],
+    ) -> Result<Reserved, EngineError> {
         let bs = self.block_size();
         let root = cache_salt.map(kvc_session_cache::salt_root);
         let got = self.cache.acquire(session.as_deref(), prompt, root, &mut self.allocator, &mut self.storage);

@@ -136,7 +136,14 @@ impl PrefillPeers {
             for p in self.all() {
                 let got = client.get(&format!("{}/internal/state", p.url)).timeout(Duration::from_secs(2)).send().await;
                 let state = match got {
-                    Ok(r) if r.status().is_success() => r.json::<WorkerState>().await.ok(),
+                    Ok(r) if r.status().is_success() => {
+                        // The peer we call with the token may connect to our
+                        // KV transport (it writes prefilled KV into our pool).
+                        if let Some(a) = r.remote_addr() {
+                            kvc_disagg::transport::allow_peer(a.ip());
+                        }
+                        r.json::<WorkerState>().await.ok()
+                    }
                     _ => None,
                 };
                 let healthy = state.as_ref().is_some_and(|s| s.ready);

@@ -1,0 +1,213 @@
+//! Who may connect to Mooncake's listeners.
+//!
+//! Mooncake authenticates no peer: whoever opens a TCP connection to its
+//! handshake daemon or its TCP transport can read and write the
+//! registered memory. [`crate::bind_scope`] keeps the listeners on one
+//! address; this module decides who may connect to them. It defines the
+//! process's `accept` and `accept4`. For listeners registered with
+//! [`guard`] (and only them), an accepted connection is kept when:
+//!
+//! - its peer address was allowed with [`allow_peer`] (the server allows
+//!   the addresses of peers that proved the cluster token, and of the
+//!   peers it calls with it), or
+//! - it comes from this host (loopback, or the listener's own address) and
+//!   from a socket of this process's user (read from `/proc/net/tcp`):
+//!   another user's process on the host is refused; a process of the same
+//!   user could read this process's memory anyway.
+//!
+//! A refused connection is closed at once and `accept` reports
+//! `EAGAIN`, which Mooncake's accept loops treat as "nothing yet"; it is
+//! counted in [`refused`].
+
+use std::collections::HashSet;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::RwLock;
+
+use crate::bind_scope::{proc_tcp_entries, read_addr};
+
+static GUARDED: RwLock<Option<HashSet<(libc::c_int, SocketAddr)>>> = RwLock::new(None);
+static ALLOWED: RwLock<Option<HashSet<IpAddr>>> = RwLock::new(None);
+static REFUSED: AtomicU64 = AtomicU64::new(0);
+
+/// The address of the socket `fd` (its own end when `peer` is false).
+fn socket_addr(fd: libc::c_int, peer: bool) -> Option<SocketAddr> {
+    // SAFETY: the buffer is a sockaddr_storage and its length is passed.
+    unsafe {
+        let mut ss: libc::sockaddr_storage = std::mem::zeroed();
+        let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+        let p = (&mut ss as *mut libc::sockaddr_storage).cast::<libc::sockaddr>();
+        let rc = if peer { libc::getpeername(fd, p, &mut len) } else { libc::getsockname(fd, p, &mut len) };
+        if rc != 0 {
+            return None;
+        }
+        read_addr(p, len)
+    }
+}
+
+/// Whether `fd` is a listening socket.
+fn is_listening(fd: libc::c_int) -> bool {
+    let mut v: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: an int option with its length.
+    let rc = unsafe { libc::getsockopt(fd, libc::SOL_SOCKET, libc::SO_ACCEPTCONN, (&mut v as *mut libc::c_int).cast(), &mut len) };
+    rc == 0 && v != 0
+}
+
+/// Puts the listeners among `fds` (those listening on the address they
+/// were bound to: `bound`) under the guard; returns how many. Call
+/// [`unguard`] with the same list before they close.
+pub fn guard(fds: &[(libc::c_int, SocketAddr)]) -> usize {
+    let live: Vec<(libc::c_int, SocketAddr)> =
+        fds.iter().copied().filter(|&(fd, addr)| is_listening(fd) && socket_addr(fd, false) == Some(addr)).collect();
+    let mut g = GUARDED.write().unwrap_or_else(|e| e.into_inner());
+    g.get_or_insert_with(HashSet::new).extend(live.iter().copied());
+    live.len()
+}
+
+/// Takes listeners out of the guard (their fds may be reused).
+pub fn unguard(fds: &[(libc::c_int, SocketAddr)]) {
+    if let Some(g) = GUARDED.write().unwrap_or_else(|e| e.into_inner()).as_mut() {
+        for f in fds {
+            g.remove(f);
+        }
+    }
+}
+
+/// Whether the listener `fd` on `addr` is guarded.
+pub fn is_guarded(fd: libc::c_int, addr: SocketAddr) -> bool {
+    GUARDED.read().unwrap_or_else(|e| e.into_inner()).as_ref().is_some_and(|g| g.contains(&(fd, addr)))
+}
+
+/// Lets connections from `ip` in.
+pub fn allow_peer(ip: IpAddr) {
+    let ip = canonical(ip);
+    if ALLOWED.read().unwrap_or_else(|e| e.into_inner()).as_ref().is_some_and(|a| a.contains(&ip)) {
+        return;
+    }
+    ALLOWED.write().unwrap_or_else(|e| e.into_inner()).get_or_insert_with(HashSet::new).insert(ip);
+}
+
+/// Connections refused so far.
+pub fn refused() -> u64 {
+    REFUSED.load(Ordering::Relaxed)
+}
+
+/// An IPv4-mapped IPv6 address as IPv4.
+fn canonical(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        v4 => v4,
+    }
+}
+
+/// The listener `fd`'s address, if it is guarded (and still the socket
+/// that was: bound there).
+fn guarded(fd: libc::c_int) -> Option<SocketAddr> {
+    let addr = {
+        let g = GUARDED.read().unwrap_or_else(|e| e.into_inner());
+        g.as_ref()?.iter().find(|(f, _)| *f == fd).map(|(_, a)| *a)?
+    };
+    (socket_addr(fd, false) == Some(addr)).then_some(addr)
+}
+
+/// The decision for a connection from `peer` to a listener on `local`.
+fn admit(peer: SocketAddr, local: SocketAddr) -> bool {
+    let ip = canonical(peer.ip());
+    if ALLOWED.read().unwrap_or_else(|e| e.into_inner()).as_ref().is_some_and(|a| a.contains(&ip)) {
+        return true;
+    }
+    let from_this_host = ip.is_loopback() || ip == canonical(local.ip());
+    // SAFETY: no arguments.
+    from_this_host && socket_owner(peer) == Some(unsafe { libc::geteuid() })
+}
+
+/// The user owning the TCP socket whose own address is `addr` (a peer's
+/// end, on this host).
+fn socket_owner(addr: SocketAddr) -> Option<u32> {
+    proc_tcp_entries("/proc/self").into_iter().find(|e| same(e.local, addr)).map(|e| e.uid)
+}
+
+fn same(a: SocketAddr, b: SocketAddr) -> bool {
+    a.port() == b.port() && canonical(a.ip()) == canonical(b.ip())
+}
+
+unsafe fn sys_accept4(fd: libc::c_int, addr: *mut libc::sockaddr, len: *mut libc::socklen_t, flags: libc::c_int) -> libc::c_int {
+    libc::syscall(libc::SYS_accept4, fd, addr, len, flags) as libc::c_int
+}
+
+/// `accept4(2)` for the whole process (see the module documentation).
+///
+/// # Safety
+/// As `accept4(2)`.
+#[no_mangle]
+pub unsafe extern "C" fn accept4(fd: libc::c_int, addr: *mut libc::sockaddr, len: *mut libc::socklen_t, flags: libc::c_int) -> libc::c_int {
+    let conn = sys_accept4(fd, addr, len, flags);
+    if conn < 0 {
+        return conn;
+    }
+    let Some(local) = guarded(fd) else {
+        return conn;
+    };
+    match socket_addr(conn, true) {
+        Some(peer) if admit(peer, local) => conn,
+        _ => {
+            libc::close(conn);
+            REFUSED.fetch_add(1, Ordering::Relaxed);
+            *libc::__errno_location() = libc::EAGAIN;
+            -1
+        }
+    }
+}
+
+/// `accept(2)`: [`accept4`] without flags.
+///
+/// # Safety
+/// As `accept(2)`.
+#[no_mangle]
+pub unsafe extern "C" fn accept(fd: libc::c_int, addr: *mut libc::sockaddr, len: *mut libc::socklen_t) -> libc::c_int {
+    accept4(fd, addr, len, 0)
+}
+
+/// Keeps the definitions above linked into every binary using the guard.
+pub(crate) fn keep_linked() {
+    std::hint::black_box(accept as unsafe extern "C" fn(_, _, _) -> _);
+    std::hint::black_box(accept4 as unsafe extern "C" fn(_, _, _, _) -> _);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::ErrorKind;
+    use std::net::{TcpListener, TcpStream};
+    use std::os::fd::AsRawFd;
+
+    #[test]
+    fn a_guarded_listener_takes_this_users_local_connections_and_allowed_peers_only() {
+        keep_linked();
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        // Unguarded: anything goes. Guarded: this process's own (same
+        // user) loopback connection is let in.
+        let _c = TcpStream::connect(addr).unwrap();
+        l.accept().unwrap();
+        let entry = [(l.as_raw_fd(), addr)];
+        assert_eq!(guard(&entry), 1);
+        let _c = TcpStream::connect(addr).unwrap();
+        let (s, peer) = l.accept().unwrap();
+        assert_eq!(s.peer_addr().unwrap(), peer);
+        // An owner other than this user: refused (checked through the
+        // decision itself; another user's process needs root to make).
+        assert!(admit(peer, addr));
+        let stranger = SocketAddr::new("192.0.2.200".parse().unwrap(), 5555);
+        assert!(!admit(stranger, addr), "a remote address not allowed");
+        allow_peer(stranger.ip());
+        assert!(admit(stranger, addr), "an allowed peer");
+        // A listener that is not listening, or not where it was bound, is not guarded.
+        assert_eq!(guard(&[(l.as_raw_fd(), SocketAddr::new(addr.ip(), addr.port().wrapping_add(1)))]), 0);
+        unguard(&entry);
+        assert!(guarded(l.as_raw_fd()).is_none());
+        l.set_nonblocking(true).unwrap();
+        assert_eq!(l.accept().unwrap_err().kind(), ErrorKind::WouldBlock);
+    }
+}
