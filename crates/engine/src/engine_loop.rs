@@ -9,7 +9,7 @@ use arc_swap::ArcSwap;
 use kvc_kv_pool::{BlockAllocator, BlockId, KvPool, KvStorage};
 use kvc_model_qwen3::Qwen3Model;
 use kvc_scheduler::{Scheduler, SchedulerConfig, SchedulerHooks, SeqId, Sequence};
-use kvc_session_cache::{salt_root, BlockHash, CacheConfig, SessionAwareCache, SnapshotStore};
+use kvc_session_cache::{salt_root, BlockHash, CacheConfig, ReusePath, SessionAwareCache, SnapshotStore};
 use tokio::sync::mpsc;
 
 use crate::detokenizer::IncrementalDecoder;
@@ -40,7 +40,7 @@ struct Active {
     /// The session's busy mark was taken (released by commit or abandon).
     turn_open: bool,
     cached_tokens: usize,
-    reuse_reason: &'static str,
+    reuse_reason: ReusePath,
     restored_blocks: usize,
     /// Full blocks already offered to the prefix index, and the last one's hash.
     registered_blocks: usize,
@@ -320,7 +320,7 @@ impl EngineLoop {
             session_id: if export { None } else { req.session_id.clone() },
             turn_open: false,
             cached_tokens: 0,
-            reuse_reason: "cold",
+            reuse_reason: ReusePath::Cold,
             restored_blocks: 0,
             registered_blocks: 0,
             last_hash: req.cache_salt.as_deref().map(salt_root),
@@ -538,7 +538,7 @@ impl SchedulerHooks for CacheHooks<'_> {
         let session = if a.turn_open { None } else { a.session_id.clone() };
         let mut got = self.cache.acquire(session.as_deref(), &seq.tokens, a.cache_root, alloc, self.storage);
         a.turn_open |= session.is_some();
-        a.reuse_reason = got.source.as_str();
+        a.reuse_reason = got.source;
         // A prefill worker's request for a session: its snapshot, when it
         // covers more than the prefix cache (prefill bypass).
         if let Some(s) = a.snapshot_session.as_deref().filter(|_| self.snapshots.capacity() > 0) {
@@ -548,7 +548,7 @@ impl SchedulerHooks for CacheHooks<'_> {
                     alloc.free_all(&got.blocks);
                     got.blocks = blocks;
                     got.tokens = tokens;
-                    a.reuse_reason = "bypass";
+                    a.reuse_reason = ReusePath::Bypass;
                 }
                 Some((blocks, _)) => alloc.free_all(&blocks),
                 None => {}
@@ -558,7 +558,7 @@ impl SchedulerHooks for CacheHooks<'_> {
         a.restored_blocks += got.restored_blocks;
         a.registered_blocks = 0;
         a.last_hash = a.cache_root;
-        tracing::debug!(event = "reuse", seq_id = seq.id, session = ?a.session_id, reused = got.tokens, reason = a.reuse_reason, restored = got.restored_blocks);
+        tracing::debug!(event = "reuse", seq_id = seq.id, session = ?a.session_id, reused = got.tokens, reason = a.reuse_reason.as_str(), restored = got.restored_blocks);
         (got.tokens > 0).then_some((got.blocks, got.tokens))
     }
 }

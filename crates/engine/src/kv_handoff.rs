@@ -28,8 +28,8 @@ pub struct Reservation {
     /// Leading prompt tokens whose KV the reserved blocks already hold
     /// (whole blocks).
     pub held_tokens: usize,
-    /// "cold", "session_hit" or "prefix_hit".
-    pub reuse_reason: &'static str,
+    /// Where the held tokens came from.
+    pub reuse_reason: crate::ReusePath,
     pub restored_blocks: usize,
     /// One block per `block_size` prompt tokens, in order.
     pub blocks: Vec<BlockId>,

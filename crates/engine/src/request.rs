@@ -139,8 +139,8 @@ pub struct Usage {
     pub completion_tokens: usize,
     /// Prompt tokens whose KV was reused instead of computed.
     pub cached_tokens: usize,
-    /// Why: "cold", "session_hit" or "prefix_hit".
-    pub reuse_reason: &'static str,
+    /// Where the reused KV came from.
+    pub reuse_reason: crate::ReusePath,
     /// Blocks of this request's reused KV brought back from host memory.
     pub restored_blocks: usize,
     /// Set by a disaggregated server: how the prompt was served

@@ -2,48 +2,14 @@
 //! chunking and preemption never change greedy output, and every block
 //! comes back.
 
-use kvc_engine::{EngineConfig, EngineHandle, FinishReason, GenerateRequest, SamplingParams, StreamEvent};
+mod common;
 
-fn engine(f: impl FnOnce(&mut EngineConfig)) -> EngineHandle {
-    let mut c = EngineConfig { num_kv_blocks: Some(512), ..Default::default() };
-    f(&mut c);
-    EngineHandle::start(c).expect("engine starts")
-}
-
-fn greedy(max_tokens: usize) -> SamplingParams {
-    SamplingParams { temperature: 0.0, max_tokens, ignore_eos: true, ..Default::default() }
-}
+use common::{collect, engine, greedy, wait_for};
+use kvc_engine::{EngineHandle, FinishReason, GenerateRequest, SamplingParams, StreamEvent};
 
 /// Eight prompts of different lengths (not multiples of the block size).
 fn prompts() -> Vec<Vec<u32>> {
     (0..8u32).map(|i| (0..(5 + 7 * i)).map(|j| (1000 + 37 * i + 11 * j) % 150000).collect()).collect()
-}
-
-struct Output {
-    tokens: Vec<u32>,
-    text: String,
-    reason: FinishReason,
-    completion_tokens: usize,
-}
-
-fn collect(mut s: kvc_engine::RequestStream) -> Output {
-    let mut out = Output { tokens: vec![], text: String::new(), reason: FinishReason::Abort, completion_tokens: 0 };
-    while let Some(ev) = s.blocking_recv() {
-        match ev {
-            StreamEvent::Token { token_id, text, .. } => {
-                out.tokens.push(token_id);
-                out.text.push_str(&text);
-            }
-            StreamEvent::Finished { reason, text, usage, .. } => {
-                out.text.push_str(&text);
-                out.reason = reason;
-                out.completion_tokens = usage.completion_tokens;
-                break;
-            }
-            StreamEvent::Error(e) => panic!("engine error: {e}"),
-        }
-    }
-    out
 }
 
 fn submit(e: &EngineHandle, prompt: &[u32], p: SamplingParams) -> kvc_engine::RequestStream {
@@ -51,25 +17,12 @@ fn submit(e: &EngineHandle, prompt: &[u32], p: SamplingParams) -> kvc_engine::Re
 }
 
 fn alone(e: &EngineHandle, max_tokens: usize) -> Vec<Vec<u32>> {
-    prompts().iter().map(|p| collect(submit(e, p, greedy(max_tokens))).tokens).collect()
+    prompts().iter().map(|p| collect(&mut submit(e, p, greedy(max_tokens))).tokens).collect()
 }
 
 fn concurrent(e: &EngineHandle, max_tokens: usize) -> Vec<Vec<u32>> {
     let streams: Vec<_> = prompts().iter().map(|p| submit(e, p, greedy(max_tokens))).collect();
-    streams.into_iter().map(|s| collect(s).tokens).collect()
-}
-
-/// Waits (bounded) until the engine's published stats satisfy `f`.
-fn wait_stats(e: &EngineHandle, f: impl Fn(&kvc_engine::EngineStats) -> bool) -> kvc_engine::EngineStats {
-    for _ in 0..2000 {
-        let s = e.stats();
-        if f(&s) {
-            return s;
-        }
-        std::thread::yield_now();
-        std::thread::park_timeout(std::time::Duration::from_millis(5));
-    }
-    e.stats()
+    streams.into_iter().map(|mut s| collect(&mut s).tokens).collect()
 }
 
 #[test]
@@ -100,7 +53,7 @@ fn preemption_under_a_small_pool_keeps_outputs_and_returns_every_block() {
     let initial_free = small.stats().free_blocks;
     assert_eq!(initial_free, 12);
     assert_eq!(concurrent(&small, 24), reference);
-    let s = wait_stats(&small, |s| s.running == 0 && s.waiting == 0);
+    let s = wait_for(&small, |s| s.running == 0 && s.waiting == 0);
     assert!(s.preemptions > 0, "the pool was meant to be too small: {s:?}");
     // What is not free is only the prefix cache's (reclaimable) blocks...
     assert_eq!(s.free_blocks + s.evictable_blocks, initial_free);
@@ -108,7 +61,7 @@ fn preemption_under_a_small_pool_keeps_outputs_and_returns_every_block() {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let r = rt.block_on(small.reset_prefix_cache()).unwrap();
     assert_eq!((r.freed_blocks, r.snapshot_blocks), (s.evictable_blocks, 0), "{r:?}");
-    assert_eq!(wait_stats(&small, |s| s.free_blocks == initial_free).free_blocks, initial_free);
+    assert_eq!(wait_for(&small, |s| s.free_blocks == initial_free).free_blocks, initial_free);
 }
 
 /// Long prompts chunked beside short ones that go first, several partial
@@ -122,7 +75,7 @@ fn fair_long_prefill_ordering_keeps_greedy_outputs() {
     all.rotate_right(2); // the long ones arrive first
     let reference: Vec<Vec<u32>> = {
         let e = engine(|_| {});
-        all.iter().map(|p| collect(submit(&e, p, greedy(8))).tokens).collect()
+        all.iter().map(|p| collect(&mut submit(&e, p, greedy(8))).tokens).collect()
     };
     let fair = engine(|c| {
         c.max_num_batched_tokens = 300;
@@ -132,9 +85,9 @@ fn fair_long_prefill_ordering_keeps_greedy_outputs() {
         c.max_step_ms = Some(0.001);
     });
     let streams: Vec<_> = all.iter().map(|p| submit(&fair, p, greedy(8))).collect();
-    let got: Vec<Vec<u32>> = streams.into_iter().map(|s| collect(s).tokens).collect();
+    let got: Vec<Vec<u32>> = streams.into_iter().map(|mut s| collect(&mut s).tokens).collect();
     assert_eq!(got, reference);
-    let s = wait_stats(&fair, |s| s.running == 0 && s.waiting == 0);
+    let s = wait_for(&fair, |s| s.running == 0 && s.waiting == 0);
     assert_eq!(s.preemptions, 0);
     assert!(s.admission_decisions.iter().any(|(r, n)| *r == "admitted" && *n == all.len() as u64), "{:?}", s.admission_decisions);
 }
@@ -147,23 +100,23 @@ fn dropping_a_stream_cancels_and_frees_blocks() {
     // Wait for generation to start, then walk away.
     assert!(matches!(s.blocking_recv(), Some(StreamEvent::Token { .. })));
     drop(s);
-    let stats = wait_stats(&e, |s| s.free_blocks + s.evictable_blocks == total && s.running == 0);
+    let stats = wait_for(&e, |s| s.free_blocks + s.evictable_blocks == total && s.running == 0);
     assert_eq!(stats.free_blocks + stats.evictable_blocks, total);
 }
 
 #[test]
 fn max_tokens_and_stop_strings_end_generation() {
     let e = engine(|_| {});
-    let out = collect(submit(&e, &prompts()[2], greedy(7)));
+    let out = collect(&mut submit(&e, &prompts()[2], greedy(7)));
     assert_eq!(out.reason, FinishReason::Length);
-    assert_eq!(out.completion_tokens, 7);
+    assert_eq!(out.usage.completion_tokens, 7);
     // A stop string taken from the unconstrained output ends it there.
-    let full = collect(submit(&e, &prompts()[2], greedy(20)));
+    let full = collect(&mut submit(&e, &prompts()[2], greedy(20)));
     let chars: Vec<char> = full.text.chars().collect();
     assert!(chars.len() > 6, "need some text: {:?}", full.text);
     let stop: String = chars[3..5].iter().collect();
     let cut = full.text.find(&stop).unwrap();
-    let out = collect(submit(&e, &prompts()[2], SamplingParams { stop: vec![stop.clone()], ..greedy(20) }));
+    let out = collect(&mut submit(&e, &prompts()[2], SamplingParams { stop: vec![stop.clone()], ..greedy(20) }));
     assert_eq!(out.reason, FinishReason::Stop);
     assert_eq!(out.text, full.text[..cut]);
 }
@@ -172,9 +125,9 @@ fn max_tokens_and_stop_strings_end_generation() {
 fn seeded_sampling_is_reproducible() {
     let e = engine(|_| {});
     let p = |seed| SamplingParams { temperature: 1.0, seed: Some(seed), max_tokens: 12, ignore_eos: true, ..Default::default() };
-    let a = collect(submit(&e, &prompts()[1], p(42))).tokens;
-    let b = collect(submit(&e, &prompts()[1], p(42))).tokens;
-    let c = collect(submit(&e, &prompts()[1], p(43))).tokens;
+    let a = collect(&mut submit(&e, &prompts()[1], p(42))).tokens;
+    let b = collect(&mut submit(&e, &prompts()[1], p(42))).tokens;
+    let c = collect(&mut submit(&e, &prompts()[1], p(43))).tokens;
     assert_eq!(a, b);
     assert_ne!(a, c);
 }
@@ -212,11 +165,11 @@ fn a_group_of_seeded_requests_reproduces_and_an_invalid_member_submits_none() {
     };
     let run = || -> Vec<Vec<u32>> {
         let streams = e.submit_group((0..3).map(|i| req(100 + i)).collect()).expect("valid group");
-        streams.into_iter().map(|s| collect(s).tokens).collect()
+        streams.into_iter().map(|mut s| collect(&mut s).tokens).collect()
     };
     // Same prefix-cache state for every run: the prompt's whole blocks are
     // cached first (a group's members then each compute only the rest).
-    collect(submit(&e, &prompts()[3], greedy(1)));
+    collect(&mut submit(&e, &prompts()[3], greedy(1)));
     let first = run();
     assert_eq!(first.len(), 3);
     assert!(first.iter().all(|t| t.len() == 10));
@@ -226,13 +179,13 @@ fn a_group_of_seeded_requests_reproduces_and_an_invalid_member_submits_none() {
     assert_eq!(distinct.len(), 3, "different seeds, different samples: {first:?}");
     // One invalid member: the group is refused as a whole (its valid
     // member is not submitted either: generated tokens stay as they were).
-    let before = wait_stats(&e, |s| s.running + s.waiting == 0).generated_tokens;
+    let before = wait_for(&e, |s| s.running + s.waiting == 0).generated_tokens;
     let bad = SamplingParams { temperature: -1.0, ..greedy(1) };
     let group = vec![req(1), GenerateRequest { request_id: "bad".into(), prompt_tokens: vec![1], sampling: bad, ..Default::default() }];
     assert!(matches!(e.submit_group(group), Err(kvc_engine::EngineError::InvalidParam { .. })));
     // A later request runs behind whatever was sent before it.
-    assert_eq!(collect(submit(&e, &prompts()[0], greedy(2))).tokens.len(), 2);
-    assert_eq!(wait_stats(&e, |s| s.running + s.waiting == 0 && s.generated_tokens >= before + 2).generated_tokens, before + 2);
+    assert_eq!(collect(&mut submit(&e, &prompts()[0], greedy(2))).tokens.len(), 2);
+    assert_eq!(wait_for(&e, |s| s.running + s.waiting == 0 && s.generated_tokens >= before + 2).generated_tokens, before + 2);
 }
 
 /// A submitted prompt counts in the backlog that placement decisions read
@@ -249,7 +202,7 @@ fn submitted_prompts_count_in_the_backlog_until_computed() {
         if pending < p.len() {
             assert!(s.try_recv().is_some(), "backlog {pending} < prompt {} but the prompt was not computed", p.len());
         }
-        collect(s);
+        collect(&mut s);
         assert_eq!(e.pending_prefill_tokens(), 0, "nothing left once the request finished");
     }
 }

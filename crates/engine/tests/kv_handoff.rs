@@ -6,20 +6,19 @@
 //! the session skip the covered prefix (bypass). Greedy output must equal a
 //! single engine's, whatever path the KV took.
 
-use kvc_engine::{
-    EngineConfig, EngineHandle, FinishReason, GenerateRequest, KvLease, Logprobs, ModelInfo, SamplingParams, StreamEvent, Usage,
-};
+mod common;
+
+use common::{finished, greedy, tokens, wait_for, Done};
+use kvc_engine::{EngineConfig, EngineHandle, GenerateRequest, ModelInfo, ReusePath, SamplingParams, Usage};
 
 const BS: usize = 16;
 
+/// [`common::engine`] with blocks of `BS` tokens.
 fn engine(f: impl FnOnce(&mut EngineConfig)) -> EngineHandle {
-    let mut c = EngineConfig { num_kv_blocks: Some(512), block_size: BS, ..Default::default() };
-    f(&mut c);
-    EngineHandle::start(c).expect("engine starts")
-}
-
-fn greedy(max_tokens: usize) -> SamplingParams {
-    SamplingParams { temperature: 0.0, max_tokens, ignore_eos: true, ..Default::default() }
+    common::engine(|c| {
+        c.block_size = BS;
+        f(c)
+    })
 }
 
 fn req(session: Option<&str>, prompt: &[u32], sampling: SamplingParams) -> GenerateRequest {
@@ -30,37 +29,6 @@ fn req(session: Option<&str>, prompt: &[u32], sampling: SamplingParams) -> Gener
         session_id: session.map(str::to_string),
         ..Default::default()
     }
-}
-
-struct Done {
-    tokens: Vec<u32>,
-    first_logprobs: Option<Logprobs>,
-    usage: Usage,
-    export: Option<KvLease>,
-}
-
-fn collect(s: &mut kvc_engine::RequestStream) -> Done {
-    let (mut tokens, mut first_logprobs) = (Vec::new(), None);
-    while let Some(ev) = s.blocking_recv() {
-        match ev {
-            StreamEvent::Token { token_id, logprobs, .. } => {
-                if tokens.is_empty() {
-                    first_logprobs = logprobs;
-                }
-                tokens.push(token_id);
-            }
-            StreamEvent::Finished { reason, usage, export, .. } => {
-                assert_ne!(reason, FinishReason::Abort);
-                return Done { tokens, first_logprobs, usage, export };
-            }
-            StreamEvent::Error(e) => panic!("engine error: {e}"),
-        }
-    }
-    panic!("stream ended without a result")
-}
-
-fn tokens(seed: u32, n: usize) -> Vec<u32> {
-    (0..n as u32).map(|j| (seed.wrapping_mul(7919) + j * 104_729) % 150_000 + 10).collect()
 }
 
 /// Copies whole blocks (every layer) between two engines' pools, as the
@@ -96,7 +64,7 @@ fn remote_turn(p: &EngineHandle, d: &EngineHandle, session: &str, prompt: &[u32]
     let mut sampling = greedy(1);
     sampling.logprobs = Some(2);
     let mut ps = p.submit_export(req(Some(session), prompt, sampling)).unwrap();
-    let done = collect(&mut ps);
+    let done = finished(&mut ps);
     let lease = done.export.expect("export lease");
     assert_eq!(lease.blocks().len(), prompt.len().div_ceil(BS));
     let skip = held / BS;
@@ -106,24 +74,18 @@ fn remote_turn(p: &EngineHandle, d: &EngineHandle, session: &str, prompt: &[u32]
     let mut sampling = greedy(max_tokens);
     sampling.logprobs = Some(2);
     let mut ds = d.submit_reserved(req(Some(session), prompt, sampling), reservation, prompt.len(), Some(first)).unwrap();
-    (collect(&mut ds), done.usage, held)
+    (finished(&mut ds), done.usage, held)
 }
 
 fn run_local(e: &EngineHandle, session: Option<&str>, prompt: &[u32], max_tokens: usize) -> Done {
     let mut sampling = greedy(max_tokens);
     sampling.logprobs = Some(2);
-    collect(&mut e.submit(req(session, prompt, sampling)).unwrap())
+    finished(&mut e.submit(req(session, prompt, sampling)).unwrap())
 }
 
 /// Waits (bounded) until `f` holds for the engine's published state.
-fn wait_for(e: &EngineHandle, what: &str, f: impl Fn(&kvc_engine::EngineStats) -> bool) {
-    for _ in 0..4000 {
-        if f(&e.stats()) {
-            return;
-        }
-        std::thread::park_timeout(std::time::Duration::from_millis(5));
-    }
-    panic!("timed out waiting for {what}");
+fn wait_until(e: &EngineHandle, what: &str, f: impl Fn(&kvc_engine::EngineStats) -> bool) {
+    assert!(f(&wait_for(e, &f)), "timed out waiting for {what}");
 }
 
 #[test]
@@ -146,12 +108,12 @@ fn remote_prefill_then_local_decode_equals_one_engine() {
     let want2 = run_local(&both, None, &prompt2, 6);
     let got2 = run_local(&d, Some("s"), &prompt2, 6);
     assert_eq!(got2.tokens, want2.tokens);
-    assert_eq!(got2.usage.reuse_reason, "session_hit");
+    assert_eq!(got2.usage.reuse_reason, ReusePath::SessionHit);
     // Everything is given back: D's pool minus its session, P's minus its snapshot and prefix cache.
     drop(got);
     let snap_blocks = p.stats().snapshot_used_blocks;
     assert_eq!(snap_blocks, 70 / BS, "P keeps the prompt's full blocks as the session's snapshot");
-    wait_for(&d, "D's reservation and session blocks only", |s| s.running == 0);
+    wait_until(&d, "D's reservation and session blocks only", |s| s.running == 0);
 }
 
 #[test]
@@ -194,7 +156,7 @@ fn a_snapshot_push_lets_another_decode_worker_resume_by_bypass() {
     });
     let last_tokens = last_tokens.unwrap_or(0);
     assert_eq!(last_tokens, 80);
-    wait_for(&p, "the snapshot", |s| s.snapshots.get("m").map(|i| i.tokens) == Some(80));
+    wait_until(&p, "the snapshot", |s| s.snapshots.get("m").map(|i| i.tokens) == Some(80));
 
     // Turn 3 goes to D2, which holds nothing: P bypasses the 80 tokens.
     let mut t3 = t2.clone();
@@ -203,19 +165,19 @@ fn a_snapshot_push_lets_another_decode_worker_resume_by_bypass() {
     let want = run_local(&both, None, &t3, 10);
     let (got, p_usage, held) = remote_turn(&p, &d2, "m", &t3, 10);
     assert_eq!(held, 0);
-    assert_eq!(p_usage.reuse_reason, "bypass");
+    assert_eq!(p_usage.reuse_reason, ReusePath::Bypass);
     assert_eq!(p_usage.cached_tokens, 80);
     assert_eq!(p_usage.computed_tokens(), t3.len() - 80);
     assert_eq!(got.tokens, want.tokens, "a session moved by bypass answers as if it never moved");
 
     // A prefix-cache reset on P reports what it freed, not what it dropped
     // from the index: the snapshot store still holds its blocks.
-    wait_for(&p, "P idle", |s| s.running == 0 && s.waiting == 0);
+    wait_until(&p, "P idle", |s| s.running == 0 && s.waiting == 0);
     let free = p.stats().free_blocks;
     let r = rt.block_on(p.reset_prefix_cache()).unwrap();
     assert_eq!(r.snapshot_blocks, p.stats().snapshot_used_blocks);
     assert!(r.snapshot_blocks >= 5, "{r:?}");
-    wait_for(&p, "the reset's snapshot", |s| s.free_blocks == free + r.freed_blocks);
+    wait_until(&p, "the reset's snapshot", |s| s.free_blocks == free + r.freed_blocks);
     assert!(r.freed_blocks <= r.index_blocks, "{r:?}");
 }
 
@@ -232,7 +194,7 @@ fn a_released_session_revokes_its_push_and_dropped_reservations_free_their_block
     let job = jobs.blocking_recv().expect("a push is queued");
     assert!(!job.lease.is_revoked());
     assert!(rt.block_on(d.delete_session("gone")).unwrap());
-    wait_for(&d, "the revocation", |_| job.lease.is_revoked());
+    wait_until(&d, "the revocation", |_| job.lease.is_revoked());
     d.snapshot_pushed("gone", false);
     drop(job);
     // A reservation dropped unsubmitted gives its blocks back.
@@ -240,5 +202,5 @@ fn a_released_session_revokes_its_push_and_dropped_reservations_free_their_block
     assert_eq!(r.blocks.len(), 7);
     drop(r);
     rt.block_on(d.reset_prefix_cache()).unwrap();
-    wait_for(&d, "every block back", |s| s.free_blocks == free0);
+    wait_until(&d, "every block back", |s| s.free_blocks == free0);
 }

@@ -4,18 +4,19 @@
 
 use std::collections::HashMap;
 
-use kvc_engine::{EngineConfig, EngineHandle, FinishReason, GenerateRequest, SamplingParams, StreamEvent, Usage};
+mod common;
+
+use common::{finished, greedy, tokens, wait_for};
+use kvc_engine::{EngineConfig, EngineHandle, GenerateRequest, ReusePath, Usage};
 
 const BS: usize = 16;
 
+/// [`common::engine`] with 1,024 blocks of `BS` tokens.
 fn engine(f: impl FnOnce(&mut EngineConfig)) -> EngineHandle {
-    let mut c = EngineConfig { num_kv_blocks: Some(1024), block_size: BS, ..Default::default() };
-    f(&mut c);
-    EngineHandle::start(c).expect("engine starts")
-}
-
-fn greedy(max_tokens: usize) -> SamplingParams {
-    SamplingParams { temperature: 0.0, max_tokens, ignore_eos: true, ..Default::default() }
+    common::engine(|c| {
+        (c.num_kv_blocks, c.block_size) = (Some(1024), BS);
+        f(c)
+    })
 }
 
 fn run(e: &EngineHandle, session: Option<&str>, prompt: &[u32], max_tokens: usize) -> (Vec<u32>, Usage) {
@@ -28,38 +29,8 @@ fn run(e: &EngineHandle, session: Option<&str>, prompt: &[u32], max_tokens: usiz
             ..Default::default()
         })
         .unwrap();
-    collect(&mut s)
-}
-
-fn collect(s: &mut kvc_engine::RequestStream) -> (Vec<u32>, Usage) {
-    let mut toks = Vec::new();
-    while let Some(ev) = s.blocking_recv() {
-        match ev {
-            StreamEvent::Token { token_id, .. } => toks.push(token_id),
-            StreamEvent::Finished { reason, usage, .. } => {
-                assert_ne!(reason, FinishReason::Abort);
-                return (toks, usage);
-            }
-            StreamEvent::Error(e) => panic!("engine error: {e}"),
-        }
-    }
-    panic!("stream ended without a result")
-}
-
-fn tokens(seed: u32, n: usize) -> Vec<u32> {
-    (0..n as u32).map(|j| (seed.wrapping_mul(7919) + j * 104_729) % 150_000 + 10).collect()
-}
-
-/// Waits (bounded) until the published snapshot satisfies `f`.
-fn wait_for(e: &EngineHandle, f: impl Fn(&kvc_engine::EngineStats) -> bool) -> kvc_engine::EngineStats {
-    for _ in 0..4000 {
-        let s = e.stats();
-        if f(&s) {
-            return s;
-        }
-        std::thread::park_timeout(std::time::Duration::from_millis(5));
-    }
-    e.stats()
+    let d = finished(&mut s);
+    (d.tokens, d.usage)
 }
 
 #[test]
@@ -78,7 +49,7 @@ fn second_turn_computes_only_the_new_tokens_and_matches_a_cold_run() {
     let committed = turn1.len() + out1.len() - 1;
     assert_eq!(u2.cached_tokens, committed / BS * BS);
     assert_eq!(u2.computed_tokens(), turn2.len() - committed / BS * BS);
-    assert_eq!(u2.reuse_reason, "session_hit");
+    assert_eq!(u2.reuse_reason, ReusePath::SessionHit);
     let cold = engine(|c| c.enable_prefix_caching = false);
     let (cold_out, cold_u) = run(&cold, None, &turn2, 8);
     assert_eq!(cold_u.cached_tokens, 0);
@@ -121,7 +92,7 @@ fn a_shared_system_prompt_is_stored_once() {
     let used_after_b = total - wait_for(&e, |s| s.running == 0).free_blocks;
     assert_eq!(ua.cached_tokens, 0);
     assert_eq!(ub.cached_tokens, 1000 / BS * BS);
-    assert_eq!(ub.reuse_reason, "prefix_hit");
+    assert_eq!(ub.reuse_reason, ReusePath::PrefixHit);
     // B adds only its own blocks: the 62 shared blocks are not stored twice.
     let b_own = (b.len() + 3).div_ceil(BS) - 1000 / BS;
     assert!(used_after_b - used_after_a <= b_own, "a {used_after_a}, b {used_after_b}, b's own {b_own}");
@@ -153,7 +124,7 @@ fn fifty_sessions_under_pressure_fail_nothing_and_match_an_unconstrained_run() {
                 })
                 .collect();
             for (s, stream) in streams.iter_mut() {
-                let (out, _) = collect(stream);
+                let out = finished(stream).tokens;
                 let h = history.get_mut(s).unwrap();
                 h.extend(&out);
                 h.extend(tokens(1000 + *s * 10 + turn as u32, 10));

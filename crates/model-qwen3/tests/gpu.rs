@@ -7,9 +7,7 @@
 
 mod common;
 
-use std::path::PathBuf;
-
-use common::{gpu, rel_err};
+use common::{argmax, cases, fixture_dir, gpu, rel_err, run_chunk, scattered_table, Case, BLOCK_SIZE, FIXTURES};
 
 use candle_core::{DType, Tensor};
 use kvc_kv_pool::{BlockId, KvStorage};
@@ -18,63 +16,9 @@ use kvc_model_qwen3::{BatchInput, Qwen3Config, Qwen3Model, SeqChunk};
 use rand::{Rng, SeedableRng};
 
 const IGNORE: &str = "needs a CUDA device: run with scripts/gpu_run.sh";
-const FIXTURES: &[&str] =
-    &["dense", "dense-tied-hub", "dense-bf16", "moe-norm", "moe-nonorm-hub", "moe-mlp-only-sharded", "moe-sparse-step"];
-const BLOCK_SIZE: usize = 4;
 /// ‖gpu − reference‖ / ‖reference‖ allowed for bf16 weights and activations
 /// against transformers' f32 logits.
 const BF16_REL_TOL: f64 = 5e-2;
-
-fn fixture_dir(name: &str) -> PathBuf {
-    std::env::var_os("KVC_FIXTURES")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures"))
-        .join(name)
-}
-
-struct Case {
-    prompt: Vec<u32>,
-    greedy: Vec<u32>,
-    logits: Vec<Vec<f32>>,
-}
-
-fn cases(name: &str) -> Vec<Case> {
-    let text = std::fs::read_to_string(fixture_dir(name).join("reference.json")).unwrap();
-    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
-    let ids = |x: &serde_json::Value| x.as_array().unwrap().iter().map(|t| t.as_u64().unwrap() as u32).collect::<Vec<_>>();
-    v["cases"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|c| Case {
-            prompt: ids(&c["prompt_ids"]),
-            greedy: ids(&c["greedy_tokens"]),
-            logits: c["logits"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|row| row.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect())
-                .collect(),
-        })
-        .collect()
-}
-
-fn argmax(v: &[f32]) -> u32 {
-    v.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).unwrap().0 as u32
-}
-
-fn scattered_table(tokens: usize, num_blocks: usize) -> Vec<BlockId> {
-    (0..tokens.div_ceil(BLOCK_SIZE)).map(|i| (num_blocks - 1 - 2 * i) as BlockId).collect()
-}
-
-fn run_chunk(model: &Qwen3Model, kv: &mut KvStorage, table: &[BlockId], tokens: &[u32], from: usize, to: usize) -> Vec<Vec<f32>> {
-    let batch = BatchInput {
-        tokens: tokens[from..to].to_vec(),
-        seqs: vec![SeqChunk { start: 0, len: to - from, context_len: to, block_table: table }],
-        logits_rows: (0..to - from).collect(),
-    };
-    model.forward(&batch, kv).unwrap().to_vec2::<f32>().unwrap()
-}
 
 #[test]
 #[ignore = "needs a CUDA device: run with scripts/gpu_run.sh"]

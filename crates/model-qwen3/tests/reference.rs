@@ -2,72 +2,12 @@
 //! (scripts/make_reference_fixtures.py; fixtures/README.md says what each
 //! fixture covers).
 
-use std::path::{Path, PathBuf};
+mod common;
 
 use candle_core::{DType, Device};
+use common::{argmax, cases, fixture_dir, max_abs_diff, run_chunk, scattered_table, BLOCK_SIZE, FIXTURES};
 use kvc_kv_pool::{BlockId, KvStorage};
 use kvc_model_qwen3::{BatchInput, Qwen3Model, SeqChunk};
-
-const FIXTURES: &[&str] =
-    &["dense", "dense-tied-hub", "dense-bf16", "moe-norm", "moe-nonorm-hub", "moe-mlp-only-sharded", "moe-sparse-step"];
-const BLOCK_SIZE: usize = 4;
-
-fn fixture_dir(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
-}
-
-struct Case {
-    prompt: Vec<u32>,
-    greedy: Vec<u32>,
-    logits: Vec<Vec<f32>>,
-}
-
-fn cases(name: &str) -> Vec<Case> {
-    let text = std::fs::read_to_string(fixture_dir(name).join("reference.json")).unwrap();
-    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
-    let ids = |x: &serde_json::Value| x.as_array().unwrap().iter().map(|t| t.as_u64().unwrap() as u32).collect::<Vec<_>>();
-    v["cases"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|c| Case {
-            prompt: ids(&c["prompt_ids"]),
-            greedy: ids(&c["greedy_tokens"]),
-            logits: c["logits"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|row| row.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect())
-                .collect(),
-        })
-        .collect()
-}
-
-fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
-}
-
-fn argmax(v: &[f32]) -> u32 {
-    v.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).unwrap().0 as u32
-}
-
-/// A block table that is deliberately not in allocation order.
-fn scattered_table(tokens: usize, num_blocks: usize) -> Vec<BlockId> {
-    let n = tokens.div_ceil(BLOCK_SIZE);
-    (0..n).map(|i| (num_blocks - 1 - 2 * i) as BlockId).collect()
-}
-
-/// Runs `tokens[from..to]` of a sequence as one chunk; returns the logits
-/// of every token of the chunk.
-fn run_chunk(model: &Qwen3Model, kv: &mut KvStorage, table: &[BlockId], tokens: &[u32], from: usize, to: usize) -> Vec<Vec<f32>> {
-    let batch = BatchInput {
-        tokens: tokens[from..to].to_vec(),
-        seqs: vec![SeqChunk { start: 0, len: to - from, context_len: to, block_table: table }],
-        logits_rows: (0..to - from).collect(),
-    };
-    model.forward(&batch, kv).unwrap().to_vec2::<f32>().unwrap()
-}
 
 fn load(name: &str) -> Qwen3Model {
     Qwen3Model::load(&fixture_dir(name), Some(DType::F32), &Device::Cpu).unwrap_or_else(|e| panic!("loading fixture {name}: {e}"))

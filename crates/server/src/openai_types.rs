@@ -245,8 +245,8 @@ impl KvcInfo {
     pub fn local(u: &kvc_engine::Usage) -> Self {
         Self {
             path: if u.path.is_empty() { PATH_LOCAL } else { u.path },
-            reason: if u.path_reason.is_empty() { u.reuse_reason } else { u.path_reason },
-            reuse: u.reuse_reason,
+            reason: if u.path_reason.is_empty() { u.reuse_reason.as_str() } else { u.path_reason },
+            reuse: u.reuse_reason.as_str(),
             cached_tokens: u.cached_tokens,
             computed_tokens: u.prompt_tokens.saturating_sub(u.cached_tokens),
             transferred_tokens: u.transferred_tokens,
@@ -476,6 +476,6 @@ mod tests {
     fn kvc_info_counts_computed_tokens() {
         let u = kvc_engine::Usage { prompt_tokens: 10, completion_tokens: 2, cached_tokens: 4, ..Default::default() };
         let k = KvcInfo::local(&u);
-        assert_eq!((k.path, k.reason, k.cached_tokens, k.computed_tokens, k.transferred_tokens), ("local", "", 4, 6, 0));
+        assert_eq!((k.path, k.reason, k.cached_tokens, k.computed_tokens, k.transferred_tokens), ("local", "cold", 4, 6, 0));
     }
 }

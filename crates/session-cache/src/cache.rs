@@ -35,20 +35,30 @@ pub struct CacheConfig {
     pub max_sessions_per_key: usize,
 }
 
-/// Where a request's reused KV came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ReuseSource {
-    None,
-    Session,
-    Prefix,
+/// Where a request's reused KV came from: the cache's own answers, and
+/// (set by a prefill worker's engine) its snapshot store. Strings only at
+/// the JSON edge ([`Self::as_str`], serde: the same names).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReusePath {
+    /// Nothing reused.
+    #[default]
+    Cold,
+    /// The session's own KV.
+    SessionHit,
+    /// Blocks of the prefix index.
+    PrefixHit,
+    /// A prefill worker's snapshot of the session (prefill bypass).
+    Bypass,
 }
 
-impl ReuseSource {
+impl ReusePath {
     pub fn as_str(self) -> &'static str {
         match self {
-            ReuseSource::None => "cold",
-            ReuseSource::Session => "session_hit",
-            ReuseSource::Prefix => "prefix_hit",
+            ReusePath::Cold => "cold",
+            ReusePath::SessionHit => "session_hit",
+            ReusePath::PrefixHit => "prefix_hit",
+            ReusePath::Bypass => "bypass",
         }
     }
 }
@@ -59,7 +69,7 @@ impl ReuseSource {
 pub struct Acquired {
     pub blocks: Vec<BlockId>,
     pub tokens: usize,
-    pub source: ReuseSource,
+    pub source: ReusePath,
     /// Blocks copied back from the host tier for this request.
     pub restored_blocks: usize,
 }
@@ -144,7 +154,7 @@ impl SessionAwareCache {
         storage: &mut KvStorage,
     ) -> Acquired {
         let max_reuse = prompt.len().saturating_sub(1);
-        let mut out = Acquired { blocks: Vec::new(), tokens: 0, source: ReuseSource::None, restored_blocks: 0 };
+        let mut out = Acquired { blocks: Vec::new(), tokens: 0, source: ReusePath::Cold, restored_blocks: 0 };
         if let Some(id) = session {
             if !self.sessions.contains_key(id) {
                 self.make_room_for_session(id, alloc);
@@ -156,15 +166,15 @@ impl SessionAwareCache {
             let k = common_prefix(&s.tokens[..], &prompt[..max_reuse]);
             self.reuse_session(id, k, alloc, storage, &mut out);
             if out.tokens > 0 {
-                out.source = ReuseSource::Session;
+                out.source = ReusePath::SessionHit;
                 self.stats.session_hits += 1;
             }
         }
         if self.config.enable_prefix_caching {
             let before = out.tokens;
             self.extend_from_index(prompt, max_reuse, root, alloc, &mut out);
-            if out.source == ReuseSource::None && out.tokens > before {
-                out.source = ReuseSource::Prefix;
+            if out.source == ReusePath::Cold && out.tokens > before {
+                out.source = ReusePath::PrefixHit;
                 self.stats.prefix_hits += 1;
             }
         }
@@ -594,7 +604,7 @@ mod tests {
         let mut next = tokens.clone();
         next.extend([50, 51, 52]);
         let got = cache.acquire(Some("s"), &next, None, &mut alloc, &mut storage);
-        assert_eq!((got.tokens, got.source, got.restored_blocks), (12, ReuseSource::Session, 3));
+        assert_eq!((got.tokens, got.source, got.restored_blocks), (12, ReusePath::SessionHit, 3));
         for (i, &b) in got.blocks.iter().enumerate() {
             let bytes: Vec<u8> = (0..2).flat_map(|l| storage.block_bytes(l, b).to_vec()).collect();
             assert_eq!(bytes, original[i], "block {i}");

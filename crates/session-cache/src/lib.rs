@@ -14,7 +14,7 @@ mod snapshot_store;
 mod stats;
 
 pub use block_hash::{hash_block, hash_blocks, salt_root, BlockHash};
-pub use cache::{Acquired, CacheConfig, ReuseSource, SessionAwareCache};
+pub use cache::{Acquired, CacheConfig, ReusePath, SessionAwareCache};
 pub use eviction::{choose_victim, EvictionAction, EvictionDecision, VictimCandidate};
 pub use namespace::{client_session_id, is_valid_client_part, scoped_session_id, session_key};
 pub use session::{common_prefix, SessionInfo, Tier};

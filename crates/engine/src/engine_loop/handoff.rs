@@ -19,7 +19,7 @@ use crate::EngineError;
 #[derive(Debug)]
 pub(crate) struct Reserved {
     pub held_tokens: usize,
-    pub reuse_reason: &'static str,
+    pub reuse_reason: kvc_session_cache::ReusePath,
     pub restored_blocks: usize,
     pub blocks: Vec<BlockId>,
 }
@@ -29,7 +29,7 @@ pub(super) struct ReservationState {
     pub(super) session: Option<String>,
     pub(super) blocks: Vec<BlockId>,
     pub(super) held: usize,
-    pub(super) reason: &'static str,
+    pub(super) reason: kvc_session_cache::ReusePath,
     pub(super) restored: usize,
 }
 
@@ -115,7 +115,7 @@ impl EngineLoop {
         };
         let mut blocks = got.blocks;
         blocks.extend(fresh);
-        let reason = got.source.as_str();
+        let reason = got.source;
         self.reservations
             .insert(id, ReservationState { session, blocks: blocks.clone(), held: got.tokens, reason, restored: got.restored_blocks });
         Ok(Reserved { held_tokens: got.tokens, reuse_reason: reason, restored_blocks: got.restored_blocks, blocks })

@@ -1,12 +1,70 @@
-//! Helpers shared by the GPU test files (gpu.rs, gpu_attention.rs).
+//! Helpers shared by this crate's test files: transformers' fixtures
+//! (reference.rs on the CPU, gpu.rs on a GPU) and, with the `cuda`
+//! feature, the GPU device (gpu.rs, gpu_attention.rs).
+#![allow(dead_code)] // each test file uses its own part
 
-use candle_core::Device;
+use std::path::PathBuf;
 
-/// CUDA device 0, prepared as the engine prepares it.
-pub fn gpu() -> Device {
-    let d = Device::new_cuda(0).expect("CUDA device 0");
-    kvc_model_qwen3::cuda::prepare_device(&d).unwrap();
-    d
+use kvc_kv_pool::{BlockId, KvStorage};
+use kvc_model_qwen3::{BatchInput, Qwen3Model, SeqChunk};
+
+#[cfg(feature = "cuda")]
+mod gpu;
+#[cfg(feature = "cuda")]
+pub use gpu::gpu;
+
+/// Every fixture recorded by scripts/make_reference_fixtures.py
+/// (fixtures/README.md says what each covers).
+pub const FIXTURES: &[&str] =
+    &["dense", "dense-tied-hub", "dense-bf16", "moe-norm", "moe-nonorm-hub", "moe-mlp-only-sharded", "moe-sparse-step"];
+/// The block size the fixture tests page KV with.
+pub const BLOCK_SIZE: usize = 4;
+
+/// A fixture's directory: under `KVC_FIXTURES` when set (the GPU machine
+/// gets them carried there), else this crate's tests/fixtures.
+pub fn fixture_dir(name: &str) -> PathBuf {
+    std::env::var_os("KVC_FIXTURES")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures"))
+        .join(name)
+}
+
+/// One recorded prompt: its greedy continuation and the logits of each
+/// position transformers computed.
+pub struct Case {
+    pub prompt: Vec<u32>,
+    pub greedy: Vec<u32>,
+    pub logits: Vec<Vec<f32>>,
+}
+
+pub fn cases(name: &str) -> Vec<Case> {
+    let text = std::fs::read_to_string(fixture_dir(name).join("reference.json")).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let ids = |x: &serde_json::Value| x.as_array().unwrap().iter().map(|t| t.as_u64().unwrap() as u32).collect::<Vec<_>>();
+    v["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| Case {
+            prompt: ids(&c["prompt_ids"]),
+            greedy: ids(&c["greedy_tokens"]),
+            logits: c["logits"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|row| row.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect())
+                .collect(),
+        })
+        .collect()
+}
+
+pub fn argmax(v: &[f32]) -> u32 {
+    v.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).unwrap().0 as u32
+}
+
+pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
 }
 
 /// ‖a − b‖ / ‖b‖.
@@ -14,4 +72,20 @@ pub fn rel_err(a: &[f32], b: &[f32]) -> f64 {
     let num: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
     let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
     (num / den.max(1e-30)).sqrt()
+}
+
+/// A block table that is deliberately not in allocation order.
+pub fn scattered_table(tokens: usize, num_blocks: usize) -> Vec<BlockId> {
+    (0..tokens.div_ceil(BLOCK_SIZE)).map(|i| (num_blocks - 1 - 2 * i) as BlockId).collect()
+}
+
+/// Runs `tokens[from..to]` of a sequence as one chunk; returns the logits
+/// of every token of the chunk.
+pub fn run_chunk(model: &Qwen3Model, kv: &mut KvStorage, table: &[BlockId], tokens: &[u32], from: usize, to: usize) -> Vec<Vec<f32>> {
+    let batch = BatchInput {
+        tokens: tokens[from..to].to_vec(),
+        seqs: vec![SeqChunk { start: 0, len: to - from, context_len: to, block_table: table }],
+        logits_rows: (0..to - from).collect(),
+    };
+    model.forward(&batch, kv).unwrap().to_vec2::<f32>().unwrap()
 }

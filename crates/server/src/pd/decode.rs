@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use kvc_disagg::prefill_path::{decide, PathInputs, PeerView, PrefillPath};
 use kvc_disagg::protocol::{RemotePrefillRequest, RemotePrefillResponse};
-use kvc_engine::{GenerateRequest, RequestStream, Reservation};
+use kvc_engine::{GenerateRequest, RequestStream, Reservation, ReusePath};
 
 use super::PdState;
 use crate::app::AppState;
@@ -59,7 +59,7 @@ pub async fn start(state: &AppState, pd: &PdState, mut req: GenerateRequest) -> 
     let inputs = PathInputs {
         prompt_tokens: n,
         held_tokens: reservation.held_tokens,
-        session_hit: reservation.reuse_reason == "session_hit",
+        session_hit: reservation.reuse_reason == ReusePath::SessionHit,
         running: snap.running,
         local_tokens_per_s: snap.prefill_tokens_per_s,
         local_mixed_tokens_per_s: snap.mixed_prefill_tokens_per_s,
@@ -141,7 +141,7 @@ pub async fn start(state: &AppState, pd: &PdState, mut req: GenerateRequest) -> 
             pd.peers.mark(&peer.url, false, None, &pd.counters);
             tracing::warn!(event = "fallback", reason = "remote_prefill_failed", request_id = %req.request_id, peer = %peer.url, error = %e, "computing locally instead");
             let held = reservation.held_tokens;
-            let here = if reservation.reuse_reason == "session_hit" { PrefillPath::DirectAppend } else { PrefillPath::Local };
+            let here = if reservation.reuse_reason == ReusePath::SessionHit { PrefillPath::DirectAppend } else { PrefillPath::Local };
             let stream = engine.submit_reserved(req, reservation, held, None).map_err(ApiError::completion_engine)?;
             Ok((stream, Route { path: here.as_str(), reason: "fallback_remote_prefill_failed", ..Default::default() }))
         }

@@ -125,7 +125,7 @@ async fn serve_prefill(
         .map_err(|e| ApiError::Internal(format!("KV transfer to the decode worker failed: {e}")))?;
     drop(lease);
     pd.counters.add("kvc_kv_transfer_bytes_total", &[("kind", "remote_prefill")], report.bytes as f64);
-    let bypass = if usage.reuse_reason == "bypass" { usage.cached_tokens } else { 0 };
+    let bypass = if usage.reuse_reason == kvc_engine::ReusePath::Bypass { usage.cached_tokens } else { 0 };
     if let Some(s) = &req.session_id {
         let hit = if bypass > 0 { "hit" } else { "miss" };
         pd.counters.inc("kvc_bypass_total", &[("result", hit)]);
