@@ -40,6 +40,16 @@ pub enum PrefillPath {
 }
 
 impl PrefillPath {
+    /// The serving path it is (a remote prefill that reused P's snapshot is
+    /// [`ServePath::Bypass`], decided after the fact).
+    pub fn serve_path(self) -> kvc_engine::ServePath {
+        match self {
+            PrefillPath::DirectAppend => kvc_engine::ServePath::DirectAppend,
+            PrefillPath::Local => kvc_engine::ServePath::Local,
+            PrefillPath::Remote => kvc_engine::ServePath::RemotePrefill,
+        }
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             PrefillPath::DirectAppend => "direct_append",

@@ -29,4 +29,6 @@ pub use error::EngineError;
 pub use handle::{CancelGuard, EngineHandle, EngineStats, ModelInfo, PrefixCacheReset};
 pub use kv_handoff::{KvLease, Reservation, SnapshotJob, SnapshotSlot};
 pub use kvc_session_cache::{CacheStats, ReusePath, SessionInfo, SnapshotInfo, SnapshotStats, Tier};
-pub use request::{FinishReason, GenerateRequest, Logprobs, MatchedStop, RequestStream, SamplingParams, StreamEvent, TokenLogprob, Usage};
+pub use request::{
+    FinishReason, GenerateRequest, Logprobs, MatchedStop, RequestStream, SamplingParams, ServePath, StreamEvent, TokenLogprob, Usage,
+};

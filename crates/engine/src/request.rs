@@ -111,6 +111,32 @@ pub struct GenerateRequest {
     pub cache_salt: Option<String>,
 }
 
+/// How a request's prompt was served (`x-kvc-path`, the `kvc` body field):
+/// here, on a worker without disaggregation or by choice ([`Self::Local`]),
+/// here extending a resident session ([`Self::DirectAppend`]), or on a
+/// prefill worker, from scratch ([`Self::RemotePrefill`]) or from its
+/// snapshot of the session ([`Self::Bypass`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ServePath {
+    #[default]
+    Local,
+    DirectAppend,
+    RemotePrefill,
+    Bypass,
+}
+
+impl ServePath {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ServePath::Local => "local",
+            ServePath::DirectAppend => "direct_append",
+            ServePath::RemotePrefill => "remote_prefill",
+            ServePath::Bypass => "bypass",
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum FinishReason {
@@ -143,10 +169,9 @@ pub struct Usage {
     pub reuse_reason: crate::ReusePath,
     /// Blocks of this request's reused KV brought back from host memory.
     pub restored_blocks: usize,
-    /// Set by a disaggregated server: how the prompt was served
-    /// ("direct_append", "remote_prefill", "bypass"; empty = local) and
-    /// why, and the prompt tokens whose KV arrived by transfer.
-    pub path: &'static str,
+    /// Set by a disaggregated server: how the prompt was served and why,
+    /// and the prompt tokens whose KV arrived by transfer.
+    pub path: ServePath,
     pub path_reason: &'static str,
     pub transferred_tokens: usize,
     /// How long the request waited in the engine before its first token for

@@ -110,8 +110,8 @@ pub struct AppState {
     pub metrics: Arc<ServerMetrics>,
     pub admission: Arc<Admission>,
     pub lifecycle: Arc<Lifecycle>,
-    /// "both", "prefill" or "decode".
-    pub role: &'static str,
+    /// Both, Prefill or Decode (a router has a state of its own).
+    pub role: crate::args::Role,
     /// Prefill and decode workers: the KV link, peers, counters.
     pub pd: Option<Arc<crate::pd::PdState>>,
     /// Tokens every chat message costs at least under this model's
@@ -132,7 +132,7 @@ impl AppState {
             config: Arc::new(config),
             metrics: Arc::new(ServerMetrics::default()),
             lifecycle: Arc::new(Lifecycle::default()),
-            role: "both",
+            role: crate::args::Role::Both,
             pd: None,
             message_floor: Arc::new(std::sync::OnceLock::new()),
         }
@@ -221,9 +221,8 @@ pub async fn serve_worker(engine: EngineHandle, args: &crate::args::Args) -> any
         ServerConfig { enable_session_cache: !args.no_enable_session_cache, ..args.serving.server_config() },
     );
     state.role = match args.role {
-        Role::Prefill => "prefill",
-        Role::Decode => "decode",
-        _ => "both",
+        Role::Router => Role::Both,
+        r => r,
     };
     if matches!(args.role, Role::Prefill | Role::Decode) {
         state.pd = Some(crate::pd::PdState::start(&engine, args)?);
@@ -257,7 +256,7 @@ async fn serve_state(state: AppState, host: &str, port: u16) -> anyhow::Result<(
     let listener = tokio::net::TcpListener::bind((host, port)).await.map_err(|e| anyhow::anyhow!("cannot bind {host}:{port}: {e}"))?;
     let info = engine.info();
     tracing::info!(
-        addr = %listener.local_addr()?, role = state.role, model = %info.id, max_model_len = info.max_model_len,
+        addr = %listener.local_addr()?, role = state.role.as_str(), model = %info.id, max_model_len = info.max_model_len,
         num_kv_blocks = info.num_kv_blocks, block_size = info.block_size,
         api_key = !config.api_keys.is_empty(), cluster_token = config.cluster_token.is_some(),
         max_concurrent_requests = config.max_concurrent_requests, max_queued_requests = config.max_queued_requests,

@@ -21,6 +21,18 @@ pub enum Role {
     Router,
 }
 
+impl Role {
+    /// The name in logs and `/internal/state` (the flag's value).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Both => "both",
+            Role::Prefill => "prefill",
+            Role::Decode => "decode",
+            Role::Router => "router",
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum PathPolicyArg {
     Cost,

@@ -13,7 +13,6 @@ use kvc_engine::{EngineError, FinishReason, GenerateRequest, Logprobs, MatchedSt
 use crate::admission::Slot;
 use crate::app::{AppState, ServerCounters};
 use crate::error::ApiError;
-use crate::openai_types::PATH_LOCAL;
 use crate::pd::decode::Route;
 use crate::server_metrics::Finish;
 
@@ -27,9 +26,9 @@ pub fn unix_now() -> u64 {
 }
 
 /// Headers on every generation response (DESIGN.md §5).
-pub fn serving_headers(request_id: &str, path: &'static str) -> [(HeaderName, HeaderValue); 2] {
+pub fn serving_headers(request_id: &str, path: kvc_engine::ServePath) -> [(HeaderName, HeaderValue); 2] {
     let id = HeaderValue::from_str(request_id).unwrap_or_else(|_| HeaderValue::from_static("invalid"));
-    [(HeaderName::from_static("x-kvc-path"), HeaderValue::from_static(path)), (HeaderName::from_static("x-request-id"), id)]
+    [(HeaderName::from_static("x-kvc-path"), HeaderValue::from_static(path.as_str())), (HeaderName::from_static("x-request-id"), id)]
 }
 
 /// An admitted request: its id, arrival, deadline and concurrency slot.
@@ -116,8 +115,8 @@ pub async fn submit(state: &AppState, admitted: Admitted, s: Submission) -> Resu
     let Admitted { request_id, arrival, deadline, slot } = admitted;
     let prompt_len = s.prompt_tokens.len();
     let mut streams = SelectAll::new();
-    let mut route = Route { path: PATH_LOCAL, ..Default::default() };
-    if let (Some(pd), "decode", 1) = (state.pd.as_deref(), state.role, s.n) {
+    let mut route = Route::default();
+    if let (Some(pd), crate::args::Role::Decode, 1) = (state.pd.as_deref(), state.role, s.n) {
         let req = GenerateRequest {
             request_id: request_id.clone(),
             prompt_tokens: s.prompt_tokens.clone(),
@@ -135,7 +134,7 @@ pub async fn submit(state: &AppState, admitted: Admitted, s: Submission) -> Resu
             request_id,
             seq_id = stream.id(),
             prompt_tokens = prompt_len,
-            path = route.path,
+            path = route.path.as_str(),
             reason = route.reason,
             "request submitted"
         );
@@ -170,7 +169,7 @@ pub async fn submit(state: &AppState, admitted: Admitted, s: Submission) -> Resu
             seq_id = stream.id(),
             prompt_tokens = prompt_len,
             max_tokens = s.sampling.max_tokens,
-            path = PATH_LOCAL,
+            path = kvc_engine::ServePath::Local.as_str(),
             "request submitted"
         );
         streams.push(events(index, stream));
@@ -252,7 +251,7 @@ impl Generation {
     }
 
     /// How the prompt was served (`x-kvc-path`).
-    pub fn path(&self) -> &'static str {
+    pub fn path(&self) -> kvc_engine::ServePath {
         self.route.path
     }
 

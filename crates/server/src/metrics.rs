@@ -10,7 +10,6 @@ use axum::response::IntoResponse;
 use kvc_engine::EngineStats;
 
 use crate::app::{AppState, ServerCounters};
-use crate::openai_types::PATH_LOCAL;
 
 pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
     let mut body = render(&state.engine.stats(), &state.counters);
@@ -62,7 +61,7 @@ pub fn render(s: &EngineStats, c: &ServerCounters) -> String {
     );
     metric("kvc_prompt_tokens_computed_total", "counter", "Prompt tokens run through the model.", &[("", s.prompt_tokens_computed)]);
     metric("kvc_generation_tokens_total", "counter", "Tokens generated.", &[("", s.generated_tokens)]);
-    let path_labels = format!("{{path=\"{PATH_LOCAL}\"}}");
+    let path_labels = format!("{{path=\"{}\"}}", kvc_engine::ServePath::Local.as_str());
     metric(
         "kvc_served_requests_total",
         "counter",

@@ -238,13 +238,10 @@ pub struct KvcInfo {
     pub transferred_tokens: usize,
 }
 
-/// The only path a single `--role both` worker has.
-pub const PATH_LOCAL: &str = "local";
-
 impl KvcInfo {
     pub fn local(u: &kvc_engine::Usage) -> Self {
         Self {
-            path: if u.path.is_empty() { PATH_LOCAL } else { u.path },
+            path: u.path.as_str(),
             reason: if u.path_reason.is_empty() { u.reuse_reason.as_str() } else { u.path_reason },
             reuse: u.reuse_reason.as_str(),
             cached_tokens: u.cached_tokens,

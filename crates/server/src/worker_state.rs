@@ -12,7 +12,7 @@ pub fn worker_state(state: &AppState) -> WorkerState {
     let s = state.engine.snapshot();
     let info = state.engine.info();
     WorkerState {
-        role: state.role.to_string(),
+        role: state.role.as_str().to_string(),
         model: info.id.clone(),
         ready: state.engine.is_alive() && !state.lifecycle.is_draining(),
         block_size: info.block_size,

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use kvc_disagg::prefill_path::{decide, PathInputs, PeerView, PrefillPath};
 use kvc_disagg::protocol::{RemotePrefillRequest, RemotePrefillResponse};
-use kvc_engine::{GenerateRequest, RequestStream, Reservation, ReusePath};
+use kvc_engine::{GenerateRequest, RequestStream, Reservation, ReusePath, ServePath};
 
 use super::PdState;
 use crate::app::AppState;
@@ -19,8 +19,7 @@ use crate::error::ApiError;
 /// `x-kvc-path`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Route {
-    /// "local", "direct_append", "remote_prefill" or "bypass".
-    pub path: &'static str,
+    pub path: ServePath,
     pub reason: &'static str,
     /// Prompt tokens computed by a prefill worker (remote paths).
     pub remote_computed_tokens: Option<usize>,
@@ -84,7 +83,7 @@ pub async fn start(state: &AppState, pd: &PdState, mut req: GenerateRequest) -> 
     if d.path != PrefillPath::Remote {
         let held = reservation.held_tokens;
         let stream = engine.submit_reserved(req, reservation, held, None).map_err(ApiError::completion_engine)?;
-        return Ok((stream, Route { path: d.path.as_str(), reason: d.reason, ..Default::default() }));
+        return Ok((stream, Route { path: d.path.serve_path(), reason: d.reason, ..Default::default() }));
     }
     // The first token is sampled on P: give it the seed D continues with.
     if req.sampling.seed.is_none() {
@@ -122,10 +121,10 @@ pub async fn start(state: &AppState, pd: &PdState, mut req: GenerateRequest) -> 
         Ok(a) => {
             pd.counters.inc("kvc_remote_prefill_total", &[("outcome", "ok")]);
             pd.counters.add("kvc_kv_transfer_bytes_total", &[("kind", "remote_prefill_received")], a.transfer_bytes as f64);
-            let path = if a.bypass_tokens > 0 { "bypass" } else { "remote_prefill" };
+            let path = if a.bypass_tokens > 0 { ServePath::Bypass } else { ServePath::RemotePrefill };
             pd.observe_remote_overhead(started.elapsed().as_secs_f64() - (a.prefill_ms + a.transfer_ms) / 1e3);
             tracing::info!(
-                event = "remote_prefill_ok", request_id = %req.request_id, path, computed_on_peer = a.computed_tokens,
+                event = "remote_prefill_ok", request_id = %req.request_id, path = path.as_str(), computed_on_peer = a.computed_tokens,
                 bypass_tokens = a.bypass_tokens, transferred_tokens = a.transferred_tokens, prefill_ms = a.prefill_ms,
                 transfer_ms = a.transfer_ms, total_ms = started.elapsed().as_secs_f64() * 1e3
             );
@@ -143,7 +142,7 @@ pub async fn start(state: &AppState, pd: &PdState, mut req: GenerateRequest) -> 
             let held = reservation.held_tokens;
             let here = if reservation.reuse_reason == ReusePath::SessionHit { PrefillPath::DirectAppend } else { PrefillPath::Local };
             let stream = engine.submit_reserved(req, reservation, held, None).map_err(ApiError::completion_engine)?;
-            Ok((stream, Route { path: here.as_str(), reason: "fallback_remote_prefill_failed", ..Default::default() }))
+            Ok((stream, Route { path: here.serve_path(), reason: "fallback_remote_prefill_failed", ..Default::default() }))
         }
     }
 }
@@ -157,7 +156,7 @@ fn local(
 ) -> Result<(RequestStream, Route), ApiError> {
     pd.counters.inc("kvc_prefill_path_decisions_total", &[("path", path.as_str()), ("reason", reason)]);
     let stream = state.engine.submit(req).map_err(ApiError::completion_engine)?;
-    Ok((stream, Route { path: path.as_str(), reason, ..Default::default() }))
+    Ok((stream, Route { path: path.serve_path(), reason, ..Default::default() }))
 }
 
 /// Holds a reservation while a prefill worker may write into it. If the
