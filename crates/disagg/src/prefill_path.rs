@@ -42,11 +42,11 @@ pub enum PrefillPath {
 impl PrefillPath {
     /// The serving path it is (a remote prefill that reused P's snapshot is
     /// [`ServePath::Bypass`], decided after the fact).
-    pub fn serve_path(self) -> kvc_engine::ServePath {
+    pub fn serve_path(self) -> kvc_wire::ServePath {
         match self {
-            PrefillPath::DirectAppend => kvc_engine::ServePath::DirectAppend,
-            PrefillPath::Local => kvc_engine::ServePath::Local,
-            PrefillPath::Remote => kvc_engine::ServePath::RemotePrefill,
+            PrefillPath::DirectAppend => kvc_wire::ServePath::DirectAppend,
+            PrefillPath::Local => kvc_wire::ServePath::Local,
+            PrefillPath::Remote => kvc_wire::ServePath::RemotePrefill,
         }
     }
 

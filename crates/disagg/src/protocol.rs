@@ -18,7 +18,7 @@
 
 use std::collections::BTreeMap;
 
-use kvc_engine::{Logprobs, SamplingParams};
+use kvc_wire::{Logprobs, SamplingParams};
 use serde::{Deserialize, Serialize};
 
 use crate::handshake::HandshakeRecord;

@@ -33,6 +33,12 @@ pub enum EngineError {
     UnknownReservation(u64),
 }
 
+impl From<kvc_wire::ParamError> for EngineError {
+    fn from(e: kvc_wire::ParamError) -> Self {
+        EngineError::InvalidParam { param: e.param, message: e.message }
+    }
+}
+
 impl EngineError {
     /// True for errors caused by the request (HTTP 400), false for errors of
     /// the server (HTTP 500/503).

@@ -1,7 +1,7 @@
 //! Validation of the OpenAI sampling fields and their mapping onto the
 //! engine's [`SamplingParams`].
 
-use kvc_engine::{EngineError, SamplingParams};
+use kvc_engine::SamplingParams;
 
 use crate::error::ApiError;
 use crate::openai_types::SamplingFields;
@@ -102,10 +102,7 @@ impl SamplingPlan {
             logit_bias,
             skip_special_tokens: f.skip_special_tokens.unwrap_or(true),
         };
-        params.validate().map_err(|e| match e {
-            EngineError::InvalidParam { param, message } => ApiError::BadRequest { message, param: Some(param) },
-            other => ApiError::bad_request(other.to_string(), None),
-        })?;
+        params.validate().map_err(|e| ApiError::BadRequest { message: e.message, param: Some(e.param) })?;
         Ok(Self { params, max_tokens, n, stream, include_usage })
     }
 
