@@ -41,6 +41,7 @@ pub mod metrics;
 pub mod models;
 pub mod openai_types;
 pub mod pd;
+pub mod peer_poll;
 pub mod reasoning_parser;
 pub mod request_fields;
 pub mod response;

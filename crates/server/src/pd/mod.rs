@@ -90,7 +90,7 @@ impl PdState {
         state.counters.set("kvc_kv_transport_listeners", &[("exposure", exposure), ("bound", "wildcard")], l.wildcard_ports.len() as f64);
         if args.role == Role::Decode {
             let interval = Duration::from_secs_f64(d.peer_poll_interval_s.max(0.05));
-            tokio::spawn(state.peers.clone().monitor(state.client.clone(), interval, state.counters.clone()));
+            state.peers.spawn_pollers(&state.client, interval, state.counters.clone());
             if let Some(jobs) = engine.take_snapshot_jobs() {
                 tokio::spawn(pusher::run(engine.clone(), state.clone(), jobs));
             }

@@ -1,6 +1,8 @@
 //! A decode worker's view of its prefill workers: each one's published
-//! state (`GET /internal/state`), polled every `--peer-poll-interval-s`. A
-//! failed poll or call marks the peer unhealthy until a poll succeeds.
+//! state (`GET /internal/state`), polled every `--peer-poll-interval-s`
+//! with the router's poller ([`crate::peer_poll`]: the same deadline and
+//! backoff). A failed poll or call marks the peer unhealthy until a poll
+//! succeeds.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -9,12 +11,16 @@ use std::time::Duration;
 use kvc_disagg::protocol::WorkerState;
 
 use super::counters::PdCounters;
+use crate::auth::CLUSTER_TOKEN_HEADER;
+use crate::peer_poll::{spawn_pollers, Polled};
 
 #[derive(Debug, Clone, Default)]
 pub struct PeerStatus {
     pub url: String,
     pub healthy: bool,
     pub state: Option<WorkerState>,
+    /// Consecutive failed polls (the poller's backoff).
+    pub failures: u32,
 }
 
 /// HTTP to peers: the cluster token on every call.
@@ -31,11 +37,11 @@ impl PeerClient {
     }
 
     pub fn get(&self, url: &str) -> reqwest::RequestBuilder {
-        self.http.get(url).header("x-kvc-cluster-token", &self.token)
+        self.http.get(url).header(CLUSTER_TOKEN_HEADER, &self.token)
     }
 
     pub fn post(&self, url: &str) -> reqwest::RequestBuilder {
-        self.http.post(url).header("x-kvc-cluster-token", &self.token)
+        self.http.post(url).header(CLUSTER_TOKEN_HEADER, &self.token)
     }
 }
 
@@ -116,41 +122,51 @@ impl PrefillPeers {
         peers.iter().filter(|p| p.healthy).min_by_key(|p| load(p)).or(peers.first()).cloned()
     }
 
-    pub fn mark(&self, url: &str, healthy: bool, state: Option<WorkerState>, counters: &PdCounters) {
+    /// Records a poll's (or call's) outcome; returns the peer's consecutive
+    /// failures.
+    pub fn mark(&self, url: &str, healthy: bool, state: Option<WorkerState>, counters: &PdCounters) -> u32 {
         let mut peers = self.peers.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(p) = peers.iter_mut().find(|p| p.url == url) {
-            if p.healthy != healthy {
-                tracing::info!(event = "peer_health", peer = url, healthy, "prefill peer health changed");
-            }
-            p.healthy = healthy;
-            if state.is_some() {
-                p.state = state;
-            }
-            counters.set("kvc_prefill_peer_healthy", &[("peer", url)], if healthy { 1.0 } else { 0.0 });
+        let Some(p) = peers.iter_mut().find(|p| p.url == url) else {
+            return 0;
+        };
+        p.failures = if healthy { 0 } else { p.failures.saturating_add(1) };
+        if p.healthy != healthy {
+            tracing::info!(event = "peer_health", peer = url, healthy, "prefill peer health changed");
         }
+        p.healthy = healthy;
+        if state.is_some() {
+            p.state = state;
+        }
+        counters.set("kvc_prefill_peer_healthy", &[("peer", url)], if healthy { 1.0 } else { 0.0 });
+        p.failures
     }
 
-    /// Polls every peer forever.
-    pub async fn monitor(self: Arc<Self>, client: PeerClient, interval: Duration, counters: Arc<PdCounters>) {
-        loop {
-            for p in self.all() {
-                let got = client.get(&format!("{}/internal/state", p.url)).timeout(Duration::from_secs(2)).send().await;
-                let state = match got {
-                    Ok(r) if r.status().is_success() => {
+    /// Polls every peer on its own task, forever.
+    pub fn spawn_pollers(self: &Arc<Self>, client: &PeerClient, interval: Duration, counters: Arc<PdCounters>) {
+        let urls = self.all().into_iter().map(|p| p.url).collect();
+        let peers = self.clone();
+        spawn_pollers(urls, client.http.clone(), client.token.clone(), interval, move |i, outcome: Result<Polled, String>| {
+            let (peers, counters) = (peers.clone(), counters.clone());
+            async move {
+                let url = peers.all()[i].url.clone();
+                let state = match outcome {
+                    Ok(p) => {
                         // The peer we call with the token may connect to our
                         // KV transport (it writes prefilled KV into our pool).
-                        if let Some(a) = r.remote_addr() {
+                        if let Some(a) = p.remote {
                             kvc_disagg::transport::allow_peer(a.ip());
                         }
-                        r.json::<WorkerState>().await.ok()
+                        Some(p.state)
                     }
-                    _ => None,
+                    Err(e) => {
+                        tracing::debug!(event = "peer_poll_failed", peer = %url, error = %e);
+                        None
+                    }
                 };
                 let healthy = state.as_ref().is_some_and(|s| s.ready);
-                self.mark(&p.url, healthy, state, &counters);
+                peers.mark(&url, healthy, state, &counters)
             }
-            tokio::time::sleep(interval).await;
-        }
+        });
     }
 }
 

@@ -5,8 +5,8 @@
 //! answer, an error status, a body that is not a `WorkerState`) or
 //! `ready: false` marks it unhealthy; so does a failed forward (see
 //! [`super::proxy`]). An unhealthy worker is polled again after an
-//! exponential backoff (interval x 2^failures, at most [`MAX_BACKOFF`]) and
-//! takes requests again once a poll succeeds. Every transition is an
+//! exponential backoff ([`crate::peer_poll`], shared with the decode
+//! worker's poller) and takes requests again once a poll succeeds. Every transition is an
 //! `event="peer_health"` log line and a count in
 //! `kvc_router_peer_health_changes_total{worker,to}`.
 
@@ -18,14 +18,7 @@ use kvc_disagg::protocol::WorkerState;
 use kvc_disagg::routing::WorkerView;
 
 use super::metrics::RouterMetrics;
-use crate::auth::CLUSTER_TOKEN_HEADER;
-
-/// Longest wait between polls of an unhealthy worker.
-pub const MAX_BACKOFF: Duration = Duration::from_secs(10);
-
-/// Deadline of one poll: generous, because a worker's HTTP threads share
-/// the CPU with its engine.
-const POLL_TIMEOUT: Duration = Duration::from_secs(3);
+use crate::peer_poll::{spawn_pollers, Polled};
 
 /// One worker behind the router.
 #[derive(Debug)]
@@ -211,55 +204,16 @@ impl Peers {
 
     /// Starts one polling task per worker; they run until the runtime stops.
     pub fn spawn_pollers(self: &Arc<Self>, client: reqwest::Client, token: String, interval: Duration) {
-        for i in 0..self.list.len() {
-            let (peers, client, token) = (self.clone(), client.clone(), token.clone());
-            tokio::spawn(async move {
-                loop {
-                    let result = poll_state(&client, &peers.list[i].url, &token).await;
-                    peers.apply_poll(i, result);
-                    tokio::time::sleep(next_poll_delay(interval, peers.list[i].failures())).await;
-                }
-            });
-        }
+        let urls = self.list.iter().map(|p| p.url.clone()).collect();
+        let peers = self.clone();
+        spawn_pollers(urls, client, token, interval, move |i, outcome: Result<Polled, String>| {
+            let peers = peers.clone();
+            async move {
+                peers.apply_poll(i, outcome.map(|p| p.state));
+                peers.list[i].failures()
+            }
+        });
     }
-}
-
-/// The wait before the next poll: the interval while healthy, then doubling
-/// with each consecutive failure up to [`MAX_BACKOFF`].
-pub fn next_poll_delay(interval: Duration, failures: u32) -> Duration {
-    if failures == 0 {
-        return interval;
-    }
-    let factor = 2u32.saturating_pow(failures.min(16));
-    interval.saturating_mul(factor).min(MAX_BACKOFF.max(interval))
-}
-
-/// An error with its causes (reqwest's own text omits them: "error sending
-/// request" hides "connection refused").
-pub fn error_text(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
-}
-
-async fn poll_state(client: &reqwest::Client, url: &str, token: &str) -> Result<WorkerState, String> {
-    let response = client
-        .get(format!("{url}/internal/state"))
-        .header(CLUSTER_TOKEN_HEADER, token)
-        .timeout(POLL_TIMEOUT)
-        .send()
-        .await
-        .map_err(|e| format!("poll failed: {}", error_text(&e)))?;
-    let status = response.status();
-    if !status.is_success() {
-        return Err(format!("poll answered {status}"));
-    }
-    response.json::<WorkerState>().await.map_err(|e| format!("poll answer is not a worker state: {e}"))
 }
 
 #[cfg(test)]
@@ -268,18 +222,6 @@ mod tests {
 
     fn ready_state(running: usize) -> WorkerState {
         WorkerState { ready: true, block_size: 16, total_blocks: 64, free_blocks: 64, running, ..Default::default() }
-    }
-
-    #[test]
-    fn backoff_doubles_up_to_the_cap() {
-        let i = Duration::from_millis(500);
-        assert_eq!(next_poll_delay(i, 0), i);
-        assert_eq!(next_poll_delay(i, 1), Duration::from_secs(1));
-        assert_eq!(next_poll_delay(i, 3), Duration::from_secs(4));
-        assert_eq!(next_poll_delay(i, 5), MAX_BACKOFF);
-        assert_eq!(next_poll_delay(i, 1000), MAX_BACKOFF);
-        // An interval above the cap is kept.
-        assert_eq!(next_poll_delay(Duration::from_secs(20), 2), Duration::from_secs(20));
     }
 
     #[test]

@@ -125,7 +125,7 @@ async fn forward_generation(state: RouterState, endpoint: Endpoint, req: Request
                 return stream_back(&state, r, &peer.url, in_flight, session_done.map(|s| (s, i)));
             }
             Ok(r) => format!("answered {}", r.status()),
-            Err(e) => super::peers::error_text(&e),
+            Err(e) => crate::peer_poll::error_text(&e),
         };
         drop(in_flight);
         tracing::warn!(event = "route_retry", route_id = %route_id, worker = %peer.url, error = %failure, "forward failed before any answer; trying another worker");
@@ -305,7 +305,7 @@ pub async fn forward_simple(
     if let Some(a) = headers.get("authorization") {
         request = request.header("authorization", a.clone());
     }
-    let r = request.send().await.map_err(|e| super::peers::error_text(&e))?;
+    let r = request.send().await.map_err(|e| crate::peer_poll::error_text(&e))?;
     Ok(stream_back(state, r, &peer.url, in_flight, None))
 }
 
