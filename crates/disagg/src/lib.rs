@@ -1,9 +1,18 @@
-//! Prefill/decode disaggregation. So far: moving KV blocks between workers'
-//! pools over the Mooncake Transfer Engine ([`transport`]), the record two
-//! workers exchange to agree on their pools' layout ([`handshake`]) over a
-//! small JSON-lines control channel ([`control`]), and the loopback peer
-//! process used by the two-process tests and `kvc-transfer-bench`
-//! ([`loopback`]).
+//! Prefill/decode disaggregation:
+//! - moving KV blocks between workers' pools over the Mooncake Transfer
+//!   Engine, with its listeners bound and guarded ([`transport`]);
+//! - the record two workers exchange to agree on their pools' layout
+//!   ([`handshake`]) and the wire types of the worker-to-worker HTTP calls
+//!   ([`protocol`]);
+//! - the placement decisions, pure functions over typed inputs returning a
+//!   decision and its reason: where a prompt's suffix is computed
+//!   ([`prefill_path`]) and which worker the router sends a request to
+//!   ([`routing`]);
+//! - the write planner ([`plan`]), the JSON-lines control channel
+//!   ([`control`]) and the loopback peer process of the two-process tests
+//!   and `kvc-transfer-bench` ([`loopback`]).
+//!
+//! It depends on `kvc-wire`, not on the engine.
 
 pub mod control;
 mod error;

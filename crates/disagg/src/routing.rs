@@ -1,6 +1,5 @@
 //! Where the router sends a request: one explicit score per worker, after
-//! Dynamo's KV router (DESIGN.md §4, STYLE.md "One explicit cost formula,
-//! logged").
+//! Dynamo's KV router: one explicit cost formula, each term logged.
 //!
 //! ```text
 //! score = prefill_weight * blocks of prompt the worker lacks

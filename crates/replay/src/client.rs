@@ -49,7 +49,7 @@ pub struct Endpoint {
     pub ignore_eos: bool,
 }
 
-/// How a kvc server says it served a request (DESIGN.md §5).
+/// How a kvc server says it served a request (its `kvc` body field).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct KvcInfo {
     pub path: Option<String>,

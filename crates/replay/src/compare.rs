@@ -125,7 +125,7 @@ pub fn table(dirs: &[&Path]) -> Result<String> {
         md.push_str("\n**Warning:** the workloads differ.\n");
     }
     if loaded.iter().any(|l| l.runs() < 2) {
-        md.push_str("\nSingle runs have no spread: differences under ~30 % may be noise (DESIGN.md §1 row 9).\n");
+        md.push_str("\nSingle runs have no spread: differences under ~30 % may be noise (one run is an anecdote).\n");
     }
     Ok(md)
 }

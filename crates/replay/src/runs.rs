@@ -1,5 +1,5 @@
 //! `--runs N`: the same workload N times; the headline numbers' median and
-//! spread across runs (DESIGN.md §1 row 9: one run is an anecdote).
+//! spread across runs (one run is an anecdote).
 
 use std::collections::BTreeMap;
 use std::fmt::Write;

@@ -3,7 +3,7 @@
 //! `sglang:`), as they are, so metrics the server adds later are recorded
 //! without changes here. Histograms are left out (the client measures
 //! latencies itself). kvc serves /metrics from a published snapshot, so
-//! scraping does not disturb its scheduler (DESIGN.md §1 row 5).
+//! scraping does not disturb its scheduler.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};

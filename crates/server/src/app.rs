@@ -12,9 +12,9 @@ use axum::routing::{get, post};
 use axum::Router;
 use kvc_engine::EngineHandle;
 
-use crate::admission::Admission;
 use crate::auth::{require_api_key, require_cluster_token};
 use crate::error::ApiError;
+use crate::request_slots::Admission;
 use crate::server_metrics::ServerMetrics;
 use crate::shutdown::Lifecycle;
 

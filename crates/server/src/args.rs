@@ -8,7 +8,7 @@ use kvc_engine::{EngineConfig, LoadFormat, ModelSource};
 
 use crate::app::ServerConfig;
 
-/// Which part a `kvc-server` process plays (DESIGN.md §4).
+/// Which part a `kvc-server` process plays (README, "Disaggregated serving").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Role {
     /// A complete worker: prefill and decode in one process.
@@ -62,7 +62,7 @@ pub enum DtypeArg {
 #[derive(Debug, Clone, Parser)]
 #[command(name = "kvc-server", version, about)]
 pub struct Args {
-    /// Role of this process (DESIGN.md §4): `both` (a complete worker),
+    /// Role of this process (README, "Disaggregated serving"): `both` (a complete worker),
     /// `prefill` / `decode` (disaggregated workers), `router` (OpenAI front
     /// for several workers).
     #[arg(long, value_enum, default_value_t = Role::Both)]

@@ -153,7 +153,7 @@ pub fn error_headers(err: &ApiError) -> Vec<(HeaderName, HeaderValue)> {
         }
         ApiError::Timeout { .. } => vec![(HeaderName::from_static("x-should-retry"), HeaderValue::from_static("false"))],
         ApiError::Unavailable(_) | ApiError::Engine { source: EngineError::ShuttingDown, .. } => {
-            vec![(header::RETRY_AFTER, HeaderValue::from(crate::admission::RETRY_AFTER_S))]
+            vec![(header::RETRY_AFTER, HeaderValue::from(crate::request_slots::RETRY_AFTER_S))]
         }
         _ => Vec::new(),
     }
@@ -260,7 +260,7 @@ mod tests {
         assert_eq!(map(ApiError::Forbidden("off".into())).0, 403);
         assert_eq!(map(ApiError::Unavailable("draining".into())).0, 503);
         let unavailable = ApiError::Unavailable("no healthy worker".into());
-        assert_eq!(error_headers(&unavailable), vec![(header::RETRY_AFTER, HeaderValue::from(crate::admission::RETRY_AFTER_S))]);
+        assert_eq!(error_headers(&unavailable), vec![(header::RETRY_AFTER, HeaderValue::from(crate::request_slots::RETRY_AFTER_S))]);
         let (status, e) = map(ApiError::PromptTooLarge { tokens: 9, limit: 4, param: "prompt", qualifier: "" });
         assert!(e.message.starts_with("the prompt has 9 tokens"), "{}", e.message);
         // Refused by its size before tokenizing: a lower bound, said so.

@@ -10,10 +10,10 @@ use futures::stream::{BoxStream, SelectAll};
 use futures::StreamExt;
 use kvc_engine::{EngineError, FinishReason, GenerateRequest, Logprobs, MatchedStop, RequestStream, SamplingParams, StreamEvent, Usage};
 
-use crate::admission::Slot;
 use crate::app::{AppState, ServerCounters};
 use crate::error::ApiError;
 use crate::pd::decode::Route;
+use crate::request_slots::Slot;
 use crate::server_metrics::Finish;
 
 /// `chatcmpl-<uuid>` / `cmpl-<uuid>`.
@@ -25,7 +25,7 @@ pub fn unix_now() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }
 
-/// Headers on every generation response (DESIGN.md §5).
+/// Headers on every generation response: `x-kvc-path` and `x-request-id`.
 pub fn serving_headers(request_id: &str, path: kvc_engine::ServePath) -> [(HeaderName, HeaderValue); 2] {
     let id = HeaderValue::from_str(request_id).unwrap_or_else(|_| HeaderValue::from_static("invalid"));
     [(HeaderName::from_static("x-kvc-path"), HeaderValue::from_static(path.as_str())), (HeaderName::from_static("x-request-id"), id)]

@@ -1,6 +1,7 @@
 //! Worker-to-worker routes (`/internal/*`), behind `--cluster-token`
-//! ([`crate::auth::require_cluster_token`]). P/D endpoints go here; for now
-//! a ping that proves the guard.
+//! ([`crate::auth::require_cluster_token`]): a ping, the published worker
+//! state the router and decode workers poll, and the prefill worker's
+//! handshake, remote prefill and snapshot routes ([`crate::pd::prefill`]).
 
 use axum::extract::State;
 use axum::routing::{get, post};

@@ -9,9 +9,9 @@
 //!   `continue_final_message`) and kvc's `session_id`; unknown top-level
 //!   fields are refused ([`request_fields`]). Streaming as SSE. Every answer
 //!   says how it was served: header `x-kvc-path` and body field `kvc`
-//!   (DESIGN.md §5).
+//!   (README, "Sessions").
 //! - Security and limits: [`auth`] (`--api-key`, `--cluster-token`),
-//!   [`admission`] (concurrency, queue, 429), body and prompt limits, a
+//!   [`request_slots`] (concurrency, queue, 429), body and prompt limits, a
 //!   per-request timeout ([`generate`]), graceful shutdown ([`shutdown`]).
 //! - `GET /v1/models`, `GET /v1/models/{model}`.
 //! - Sessions ([`sessions`]): `GET/DELETE /v1/sessions/{id}`, the
@@ -22,7 +22,6 @@
 //!
 //! Errors are OpenAI error JSON, produced by [`error::error_response`] only.
 
-pub mod admission;
 pub mod app;
 pub mod args;
 pub mod auth;
@@ -44,6 +43,7 @@ pub mod pd;
 pub mod peer_poll;
 pub mod reasoning_parser;
 pub mod request_fields;
+pub mod request_slots;
 pub mod response;
 pub mod router;
 pub mod sampling;

@@ -225,7 +225,7 @@ impl From<kvc_engine::Usage> for UsageInfo {
     }
 }
 
-/// How a request was served (DESIGN.md §5), the `kvc` extension field.
+/// How a request was served (README, "Sessions"), the `kvc` extension field.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct KvcInfo {
     pub path: &'static str,

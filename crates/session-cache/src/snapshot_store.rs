@@ -1,4 +1,4 @@
-//! A prefill worker's store of session KV (DESIGN.md §4): snapshots pushed
+//! A prefill worker's store of session KV (docs/disaggregation.md): snapshots pushed
 //! by decode workers after their turns, and the KV of the worker's own
 //! remote prefills. A later remote prefill of the session reuses the
 //! longest verified prefix instead of recomputing it ("prefill bypass").

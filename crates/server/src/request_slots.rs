@@ -1,4 +1,5 @@
-//! Admission: at most `--max-concurrent-requests` generation requests run
+//! Request slots (the HTTP front's admission; the engine's KV admission probe is
+//! `kvc_engine::admission`): at most `--max-concurrent-requests` generation requests run
 //! at once; up to `--max-queued-requests` more wait (first come, first
 //! served); beyond both the answer is 429 with `Retry-After`.
 //!
