@@ -6,7 +6,8 @@
 //!   ([`protocol`]);
 //! - the placement decisions, pure functions over typed inputs returning a
 //!   decision and its reason: where a prompt's suffix is computed
-//!   ([`prefill_path`]) and which worker the router sends a request to
+//!   ([`prefill_path`]), which prefill worker computes it
+//!   ([`prefill_peer`]) and which worker the router sends a request to
 //!   ([`routing`]);
 //! - the write planner ([`plan`]), the JSON-lines control channel
 //!   ([`control`]) and the loopback peer process of the two-process tests
@@ -20,6 +21,7 @@ pub mod handshake;
 pub mod loopback;
 pub mod plan;
 pub mod prefill_path;
+pub mod prefill_peer;
 pub mod protocol;
 pub mod routing;
 pub mod transport;

@@ -23,6 +23,7 @@ const HELP: &[(&str, &str, &str)] = &[
     ("kvc_kv_transfer_bytes_total", "counter", "KV bytes written to peers, by kind (remote_prefill, snapshot)."),
     ("kvc_kv_transfer_bandwidth_bytes_per_second", "gauge", "Moving average of measured KV transfer bandwidth."),
     ("kvc_prefill_peer_healthy", "gauge", "1 while a prefill peer answers its state polls."),
+    ("kvc_prefill_peer_choices_total", "counter", "Prefill workers chosen by decode workers, by reason (snapshot_holder, session_home, least_loaded, none_healthy)."),
     ("kvc_kv_transport_connections_refused_total", "counter", "Connections to the KV transport refused: neither from a peer that proved the cluster token (or that this worker calls) nor from this user's processes on this host."),
     ("kvc_kv_transport_listeners", "gauge", "The KV transport's listening ports, by exposure (loopback, network_acknowledged) and whether bound to --kv-transport-host (restricted) or still on the wildcard address."),
 ];

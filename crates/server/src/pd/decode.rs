@@ -31,7 +31,7 @@ pub async fn start(state: &AppState, pd: &PdState, mut req: GenerateRequest) -> 
     let engine = &state.engine;
     let info = engine.info();
     let n = req.prompt_tokens.len();
-    let peer = pd.peers.pick(req.session_id.as_deref());
+    let peer = pd.peers.pick(req.session_id.as_deref(), &pd.counters);
     // Without a session or peer, a prompt below the threshold cannot go
     // remote: skip the reservation round trip.
     if peer.is_none() || (n < pd.config.min_remote_tokens && req.session_id.is_none()) {

@@ -8,6 +8,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use kvc_disagg::prefill_peer::{choose_peer, PeerCandidate};
 use kvc_disagg::protocol::WorkerState;
 
 use super::counters::PdCounters;
@@ -96,30 +97,28 @@ impl PrefillPeers {
         self.peers.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
-    /// The peer for `session`: a stable choice (so one P accumulates the
-    /// session's snapshot), else the least loaded healthy one; an unhealthy
-    /// peer only if none is healthy (the caller then falls back).
-    pub fn pick(&self, session: Option<&str>) -> Option<PeerStatus> {
+    /// The peer for `session` ([`choose_peer`]: its snapshot's holder, its
+    /// stable home, else the least loaded healthy one; an unhealthy peer
+    /// only if none is healthy, and the caller then falls back). The choice
+    /// is counted in `kvc_prefill_peer_choices_total{reason}`.
+    pub fn pick(&self, session: Option<&str>, counters: &PdCounters) -> Option<PeerStatus> {
         let peers = self.all();
-        if peers.is_empty() {
-            return None;
-        }
-        if let Some(s) = session {
-            // A peer already holding the session's snapshot wins.
-            if let Some(p) =
-                peers.iter().filter(|p| p.healthy).max_by_key(|p| p.state.as_ref().and_then(|st| st.snapshots.get(s)).copied().unwrap_or(0))
-            {
-                if p.state.as_ref().is_some_and(|st| st.snapshots.contains_key(s)) {
-                    return Some(p.clone());
+        let candidates: Vec<PeerCandidate> = peers
+            .iter()
+            .map(|p| {
+                let snap = session.and_then(|s| p.state.as_ref()?.snapshots.get(s).copied());
+                PeerCandidate {
+                    healthy: p.healthy,
+                    load: p.state.as_ref().map(|s| s.running + s.waiting),
+                    snapshot_tokens: snap.unwrap_or(0),
+                    holds_snapshot: snap.is_some(),
                 }
-            }
-            let home = &peers[stable_index(s, peers.len())];
-            if home.healthy {
-                return Some(home.clone());
-            }
-        }
-        let load = |p: &PeerStatus| p.state.as_ref().map_or(usize::MAX, |s| s.running + s.waiting);
-        peers.iter().filter(|p| p.healthy).min_by_key(|p| load(p)).or(peers.first()).cloned()
+            })
+            .collect();
+        let (i, reason) = choose_peer(&candidates, session)?;
+        counters.inc("kvc_prefill_peer_choices_total", &[("reason", reason.as_str())]);
+        tracing::debug!(event = "prefill_peer", peer = %peers[i].url, reason = reason.as_str());
+        Some(peers[i].clone())
     }
 
     /// Records a poll's (or call's) outcome; returns the peer's consecutive
@@ -168,17 +167,6 @@ impl PrefillPeers {
             }
         });
     }
-}
-
-/// FNV-1a of the session id, reduced to `n` (exact ids: `s-1` and `s-12`
-/// hash apart).
-fn stable_index(session: &str, n: usize) -> usize {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in session.bytes() {
-        h ^= b as u64;
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    (h % n as u64) as usize
 }
 
 #[cfg(test)]
