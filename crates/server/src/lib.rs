@@ -41,6 +41,7 @@ pub mod models;
 pub mod openai_types;
 pub mod pd;
 pub mod peer_poll;
+pub mod prom_text;
 pub mod reasoning_parser;
 pub mod request_fields;
 pub mod request_slots;

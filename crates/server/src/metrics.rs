@@ -51,7 +51,8 @@ pub fn render(s: &EngineStats, c: &ServerCounters) -> String {
         &[("", s.preempted_tokens_recomputed)],
     );
     metric("kvc_scheduler_partial_prefills", "gauge", "Running sequences mid-prefill.", &[("", s.partial_prefills as u64)]);
-    let admissions: Vec<(String, u64)> = s.admission_decisions.iter().map(|(r, n)| (format!("{{reason=\"{r}\"}}"), *n)).collect();
+    let admissions: Vec<(String, u64)> =
+        s.admission_decisions.iter().map(|(r, n)| (crate::prom_text::labels(&[("reason", r)]), *n)).collect();
     let admissions: Vec<(&str, u64)> = admissions.iter().map(|(l, n)| (l.as_str(), *n)).collect();
     metric(
         "kvc_scheduler_admission_decisions_total",
@@ -61,7 +62,7 @@ pub fn render(s: &EngineStats, c: &ServerCounters) -> String {
     );
     metric("kvc_prompt_tokens_computed_total", "counter", "Prompt tokens run through the model.", &[("", s.prompt_tokens_computed)]);
     metric("kvc_generation_tokens_total", "counter", "Tokens generated.", &[("", s.generated_tokens)]);
-    let path_labels = format!("{{path=\"{}\"}}", kvc_engine::ServePath::Local.as_str());
+    let path_labels = crate::prom_text::labels(&[("path", kvc_engine::ServePath::Local.as_str())]);
     metric(
         "kvc_served_requests_total",
         "counter",
@@ -114,11 +115,14 @@ pub fn render(s: &EngineStats, c: &ServerCounters) -> String {
         &[("", k.sessions_capped)],
     );
     let evictions: Vec<(String, u64)> =
-        k.evictions.iter().map(|((tier, reason), n)| (format!("{{tier=\"{tier}\",reason=\"{reason}\"}}"), *n)).collect();
+        k.evictions.iter().map(|((tier, reason), n)| (crate::prom_text::labels(&[("tier", tier), ("reason", reason)]), *n)).collect();
     let evictions: Vec<(&str, u64)> = evictions.iter().map(|(l, n)| (l.as_str(), *n)).collect();
     metric("kvc_evicted_blocks_total", "counter", "KV blocks evicted from the device, by destination tier and reason.", &evictions);
-    let decisions: Vec<(String, u64)> =
-        c.admission_decisions.lock().map(|m| m.iter().map(|(r, n)| (format!("{{reason=\"{r}\"}}"), *n)).collect()).unwrap_or_default();
+    let decisions: Vec<(String, u64)> = c
+        .admission_decisions
+        .lock()
+        .map(|m| m.iter().map(|(r, n)| (crate::prom_text::labels(&[("reason", r)]), *n)).collect())
+        .unwrap_or_default();
     let decisions: Vec<(&str, u64)> = decisions.iter().map(|(l, n)| (l.as_str(), *n)).collect();
     metric("kvc_admission_decisions_total", "counter", "Admission probe answers, by reason.", &decisions);
     metric(

@@ -32,7 +32,7 @@ impl PdCounters {
     pub fn add(&self, metric: &'static str, labels: &[(&str, &str)], v: f64) {
         debug_assert!(HELP.iter().any(|h| h.0 == metric), "{metric} has no help text");
         let mut m = self.values.lock().unwrap_or_else(|e| e.into_inner());
-        *m.entry((metric, render_labels(labels))).or_insert(0.0) += v;
+        *m.entry((metric, crate::prom_text::labels(labels))).or_insert(0.0) += v;
     }
 
     pub fn inc(&self, metric: &'static str, labels: &[(&str, &str)]) {
@@ -41,12 +41,12 @@ impl PdCounters {
 
     pub fn set(&self, metric: &'static str, labels: &[(&str, &str)], v: f64) {
         let mut m = self.values.lock().unwrap_or_else(|e| e.into_inner());
-        m.insert((metric, render_labels(labels)), v);
+        m.insert((metric, crate::prom_text::labels(labels)), v);
     }
 
     pub fn get(&self, metric: &'static str, labels: &[(&str, &str)]) -> f64 {
         let m = self.values.lock().unwrap_or_else(|e| e.into_inner());
-        m.get(&(metric, render_labels(labels))).copied().unwrap_or(0.0)
+        m.get(&(metric, crate::prom_text::labels(labels))).copied().unwrap_or(0.0)
     }
 
     /// Appends the exposition of every metric seen so far.
@@ -64,14 +64,6 @@ impl PdCounters {
             }
         }
     }
-}
-
-fn render_labels(labels: &[(&str, &str)]) -> String {
-    if labels.is_empty() {
-        return String::new();
-    }
-    let parts: Vec<String> = labels.iter().map(|(k, v)| format!("{k}=\"{}\"", v.replace('\\', "\\\\").replace('"', "\\\""))).collect();
-    format!("{{{}}}", parts.join(","))
 }
 
 #[cfg(test)]

@@ -16,6 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use super::peers::Peers;
+use crate::prom_text::labels;
 
 #[derive(Debug, Default)]
 pub struct RouterMetrics {
@@ -32,11 +33,6 @@ fn bump<K: Ord>(map: &Mutex<BTreeMap<K, u64>>, key: K) {
 
 fn snapshot<K: Ord + Clone>(map: &Mutex<BTreeMap<K, u64>>) -> BTreeMap<K, u64> {
     map.lock().unwrap_or_else(|e| e.into_inner()).clone()
-}
-
-/// A label value with `\`, `"` and newlines escaped.
-fn label(v: &str) -> String {
-    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
 }
 
 impl RouterMetrics {
@@ -79,9 +75,9 @@ impl RouterMetrics {
             "kvc_router_requests_total",
             "counter",
             "Answers to generation requests, by worker (none: the router's own) and HTTP status.",
-            requests.iter().map(|((w, s), n)| (format!("{{worker=\"{}\",status=\"{s}\"}}", label(w)), *n)).collect(),
+            requests.iter().map(|((w, s), n)| (labels(&[("worker", w), ("status", &s.to_string())]), *n)).collect(),
         );
-        let by_reason = |m: BTreeMap<&'static str, u64>| m.into_iter().map(|(r, n)| (format!("{{reason=\"{r}\"}}"), n)).collect();
+        let by_reason = |m: BTreeMap<&'static str, u64>| m.into_iter().map(|(r, n)| (labels(&[("reason", r)]), n)).collect();
         metric("kvc_router_decisions_total", "counter", "Placement decisions, by reason.", by_reason(snapshot(&self.decisions)));
         metric(
             "kvc_router_session_moves_total",
@@ -99,20 +95,20 @@ impl RouterMetrics {
             "kvc_router_peer_healthy",
             "gauge",
             "Whether the router sends requests to the worker (1) or not (0).",
-            peers.list.iter().map(|p| (format!("{{worker=\"{}\"}}", label(&p.url)), p.is_healthy() as u64)).collect(),
+            peers.list.iter().map(|p| (labels(&[("worker", &p.url)]), p.is_healthy() as u64)).collect(),
         );
         metric(
             "kvc_router_requests_in_flight",
             "gauge",
             "Requests the router is forwarding to the worker now.",
-            peers.list.iter().map(|p| (format!("{{worker=\"{}\"}}", label(&p.url)), p.in_flight() as u64)).collect(),
+            peers.list.iter().map(|p| (labels(&[("worker", &p.url)]), p.in_flight() as u64)).collect(),
         );
         let changes: BTreeMap<(String, &'static str), u64> = snapshot(&self.health_changes);
         metric(
             "kvc_router_peer_health_changes_total",
             "counter",
             "Health transitions of each worker, by the state entered.",
-            changes.iter().map(|((w, to), n)| (format!("{{worker=\"{}\",to=\"{to}\"}}", label(w)), *n)).collect(),
+            changes.iter().map(|((w, to), n)| (labels(&[("worker", w), ("to", to)]), *n)).collect(),
         );
         out
     }
@@ -148,10 +144,5 @@ mod tests {
         ] {
             assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
         }
-    }
-
-    #[test]
-    fn label_values_are_escaped() {
-        assert_eq!(label("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
     }
 }
