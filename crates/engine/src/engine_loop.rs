@@ -18,7 +18,10 @@ use crate::kv_handoff::SnapshotJob;
 
 mod command;
 mod handoff;
+mod snapshot_pushes;
 mod step;
+
+use snapshot_pushes::SnapshotPushes;
 
 use crate::sampler::Sampler;
 use crate::step_budget::StepBudget;
@@ -75,12 +78,8 @@ pub(crate) struct EngineLoop {
     leases: HashMap<u64, LeaseState>,
     next_lease: u64,
     snapshots: SnapshotStore,
-    /// Decode worker: where snapshot jobs go, and when.
-    snapshot_jobs: Option<mpsc::UnboundedSender<SnapshotJob>>,
-    snapshot_min_tokens: usize,
-    /// Block hashes of what each session last pushed, and pushes in flight.
-    pushed: HashMap<String, Vec<BlockHash>>,
-    pushing: HashMap<String, Vec<BlockHash>>,
+    /// Decode worker: snapshot pushes after turns (None on other roles).
+    pushes: Option<SnapshotPushes>,
     /// Submitted prompt tokens not yet in a published snapshot, and those
     /// of them drained from the channel since the last publish.
     inbox: Arc<Inbox>,
@@ -173,10 +172,7 @@ impl EngineLoop {
             leases: HashMap::new(),
             next_lease: 1,
             snapshots,
-            snapshot_jobs,
-            snapshot_min_tokens: config.snapshot_min_tokens,
-            pushed: HashMap::new(),
-            pushing: HashMap::new(),
+            pushes: SnapshotPushes::new(snapshot_jobs, config.snapshot_min_tokens),
             inbox,
             drained_tokens: 0,
             step_budget,

@@ -83,10 +83,9 @@ impl EngineLoop {
                 self.snapshots.abort(id, &mut self.allocator);
             }
             Command::SnapshotPushed { session, ok } => {
-                if let Some(hashes) = self.pushing.remove(&session) {
-                    if ok && self.cache.session_info(&session).is_some() {
-                        self.pushed.insert(session, hashes);
-                    }
+                let kept = self.cache.session_info(&session).is_some();
+                if let Some(p) = self.pushes.as_mut() {
+                    p.finished(session, ok, kept);
                 }
             }
             _ => unreachable!("not a handoff command"),
@@ -158,21 +157,19 @@ impl EngineLoop {
     /// After a committed turn: queue a push of the session's full blocks
     /// when enough of them are not yet snapshotted.
     pub(super) fn maybe_push_snapshot(&mut self, session: &str, tokens: &[u32], blocks: &[BlockId]) {
-        if self.snapshot_jobs.is_none() || self.snapshot_min_tokens == 0 || self.pushing.contains_key(session) {
-            return;
-        }
         let bs = self.block_size();
         let full = (tokens.len() / bs).min(blocks.len());
-        let hashes = hash_blocks(&tokens[..full * bs], bs);
-        let same = self.pushed.get(session).map_or(0, |p| p.iter().zip(&hashes).take_while(|(a, b)| a == b).count());
-        if (full - same) * bs < self.snapshot_min_tokens {
+        let Some(pushes) = self.pushes.as_ref() else {
             return;
-        }
+        };
+        let hashes = hash_blocks(&tokens[..full * bs], bs);
+        let Some(same) = pushes.due(session, &hashes, bs) else {
+            return;
+        };
         let job_tokens = tokens[..full * bs].to_vec();
         let lease = self.lease(blocks[..full].to_vec(), Some(session.to_string()));
         let job = SnapshotJob { session_id: session.to_string(), tokens: job_tokens, lease };
-        if self.snapshot_jobs.as_ref().is_some_and(|jobs| jobs.send(job).is_ok()) {
-            self.pushing.insert(session.to_string(), hashes);
+        if self.pushes.as_mut().is_some_and(|p| p.send(job, hashes)) {
             self.local.snapshot_pushes_enqueued += 1;
             tracing::info!(event = "snapshot_push_enqueued", session, blocks = full, new_blocks = full - same);
         }
