@@ -17,7 +17,7 @@ use crate::inbox::{tokens_to_compute, Inbox};
 use crate::kv_handoff::SnapshotJob;
 
 mod command;
-mod handoff;
+mod handoff_commands;
 mod snapshot_pushes;
 mod step;
 
@@ -29,7 +29,7 @@ use crate::stop::StopMatcher;
 use crate::tokenizer::TextTokenizer;
 use crate::{EngineConfig, EngineError, EngineStats, FinishReason, GenerateRequest, Logprobs, MatchedStop, StreamEvent, Usage};
 pub(crate) use command::{Command, SubmitKv};
-use handoff::{LeaseState, ReservationState, SNAPSHOT_RESERVATION_TTL};
+use handoff_commands::{LeaseState, ReservationState, SNAPSHOT_RESERVATION_TTL};
 
 /// Per-request state the scheduler does not know about.
 struct Active {

@@ -3,7 +3,7 @@
 
 use tokio::sync::{mpsc, oneshot};
 
-use super::handoff::Reserved;
+use super::handoff_commands::Reserved;
 use crate::kv_handoff::SnapshotSlot;
 use crate::{EngineError, GenerateRequest, Logprobs, StreamEvent};
 

@@ -1,4 +1,5 @@
-//! The engine loop's side of KV handoff (docs/disaggregation.md):
+//! The engine loop's side of KV handoff ([`crate::kv_handoff`] holds the
+//! types callers see; docs/disaggregation.md the protocol): the commands for
 //! reservations for remote prefills, leases on blocks being transferred,
 //! snapshot jobs after committed turns, and the prefill worker's snapshot
 //! store commands.
