@@ -166,10 +166,15 @@ def test_another_users_process_cannot_connect_to_the_transport(start_server):
     if os.geteuid() != 0:
         pytest.fail("this test starts a client as user `nobody` and must run as root (CI does)")
     p = start_server(*prefill_flags())
-    transport = [port for a, port in listening(p.proc.pid) if port != http_port(p)]
-    assert len(transport) >= 2
-    before = p.metrics().get("kvc_kv_transport_connections_refused_total", 0.0)
-    for port in transport:
-        assert probe(port, "nobody") == "closed", f"another user's process kept a connection to port {port}"
-        assert probe(port, None) == "open", f"this user's own process was refused on port {port}"
-    assert p.metrics().get("kvc_kv_transport_connections_refused_total", 0.0) >= before + len(transport)
+    # With D polling P and a remote prefill done, both have allowed their
+    # peer's address (127.0.0.1): that must not let a local stranger in.
+    d = start_decode(start_server, p)
+    assert complete(d, ids(8, 200))["kvc"]["path"] == "remote_prefill"
+    for srv in (p, d):
+        transport = [port for a, port in listening(srv.proc.pid) if port != http_port(srv)]
+        assert len(transport) >= 2
+        before = srv.metrics().get("kvc_kv_transport_connections_refused_total", 0.0)
+        for port in transport:
+            assert probe(port, "nobody") == "closed", f"another user's process kept a connection to port {port}"
+            assert probe(port, None) == "open", f"this user's own process was refused on port {port}"
+        assert srv.metrics().get("kvc_kv_transport_connections_refused_total", 0.0) >= before + len(transport)

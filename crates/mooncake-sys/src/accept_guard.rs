@@ -7,13 +7,14 @@
 //! process's `accept` and `accept4`. For listeners registered with
 //! [`guard`] (and only them), an accepted connection is kept when:
 //!
-//! - its peer address was allowed with [`allow_peer`] (the server allows
-//!   the addresses of peers that proved the cluster token, and of the
-//!   peers it calls with it), or
 //! - it comes from this host (loopback, or the listener's own address) and
 //!   from a socket of this process's user (read from `/proc/net/tcp`):
-//!   another user's process on the host is refused; a process of the same
-//!   user could read this process's memory anyway.
+//!   another user's process on the host is refused, even when a peer
+//!   worker on the host proved the token (they share the address); a
+//!   process of the same user could read this process's memory anyway;
+//! - it comes from another host whose address was allowed with
+//!   [`allow_peer`] (the server allows the addresses of peers that proved
+//!   the cluster token, and of the peers it calls with it).
 //!
 //! A refused connection is closed at once and `accept` reports
 //! `EAGAIN`, which Mooncake's accept loops treat as "nothing yet"; it is
@@ -112,14 +113,16 @@ fn guarded(fd: libc::c_int) -> Option<SocketAddr> {
 }
 
 /// The decision for a connection from `peer` to a listener on `local`.
+/// A connection from this host is judged by its owner only: every local
+/// process shares the host's addresses, so a peer worker on the same host
+/// having proved the token says nothing about another process there.
 fn admit(peer: SocketAddr, local: SocketAddr) -> bool {
     let ip = canonical(peer.ip());
-    if ALLOWED.read().unwrap_or_else(|e| e.into_inner()).as_ref().is_some_and(|a| a.contains(&ip)) {
-        return true;
+    if ip.is_loopback() || ip == canonical(local.ip()) {
+        // SAFETY: no arguments.
+        return socket_owner(peer) == Some(unsafe { libc::geteuid() });
     }
-    let from_this_host = ip.is_loopback() || ip == canonical(local.ip());
-    // SAFETY: no arguments.
-    from_this_host && socket_owner(peer) == Some(unsafe { libc::geteuid() })
+    ALLOWED.read().unwrap_or_else(|e| e.into_inner()).as_ref().is_some_and(|a| a.contains(&ip))
 }
 
 /// The user owning the TCP socket whose own address is `addr` (a peer's
@@ -203,6 +206,10 @@ mod tests {
         assert!(!admit(stranger, addr), "a remote address not allowed");
         allow_peer(stranger.ip());
         assert!(admit(stranger, addr), "an allowed peer");
+        // Allowing this host's address changes nothing for local sockets:
+        // an unknown owner (no such socket) is still refused.
+        allow_peer(addr.ip());
+        assert!(!admit(SocketAddr::new(addr.ip(), 1), addr), "a local socket that is not this user's");
         // A listener that is not listening, or not where it was bound, is not guarded.
         assert_eq!(guard(&[(l.as_raw_fd(), SocketAddr::new(addr.ip(), addr.port().wrapping_add(1)))]), 0);
         unguard(&entry);
