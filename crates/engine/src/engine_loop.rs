@@ -502,7 +502,12 @@ impl EngineLoop {
             self.revoke_leases_of(|s| !sessions.contains_key(s));
         }
         if self.snapshots.capacity() > 0 {
-            self.local.snapshots = Arc::new(self.snapshots.info());
+            for (id, info) in self.snapshots.take_changed() {
+                match info {
+                    Some(info) => self.local.snapshots.insert(id, info),
+                    None => self.local.snapshots.remove(&id),
+                };
+            }
             self.local.snapshot_stats = self.snapshots.stats.clone();
             self.local.snapshot_used_blocks = self.snapshots.used_blocks();
         }

@@ -1,6 +1,5 @@
 //! The cloneable front of the engine: submit, cancel, render, inspect.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc as std_mpsc, Arc};
 use std::time::Instant;
@@ -79,8 +78,9 @@ pub struct EngineStats {
     /// Every session, a persistent map: publishing updates only the
     /// sessions that changed since the last step, and a clone is O(1).
     pub sessions: imbl::HashMap<String, SessionInfo>,
-    /// Prefill workers: the snapshot store's entries and counters.
-    pub snapshots: Arc<HashMap<String, SnapshotInfo>>,
+    /// Prefill workers: the snapshot store's entries (a persistent map kept
+    /// from the changes, as `sessions`) and counters.
+    pub snapshots: imbl::HashMap<String, SnapshotInfo>,
     pub snapshot_stats: SnapshotStats,
     pub snapshot_capacity_blocks: usize,
     pub snapshot_used_blocks: usize,

@@ -14,7 +14,7 @@
 //! the peer writes them; [`SnapshotStore::commit`] makes them part of the
 //! entry, [`SnapshotStore::abort`] (or expiry) gives them back.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use kvc_kv_pool::{BlockAllocator, BlockId};
@@ -94,6 +94,8 @@ pub struct SnapshotStore {
     /// Blocks referenced by entries and pending reservations.
     used: usize,
     entries: HashMap<String, Entry>,
+    /// Entries added, replaced or removed since [`Self::take_changed`].
+    changed: HashSet<String>,
     pending: HashMap<u64, Pending>,
     tick: u64,
     next_id: u64,
@@ -108,6 +110,7 @@ impl SnapshotStore {
             capacity: capacity_blocks,
             used: 0,
             entries: HashMap::new(),
+            changed: HashSet::new(),
             pending: HashMap::new(),
             tick: 0,
             next_id: 1,
@@ -124,10 +127,19 @@ impl SnapshotStore {
     }
 
     pub fn info(&self) -> HashMap<String, SnapshotInfo> {
-        self.entries
-            .iter()
-            .map(|(id, e)| (id.clone(), SnapshotInfo { tokens: e.tokens.len(), blocks: e.blocks.len(), updated: e.updated }))
-            .collect()
+        self.entries.keys().filter_map(|id| Some((id.clone(), self.info_of(id)?))).collect()
+    }
+
+    fn info_of(&self, session: &str) -> Option<SnapshotInfo> {
+        self.entries.get(session).map(|e| SnapshotInfo { tokens: e.tokens.len(), blocks: e.blocks.len(), updated: e.updated })
+    }
+
+    /// The entries changed since the last call, with their current view
+    /// (None: removed): a published map kept from these costs O(changes)
+    /// per step, not O(entries).
+    pub fn take_changed(&mut self) -> Vec<(String, Option<SnapshotInfo>)> {
+        let changed = std::mem::take(&mut self.changed);
+        changed.into_iter().map(|id| (self.info_of(&id), id)).map(|(info, id)| (id, info)).collect()
     }
 
     fn touch(&mut self) -> u64 {
@@ -226,6 +238,7 @@ impl SnapshotStore {
         let mut blocks = kept;
         blocks.extend(p.blocks);
         let n = p.tokens.len();
+        self.changed.insert(p.session.clone());
         self.entries.insert(p.session, Entry { tokens: p.tokens, blocks, last_use: tick, updated: Instant::now() });
         Ok(n)
     }
@@ -273,6 +286,7 @@ impl SnapshotStore {
         let tick = self.touch();
         let entry =
             Entry { tokens: tokens[..n * self.block_size].to_vec(), blocks: blocks[..n].to_vec(), last_use: tick, updated: Instant::now() };
+        self.changed.insert(session.to_string());
         self.entries.insert(session.to_string(), entry);
     }
 
@@ -280,6 +294,7 @@ impl SnapshotStore {
     pub fn remove(&mut self, session: &str, alloc: &mut BlockAllocator) -> bool {
         match self.entries.remove(session) {
             Some(e) => {
+                self.changed.insert(session.to_string());
                 self.release(alloc, &e.blocks);
                 true
             }
@@ -303,6 +318,7 @@ impl SnapshotStore {
             self.entries.iter().filter(|(id, _)| Some(id.as_str()) != keep).min_by_key(|(_, e)| e.last_use).map(|(id, _)| id.clone());
         let Some(id) = victim else { return false };
         let e = self.entries.remove(&id).expect("victim exists");
+        self.changed.insert(id.clone());
         self.stats.evicted += 1;
         self.stats.evicted_blocks += e.blocks.len() as u64;
         tracing::info!(event = "snapshot_evicted", session = %id, blocks = e.blocks.len(), reason = "lru");
@@ -437,5 +453,38 @@ mod tests {
         assert_eq!(store.tokens_of("new"), 16);
         assert_eq!(store.reclaim(100, &mut alloc), 4, "then everything, and no more");
         assert_eq!((alloc.num_free(), store.used_blocks()), (12, 0));
+    }
+
+    /// A map kept by applying [`SnapshotStore::take_changed`] after every
+    /// operation equals [`SnapshotStore::info`]: pushes, replacements,
+    /// local ingests, LRU eviction, removal.
+    #[test]
+    fn changed_entries_keep_a_mirror_equal_to_the_listing() {
+        let mut alloc = BlockAllocator::new(64);
+        let mut store = SnapshotStore::new(4, 12);
+        let mut mirror: HashMap<String, SnapshotInfo> = HashMap::new();
+        let mut check = |store: &mut SnapshotStore, what: &str| {
+            for (id, info) in store.take_changed() {
+                match info {
+                    Some(i) => mirror.insert(id, i),
+                    None => mirror.remove(&id),
+                };
+            }
+            assert_eq!(mirror, store.info(), "after {what}");
+        };
+        for (i, s) in ["a", "b", "c", "a", "d"].iter().enumerate() {
+            push(&mut store, s, toks(4 * (2 + i), i as u32), &mut alloc);
+            check(&mut store, "a push");
+        }
+        let blocks = alloc.allocate(3).unwrap();
+        store.ingest_local("e", &toks(4 * 3, 9), &blocks, &mut alloc);
+        alloc.free_all(&blocks);
+        check(&mut store, "a local ingest");
+        store.reclaim(64, &mut alloc);
+        check(&mut store, "reclaim");
+        push(&mut store, "f", toks(4 * 2, 11), &mut alloc);
+        store.remove("f", &mut alloc);
+        check(&mut store, "remove");
+        assert!(store.take_changed().is_empty());
     }
 }
