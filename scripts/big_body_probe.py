@@ -5,16 +5,10 @@ and after.
 
     python3 scripts/big_body_probe.py target/debug/kvc-server
 """
-import json, subprocess, time, httpx, sys, os, socket
+import json, time, httpx, sys, os
+import kvc_local
 bin = sys.argv[1]
-s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
-p = subprocess.Popen([bin, "--host", "127.0.0.1", "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-url = f"http://127.0.0.1:{port}"
-for _ in range(600):
-    try:
-        if httpx.get(url + "/health", timeout=1).status_code == 200: break
-    except Exception: pass
-    time.sleep(0.1)
+p, url = kvc_local.start(bin)
 def mem():
     d = {}
     for l in open(f"/proc/{p.pid}/status"):

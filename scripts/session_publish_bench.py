@@ -5,16 +5,10 @@ requests at a time), times them again.
 
     python3 scripts/session_publish_bench.py target/debug/kvc-server 22000
 """
-import subprocess, time, httpx, sys, socket, statistics, concurrent.futures as cf
+import time, httpx, sys, statistics, concurrent.futures as cf
+import kvc_local
 bin = sys.argv[1]; N = int(sys.argv[2])
-s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
-p = subprocess.Popen([bin, "--host", "127.0.0.1", "--port", str(port), "--max-num-seqs", "256"], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-url = f"http://127.0.0.1:{port}"
-for _ in range(600):
-    try:
-        if httpx.get(url + "/health", timeout=1).status_code == 200: break
-    except Exception: pass
-    time.sleep(0.1)
+p, url = kvc_local.start(bin, "--max-num-seqs", "256")
 c = httpx.Client(timeout=120)
 def probe(k=40):
     ts = []

@@ -491,27 +491,28 @@ impl EngineLoop {
         self.local.host_free_blocks = self.cache.host_free_blocks();
         self.local.cache = self.cache.stats.clone();
         // Only what changed since the last publish: O(changes), not O(sessions).
-        for (id, info) in self.cache.take_changed_sessions() {
-            match info {
-                Some(info) => self.local.sessions.insert(id, info),
-                None => self.local.sessions.remove(&id),
-            };
-        }
+        apply_changes(&mut self.local.sessions, self.cache.take_changed_sessions());
         if !self.leases.is_empty() {
             let sessions = self.local.sessions.clone();
             self.revoke_leases_of(|s| !sessions.contains_key(s));
         }
         if self.snapshots.capacity() > 0 {
-            for (id, info) in self.snapshots.take_changed() {
-                match info {
-                    Some(info) => self.local.snapshots.insert(id, info),
-                    None => self.local.snapshots.remove(&id),
-                };
-            }
+            apply_changes(&mut self.local.snapshots, self.snapshots.take_changed());
             self.local.snapshot_stats = self.snapshots.stats.clone();
             self.local.snapshot_used_blocks = self.snapshots.used_blocks();
         }
         self.publish_backlog();
+    }
+}
+
+/// Brings a published map up to date with the entries changed since the
+/// last publish (None: removed).
+fn apply_changes<T: Clone>(map: &mut imbl::HashMap<String, T>, changes: Vec<(String, Option<T>)>) {
+    for (id, info) in changes {
+        match info {
+            Some(info) => map.insert(id, info),
+            None => map.remove(&id),
+        };
     }
 }
 

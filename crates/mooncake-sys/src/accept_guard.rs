@@ -55,15 +55,15 @@ fn is_listening(fd: libc::c_int) -> bool {
     rc == 0 && v != 0
 }
 
-/// Puts the listeners among `fds` (those listening on the address they
-/// were bound to: `bound`) under the guard; returns how many. Call
-/// [`unguard`] with the same list before they close.
-pub fn guard(fds: &[(libc::c_int, SocketAddr)]) -> usize {
+/// Puts the listeners among `fds` (those still listening on the address
+/// they were bound to) under the guard and returns them; call [`unguard`]
+/// with that list once they close.
+pub fn guard(fds: &[(libc::c_int, SocketAddr)]) -> Vec<(libc::c_int, SocketAddr)> {
     let live: Vec<(libc::c_int, SocketAddr)> =
         fds.iter().copied().filter(|&(fd, addr)| is_listening(fd) && socket_addr(fd, false) == Some(addr)).collect();
     let mut g = GUARDED.write().unwrap_or_else(|e| e.into_inner());
     g.get_or_insert_with(HashSet::new).extend(live.iter().copied());
-    live.len()
+    live
 }
 
 /// Takes listeners out of the guard (their fds may be reused).
@@ -73,11 +73,6 @@ pub fn unguard(fds: &[(libc::c_int, SocketAddr)]) {
             g.remove(f);
         }
     }
-}
-
-/// Whether the listener `fd` on `addr` is guarded.
-pub fn is_guarded(fd: libc::c_int, addr: SocketAddr) -> bool {
-    GUARDED.read().unwrap_or_else(|e| e.into_inner()).as_ref().is_some_and(|g| g.contains(&(fd, addr)))
 }
 
 /// Lets connections from `ip` in.
@@ -195,7 +190,7 @@ mod tests {
         let _c = TcpStream::connect(addr).unwrap();
         l.accept().unwrap();
         let entry = [(l.as_raw_fd(), addr)];
-        assert_eq!(guard(&entry), 1);
+        assert_eq!(guard(&entry), entry);
         let _c = TcpStream::connect(addr).unwrap();
         let (s, peer) = l.accept().unwrap();
         assert_eq!(s.peer_addr().unwrap(), peer);
@@ -211,7 +206,7 @@ mod tests {
         allow_peer(addr.ip());
         assert!(!admit(SocketAddr::new(addr.ip(), 1), addr), "a local socket that is not this user's");
         // A listener that is not listening, or not where it was bound, is not guarded.
-        assert_eq!(guard(&[(l.as_raw_fd(), SocketAddr::new(addr.ip(), addr.port().wrapping_add(1)))]), 0);
+        assert!(guard(&[(l.as_raw_fd(), SocketAddr::new(addr.ip(), addr.port().wrapping_add(1)))]).is_empty());
         unguard(&entry);
         assert!(guarded(l.as_raw_fd()).is_none());
         l.set_nonblocking(true).unwrap();

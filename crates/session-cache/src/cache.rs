@@ -328,7 +328,13 @@ impl SessionAwareCache {
     /// in O(changes) per step.
     pub fn take_changed_sessions(&mut self) -> Vec<(String, Option<SessionInfo>)> {
         let changed = std::mem::take(&mut self.changed);
-        changed.into_iter().map(|id| (self.session_info(&id), id)).map(|(info, id)| (id, info)).collect()
+        changed
+            .into_iter()
+            .map(|id| {
+                let info = self.session_info(&id);
+                (id, info)
+            })
+            .collect()
     }
 
     /// Deletes a session and releases its KV. False if unknown.

@@ -139,7 +139,13 @@ impl SnapshotStore {
     /// per step, not O(entries).
     pub fn take_changed(&mut self) -> Vec<(String, Option<SnapshotInfo>)> {
         let changed = std::mem::take(&mut self.changed);
-        changed.into_iter().map(|id| (self.info_of(&id), id)).map(|(info, id)| (id, info)).collect()
+        changed
+            .into_iter()
+            .map(|id| {
+                let info = self.info_of(&id);
+                (id, info)
+            })
+            .collect()
     }
 
     fn touch(&mut self) -> u64 {

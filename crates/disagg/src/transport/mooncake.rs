@@ -133,9 +133,7 @@ fn start_engine_restricted(config: &MooncakeConfig) -> Result<(sys::transfer_eng
     wildcard_ports.dedup();
     // Sockets closed since (a port probe) are dropped by `guard`.
     let candidates: Vec<(i32, std::net::SocketAddr)> = seen.iter().filter(|b| b.ok).map(|b| (b.fd, b.bound)).collect();
-    let n = sys::accept_guard::guard(&candidates);
-    let guarded: Vec<_> = candidates.into_iter().filter(|&(fd, a)| sys::accept_guard::is_guarded(fd, a)).collect();
-    debug_assert_eq!(n, guarded.len());
+    let guarded = sys::accept_guard::guard(&candidates);
     Ok((engine, Listeners { addr, interposed: !bound.is_empty(), bound, guarded, wildcard_ports }))
 }
 

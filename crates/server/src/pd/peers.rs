@@ -142,12 +142,11 @@ impl PrefillPeers {
 
     /// Polls every peer on its own task, forever.
     pub fn spawn_pollers(self: &Arc<Self>, client: &PeerClient, interval: Duration, counters: Arc<PdCounters>) {
-        let urls = self.all().into_iter().map(|p| p.url).collect();
-        let peers = self.clone();
+        let urls: Vec<String> = self.all().into_iter().map(|p| p.url).collect();
+        let (peers, names) = (self.clone(), Arc::new(urls.clone()));
         spawn_pollers(urls, client.http.clone(), client.token.clone(), interval, move |i, outcome: Result<Polled, String>| {
-            let (peers, counters) = (peers.clone(), counters.clone());
+            let (peers, counters, url) = (peers.clone(), counters.clone(), names[i].clone());
             async move {
-                let url = peers.all()[i].url.clone();
                 let state = match outcome {
                     Ok(p) => {
                         // The peer we call with the token may connect to our
