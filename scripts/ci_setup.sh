@@ -18,6 +18,18 @@ REQUIREMENTS=(
     "pytest==9.2.0"
     "jinja2==3.1.6"
     "markupsafe==3.0.2"
+    # deploy/k8s/ is validated against the Kubernetes API's JSON schemas
+    # (tests/openai/test_deploy_manifests.py), with their dependencies pinned.
+    "kubernetes-validate==1.37.0"
+    "pyyaml==6.0.3"
+    "jsonschema==4.26.0"
+    "jsonschema-specifications==2025.9.1"
+    "referencing==0.37.0"
+    "rpds-py==2026.9.1"
+    "attrs==26.1.0"
+    "importlib-resources==7.1.0"
+    "packaging==26.4"
+    "typing-extensions==4.16.0"
 )
 
 if [ ! -x "$VENV/bin/python" ]; then
@@ -41,4 +53,12 @@ then
 else
     echo "ci_setup: installing ${REQUIREMENTS[*]}"
     "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "${REQUIREMENTS[@]}"
+fi
+
+# tests/openai/test_deploy_manifests.py runs kubectl on deploy/k8s/. The
+# machine image ships it; elsewhere Debian's kubernetes-client provides it.
+if ! command -v kubectl >/dev/null 2>&1; then
+    echo "ci_setup: installing kubectl (Debian package kubernetes-client)"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq kubernetes-client
 fi
