@@ -99,13 +99,15 @@ class Server:
             raise
 
 
-def launch(tmp_dir: Path, *flags: str) -> Server:
+def launch(tmp_dir: Path, *flags: str, env: dict | None = None) -> Server:
+    """Starts kvc-server with `flags` (and `env` over this process's
+    environment) and waits until /health answers 200."""
     binary = Path(os.environ.get("KVC_SERVER_BIN", ROOT / "target" / "debug" / "kvc-server"))
     if not binary.is_file():
         pytest.fail(f"server binary {binary} not found: run `cargo build -p kvc-server` or set KVC_SERVER_BIN")
     port = _free_port()
     log_path = tmp_dir / f"kvc-server-{port}.log"
-    env = dict(os.environ)
+    env = {**os.environ, **(env or {})}
     env.setdefault("RUST_LOG", "info")
     env.pop("KVC_API_KEY", None)
     env.pop("KVC_CLUSTER_TOKEN", None)

@@ -10,7 +10,8 @@ pub enum ModelSource {
     Embedded,
     /// A local directory holding `config.json`, safetensors and tokenizer files.
     Path(PathBuf),
-    /// A Hugging Face hub id, resolved through the local hf-hub cache.
+    /// A Hugging Face hub id: taken from the hub cache, downloaded into it
+    /// first when missing (crate::hub).
     HubId(String),
 }
 
@@ -51,6 +52,11 @@ pub struct EngineConfig {
     /// Name reported by `/v1/models` and accepted in requests; defaults to the
     /// model path / hub id, or `kvc-default` for the embedded model.
     pub served_model_name: Option<String>,
+    /// Hub models: branch, tag or commit (None: `main`).
+    pub revision: Option<String>,
+    /// Hub models: the cache directory to download into and load from
+    /// (None: `HF_HUB_CACHE`, else `$HF_HOME/hub`, else ~/.cache/huggingface/hub).
+    pub download_dir: Option<PathBuf>,
     /// "f32", "bf16", "f16" or None for the checkpoint's dtype (f32 on CPU
     /// when the checkpoint is bf16 and the device is a CPU).
     pub dtype: Option<String>,
@@ -117,6 +123,8 @@ impl Default for EngineConfig {
             model: ModelSource::Embedded,
             load_format: LoadFormat::Auto,
             served_model_name: None,
+            revision: None,
+            download_dir: None,
             dtype: None,
             block_size: 16,
             num_kv_blocks: None,

@@ -22,6 +22,10 @@ pub enum EngineError {
     Model(String),
     #[error("failed to load model: {0}")]
     Load(String),
+    /// Fetching the model from the Hugging Face hub failed (the message
+    /// says why and what to do).
+    #[error("cannot get the model from the Hugging Face hub: {0}")]
+    Download(String),
     #[error("the engine is shutting down")]
     ShuttingDown,
     /// The pool cannot hold the blocks asked for right now (a reservation

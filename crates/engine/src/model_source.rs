@@ -1,12 +1,15 @@
 //! Resolves a [`ModelSource`] into a model, tokenizer, chat template and KV pool.
 
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use candle_core::{DType, Device};
 use kvc_kv_pool::KvPool;
 use kvc_model_qwen3::{parse_dtype, read_config, Qwen3Config, Qwen3Model};
 
 use crate::chat_template::ChatTemplate;
+use crate::progress::Progress;
 use crate::tokenizer::TextTokenizer;
 use crate::{EngineConfig, EngineError, LoadFormat, ModelSource};
 
@@ -54,18 +57,41 @@ fn load_err(e: impl std::fmt::Display) -> EngineError {
     EngineError::Load(e.to_string())
 }
 
-/// Finds a hub id's snapshot in the local Hugging Face cache.
-fn resolve_hub_id(id: &str) -> Result<PathBuf, EngineError> {
-    let cache = hf_hub::Cache::from_env();
-    let repo = cache.model(id.to_string());
-    match repo.get("config.json") {
-        Some(p) => Ok(p.parent().map(Path::to_path_buf).unwrap_or_default()),
-        None => Err(EngineError::Load(format!(
-            "model {id:?} is neither a local directory nor in the Hugging Face cache at {} \
-             (kvc does not download weights: fetch them first, e.g. `huggingface-cli download {id}`, \
-             or pass a directory with config.json and safetensors)",
-            cache.path().display()
-        ))),
+/// A hub id's snapshot directory: from the hub cache, downloaded first when
+/// missing (crate::hub; offline with `HF_HUB_OFFLINE`).
+fn resolve_hub_id(id: &str, config: &EngineConfig) -> Result<PathBuf, EngineError> {
+    let options = crate::hub::HubOptions {
+        revision: config.revision.clone(),
+        cache_dir: config.download_dir.clone(),
+        weights: config.load_format == LoadFormat::Auto,
+    };
+    crate::hub::resolve(id, &options, &crate::hub::HubEnv::from_env())
+}
+
+/// Reads the checkpoint's weights with a progress bar (or log lines) and
+/// a summary of the time and GB/s.
+fn load_weights(dir: &Path, dtype: DType, device: &Device) -> Result<Qwen3Model, EngineError> {
+    let total = kvc_model_qwen3::weights::checkpoint_bytes(dir).map_err(load_err)?;
+    let files = kvc_model_qwen3::weights::safetensors_files(dir).map_err(load_err)?.len();
+    let item = format!("{files} safetensors file{}", if files == 1 { "" } else { "s" });
+    let progress = Arc::new(Mutex::new(Some(Progress::start("load weights", item, total, 0))));
+    let sink = progress.clone();
+    let on_tensor = Box::new(move |bytes: u64| {
+        if let Some(p) = sink.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
+            p.inc(bytes);
+        }
+    });
+    let loaded = Qwen3Model::load_observed(dir, dtype, device, on_tensor);
+    let progress = progress.lock().unwrap_or_else(|e| e.into_inner()).take();
+    match (loaded, progress) {
+        (Ok(model), Some(p)) => {
+            p.finish();
+            Ok(model)
+        }
+        (loaded, p) => {
+            p.map(Progress::abandon);
+            loaded.map_err(load_err)
+        }
     }
 }
 
@@ -85,7 +111,7 @@ pub(crate) fn load(config: &EngineConfig) -> Result<Loaded, EngineError> {
     let (dir, served_default) = match &config.model {
         ModelSource::Embedded => (None, EMBEDDED_MODEL_NAME.to_string()),
         ModelSource::Path(p) => (Some(p.clone()), p.display().to_string()),
-        ModelSource::HubId(id) => (Some(resolve_hub_id(id)?), id.clone()),
+        ModelSource::HubId(id) => (Some(resolve_hub_id(id, config)?), id.clone()),
     };
     let config_text = match &dir {
         None => EMBEDDED_CONFIG.to_string(),
@@ -94,7 +120,7 @@ pub(crate) fn load(config: &EngineConfig) -> Result<Loaded, EngineError> {
     let model_config = Qwen3Config::from_json(&config_text).map_err(load_err)?;
     let dtype = compute_dtype(config.dtype.as_deref(), &model_config, &device)?;
     let model = match (&dir, config.load_format) {
-        (Some(d), LoadFormat::Auto) => Qwen3Model::load(d, Some(dtype), &device).map_err(load_err)?,
+        (Some(d), LoadFormat::Auto) => load_weights(d, dtype, &device)?,
         _ => Qwen3Model::dummy(model_config.clone(), config.seed, dtype, &device).map_err(load_err)?,
     };
     #[cfg(feature = "cuda")]
@@ -123,7 +149,14 @@ pub(crate) fn load(config: &EngineConfig) -> Result<Loaded, EngineError> {
             KvPool::blocks_for_budget(&layout, budget)
         }
     };
+    let allocating = Instant::now();
     let pool = crate::device::kv_pool(layout, num_blocks, &device)?;
+    let (kv_bytes, took) = (num_blocks * layout.bytes_per_block(), allocating.elapsed());
+    tracing::info!(
+        what = "allocate kv pool", kv_blocks = num_blocks, bytes = kv_bytes, seconds = %format!("{:.3}", took.as_secs_f64()),
+        gb_per_s = %format!("{:.3}", kv_bytes as f64 / took.as_secs_f64().max(1e-9) / 1e9), ?device,
+        "allocate kv pool: {num_blocks} blocks done"
+    );
     tracing::info!(
         model = %served_default,
         params = model_config.num_parameters(),

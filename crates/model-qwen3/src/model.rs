@@ -105,6 +105,14 @@ impl Qwen3Model {
         Self::new(config, vb)
     }
 
+    /// As [`Qwen3Model::load`] in `dtype`, reporting each tensor's bytes
+    /// to `on_tensor` as it is read.
+    pub fn load_observed(dir: &Path, dtype: DType, device: &Device, on_tensor: weights::OnTensor) -> Result<Self, ModelError> {
+        let config = Qwen3Config::from_json(&read_config(dir)?)?;
+        let vb = weights::observed_var_builder(dir, dtype, device, on_tensor)?;
+        Self::new(config, vb)
+    }
+
     /// Random weights for `config` (deterministic in `seed`).
     pub fn dummy(config: Qwen3Config, seed: u64, dtype: DType, device: &Device) -> Result<Self, ModelError> {
         let vb = weights::dummy_var_builder(seed, dtype, device);

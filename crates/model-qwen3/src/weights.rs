@@ -49,6 +49,55 @@ pub fn safetensors_var_builder(dir: &Path, dtype: DType, device: &Device) -> Res
     unsafe { VarBuilder::from_mmaped_safetensors(&files, dtype, device) }.map_err(|e| ModelError::Weights(e.to_string()))
 }
 
+/// Called with the bytes each tensor occupies in its file, as it is read
+/// (load progress).
+pub type OnTensor = Box<dyn Fn(u64) + Send + Sync>;
+
+/// As [`safetensors_var_builder`], reporting every tensor read to `on_tensor`.
+pub fn observed_var_builder(dir: &Path, dtype: DType, device: &Device, on_tensor: OnTensor) -> Result<VarBuilder<'static>, ModelError> {
+    let files = safetensors_files(dir)?;
+    // SAFETY: as in safetensors_var_builder.
+    let inner = unsafe { candle_core::safetensors::MmapedSafetensors::multi(&files) }.map_err(|e| ModelError::Weights(e.to_string()))?;
+    let backend: Box<dyn SimpleBackend> = Box::new(Observed { inner, on_tensor });
+    Ok(VarBuilder::from_backend(backend, dtype, device.clone()))
+}
+
+/// Bytes of a checkpoint's safetensors files (the load's total).
+pub fn checkpoint_bytes(dir: &Path) -> Result<u64, ModelError> {
+    Ok(safetensors_files(dir)?.iter().filter_map(|f| std::fs::metadata(f).ok()).map(|m| m.len()).sum())
+}
+
+struct Observed {
+    inner: candle_core::safetensors::MmapedSafetensors,
+    on_tensor: OnTensor,
+}
+
+impl Observed {
+    fn report(&self, name: &str) {
+        if let Ok(view) = self.inner.get(name) {
+            (self.on_tensor)(view.data().len() as u64);
+        }
+    }
+}
+
+impl SimpleBackend for Observed {
+    fn get(&self, s: Shape, name: &str, h: Init, dtype: DType, dev: &Device) -> candle_core::Result<Tensor> {
+        let t = SimpleBackend::get(&self.inner, s, name, h, dtype, dev)?;
+        self.report(name);
+        Ok(t)
+    }
+
+    fn get_unchecked(&self, name: &str, dtype: DType, dev: &Device) -> candle_core::Result<Tensor> {
+        let t = SimpleBackend::get_unchecked(&self.inner, name, dtype, dev)?;
+        self.report(name);
+        Ok(t)
+    }
+
+    fn contains_tensor(&self, name: &str) -> bool {
+        SimpleBackend::contains_tensor(&self.inner, name)
+    }
+}
+
 /// Random weights: each tensor is drawn from a generator seeded by its
 /// name and `seed`, so the same config and seed give the same model.
 /// Norm weights are ones.

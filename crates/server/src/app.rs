@@ -213,9 +213,18 @@ async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
     ApiError::MethodNotAllowed { method: method.to_string(), path: uri.path().to_string() }
 }
 
-/// Serves a worker role (`both`, `prefill`, `decode`) as the flags say.
-pub async fn serve_worker(engine: EngineHandle, args: &crate::args::Args) -> anyhow::Result<()> {
+/// Serves a worker role (`both`, `prefill`, `decode`) as the flags say:
+/// binds the port at once, answers probes while the engine loads
+/// ([`crate::loading`]), then serves everything on the same socket.
+pub async fn serve_worker(engine_config: kvc_engine::EngineConfig, args: &crate::args::Args) -> anyhow::Result<()> {
     use crate::args::Role;
+    let host = args.host.as_str();
+    let listener = std::net::TcpListener::bind((host, args.port)).map_err(|e| anyhow::anyhow!("cannot bind {host}:{}: {e}", args.port))?;
+    listener.set_nonblocking(true)?;
+    tracing::info!(addr = %listener.local_addr()?, role = %args.role_name(), "answering probes while the engine loads (/health 503 until ready, /health/live 200)");
+    let Some(engine) = crate::loading::start_engine(engine_config, &listener).await? else {
+        return Ok(());
+    };
     let mut state = AppState::with_config(
         engine.clone(),
         ServerConfig { enable_session_cache: !args.no_enable_session_cache, ..args.serving.server_config() },
@@ -227,7 +236,7 @@ pub async fn serve_worker(engine: EngineHandle, args: &crate::args::Args) -> any
     if matches!(args.role, Role::Prefill | Role::Decode) {
         state.pd = Some(crate::pd::PdState::start(&engine, args)?);
     }
-    serve_state(state, &args.host, args.port).await
+    serve_state(state, tokio::net::TcpListener::from_std(listener)?).await
 }
 
 /// The warning a server listening on `addr` without an API key deserves:
@@ -247,13 +256,13 @@ pub fn exposure_warning(addr: &std::net::SocketAddr, api_key: bool) -> Option<St
 /// Binds `host:port` and serves until SIGINT / SIGTERM, then drains
 /// ([`crate::shutdown`]).
 pub async fn serve(engine: EngineHandle, host: &str, port: u16, config: ServerConfig) -> anyhow::Result<()> {
-    serve_state(AppState::with_config(engine, config), host, port).await
+    let listener = tokio::net::TcpListener::bind((host, port)).await.map_err(|e| anyhow::anyhow!("cannot bind {host}:{port}: {e}"))?;
+    serve_state(AppState::with_config(engine, config), listener).await
 }
 
-async fn serve_state(state: AppState, host: &str, port: u16) -> anyhow::Result<()> {
+async fn serve_state(state: AppState, listener: tokio::net::TcpListener) -> anyhow::Result<()> {
     let engine = state.engine.clone();
     let config = (*state.config).clone();
-    let listener = tokio::net::TcpListener::bind((host, port)).await.map_err(|e| anyhow::anyhow!("cannot bind {host}:{port}: {e}"))?;
     let info = engine.info();
     tracing::info!(
         addr = %listener.local_addr()?, role = state.role.as_str(), model = %info.id, max_model_len = info.max_model_len,

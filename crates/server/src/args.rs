@@ -73,6 +73,17 @@ pub struct Args {
     #[arg(long)]
     pub model: Option<String>,
 
+    /// Hub models: the branch, tag or commit to download and serve (vLLM's
+    /// flag; default `main`).
+    #[arg(long)]
+    pub revision: Option<String>,
+
+    /// Hub models: the Hugging Face cache directory to download into and
+    /// load from (vLLM's flag; default: HF_HUB_CACHE, else $HF_HOME/hub,
+    /// else ~/.cache/huggingface/hub).
+    #[arg(long, value_name = "DIR")]
+    pub download_dir: Option<std::path::PathBuf>,
+
     /// Name served by /v1/models and required in requests' `model` field
     /// (default: the model path / hub id, or `kvc-default`).
     #[arg(long)]
@@ -414,6 +425,8 @@ impl Args {
                 LoadFormatArg::Dummy => LoadFormat::Dummy,
             },
             served_model_name: self.served_model_name.clone(),
+            revision: self.revision.clone(),
+            download_dir: self.download_dir.clone(),
             dtype: match self.dtype {
                 DtypeArg::Auto => None,
                 DtypeArg::Float32 => Some("f32".to_string()),

@@ -35,6 +35,7 @@ pub mod generate;
 pub mod health;
 pub mod histogram;
 pub mod internal;
+pub mod loading;
 pub mod logprobs;
 pub mod metrics;
 pub mod models;

@@ -3,9 +3,7 @@
 
 use std::io::IsTerminal;
 
-use anyhow::Context;
 use clap::{CommandFactory, Parser};
-use kvc_engine::EngineHandle;
 use kvc_server::args::{Args, Role};
 use tracing_subscriber::EnvFilter;
 
@@ -25,11 +23,9 @@ fn main() -> anyhow::Result<()> {
     }
     let config = args.engine_config();
     tracing::info!(?config, role = %args.role_name(), "starting engine");
-    // The engine loads the model and runs its own thread; start it before
-    // the async runtime so the load does not block a worker.
-    let engine = EngineHandle::start(config).context("cannot start the engine")?;
+    // The engine loads on a thread of its own while the port answers probes.
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    let served = runtime.block_on(kvc_server::app::serve_worker(engine, &args));
+    let served = runtime.block_on(kvc_server::app::serve_worker(config, &args));
     // Tokenizations still running in the blocking pool must not hold the exit.
     runtime.shutdown_timeout(std::time::Duration::from_secs(1));
     served
