@@ -29,6 +29,7 @@ pub mod chat;
 pub mod chat_messages;
 pub mod chat_output;
 pub mod completions;
+pub mod config_reference;
 pub mod error;
 pub mod extract;
 pub mod generate;
