@@ -46,7 +46,8 @@ impl Progress {
     pub fn start(what: &'static str, item: impl Into<String>, total: u64, resumed: u64) -> Self {
         let item = item.into();
         let bar = std::io::stderr().is_terminal().then(|| {
-            let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
+            // Set up hidden, then shown: no frame without its name.
+            let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::hidden());
             let style = ProgressStyle::with_template("{prefix} {msg} [{elapsed_precise}] [{wide_bar}] {bytes}/{total_bytes} {bytes_per_sec} ({eta})")
                 .unwrap_or_else(|_| ProgressStyle::default_bar())
                 .progress_chars("=> ");
@@ -54,6 +55,7 @@ impl Progress {
             bar.set_prefix(what);
             bar.set_message(item.clone());
             bar.set_position(resumed);
+            bar.set_draw_target(ProgressDrawTarget::stderr());
             bar
         });
         let now = Instant::now();
@@ -83,7 +85,8 @@ impl Progress {
     pub fn finish(self) -> Finished {
         let finished = Finished { bytes: self.done - self.resumed, elapsed: self.started.elapsed() };
         if let Some(bar) = &self.bar {
-            bar.finish();
+            // The summary line below is the lasting record.
+            bar.finish_and_clear();
         }
         tracing::info!(
             what = self.what, item = %self.item, bytes = finished.bytes, seconds = %format!("{:.3}", finished.elapsed.as_secs_f64()),
@@ -95,7 +98,7 @@ impl Progress {
     /// Ends the item without the summary (it failed; the error says why).
     pub fn abandon(self) {
         if let Some(bar) = &self.bar {
-            bar.abandon();
+            bar.finish_and_clear();
         }
     }
 }
