@@ -14,6 +14,8 @@ config and safetensors, Qwen3's real tokenizer). What is checked:
   there) and a connection cut mid-file is resumed within the run, both
   ending with the hub's hashes;
 - /health/live answers and /health is 503 while the download runs;
+- two workers started together on one cache download each file once (the
+  second waits on the first's lock);
 - unknown repository, gated repository without / with a wrong token, bad
   revision, no network, not enough disk, offline with an empty cache, and
   a repository without safetensors each stop the server with a message that
@@ -273,3 +275,32 @@ def test_hub_failures_stop_the_server_with_a_message_saying_what_to_do(hub, tmp_
     assert secret not in srv.log_path.read_text()
     sent = {auth for p, _, auth in hub.requests if "gated" in p}
     assert f"Bearer {secret}" in sent
+
+
+def test_two_workers_starting_on_one_model_download_each_file_once(hub, tmp_path):
+    import threading
+    repo = tiny_repo()
+    hub.repos[REPO_ID] = repo
+    env = hub_env(hub.url, tmp_path)
+    release = threading.Event()
+    hub.stall["tokenizer.json"] = (1 << 20, release)
+    a, a_url = start(env, tmp_path / "a.log", "--model", REPO_ID)
+    b = None
+    try:
+        partial = repo_cache(tmp_path) / "blobs" / f"{repo.etag('tokenizer.json')}.incomplete"
+        wait_for(lambda: partial.exists(), 120, "the first worker to start tokenizer.json")
+        b, b_url = start(env, tmp_path / "b.log", "--model", REPO_ID)
+        wait_for(lambda: "another process is downloading this file" in (tmp_path / "b.log").read_text(errors="replace"),
+                 120, "the second worker to wait for the first one's download")
+        release.set()
+        for url in (a_url, b_url):
+            wait_for(lambda: (r := probe(f"{url}/health")) is not None and r.status_code == 200, 300, f"{url} ready")
+    finally:
+        release.set()
+        for proc in (a, b):
+            if proc is not None and proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(timeout=60)
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
+        assert len(hub.file_requests(name)) == 1, f"{name} was downloaded {len(hub.file_requests(name))} times"
+        assert (repo_cache(tmp_path) / "snapshots" / repo.sha / name).read_bytes() == repo.files[name]

@@ -125,6 +125,10 @@ pub async fn fetch(client: &reqwest::Client, env: &HubEnv, url: &str, file: &Fil
     let key = file.blob_key();
     let blob = blobs.join(&key);
     let _lock = BlobLock::acquire(&blobs.join(format!("{key}.lock")), &file.name)?;
+    if linked(snapshot, file) {
+        // Another process fetched and linked it while this one waited.
+        return Ok(());
+    }
     let whole = std::fs::metadata(&blob).is_ok_and(|m| file.size.is_none_or(|s| m.len() == s));
     if !whole {
         let partial = partial_path(blobs, file);
@@ -146,14 +150,17 @@ pub async fn fetch(client: &reqwest::Client, env: &HubEnv, url: &str, file: &Fil
     link(&blob, &snapshot.join(&file.name))
 }
 
+/// Points `at` to the blob: a relative link made beside it, then renamed
+/// over it, so that a reader never finds the name missing.
 fn link(blob: &Path, at: &Path) -> Result<(), EngineError> {
-    let _ = std::fs::remove_file(at);
     let target = Path::new("../../blobs").join(blob.file_name().unwrap_or_default());
+    let fresh = at.with_extension(format!("link-{}", std::process::id()));
+    let _ = std::fs::remove_file(&fresh);
     #[cfg(unix)]
-    let linked = std::os::unix::fs::symlink(&target, at);
+    let made = std::os::unix::fs::symlink(&target, &fresh);
     #[cfg(not(unix))]
-    let linked = std::fs::hard_link(blob, at);
-    linked.map_err(|e| dl_err(format!("cannot link {} to {}: {e}", at.display(), target.display())))
+    let made = std::fs::hard_link(blob, &fresh);
+    made.and_then(|()| std::fs::rename(&fresh, at)).map_err(|e| dl_err(format!("cannot link {} to {}: {e}", at.display(), target.display())))
 }
 
 enum Failure {
