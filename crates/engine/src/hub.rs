@@ -72,7 +72,8 @@ fn truthy(v: Option<String>) -> bool {
 impl HubEnv {
     pub fn from_env() -> Self {
         let hf = hf_hub::Cache::from_env();
-        let cache_dir = env("HF_HUB_CACHE").or_else(|| env("HUGGINGFACE_HUB_CACHE")).map(PathBuf::from).unwrap_or_else(|| hf.path().clone());
+        let cache_dir =
+            env("HF_HUB_CACHE").or_else(|| env("HUGGINGFACE_HUB_CACHE")).map(PathBuf::from).unwrap_or_else(|| hf.path().clone());
         Self {
             endpoint: env("HF_ENDPOINT").unwrap_or_else(|| DEFAULT_ENDPOINT.to_string()).trim_end_matches('/').to_string(),
             token: env("HF_TOKEN").or_else(|| env("HUGGING_FACE_HUB_TOKEN")).or_else(|| hf.token()),
@@ -86,7 +87,11 @@ impl HubEnv {
 pub fn is_repo_id(id: &str) -> bool {
     let parts: Vec<&str> = id.split('/').collect();
     let part_ok = |p: &&str| {
-        !p.is_empty() && !p.starts_with(['.', '-']) && !p.ends_with('.') && !p.contains("..") && p.len() <= 96
+        !p.is_empty()
+            && !p.starts_with(['.', '-'])
+            && !p.ends_with('.')
+            && !p.contains("..")
+            && p.len() <= 96
             && p.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
     };
     (1..=2).contains(&parts.len()) && parts.iter().all(part_ok)
@@ -143,7 +148,8 @@ fn repo_dir(cache_dir: &Path, id: &str) -> PathBuf {
 /// or REV is a commit), with config.json in it.
 pub fn cached_snapshot(cache_dir: &Path, id: &str, revision: &str) -> Option<PathBuf> {
     let dir = repo_dir(cache_dir, id);
-    let commit = std::fs::read_to_string(dir.join("refs").join(revision)).map(|s| s.trim().to_string()).unwrap_or_else(|_| revision.to_string());
+    let commit =
+        std::fs::read_to_string(dir.join("refs").join(revision)).map(|s| s.trim().to_string()).unwrap_or_else(|_| revision.to_string());
     let snapshot = dir.join("snapshots").join(commit);
     snapshot.join("config.json").is_file().then_some(snapshot)
 }
@@ -209,9 +215,9 @@ pub fn refusal(id: &str, revision: &str, status: u16, error_code: Option<&str>, 
         ),
         (Some("EntryNotFound"), _) => format!("{id} is not in the repository{detail}"),
         (Some("RevisionNotFound"), _) => format!("revision {revision:?} of {id} does not exist on the hub{detail}"),
-        (Some("RepoNotFound"), _) | (_, 404) | (None, 401) if !has_token => format!(
-            "repository {id} was not found on the hub (a typo, or a private repository: set HF_TOKEN){detail}"
-        ),
+        (Some("RepoNotFound"), _) | (_, 404) | (None, 401) if !has_token => {
+            format!("repository {id} was not found on the hub (a typo, or a private repository: set HF_TOKEN){detail}")
+        }
         (Some("RepoNotFound"), _) | (_, 404) => {
             format!("repository {id} was not found on the hub, or your HF_TOKEN cannot see it{detail}")
         }
@@ -321,7 +327,15 @@ mod tests {
 
     #[test]
     fn only_configs_tokenizers_and_safetensors_are_wanted() {
-        for name in ["config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json", "chat_template.jinja", "merges.txt", "tokenizer.model"] {
+        for name in [
+            "config.json",
+            "tokenizer.json",
+            "tokenizer_config.json",
+            "generation_config.json",
+            "chat_template.jinja",
+            "merges.txt",
+            "tokenizer.model",
+        ] {
             assert!(wanted(name, true) && wanted(name, false), "{name}");
         }
         assert!(wanted("model-00001-of-00002.safetensors", true));

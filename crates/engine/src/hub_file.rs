@@ -33,8 +33,12 @@ pub struct FileMeta {
 impl FileMeta {
     pub fn from_sibling(s: &Sibling) -> Self {
         match &s.lfs {
-            Some(lfs) => Self { name: s.rfilename.clone(), size: Some(lfs.size), sha256: Some(lfs.sha256.to_ascii_lowercase()), git_sha1: None },
-            None => Self { name: s.rfilename.clone(), size: s.size, sha256: None, git_sha1: s.blob_id.as_ref().map(|b| b.to_ascii_lowercase()) },
+            Some(lfs) => {
+                Self { name: s.rfilename.clone(), size: Some(lfs.size), sha256: Some(lfs.sha256.to_ascii_lowercase()), git_sha1: None }
+            }
+            None => {
+                Self { name: s.rfilename.clone(), size: s.size, sha256: None, git_sha1: s.blob_id.as_ref().map(|b| b.to_ascii_lowercase()) }
+            }
         }
     }
 
@@ -121,7 +125,14 @@ impl Drop for BlobLock {
 
 /// Downloads `file` from `url` (unless another process just did), checks
 /// it and links it into `snapshot`.
-pub async fn fetch(client: &reqwest::Client, env: &HubEnv, url: &str, file: &FileMeta, blobs: &Path, snapshot: &Path) -> Result<(), EngineError> {
+pub async fn fetch(
+    client: &reqwest::Client,
+    env: &HubEnv,
+    url: &str,
+    file: &FileMeta,
+    blobs: &Path,
+    snapshot: &Path,
+) -> Result<(), EngineError> {
     let key = file.blob_key();
     let blob = blobs.join(&key);
     let _lock = BlobLock::acquire(&blobs.join(format!("{key}.lock")), &file.name)?;
@@ -160,7 +171,8 @@ fn link(blob: &Path, at: &Path) -> Result<(), EngineError> {
     let made = std::os::unix::fs::symlink(&target, &fresh);
     #[cfg(not(unix))]
     let made = std::fs::hard_link(blob, &fresh);
-    made.and_then(|()| std::fs::rename(&fresh, at)).map_err(|e| dl_err(format!("cannot link {} to {}: {e}", at.display(), target.display())))
+    made.and_then(|()| std::fs::rename(&fresh, at))
+        .map_err(|e| dl_err(format!("cannot link {} to {}: {e}", at.display(), target.display())))
 }
 
 enum Failure {
@@ -334,7 +346,8 @@ mod tests {
     #[test]
     fn git_blob_sha1_matches_git() {
         // `printf 'hello\n' | git hash-object --stdin`
-        let file = FileMeta { name: "x".into(), size: Some(6), sha256: None, git_sha1: Some("ce013625030ba8dba906f756967f9e9ca394464a".into()) };
+        let file =
+            FileMeta { name: "x".into(), size: Some(6), sha256: None, git_sha1: Some("ce013625030ba8dba906f756967f9e9ca394464a".into()) };
         let mut h = Hasher::new(&file);
         h.update(b"hello\n");
         assert!(h.mismatch().is_none());

@@ -48,9 +48,11 @@ impl Progress {
         let bar = std::io::stderr().is_terminal().then(|| {
             // Set up hidden, then shown: no frame without its name.
             let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::hidden());
-            let style = ProgressStyle::with_template("{prefix} {msg} [{elapsed_precise}] [{wide_bar}] {bytes}/{total_bytes} {bytes_per_sec} ({eta})")
-                .unwrap_or_else(|_| ProgressStyle::default_bar())
-                .progress_chars("=> ");
+            let style = ProgressStyle::with_template(
+                "{prefix} {msg} [{elapsed_precise}] [{wide_bar}] {bytes}/{total_bytes} {bytes_per_sec} ({eta})",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> ");
             bar.set_style(style);
             bar.set_prefix(what);
             bar.set_message(item.clone());

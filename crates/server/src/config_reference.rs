@@ -55,7 +55,10 @@ fn flag_line(arg: &Arg) -> String {
         (None, None) => arg.get_id().to_string(),
     };
     if arg.get_action().takes_values() {
-        let names: Vec<String> = arg.get_value_names().map(|n| n.iter().map(|v| v.to_string()).collect()).unwrap_or_else(|| vec![arg.get_id().to_string().to_uppercase()]);
+        let names: Vec<String> = arg
+            .get_value_names()
+            .map(|n| n.iter().map(|v| v.to_string()).collect())
+            .unwrap_or_else(|| vec![arg.get_id().to_string().to_uppercase()]);
         write!(s, " <{}>", names.join("> <")).unwrap();
     }
     s

@@ -25,10 +25,7 @@ async fn loading_error() -> crate::error::ApiError {
 
 /// The routes served during the load.
 pub fn loading_router() -> Router {
-    Router::new()
-        .route("/health", get(not_ready))
-        .route("/health/live", get(crate::health::live))
-        .fallback(loading_error)
+    Router::new().route("/health", get(not_ready)).route("/health/live", get(crate::health::live)).fallback(loading_error)
 }
 
 /// Starts the engine on a thread of its own and answers probes on

@@ -19,14 +19,18 @@ fn the_configuration_reference_documents_every_flag_as_generated() {
     if std::env::var_os("KVC_UPDATE_DOCS").is_some() {
         std::fs::write(&path, &want).unwrap();
     }
-    let have = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{} missing ({e}); generate it with KVC_UPDATE_DOCS=1", path.display()));
+    let have =
+        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{} missing ({e}); generate it with KVC_UPDATE_DOCS=1", path.display()));
     let missing: Vec<String> = documented_args(&cmd)
         .iter()
         .filter_map(|a| a.get_long())
         .filter(|l| !have.contains(&format!("### `--{l}")))
         .map(|l| format!("--{l}"))
         .collect();
-    assert!(missing.is_empty(), "docs/configuration.md lacks {missing:?}; regenerate it: KVC_UPDATE_DOCS=1 cargo test -p kvc-server --test configuration_reference");
+    assert!(
+        missing.is_empty(),
+        "docs/configuration.md lacks {missing:?}; regenerate it: KVC_UPDATE_DOCS=1 cargo test -p kvc-server --test configuration_reference"
+    );
     if have != want {
         let line = have.lines().zip(want.lines()).position(|(a, b)| a != b).unwrap_or(have.lines().count().min(want.lines().count()));
         panic!(
