@@ -100,6 +100,18 @@ impl SessionAwareCache {
         }
     }
 
+    /// The host tier's memory and copies (a GPU pool's pinned arena); by
+    /// default plain vectors of `host_blocks` slots. Set before first use.
+    pub fn set_host_arena(&mut self, arena: Box<dyn kvc_kv_pool::HostArena>) {
+        self.config.host_blocks = arena.capacity();
+        self.host = HostTier::with_arena(arena);
+    }
+
+    /// Bytes moved by the host tier so far: (to host, back to the pool).
+    pub fn host_bytes_moved(&self) -> (u64, u64) {
+        self.host.bytes_moved()
+    }
+
     pub fn config(&self) -> &CacheConfig {
         &self.config
     }
@@ -178,6 +190,8 @@ impl SessionAwareCache {
                 self.stats.prefix_hits += 1;
             }
         }
+        // Restored blocks are read by this request's first step.
+        self.host.flush();
         self.stats.reused_tokens += out.tokens as u64;
         self.stats.computed_tokens += (prompt.len() - out.tokens) as u64;
         out
@@ -458,6 +472,8 @@ impl SessionAwareCache {
                 break;
             }
         }
+        // Blocks offloaded above are free now: their copies come first.
+        self.host.flush();
         alloc.num_free() - start
     }
 
@@ -500,14 +516,21 @@ impl SessionAwareCache {
         let mut moved = 0;
         match d.action {
             EvictionAction::Offload => {
-                for (i, loc) in locs.iter().enumerate().rev() {
-                    let BlockLoc::Device(b) = *loc else { continue };
-                    if self.running_refs(alloc, b) > 0 {
-                        continue;
-                    }
-                    let Some(h) = self.host.store(storage, b) else {
-                        break;
-                    };
+                // The tail first when the tier cannot take them all (the
+                // head stays, as a prefix); copied in token order, so that
+                // consecutive blocks go to consecutive slots.
+                let movable: Vec<(usize, BlockId)> = locs
+                    .iter()
+                    .enumerate()
+                    .rev()
+                    .filter_map(|(i, loc)| match *loc {
+                        BlockLoc::Device(b) if self.running_refs(alloc, b) == 0 => Some((i, b)),
+                        _ => None,
+                    })
+                    .take(self.host.num_free())
+                    .collect();
+                for (i, b) in movable.into_iter().rev() {
+                    let h = self.host.store(storage, b).expect("counted free host slots");
                     self.sessions.get_mut(&d.session).expect("victim exists").blocks[i] = BlockLoc::Host(h);
                     self.drop_ref(alloc, b);
                     moved += 1;
