@@ -109,7 +109,7 @@ impl AppState {
     pub fn with_config(engine: EngineHandle, config: ServerConfig) -> Self {
         let admission = Arc::new(Admission::new(config.max_concurrent_requests, config.max_queued_requests));
         Self {
-            metrics: Arc::new(crate::metrics::worker_registry(&engine, &admission)),
+            metrics: Arc::new(crate::metrics::worker_metrics(&engine, &admission)),
             engine,
             admission,
             config: Arc::new(config),

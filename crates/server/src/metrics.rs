@@ -127,8 +127,8 @@ pub fn register_admission(registry: &Registry, admission: Arc<Admission>) {
     });
 }
 
-/// A worker's registry: the server's metrics, the engine's, the slots'.
-pub fn worker_registry(engine: &EngineHandle, admission: &Arc<Admission>) -> crate::server_metrics::ServerMetrics {
+/// A worker's metrics in one registry: the server's own, the engine's, the slots'.
+pub fn worker_metrics(engine: &EngineHandle, admission: &Arc<Admission>) -> crate::server_metrics::ServerMetrics {
     let metrics = crate::server_metrics::ServerMetrics::default();
     let engine = engine.clone();
     register_engine(&metrics.registry, move || engine.stats());
