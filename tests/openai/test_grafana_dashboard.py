@@ -2,7 +2,9 @@
 metric name in the dashboard's PromQL is compared with the /metrics of real
 servers of each role (`both`; `prefill` and `decode` over Mooncake TCP;
 `router`) after traffic went through all of them (a remote prefill, a
-direct append, a session hit, a fallback, a failed snapshot push). Histograms count with their `_bucket`,
+direct append, a session hit, a fallback, a failed snapshot push, an
+eviction, a session moved off a dead worker): series of labelled counters
+exist only once counted. Histograms count with their `_bucket`,
 `_sum` and `_count` series. The dashboard must also cover what an operator
 of a P/D deployment needs (latency, KV pool, host tier, reuse, P/D mix,
 transfers, fallbacks, router moves), and be valid Grafana JSON (unique
@@ -143,8 +145,26 @@ def roles(start_server, tmp_path_factory):
     wait_for(lambda: held(p_b), 60, "P to hold mid push")
     p_b.stop(signal.SIGKILL)
     wait_for(lambda: any(k.startswith("kvc_snapshot_push_failed_total") for k in d_b.metrics()), 60, "the failed push")
+    # Evictions: a worker whose pool holds about two sessions serves three.
+    tiny = start_server("--num-kv-blocks", "24")
+    for i in range(3):
+        disagg.complete(tiny, disagg.ids(10 + i, 160), session=f"evict-{i}")
+    wait_for(lambda: any(k.startswith("kvc_evicted_blocks_total") for k in tiny.metrics()), 30, "an eviction")
+    # A session moved by the router: its worker dies between two turns.
+    pair = [start_server("--cluster-token", disagg.TOKEN) for _ in range(2)]
+    mover = start_server("--role", "router", "--cluster-token", disagg.TOKEN, "--peer-poll-interval-s", "0.1",
+                         *[f for w in pair for f in ("--decode-peer", w.base_url)])
+    wait_for(lambda: all(mover.metrics().get(f'kvc_router_peer_healthy{{worker="{w.base_url}"}}') == 1.0 for w in pair), 60,
+             "the second router to see both workers healthy")
+    body = {"prompt": disagg.ids(20, 40), "max_tokens": 2, "temperature": 0, "session_id": "moving"}
+    first = httpx.post(f"{mover.base_url}/v1/completions", json=body, timeout=120)
+    assert first.status_code == 200, first.text
+    victim = next(w for w in pair if w.base_url == first.headers["x-kvc-worker"])
+    victim.stop(signal.SIGKILL)
+    second = httpx.post(f"{mover.base_url}/v1/completions", json={**body, "prompt": body["prompt"] + [5, 6]}, timeout=120)
+    assert second.status_code == 200 and second.headers["x-kvc-worker"] != victim.base_url, second.text
     yield {"both": both, "prefill": p, "decode": d, "router": router, "decode after a remote prefill failed": d_a,
-           "decode after a push failed": d_b}
+           "decode after a push failed": d_b, "both with a small pool": tiny, "router after a worker died": mover}
     for srv in started:
         if srv.proc.poll() is None:
             srv.stop(timeout_s=20)

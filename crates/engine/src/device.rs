@@ -88,6 +88,26 @@ pub fn kv_pool(layout: KvLayout, num_blocks: usize, device: &Device) -> Result<K
     Err(load("built without CUDA".into()))
 }
 
+/// The host tier's memory for a GPU pool of `slots` blocks: pinned host
+/// memory whose copies run on a copy stream (None for a host pool, whose
+/// tier keeps plain vectors, or when `slots` is 0).
+pub fn host_arena(storage: &KvStorage, slots: usize) -> Result<Option<Box<dyn kvc_kv_pool::HostArena>>, EngineError> {
+    if storage.device_tensor().is_none() || slots == 0 {
+        return Ok(None);
+    }
+    #[cfg(feature = "cuda")]
+    {
+        let bytes = slots * storage.layout().bytes_per_block();
+        let started = std::time::Instant::now();
+        let arena = kvc_model_qwen3::cuda::PinnedArena::new(storage, slots)
+            .map_err(|e| EngineError::Load(format!("--swap-space: {bytes} bytes of pinned host memory: {e}")))?;
+        tracing::info!(event = "host_tier", slots, bytes, secs = started.elapsed().as_secs_f64(), "pinned host tier allocated");
+        Ok(Some(Box::new(arena)))
+    }
+    #[cfg(not(feature = "cuda"))]
+    Err(EngineError::Load("a GPU KV pool in a build without CUDA".into()))
+}
+
 /// The KV pool's memory, for registration with a KV transport: its host
 /// region, or on a GPU its device allocation (`MemoryLocation::Cuda`).
 pub fn kv_region(storage: &KvStorage) -> Option<MemoryRegion> {

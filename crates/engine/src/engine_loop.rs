@@ -127,10 +127,8 @@ impl EngineLoop {
         let max_step = config.max_step_ms.filter(|ms| *ms > 0.0).map(|ms| Duration::from_secs_f64(ms / 1000.0));
         let step_budget = StepBudget::new(max_step);
         let KvPool { allocator, storage } = pool;
-        // The host tier copies blocks through host memory: CPU pools only for now.
-        let host_blocks =
-            if storage.device_tensor().is_some() { 0 } else { config.swap_space_bytes / storage.layout().bytes_per_block().max(1) };
-        let cache = SessionAwareCache::new(
+        let host_blocks = config.swap_space_bytes / storage.layout().bytes_per_block().max(1);
+        let mut cache = SessionAwareCache::new(
             CacheConfig {
                 block_size,
                 enable_prefix_caching: config.enable_prefix_caching,
@@ -140,6 +138,10 @@ impl EngineLoop {
             },
             allocator.num_blocks(),
         );
+        // A GPU pool's host tier is pinned memory with copies on their own stream.
+        if let Some(arena) = crate::device::host_arena(&storage, host_blocks)? {
+            cache.set_host_arena(arena);
+        }
         let store_blocks = match config.snapshot_store_blocks {
             crate::config::HALF_THE_POOL => allocator.num_blocks() / 2,
             n => n.min(allocator.num_blocks()),

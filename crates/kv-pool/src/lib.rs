@@ -9,11 +9,13 @@
 
 mod allocator;
 mod error;
+mod host_arena;
 mod layout;
 mod storage;
 
 pub use allocator::BlockAllocator;
 pub use error::KvPoolError;
+pub use host_arena::{block_runs, HostArena, HostSlot, VecArena};
 pub use layout::KvLayout;
 pub use storage::{KvStorage, MemoryLocation, MemoryRegion};
 

@@ -384,3 +384,87 @@ fn decode_steps_through_cuda_graphs_match_the_eager_pass_and_the_reference() {
         println!("{name}: decode batches {sizes:?} through CUDA graphs match the eager pass");
     }
 }
+
+/// The pinned host tier of a GPU pool (Qwen3-30B-A3B's KV shape): blocks
+/// stored to host and loaded into other pool blocks come back bit-exact,
+/// through coalesced runs and scattered single blocks alike, in queue
+/// order (a slot stored, loaded and stored again within one flush); and
+/// the bandwidth each way, printed for docs/benchmarks.md.
+#[test]
+#[ignore = "needs a CUDA device: run with scripts/gpu_run.sh"]
+fn pinned_host_tier_round_trips_blocks_bit_exact_and_reports_bandwidth() {
+    use kvc_kv_pool::{HostArena, KvLayout};
+    use kvc_model_qwen3::cuda::PinnedArena;
+    use rand::seq::SliceRandom;
+    let dev = gpu();
+    let layout = KvLayout { num_layers: 48, num_kv_heads: 4, head_dim: 128, block_size: 16, dtype: DType::BF16 };
+    let nb = 2600usize; // 2.04e9 elements: under 2^31 for candle's randn
+    let n = layout.num_layers * nb * layout.block_elems();
+    let t = Tensor::randn(0f32, 1.0, n, &dev).unwrap().to_dtype(DType::BF16).unwrap();
+    let mut storage = KvStorage::from_device_tensor(layout, nb, t.clone()).unwrap();
+    let run = 768usize; // 1.2 GB of KV: 12K tokens
+    let mut arena = PinnedArena::new(&storage, run + 64).unwrap();
+    // `count` blocks of `layer` from `first`, as one tensor.
+    let layer_blocks = |layer: usize, first: usize, count: usize| {
+        t.narrow(0, layout.block_offset(nb, layer, first), count * layout.block_elems()).unwrap()
+    };
+    let same = |a: &Tensor, b: &Tensor| {
+        a.to_dtype(DType::F32).unwrap().sub(&b.to_dtype(DType::F32).unwrap()).unwrap().abs().unwrap().max(0).unwrap().to_scalar::<f32>().unwrap() == 0.0
+    };
+    dev.synchronize().unwrap();
+
+    // One coalesced run out, timed; then back into other blocks, timed.
+    let bytes = (run * layout.bytes_per_block()) as f64;
+    let started = std::time::Instant::now();
+    for i in 0..run {
+        arena.store(&storage, i as BlockId, i as u32);
+    }
+    arena.flush();
+    arena.synchronize().unwrap();
+    let out_s = started.elapsed().as_secs_f64();
+    let started = std::time::Instant::now();
+    for i in 0..run {
+        arena.load(&mut storage, i as u32, (2 * run + i) as BlockId);
+    }
+    arena.flush();
+    arena.synchronize().unwrap();
+    let in_s = started.elapsed().as_secs_f64();
+    dev.synchronize().unwrap();
+    for layer in [0, 17, 47] {
+        assert!(same(&layer_blocks(layer, 0, run), &layer_blocks(layer, 2 * run, run)), "layer {layer} after the coalesced round trip");
+    }
+    let copies = arena.copies_issued;
+    assert!(copies <= 2 * layout.num_layers as u64, "{copies} copy commands for two runs");
+    eprintln!(
+        "host tier, {run} blocks ({:.2} GB) in one run: GPU->host {:.1} GB/s, host->GPU {:.1} GB/s, {copies} copy commands",
+        bytes / 1e9,
+        bytes / out_s / 1e9,
+        bytes / in_s / 1e9
+    );
+
+    // Scattered blocks (every third), and a slot reused within one flush:
+    // store block 2400 into slot 5, load slot 5 into 2500, store 2401 into slot 5.
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let mut pairs: Vec<(BlockId, u32)> = (0..60).map(|i| ((800 + 3 * i) as BlockId, (10 + i) as u32)).collect();
+    pairs.shuffle(&mut rng);
+    for &(b, s) in &pairs {
+        arena.store(&storage, b, s);
+    }
+    arena.store(&storage, 2400, 5);
+    arena.load(&mut storage, 5, 2500);
+    arena.store(&storage, 2401, 5);
+    for &(b, s) in &pairs {
+        arena.load(&mut storage, s, b + 700);
+    }
+    arena.load(&mut storage, 5, 2501);
+    arena.flush();
+    dev.synchronize().unwrap();
+    for layer in [0, 31, 47] {
+        for &(b, _) in &pairs {
+            assert!(same(&layer_blocks(layer, b as usize, 1), &layer_blocks(layer, b as usize + 700, 1)), "layer {layer} block {b}");
+        }
+        assert!(same(&layer_blocks(layer, 2400, 1), &layer_blocks(layer, 2500, 1)), "slot 5's first use, layer {layer}");
+        assert!(same(&layer_blocks(layer, 2401, 1), &layer_blocks(layer, 2501, 1)), "slot 5's second use, layer {layer}");
+    }
+    assert_eq!(arena.bytes_moved(), (((run + 62) * layout.bytes_per_block()) as u64, ((run + 62) * layout.bytes_per_block()) as u64));
+}

@@ -1,6 +1,5 @@
 //! Shared state, the router, and serving.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -85,28 +84,11 @@ impl Default for ServerConfig {
     }
 }
 
-/// Server-side counters exported by `/metrics` next to the engine's.
-#[derive(Debug, Default)]
-pub struct ServerCounters {
-    /// Requests handed to the engine on the `local` path (single worker).
-    pub local_requests: AtomicU64,
-    /// Streams whose client went away before the end (cancelled).
-    pub streams_cancelled: AtomicU64,
-    /// Admission probe answers by reason.
-    pub admission_decisions: std::sync::Mutex<std::collections::BTreeMap<&'static str, u64>>,
-}
-
-impl ServerCounters {
-    pub fn inc(counter: &AtomicU64) {
-        counter.fetch_add(1, Ordering::Relaxed);
-    }
-}
-
 #[derive(Clone)]
 pub struct AppState {
     pub engine: EngineHandle,
-    pub counters: Arc<ServerCounters>,
     pub config: Arc<ServerConfig>,
+    /// The server's metrics and its one registry (`/metrics`).
     pub metrics: Arc<ServerMetrics>,
     pub admission: Arc<Admission>,
     pub lifecycle: Arc<Lifecycle>,
@@ -125,12 +107,12 @@ impl AppState {
     }
 
     pub fn with_config(engine: EngineHandle, config: ServerConfig) -> Self {
+        let admission = Arc::new(Admission::new(config.max_concurrent_requests, config.max_queued_requests));
         Self {
+            metrics: Arc::new(crate::metrics::worker_metrics(&engine, &admission)),
             engine,
-            counters: Arc::new(ServerCounters::default()),
-            admission: Arc::new(Admission::new(config.max_concurrent_requests, config.max_queued_requests)),
+            admission,
             config: Arc::new(config),
-            metrics: Arc::new(ServerMetrics::default()),
             lifecycle: Arc::new(Lifecycle::default()),
             role: crate::args::Role::Both,
             pd: None,
@@ -234,7 +216,7 @@ pub async fn serve_worker(engine_config: kvc_engine::EngineConfig, args: &crate:
         r => r,
     };
     if matches!(args.role, Role::Prefill | Role::Decode) {
-        state.pd = Some(crate::pd::PdState::start(&engine, args)?);
+        state.pd = Some(crate::pd::PdState::start(&engine, args, &state.metrics.registry)?);
     }
     serve_state(state, tokio::net::TcpListener::from_std(listener)?).await
 }

@@ -10,7 +10,7 @@ use futures::stream::{BoxStream, SelectAll};
 use futures::StreamExt;
 use kvc_engine::{EngineError, FinishReason, GenerateRequest, Logprobs, MatchedStop, RequestStream, SamplingParams, StreamEvent, Usage};
 
-use crate::app::{AppState, ServerCounters};
+use crate::app::AppState;
 use crate::error::ApiError;
 use crate::pd::decode::Route;
 use crate::request_slots::Slot;
@@ -162,7 +162,7 @@ pub async fn submit(state: &AppState, admitted: Admitted, s: Submission) -> Resu
     // step, so a seeded request's batches (and sampled text) reproduce.
     let group = if reqs.is_empty() { Vec::new() } else { state.engine.submit_group(reqs).map_err(s.map_err)? };
     for (index, stream) in group.into_iter().enumerate() {
-        ServerCounters::inc(&state.counters.local_requests);
+        state.metrics.local_requests.inc();
         tracing::info!(
             request_id,
             index,

@@ -1,149 +1,145 @@
-//! `GET /metrics`: Prometheus text exposition of the engine's live counters
-//! ([`EngineStats`]) and the server's own.
+//! `GET /metrics`: the Prometheus text exposition of the server's registry
+//! ([`crate::prom`]), which holds the server's own metrics
+//! ([`crate::server_metrics`]), the P/D metrics on those roles, and the
+//! families here, read at scrape time: the engine's live counters
+//! ([`EngineStats`]) and the admission gauges.
 
-use std::fmt::Write;
-use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 use axum::extract::State;
 use axum::http::header;
 use axum::response::IntoResponse;
-use kvc_engine::EngineStats;
+use kvc_engine::{EngineHandle, EngineStats};
+use prometheus::Registry;
 
-use crate::app::{AppState, ServerCounters};
+use crate::app::AppState;
+use crate::prom::{Family, Scrape, ScrapeTime};
+use crate::request_slots::Admission;
 
 pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
-    let mut body = render(&state.engine.stats(), &state.counters);
-    state.metrics.render(&mut body);
-    if let Some(pd) = &state.pd {
-        pd.counters.set("kvc_kv_transport_connections_refused_total", &[], kvc_disagg::transport::refused_connections() as f64);
-        pd.counters.render(&mut body);
-    }
-    crate::server_metrics::ServerMetrics::render_admission(&mut body, state.admission.running(), state.admission.queued());
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], body)
+    ([(header::CONTENT_TYPE, crate::prom::CONTENT_TYPE)], state.metrics.render())
 }
 
-/// The exposition text; one `# HELP` / `# TYPE` pair per metric.
-pub fn render(s: &EngineStats, c: &ServerCounters) -> String {
-    let mut out = String::new();
-    let mut metric = |name: &str, kind: &str, help: &str, samples: &[(&str, u64)]| {
-        let _ = writeln!(out, "# HELP {name} {help}");
-        let _ = writeln!(out, "# TYPE {name} {kind}");
-        for (labels, value) in samples {
-            let _ = writeln!(out, "{name}{labels} {value}");
-        }
-    };
-    metric("kvc_kv_blocks_free", "gauge", "KV blocks not held by any request.", &[("", s.free_blocks as u64)]);
-    metric("kvc_kv_blocks_total", "gauge", "KV blocks in the pool.", &[("", s.total_blocks as u64)]);
-    metric(
-        "kvc_kv_blocks_evictable",
-        "gauge",
-        "KV blocks held only by caches (prefix index, idle sessions): reclaimable.",
-        &[("", s.evictable_blocks as u64)],
-    );
-    metric("kvc_requests_running", "gauge", "Requests being prefilled or decoded.", &[("", s.running as u64)]);
-    metric("kvc_requests_waiting", "gauge", "Requests queued for admission.", &[("", s.waiting as u64)]);
-    metric("kvc_engine_steps_total", "counter", "Engine steps run.", &[("", s.steps)]);
-    metric("kvc_preemptions_total", "counter", "Requests preempted for lack of KV blocks.", &[("", s.preemptions)]);
-    metric(
-        "kvc_preempted_tokens_recomputed_total",
-        "counter",
-        "Tokens computed again because preemption lost their KV.",
-        &[("", s.preempted_tokens_recomputed)],
-    );
-    metric("kvc_scheduler_partial_prefills", "gauge", "Running sequences mid-prefill.", &[("", s.partial_prefills as u64)]);
-    let admissions: Vec<(String, u64)> =
-        s.admission_decisions.iter().map(|(r, n)| (crate::prom_text::labels(&[("reason", r)]), *n)).collect();
-    let admissions: Vec<(&str, u64)> = admissions.iter().map(|(l, n)| (l.as_str(), *n)).collect();
-    metric(
+const ENGINE: &[Family] = &[
+    Family::gauge("kvc_kv_blocks_free", "KV blocks not held by any request.", &[]),
+    Family::gauge("kvc_kv_blocks_total", "KV blocks in the pool.", &[]),
+    Family::gauge("kvc_kv_blocks_evictable", "KV blocks held only by caches (prefix index, idle sessions): reclaimable.", &[]),
+    Family::gauge("kvc_requests_running", "Requests being prefilled or decoded.", &[]),
+    Family::gauge("kvc_requests_waiting", "Requests queued for admission.", &[]),
+    Family::counter("kvc_engine_steps_total", "Engine steps run.", &[]),
+    Family::counter("kvc_preemptions_total", "Requests preempted for lack of KV blocks.", &[]),
+    Family::counter("kvc_preempted_tokens_recomputed_total", "Tokens computed again because preemption lost their KV.", &[]),
+    Family::gauge("kvc_scheduler_partial_prefills", "Running sequences mid-prefill.", &[]),
+    Family::counter(
         "kvc_scheduler_admission_decisions_total",
-        "counter",
         "Scheduler admissions (reason=admitted) and, per step, why the queue's head still waits.",
-        &admissions,
-    );
-    metric("kvc_prompt_tokens_computed_total", "counter", "Prompt tokens run through the model.", &[("", s.prompt_tokens_computed)]);
-    metric("kvc_generation_tokens_total", "counter", "Tokens generated.", &[("", s.generated_tokens)]);
-    let path_labels = crate::prom_text::labels(&[("path", kvc_engine::ServePath::Local.as_str())]);
-    metric(
-        "kvc_served_requests_total",
-        "counter",
-        "Requests handed to the engine, by serving path.",
-        &[(&path_labels, c.local_requests.load(Ordering::Relaxed))],
-    );
+        &["reason"],
+    ),
+    Family::counter("kvc_prompt_tokens_computed_total", "Prompt tokens run through the model.", &[]),
+    Family::counter("kvc_generation_tokens_total", "Tokens generated.", &[]),
+    Family::counter("kvc_snapshot_push_enqueued_total", "Session snapshot pushes queued after committed turns (decode workers).", &[]),
+    Family::counter("kvc_snapshot_ingested_total", "Session snapshot pushes committed into this worker's snapshot store.", &[]),
+    Family::counter("kvc_snapshot_evicted_total", "Snapshot store entries evicted (LRU) to make room.", &[]),
+    Family::counter("kvc_snapshot_aborted_total", "Snapshot pushes aborted or expired before commit.", &[]),
+    Family::gauge("kvc_snapshot_blocks_used", "KV blocks held by the snapshot store.", &[]),
+    Family::gauge("kvc_snapshot_blocks_capacity", "Most KV blocks the snapshot store may hold.", &[]),
+    Family::counter("kvc_snapshot_bypass_tokens_total", "Prompt tokens served from snapshots (prefill bypass).", &[]),
+    Family::gauge("kvc_kv_blocks_cached", "KV blocks in the prefix index.", &[]),
+    Family::gauge("kvc_host_kv_blocks_free", "Free blocks of the host-memory tier.", &[]),
+    Family::gauge("kvc_host_kv_blocks_total", "Blocks of the host-memory tier.", &[]),
+    Family::gauge("kvc_sessions_resident", "Sessions the engine holds (any tier).", &[]),
+    Family::counter("kvc_session_hits_total", "Requests that reused their session's KV.", &[]),
+    Family::counter("kvc_prefix_cache_hits_total", "Requests that reused prefix-cache blocks (no session hit).", &[]),
+    Family::counter("kvc_prompt_tokens_reused_total", "Prompt tokens served from cached KV at admission.", &[]),
+    Family::counter("kvc_prompt_tokens_to_compute_total", "Prompt tokens left to compute at admission.", &[]),
+    Family::counter("kvc_host_restores_total", "Blocks copied back from the host tier.", &[]),
+    Family::counter("kvc_sessions_expired_total", "Idle sessions deleted by the TTL.", &[]),
+    Family::counter("kvc_sessions_capped_total", "Idle sessions dropped to keep their API key under --max-sessions-per-key.", &[]),
+    Family::counter("kvc_evicted_blocks_total", "KV blocks evicted from the device, by destination tier and reason.", &["tier", "reason"]),
+    Family::gauge(
+        "kvc_scheduler_prefill_budget_seconds",
+        "Seconds of prefill the next step may carry (--max-step-ms less the measured decodes).",
+        &["step"],
+    ),
+];
+
+/// The engine's families, from one stats snapshot.
+fn read_engine(s: &EngineStats, out: &mut Scrape) {
+    let mut one = |name: &str, v: f64| out.sample(name, &[], v);
+    one("kvc_kv_blocks_free", s.free_blocks as f64);
+    one("kvc_kv_blocks_total", s.total_blocks as f64);
+    one("kvc_kv_blocks_evictable", s.evictable_blocks as f64);
+    one("kvc_requests_running", s.running as f64);
+    one("kvc_requests_waiting", s.waiting as f64);
+    one("kvc_engine_steps_total", s.steps as f64);
+    one("kvc_preemptions_total", s.preemptions as f64);
+    one("kvc_preempted_tokens_recomputed_total", s.preempted_tokens_recomputed as f64);
+    one("kvc_scheduler_partial_prefills", s.partial_prefills as f64);
+    one("kvc_prompt_tokens_computed_total", s.prompt_tokens_computed as f64);
+    one("kvc_generation_tokens_total", s.generated_tokens as f64);
     let sn = &s.snapshot_stats;
-    metric(
-        "kvc_snapshot_push_enqueued_total",
-        "counter",
-        "Session snapshot pushes queued after committed turns (decode workers).",
-        &[("", s.snapshot_pushes_enqueued)],
-    );
-    metric(
-        "kvc_snapshot_ingested_total",
-        "counter",
-        "Session snapshot pushes committed into this worker's snapshot store.",
-        &[("", sn.ingested)],
-    );
-    metric("kvc_snapshot_evicted_total", "counter", "Snapshot store entries evicted (LRU) to make room.", &[("", sn.evicted)]);
-    metric("kvc_snapshot_aborted_total", "counter", "Snapshot pushes aborted or expired before commit.", &[("", sn.aborted)]);
-    metric("kvc_snapshot_blocks_used", "gauge", "KV blocks held by the snapshot store.", &[("", s.snapshot_used_blocks as u64)]);
-    metric(
-        "kvc_snapshot_blocks_capacity",
-        "gauge",
-        "Most KV blocks the snapshot store may hold.",
-        &[("", s.snapshot_capacity_blocks as u64)],
-    );
-    metric(
-        "kvc_snapshot_bypass_tokens_total",
-        "counter",
-        "Prompt tokens served from snapshots (prefill bypass).",
-        &[("", sn.bypass_tokens)],
-    );
+    one("kvc_snapshot_push_enqueued_total", s.snapshot_pushes_enqueued as f64);
+    one("kvc_snapshot_ingested_total", sn.ingested as f64);
+    one("kvc_snapshot_evicted_total", sn.evicted as f64);
+    one("kvc_snapshot_aborted_total", sn.aborted as f64);
+    one("kvc_snapshot_blocks_used", s.snapshot_used_blocks as f64);
+    one("kvc_snapshot_blocks_capacity", s.snapshot_capacity_blocks as f64);
+    one("kvc_snapshot_bypass_tokens_total", sn.bypass_tokens as f64);
     let k = &s.cache;
-    metric("kvc_kv_blocks_cached", "gauge", "KV blocks in the prefix index.", &[("", s.cached_blocks as u64)]);
-    metric("kvc_host_kv_blocks_free", "gauge", "Free blocks of the host-memory tier.", &[("", s.host_free_blocks as u64)]);
-    metric("kvc_host_kv_blocks_total", "gauge", "Blocks of the host-memory tier.", &[("", s.host_total_blocks as u64)]);
-    metric("kvc_sessions_resident", "gauge", "Sessions the engine holds (any tier).", &[("", s.sessions.len() as u64)]);
-    metric("kvc_session_hits_total", "counter", "Requests that reused their session's KV.", &[("", k.session_hits)]);
-    metric("kvc_prefix_cache_hits_total", "counter", "Requests that reused prefix-cache blocks (no session hit).", &[("", k.prefix_hits)]);
-    metric("kvc_prompt_tokens_reused_total", "counter", "Prompt tokens served from cached KV at admission.", &[("", k.reused_tokens)]);
-    metric("kvc_prompt_tokens_to_compute_total", "counter", "Prompt tokens left to compute at admission.", &[("", k.computed_tokens)]);
-    metric("kvc_host_restores_total", "counter", "Blocks copied back from the host tier.", &[("", k.host_restores)]);
-    metric("kvc_sessions_expired_total", "counter", "Idle sessions deleted by the TTL.", &[("", k.sessions_expired)]);
-    metric(
-        "kvc_sessions_capped_total",
-        "counter",
-        "Idle sessions dropped to keep their API key under --max-sessions-per-key.",
-        &[("", k.sessions_capped)],
-    );
-    let evictions: Vec<(String, u64)> =
-        k.evictions.iter().map(|((tier, reason), n)| (crate::prom_text::labels(&[("tier", tier), ("reason", reason)]), *n)).collect();
-    let evictions: Vec<(&str, u64)> = evictions.iter().map(|(l, n)| (l.as_str(), *n)).collect();
-    metric("kvc_evicted_blocks_total", "counter", "KV blocks evicted from the device, by destination tier and reason.", &evictions);
-    let decisions: Vec<(String, u64)> = c
-        .admission_decisions
-        .lock()
-        .map(|m| m.iter().map(|(r, n)| (crate::prom_text::labels(&[("reason", r)]), *n)).collect())
-        .unwrap_or_default();
-    let decisions: Vec<(&str, u64)> = decisions.iter().map(|(l, n)| (l.as_str(), *n)).collect();
-    metric("kvc_admission_decisions_total", "counter", "Admission probe answers, by reason.", &decisions);
-    metric(
-        "kvc_streams_cancelled_total",
-        "counter",
-        "Streaming responses whose client went away before the end.",
-        &[("", c.streams_cancelled.load(Ordering::Relaxed))],
-    );
-    if let Some((alone, mixed)) = s.step_budget {
-        let name = "kvc_scheduler_prefill_budget_seconds";
-        let _ = writeln!(out, "# HELP {name} Seconds of prefill the next step may carry (--max-step-ms less the measured decodes).");
-        let _ = writeln!(out, "# TYPE {name} gauge");
-        let _ = writeln!(out, "{name}{{step=\"alone\"}} {alone}");
-        let _ = writeln!(out, "{name}{{step=\"with_decodes\"}} {mixed}");
+    one("kvc_kv_blocks_cached", s.cached_blocks as f64);
+    one("kvc_host_kv_blocks_free", s.host_free_blocks as f64);
+    one("kvc_host_kv_blocks_total", s.host_total_blocks as f64);
+    one("kvc_sessions_resident", s.sessions.len() as f64);
+    one("kvc_session_hits_total", k.session_hits as f64);
+    one("kvc_prefix_cache_hits_total", k.prefix_hits as f64);
+    one("kvc_prompt_tokens_reused_total", k.reused_tokens as f64);
+    one("kvc_prompt_tokens_to_compute_total", k.computed_tokens as f64);
+    one("kvc_host_restores_total", k.host_restores as f64);
+    one("kvc_sessions_expired_total", k.sessions_expired as f64);
+    one("kvc_sessions_capped_total", k.sessions_capped as f64);
+    for (reason, n) in &s.admission_decisions {
+        out.sample("kvc_scheduler_admission_decisions_total", &[reason], *n as f64);
     }
-    out
+    for ((tier, reason), n) in &k.evictions {
+        out.sample("kvc_evicted_blocks_total", &[tier, reason], *n as f64);
+    }
+    if let Some((alone, mixed)) = s.step_budget {
+        out.sample("kvc_scheduler_prefill_budget_seconds", &["alone"], alone);
+        out.sample("kvc_scheduler_prefill_budget_seconds", &["with_decodes"], mixed);
+    }
+}
+
+/// Registers the engine's families, read from `stats()` at each scrape.
+pub fn register_engine(registry: &Registry, stats: impl Fn() -> EngineStats + Send + Sync + 'static) {
+    ScrapeTime::register(registry, ENGINE, move |out| read_engine(&stats(), out));
+}
+
+const ADMISSION: &[Family] = &[
+    Family::gauge("kvc_http_requests_running", "Generation requests holding a concurrency slot.", &[]),
+    Family::gauge("kvc_http_requests_queued", "Generation requests waiting for a concurrency slot.", &[]),
+];
+
+/// Registers the request-slot gauges ([`Admission`]).
+pub fn register_admission(registry: &Registry, admission: Arc<Admission>) {
+    ScrapeTime::register(registry, ADMISSION, move |out| {
+        out.sample("kvc_http_requests_running", &[], admission.running() as f64);
+        out.sample("kvc_http_requests_queued", &[], admission.queued() as f64);
+    });
+}
+
+/// A worker's metrics in one registry: the server's own, the engine's, the slots'.
+pub fn worker_metrics(engine: &EngineHandle, admission: &Arc<Admission>) -> crate::server_metrics::ServerMetrics {
+    let metrics = crate::server_metrics::ServerMetrics::default();
+    let engine = engine.clone();
+    register_engine(&metrics.registry, move || engine.stats());
+    register_admission(&metrics.registry, admission.clone());
+    metrics
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::server_metrics::ServerMetrics;
 
     #[test]
     fn exposition_names_every_engine_stat_with_help_and_type() {
@@ -158,7 +154,9 @@ mod tests {
             generated_tokens: 6,
             ..Default::default()
         };
-        let text = render(&s, &ServerCounters::default());
+        let m = ServerMetrics::default();
+        register_engine(&m.registry, move || s.clone());
+        let text = m.render();
         for line in [
             "kvc_kv_blocks_free 7",
             "kvc_kv_blocks_total 9",

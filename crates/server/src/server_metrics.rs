@@ -22,10 +22,20 @@
 //!   ended: stop, length, tool_calls, abort (client gone), timeout,
 //!   shutdown, error.
 
-use std::fmt::Write;
-use std::sync::atomic::{AtomicU64, Ordering};
+use prometheus::{Histogram, IntCounter, IntCounterVec, Registry};
 
-use crate::histogram::{Histogram, ITL_BUCKETS, REQUEST_BUCKETS, TTFT_BUCKETS};
+use crate::prom;
+
+/// Time to first token, in seconds (vLLM's buckets).
+pub const TTFT_BUCKETS: &[f64] =
+    &[0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0];
+/// Time between two tokens of one sequence, in seconds (vLLM's buckets
+/// plus 0.04, the decode-latency target issue 17 checks).
+pub const ITL_BUCKETS: &[f64] =
+    &[0.01, 0.025, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0];
+/// Whole-request and queue times, in seconds (vLLM's buckets).
+pub const REQUEST_BUCKETS: &[f64] =
+    &[0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0];
 
 /// How one choice (one engine sequence) ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,8 +80,10 @@ impl Finish {
     }
 }
 
-#[derive(Debug)]
+/// The server's metrics, registered in its registry (which the engine's,
+/// the admission gauges' and the P/D metrics join: one `/metrics`).
 pub struct ServerMetrics {
+    pub registry: Registry,
     pub ttft: Histogram,
     pub itl: Histogram,
     pub e2e: Histogram,
@@ -79,82 +91,87 @@ pub struct ServerMetrics {
     pub admission_wait: Histogram,
     pub prefill_wait: Histogram,
     /// Answers by status class, 1xx..5xx.
-    status: [AtomicU64; 5],
-    finishes: [AtomicU64; Finish::ALL.len()],
+    status: IntCounterVec,
+    finishes: IntCounterVec,
+    /// Requests handed to the engine on the `local` path (single worker).
+    pub local_requests: IntCounter,
+    /// Streams whose client went away before the end (cancelled).
+    pub streams_cancelled: IntCounter,
+    /// Admission probe answers, by reason.
+    pub admission_decisions: IntCounterVec,
 }
 
 impl Default for ServerMetrics {
     fn default() -> Self {
-        Self {
-            ttft: Histogram::new(TTFT_BUCKETS),
-            itl: Histogram::new(ITL_BUCKETS),
-            e2e: Histogram::new(REQUEST_BUCKETS),
-            queue: Histogram::new(REQUEST_BUCKETS),
-            admission_wait: Histogram::new(REQUEST_BUCKETS),
-            prefill_wait: Histogram::new(REQUEST_BUCKETS),
-            status: Default::default(),
-            finishes: Default::default(),
-        }
+        Self::new(Registry::new())
     }
 }
 
 impl ServerMetrics {
+    /// The server's metrics, registered in `registry`.
+    pub fn new(registry: Registry) -> Self {
+        let r = &registry;
+        let status = prom::counter_vec(r, "kvc_requests_total", "HTTP requests answered, by status class.", &["status"]);
+        for class in 1..=5 {
+            status.with_label_values(&[&format!("{class}xx")]);
+        }
+        let finishes = prom::counter_vec(r, "kvc_request_finishes_total", "Generated choices, by how they ended.", &["reason"]);
+        for f in Finish::ALL {
+            finishes.with_label_values(&[f.as_str()]);
+        }
+        let served = prom::counter_vec(r, "kvc_served_requests_total", "Requests handed to the engine, by serving path.", &["path"]);
+        Self {
+            ttft: prom::histogram(r, "kvc_time_to_first_token_seconds", "Request arrival to the first generated token.", TTFT_BUCKETS),
+            itl: prom::histogram(r, "kvc_inter_token_latency_seconds", "Time between consecutive tokens of a sequence.", ITL_BUCKETS),
+            e2e: prom::histogram(r, "kvc_e2e_request_latency_seconds", "Request arrival to the end of its last choice.", REQUEST_BUCKETS),
+            queue: prom::histogram(
+                r,
+                "kvc_request_queue_time_seconds",
+                "Request arrival to admission (concurrency slot taken, handed to the engine).",
+                REQUEST_BUCKETS,
+            ),
+            admission_wait: prom::histogram(
+                r,
+                "kvc_engine_admission_wait_seconds",
+                "Time a sequence waited in the engine, before its first token, for KV memory or a sequence slot.",
+                REQUEST_BUCKETS,
+            ),
+            prefill_wait: prom::histogram(
+                r,
+                "kvc_engine_prefill_wait_seconds",
+                "Time a sequence waited in the engine, before its first token, behind other prompts' prefills.",
+                REQUEST_BUCKETS,
+            ),
+            status,
+            finishes,
+            local_requests: served.with_label_values(&[kvc_engine::ServePath::Local.as_str()]),
+            streams_cancelled: prom::counter(
+                r,
+                "kvc_streams_cancelled_total",
+                "Streaming responses whose client went away before the end.",
+            ),
+            admission_decisions: prom::counter_vec(r, "kvc_admission_decisions_total", "Admission probe answers, by reason.", &["reason"]),
+            registry,
+        }
+    }
+
     pub fn count_status(&self, status: u16) {
-        if let Some(c) = self.status.get((status / 100).wrapping_sub(1) as usize) {
-            c.fetch_add(1, Ordering::Relaxed);
+        if (100..600).contains(&status) {
+            self.status.with_label_values(&[&format!("{}xx", status / 100)]).inc();
         }
     }
 
     pub fn count_finish(&self, finish: Finish) {
-        let i = Finish::ALL.iter().position(|&f| f == finish).expect("listed");
-        self.finishes[i].fetch_add(1, Ordering::Relaxed);
+        self.finishes.with_label_values(&[finish.as_str()]).inc();
     }
 
     pub fn finishes(&self, finish: Finish) -> u64 {
-        let i = Finish::ALL.iter().position(|&f| f == finish).expect("listed");
-        self.finishes[i].load(Ordering::Relaxed)
+        self.finishes.with_label_values(&[finish.as_str()]).get()
     }
 
-    /// Appends the admission gauges (requests holding a slot, waiting).
-    pub fn render_admission(out: &mut String, running: usize, queued: usize) {
-        let _ = writeln!(out, "# HELP kvc_http_requests_running Generation requests holding a concurrency slot.");
-        let _ = writeln!(out, "# TYPE kvc_http_requests_running gauge");
-        let _ = writeln!(out, "kvc_http_requests_running {running}");
-        let _ = writeln!(out, "# HELP kvc_http_requests_queued Generation requests waiting for a concurrency slot.");
-        let _ = writeln!(out, "# TYPE kvc_http_requests_queued gauge");
-        let _ = writeln!(out, "kvc_http_requests_queued {queued}");
-    }
-
-    /// Appends the exposition of every server metric.
-    pub fn render(&self, out: &mut String) {
-        let _ = writeln!(out, "# HELP kvc_requests_total HTTP requests answered, by status class.");
-        let _ = writeln!(out, "# TYPE kvc_requests_total counter");
-        for (i, c) in self.status.iter().enumerate() {
-            let _ = writeln!(out, "kvc_requests_total{{status=\"{}xx\"}} {}", i + 1, c.load(Ordering::Relaxed));
-        }
-        let _ = writeln!(out, "# HELP kvc_request_finishes_total Generated choices, by how they ended.");
-        let _ = writeln!(out, "# TYPE kvc_request_finishes_total counter");
-        for (f, c) in Finish::ALL.iter().zip(&self.finishes) {
-            let _ = writeln!(out, "kvc_request_finishes_total{{reason=\"{}\"}} {}", f.as_str(), c.load(Ordering::Relaxed));
-        }
-        self.ttft.render(out, "kvc_time_to_first_token_seconds", "Request arrival to the first generated token.");
-        self.itl.render(out, "kvc_inter_token_latency_seconds", "Time between consecutive tokens of a sequence.");
-        self.e2e.render(out, "kvc_e2e_request_latency_seconds", "Request arrival to the end of its last choice.");
-        self.queue.render(
-            out,
-            "kvc_request_queue_time_seconds",
-            "Request arrival to admission (concurrency slot taken, handed to the engine).",
-        );
-        self.admission_wait.render(
-            out,
-            "kvc_engine_admission_wait_seconds",
-            "Time a sequence waited in the engine, before its first token, for KV memory or a sequence slot.",
-        );
-        self.prefill_wait.render(
-            out,
-            "kvc_engine_prefill_wait_seconds",
-            "Time a sequence waited in the engine, before its first token, behind other prompts' prefills.",
-        );
+    /// The exposition of the whole registry.
+    pub fn render(&self) -> String {
+        prom::encode(&self.registry)
     }
 }
 
@@ -171,8 +188,7 @@ mod tests {
         m.count_finish(Finish::ToolCalls);
         m.count_finish(Finish::Timeout);
         m.ttft.observe(0.2);
-        let mut text = String::new();
-        m.render(&mut text);
+        let text = m.render();
         for line in [
             "kvc_requests_total{status=\"2xx\"} 2",
             "kvc_requests_total{status=\"4xx\"} 3",

@@ -14,7 +14,7 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use kvc_engine::Usage;
 
-use crate::app::{AppState, ServerCounters};
+use crate::app::AppState;
 use crate::error::{error_response, ApiError};
 use crate::generate::{log_finished, serving_headers, total_usage, ChoiceEvent, Generation};
 use crate::openai_types::{ChunkUsage, KvcInfo};
@@ -92,7 +92,7 @@ impl<E: Endpoint> Driver<E> {
 impl<E: Endpoint> Drop for Driver<E> {
     fn drop(&mut self) {
         if !self.finished {
-            ServerCounters::inc(&self.state.counters.streams_cancelled);
+            self.state.metrics.streams_cancelled.inc();
             tracing::info!(
                 request_id = %self.generation.request_id(),
                 "stream dropped before the end (client gone or shutdown); request cancelled"

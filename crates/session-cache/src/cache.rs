@@ -1,5 +1,6 @@
 //! SessionAwareCache: sessions' KV across turns, the prefix index, and
-//! tiered eviction (unreferenced cached blocks -> host tier -> drop).
+//! tiered eviction (unreferenced cached blocks -> host tier -> drop; the
+//! eviction pass is in [`reclaim`]).
 //!
 //! Reference counting: every holder of a device block owns one allocator
 //! reference: running requests (their block tables), the prefix index (one
@@ -14,11 +15,12 @@ use std::time::{Duration, Instant};
 use kvc_kv_pool::{BlockAllocator, BlockId, KvStorage};
 
 use crate::block_hash::{hash_block, BlockHash};
-use crate::eviction::{choose_victim, EvictionAction, EvictionDecision, VictimCandidate};
 use crate::host_tier::HostTier;
 use crate::prefix_index::PrefixIndex;
 use crate::session::{common_prefix, BlockLoc, Session, SessionInfo};
 use crate::stats::CacheStats;
+
+mod reclaim;
 
 #[derive(Debug, Clone)]
 pub struct CacheConfig {
@@ -100,6 +102,18 @@ impl SessionAwareCache {
         }
     }
 
+    /// The host tier's memory and copies (a GPU pool's pinned arena); by
+    /// default plain vectors of `host_blocks` slots. Set before first use.
+    pub fn set_host_arena(&mut self, arena: Box<dyn kvc_kv_pool::HostArena>) {
+        self.config.host_blocks = arena.capacity();
+        self.host = HostTier::with_arena(arena);
+    }
+
+    /// Bytes moved by the host tier so far: (to host, back to the pool).
+    pub fn host_bytes_moved(&self) -> (u64, u64) {
+        self.host.bytes_moved()
+    }
+
     pub fn config(&self) -> &CacheConfig {
         &self.config
     }
@@ -178,6 +192,8 @@ impl SessionAwareCache {
                 self.stats.prefix_hits += 1;
             }
         }
+        // Restored blocks are read by this request's first step.
+        self.host.flush();
         self.stats.reused_tokens += out.tokens as u64;
         self.stats.computed_tokens += (prompt.len() - out.tokens) as u64;
         out
@@ -406,14 +422,6 @@ impl SessionAwareCache {
         n
     }
 
-    // ---- eviction ---------------------------------------------------------
-
-    /// Blocks that eviction could free now (indexed or held by idle
-    /// sessions, with no running user).
-    pub fn evictable_blocks(&self, alloc: &BlockAllocator) -> usize {
-        (0..self.cache_refs.len() as BlockId).filter(|&b| self.cache_refs[b as usize] > 0 && self.running_refs(alloc, b) == 0).count()
-    }
-
     pub fn host_free_blocks(&self) -> usize {
         self.host.num_free()
     }
@@ -424,131 +432,6 @@ impl SessionAwareCache {
 
     pub fn indexed_blocks(&self) -> usize {
         self.index.len()
-    }
-
-    /// Frees device blocks until `need` are free or nothing more can go:
-    /// 1. indexed blocks nobody else uses (LRU), 2. idle sessions' blocks to
-    /// the host tier (victim by [`choose_victim`]), 3. drop the victim.
-    pub fn reclaim(&mut self, need: usize, alloc: &mut BlockAllocator, storage: &KvStorage) -> usize {
-        let start = alloc.num_free();
-        while alloc.num_free() < need {
-            if self.evict_index_only(need - alloc.num_free(), alloc) > 0 {
-                continue;
-            }
-            let Some(decision) = self.pick_victim(alloc) else {
-                break;
-            };
-            if decision.action == EvictionAction::Drop && self.host.capacity() > 0 {
-                // Make room in the host tier from older host-resident sessions first.
-                if self.drop_coldest_host_session(&decision.session, alloc) {
-                    continue;
-                }
-            }
-            let moved = self.evict_session(&decision, alloc, storage);
-            tracing::info!(
-                event = "eviction",
-                session = %decision.session,
-                action = ?decision.action,
-                reason = decision.reason,
-                score = decision.score,
-                blocks = moved,
-                "evicted idle session KV"
-            );
-            if moved == 0 {
-                break;
-            }
-        }
-        alloc.num_free() - start
-    }
-
-    fn evict_index_only(&mut self, want: usize, alloc: &mut BlockAllocator) -> usize {
-        let cache_refs = &self.cache_refs;
-        let victims = self.index.lru_blocks(|b| cache_refs[b as usize] == 1 && alloc.refcount(b) == 1);
-        let mut freed = 0;
-        for b in victims.into_iter().take(want) {
-            self.index.remove_block(b);
-            self.drop_ref(alloc, b);
-            freed += 1;
-        }
-        if freed > 0 {
-            self.stats.count_eviction("device", "prefix_lru", freed as u64);
-            tracing::debug!(event = "eviction", tier = "device", reason = "prefix_lru", blocks = freed);
-        }
-        freed
-    }
-
-    fn pick_victim(&self, alloc: &BlockAllocator) -> Option<EvictionDecision> {
-        let now = Instant::now();
-        let candidates: Vec<VictimCandidate> = self
-            .sessions
-            .iter()
-            .filter(|(_, s)| s.busy == 0)
-            .map(|(id, s)| VictimCandidate {
-                session: id.clone(),
-                idle_s: now.saturating_duration_since(s.last_use).as_secs_f64(),
-                device_blocks: s.blocks.iter().filter(|l| matches!(l, BlockLoc::Device(b) if self.running_refs(alloc, *b) == 0)).count(),
-                turns: s.turns,
-            })
-            .collect();
-        choose_victim(&candidates, self.host.num_free(), alloc.num_blocks())
-    }
-
-    /// Offloads (or drops) a session's device blocks that no request uses.
-    fn evict_session(&mut self, d: &EvictionDecision, alloc: &mut BlockAllocator, storage: &KvStorage) -> usize {
-        let locs = self.sessions[&d.session].blocks.clone();
-        self.changed.insert(d.session.clone());
-        let mut moved = 0;
-        match d.action {
-            EvictionAction::Offload => {
-                for (i, loc) in locs.iter().enumerate().rev() {
-                    let BlockLoc::Device(b) = *loc else { continue };
-                    if self.running_refs(alloc, b) > 0 {
-                        continue;
-                    }
-                    let Some(h) = self.host.store(storage, b) else {
-                        break;
-                    };
-                    self.sessions.get_mut(&d.session).expect("victim exists").blocks[i] = BlockLoc::Host(h);
-                    self.drop_ref(alloc, b);
-                    moved += 1;
-                }
-                self.stats.count_eviction("host", d.reason, moved as u64);
-            }
-            EvictionAction::Drop => {
-                let s = self.sessions.get_mut(&d.session).expect("victim exists");
-                let blocks = std::mem::take(&mut s.blocks);
-                s.tokens.clear();
-                moved = blocks.iter().filter(|l| matches!(l, BlockLoc::Device(_))).count();
-                for loc in blocks {
-                    self.release_loc(alloc, loc);
-                }
-                self.stats.count_eviction("dropped", d.reason, moved as u64);
-            }
-        }
-        moved
-    }
-
-    /// Drops the KV of the idle session with host blocks that has been idle
-    /// longest (other than `except`). False if there is none.
-    fn drop_coldest_host_session(&mut self, except: &str, alloc: &mut BlockAllocator) -> bool {
-        let victim = self
-            .sessions
-            .iter()
-            .filter(|(id, s)| s.busy == 0 && id.as_str() != except && s.blocks.iter().any(|l| matches!(l, BlockLoc::Host(_))))
-            .min_by_key(|(_, s)| s.last_use)
-            .map(|(id, _)| id.clone());
-        let Some(id) = victim else { return false };
-        self.changed.insert(id.clone());
-        let s = self.sessions.get_mut(&id).expect("victim exists");
-        let blocks = std::mem::take(&mut s.blocks);
-        s.tokens.clear();
-        let n = blocks.len() as u64;
-        for loc in blocks {
-            self.release_loc(alloc, loc);
-        }
-        self.stats.count_eviction("dropped", "host_full", n);
-        tracing::info!(event = "eviction", session = %id, action = "drop", reason = "host_full", blocks = n);
-        true
     }
 }
 

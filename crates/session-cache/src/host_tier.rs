@@ -1,22 +1,33 @@
 //! Host-memory tier: whole blocks (every layer's K and V) copied out of the
-//! pool, bounded in blocks.
+//! pool into a [`HostArena`], bounded in slots. The arena decides how the
+//! bytes move (at once for a host pool; queued on a copy stream for a GPU
+//! pool): the tier hands out slots and calls [`HostTier::flush`] when a
+//! batch of moves is complete.
 
-use kvc_kv_pool::{BlockId, KvStorage};
+use kvc_kv_pool::{BlockId, HostArena, HostSlot, KvStorage, VecArena};
 
-pub type HostBlockId = u32;
+pub type HostBlockId = HostSlot;
 
 pub struct HostTier {
-    slots: Vec<Option<Vec<u8>>>,
+    arena: Box<dyn HostArena>,
     free: Vec<HostBlockId>,
 }
 
 impl HostTier {
+    /// A tier of plain host vectors (for a pool in host memory).
     pub fn new(capacity_blocks: usize) -> Self {
-        Self { slots: vec![None; capacity_blocks], free: (0..capacity_blocks as HostBlockId).rev().collect() }
+        Self::with_arena(Box::new(VecArena::new(capacity_blocks)))
+    }
+
+    pub fn with_arena(arena: Box<dyn HostArena>) -> Self {
+        // Slots are handed out lowest first, so a session's blocks land in
+        // consecutive slots and their copies coalesce.
+        let free = (0..arena.capacity() as HostBlockId).rev().collect();
+        Self { arena, free }
     }
 
     pub fn capacity(&self) -> usize {
-        self.slots.len()
+        self.arena.capacity()
     }
 
     pub fn num_free(&self) -> usize {
@@ -26,28 +37,27 @@ impl HostTier {
     /// Copies a device block into the tier; None when the tier is full.
     pub fn store(&mut self, storage: &KvStorage, block: BlockId) -> Option<HostBlockId> {
         let slot = self.free.pop()?;
-        let layers = storage.layout().num_layers;
-        let mut bytes = Vec::with_capacity(storage.layout().bytes_per_block());
-        for layer in 0..layers {
-            bytes.extend_from_slice(storage.block_bytes(layer, block));
-        }
-        self.slots[slot as usize] = Some(bytes);
+        self.arena.store(storage, block, slot);
         Some(slot)
     }
 
     /// Copies a stored block back into device block `dst` and frees the slot.
     pub fn restore(&mut self, storage: &mut KvStorage, slot: HostBlockId, dst: BlockId) {
-        let bytes = self.slots[slot as usize].take().expect("restoring an occupied host slot");
-        let per_layer = storage.layout().layer_block_bytes();
-        for (layer, chunk) in bytes.chunks_exact(per_layer).enumerate() {
-            storage.set_block_bytes(layer, dst, chunk).expect("host block has the pool's layout");
-        }
+        self.arena.load(storage, slot, dst);
         self.free.push(slot);
     }
 
     pub fn release(&mut self, slot: HostBlockId) {
-        if self.slots[slot as usize].take().is_some() {
-            self.free.push(slot);
-        }
+        self.free.push(slot);
+    }
+
+    /// Issues the copies queued since the last flush (see [`HostArena::flush`]).
+    pub fn flush(&mut self) {
+        self.arena.flush();
+    }
+
+    /// Bytes moved so far: (to host, back to the pool).
+    pub fn bytes_moved(&self) -> (u64, u64) {
+        self.arena.bytes_moved()
     }
 }

@@ -6,6 +6,7 @@
 mod attention;
 mod cudnn_attention;
 mod graph;
+mod host_arena;
 mod model;
 mod moe;
 mod moe_cublas;
@@ -14,6 +15,7 @@ pub use attention::{set_decode_kernel_v1, AttentionPlan, PagedAttention};
 pub use cudnn_attention::{CudnnAttention, PrefillBackend, PrefillContext};
 pub use graph::CapturedStep;
 pub(crate) use graph::DecodeGraphs;
+pub use host_arena::PinnedArena;
 pub(crate) use model::GpuModel;
 pub use moe::{set_moe_small_pairs, GpuMoe, SMALL_PAIRS};
 pub use moe_cublas::set_moe_prefill_cublas;

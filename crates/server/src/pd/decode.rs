@@ -31,7 +31,7 @@ pub async fn start(state: &AppState, pd: &PdState, mut req: GenerateRequest) -> 
     let engine = &state.engine;
     let info = engine.info();
     let n = req.prompt_tokens.len();
-    let peer = pd.peers.pick(req.session_id.as_deref(), &pd.counters);
+    let peer = pd.peers.pick(req.session_id.as_deref(), &pd.metrics);
     // Without a session or peer, a prompt below the threshold cannot go
     // remote: skip the reservation round trip.
     if peer.is_none() || (n < pd.config.min_remote_tokens && req.session_id.is_none()) {
@@ -74,7 +74,7 @@ pub async fn start(state: &AppState, pd: &PdState, mut req: GenerateRequest) -> 
         peer: Some(view),
     };
     let d = decide(&inputs);
-    pd.counters.inc("kvc_prefill_path_decisions_total", &[("path", d.path.as_str()), ("reason", d.reason)]);
+    pd.metrics.path_decisions.with_label_values(&[d.path.as_str(), d.reason]).inc();
     tracing::info!(
         event = "prefill_path", request_id = %req.request_id, path = d.path.as_str(), reason = d.reason,
         prompt_tokens = n, held_tokens = reservation.held_tokens, snapshot_tokens = view.snapshot_tokens,
@@ -119,8 +119,8 @@ pub async fn start(state: &AppState, pd: &PdState, mut req: GenerateRequest) -> 
     let reservation = guard.defuse();
     match answer {
         Ok(a) => {
-            pd.counters.inc("kvc_remote_prefill_total", &[("outcome", "ok")]);
-            pd.counters.add("kvc_kv_transfer_bytes_total", &[("kind", "remote_prefill_received")], a.transfer_bytes as f64);
+            pd.metrics.remote_prefill.with_label_values(&["ok"]).inc();
+            pd.metrics.transfer_bytes.with_label_values(&["remote_prefill_received"]).inc_by(a.transfer_bytes as u64);
             let path = if a.bypass_tokens > 0 { ServePath::Bypass } else { ServePath::RemotePrefill };
             pd.observe_remote_overhead(started.elapsed().as_secs_f64() - (a.prefill_ms + a.transfer_ms) / 1e3);
             tracing::info!(
@@ -135,9 +135,9 @@ pub async fn start(state: &AppState, pd: &PdState, mut req: GenerateRequest) -> 
             Ok((stream, route))
         }
         Err(e) => {
-            pd.counters.inc("kvc_remote_prefill_total", &[("outcome", "failed")]);
-            pd.counters.inc("kvc_disagg_fallbacks_total", &[("reason", "remote_prefill_failed")]);
-            pd.peers.mark(&peer.url, false, None, &pd.counters);
+            pd.metrics.remote_prefill.with_label_values(&["failed"]).inc();
+            pd.metrics.fallbacks.with_label_values(&["remote_prefill_failed"]).inc();
+            pd.peers.mark(&peer.url, false, None, &pd.metrics);
             tracing::warn!(event = "fallback", reason = "remote_prefill_failed", request_id = %req.request_id, peer = %peer.url, error = %e, "computing locally instead");
             let held = reservation.held_tokens;
             let here = if reservation.reuse_reason == ReusePath::SessionHit { PrefillPath::DirectAppend } else { PrefillPath::Local };
@@ -154,7 +154,7 @@ fn local(
     path: PrefillPath,
     reason: &'static str,
 ) -> Result<(RequestStream, Route), ApiError> {
-    pd.counters.inc("kvc_prefill_path_decisions_total", &[("path", path.as_str()), ("reason", reason)]);
+    pd.metrics.path_decisions.with_label_values(&[path.as_str(), reason]).inc();
     let stream = state.engine.submit(req).map_err(ApiError::completion_engine)?;
     Ok((stream, Route { path: path.serve_path(), reason, ..Default::default() }))
 }

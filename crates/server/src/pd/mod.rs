@@ -1,12 +1,12 @@
 //! Prefill/decode disaggregation in the server (docs/disaggregation.md):
 //! the KV link ([`kv_link`]), prefill peers ([`peers`]), the decode
 //! worker's request start ([`decode`]) and snapshot pusher ([`pusher`]),
-//! the prefill worker's routes ([`prefill`]), and their counters.
+//! the prefill worker's routes ([`prefill`]), and their metrics ([`metrics`]).
 
-pub mod counters;
 pub mod decode;
 pub mod exposure;
 pub mod kv_link;
+pub mod metrics;
 pub mod peers;
 pub mod prefill;
 pub mod pusher;
@@ -18,8 +18,8 @@ use kvc_disagg::prefill_path::PathPolicy;
 use kvc_engine::EngineHandle;
 
 use crate::args::{Args, PathPolicyArg, Role};
-use counters::PdCounters;
 use kv_link::KvLink;
+use metrics::PdMetrics;
 use peers::{PeerClient, PrefillPeers};
 
 #[derive(Debug, Clone)]
@@ -37,7 +37,7 @@ pub struct PdState {
     pub link: Arc<KvLink>,
     pub peers: Arc<PrefillPeers>,
     pub client: PeerClient,
-    pub counters: Arc<PdCounters>,
+    pub metrics: PdMetrics,
     pub config: PdConfig,
     /// Fault injection for tests: points where a handler waits forever
     /// (`KVC_FAULT_HOLD=remote_prefill,snapshot_reserve`), so a test can
@@ -51,8 +51,9 @@ pub struct PdState {
 
 impl PdState {
     /// Starts the KV link and, on a decode worker, the peer monitor and
-    /// the snapshot pusher. Call inside the runtime.
-    pub fn start(engine: &EngineHandle, args: &Args) -> anyhow::Result<Arc<Self>> {
+    /// the snapshot pusher; the metrics join the worker's `registry`. Call
+    /// inside the runtime.
+    pub fn start(engine: &EngineHandle, args: &Args, registry: &prometheus::Registry) -> anyhow::Result<Arc<Self>> {
         let d = &args.disagg;
         let host = exposure::transport_host(d.kv_transport_host.as_deref(), &args.host);
         let link = Arc::new(KvLink::start(
@@ -67,7 +68,7 @@ impl PdState {
             link,
             peers: Arc::new(PrefillPeers::new(&d.prefill_peers)),
             client: PeerClient::new(&token),
-            counters: Arc::new(PdCounters::default()),
+            metrics: PdMetrics::new(registry),
             config: PdConfig {
                 min_remote_tokens: d.remote_prefill_min_tokens,
                 policy: match d.remote_prefill_policy {
@@ -80,17 +81,10 @@ impl PdState {
             remote_overhead: std::sync::Mutex::new(0.0),
             _engine: engine.clone(),
         });
-        let l = state.link.listeners();
-        let exposure = state.link.exposure().as_str();
-        state.counters.set(
-            "kvc_kv_transport_listeners",
-            &[("exposure", exposure), ("bound", "restricted")],
-            (l.bound.len() - l.wildcard_ports.len()) as f64,
-        );
-        state.counters.set("kvc_kv_transport_listeners", &[("exposure", exposure), ("bound", "wildcard")], l.wildcard_ports.len() as f64);
+        state.metrics.set_listeners(&state.link);
         if args.role == Role::Decode {
             let interval = Duration::from_secs_f64(d.peer_poll_interval_s.max(0.05));
-            state.peers.spawn_pollers(&state.client, interval, state.counters.clone());
+            state.peers.spawn_pollers(&state.client, interval, state.metrics.clone());
             if let Some(jobs) = engine.take_snapshot_jobs() {
                 tokio::spawn(pusher::run(engine.clone(), state.clone(), jobs));
             }

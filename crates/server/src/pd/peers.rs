@@ -11,7 +11,7 @@ use std::time::Duration;
 use kvc_disagg::prefill_peer::{choose_peer, PeerCandidate};
 use kvc_disagg::protocol::WorkerState;
 
-use super::counters::PdCounters;
+use super::metrics::PdMetrics;
 use crate::auth::CLUSTER_TOKEN_HEADER;
 use crate::peer_poll::{spawn_pollers, Polled};
 
@@ -101,7 +101,7 @@ impl PrefillPeers {
     /// stable home, else the least loaded healthy one; an unhealthy peer
     /// only if none is healthy, and the caller then falls back). The choice
     /// is counted in `kvc_prefill_peer_choices_total{reason}`.
-    pub fn pick(&self, session: Option<&str>, counters: &PdCounters) -> Option<PeerStatus> {
+    pub fn pick(&self, session: Option<&str>, metrics: &PdMetrics) -> Option<PeerStatus> {
         let peers = self.all();
         let candidates: Vec<PeerCandidate> = peers
             .iter()
@@ -116,14 +116,14 @@ impl PrefillPeers {
             })
             .collect();
         let (i, reason) = choose_peer(&candidates, session)?;
-        counters.inc("kvc_prefill_peer_choices_total", &[("reason", reason.as_str())]);
+        metrics.peer_choices.with_label_values(&[reason.as_str()]).inc();
         tracing::debug!(event = "prefill_peer", peer = %peers[i].url, reason = reason.as_str());
         Some(peers[i].clone())
     }
 
     /// Records a poll's (or call's) outcome; returns the peer's consecutive
     /// failures.
-    pub fn mark(&self, url: &str, healthy: bool, state: Option<WorkerState>, counters: &PdCounters) -> u32 {
+    pub fn mark(&self, url: &str, healthy: bool, state: Option<WorkerState>, metrics: &PdMetrics) -> u32 {
         let mut peers = self.peers.lock().unwrap_or_else(|e| e.into_inner());
         let Some(p) = peers.iter_mut().find(|p| p.url == url) else {
             return 0;
@@ -136,16 +136,16 @@ impl PrefillPeers {
         if state.is_some() {
             p.state = state;
         }
-        counters.set("kvc_prefill_peer_healthy", &[("peer", url)], if healthy { 1.0 } else { 0.0 });
+        metrics.peer_healthy.with_label_values(&[url]).set(if healthy { 1.0 } else { 0.0 });
         p.failures
     }
 
     /// Polls every peer on its own task, forever.
-    pub fn spawn_pollers(self: &Arc<Self>, client: &PeerClient, interval: Duration, counters: Arc<PdCounters>) {
+    pub fn spawn_pollers(self: &Arc<Self>, client: &PeerClient, interval: Duration, metrics: PdMetrics) {
         let urls: Vec<String> = self.all().into_iter().map(|p| p.url).collect();
         let (peers, names) = (self.clone(), Arc::new(urls.clone()));
         spawn_pollers(urls, client.http.clone(), client.token.clone(), interval, move |i, outcome: Result<Polled, String>| {
-            let (peers, counters, url) = (peers.clone(), counters.clone(), names[i].clone());
+            let (peers, metrics, url) = (peers.clone(), metrics.clone(), names[i].clone());
             async move {
                 let state = match outcome {
                     Ok(p) => {
@@ -162,7 +162,7 @@ impl PrefillPeers {
                     }
                 };
                 let healthy = state.as_ref().is_some_and(|s| s.ready);
-                peers.mark(&url, healthy, state, &counters)
+                peers.mark(&url, healthy, state, &metrics)
             }
         });
     }
@@ -174,7 +174,7 @@ mod tests {
 
     fn reporting(peers: &PrefillPeers, pending: usize) -> PeerStatus {
         let state = WorkerState { pending_prefill_tokens: pending, ready: true, ..Default::default() };
-        peers.mark("http://p", true, Some(state), &PdCounters::default());
+        peers.mark("http://p", true, Some(state), &PdMetrics::default());
         peers.all().remove(0)
     }
 

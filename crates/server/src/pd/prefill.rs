@@ -50,7 +50,7 @@ pub async fn remote_prefill(
     let deadline = Instant::now() + budget;
     let result = serve_prefill(&state, pd, req, deadline, budget).await;
     let outcome = if result.is_ok() { "ok" } else { "failed" };
-    pd.counters.inc("kvc_remote_prefill_served_total", &[("outcome", outcome)]);
+    pd.metrics.remote_prefill_served.with_label_values(&[outcome]).inc();
     result.map(Json)
 }
 
@@ -124,11 +124,11 @@ async fn serve_prefill(
         .map_err(|e| ApiError::Internal(format!("transfer task failed: {e}")))?
         .map_err(|e| ApiError::Internal(format!("KV transfer to the decode worker failed: {e}")))?;
     drop(lease);
-    pd.counters.add("kvc_kv_transfer_bytes_total", &[("kind", "remote_prefill")], report.bytes as f64);
+    pd.metrics.transfer_bytes.with_label_values(&["remote_prefill"]).inc_by(report.bytes as u64);
     let bypass = if usage.reuse_reason == kvc_engine::ReusePath::Bypass { usage.cached_tokens } else { 0 };
     if let Some(s) = &req.session_id {
         let hit = if bypass > 0 { "hit" } else { "miss" };
-        pd.counters.inc("kvc_bypass_total", &[("result", hit)]);
+        pd.metrics.bypass.with_label_values(&[hit]).inc();
         tracing::info!(event = if bypass > 0 { "bypass_hit" } else { "bypass_miss" }, session = %s, bypass_tokens = bypass, prompt_tokens = n);
     }
     Ok(RemotePrefillResponse {

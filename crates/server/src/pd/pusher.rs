@@ -17,11 +17,11 @@ pub async fn run(engine: EngineHandle, pd: Arc<PdState>, mut jobs: mpsc::Unbound
         let result = push(&pd, job).await;
         match &result {
             Ok(tokens) => {
-                pd.counters.inc("kvc_snapshot_push_sent_total", &[]);
+                pd.metrics.push_sent.inc();
                 tracing::info!(event = "snapshot_push_sent", session = %session, tokens);
             }
             Err(reason) => {
-                pd.counters.inc("kvc_snapshot_push_failed_total", &[("reason", reason.0)]);
+                pd.metrics.push_failed.with_label_values(&[reason.0]).inc();
                 tracing::warn!(event = "snapshot_push_failed", session = %session, reason = reason.0, detail = %reason.1);
             }
         }
@@ -37,7 +37,7 @@ async fn push(pd: &PdState, job: SnapshotJob) -> Result<usize, Failed> {
         return Err(Failed("session_released", String::new()));
     }
     let peer =
-        pd.peers.pick(Some(&job.session_id), &pd.counters).filter(|p| p.healthy).ok_or(Failed("no_healthy_prefill_peer", String::new()))?;
+        pd.peers.pick(Some(&job.session_id), &pd.metrics).filter(|p| p.healthy).ok_or(Failed("no_healthy_prefill_peer", String::new()))?;
     let offer = SnapshotReserveRequest { session_id: job.session_id.clone(), tokens: job.tokens.clone(), src: pd.link.record().clone() };
     let slot: SnapshotReserveResponse =
         call(pd, &format!("{}/internal/snapshot/reserve", peer.url), &offer).await.map_err(|e| Failed("reserve_failed", e))?;
@@ -60,7 +60,7 @@ async fn push(pd: &PdState, job: SnapshotJob) -> Result<usize, Failed> {
     let (link, dst, dst_blocks) = (pd.link.clone(), slot.dst.clone(), slot.dst_blocks.clone());
     let report = tokio::task::spawn_blocking(move || link.write(&dst, &src, &dst_blocks)).await;
     match report {
-        Ok(Ok(r)) => pd.counters.add("kvc_kv_transfer_bytes_total", &[("kind", "snapshot")], r.bytes as f64),
+        Ok(Ok(r)) => pd.metrics.transfer_bytes.with_label_values(&["snapshot"]).inc_by(r.bytes as u64),
         Ok(Err(e)) => return Err(abort("transfer_failed", e.to_string()).await),
         Err(e) => return Err(abort("transfer_failed", e.to_string()).await),
     }

@@ -1,4 +1,4 @@
-//! The router's counters and their Prometheus text (`GET /metrics`).
+//! The router's metrics, in its own registry ([`crate::prom`]; `GET /metrics`).
 //!
 //! - `kvc_router_requests_total{worker,status}`: answers, by the worker that
 //!   gave them (`none` when the router answered itself) and HTTP status.
@@ -10,119 +10,119 @@
 //! - `kvc_router_peer_health_changes_total{worker,to}`.
 //! - `kvc_router_requests_in_flight{worker}`.
 
-use std::collections::BTreeMap;
-use std::fmt::Write;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Weak};
+
+use prometheus::{IntCounter, IntCounterVec, Registry};
 
 use super::peers::Peers;
-use crate::prom_text::labels;
+use crate::prom::{self, Family, ScrapeTime};
 
-#[derive(Debug, Default)]
+/// The router's metrics and its one registry.
 pub struct RouterMetrics {
-    requests: Mutex<BTreeMap<(String, u16), u64>>,
-    decisions: Mutex<BTreeMap<&'static str, u64>>,
-    moves: Mutex<BTreeMap<&'static str, u64>>,
-    health_changes: Mutex<BTreeMap<(String, &'static str), u64>>,
-    retries: AtomicU64,
+    registry: Registry,
+    requests: IntCounterVec,
+    decisions: IntCounterVec,
+    moves: IntCounterVec,
+    health_changes: IntCounterVec,
+    retries: IntCounter,
 }
 
-fn bump<K: Ord>(map: &Mutex<BTreeMap<K, u64>>, key: K) {
-    *map.lock().unwrap_or_else(|e| e.into_inner()).entry(key).or_default() += 1;
+impl Default for RouterMetrics {
+    fn default() -> Self {
+        let r = Registry::new();
+        Self {
+            requests: prom::counter_vec(
+                &r,
+                "kvc_router_requests_total",
+                "Answers to generation requests, by worker (none: the router's own) and HTTP status.",
+                &["worker", "status"],
+            ),
+            decisions: prom::counter_vec(&r, "kvc_router_decisions_total", "Placement decisions, by reason.", &["reason"]),
+            moves: prom::counter_vec(
+                &r,
+                "kvc_router_session_moves_total",
+                "Sessions placed on another worker than their last turn's, by reason.",
+                &["reason"],
+            ),
+            health_changes: prom::counter_vec(
+                &r,
+                "kvc_router_peer_health_changes_total",
+                "Health transitions of each worker, by the state entered.",
+                &["worker", "to"],
+            ),
+            retries: prom::counter(
+                &r,
+                "kvc_router_retries_total",
+                "Forwards retried on another worker after the first failed before any answer.",
+            ),
+            registry: r,
+        }
+    }
 }
 
-fn snapshot<K: Ord + Clone>(map: &Mutex<BTreeMap<K, u64>>) -> BTreeMap<K, u64> {
-    map.lock().unwrap_or_else(|e| e.into_inner()).clone()
+impl std::fmt::Debug for RouterMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RouterMetrics").finish_non_exhaustive()
+    }
 }
+
+const PEERS: &[Family] = &[
+    Family::gauge("kvc_router_peer_healthy", "Whether the router sends requests to the worker (1) or not (0).", &["worker"]),
+    Family::gauge("kvc_router_requests_in_flight", "Requests the router is forwarding to the worker now.", &["worker"]),
+];
 
 impl RouterMetrics {
+    /// Adds the workers' health and in-flight gauges, read from `peers`
+    /// at each scrape (weakly: `peers` holds these metrics).
+    pub fn watch(&self, peers: &Arc<Peers>) {
+        let peers: Weak<Peers> = Arc::downgrade(peers);
+        ScrapeTime::register(&self.registry, PEERS, move |out| {
+            for p in peers.upgrade().iter().flat_map(|peers| peers.list.iter()) {
+                out.sample("kvc_router_peer_healthy", &[&p.url], p.is_healthy() as u8 as f64);
+                out.sample("kvc_router_requests_in_flight", &[&p.url], p.in_flight() as f64);
+            }
+        });
+    }
+
     pub fn count_request(&self, worker: &str, status: u16) {
-        bump(&self.requests, (worker.to_string(), status));
+        self.requests.with_label_values(&[worker, &status.to_string()]).inc();
     }
 
     pub fn count_decision(&self, reason: &'static str) {
-        bump(&self.decisions, reason);
+        self.decisions.with_label_values(&[reason]).inc();
     }
 
     pub fn count_move(&self, reason: &'static str) {
-        bump(&self.moves, reason);
+        self.moves.with_label_values(&[reason]).inc();
     }
 
     pub fn count_retry(&self) {
-        self.retries.fetch_add(1, Ordering::Relaxed);
+        self.retries.inc();
     }
 
     pub fn count_health_change(&self, worker: &str, to: &'static str) {
-        bump(&self.health_changes, (worker.to_string(), to));
+        self.health_changes.with_label_values(&[worker, to]).inc();
     }
 
     pub fn health_changes_for(&self, worker: &str, to: &'static str) -> u64 {
-        self.health_changes.lock().unwrap_or_else(|e| e.into_inner()).get(&(worker.to_string(), to)).copied().unwrap_or(0)
+        self.health_changes.get_metric_with_label_values(&[worker, to]).map(|c| c.get()).unwrap_or(0)
     }
 
-    /// The exposition text; one `# HELP` / `# TYPE` pair per metric.
-    pub fn render(&self, peers: &Peers) -> String {
-        let mut out = String::new();
-        let mut metric = |name: &str, kind: &str, help: &str, samples: Vec<(String, u64)>| {
-            let _ = writeln!(out, "# HELP {name} {help}");
-            let _ = writeln!(out, "# TYPE {name} {kind}");
-            for (labels, value) in samples {
-                let _ = writeln!(out, "{name}{labels} {value}");
-            }
-        };
-        let requests: BTreeMap<(String, u16), u64> = snapshot(&self.requests);
-        metric(
-            "kvc_router_requests_total",
-            "counter",
-            "Answers to generation requests, by worker (none: the router's own) and HTTP status.",
-            requests.iter().map(|((w, s), n)| (labels(&[("worker", w), ("status", &s.to_string())]), *n)).collect(),
-        );
-        let by_reason = |m: BTreeMap<&'static str, u64>| m.into_iter().map(|(r, n)| (labels(&[("reason", r)]), n)).collect();
-        metric("kvc_router_decisions_total", "counter", "Placement decisions, by reason.", by_reason(snapshot(&self.decisions)));
-        metric(
-            "kvc_router_session_moves_total",
-            "counter",
-            "Sessions placed on another worker than their last turn's, by reason.",
-            by_reason(snapshot(&self.moves)),
-        );
-        metric(
-            "kvc_router_retries_total",
-            "counter",
-            "Forwards retried on another worker after the first failed before any answer.",
-            vec![(String::new(), self.retries.load(Ordering::Relaxed))],
-        );
-        metric(
-            "kvc_router_peer_healthy",
-            "gauge",
-            "Whether the router sends requests to the worker (1) or not (0).",
-            peers.list.iter().map(|p| (labels(&[("worker", &p.url)]), p.is_healthy() as u64)).collect(),
-        );
-        metric(
-            "kvc_router_requests_in_flight",
-            "gauge",
-            "Requests the router is forwarding to the worker now.",
-            peers.list.iter().map(|p| (labels(&[("worker", &p.url)]), p.in_flight() as u64)).collect(),
-        );
-        let changes: BTreeMap<(String, &'static str), u64> = snapshot(&self.health_changes);
-        metric(
-            "kvc_router_peer_health_changes_total",
-            "counter",
-            "Health transitions of each worker, by the state entered.",
-            changes.iter().map(|((w, to), n)| (labels(&[("worker", w), ("to", to)]), *n)).collect(),
-        );
-        out
+    /// The exposition text of the router's registry.
+    pub fn render(&self) -> String {
+        prom::encode(&self.registry)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Arc;
 
     #[test]
     fn renders_every_router_metric_with_labels() {
         let m = Arc::new(RouterMetrics::default());
-        let peers = Peers::new(&["http://a:1".to_string()], m.clone());
+        let peers = Arc::new(Peers::new(&["http://a:1".to_string()], m.clone()));
+        m.watch(&peers);
         m.count_request("http://a:1", 200);
         m.count_request("http://a:1", 200);
         m.count_request("none", 503);
@@ -130,7 +130,7 @@ mod tests {
         m.count_move("moved_full");
         m.count_retry();
         m.count_health_change("http://a:1", "unhealthy");
-        let text = m.render(&peers);
+        let text = m.render();
         for line in [
             "kvc_router_requests_total{worker=\"http://a:1\",status=\"200\"} 2",
             "kvc_router_requests_total{worker=\"none\",status=\"503\"} 1",

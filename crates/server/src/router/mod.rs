@@ -67,8 +67,10 @@ pub struct RouterState {
 impl RouterState {
     pub fn new(peer_urls: &[String], config: ServerConfig) -> anyhow::Result<Self> {
         let metrics = Arc::new(RouterMetrics::default());
+        let peers = Arc::new(Peers::new(peer_urls, metrics.clone()));
+        metrics.watch(&peers);
         Ok(Self {
-            peers: Arc::new(Peers::new(peer_urls, metrics.clone())),
+            peers,
             homes: Arc::new(SessionHomes::default()),
             metrics,
             config: Arc::new(config),
@@ -126,7 +128,7 @@ async fn health(State(state): State<RouterState>) -> (StatusCode, Json<Value>) {
 }
 
 async fn metrics_text(State(state): State<RouterState>) -> impl IntoResponse {
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], state.metrics.render(&state.peers))
+    ([(header::CONTENT_TYPE, crate::prom::CONTENT_TYPE)], state.metrics.render())
 }
 
 /// The router's view of its workers.
@@ -335,7 +337,7 @@ mod tests {
         assert_eq!(r.headers()["x-request-id"], "cmpl-1");
         assert_eq!(r.json::<Value>().await.unwrap(), json!({"worker": "a", "session": "s-1"}));
         assert!(!state.peers.list[0].is_healthy());
-        let text = state.metrics.render(&state.peers);
+        let text = state.metrics.render();
         assert!(text.contains("kvc_router_retries_total 1"), "{text}");
         assert!(text.contains(&format!("kvc_router_peer_health_changes_total{{worker=\"{dead}\",to=\"unhealthy\"}} 1")), "{text}");
         assert_eq!(state.homes.get("s-1").map(|h| h.worker), Some(1));
@@ -344,7 +346,7 @@ mod tests {
         state.peers.apply_poll(0, Ok(ready()));
         let r = post_completion(&router, "s-1").await;
         assert_eq!(r.headers()["x-kvc-worker"], alive.as_str());
-        assert!(state.metrics.render(&state.peers).contains("kvc_router_decisions_total{reason=\"session_resident\"} 1"));
+        assert!(state.metrics.render().contains("kvc_router_decisions_total{reason=\"session_resident\"} 1"));
         assert!(deleted.lock().unwrap().is_empty());
     }
 
@@ -361,7 +363,7 @@ mod tests {
         // Worker a fills up: the next turn goes to b and a's copy is dropped.
         state.peers.apply_poll(0, Ok(WorkerState { free_blocks: 0, ..ready() }));
         assert_eq!(post_completion(&router, "s-9").await.json::<Value>().await.unwrap()["worker"], "b");
-        let text = state.metrics.render(&state.peers);
+        let text = state.metrics.render();
         assert!(text.contains("kvc_router_session_moves_total{reason=\"moved_full\"} 1"), "{text}");
         for _ in 0..200 {
             if !deleted_a.lock().unwrap().is_empty() {
@@ -383,7 +385,7 @@ mod tests {
         assert_eq!(body["error"]["type"], "service_unavailable_error");
         let h = reqwest::get(format!("{router}/health")).await.unwrap();
         assert_eq!(h.status(), 503);
-        let text = state.metrics.render(&state.peers);
+        let text = state.metrics.render();
         assert!(text.contains("kvc_router_decisions_total{reason=\"no_healthy_worker\"} 1"), "{text}");
         assert!(text.contains("kvc_router_requests_total{worker=\"none\",status=\"503\"} 1"), "{text}");
     }

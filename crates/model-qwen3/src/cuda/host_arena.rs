@@ -1,0 +1,270 @@
+//! The host tier's memory for a GPU pool: one pinned (page-locked) host
+//! allocation, with copies queued by the cache and issued at `flush` on a
+//! copy stream of its own, so that they run on the GPU's copy engines
+//! beside the compute stream's kernels.
+//!
+//! Layout `[layer][slot][k|v ...]`, as the pool's `[layer][block]`: a run of
+//! consecutive pool blocks going to (or from) consecutive slots is one
+//! strided 2-D copy of every layer (`cuMemcpy2DAsync`, rows = layers), or
+//! one copy per layer when a layer's stride exceeds the device's maximum
+//! pitch. The copy stream and its two events are raw driver objects, not
+//! cudarc's: a cudarc stream would switch candle's context to multi-stream
+//! event tracking, whose implicit cross-stream waits break CUDA graph
+//! capture. Ordering, on the GPU only (the host never waits): the copy stream
+//! waits for the compute work queued before the flush (blocks being stored
+//! hold their final KV; blocks being loaded are no longer read), and the
+//! compute stream waits for the copies before its next kernel (an offloaded
+//! block may be rewritten; a restored one is read).
+
+use std::sync::Arc;
+
+use candle_core::cuda::cudarc::driver::{result, sys, CudaContext, CudaStream};
+use candle_core::cuda::WrapErr;
+use candle_core::{bail, Result};
+use kvc_kv_pool::{block_runs, BlockId, HostArena, HostSlot, KvStorage};
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Dir {
+    Store,
+    Load,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Op {
+    dir: Dir,
+    block: BlockId,
+    slot: HostSlot,
+}
+
+pub struct PinnedArena {
+    host: *mut u8,
+    capacity: usize,
+    /// The pool: device base address, blocks, layers, bytes of one block of one layer.
+    pool: u64,
+    num_blocks: usize,
+    num_layers: usize,
+    layer_block_bytes: usize,
+    max_pitch: usize,
+    ctx: Arc<CudaContext>,
+    compute: Arc<CudaStream>,
+    copy: sys::CUstream,
+    /// Recorded on the compute stream (the copies wait for it) and on the copy stream (compute waits).
+    compute_done: sys::CUevent,
+    copies_done: sys::CUevent,
+    queued: Vec<Op>,
+    moved: (u64, u64),
+    /// Copy commands issued (runs after coalescing), for tests and logs.
+    pub copies_issued: u64,
+}
+
+// SAFETY: the host allocation is owned by the arena and only touched
+// through CUDA copies ordered on its streams; the engine thread owns it.
+unsafe impl Send for PinnedArena {}
+
+impl PinnedArena {
+    /// An arena of `capacity` slots for the GPU pool `storage`.
+    pub fn new(storage: &KvStorage, capacity: usize) -> Result<Self> {
+        let Some(t) = storage.device_tensor() else { bail!("PinnedArena: the KV pool is not on a GPU") };
+        let dev = super::cuda_dev(t.device())?;
+        let compute = dev.cuda_stream();
+        let ctx = compute.context().clone();
+        ctx.bind_to_thread().w()?;
+        let layout = storage.layout();
+        let bytes = capacity.max(1) * layout.bytes_per_block();
+        // SAFETY: a fresh allocation, written only by copies from the pool.
+        let host = unsafe { result::malloc_host(bytes, 0) }.w()? as *mut u8;
+        let max_pitch = ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_PITCH).w()? as usize;
+        let copy = result::stream::create(result::stream::StreamKind::NonBlocking).w()?;
+        let compute_done = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING).w()?;
+        let copies_done = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING).w()?;
+        Ok(Self {
+            host,
+            capacity,
+            pool: super::ptr(t)?,
+            num_blocks: storage.num_blocks(),
+            num_layers: layout.num_layers,
+            layer_block_bytes: layout.layer_block_bytes(),
+            max_pitch,
+            ctx,
+            compute,
+            copy,
+            compute_done,
+            copies_done,
+            queued: Vec::new(),
+            moved: (0, 0),
+            copies_issued: 0,
+        })
+    }
+
+    fn device_addr(&self, layer: usize, block: BlockId) -> u64 {
+        self.pool + ((layer * self.num_blocks + block as usize) * self.layer_block_bytes) as u64
+    }
+
+    fn host_addr(&self, layer: usize, slot: HostSlot) -> *mut u8 {
+        // SAFETY (of the arithmetic): within the allocation for slot < capacity.
+        unsafe { self.host.add((layer * self.capacity + slot as usize) * self.layer_block_bytes) }
+    }
+
+    /// Issues one run: `n` consecutive blocks from `block`, `n` consecutive slots from `slot`.
+    fn issue(&mut self, dir: Dir, block: BlockId, slot: HostSlot, n: usize) -> Result<()> {
+        let width = n * self.layer_block_bytes;
+        let dev_pitch = self.num_blocks * self.layer_block_bytes;
+        let host_pitch = self.capacity * self.layer_block_bytes;
+        let s = self.copy;
+        if dev_pitch <= self.max_pitch && host_pitch <= self.max_pitch {
+            let d = self.device_addr(0, block);
+            let h = self.host_addr(0, slot);
+            let (host_t, dev_t) = (sys::CUmemorytype::CU_MEMORYTYPE_HOST, sys::CUmemorytype::CU_MEMORYTYPE_DEVICE);
+            let null = std::ptr::null_mut();
+            let p = match dir {
+                Dir::Store => sys::CUDA_MEMCPY2D {
+                    srcXInBytes: 0,
+                    srcY: 0,
+                    srcMemoryType: dev_t,
+                    srcHost: std::ptr::null(),
+                    srcDevice: d,
+                    srcArray: null as _,
+                    srcPitch: dev_pitch,
+                    dstXInBytes: 0,
+                    dstY: 0,
+                    dstMemoryType: host_t,
+                    dstHost: h as *mut _,
+                    dstDevice: 0,
+                    dstArray: null as _,
+                    dstPitch: host_pitch,
+                    WidthInBytes: width,
+                    Height: self.num_layers,
+                },
+                Dir::Load => sys::CUDA_MEMCPY2D {
+                    srcXInBytes: 0,
+                    srcY: 0,
+                    srcMemoryType: host_t,
+                    srcHost: h as *const _,
+                    srcDevice: 0,
+                    srcArray: null as _,
+                    srcPitch: host_pitch,
+                    dstXInBytes: 0,
+                    dstY: 0,
+                    dstMemoryType: dev_t,
+                    dstHost: null,
+                    dstDevice: d,
+                    dstArray: null as _,
+                    dstPitch: dev_pitch,
+                    WidthInBytes: width,
+                    Height: self.num_layers,
+                },
+            };
+            // SAFETY: both ranges lie inside their allocations (block + n <=
+            // num_blocks, slot + n <= capacity), ordered on the copy stream.
+            let r = unsafe { sys::cuMemcpy2DAsync_v2(&p, s) };
+            if r != sys::CUresult::CUDA_SUCCESS {
+                bail!("cuMemcpy2DAsync ({dir:?}, {n} blocks): {r:?}");
+            }
+            self.copies_issued += 1;
+        } else {
+            for layer in 0..self.num_layers {
+                let (d, h) = (self.device_addr(layer, block), self.host_addr(layer, slot));
+                // SAFETY: as above, one layer's rows.
+                let r = unsafe {
+                    match dir {
+                        Dir::Store => sys::cuMemcpyDtoHAsync_v2(h as *mut _, d, width, s),
+                        Dir::Load => sys::cuMemcpyHtoDAsync_v2(d, h as *const _, width, s),
+                    }
+                };
+                if r != sys::CUresult::CUDA_SUCCESS {
+                    bail!("cuMemcpy ({dir:?}, layer {layer}, {n} blocks): {r:?}");
+                }
+                self.copies_issued += 1;
+            }
+        }
+        let bytes = (width * self.num_layers) as u64;
+        match dir {
+            Dir::Store => self.moved.0 += bytes,
+            Dir::Load => self.moved.1 += bytes,
+        }
+        Ok(())
+    }
+
+    fn try_flush(&mut self) -> Result<()> {
+        if self.queued.is_empty() {
+            return Ok(());
+        }
+        self.ctx.bind_to_thread().w()?;
+        let wait = sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT;
+        // SAFETY: live stream and event handles of this context.
+        unsafe {
+            result::event::record(self.compute_done, self.compute.cu_stream()).w()?;
+            result::stream::wait_event(self.copy, self.compute_done, wait).w()?;
+        }
+        let ops = std::mem::take(&mut self.queued);
+        for run in runs(&ops) {
+            self.issue(run.0.dir, run.0.block, run.0.slot, run.1)?;
+        }
+        // SAFETY: as above.
+        unsafe {
+            result::event::record(self.copies_done, self.copy).w()?;
+            result::stream::wait_event(self.compute.cu_stream(), self.copies_done, wait).w()?;
+        }
+        Ok(())
+    }
+
+    /// Waits until every issued copy is done (tests and benchmarks).
+    pub fn synchronize(&self) -> Result<()> {
+        self.ctx.bind_to_thread().w()?;
+        // SAFETY: a live stream of this context.
+        unsafe { result::stream::synchronize(self.copy) }.w()
+    }
+}
+
+/// Maximal runs of `ops`, in order: consecutive operations of one direction
+/// whose blocks and slots both step by one ([`kvc_kv_pool::block_runs`]).
+fn runs(ops: &[Op]) -> Vec<(Op, usize)> {
+    let mut out = Vec::new();
+    for seg in ops.chunk_by(|a, b| a.dir == b.dir) {
+        let pairs: Vec<(BlockId, HostSlot)> = seg.iter().map(|o| (o.block, o.slot)).collect();
+        for (block, slot, n) in block_runs(&pairs) {
+            out.push((Op { dir: seg[0].dir, block, slot }, n));
+        }
+    }
+    out
+}
+
+impl HostArena for PinnedArena {
+    fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    fn store(&mut self, _storage: &KvStorage, block: BlockId, slot: HostSlot) {
+        assert!((slot as usize) < self.capacity && (block as usize) < self.num_blocks);
+        self.queued.push(Op { dir: Dir::Store, block, slot });
+    }
+
+    fn load(&mut self, _storage: &mut KvStorage, slot: HostSlot, block: BlockId) {
+        assert!((slot as usize) < self.capacity && (block as usize) < self.num_blocks);
+        self.queued.push(Op { dir: Dir::Load, block, slot });
+    }
+
+    fn flush(&mut self) {
+        // A failed copy leaves KV undefined: nothing can continue safely.
+        if let Err(e) = self.try_flush() {
+            panic!("host tier copy failed: {e}");
+        }
+    }
+
+    fn bytes_moved(&self) -> (u64, u64) {
+        self.moved
+    }
+}
+
+impl Drop for PinnedArena {
+    fn drop(&mut self) {
+        let _ = self.synchronize();
+        // SAFETY: created in `new`, no copy pending; the host memory came from malloc_host.
+        unsafe {
+            let _ = result::event::destroy(self.compute_done);
+            let _ = result::event::destroy(self.copies_done);
+            let _ = result::stream::destroy(self.copy);
+            let _ = result::free_host(self.host as *mut _);
+        }
+    }
+}

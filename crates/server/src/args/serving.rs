@@ -1,0 +1,117 @@
+//! The serving and security flags ([`ServingArgs`]: API keys and key
+//! files, cluster token, limits, timeouts) and their mapping onto
+//! [`ServerConfig`].
+
+use std::time::Duration;
+
+use super::{parse_bytes, parse_positive_f64};
+use crate::app::ServerConfig;
+
+/// Security, limits and lifecycle of the HTTP front (see [`ServerConfig`]).
+#[derive(Debug, Clone, clap::Args)]
+pub struct ServingArgs {
+    /// Require `Authorization: Bearer <key>` on /v1/* (/health and /metrics
+    /// stay open). Repeat it for several keys: each key then has its own
+    /// sessions (another key's session id is a 404).
+    #[arg(long, env = "KVC_API_KEY", hide_env_values = true)]
+    pub api_key: Vec<String>,
+
+    /// More API keys, one per line (blank lines and lines starting with #
+    /// skipped); as --api-key.
+    #[arg(long, value_parser = parse_key_file)]
+    pub api_key_file: Option<KeyFile>,
+
+    /// With several API keys: keep each key's prefix-cache blocks apart too
+    /// (no key reuses, or learns by timing, another key's cached prompts).
+    #[arg(long)]
+    pub isolate_cache_per_key: bool,
+
+    /// Token that worker-to-worker calls (/internal/*) must carry in
+    /// `x-kvc-cluster-token`; without it those routes are off.
+    #[arg(long, env = "KVC_CLUSTER_TOKEN", hide_env_values = true)]
+    pub cluster_token: Option<String>,
+
+    /// Largest request body accepted (413 beyond); units as --kv-cache-memory.
+    #[arg(long, default_value = "16MiB", value_parser = parse_bytes)]
+    pub max_request_body_bytes: usize,
+
+    /// Most prompt tokens accepted (400 beyond); default: --max-model-len.
+    #[arg(long)]
+    pub max_prompt_tokens: Option<usize>,
+
+    /// Generation requests served at once (0: no limit).
+    #[arg(long, default_value_t = 1024)]
+    pub max_concurrent_requests: usize,
+
+    /// Requests that may wait for a slot; beyond it 429 with Retry-After.
+    #[arg(long, default_value_t = 1024)]
+    pub max_queued_requests: usize,
+
+    /// Per-request deadline in seconds, queueing included (0: none). A
+    /// request past it is cancelled: 504, or a final error event in a stream.
+    #[arg(long, default_value_t = 0)]
+    pub request_timeout_s: u64,
+
+    /// On SIGTERM / SIGINT, how long in-flight requests may take to finish
+    /// before they are cancelled.
+    #[arg(long, default_value_t = 30)]
+    pub shutdown_timeout_s: u64,
+
+    /// Client connections open at once; more wait in the listen backlog
+    /// until one closes. Default: the open-files limit less 256.
+    #[arg(long)]
+    pub max_connections: Option<usize>,
+
+    /// Seconds a connection has to send a request's headers, from when it
+    /// opens or its previous response ended; then it is closed (idle and
+    /// slowloris connections).
+    #[arg(long, default_value_t = 30.0, value_parser = parse_positive_f64)]
+    pub header_read_timeout_s: f64,
+}
+
+/// The keys of an `--api-key-file`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyFile(pub Vec<String>);
+
+fn parse_key_file(path: &str) -> Result<KeyFile, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {path}: {e}"))?;
+    let keys: Vec<String> = text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')).map(str::to_string).collect();
+    if keys.is_empty() {
+        return Err(format!("{path} holds no key (one per line)"));
+    }
+    Ok(KeyFile(keys))
+}
+
+impl ServingArgs {
+    /// Every accepted key: --api-key's, then the key file's; empty ones
+    /// dropped, duplicates once.
+    pub fn api_keys(&self) -> Vec<String> {
+        let mut keys: Vec<String> = Vec::new();
+        for k in self.api_key.iter().chain(self.api_key_file.iter().flat_map(|f| f.0.iter())) {
+            if !k.is_empty() && !keys.contains(k) {
+                keys.push(k.clone());
+            }
+        }
+        keys
+    }
+
+    pub fn server_config(&self) -> ServerConfig {
+        let secs = |s: u64| (s > 0).then(|| Duration::from_secs(s));
+        ServerConfig {
+            api_keys: self.api_keys(),
+            isolate_cache_per_key: self.isolate_cache_per_key,
+            cluster_token: self.cluster_token.clone().filter(|k| !k.is_empty()),
+            max_request_body_bytes: self.max_request_body_bytes,
+            max_prompt_tokens: self.max_prompt_tokens,
+            max_concurrent_requests: self.max_concurrent_requests,
+            max_queued_requests: self.max_queued_requests,
+            request_timeout: secs(self.request_timeout_s),
+            shutdown_timeout: Duration::from_secs(self.shutdown_timeout_s),
+            conn_limits: crate::shutdown::ConnLimits {
+                max_connections: self.max_connections.unwrap_or_else(crate::shutdown::default_max_connections).max(1),
+                header_read_timeout: Duration::from_secs_f64(self.header_read_timeout_s),
+            },
+            enable_session_cache: true,
+        }
+    }
+}

@@ -1,0 +1,141 @@
+//! Metrics of the disaggregation paths, in the worker's registry
+//! ([`crate::prom`]): every decision, fallback and transfer outcome is a
+//! named, counted event.
+
+use std::sync::Arc;
+
+use prometheus::{GaugeVec, IntCounter, IntCounterVec, Registry};
+
+use super::kv_link::KvLink;
+use crate::prom::{self, Family, ScrapeTime};
+
+#[derive(Clone)]
+pub struct PdMetrics {
+    /// `{path, reason}`: where decode workers computed prompt suffixes.
+    pub path_decisions: IntCounterVec,
+    /// `{outcome}`: remote prefills asked of prefill workers.
+    pub remote_prefill: IntCounterVec,
+    /// `{outcome}`: remote prefills this prefill worker served.
+    pub remote_prefill_served: IntCounterVec,
+    /// `{result}`: hit or miss of a session's snapshot.
+    pub bypass: IntCounterVec,
+    /// `{reason}`.
+    pub fallbacks: IntCounterVec,
+    pub push_sent: IntCounter,
+    /// `{reason}`.
+    pub push_failed: IntCounterVec,
+    /// `{kind}`.
+    pub transfer_bytes: IntCounterVec,
+    /// `{peer}`: 1 healthy, 0 not.
+    pub peer_healthy: GaugeVec,
+    /// `{reason}`.
+    pub peer_choices: IntCounterVec,
+    /// `{exposure, bound}`: the KV transport's listening ports.
+    pub transport_listeners: GaugeVec,
+}
+
+const TRANSPORT: &[Family] = &[Family::counter(
+    "kvc_kv_transport_connections_refused_total",
+    "Connections to the KV transport refused: neither from a peer that proved the cluster token (or that this worker calls) nor from this user's processes on this host.",
+    &[],
+)];
+
+/// Registered in a registry of its own (tests).
+impl Default for PdMetrics {
+    fn default() -> Self {
+        Self::new(&Registry::new())
+    }
+}
+
+impl PdMetrics {
+    pub fn new(r: &Registry) -> Self {
+        ScrapeTime::register(r, TRANSPORT, |out| {
+            out.sample("kvc_kv_transport_connections_refused_total", &[], kvc_disagg::transport::refused_connections() as f64)
+        });
+        Self {
+            path_decisions: prom::counter_vec(
+                r,
+                "kvc_prefill_path_decisions_total",
+                "Where decode workers computed prompt suffixes, by path and reason.",
+                &["path", "reason"],
+            ),
+            remote_prefill: prom::counter_vec(
+                r,
+                "kvc_remote_prefill_total",
+                "Remote prefills asked of prefill workers, by outcome (ok, failed).",
+                &["outcome"],
+            ),
+            remote_prefill_served: prom::counter_vec(
+                r,
+                "kvc_remote_prefill_served_total",
+                "Remote prefills this prefill worker served, by outcome.",
+                &["outcome"],
+            ),
+            bypass: prom::counter_vec(
+                r,
+                "kvc_bypass_total",
+                "Remote prefills of a session: its snapshot covered a prefix (hit) or not (miss).",
+                &["result"],
+            ),
+            fallbacks: prom::counter_vec(
+                r,
+                "kvc_disagg_fallbacks_total",
+                "Transfers or peers that failed and were replaced by local recomputation, by reason.",
+                &["reason"],
+            ),
+            push_sent: prom::counter(r, "kvc_snapshot_push_sent_total", "Session snapshot pushes committed at the prefill worker."),
+            push_failed: prom::counter_vec(r, "kvc_snapshot_push_failed_total", "Session snapshot pushes abandoned, by reason.", &["reason"]),
+            transfer_bytes: prom::counter_vec(
+                r,
+                "kvc_kv_transfer_bytes_total",
+                "KV bytes written to peers, by kind (remote_prefill, snapshot).",
+                &["kind"],
+            ),
+            peer_healthy: prom::gauge_vec(r, "kvc_prefill_peer_healthy", "1 while a prefill peer answers its state polls.", &["peer"]),
+            peer_choices: prom::counter_vec(
+                r,
+                "kvc_prefill_peer_choices_total",
+                "Prefill workers chosen by decode workers, by reason (snapshot_holder, session_home, least_loaded, none_healthy).",
+                &["reason"],
+            ),
+            transport_listeners: prom::gauge_vec(
+                r,
+                "kvc_kv_transport_listeners",
+                "The KV transport's listening ports, by exposure (loopback, network_acknowledged) and whether bound to --kv-transport-host (restricted) or still on the wildcard address.",
+                &["exposure", "bound"],
+            ),
+        }
+    }
+
+    /// The link's listening ports, by exposure and binding.
+    pub fn set_listeners(&self, link: &Arc<KvLink>) {
+        let l = link.listeners();
+        let exposure = link.exposure().as_str();
+        self.transport_listeners.with_label_values(&[exposure, "restricted"]).set((l.bound.len() - l.wildcard_ports.len()) as f64);
+        self.transport_listeners.with_label_values(&[exposure, "wildcard"]).set(l.wildcard_ports.len() as f64);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_render_with_help_type_and_escaped_labels() {
+        let r = Registry::new();
+        let c = PdMetrics::new(&r);
+        c.fallbacks.with_label_values(&["remote_prefill_failed"]).inc();
+        c.fallbacks.with_label_values(&["remote_prefill_failed"]).inc();
+        c.peer_healthy.with_label_values(&["http://a\"b"]).set(1.0);
+        c.path_decisions.with_label_values(&["remote_prefill", "suffix_above_threshold"]).inc();
+        c.transport_listeners.with_label_values(&["loopback", "restricted"]).set(2.0);
+        let out = prom::encode(&r);
+        assert!(out.contains("# TYPE kvc_disagg_fallbacks_total counter"));
+        assert!(out.contains("kvc_disagg_fallbacks_total{reason=\"remote_prefill_failed\"} 2"));
+        assert!(out.contains("kvc_prefill_peer_healthy{peer=\"http://a\\\"b\"} 1"));
+        assert!(out.contains("kvc_prefill_path_decisions_total{path=\"remote_prefill\",reason=\"suffix_above_threshold\"} 1"));
+        assert!(out.contains("kvc_kv_transport_listeners{exposure=\"loopback\",bound=\"restricted\"} 2"), "{out}");
+        assert!(out.contains("kvc_kv_transport_connections_refused_total "), "{out}");
+        assert_eq!(c.fallbacks.with_label_values(&["remote_prefill_failed"]).get(), 2);
+    }
+}

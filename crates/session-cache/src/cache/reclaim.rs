@@ -1,0 +1,153 @@
+//! The eviction pass of [`SessionAwareCache`]: what [`SessionAwareCache::reclaim`]
+//! frees, in order (unreferenced indexed blocks, then idle sessions to the
+//! host tier, then dropped), the victim chosen by [`choose_victim`].
+
+use std::time::Instant;
+
+use kvc_kv_pool::{BlockAllocator, BlockId, KvStorage};
+
+use super::SessionAwareCache;
+use crate::eviction::{choose_victim, EvictionAction, EvictionDecision, VictimCandidate};
+use crate::session::BlockLoc;
+
+impl SessionAwareCache {
+    /// Blocks that eviction could free now (indexed or held by idle
+    /// sessions, with no running user).
+    pub fn evictable_blocks(&self, alloc: &BlockAllocator) -> usize {
+        (0..self.cache_refs.len() as BlockId).filter(|&b| self.cache_refs[b as usize] > 0 && self.running_refs(alloc, b) == 0).count()
+    }
+
+    /// Frees device blocks until `need` are free or nothing more can go:
+    /// 1. indexed blocks nobody else uses (LRU), 2. idle sessions' blocks to
+    /// the host tier (victim by [`choose_victim`]), 3. drop the victim.
+    pub fn reclaim(&mut self, need: usize, alloc: &mut BlockAllocator, storage: &KvStorage) -> usize {
+        let start = alloc.num_free();
+        while alloc.num_free() < need {
+            if self.evict_index_only(need - alloc.num_free(), alloc) > 0 {
+                continue;
+            }
+            let Some(decision) = self.pick_victim(alloc) else {
+                break;
+            };
+            if decision.action == EvictionAction::Drop && self.host.capacity() > 0 {
+                // Make room in the host tier from older host-resident sessions first.
+                if self.drop_coldest_host_session(&decision.session, alloc) {
+                    continue;
+                }
+            }
+            let moved = self.evict_session(&decision, alloc, storage);
+            tracing::info!(
+                event = "eviction",
+                session = %decision.session,
+                action = ?decision.action,
+                reason = decision.reason,
+                score = decision.score,
+                blocks = moved,
+                "evicted idle session KV"
+            );
+            if moved == 0 {
+                break;
+            }
+        }
+        // Blocks offloaded above are free now: their copies come first.
+        self.host.flush();
+        alloc.num_free() - start
+    }
+
+    fn evict_index_only(&mut self, want: usize, alloc: &mut BlockAllocator) -> usize {
+        let cache_refs = &self.cache_refs;
+        let victims = self.index.lru_blocks(|b| cache_refs[b as usize] == 1 && alloc.refcount(b) == 1);
+        let mut freed = 0;
+        for b in victims.into_iter().take(want) {
+            self.index.remove_block(b);
+            self.drop_ref(alloc, b);
+            freed += 1;
+        }
+        if freed > 0 {
+            self.stats.count_eviction("device", "prefix_lru", freed as u64);
+            tracing::debug!(event = "eviction", tier = "device", reason = "prefix_lru", blocks = freed);
+        }
+        freed
+    }
+
+    fn pick_victim(&self, alloc: &BlockAllocator) -> Option<EvictionDecision> {
+        let now = Instant::now();
+        let candidates: Vec<VictimCandidate> = self
+            .sessions
+            .iter()
+            .filter(|(_, s)| s.busy == 0)
+            .map(|(id, s)| VictimCandidate {
+                session: id.clone(),
+                idle_s: now.saturating_duration_since(s.last_use).as_secs_f64(),
+                device_blocks: s.blocks.iter().filter(|l| matches!(l, BlockLoc::Device(b) if self.running_refs(alloc, *b) == 0)).count(),
+                turns: s.turns,
+            })
+            .collect();
+        choose_victim(&candidates, self.host.num_free(), alloc.num_blocks())
+    }
+
+    /// Offloads (or drops) a session's device blocks that no request uses.
+    fn evict_session(&mut self, d: &EvictionDecision, alloc: &mut BlockAllocator, storage: &KvStorage) -> usize {
+        let locs = self.sessions[&d.session].blocks.clone();
+        self.changed.insert(d.session.clone());
+        let mut moved = 0;
+        match d.action {
+            EvictionAction::Offload => {
+                // The tail first when the tier cannot take them all (the
+                // head stays, as a prefix); copied in token order, so that
+                // consecutive blocks go to consecutive slots.
+                let movable: Vec<(usize, BlockId)> = locs
+                    .iter()
+                    .enumerate()
+                    .rev()
+                    .filter_map(|(i, loc)| match *loc {
+                        BlockLoc::Device(b) if self.running_refs(alloc, b) == 0 => Some((i, b)),
+                        _ => None,
+                    })
+                    .take(self.host.num_free())
+                    .collect();
+                for (i, b) in movable.into_iter().rev() {
+                    let h = self.host.store(storage, b).expect("counted free host slots");
+                    self.sessions.get_mut(&d.session).expect("victim exists").blocks[i] = BlockLoc::Host(h);
+                    self.drop_ref(alloc, b);
+                    moved += 1;
+                }
+                self.stats.count_eviction("host", d.reason, moved as u64);
+            }
+            EvictionAction::Drop => {
+                let s = self.sessions.get_mut(&d.session).expect("victim exists");
+                let blocks = std::mem::take(&mut s.blocks);
+                s.tokens.clear();
+                moved = blocks.iter().filter(|l| matches!(l, BlockLoc::Device(_))).count();
+                for loc in blocks {
+                    self.release_loc(alloc, loc);
+                }
+                self.stats.count_eviction("dropped", d.reason, moved as u64);
+            }
+        }
+        moved
+    }
+
+    /// Drops the KV of the idle session with host blocks that has been idle
+    /// longest (other than `except`). False if there is none.
+    fn drop_coldest_host_session(&mut self, except: &str, alloc: &mut BlockAllocator) -> bool {
+        let victim = self
+            .sessions
+            .iter()
+            .filter(|(id, s)| s.busy == 0 && id.as_str() != except && s.blocks.iter().any(|l| matches!(l, BlockLoc::Host(_))))
+            .min_by_key(|(_, s)| s.last_use)
+            .map(|(id, _)| id.clone());
+        let Some(id) = victim else { return false };
+        self.changed.insert(id.clone());
+        let s = self.sessions.get_mut(&id).expect("victim exists");
+        let blocks = std::mem::take(&mut s.blocks);
+        s.tokens.clear();
+        let n = blocks.len() as u64;
+        for loc in blocks {
+            self.release_loc(alloc, loc);
+        }
+        self.stats.count_eviction("dropped", "host_full", n);
+        tracing::info!(event = "eviction", session = %id, action = "drop", reason = "host_full", blocks = n);
+        true
+    }
+}
