@@ -11,13 +11,21 @@ PYTHON="${PYTHON:-python3}"
 
 # Pinned versions of the suite's Python dependencies (httpx is the openai
 # client's own transport; the raw-HTTP tests use it directly; jinja2 renders
-# Qwen3's chat template independently of the server, as transformers does).
+# Qwen3's chat template independently of the server, as transformers does;
+# jsonschema checks structured outputs).
 REQUIREMENTS=(
     "openai==3.51.0"
     "httpx==0.28.1"
     "pytest==9.2.0"
     "jinja2==3.1.6"
     "markupsafe==3.0.2"
+    # Structured-output tests validate answers against their JSON schema
+    # with an implementation independent of the server's.
+    "jsonschema==4.26.0"
+    "jsonschema-specifications==2025.9.1"
+    "referencing==0.37.0"
+    "rpds-py==2026.9.1"
+    "attrs==26.1.0"
 )
 
 if [ ! -x "$VENV/bin/python" ]; then

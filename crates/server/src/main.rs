@@ -28,6 +28,7 @@ fn main() -> anyhow::Result<()> {
     // The engine loads the model and runs its own thread; start it before
     // the async runtime so the load does not block a worker.
     let engine = EngineHandle::start(config).context("cannot start the engine")?;
+    engine.warm_grammar_compiler();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let served = runtime.block_on(kvc_server::app::serve_worker(engine, &args));
     // Tokenizations still running in the blocking pool must not hold the exit.

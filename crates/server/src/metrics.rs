@@ -62,6 +62,12 @@ pub fn render(s: &EngineStats, c: &ServerCounters) -> String {
     );
     metric("kvc_prompt_tokens_computed_total", "counter", "Prompt tokens run through the model.", &[("", s.prompt_tokens_computed)]);
     metric("kvc_generation_tokens_total", "counter", "Tokens generated.", &[("", s.generated_tokens)]);
+    metric(
+        "kvc_structured_output_masks_total",
+        "counter",
+        "Grammar masks computed for structured outputs (one per constrained token).",
+        &[("", s.grammar_masks)],
+    );
     let path_labels = crate::prom_text::labels(&[("path", kvc_engine::ServePath::Local.as_str())]);
     metric(
         "kvc_served_requests_total",
@@ -137,6 +143,16 @@ pub fn render(s: &EngineStats, c: &ServerCounters) -> String {
         let _ = writeln!(out, "# TYPE {name} gauge");
         let _ = writeln!(out, "{name}{{step=\"alone\"}} {alone}");
         let _ = writeln!(out, "{name}{{step=\"with_decodes\"}} {mixed}");
+    }
+    for (name, help, value) in [
+        ("kvc_structured_output_mask_seconds_total", "Time computing grammar masks, beside the forward pass.", s.grammar_mask_seconds),
+        (
+            "kvc_structured_output_mask_wait_seconds_total",
+            "Time steps waited for grammar masks after the forward pass (their cost on the critical path).",
+            s.grammar_wait_seconds,
+        ),
+    ] {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}");
     }
     out
 }

@@ -83,6 +83,9 @@ async fn serve_prefill(
         sampling,
         session_id: req.session_id.clone(),
         cache_salt: req.cache_salt.clone(),
+        // Compiled from `sampling.constraint` at submission: the first
+        // token is masked by the same grammar the decode worker uses.
+        grammar: None,
     };
     let mut stream = state.engine.submit_export(gen).map_err(ApiError::completion_engine)?;
     let (mut first, mut logprobs, mut finished) = (None, None, None);
