@@ -136,6 +136,8 @@ def test_named_tool_choice_calls_exactly_that_tool(client, model):
     for name in ("get_weather", "book_table"):
         for seed in SEEDS:
             r = chat(client, model, seed, tools=TOOLS, tool_choice={"type": "function", "function": {"name": name}})
+            # A forced function finishes with "stop" (OpenAI's behaviour).
+            assert r.choices[0].finish_reason == "stop"
             calls = [{"name": c.function.name, "arguments": c.function.arguments} for c in r.choices[0].message.tool_calls]
             assert len(calls) == 1
             check_calls(calls, {name})

@@ -110,6 +110,7 @@ pub async fn chat_completions(
         n,
         prefix: open_assistant_turn(&prompt).to_string(),
         tools: plan.tools.parses_calls(),
+        calls_finish: !matches!(plan.tools, ToolMode::Named(_)),
         echo: plan.echo,
         logprobs: plan.logprobs,
     };
