@@ -190,3 +190,13 @@ def test_strict_refuses_keywords_it_cannot_enforce(client, model):
     r = chat(client, model, 0, response_format=fmt(False))
     items = json.loads(r.choices[0].message.content)
     assert isinstance(items, list) and len(items) <= 2 and set(items) <= {1, 2, 3}
+
+
+def test_masks_are_counted_in_metrics(server, client, model):
+    before = server.metrics()
+    r = chat(client, model, 0, extra_body={"guided_choice": ["alpha", "beta"]})
+    after = server.metrics()
+    tokens = r.usage.completion_tokens
+    assert after["kvc_structured_output_masks_total"] - before["kvc_structured_output_masks_total"] >= tokens
+    assert after["kvc_structured_output_mask_seconds_total"] >= before["kvc_structured_output_mask_seconds_total"]
+    assert after["kvc_structured_output_errors_total"] == 0

@@ -393,6 +393,7 @@ impl EngineLoop {
                 // Only a token chosen elsewhere (a prefill worker without
                 // the grammar) can get here: masked sampling never picks one.
                 tracing::warn!(event = "grammar_violation", seq_id = id, error = %e);
+                self.local.grammar_errors += 1;
                 let _ = a.tx.send(StreamEvent::Error(format!("structured output: {e}")));
                 self.drop_seq(id);
                 return;

@@ -108,6 +108,9 @@ pub struct EngineStats {
     pub grammar_masks: u64,
     pub grammar_mask_seconds: f64,
     pub grammar_wait_seconds: f64,
+    /// Requests ended because their grammar failed: a token it does not
+    /// allow (from a prefill worker that ignored it) or a matcher error.
+    pub grammar_errors: u64,
 }
 
 struct Inner {

@@ -68,6 +68,12 @@ pub fn render(s: &EngineStats, c: &ServerCounters) -> String {
         "Grammar masks computed for structured outputs (one per constrained token).",
         &[("", s.grammar_masks)],
     );
+    metric(
+        "kvc_structured_output_errors_total",
+        "counter",
+        "Requests ended because their grammar failed (a prefill worker's token it does not allow, or a matcher error).",
+        &[("", s.grammar_errors)],
+    );
     let path_labels = crate::prom_text::labels(&[("path", kvc_engine::ServePath::Local.as_str())]);
     metric(
         "kvc_served_requests_total",

@@ -123,6 +123,8 @@ impl EngineLoop {
             })
             .collect();
         for (id, e) in failed {
+            tracing::warn!(event = "grammar_error", seq_id = id, error = %e);
+            self.local.grammar_errors += 1;
             if let Some(a) = self.active.get(&id) {
                 let _ = a.tx.send(StreamEvent::Error(format!("structured output: {e}")));
             }
