@@ -175,3 +175,32 @@ fn the_reasoning_gate_frees_the_think_block_only() {
     assert!(!s.mask().unwrap().unwrap().is_allowed(open));
     assert!(s.advance(open).is_err());
 }
+
+/// A decode worker checks the first token a prefill worker sampled: one
+/// the grammar does not allow (a prefill worker that ignored it) ends the
+/// request with an error, counted, instead of an answer off the grammar.
+#[test]
+fn a_first_token_from_elsewhere_that_breaks_the_grammar_ends_the_request() {
+    let e = engine(|_| {});
+    let prompt = common::tokens(5, 20);
+    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    let reservation = rt.block_on(e.reserve(None, None, &prompt)).expect("reserve");
+    let letter = e.tokenizer().encode("x", false).unwrap()[0];
+    let req = GenerateRequest {
+        request_id: "d".into(),
+        prompt_tokens: prompt.clone(),
+        sampling: sampling(1, constraint(Grammar::Regex("[0-9]+".into()))),
+        ..Default::default()
+    };
+    let mut s = e.submit_reserved(req, reservation, prompt.len(), Some((letter, None))).unwrap();
+    let mut error = None;
+    while let Some(ev) = s.blocking_recv() {
+        match ev {
+            kvc_engine::StreamEvent::Error(m) => error = Some(m),
+            kvc_engine::StreamEvent::Token { .. } => panic!("a token was streamed after a first token off the grammar"),
+            _ => {}
+        }
+    }
+    assert!(error.is_some_and(|m| m.contains("structured output")));
+    assert_eq!(common::wait_for(&e, |s| s.grammar_errors == 1).grammar_errors, 1);
+}
