@@ -11,7 +11,8 @@ PYTHON="${PYTHON:-python3}"
 
 # Pinned versions of the suite's Python dependencies (httpx is the openai
 # client's own transport; the raw-HTTP tests use it directly; jinja2 renders
-# Qwen3's chat template independently of the server, as transformers does).
+# Qwen3's chat template independently of the server, as transformers does;
+# jsonschema checks structured outputs).
 REQUIREMENTS=(
     "openai==3.51.0"
     "httpx==0.28.1"
@@ -22,6 +23,9 @@ REQUIREMENTS=(
     # (tests/openai/test_deploy_manifests.py), with their dependencies pinned.
     "kubernetes-validate==1.37.0"
     "pyyaml==6.0.3"
+    # Structured-output tests validate answers against their JSON schema
+    # with an implementation independent of the server's (also
+    # kubernetes-validate's validator).
     "jsonschema==4.26.0"
     "jsonschema-specifications==2025.9.1"
     "referencing==0.37.0"

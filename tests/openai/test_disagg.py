@@ -279,3 +279,39 @@ def test_1p2d_behind_the_router_moves_a_full_workers_session_by_bypass(start_ser
     m = router.metrics()
     assert m['kvc_router_session_moves_total{reason="moved_full"}'] == 1
     assert sum(v for k, v in m.items() if k.startswith("kvc_router_requests_total") and 'status="200"' in k) == 8
+
+
+STRUCTURED_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "action": {"enum": ["read", "write", "search"]},
+        "args": {"type": "array", "maxItems": 3, "items": {"type": "string", "maxLength": 8}},
+        "line": {"type": "integer", "minimum": 0, "maximum": 999},
+    },
+    "required": ["action", "args", "line"],
+    "additionalProperties": False,
+}
+
+
+def test_structured_output_through_a_remote_prefill_matches_a_colocated_worker(start_server, both):
+    # The prefill worker samples the first token under the same grammar (it
+    # travels in the sampling parameters) and the decode worker advances its
+    # own matcher over it: the answer equals a colocated worker's for the
+    # same seed, and it validates.
+    import json
+
+    import jsonschema
+
+    p = start_server(*prefill_flags())
+    d = start_decode(start_server, p)
+    for seed in range(6):
+        body = {"prompt": ids(500 + seed, 96), "max_tokens": 200, "temperature": 1.0, "seed": seed,
+                "guided_json": STRUCTURED_SCHEMA}
+        r = httpx.post(f"{d.base_url}/v1/completions", json=body, timeout=300)
+        assert r.status_code == 200, r.text
+        out = r.json()
+        assert out["kvc"]["path"] == "remote_prefill"
+        want = httpx.post(f"{both.base_url}/v1/completions", json=body, timeout=300).json()
+        assert text(out) == text(want)
+        assert out["choices"][0]["finish_reason"] == "stop"
+        jsonschema.validate(json.loads(text(out)), STRUCTURED_SCHEMA)

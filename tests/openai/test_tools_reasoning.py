@@ -162,12 +162,3 @@ def test_continued_prompt_ends_with_the_prefill(client, model):
     cut = rendered[: rendered.rindex(PREFILL.rstrip()) + len(PREFILL.rstrip())]
     raw = client.completions.create(model=model, prompt=cut, max_tokens=1, extra_body={"add_special_tokens": False})
     assert r.usage.prompt_tokens == raw.usage.prompt_tokens
-
-
-def test_required_and_named_tool_choice_are_refused_clearly(client, model):
-    for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
-        with pytest.raises(openai.BadRequestError) as e:
-            client.chat.completions.create(model=model, messages=[QUESTION], tools=[WEATHER_TOOL], tool_choice=choice,
-                                           max_tokens=1)
-        assert e.value.body["param"] == "tool_choice"
-        assert "guided decoding" in e.value.message

@@ -12,6 +12,7 @@ use kvc_scheduler::{Scheduler, SchedulerConfig, SchedulerHooks, SeqId, Sequence}
 use kvc_session_cache::{salt_root, BlockHash, CacheConfig, ReusePath, SessionAwareCache, SnapshotStore};
 use tokio::sync::mpsc;
 
+use crate::constrained::ConstraintState;
 use crate::detokenizer::IncrementalDecoder;
 use crate::inbox::{tokens_to_compute, Inbox};
 use crate::kv_handoff::SnapshotJob;
@@ -57,6 +58,8 @@ struct Active {
     /// Time waited in the engine before the first token, by cause.
     admission_wait: Duration,
     prefill_wait: Duration,
+    /// Structured outputs: the grammar's state (None: unconstrained).
+    constraint: Option<ConstraintState>,
 }
 
 pub(crate) struct EngineLoop {
@@ -300,12 +303,13 @@ impl EngineLoop {
     }
 
     /// Takes a submitted request into the scheduler.
-    fn admit(&mut self, seq_id: u64, req: GenerateRequest, tx: mpsc::UnboundedSender<StreamEvent>, kv: SubmitKv) {
+    fn admit(&mut self, seq_id: u64, mut req: GenerateRequest, tx: mpsc::UnboundedSender<StreamEvent>, kv: SubmitKv) {
         let mut stop_token_ids = req.sampling.stop_token_ids.clone();
         if !req.sampling.ignore_eos {
             stop_token_ids.extend(self.eos_token_ids.iter().copied());
         }
         let export = matches!(kv, SubmitKv::Export);
+        let constraint = req.grammar.take().map(ConstraintState::new);
         let max_new = req.sampling.max_tokens.min(self.max_model_len.saturating_sub(req.prompt_tokens.len()));
         let mut active = Active {
             tx,
@@ -327,6 +331,7 @@ impl EngineLoop {
             snapshot_session: if export { req.session_id.clone() } else { None },
             admission_wait: Duration::ZERO,
             prefill_wait: Duration::ZERO,
+            constraint,
         };
         tracing::debug!(request_id = %req.request_id, seq_id, prompt_tokens = active.prompt_len, "admitted");
         match kv {
@@ -385,6 +390,17 @@ impl EngineLoop {
         let Some(a) = self.active.get_mut(&id) else {
             return;
         };
+        if let Some(c) = a.constraint.as_mut() {
+            if let Err(e) = c.advance(token) {
+                // Only a token chosen elsewhere (a prefill worker without
+                // the grammar) can get here: masked sampling never picks one.
+                tracing::warn!(event = "grammar_violation", seq_id = id, error = %e);
+                self.local.grammar_errors += 1;
+                let _ = a.tx.send(StreamEvent::Error(format!("structured output: {e}")));
+                self.drop_seq(id);
+                return;
+            }
+        }
         self.scheduler.append_token(id, token);
         self.local.generated_tokens += 1;
         let seq = self.scheduler.get(id).expect("sequence exists");

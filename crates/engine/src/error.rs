@@ -35,6 +35,10 @@ pub enum EngineError {
     /// A reservation or snapshot slot that no longer exists.
     #[error("unknown or released KV reservation {0}")]
     UnknownReservation(u64),
+    /// A structured-output grammar (JSON schema, regex, Lark) that the
+    /// grammar compiler rejects.
+    #[error("invalid grammar: {0}")]
+    InvalidGrammar(String),
 }
 
 impl From<kvc_wire::ParamError> for EngineError {
@@ -54,6 +58,7 @@ impl EngineError {
                 | EngineError::TokenOutOfRange { .. }
                 | EngineError::EmptyPrompt
                 | EngineError::Template(_)
+                | EngineError::InvalidGrammar(_)
         )
     }
 

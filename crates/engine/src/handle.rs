@@ -102,6 +102,15 @@ pub struct EngineStats {
     /// Scheduler admission decisions by reason (see kvc_scheduler::AdmitReason).
     pub admission_decisions: Vec<(&'static str, u64)>,
     pub published_at: Option<Instant>,
+    /// Structured outputs: grammar masks computed, the time spent computing
+    /// them (beside the forward pass), and the time the step waited for
+    /// them after the forward pass (their cost on the critical path).
+    pub grammar_masks: u64,
+    pub grammar_mask_seconds: f64,
+    pub grammar_wait_seconds: f64,
+    /// Requests ended because their grammar failed: a token it does not
+    /// allow (from a prefill worker that ignored it) or a matcher error.
+    pub grammar_errors: u64,
 }
 
 struct Inner {
@@ -115,6 +124,9 @@ struct Inner {
     snapshot_jobs: std::sync::Mutex<Option<mpsc::UnboundedReceiver<SnapshotJob>>>,
     /// Submitted prompt tokens the published snapshot does not count yet.
     inbox: Arc<Inbox>,
+    /// Structured outputs' grammar compiler (its token trie is built on a
+    /// background thread at start, or by the first request that needs it).
+    grammar: std::sync::OnceLock<Result<crate::GrammarCompiler, String>>,
 }
 
 impl Drop for Inner {
@@ -198,6 +210,7 @@ impl EngineHandle {
                 next_id: AtomicU64::new(1),
                 thread: std::sync::Mutex::new(Some(thread)),
                 snapshot_jobs: std::sync::Mutex::new(jobs_rx),
+                grammar: std::sync::OnceLock::new(),
                 inbox,
             }),
         })
@@ -270,7 +283,8 @@ impl EngineHandle {
     /// on thread timing and a seeded request reproduces. Nothing is
     /// submitted when any of them is invalid.
     pub fn submit_group(&self, reqs: Vec<GenerateRequest>) -> Result<Vec<RequestStream>, EngineError> {
-        for req in &reqs {
+        let mut reqs = reqs;
+        for req in &mut reqs {
             self.check_request(req)?;
         }
         let mut group = Vec::with_capacity(reqs.len());
@@ -389,8 +403,38 @@ impl EngineHandle {
         Ok(())
     }
 
-    fn submit_kv(&self, req: GenerateRequest, kv: SubmitKv) -> Result<RequestStream, EngineError> {
-        self.check_request(&req)?;
+    /// The grammar compiler (built on first use).
+    pub fn grammar_compiler(&self) -> Result<&crate::GrammarCompiler, EngineError> {
+        let inner = &self.inner;
+        let built = inner
+            .grammar
+            .get_or_init(|| crate::GrammarCompiler::new(inner.tokenizer.clone(), &inner.info.eos_token_ids).map_err(|e| e.to_string()));
+        built.as_ref().map_err(|e| EngineError::Load(e.clone()))
+    }
+
+    /// Compiles a structured-output constraint (a client error when the
+    /// grammar compiler rejects it). Milliseconds for a typical schema: call
+    /// it off the async runtime; submission compiles what is not compiled.
+    pub fn compile_grammar(&self, c: &crate::Constraint) -> Result<crate::CompiledGrammar, EngineError> {
+        self.grammar_compiler()?.compile(c)
+    }
+
+    /// Builds the grammar compiler on a thread of its own (the first
+    /// structured request then finds it ready).
+    pub fn warm_grammar_compiler(&self) {
+        let weak = Arc::downgrade(&self.inner);
+        let _ = std::thread::Builder::new().name("kvc-grammar-init".into()).spawn(move || {
+            if let Some(inner) = weak.upgrade() {
+                let handle = EngineHandle { inner };
+                if let Err(e) = handle.grammar_compiler() {
+                    tracing::warn!(error = %e, "grammar compiler unavailable: structured outputs will be refused");
+                }
+            }
+        });
+    }
+
+    fn submit_kv(&self, mut req: GenerateRequest, kv: SubmitKv) -> Result<RequestStream, EngineError> {
+        self.check_request(&mut req)?;
         let (seq_id, tx, stream) = self.open_stream();
         let tokens = tokens_to_compute(&req, &kv);
         self.send_submission(Command::Submit { seq_id, req, tx, kv }, tokens)?;
@@ -407,9 +451,14 @@ impl EngineHandle {
     }
 
     /// What every submission checks before anything reaches the loop.
-    fn check_request(&self, req: &GenerateRequest) -> Result<(), EngineError> {
+    /// Compiles the request's grammar when the caller did not.
+    fn check_request(&self, req: &mut GenerateRequest) -> Result<(), EngineError> {
         req.sampling.validate()?;
-        self.check_prompt(&req.prompt_tokens, req.sampling.max_tokens)
+        self.check_prompt(&req.prompt_tokens, req.sampling.max_tokens)?;
+        if let (Some(c), None) = (&req.sampling.constraint, &req.grammar) {
+            req.grammar = Some(self.compile_grammar(c)?);
+        }
+        Ok(())
     }
 
     /// A fresh sequence id, the sender the loop streams its events to, and

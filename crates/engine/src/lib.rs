@@ -8,10 +8,12 @@
 pub mod admission;
 pub mod chat_template;
 pub mod config;
+pub mod constrained;
 pub mod detokenizer;
 pub mod device;
 mod engine_loop;
 pub mod error;
+pub mod grammar;
 mod handle;
 pub mod hub;
 pub mod hub_file;
@@ -29,9 +31,11 @@ pub mod tokenizer;
 pub use admission::{decide_admission, AdmissionDecision, AdmissionQuery};
 pub use config::{EngineConfig, LoadFormat, ModelSource};
 pub use error::EngineError;
+pub use grammar::{CompiledGrammar, GrammarCompiler};
 pub use handle::{CancelGuard, EngineHandle, EngineStats, ModelInfo, PrefixCacheReset};
 pub use kv_handoff::{KvLease, Reservation, SnapshotJob, SnapshotSlot};
 pub use kvc_session_cache::{CacheStats, ReusePath, SessionInfo, SnapshotInfo, SnapshotStats, Tier};
+pub use kvc_wire::{Constraint, Grammar, ReasoningGate};
 pub use request::{
     FinishReason, GenerateRequest, Logprobs, MatchedStop, RequestStream, SamplingParams, ServePath, StreamEvent, TokenLogprob, Usage,
 };

@@ -23,6 +23,9 @@ pub struct GenerateRequest {
     /// vLLM's `cache_salt`: the prompt's blocks are hashed under it, so it
     /// shares cached KV only with requests of the same salt.
     pub cache_salt: Option<String>,
+    /// `sampling.constraint` compiled ([`crate::EngineHandle::compile_grammar`]);
+    /// when missing, submission compiles it.
+    pub grammar: Option<crate::CompiledGrammar>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

@@ -10,6 +10,9 @@ use std::collections::HashMap;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+use llguidance::toktrie::SimpleVob;
+
+use crate::constrained::apply_mask;
 use crate::{Logprobs, SamplingParams, TokenLogprob};
 
 /// Per-request sampling state.
@@ -52,6 +55,13 @@ impl Sampler {
     /// the repetition penalty). Logprobs, when asked for, are those of the
     /// model's raw distribution (as vLLM reports by default).
     pub fn sample(&mut self, logits: &[f32], context: &[u32]) -> (u32, Option<Logprobs>) {
+        self.sample_masked(logits, context, None)
+    }
+
+    /// [`Self::sample`] among the tokens `allowed` (a structured-output
+    /// grammar's mask), applied after biases and penalties. Logprobs stay
+    /// those of the raw distribution.
+    pub fn sample_masked(&mut self, logits: &[f32], context: &[u32], allowed: Option<&SimpleVob>) -> (u32, Option<Logprobs>) {
         let mut l = logits.to_vec();
         let p = &self.params;
         for &(tok, bias) in &p.logit_bias {
@@ -75,6 +85,9 @@ impl Sampler {
                     *x -= p.frequency_penalty * c as f32 + p.presence_penalty;
                 }
             }
+        }
+        if let Some(allowed) = allowed {
+            apply_mask(&mut l, allowed);
         }
         let greedy = p.temperature == 0.0;
         let token = if greedy { argmax(&l) } else { self.draw(&mut l) };

@@ -155,6 +155,13 @@ impl TextTokenizer {
         Ok(Self { inner, special_ids, eos_ids, bos_token, eos_token, chat_template })
     }
 
+    /// The tokenizer as `tokenizer.json` text would parse (for libraries
+    /// that read the vocabulary from it, such as the grammar compiler).
+    pub fn to_json(&self) -> Result<Value, EngineError> {
+        let text = self.inner.to_string(false).map_err(|e| EngineError::Tokenizer(e.to_string()))?;
+        serde_json::from_str(&text).map_err(|e| EngineError::Tokenizer(e.to_string()))
+    }
+
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, EngineError> {
         let enc = self.inner.encode(text, add_special_tokens).map_err(|e| EngineError::Tokenizer(e.to_string()))?;
         Ok(enc.get_ids().to_vec())

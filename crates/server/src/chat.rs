@@ -25,6 +25,7 @@ use crate::openai_types::ChatCompletionRequest;
 use crate::response::collect;
 use crate::sampling::{DefaultMaxTokens, SamplingPlan};
 use crate::sse::stream_response;
+use crate::structured::{from_guided, from_response_format, one_of, reasoning_gate, tool_call_grammar, GrammarRequest};
 
 /// A validated chat request.
 #[derive(Debug)]
@@ -36,6 +37,8 @@ struct ChatPlan {
     continue_final: Option<String>,
     echo: bool,
     add_generation_prompt: bool,
+    /// Structured outputs: the grammar the answer must match.
+    grammar: Option<GrammarRequest>,
 }
 
 pub async fn chat_completions(
@@ -59,7 +62,9 @@ pub async fn chat_completions(
 
     let render_state = state.clone();
     let (add_generation_prompt, continue_final) = (plan.add_generation_prompt, plan.continue_final.clone());
-    let prepare = tokio::task::spawn_blocking(move || -> Result<(String, Vec<u32>), ApiError> {
+    let grammar = plan.grammar.clone();
+    type Prepared = (String, Vec<u32>, Option<(kvc_engine::Constraint, kvc_engine::CompiledGrammar)>);
+    let prepare = tokio::task::spawn_blocking(move || -> Result<Prepared, ApiError> {
         let engine = &render_state.engine;
         let template = engine.chat_template().ok_or_else(|| {
             ApiError::bad_request("this model has no chat template; use /v1/completions with a raw prompt instead", Some("messages"))
@@ -73,23 +78,39 @@ pub async fn chat_completions(
         }
         check_prompt_bytes(&render_state, prompt.len(), "messages")?;
         let tokens = engine.tokenizer().encode(&prompt, req.add_special_tokens.unwrap_or(false)).map_err(ApiError::chat_engine)?;
-        Ok((prompt, tokens))
+        // The grammar starts where the prompt leaves the model's reasoning.
+        let compiled = match grammar {
+            Some(g) => {
+                let constraint = g.constraint(reasoning_gate(open_assistant_turn(&prompt)));
+                let compiled = engine.compile_grammar(&constraint).map_err(|e| crate::structured::compile_error(e, g.param))?;
+                Some((constraint, compiled))
+            }
+            None => None,
+        };
+        Ok((prompt, tokens, compiled))
     });
-    let (prompt, prompt_tokens) = within(&state, admitted.deadline(), prepare)
+    let (prompt, prompt_tokens, compiled) = within(&state, admitted.deadline(), prepare)
         .await?
         .map_err(|e| ApiError::Internal(format!("prompt preparation failed: {e}")))??;
     check_prompt_len(&state, prompt_tokens.len(), "messages")?;
 
-    let sampling = plan.sampling.params_for(prompt_tokens.len(), info.max_model_len, DefaultMaxTokens::RestOfContext);
+    let mut sampling = plan.sampling.params_for(prompt_tokens.len(), info.max_model_len, DefaultMaxTokens::RestOfContext);
+    let (constraint, grammar) = compiled.unzip();
+    sampling.constraint = constraint;
     let n = plan.sampling.n;
-    let generation =
-        submit(&state, admitted, Submission { prompt_tokens, sampling, n, session_id, cache_salt, map_err: ApiError::chat_engine }).await?;
+    let generation = submit(
+        &state,
+        admitted,
+        Submission { prompt_tokens, sampling, n, session_id, cache_salt, grammar, map_err: ApiError::chat_engine },
+    )
+    .await?;
     let spec = ChatSpec {
         id: generation.request_id().to_string(),
         model: info.id,
         n,
         prefix: open_assistant_turn(&prompt).to_string(),
-        tools: plan.tools == ToolMode::Auto,
+        tools: plan.tools.parses_calls(),
+        calls_finish: !matches!(plan.tools, ToolMode::Named(_)),
         echo: plan.echo,
         logprobs: plan.logprobs,
     };
@@ -119,14 +140,13 @@ fn check_request(req: &ChatCompletionRequest, vocab_size: usize) -> Result<ChatP
         }
         Some(k) => k as usize,
     };
-    if let Some(format) = &req.response_format {
-        match format.get("type").and_then(Value::as_str) {
-            Some("text") => {}
-            Some(other) => return Err(ApiError::unsupported(format!("response_format type {other:?}"), "response_format")),
-            None => return Err(ApiError::bad_request("response_format must be an object with a \"type\"", Some("response_format"))),
-        }
-    }
     let tools = tool_mode(req.tools.as_deref(), req.tool_choice.as_ref())?;
+    let tool_grammar = match &tools {
+        ToolMode::Required => Some(tool_call_grammar(req.tools.as_deref().unwrap_or_default(), None)?),
+        ToolMode::Named(name) => Some(tool_call_grammar(req.tools.as_deref().unwrap_or_default(), Some(name))?),
+        ToolMode::Off | ToolMode::Auto => None,
+    };
+    let grammar = one_of(one_of(tool_grammar, from_response_format(req.response_format.as_ref())?)?, from_guided(&req.guided)?)?;
     let continue_final = if req.continue_final_message == Some(true) {
         if req.add_generation_prompt == Some(true) {
             return Err(ApiError::bad_request(
@@ -165,6 +185,7 @@ fn check_request(req: &ChatCompletionRequest, vocab_size: usize) -> Result<ChatP
         add_generation_prompt: continue_final.is_none() && req.add_generation_prompt.unwrap_or(true),
         continue_final,
         echo,
+        grammar,
     })
 }
 
@@ -193,9 +214,10 @@ mod tests {
         assert_eq!(param(json!({"top_logprobs": 2})), (400, Some("top_logprobs".into())));
         assert_eq!(param(json!({"logprobs": true, "top_logprobs": 21})), (400, Some("top_logprobs".into())));
         assert_eq!(param(json!({"logprobs": true, "top_logprobs": -1})), (400, Some("top_logprobs".into())));
-        assert_eq!(param(json!({"response_format": {"type": "json_object"}})), (400, Some("response_format".into())));
+        assert_eq!(param(json!({"response_format": {"type": "yaml"}})), (400, Some("response_format".into())));
         assert_eq!(param(json!({"response_format": {"type": "json_schema", "json_schema": {}}})), (400, Some("response_format".into())));
         assert_eq!(param(json!({"tool_choice": "required"})), (400, Some("tool_choice".into())));
+        assert_eq!(param(json!({"response_format": {"type": "json_object"}, "guided_regex": "a"})), (400, Some("guided_regex".into())));
         assert_eq!(param(json!({"max_completion_tokens": 0})), (400, Some("max_completion_tokens".into())));
         assert_eq!(param(json!({"n": 0})), (400, Some("n".into())));
         assert_eq!(param(json!({"echo": true})), (400, Some("echo".into())));

@@ -11,15 +11,27 @@ use crate::openai_types::{ChatMessage, MessageContent, Role};
 ///
 /// `tool_choice: "none"` follows vLLM: the tools are still rendered into
 /// the prompt (the model sees what exists) but the answer is not parsed,
-/// so any `<tool_call>` stays text. `"required"` and a named function would
-/// need guided decoding to guarantee a call; they are refused (400).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// so any `<tool_call>` stays text. `"required"` and a named function are
+/// guaranteed by a grammar ([`crate::structured::tool_call_grammar`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ToolMode {
     /// No tools, or `tool_choice: "none"`.
     Off,
     /// `tool_choice: "auto"` (the default with tools): `<tool_call>` blocks
     /// become `tool_calls`.
     Auto,
+    /// `tool_choice: "required"`: one or more calls, nothing else.
+    Required,
+    /// `tool_choice: {"type": "function", "function": {"name"}}`: one call
+    /// of that function.
+    Named(String),
+}
+
+impl ToolMode {
+    /// `<tool_call>` blocks in the answer become `tool_calls`.
+    pub fn parses_calls(&self) -> bool {
+        *self != ToolMode::Off
+    }
 }
 
 /// Checks `tools` (each `{"type": "function", "function": {"name", ...}}`)
@@ -40,7 +52,17 @@ pub fn tool_mode(tools: Option<&[Value]>, tool_choice: Option<&Value>) -> Result
         None | Some(Value::Null) => None,
         Some(Value::String(s)) => Some(s.as_str()),
         Some(Value::Object(o)) if o.get("type").and_then(Value::as_str) == Some("function") => {
-            return Err(ApiError::unsupported("tool_choice naming a function (it needs guided decoding)", "tool_choice"));
+            let name = o.get("function").and_then(|f| f.get("name")).and_then(Value::as_str).filter(|n| !n.is_empty());
+            let Some(name) = name else {
+                return Err(ApiError::bad_request(
+                    "tool_choice naming a function must be {\"type\": \"function\", \"function\": {\"name\": ...}}",
+                    Some("tool_choice"),
+                ));
+            };
+            if tools.is_empty() {
+                return Err(ApiError::bad_request("When using `tool_choice`, `tools` must be set.", Some("tool_choice")));
+            }
+            return Ok(ToolMode::Named(name.to_string()));
         }
         Some(other) => {
             return Err(ApiError::bad_request(
@@ -53,7 +75,7 @@ pub fn tool_mode(tools: Option<&[Value]>, tool_choice: Option<&Value>) -> Result
         Some("none") => Ok(ToolMode::Off),
         Some(_) if tools.is_empty() => Err(ApiError::bad_request("When using `tool_choice`, `tools` must be set.", Some("tool_choice"))),
         Some("auto") => Ok(ToolMode::Auto),
-        Some("required") => Err(ApiError::unsupported("tool_choice \"required\" (it needs guided decoding)", "tool_choice")),
+        Some("required") => Ok(ToolMode::Required),
         Some(other) => Err(ApiError::bad_request(
             format!("tool_choice must be \"none\", \"auto\", \"required\" or a function, got {other:?}"),
             Some("tool_choice"),
@@ -277,9 +299,12 @@ mod tests {
         assert_eq!(mode(Some(&tools), json!("none")).unwrap(), ToolMode::Off);
         assert_eq!(mode(None, json!("none")).unwrap(), ToolMode::Off);
         assert_eq!(mode(None, json!("auto")).unwrap_err(), (400, Some("tool_choice".into())));
-        assert_eq!(mode(Some(&tools), json!("required")).unwrap_err(), (400, Some("tool_choice".into())));
+        assert_eq!(mode(Some(&tools), json!("required")).unwrap(), ToolMode::Required);
+        assert_eq!(mode(None, json!("required")).unwrap_err(), (400, Some("tool_choice".into())));
         let named = json!({"type": "function", "function": {"name": "get_weather"}});
-        assert_eq!(mode(Some(&tools), named).unwrap_err(), (400, Some("tool_choice".into())));
+        assert_eq!(mode(Some(&tools), named.clone()).unwrap(), ToolMode::Named("get_weather".into()));
+        assert_eq!(mode(None, named).unwrap_err(), (400, Some("tool_choice".into())));
+        assert_eq!(mode(Some(&tools), json!({"type": "function", "function": {}})).unwrap_err(), (400, Some("tool_choice".into())));
         assert_eq!(mode(Some(&tools), json!("sometimes")).unwrap_err().0, 400);
         assert_eq!(mode(Some(&tools), json!(5)).unwrap_err().0, 400);
     }

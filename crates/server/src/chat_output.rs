@@ -107,6 +107,9 @@ pub struct ChatSpec {
     pub prefix: String,
     /// Parse `<tool_call>` blocks into `tool_calls`.
     pub tools: bool,
+    /// An answer with calls finishes with "tool_calls" (false for a named
+    /// `tool_choice`, whose forced call finishes with "stop", as OpenAI's).
+    pub calls_finish: bool,
     /// Return what `prefix` parsed to as part of the answer.
     pub echo: bool,
     pub logprobs: bool,
@@ -120,11 +123,12 @@ pub struct ChatEndpoint {
     tokens: Arc<dyn HasTokenizer>,
     logprobs: bool,
     choices: Vec<ChoiceState>,
+    calls_finish: bool,
 }
 
 impl ChatEndpoint {
     pub fn new(spec: ChatSpec, tokens: Arc<dyn HasTokenizer>) -> Self {
-        let ChatSpec { id, model, n, prefix, tools, echo, logprobs } = spec;
+        let ChatSpec { id, model, n, prefix, tools, calls_finish, echo, logprobs } = spec;
         let prefix = prefix.as_str();
         let choices = (0..n)
             .map(|_| {
@@ -132,7 +136,7 @@ impl ChatEndpoint {
                 ChoiceState { parser, echo: echo.then_some(echoed), pending_logprobs: Vec::new(), calls: 0 }
             })
             .collect();
-        Self { id, created: crate::generate::unix_now(), model, tokens, logprobs, choices }
+        Self { id, created: crate::generate::unix_now(), model, tokens, logprobs, choices, calls_finish }
     }
 
     fn delta(&mut self, index: usize, parsed: Parsed) -> ChatDelta {
@@ -212,7 +216,8 @@ impl Endpoint for ChatEndpoint {
             let delta = self.delta(index, parsed);
             out.push(Self::choice(index, delta, self.take_logprobs(index)));
         }
-        let reported = if self.choices[index].calls > 0 && reason != FinishReason::Abort { "tool_calls" } else { reason.as_str() };
+        let calls = self.calls_finish && self.choices[index].calls > 0;
+        let reported = if calls && reason != FinishReason::Abort { "tool_calls" } else { reason.as_str() };
         let mut last = Self::choice(index, ChatDelta::default(), self.take_logprobs(index));
         last.finish_reason = Some(reported);
         last.stop_reason = stop;
@@ -297,7 +302,7 @@ mod tests {
     }
 
     fn spec(prefix: &str, tools: bool, echo: bool, logprobs: bool) -> ChatSpec {
-        ChatSpec { id: "chatcmpl-t".into(), model: "m".into(), n: 1, prefix: prefix.into(), tools, echo, logprobs }
+        ChatSpec { id: "chatcmpl-t".into(), model: "m".into(), n: 1, prefix: prefix.into(), tools, calls_finish: true, echo, logprobs }
     }
 
     /// Plays `answer` as the engine would: tokenized with the real Qwen3

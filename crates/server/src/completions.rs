@@ -43,6 +43,9 @@ pub async fn completions(
     state.check_model(req.model.as_deref())?;
     let info = state.engine.info().clone();
     let plan = check_request(&req, info.vocab_size)?;
+    // Structured outputs: vLLM's guided_* / structured_outputs fields (a
+    // raw prompt has no reasoning block to wait for).
+    let grammar = crate::structured::from_guided(&req.guided)?;
     let prompt = parse_prompt(&req.prompt, info.vocab_size)?;
     if let PromptInput::Text(text) = &prompt {
         check_prompt_bytes(&state, text.len(), "prompt")?;
@@ -55,28 +58,43 @@ pub async fn completions(
     let skip_special = req.sampling.skip_special_tokens.unwrap_or(true);
     let engine = state.engine.clone();
     let add_special = req.add_special_tokens.unwrap_or(true);
-    let prepare = tokio::task::spawn_blocking(move || -> Result<(Vec<u32>, Option<String>), ApiError> {
-        match prompt {
+    type Prepared = (Vec<u32>, Option<String>, Option<(kvc_engine::Constraint, kvc_engine::CompiledGrammar)>);
+    let prepare = tokio::task::spawn_blocking(move || -> Result<Prepared, ApiError> {
+        let compiled = match grammar {
+            Some(g) => {
+                let constraint = g.constraint(kvc_engine::ReasoningGate::Off);
+                let compiled = engine.compile_grammar(&constraint).map_err(|e| crate::structured::compile_error(e, g.param))?;
+                Some((constraint, compiled))
+            }
+            None => None,
+        };
+        let (ids, echoed) = match prompt {
             PromptInput::Tokens(ids) => {
                 let echoed =
                     if echo { Some(engine.tokenizer().decode(&ids, skip_special).map_err(ApiError::completion_engine)?) } else { None };
-                Ok((ids, echoed))
+                (ids, echoed)
             }
             PromptInput::Text(text) => {
                 let ids = engine.tokenizer().encode(&text, add_special).map_err(ApiError::completion_engine)?;
-                Ok((ids, echo.then_some(text)))
+                (ids, echo.then_some(text))
             }
-        }
+        };
+        Ok((ids, echoed, compiled))
     });
-    let (prompt_tokens, echoed) =
+    let (prompt_tokens, echoed, compiled) =
         within(&state, admitted.deadline(), prepare).await?.map_err(|e| ApiError::Internal(format!("tokenization failed: {e}")))??;
     check_prompt_len(&state, prompt_tokens.len(), "prompt")?;
 
-    let sampling = plan.params_for(prompt_tokens.len(), info.max_model_len, DefaultMaxTokens::Fixed(DEFAULT_MAX_TOKENS));
+    let mut sampling = plan.params_for(prompt_tokens.len(), info.max_model_len, DefaultMaxTokens::Fixed(DEFAULT_MAX_TOKENS));
+    let (constraint, grammar) = compiled.unzip();
+    sampling.constraint = constraint;
     let n = plan.n;
-    let generation =
-        submit(&state, admitted, Submission { prompt_tokens, sampling, n, session_id, cache_salt, map_err: ApiError::completion_engine })
-            .await?;
+    let generation = submit(
+        &state,
+        admitted,
+        Submission { prompt_tokens, sampling, n, session_id, cache_salt, grammar, map_err: ApiError::completion_engine },
+    )
+    .await?;
     let endpoint = CompletionEndpoint::new(
         generation.request_id().to_string(),
         info.id,

@@ -101,6 +101,8 @@ pub struct Submission {
     /// The salt the prompt's cached blocks are hashed under
     /// ([`crate::tenant::Tenant::cache_salt`]).
     pub cache_salt: Option<String>,
+    /// `sampling.constraint`, compiled.
+    pub grammar: Option<kvc_engine::CompiledGrammar>,
     /// Attaches the endpoint's prompt name to engine errors.
     pub map_err: fn(EngineError) -> ApiError,
 }
@@ -123,6 +125,7 @@ pub async fn submit(state: &AppState, admitted: Admitted, s: Submission) -> Resu
             sampling: s.sampling.clone(),
             session_id: s.session_id.clone(),
             cache_salt: s.cache_salt.clone(),
+            grammar: s.grammar.clone(),
         };
         let started = within(state, deadline, crate::pd::decode::start(state, pd, req)).await;
         let (stream, r) = started?.map_err(|e| match e {
@@ -154,7 +157,7 @@ pub async fn submit(state: &AppState, admitted: Admitted, s: Submission) -> Resu
                 // alternatives the client has not chosen yet.
                 session_id: if index == 0 { s.session_id.clone() } else { None },
                 cache_salt: s.cache_salt.clone(),
-                ..Default::default()
+                grammar: s.grammar.clone(),
             }
         })
         .collect();

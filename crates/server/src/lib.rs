@@ -53,6 +53,7 @@ pub mod server_metrics;
 pub mod sessions;
 pub mod shutdown;
 pub mod sse;
+pub mod structured;
 pub mod tenant;
 pub mod tool_parser;
 pub mod worker_state;

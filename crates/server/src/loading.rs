@@ -37,7 +37,12 @@ pub async fn start_engine(config: EngineConfig, listener: &TcpListener) -> anyho
         .name("kvc-load".into())
         // A plain thread, not the runtime's: the hub download runs an async runtime of its own.
         .spawn(move || {
-            let _ = ready_tx.send(EngineHandle::start(config));
+            let started = EngineHandle::start(config);
+            if let Ok(engine) = &started {
+                // Structured outputs' vocabulary index, built beside the first requests.
+                engine.warm_grammar_compiler();
+            }
+            let _ = ready_tx.send(started);
         })
         .context("cannot start the load thread")?;
     let probes = tokio::net::TcpListener::from_std(listener.try_clone()?)?;

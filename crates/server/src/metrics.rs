@@ -37,6 +37,22 @@ const ENGINE: &[Family] = &[
     ),
     Family::counter("kvc_prompt_tokens_computed_total", "Prompt tokens run through the model.", &[]),
     Family::counter("kvc_generation_tokens_total", "Tokens generated.", &[]),
+    Family::counter(
+        "kvc_structured_output_masks_total",
+        "Grammar masks computed for structured outputs (one per constrained token).",
+        &[],
+    ),
+    Family::counter(
+        "kvc_structured_output_errors_total",
+        "Requests ended because their grammar failed (a prefill worker's token it does not allow, or a matcher error).",
+        &[],
+    ),
+    Family::counter("kvc_structured_output_mask_seconds_total", "Time computing grammar masks, beside the forward pass.", &[]),
+    Family::counter(
+        "kvc_structured_output_mask_wait_seconds_total",
+        "Time steps waited for grammar masks after the forward pass (their cost on the critical path).",
+        &[],
+    ),
     Family::counter("kvc_snapshot_push_enqueued_total", "Session snapshot pushes queued after committed turns (decode workers).", &[]),
     Family::counter("kvc_snapshot_ingested_total", "Session snapshot pushes committed into this worker's snapshot store.", &[]),
     Family::counter("kvc_snapshot_evicted_total", "Snapshot store entries evicted (LRU) to make room.", &[]),
@@ -77,6 +93,10 @@ fn read_engine(s: &EngineStats, out: &mut Scrape) {
     one("kvc_scheduler_partial_prefills", s.partial_prefills as f64);
     one("kvc_prompt_tokens_computed_total", s.prompt_tokens_computed as f64);
     one("kvc_generation_tokens_total", s.generated_tokens as f64);
+    one("kvc_structured_output_masks_total", s.grammar_masks as f64);
+    one("kvc_structured_output_errors_total", s.grammar_errors as f64);
+    one("kvc_structured_output_mask_seconds_total", s.grammar_mask_seconds);
+    one("kvc_structured_output_mask_wait_seconds_total", s.grammar_wait_seconds);
     let sn = &s.snapshot_stats;
     one("kvc_snapshot_push_enqueued_total", s.snapshot_pushes_enqueued as f64);
     one("kvc_snapshot_ingested_total", sn.ingested as f64);

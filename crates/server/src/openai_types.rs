@@ -75,6 +75,10 @@ pub struct ChatCompletionRequest {
     /// Read from the same body in a second pass ([`JsonBody`]).
     #[serde(skip)]
     pub sampling: SamplingFields,
+    /// vLLM's structured-output fields (`guided_*`, `structured_outputs`),
+    /// read like `sampling`.
+    #[serde(skip)]
+    pub guided: crate::structured::GuidedFields,
     pub max_completion_tokens: Option<i64>,
     pub logprobs: Option<bool>,
     pub top_logprobs: Option<i64>,
@@ -169,6 +173,10 @@ pub struct CompletionRequest {
     /// Read from the same body in a second pass ([`JsonBody`]).
     #[serde(skip)]
     pub sampling: SamplingFields,
+    /// vLLM's structured-output fields (`guided_*`, `structured_outputs`),
+    /// read like `sampling`.
+    #[serde(skip)]
+    pub guided: crate::structured::GuidedFields,
     pub echo: Option<bool>,
     pub logprobs: Option<i64>,
     pub suffix: Option<String>,
@@ -185,6 +193,7 @@ impl JsonBody for ChatCompletionRequest {
     fn parse(bytes: &[u8]) -> Result<Self, ApiError> {
         let mut req: Self = parse_json(bytes)?;
         req.sampling = parse_json(bytes)?;
+        req.guided = parse_json(bytes)?;
         check_fields(bytes, Endpoint::Chat)?;
         Ok(req)
     }
@@ -194,6 +203,7 @@ impl JsonBody for CompletionRequest {
     fn parse(bytes: &[u8]) -> Result<Self, ApiError> {
         let mut req: Self = parse_json(bytes)?;
         req.sampling = parse_json(bytes)?;
+        req.guided = parse_json(bytes)?;
         check_fields(bytes, Endpoint::Completions)?;
         Ok(req)
     }

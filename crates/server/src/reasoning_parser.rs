@@ -79,6 +79,11 @@ impl ReasoningParser {
         (p, split)
     }
 
+    /// True inside a reasoning block.
+    pub fn in_reasoning(&self) -> bool {
+        matches!(self.phase, Phase::Reasoning | Phase::ReasoningStart)
+    }
+
     /// True once the answer is known to be content from here on.
     pub fn in_content(&self) -> bool {
         matches!(self.phase, Phase::Content | Phase::ContentStart)

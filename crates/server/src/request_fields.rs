@@ -9,12 +9,14 @@
 //!   implements (`top_k`, `min_p`, `repetition_penalty`, `stop_token_ids`,
 //!   `ignore_eos`, `skip_special_tokens`, `add_special_tokens`,
 //!   `chat_template_kwargs`, `add_generation_prompt`,
-//!   `continue_final_message`, `echo`, `session_id`, `cache_salt`);
+//!   `continue_final_message`, `echo`, `session_id`, `cache_salt`, the
+//!   structured-output fields `guided_json` / `guided_regex` /
+//!   `guided_choice` / `guided_grammar` / `structured_outputs`);
 //! - fields that do not change the answer: `user`, `metadata`, `store`,
 //!   `service_tier`, `prompt_cache_key`, `safety_identifier`, `request_id`;
 //! - any field sent as `null` (clients often send every field).
 //!
-//! Known fields that kvc does not implement (guided decoding, beam search,
+//! Known fields that kvc does not implement (`guided_decoding_backend`, beam search,
 //! `functions`, audio, ...) get 400 "... is not supported yet", unless
 //! their value is the one that means "off" (`min_tokens: 0`,
 //! `use_beam_search: false`, `parallel_tool_calls: true`, ...).
@@ -59,6 +61,12 @@ const COMMON: &[&str] = &[
     "session_id",
     "cache_salt",
     "echo",
+    // structured outputs (vLLM)
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
+    "structured_outputs",
     // no effect on the answer
     "user",
     "metadata",
@@ -93,13 +101,8 @@ fn unsupported(endpoint: Endpoint, field: &str) -> Option<Option<Value>> {
         | "web_search_options"
         | "reasoning_effort"
         | "verbosity"
-        | "guided_json"
-        | "guided_regex"
-        | "guided_choice"
-        | "guided_grammar"
         | "guided_decoding_backend"
         | "guided_whitespace_pattern"
-        | "structured_outputs"
         | "prompt_logprobs"
         | "truncate_prompt_tokens"
         | "chat_template"
@@ -127,6 +130,7 @@ fn unsupported(endpoint: Endpoint, field: &str) -> Option<Option<Value>> {
         | "return_hidden_states" => Some(json!(false)),
         "spaces_between_special_tokens" | "separate_reasoning" | "stream_reasoning" | "parallel_tool_calls" => Some(json!(true)),
         "best_of" => Some(json!(1)),
+        // Completions: only text (chat implements every type).
         "response_format" => Some(json!({"type": "text"})),
         _ => return None,
     };
@@ -206,9 +210,10 @@ mod tests {
 
     #[test]
     fn known_unimplemented_fields_are_refused_unless_off() {
-        let (_, msg, param) = check(Endpoint::Chat, json!({"messages": [], "guided_json": {"type": "object"}})).unwrap_err();
+        let (_, msg, param) = check(Endpoint::Chat, json!({"messages": [], "guided_decoding_backend": "xgrammar"})).unwrap_err();
         assert!(msg.contains("not supported"), "{msg}");
-        assert_eq!(param.as_deref(), Some("guided_json"));
+        assert_eq!(param.as_deref(), Some("guided_decoding_backend"));
+        assert!(check(Endpoint::Chat, json!({"messages": [], "guided_json": {"type": "object"}})).is_ok());
         assert!(
             check(Endpoint::Chat, json!({"messages": [], "min_tokens": 0, "use_beam_search": false, "parallel_tool_calls": true})).is_ok()
         );

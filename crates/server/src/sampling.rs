@@ -101,6 +101,7 @@ impl SamplingPlan {
             logprobs: None,
             logit_bias,
             skip_special_tokens: f.skip_special_tokens.unwrap_or(true),
+            constraint: None,
         };
         params.validate().map_err(|e| ApiError::BadRequest { message: e.message, param: Some(e.param) })?;
         Ok(Self { params, max_tokens, n, stream, include_usage })

@@ -6,6 +6,9 @@
 
 use serde::{Deserialize, Serialize};
 
+mod constraint;
+pub use constraint::{Constraint, Grammar, ReasoningGate};
+
 /// A sampling parameter out of its range; `param` names it (OpenAI's
 /// error `param`).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -49,6 +52,9 @@ pub struct SamplingParams {
     pub logit_bias: Vec<(u32, f32)>,
     /// Do not produce text for special tokens (default true, like vLLM).
     pub skip_special_tokens: bool,
+    /// Structured outputs: the grammar the output must match.
+    #[serde(default)]
+    pub constraint: Option<Constraint>,
 }
 
 impl Default for SamplingParams {
@@ -69,6 +75,7 @@ impl Default for SamplingParams {
             logprobs: None,
             logit_bias: Vec::new(),
             skip_special_tokens: true,
+            constraint: None,
         }
     }
 }

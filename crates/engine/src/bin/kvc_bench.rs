@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! kvc-bench engine [--batch 1,16] [--prompt-len 128] [--gen-len 64] [--model DIR] [--load-format dummy]
-//!                  [--device auto|cpu|cuda] [--enforce-eager]
+//!                  [--device auto|cpu|cuda] [--enforce-eager] [--json-schema default|FILE]
 //! kvc-bench admission [--prompt-len 4096]
 //! kvc-bench attention [--device cuda] [--case NAME|NAME:LEN/CTX,LEN/CTX...]... [--peer SCRIPT|none]
 //! kvc-bench engine --shape qwen3-30b-a3b [--device auto|cpu|cuda] [--prefill 1024,8192,32768]
@@ -21,6 +21,12 @@
 //! request. Prints prefill time (submission to the last request's first
 //! token), decode tokens/s (tokens after the first, over the time after the
 //! last first token), and overall output tokens/s.
+//! With `--json-schema` each batch runs twice, without and with the schema
+//! as a structured-output constraint (`default`: an unbounded array of
+//! small objects, so the grammar stays active for the whole run), and
+//! prints the grammar's per-token cost: mask computation (beside the
+//! forward pass) and the wait for masks after the forward pass (on the
+//! step's critical path).
 
 use std::time::Instant;
 
@@ -45,6 +51,7 @@ struct Args {
     context: usize,
     decode: Vec<(usize, usize)>,
     steps: usize,
+    json_schema: Option<String>,
 }
 
 fn list(v: &str, flag: &str) -> Result<Vec<usize>, String> {
@@ -66,6 +73,7 @@ fn parse() -> Result<Args, String> {
         context: 2048,
         decode: Vec::new(),
         steps: 64,
+        json_schema: None,
     };
     let mut it = std::env::args().skip(1);
     match it.next().as_deref() {
@@ -102,6 +110,7 @@ fn parse() -> Result<Args, String> {
             "--steps" => a.steps = val()?.parse().map_err(|e| format!("--steps: {e}"))?,
             "--cuda-graph" => a.cuda_graph = true,
             "--enforce-eager" => a.enforce_eager = true,
+            "--json-schema" => a.json_schema = Some(val()?),
             other => return Err(format!("unknown flag {other}")),
         }
     }
@@ -213,16 +222,70 @@ fn main() {
         args.gen_len,
         std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
     );
-    println!("{:>6} {:>12} {:>16} {:>16}", "batch", "prefill_s", "decode_tok/s", "output_tok/s");
-    run(&engine, 1, args.prompt_len, 4); // warm-up
+    let constraint = args.json_schema.as_deref().map(|s| {
+        let schema = if s == "default" {
+            DEFAULT_SCHEMA.to_string()
+        } else {
+            std::fs::read_to_string(s).unwrap_or_else(|e| {
+                eprintln!("--json-schema {s}: {e}");
+                std::process::exit(2)
+            })
+        };
+        kvc_engine::Constraint {
+            grammar: kvc_engine::Grammar::JsonSchema { schema, strict: false },
+            reasoning: kvc_engine::ReasoningGate::Off,
+        }
+    });
+    if constraint.is_some() {
+        // The token trie is built once per engine; not part of any run.
+        engine.grammar_compiler().expect("grammar compiler");
+    }
+    println!(
+        "{:>6} {:>8} {:>12} {:>16} {:>16} {:>14} {:>14}",
+        "batch", "schema", "prefill_s", "decode_tok/s", "output_tok/s", "mask_us/tok", "wait_us/tok"
+    );
+    run(&engine, 1, args.prompt_len, 4, None); // warm-up
     for &b in &args.batches {
-        let (prefill, decode, overall) = run(&engine, b, args.prompt_len, args.gen_len);
-        println!("{b:>6} {prefill:>12.3} {decode:>16.1} {overall:>16.1}");
+        for c in std::iter::once(None).chain(constraint.as_ref().map(Some)) {
+            let before = engine.stats();
+            let (prefill, decode, overall) = run(&engine, b, args.prompt_len, args.gen_len, c);
+            let after = wait_published(&engine, &before);
+            let masks = (after.grammar_masks - before.grammar_masks).max(1) as f64;
+            let mask_us = (after.grammar_mask_seconds - before.grammar_mask_seconds) * 1e6 / masks;
+            let wait_us = (after.grammar_wait_seconds - before.grammar_wait_seconds) * 1e6 / masks;
+            let label = if c.is_some() { "json" } else { "none" };
+            println!("{b:>6} {label:>8} {prefill:>12.3} {decode:>16.1} {overall:>16.1} {mask_us:>14.1} {wait_us:>14.1}");
+        }
+    }
+}
+
+/// An agent-style answer that never has to end: a list of small records.
+const DEFAULT_SCHEMA: &str = r#"{"type": "array", "items": {"type": "object", "properties": {
+    "tool": {"enum": ["search", "read", "write"]}, "path": {"type": "string", "maxLength": 24},
+    "line": {"type": "integer", "minimum": 0, "maximum": 9999}, "ok": {"type": "boolean"}},
+    "required": ["tool", "path", "line", "ok"], "additionalProperties": false}}"#;
+
+/// The engine's stats once the step loop has published the last run's
+/// steps (the snapshot is published after each step).
+fn wait_published(engine: &EngineHandle, before: &kvc_engine::EngineStats) -> kvc_engine::EngineStats {
+    let deadline = Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let s = engine.stats();
+        if s.running == 0 && s.waiting == 0 && (s.steps > before.steps || Instant::now() > deadline) {
+            return s;
+        }
+        std::thread::yield_now();
     }
 }
 
 /// Returns (prefill seconds, decode tok/s, overall output tok/s).
-fn run(engine: &EngineHandle, batch: usize, prompt_len: usize, gen_len: usize) -> (f64, f64, f64) {
+fn run(
+    engine: &EngineHandle,
+    batch: usize,
+    prompt_len: usize,
+    gen_len: usize,
+    constraint: Option<&kvc_engine::Constraint>,
+) -> (f64, f64, f64) {
     let t0 = Instant::now();
     let mut streams: Vec<_> = (0..batch)
         .map(|i| {
@@ -231,7 +294,13 @@ fn run(engine: &EngineHandle, batch: usize, prompt_len: usize, gen_len: usize) -
                 .submit(GenerateRequest {
                     request_id: format!("bench-{i}"),
                     prompt_tokens: prompt,
-                    sampling: SamplingParams { temperature: 0.0, max_tokens: gen_len, ignore_eos: true, ..Default::default() },
+                    sampling: SamplingParams {
+                        temperature: 0.0,
+                        max_tokens: gen_len,
+                        ignore_eos: true,
+                        constraint: constraint.cloned(),
+                        ..Default::default()
+                    },
                     ..Default::default()
                 })
                 .expect("submit")
@@ -278,8 +347,8 @@ fn admission_bench(prompt_len: usize) {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
     let engine = EngineHandle::start(EngineConfig { max_num_batched_tokens: 512, ..Default::default() }).expect("engine");
-    run(&engine, 1, 16, 4); // warm-up
-                            // Latency while a long prompt is prefilled in 512-token chunks next to 8 decodes.
+    run(&engine, 1, 16, 4, None); // warm-up
+                                  // Latency while a long prompt is prefilled in 512-token chunks next to 8 decodes.
     let stop = Arc::new(AtomicBool::new(false));
     let prober = {
         let (engine, stop) = (engine.clone(), stop.clone());
@@ -304,7 +373,7 @@ fn admission_bench(prompt_len: usize) {
         })
         .expect("submit");
     let t0 = Instant::now();
-    let (_, decode_tps, _) = run(&engine, 8, 32, 64);
+    let (_, decode_tps, _) = run(&engine, 8, 32, 64, None);
     drop_until_done(long);
     stop.store(true, Ordering::Relaxed);
     let mut lat = prober.join().unwrap();
@@ -335,7 +404,7 @@ fn admission_bench(prompt_len: usize) {
                 }
             })
         });
-        let (_, tps, _) = run(&engine, 16, 64, 48);
+        let (_, tps, _) = run(&engine, 16, 64, 48, None);
         stop.store(true, Ordering::Relaxed);
         if let Some(h) = h {
             h.join().unwrap();

@@ -10,9 +10,11 @@ use kvc_scheduler::{ScheduledChunk, SeqId, Wait};
 use rayon::prelude::*;
 
 use super::{CacheHooks, EngineLoop};
+use crate::constrained::ConstraintState;
 use crate::sampler::Sampler;
 use crate::step_budget::StepShape;
 use crate::{EngineError, FinishReason, Logprobs, StreamEvent};
+use llguidance::toktrie::SimpleVob;
 
 impl EngineLoop {
     pub(super) fn step(&mut self) {
@@ -39,7 +41,32 @@ impl EngineLoop {
             decode_context: plan.chunks.iter().filter(|c| is_decode(c)).map(|c| c.start + 1).sum(),
             prefill: plan.chunks.iter().filter(|c| !is_decode(c)).map(|c| (c.start, c.len)).collect(),
         };
-        let logits = match self.forward(&plan.chunks) {
+        // Grammar masks are computed while the model runs (vLLM and SGLang
+        // overlap them with the forward pass the same way): they depend only
+        // on the tokens accepted so far.
+        let mut constrained = self.take_constraints(&plan.chunks);
+        let (logits, masks) = std::thread::scope(|s| {
+            let masks = (!constrained.is_empty()).then(|| s.spawn(|| compute_masks(&mut constrained)));
+            let logits = self.forward(&plan.chunks);
+            let waited = Instant::now();
+            let masks = masks.map(|h| h.join().unwrap_or_else(|_| (HashMap::new(), Duration::ZERO)));
+            (logits, masks.map(|m| (m, waited.elapsed())))
+        });
+        let masks = match masks {
+            Some(((masks, compute), waited)) => {
+                self.local.grammar_masks += masks.len() as u64;
+                self.local.grammar_mask_seconds += compute.as_secs_f64();
+                self.local.grammar_wait_seconds += waited.as_secs_f64();
+                masks
+            }
+            None => HashMap::new(),
+        };
+        for (id, c) in constrained {
+            if let Some(a) = self.active.get_mut(&id) {
+                a.constraint = Some(c);
+            }
+        }
+        let logits = match logits {
             Ok(l) => l,
             Err(e) => {
                 tracing::error!(error = %e, "forward pass failed; failing the batch");
@@ -84,15 +111,40 @@ impl EngineLoop {
             self.local.prompt_tokens_computed += c.len.min(seq_prompt.saturating_sub(c.start)) as u64;
         }
         let sampled: Vec<SeqId> = plan.chunks.iter().filter(|c| c.sample).map(|c| c.seq_id).collect();
-        for (id, token, logprobs) in self.sample_all(&sampled, &logits) {
+        let mut failed = Vec::new();
+        let masks: HashMap<SeqId, SimpleVob> = masks
+            .into_iter()
+            .filter_map(|(id, m)| match m {
+                Ok(m) => m.map(|m| (id, m)),
+                Err(e) => {
+                    failed.push((id, e));
+                    None
+                }
+            })
+            .collect();
+        for (id, e) in failed {
+            tracing::warn!(event = "grammar_error", seq_id = id, error = %e);
+            self.local.grammar_errors += 1;
+            if let Some(a) = self.active.get(&id) {
+                let _ = a.tx.send(StreamEvent::Error(format!("structured output: {e}")));
+            }
+            self.drop_seq(id);
+        }
+        for (id, token, logprobs) in self.sample_all(&sampled, &logits, &masks) {
             self.accept_token(id, token, logprobs);
         }
+    }
+
+    /// The grammar states of the sequences this step samples, taken out of
+    /// their requests for the mask thread (put back after).
+    fn take_constraints(&mut self, chunks: &[ScheduledChunk]) -> Vec<(SeqId, ConstraintState)> {
+        chunks.iter().filter(|c| c.sample).filter_map(|c| Some((c.seq_id, self.active.get_mut(&c.seq_id)?.constraint.take()?))).collect()
     }
 
     /// Draws the next token of each of `ids` (logits row i for ids[i]) in
     /// parallel: a draw over a 152K vocabulary is ~0.5 ms, dozens of them
     /// a step. Returned in the order of `ids`.
-    fn sample_all(&mut self, ids: &[SeqId], logits: &[Vec<f32>]) -> Vec<(SeqId, u32, Option<Logprobs>)> {
+    fn sample_all(&mut self, ids: &[SeqId], logits: &[Vec<f32>], masks: &HashMap<SeqId, SimpleVob>) -> Vec<(SeqId, u32, Option<Logprobs>)> {
         let row: HashMap<SeqId, usize> = ids.iter().enumerate().map(|(i, &id)| (id, i)).collect();
         let scheduler = &self.scheduler;
         let mut jobs: Vec<(usize, SeqId, &mut Sampler, &[u32])> = self
@@ -103,7 +155,7 @@ impl EngineLoop {
         jobs.sort_by_key(|j| j.0);
         jobs.par_iter_mut()
             .map(|(i, id, sampler, context)| {
-                let (token, logprobs) = sampler.sample(&logits[*i], context);
+                let (token, logprobs) = sampler.sample_masked(&logits[*i], context, masks.get(&*id));
                 (*id, token, logprobs)
             })
             .collect()
@@ -150,4 +202,13 @@ impl EngineLoop {
         }
         Ok(logits.to_vec2::<f32>()?)
     }
+}
+
+/// The next-token masks of the constrained sequences (in parallel), and
+/// the wall time that took.
+#[allow(clippy::type_complexity)]
+fn compute_masks(states: &mut [(SeqId, ConstraintState)]) -> (HashMap<SeqId, Result<Option<SimpleVob>, String>>, Duration) {
+    let started = Instant::now();
+    let masks = states.par_iter_mut().map(|(id, c)| (*id, c.mask())).collect();
+    (masks, started.elapsed())
 }

@@ -77,13 +77,23 @@ async fn serve_prefill(
     let started = Instant::now();
     let mut sampling = req.sampling.clone();
     sampling.max_tokens = 1;
-    let gen = GenerateRequest {
+    let mut gen = GenerateRequest {
         request_id: req.request_id.clone(),
         prompt_tokens: req.prompt_tokens.clone(),
         sampling,
         session_id: req.session_id.clone(),
         cache_salt: req.cache_salt.clone(),
+        grammar: None,
     };
+    // The first token is masked by the same grammar the decode worker
+    // uses; compiled off the async runtime.
+    if let Some(c) = gen.sampling.constraint.clone() {
+        let engine = state.engine.clone();
+        let compiled = tokio::task::spawn_blocking(move || engine.compile_grammar(&c))
+            .await
+            .map_err(|e| ApiError::Internal(format!("grammar compilation failed: {e}")))?;
+        gen.grammar = Some(compiled.map_err(ApiError::completion_engine)?);
+    }
     let mut stream = state.engine.submit_export(gen).map_err(ApiError::completion_engine)?;
     let (mut first, mut logprobs, mut finished) = (None, None, None);
     let wait = tokio::time::timeout_at(deadline.into(), async {

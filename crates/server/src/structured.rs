@@ -1,0 +1,304 @@
+//! Structured outputs: the request fields that constrain the answer, turned
+//! into one grammar for the engine.
+//!
+//! - OpenAI: `response_format` `{"type": "json_object"}` and
+//!   `{"type": "json_schema", "json_schema": {"name", "schema", "strict"}}`;
+//!   `tool_choice: "required"` or `{"type": "function", "function":
+//!   {"name"}}`: the answer is one or more (one, when named) tool calls in
+//!   Qwen3's format, `<tool_call>\n{"name": ..., "arguments": ...}\n</tool_call>`,
+//!   the arguments constrained by the tool's `parameters` schema.
+//! - vLLM's extensions: `guided_json`, `guided_regex`, `guided_choice`,
+//!   `guided_grammar` (llguidance's Lark dialect, an EBNF), and their newer
+//!   spelling `structured_outputs: {json | regex | choice | grammar}`.
+//!
+//! At most one of these per request (400 otherwise, naming the second).
+//! `strict: true` (a schema's, or a tool's `function.strict`) makes
+//! keywords the compiler cannot enforce a 400; without it they are ignored.
+//! A schema or grammar that does not compile is a 400 naming the field.
+
+use serde_json::{json, Map, Value};
+
+use kvc_engine::{Constraint, Grammar, ReasoningGate};
+
+use crate::error::ApiError;
+
+/// A grammar and the request field it came from (for error messages).
+#[derive(Debug, Clone, PartialEq)]
+pub struct GrammarRequest {
+    pub grammar: Grammar,
+    pub param: &'static str,
+}
+
+impl GrammarRequest {
+    /// The engine's constraint, starting where the prompt leaves the
+    /// model's reasoning.
+    pub fn constraint(&self, reasoning: ReasoningGate) -> Constraint {
+        Constraint { grammar: self.grammar.clone(), reasoning }
+    }
+}
+
+/// The vLLM extension fields, as sent (any of them may be absent).
+#[derive(Debug, Clone, Default, serde::Deserialize)]
+pub struct GuidedFields {
+    pub guided_json: Option<Value>,
+    pub guided_regex: Option<String>,
+    pub guided_choice: Option<Vec<String>>,
+    pub guided_grammar: Option<String>,
+    pub structured_outputs: Option<Map<String, Value>>,
+}
+
+fn json_schema_grammar(schema: &Value, strict: bool, param: &'static str) -> Result<GrammarRequest, ApiError> {
+    let schema = match schema {
+        // vLLM also takes the schema as a JSON string.
+        Value::String(s) => {
+            serde_json::from_str(s).map_err(|e| ApiError::bad_request(format!("{param} is not a valid JSON schema: {e}"), Some(param)))?
+        }
+        other => other.clone(),
+    };
+    if !schema.is_object() && !schema.is_boolean() {
+        return Err(ApiError::bad_request(format!("{param} must be a JSON schema object"), Some(param)));
+    }
+    Ok(GrammarRequest { grammar: Grammar::JsonSchema { schema: schema.to_string(), strict }, param })
+}
+
+/// A regex matching exactly one of `choices`.
+fn choice_grammar(choices: &[String], param: &'static str) -> Result<GrammarRequest, ApiError> {
+    if choices.is_empty() {
+        return Err(ApiError::bad_request(format!("{param} must list at least one choice"), Some(param)));
+    }
+    let alternatives: Vec<String> = choices.iter().map(|c| regex_escape(c)).collect();
+    Ok(GrammarRequest { grammar: Grammar::Regex(format!("({})", alternatives.join("|"))), param })
+}
+
+fn regex_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for ch in s.chars() {
+        if "\\.+*?()|[]{}^$#&-~ \t\n\r".contains(ch) {
+            match ch {
+                '\t' => out.push_str("\\t"),
+                '\n' => out.push_str("\\n"),
+                '\r' => out.push_str("\\r"),
+                ' ' => out.push(' '),
+                _ => {
+                    out.push('\\');
+                    out.push(ch);
+                }
+            }
+        } else {
+            out.push(ch);
+        }
+    }
+    out
+}
+
+/// `response_format`: `None` for text.
+pub fn from_response_format(format: Option<&Value>) -> Result<Option<GrammarRequest>, ApiError> {
+    const P: &str = "response_format";
+    let Some(format) = format else { return Ok(None) };
+    match format.get("type").and_then(Value::as_str) {
+        Some("text") => Ok(None),
+        Some("json_object") => Ok(Some(GrammarRequest {
+            grammar: Grammar::JsonSchema { schema: json!({"type": "object"}).to_string(), strict: false },
+            param: P,
+        })),
+        Some("json_schema") => {
+            let spec = format.get("json_schema").and_then(Value::as_object).ok_or_else(|| {
+                ApiError::bad_request("response_format json_schema needs a \"json_schema\" object with a \"schema\"", Some(P))
+            })?;
+            let schema =
+                spec.get("schema").ok_or_else(|| ApiError::bad_request("response_format.json_schema.schema is missing", Some(P)))?;
+            let strict = spec.get("strict").and_then(Value::as_bool).unwrap_or(false);
+            json_schema_grammar(schema, strict, P).map(Some)
+        }
+        Some(other) => Err(ApiError::bad_request(
+            format!("response_format type must be \"text\", \"json_object\" or \"json_schema\", got {other:?}"),
+            Some(P),
+        )),
+        None => Err(ApiError::bad_request("response_format must be an object with a \"type\"", Some(P))),
+    }
+}
+
+/// vLLM's `guided_*` and `structured_outputs` fields.
+pub fn from_guided(f: &GuidedFields) -> Result<Option<GrammarRequest>, ApiError> {
+    let mut found: Vec<GrammarRequest> = Vec::new();
+    if let Some(v) = &f.guided_json {
+        found.push(json_schema_grammar(v, false, "guided_json")?);
+    }
+    if let Some(rx) = &f.guided_regex {
+        found.push(GrammarRequest { grammar: Grammar::Regex(rx.clone()), param: "guided_regex" });
+    }
+    if let Some(c) = &f.guided_choice {
+        found.push(choice_grammar(c, "guided_choice")?);
+    }
+    if let Some(g) = &f.guided_grammar {
+        found.push(GrammarRequest { grammar: Grammar::Lark(g.clone()), param: "guided_grammar" });
+    }
+    if let Some(so) = &f.structured_outputs {
+        const P: &str = "structured_outputs";
+        for (key, v) in so {
+            let bad = |what: &str| ApiError::bad_request(format!("structured_outputs.{key} must be {what}"), Some(P));
+            match key.as_str() {
+                "json" => found.push(json_schema_grammar(v, false, P)?),
+                "regex" => {
+                    found.push(GrammarRequest { grammar: Grammar::Regex(v.as_str().ok_or_else(|| bad("a string"))?.into()), param: P })
+                }
+                "grammar" => {
+                    found.push(GrammarRequest { grammar: Grammar::Lark(v.as_str().ok_or_else(|| bad("a string"))?.into()), param: P })
+                }
+                "choice" => {
+                    let choices: Vec<String> = serde_json::from_value(v.clone()).map_err(|_| bad("a list of strings"))?;
+                    found.push(choice_grammar(&choices, P)?);
+                }
+                "json_object" if v == &Value::Bool(true) => found.push(GrammarRequest {
+                    grammar: Grammar::JsonSchema { schema: json!({"type": "object"}).to_string(), strict: false },
+                    param: P,
+                }),
+                _ if v.is_null() || v == &Value::Bool(false) => {}
+                _ => return Err(ApiError::unsupported(format!("structured_outputs.{key}"), P)),
+            }
+        }
+    }
+    match found.len() {
+        0 => Ok(None),
+        1 => Ok(found.pop()),
+        _ => Err(ApiError::bad_request(
+            format!("only one structured-output constraint per request; got {} and {}", found[0].param, found[1].param),
+            Some(found[1].param),
+        )),
+    }
+}
+
+/// Only one of the request's constraints may be set.
+pub fn one_of(a: Option<GrammarRequest>, b: Option<GrammarRequest>) -> Result<Option<GrammarRequest>, ApiError> {
+    match (a, b) {
+        (Some(a), Some(b)) => Err(ApiError::bad_request(
+            format!("only one structured-output constraint per request; got {} and {}", a.param, b.param),
+            Some(b.param),
+        )),
+        (a, b) => Ok(a.or(b)),
+    }
+}
+
+/// The grammar of `tool_choice: "required"` (`name: None`: one or more
+/// calls of any of `tools`) or of a named function (exactly one call of
+/// it), in Qwen3's tool-call format. `tools` are already checked
+/// ([`crate::chat_messages::tool_mode`]).
+pub fn tool_call_grammar(tools: &[Value], name: Option<&str>) -> Result<GrammarRequest, ApiError> {
+    const P: &str = "tool_choice";
+    let chosen: Vec<&Map<String, Value>> = tools
+        .iter()
+        .filter_map(|t| t.get("function").and_then(Value::as_object))
+        .filter(|f| name.is_none_or(|n| f.get("name").and_then(Value::as_str) == Some(n)))
+        .collect();
+    if chosen.is_empty() {
+        let n = name.unwrap_or_default();
+        return Err(ApiError::bad_request(format!("tool_choice names function {n:?}, which is not in tools"), Some(P)));
+    }
+    let mut rules = Vec::new();
+    for (i, f) in chosen.iter().enumerate() {
+        let fname = f.get("name").and_then(Value::as_str).unwrap_or_default();
+        let strict = f.get("strict").and_then(Value::as_bool).unwrap_or(false);
+        let params = match f.get("parameters") {
+            None | Some(Value::Null) => json!({"type": "object"}),
+            Some(p) if p.is_object() => p.clone(),
+            Some(_) => {
+                return Err(ApiError::bad_request(
+                    format!("tools: the parameters of {fname:?} must be a JSON schema object"),
+                    Some("tools"),
+                ))
+            }
+        };
+        let call = json!({
+            "type": "object",
+            "properties": {"name": {"const": fname}, "arguments": params},
+            "required": ["name", "arguments"],
+            "additionalProperties": false,
+        });
+        let call = kvc_engine::grammar::with_json_options(call, strict);
+        rules.push(format!("call_{i}: %json {call}"));
+    }
+    let alternatives: Vec<String> = (0..chosen.len()).map(|i| format!("call_{i}")).collect();
+    let start = if name.is_some() { "start: tool_call" } else { "start: tool_call (\"\\n\" tool_call)*" };
+    let lark = format!("{start}\ntool_call: \"<tool_call>\\n\" ({}) \"\\n</tool_call>\"\n{}\n", alternatives.join(" | "), rules.join("\n"));
+    Ok(GrammarRequest { grammar: Grammar::Lark(lark), param: P })
+}
+
+/// A grammar the engine could not compile: a 400 naming the field it came
+/// from (other engine errors keep their mapping).
+pub fn compile_error(e: kvc_engine::EngineError, param: &'static str) -> ApiError {
+    match e {
+        kvc_engine::EngineError::InvalidGrammar(msg) => {
+            ApiError::bad_request(format!("{param}: the grammar cannot be used: {msg}"), Some(param))
+        }
+        other => ApiError::Internal(format!("grammar compiler unavailable: {other}")),
+    }
+}
+
+/// Where the grammar starts, from the part of the assistant turn the prompt
+/// already holds (see [`crate::reasoning_parser`]).
+pub fn reasoning_gate(assistant_prefix: &str) -> ReasoningGate {
+    let (parser, _) = crate::reasoning_parser::ReasoningParser::primed(assistant_prefix);
+    if parser.in_content() {
+        ReasoningGate::Off
+    } else if parser.in_reasoning() {
+        ReasoningGate::Open
+    } else {
+        ReasoningGate::MayOpen
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::error_response;
+
+    fn param(e: ApiError) -> (u16, Option<String>) {
+        let (status, body) = error_response(&e);
+        (status.as_u16(), body.error.param)
+    }
+
+    #[test]
+    fn response_format_types_map_to_grammars() {
+        assert_eq!(from_response_format(Some(&json!({"type": "text"}))).unwrap(), None);
+        let g = from_response_format(Some(&json!({"type": "json_object"}))).unwrap().unwrap();
+        assert!(matches!(g.grammar, Grammar::JsonSchema { strict: false, .. }));
+        let g = from_response_format(Some(
+            &json!({"type": "json_schema", "json_schema": {"name": "x", "strict": true, "schema": {"type": "object"}}}),
+        ))
+        .unwrap()
+        .unwrap();
+        assert!(matches!(g.grammar, Grammar::JsonSchema { strict: true, .. }));
+        for bad in [json!({"type": "json_schema"}), json!({"type": "json_schema", "json_schema": {}}), json!({"type": "yaml"}), json!({})] {
+            assert_eq!(param(from_response_format(Some(&bad)).unwrap_err()), (400, Some("response_format".into())), "{bad}");
+        }
+    }
+
+    #[test]
+    fn two_constraints_are_refused_naming_the_second() {
+        let f = GuidedFields { guided_regex: Some("a+".into()), guided_choice: Some(vec!["x".into()]), ..Default::default() };
+        assert_eq!(param(from_guided(&f).unwrap_err()), (400, Some("guided_choice".into())));
+        let a = from_response_format(Some(&json!({"type": "json_object"}))).unwrap();
+        let b = from_guided(&GuidedFields { guided_regex: Some("a".into()), ..Default::default() }).unwrap();
+        assert_eq!(param(one_of(a, b).unwrap_err()), (400, Some("guided_regex".into())));
+    }
+
+    #[test]
+    fn choices_are_escaped_literals() {
+        let g = choice_grammar(&["a.b".into(), "c|d".into()], "guided_choice").unwrap();
+        assert_eq!(g.grammar, Grammar::Regex(r"(a\.b|c\|d)".into()));
+    }
+
+    #[test]
+    fn a_named_tool_must_exist() {
+        let tools = [json!({"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}})];
+        assert!(tool_call_grammar(&tools, Some("f")).is_ok());
+        assert_eq!(param(tool_call_grammar(&tools, Some("g")).unwrap_err()), (400, Some("tool_choice".into())));
+    }
+
+    #[test]
+    fn the_gate_follows_the_prompts_reasoning_state() {
+        assert_eq!(reasoning_gate(""), ReasoningGate::MayOpen);
+        assert_eq!(reasoning_gate("<think>\n"), ReasoningGate::Open);
+        assert_eq!(reasoning_gate("<think>\n\n</think>\n\n"), ReasoningGate::Off);
+    }
+}

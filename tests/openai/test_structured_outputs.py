@@ -1,0 +1,202 @@
+"""Structured outputs through the real openai client: `response_format`
+(json_schema, json_object), `tool_choice` "required" and named, vLLM's
+`guided_*` / `structured_outputs` fields.
+
+The embedded model has random weights, so whatever it "wants" to say is
+noise: every answer below is valid only because the grammar allowed
+nothing else. Answers are checked with independent validators (the
+`jsonschema` package, Python's `re`), over many seeds at temperature 1.
+
+Schemas bound their strings, numbers and arrays: a random model inside an
+unbounded JSON string almost never picks one of the few tokens that close
+it, and would run to `max_tokens` (finish_reason "length", as OpenAI).
+"""
+
+import json
+import re
+
+import jsonschema
+import openai
+import pytest
+
+NO_THINKING = {"chat_template_kwargs": {"enable_thinking": False}}
+THINK, END_THINK = 151667, 151668
+QUESTION = [{"role": "user", "content": "Plan a trip. Answer in JSON."}]
+
+PLAN_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "destination": {"type": "string", "maxLength": 16},
+        "mode": {"enum": ["train", "plane", "bike"]},
+        "nights": {"type": "integer", "minimum": 1, "maximum": 30},
+        "budget": {"type": "object", "properties": {
+            "currency": {"enum": ["EUR", "USD"]},
+            "amount": {"type": "integer", "minimum": 0, "maximum": 99999},
+        }, "required": ["currency", "amount"], "additionalProperties": False},
+        "stops": {"type": "array", "maxItems": 3, "items": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "minLength": 1, "maxLength": 10}, "day": {"type": "integer", "minimum": 1, "maximum": 9}},
+            "required": ["city", "day"], "additionalProperties": False}},
+        "confirmed": {"type": "boolean"},
+    },
+    "required": ["destination", "mode", "nights", "budget", "stops", "confirmed"],
+    "additionalProperties": False,
+}
+RESPONSE_FORMAT = {"type": "json_schema", "json_schema": {"name": "plan", "strict": True, "schema": PLAN_SCHEMA}}
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather in a city", "strict": True,
+    "parameters": {"type": "object", "properties": {
+        "city": {"type": "string", "maxLength": 12},
+        "unit": {"enum": ["celsius", "fahrenheit"]}},
+        "required": ["city", "unit"], "additionalProperties": False}}}
+BOOK = {"type": "function", "function": {
+    "name": "book_table", "description": "Book a restaurant table",
+    "parameters": {"type": "object", "properties": {
+        "people": {"type": "integer", "minimum": 1, "maximum": 12},
+        "time": {"type": "string", "pattern": "^[0-2][0-9]:[0-5][0-9]$"}},
+        "required": ["people", "time"], "additionalProperties": False}}}
+TOOLS = [WEATHER, BOOK]
+SEEDS = range(10)
+
+
+def chat(client, model, seed, **kw):
+    extra = dict(NO_THINKING)
+    extra.update(kw.pop("extra_body", {}))
+    return client.chat.completions.create(model=model, messages=kw.pop("messages", QUESTION), temperature=1.0, seed=seed,
+                                          max_tokens=kw.pop("max_tokens", 400), extra_body=extra, **kw)
+
+
+def collect_stream(stream):
+    content, reasoning, calls, finish = "", "", {}, None
+    for chunk in stream:
+        for c in chunk.choices:
+            content += c.delta.content or ""
+            reasoning += (c.delta.model_extra or {}).get("reasoning_content") or ""
+            for tc in c.delta.tool_calls or []:
+                call = calls.setdefault(tc.index, {"name": "", "arguments": ""})
+                if tc.function and tc.function.name:
+                    call["name"] += tc.function.name
+                if tc.function and tc.function.arguments:
+                    call["arguments"] += tc.function.arguments
+            if c.finish_reason:
+                finish = c.finish_reason
+    return content, reasoning, [calls[i] for i in sorted(calls)], finish
+
+
+def check_calls(calls, allowed):
+    """Each call names an allowed tool and its arguments validate."""
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+    assert calls, "no tool call"
+    for call in calls:
+        assert call["name"] in allowed, call
+        jsonschema.validate(json.loads(call["arguments"]), schemas[call["name"]])
+
+
+def test_json_schema_answers_validate_for_every_seed(client, model):
+    validator = jsonschema.Draft202012Validator(PLAN_SCHEMA)
+    for seed in SEEDS:
+        r = chat(client, model, seed, response_format=RESPONSE_FORMAT)
+        choice = r.choices[0]
+        assert choice.finish_reason == "stop", (seed, choice.message.content)
+        validator.validate(json.loads(choice.message.content))
+
+
+def test_json_object_answer_is_an_object(client, model):
+    for seed in SEEDS:
+        r = chat(client, model, seed, response_format={"type": "json_object"}, max_tokens=60)
+        text = r.choices[0].message.content
+        assert text.startswith("{"), text
+        if r.choices[0].finish_reason == "stop":
+            assert isinstance(json.loads(text), dict)
+
+
+def test_streaming_equals_non_streaming_for_the_same_seed(client, model):
+    for seed in (1, 2, 3):
+        whole = chat(client, model, seed, response_format=RESPONSE_FORMAT)
+        content, _, _, finish = collect_stream(chat(client, model, seed, response_format=RESPONSE_FORMAT, stream=True))
+        assert (content, finish) == (whole.choices[0].message.content, whole.choices[0].finish_reason)
+        whole = chat(client, model, seed, tools=TOOLS, tool_choice="required")
+        _, _, calls, finish = collect_stream(chat(client, model, seed, tools=TOOLS, tool_choice="required", stream=True))
+        expected = [{"name": c.function.name, "arguments": c.function.arguments} for c in whole.choices[0].message.tool_calls]
+        assert calls == expected
+        assert finish == whole.choices[0].finish_reason == "tool_calls"
+
+
+def test_tool_choice_required_always_calls_a_tool_with_valid_arguments(client, model):
+    for seed in SEEDS:
+        r = chat(client, model, seed, tools=TOOLS, tool_choice="required")
+        m = r.choices[0].message
+        assert r.choices[0].finish_reason == "tool_calls", (seed, m)
+        assert not m.content
+        check_calls([{"name": c.function.name, "arguments": c.function.arguments} for c in m.tool_calls], {"get_weather", "book_table"})
+
+
+def test_named_tool_choice_calls_exactly_that_tool(client, model):
+    for name in ("get_weather", "book_table"):
+        for seed in SEEDS:
+            r = chat(client, model, seed, tools=TOOLS, tool_choice={"type": "function", "function": {"name": name}})
+            # A forced function finishes with "stop" (OpenAI's behaviour).
+            assert r.choices[0].finish_reason == "stop"
+            calls = [{"name": c.function.name, "arguments": c.function.arguments} for c in r.choices[0].message.tool_calls]
+            assert len(calls) == 1
+            check_calls(calls, {name})
+
+
+def test_the_grammar_starts_after_the_reasoning_block(client, model):
+    # Thinking on: the model may open <think> first (forced here), reason
+    # freely (closed at once here), then the answer must match the schema.
+    r = chat(client, model, 0, response_format=RESPONSE_FORMAT, logit_bias={str(THINK): 50, str(END_THINK): 100},
+             extra_body={"chat_template_kwargs": {"enable_thinking": True}})
+    m = r.choices[0].message
+    assert r.choices[0].finish_reason == "stop"
+    jsonschema.validate(json.loads(m.content), PLAN_SCHEMA)
+    assert (m.model_extra or {}).get("reasoning_content") in (None, "")
+    # Thinking on and left to the model: either way, a finished answer validates.
+    for seed in range(4):
+        r = chat(client, model, seed, response_format=RESPONSE_FORMAT, extra_body={"chat_template_kwargs": {"enable_thinking": True}})
+        if r.choices[0].finish_reason == "stop":
+            jsonschema.validate(json.loads(r.choices[0].message.content), PLAN_SCHEMA)
+
+
+def test_vllm_guided_fields_on_chat_and_completions(client, model):
+    pattern = r"[A-Z]{2}-[0-9]{3}"
+    for seed in range(4):
+        r = chat(client, model, seed, extra_body={"guided_regex": pattern})
+        assert re.fullmatch(pattern, r.choices[0].message.content), r.choices[0].message.content
+        r = chat(client, model, seed, extra_body={"guided_choice": ["yes", "no", "maybe not"]})
+        assert r.choices[0].message.content in ("yes", "no", "maybe not")
+        r = chat(client, model, seed, extra_body={"structured_outputs": {"json": PLAN_SCHEMA}})
+        jsonschema.validate(json.loads(r.choices[0].message.content), PLAN_SCHEMA)
+        c = client.completions.create(model=model, prompt="Answer:", max_tokens=20, seed=seed, temperature=1.0,
+                                      extra_body={"guided_regex": pattern})
+        assert re.fullmatch(pattern, c.choices[0].text), c.choices[0].text
+        c = client.completions.create(model=model, prompt="Pick:", max_tokens=300, seed=seed, temperature=1.0,
+                                      extra_body={"guided_json": PLAN_SCHEMA})
+        jsonschema.validate(json.loads(c.choices[0].text), PLAN_SCHEMA)
+        grammar = 'start: "go " DIR\nDIR: "north" | "south"\n'
+        c = client.completions.create(model=model, prompt="Where:", max_tokens=20, seed=seed, temperature=1.0,
+                                      extra_body={"guided_grammar": grammar})
+        assert c.choices[0].text in ("go north", "go south")
+
+
+def test_strict_refuses_keywords_it_cannot_enforce(client, model):
+    schema = {"type": "array", "items": {"enum": [1, 2, 3]}, "uniqueItems": True, "maxItems": 2}
+    fmt = lambda strict: {"type": "json_schema", "json_schema": {"name": "u", "strict": strict, "schema": schema}}  # noqa: E731
+    with pytest.raises(openai.BadRequestError) as e:
+        chat(client, model, 0, response_format=fmt(True))
+    assert e.value.body["param"] == "response_format"
+    assert "uniqueItems" in e.value.message
+    r = chat(client, model, 0, response_format=fmt(False))
+    items = json.loads(r.choices[0].message.content)
+    assert isinstance(items, list) and len(items) <= 2 and set(items) <= {1, 2, 3}
+
+
+def test_masks_are_counted_in_metrics(server, client, model):
+    before = server.metrics()
+    r = chat(client, model, 0, extra_body={"guided_choice": ["alpha", "beta"]})
+    after = server.metrics()
+    tokens = r.usage.completion_tokens
+    assert after["kvc_structured_output_masks_total"] - before["kvc_structured_output_masks_total"] >= tokens
+    assert after["kvc_structured_output_mask_seconds_total"] >= before["kvc_structured_output_mask_seconds_total"]
+    assert after["kvc_structured_output_errors_total"] == 0
