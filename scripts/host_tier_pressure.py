@@ -27,29 +27,31 @@ Checks (exit 1 on failure): no request fails; answers equal (concurrency
 > 0); after every session is deleted, free device blocks + prefix-cached
 blocks = total and free host slots = total.
 
-    python3 scripts/host_tier_pressure.py --bin .gpu/kvc-server --model .gpu/qwen3-30b-a3b -- --load-format dummy --device cuda
+    scripts/gpu_run.sh python3 scripts/host_tier_pressure.py --bin /tmp/kvc-gpu-bin/kvc-server --model .gpu/qwen3-30b-a3b -- --load-format dummy --device cuda
 """
 
 from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
-import random
-import re
-import sys
-import time
-from pathlib import Path
-
 import json
 import math
-import socket
+import random
+import re
 import subprocess
+import sys
+import tempfile
+import time
 import urllib.error
 import urllib.request
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import kvc_local  # noqa: E402  (needs httpx: the device has it)
 
 
 def http(method: str, url: str, body=None, timeout: float = 600.0) -> tuple[int, str]:
-    """(status, text); standard library only, so that it runs on a bare GPU machine."""
+    """(status, text) of one request."""
     data = json.dumps(body).encode() if body is not None else None
     req = urllib.request.Request(url, data=data, method=method, headers={"content-type": "application/json"})
     try:
@@ -60,25 +62,10 @@ def http(method: str, url: str, body=None, timeout: float = 600.0) -> tuple[int,
 
 
 def start(binary: str, *flags: str) -> tuple[subprocess.Popen, str]:
-    """kvc-server on a free local port, once /health answers (up to 10 min: pinning host memory takes a while)."""
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    log = open(f"/tmp/kvc-pressure-{port}.log", "w")
-    proc = subprocess.Popen([binary, "--host", "127.0.0.1", "--port", str(port), *flags], stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(6000):
-        try:
-            if http("GET", url + "/health", timeout=1)[0] == 200:
-                return proc, url
-        except OSError:
-            pass
-        if proc.poll() is not None:
-            break
-        time.sleep(0.1)
-    proc.kill()
-    raise SystemExit(f"{binary} did not become healthy (log: {log.name})")
+    """kvc-server on a free local port, once /health answers (up to 10 min:
+    pinning tens of GiB of host memory takes a while)."""
+    log = tempfile.NamedTemporaryFile("w", prefix="kvc-pressure-", suffix=".log", delete=False)
+    return kvc_local.start(binary, *flags, wait_s=600, log=log)
 
 
 def metric(text: str, name: str) -> float:
