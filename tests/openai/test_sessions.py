@@ -3,6 +3,8 @@ field, the session endpoints, the admission probe, and their metrics."""
 
 import httpx
 
+from conftest import wait_for
+
 
 def completion(server, session=None, header=None, prompt=None, max_tokens=6):
     body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
@@ -98,3 +100,30 @@ def test_without_the_session_cache_every_turn_starts_cold(start_server):
     r = completion(warm, session="conv-p", prompt=turn1 + [7, 8, 9])
     assert r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 48
     assert r.json()["kvc"]["reason"] != "session_hit"
+
+
+def test_a_session_pushed_to_the_host_tier_comes_back_by_copy_and_is_counted(start_server):
+    # A pool of 8 blocks (128 tokens) holds one 100-token session at a time:
+    # B's turn pushes A's idle blocks to the host tier, and A's next turn
+    # copies them back (pushing B out) instead of recomputing them.
+    srv = start_server("--num-kv-blocks", "8", "--swap-space", "0.01", "--max-model-len", "128")
+    a = list(range(1000, 1100))
+    completion(srv, session="tier-a", prompt=a)
+    completion(srv, session="tier-b", prompt=list(range(3000, 3100)))
+    r = completion(srv, session="tier-a", prompt=a + [7, 8, 9])
+    kvc = r.json()["kvc"]
+    # A's first 96 tokens (6 whole blocks) are reused, not recomputed.
+    assert kvc["reason"] == "session_hit" and kvc["cached_tokens"] == 96, kvc
+    # The step loop publishes its stats after the step: wait for them.
+    def restored():
+        m = srv.metrics()
+        return m if m.get("kvc_host_restores_total", 0) >= 6 else None
+
+    m = wait_for(restored, 10, "the restores in /metrics")
+    restores = m["kvc_host_restores_total"]
+    to_host = m['kvc_host_tier_bytes_total{direction="to_host"}']
+    to_device = m['kvc_host_tier_bytes_total{direction="to_device"}']
+    offloaded = sum(v for k, v in m.items() if k.startswith("kvc_evicted_blocks_total{") and 'tier="host"' in k)
+    assert restores >= 6 and offloaded >= restores, m
+    # Both directions move whole blocks of the same size.
+    assert to_device > 0 and to_host / offloaded == to_device / restores, (to_host, offloaded, to_device, restores)

@@ -507,6 +507,7 @@ impl EngineLoop {
         self.local.evictable_blocks = self.cache.evictable_blocks(&self.allocator);
         self.local.cached_blocks = self.cache.indexed_blocks();
         self.local.host_free_blocks = self.cache.host_free_blocks();
+        self.local.host_bytes_moved = self.cache.host_bytes_moved();
         self.local.cache = self.cache.stats.clone();
         // Only what changed since the last publish: O(changes), not O(sessions).
         apply_changes(&mut self.local.sessions, self.cache.take_changed_sessions());

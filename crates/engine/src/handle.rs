@@ -65,6 +65,8 @@ pub struct EngineStats {
     pub cached_blocks: usize,
     pub host_free_blocks: usize,
     pub host_total_blocks: usize,
+    /// Bytes the host tier has copied: (pool -> host, host -> pool).
+    pub host_bytes_moved: (u64, u64),
     pub running: usize,
     pub waiting: usize,
     /// Prompt tokens admitted but not yet computed (the prefill backlog).

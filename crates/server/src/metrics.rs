@@ -69,6 +69,11 @@ const ENGINE: &[Family] = &[
     Family::counter("kvc_prompt_tokens_reused_total", "Prompt tokens served from cached KV at admission.", &[]),
     Family::counter("kvc_prompt_tokens_to_compute_total", "Prompt tokens left to compute at admission.", &[]),
     Family::counter("kvc_host_restores_total", "Blocks copied back from the host tier.", &[]),
+    Family::counter(
+        "kvc_host_tier_bytes_total",
+        "Bytes the host tier copied: to_host (demotion) and to_device (restore).",
+        &["direction"],
+    ),
     Family::counter("kvc_sessions_expired_total", "Idle sessions deleted by the TTL.", &[]),
     Family::counter("kvc_sessions_capped_total", "Idle sessions dropped to keep their API key under --max-sessions-per-key.", &[]),
     Family::counter("kvc_evicted_blocks_total", "KV blocks evicted from the device, by destination tier and reason.", &["tier", "reason"]),
@@ -120,6 +125,8 @@ fn read_engine(s: &EngineStats, out: &mut Scrape) {
     for (reason, n) in &s.admission_decisions {
         out.sample("kvc_scheduler_admission_decisions_total", &[reason], *n as f64);
     }
+    out.sample("kvc_host_tier_bytes_total", &["to_host"], s.host_bytes_moved.0 as f64);
+    out.sample("kvc_host_tier_bytes_total", &["to_device"], s.host_bytes_moved.1 as f64);
     for ((tier, reason), n) in &k.evictions {
         out.sample("kvc_evicted_blocks_total", &[tier, reason], *n as f64);
     }
