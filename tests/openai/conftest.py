@@ -99,6 +99,26 @@ class Server:
             raise
 
 
+def collect_stream(stream):
+    """Accumulates a chat stream the way OpenAI clients do: (content,
+    reasoning, tool calls as {id, name, arguments}, finish_reason)."""
+    content, reasoning, calls, finish = "", "", {}, None
+    for chunk in stream:
+        for c in chunk.choices:
+            content += c.delta.content or ""
+            reasoning += (c.delta.model_extra or {}).get("reasoning_content") or ""
+            for tc in c.delta.tool_calls or []:
+                call = calls.setdefault(tc.index, {"id": None, "name": "", "arguments": ""})
+                call["id"] = tc.id or call["id"]
+                if tc.function and tc.function.name:
+                    call["name"] += tc.function.name
+                if tc.function and tc.function.arguments:
+                    call["arguments"] += tc.function.arguments
+            if c.finish_reason:
+                finish = c.finish_reason
+    return content, reasoning, [calls[i] for i in sorted(calls)], finish
+
+
 def launch(tmp_dir: Path, *flags: str, env: dict | None = None) -> Server:
     """Starts kvc-server with `flags` (and `env` over this process's
     environment) and waits until /health answers 200."""

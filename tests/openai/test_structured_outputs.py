@@ -19,6 +19,8 @@ import jsonschema
 import openai
 import pytest
 
+from conftest import collect_stream
+
 NO_THINKING = {"chat_template_kwargs": {"enable_thinking": False}}
 THINK, END_THINK = 151667, 151668
 QUESTION = [{"role": "user", "content": "Plan a trip. Answer in JSON."}]
@@ -67,23 +69,6 @@ def chat(client, model, seed, **kw):
                                           max_tokens=kw.pop("max_tokens", 400), extra_body=extra, **kw)
 
 
-def collect_stream(stream):
-    content, reasoning, calls, finish = "", "", {}, None
-    for chunk in stream:
-        for c in chunk.choices:
-            content += c.delta.content or ""
-            reasoning += (c.delta.model_extra or {}).get("reasoning_content") or ""
-            for tc in c.delta.tool_calls or []:
-                call = calls.setdefault(tc.index, {"name": "", "arguments": ""})
-                if tc.function and tc.function.name:
-                    call["name"] += tc.function.name
-                if tc.function and tc.function.arguments:
-                    call["arguments"] += tc.function.arguments
-            if c.finish_reason:
-                finish = c.finish_reason
-    return content, reasoning, [calls[i] for i in sorted(calls)], finish
-
-
 def check_calls(calls, allowed):
     """Each call names an allowed tool and its arguments validate."""
     schemas = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
@@ -119,7 +104,7 @@ def test_streaming_equals_non_streaming_for_the_same_seed(client, model):
         whole = chat(client, model, seed, tools=TOOLS, tool_choice="required")
         _, _, calls, finish = collect_stream(chat(client, model, seed, tools=TOOLS, tool_choice="required", stream=True))
         expected = [{"name": c.function.name, "arguments": c.function.arguments} for c in whole.choices[0].message.tool_calls]
-        assert calls == expected
+        assert [{"name": c["name"], "arguments": c["arguments"]} for c in calls] == expected
         assert finish == whole.choices[0].finish_reason == "tool_calls"
 
 

@@ -24,6 +24,7 @@ import json
 import openai
 import pytest
 
+from conftest import collect_stream
 from qwen3_template import render
 
 TOOL_CALL_END = 151658
@@ -45,25 +46,6 @@ def continue_with(client, model, prefill, *, echo=True, force=TOOL_CALL_END, too
     return client.chat.completions.create(
         model=model, messages=[QUESTION, {"role": "assistant", "content": prefill}], tools=list(tools) or openai.NOT_GIVEN,
         max_tokens=1, temperature=0, logit_bias={str(force): 100}, extra_body=extra, **kw)
-
-
-def collect_stream(stream):
-    """Accumulates a chat stream the way OpenAI clients do."""
-    content, reasoning, calls, finish = "", "", {}, None
-    for chunk in stream:
-        for c in chunk.choices:
-            content += c.delta.content or ""
-            reasoning += (c.delta.model_extra or {}).get("reasoning_content") or ""
-            for tc in c.delta.tool_calls or []:
-                call = calls.setdefault(tc.index, {"id": None, "name": "", "arguments": ""})
-                call["id"] = tc.id or call["id"]
-                if tc.function and tc.function.name:
-                    call["name"] += tc.function.name
-                if tc.function and tc.function.arguments:
-                    call["arguments"] += tc.function.arguments
-            if c.finish_reason:
-                finish = c.finish_reason
-    return content, reasoning, [calls[i] for i in sorted(calls)], finish
 
 
 def test_tool_call_closed_by_the_model_becomes_tool_calls(client, model):

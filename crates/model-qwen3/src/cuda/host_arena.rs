@@ -114,45 +114,30 @@ impl PinnedArena {
         if dev_pitch <= self.max_pitch && host_pitch <= self.max_pitch {
             let d = self.device_addr(0, block);
             let h = self.host_addr(0, slot);
-            let (host_t, dev_t) = (sys::CUmemorytype::CU_MEMORYTYPE_HOST, sys::CUmemorytype::CU_MEMORYTYPE_DEVICE);
-            let null = std::ptr::null_mut();
-            let p = match dir {
-                Dir::Store => sys::CUDA_MEMCPY2D {
-                    srcXInBytes: 0,
-                    srcY: 0,
-                    srcMemoryType: dev_t,
-                    srcHost: std::ptr::null(),
-                    srcDevice: d,
-                    srcArray: null as _,
-                    srcPitch: dev_pitch,
-                    dstXInBytes: 0,
-                    dstY: 0,
-                    dstMemoryType: host_t,
-                    dstHost: h as *mut _,
-                    dstDevice: 0,
-                    dstArray: null as _,
-                    dstPitch: host_pitch,
-                    WidthInBytes: width,
-                    Height: self.num_layers,
-                },
-                Dir::Load => sys::CUDA_MEMCPY2D {
-                    srcXInBytes: 0,
-                    srcY: 0,
-                    srcMemoryType: host_t,
-                    srcHost: h as *const _,
-                    srcDevice: 0,
-                    srcArray: null as _,
-                    srcPitch: host_pitch,
-                    dstXInBytes: 0,
-                    dstY: 0,
-                    dstMemoryType: dev_t,
-                    dstHost: null,
-                    dstDevice: d,
-                    dstArray: null as _,
-                    dstPitch: dev_pitch,
-                    WidthInBytes: width,
-                    Height: self.num_layers,
-                },
+            // One end of the copy: (memory type, host address, device address, pitch).
+            let device = (sys::CUmemorytype::CU_MEMORYTYPE_DEVICE, std::ptr::null_mut(), d, dev_pitch);
+            let host = (sys::CUmemorytype::CU_MEMORYTYPE_HOST, h as *mut std::ffi::c_void, 0, host_pitch);
+            let (src, dst) = match dir {
+                Dir::Store => (device, host),
+                Dir::Load => (host, device),
+            };
+            let p = sys::CUDA_MEMCPY2D {
+                srcXInBytes: 0,
+                srcY: 0,
+                srcMemoryType: src.0,
+                srcHost: src.1,
+                srcDevice: src.2,
+                srcArray: std::ptr::null_mut(),
+                srcPitch: src.3,
+                dstXInBytes: 0,
+                dstY: 0,
+                dstMemoryType: dst.0,
+                dstHost: dst.1,
+                dstDevice: dst.2,
+                dstArray: std::ptr::null_mut(),
+                dstPitch: dst.3,
+                WidthInBytes: width,
+                Height: self.num_layers,
             };
             // SAFETY: both ranges lie inside their allocations (block + n <=
             // num_blocks, slot + n <= capacity), ordered on the copy stream.
