@@ -1,5 +1,12 @@
 //! The step loop: commands in, scheduler plan, one forward pass, sampling,
 //! detokenization, stop checks, events out. Runs on its own thread.
+//!
+//! What only a disaggregated role needs sits beside the core: KV handoff
+//! (reservations and leases, `handoff_commands.rs`) and the role's part
+//! behind [`role_parts::RolePart`] (a prefill worker's snapshot store, a
+//! decode worker's snapshot pushes), whose hooks the core calls at fixed
+//! points: once a second, on a command, on reclaim, on reuse, at commit,
+//! export and publish.
 
 use std::collections::HashMap;
 use std::sync::{mpsc as std_mpsc, Arc};
@@ -9,7 +16,7 @@ use arc_swap::ArcSwap;
 use kvc_kv_pool::{BlockAllocator, BlockId, KvPool, KvStorage};
 use kvc_model_qwen3::Qwen3Model;
 use kvc_scheduler::{Scheduler, SchedulerConfig, SchedulerHooks, SeqId, Sequence};
-use kvc_session_cache::{salt_root, BlockHash, CacheConfig, ReusePath, SessionAwareCache, SnapshotStore};
+use kvc_session_cache::{salt_root, BlockHash, CacheConfig, ReusePath, SessionAwareCache};
 use tokio::sync::mpsc;
 
 use crate::constrained::ConstraintState;
@@ -19,9 +26,12 @@ use crate::kv_handoff::SnapshotJob;
 
 mod command;
 mod handoff_commands;
+mod prefill_snapshots;
+mod role_parts;
 mod snapshot_pushes;
 mod step;
 
+use role_parts::{Ctx, RoleParts};
 use snapshot_pushes::SnapshotPushes;
 
 use crate::sampler::Sampler;
@@ -30,7 +40,7 @@ use crate::stop::StopMatcher;
 use crate::tokenizer::TextTokenizer;
 use crate::{EngineConfig, EngineError, EngineStats, FinishReason, GenerateRequest, Logprobs, MatchedStop, StreamEvent, Usage};
 pub(crate) use command::{Command, SubmitKv};
-use handoff_commands::{LeaseState, ReservationState, SNAPSHOT_RESERVATION_TTL};
+use handoff_commands::Handoff;
 
 /// Per-request state the scheduler does not know about.
 struct Active {
@@ -75,14 +85,11 @@ pub(crate) struct EngineLoop {
     stats: Arc<ArcSwap<EngineStats>>,
     local: EngineStats,
     max_model_len: usize,
-    /// Sends release commands for leases and reservations (to this loop).
-    commands: std_mpsc::Sender<Command>,
-    reservations: HashMap<u64, ReservationState>,
-    leases: HashMap<u64, LeaseState>,
-    next_lease: u64,
-    snapshots: SnapshotStore,
-    /// Decode worker: snapshot pushes after turns (None on other roles).
-    pushes: Option<SnapshotPushes>,
+    /// Reservations and leases: KV moved by transfer.
+    handoff: Handoff,
+    /// The role's parts: a prefill worker's snapshot store, a decode
+    /// worker's snapshot pushes; none on role `both`.
+    parts: RoleParts,
     /// Submitted prompt tokens not yet in a published snapshot, and those
     /// of them drained from the channel since the last publish.
     inbox: Arc<Inbox>,
@@ -145,19 +152,19 @@ impl EngineLoop {
         if let Some(arena) = crate::device::host_arena(&storage, host_blocks)? {
             cache.set_host_arena(arena);
         }
-        let store_blocks = match config.snapshot_store_blocks {
-            crate::config::HALF_THE_POOL => allocator.num_blocks() / 2,
-            n => n.min(allocator.num_blocks()),
-        };
-        let snapshots = SnapshotStore::new(block_size, store_blocks);
-        let local = EngineStats {
+        let parts = [
+            prefill_snapshots::part(block_size, config.snapshot_store_blocks, allocator.num_blocks()),
+            SnapshotPushes::part(snapshot_jobs, config.snapshot_min_tokens),
+        ];
+        let mut parts = RoleParts::new(parts.into_iter().flatten().collect());
+        let mut local = EngineStats {
             free_blocks: allocator.num_free(),
             total_blocks: allocator.num_blocks(),
             host_total_blocks: host_blocks,
             host_free_blocks: host_blocks,
-            snapshot_capacity_blocks: snapshots.capacity(),
             ..Default::default()
         };
+        parts.publish(&mut local);
         stats.store(Arc::new(local.clone()));
         Ok(Self {
             model,
@@ -172,12 +179,8 @@ impl EngineLoop {
             stats,
             local,
             max_model_len,
-            commands,
-            reservations: HashMap::new(),
-            leases: HashMap::new(),
-            next_lease: 1,
-            snapshots,
-            pushes: SnapshotPushes::new(snapshot_jobs, config.snapshot_min_tokens),
+            handoff: Handoff::new(commands),
+            parts,
             inbox,
             drained_tokens: 0,
             step_budget,
@@ -212,8 +215,7 @@ impl EngineLoop {
             }
             if self.last_expiry.elapsed() >= Duration::from_secs(1) {
                 self.last_expiry = Instant::now();
-                let expired =
-                    self.cache.expire(&mut self.allocator) + self.snapshots.expire_pending(SNAPSHOT_RESERVATION_TTL, &mut self.allocator);
+                let expired = self.cache.expire(&mut self.allocator) + self.parts.expire(&mut self.allocator);
                 if expired > 0 {
                     self.publish();
                 }
@@ -271,8 +273,8 @@ impl EngineLoop {
             }
             Command::DeleteSession(id, reply) => {
                 let deleted = self.cache.delete(&id, &mut self.allocator);
-                let snapshot = self.snapshots.remove(&id, &mut self.allocator);
-                self.revoke_leases_of(|s| s == id);
+                let snapshot = self.parts.delete_session(&id, &mut self.allocator);
+                self.handoff.leases.revoke_sessions(|s| s == id);
                 let _ = reply.send(deleted || snapshot);
                 self.publish();
                 true
@@ -293,7 +295,7 @@ impl EngineLoop {
                 let _ = reply.send(crate::PrefixCacheReset {
                     index_blocks,
                     freed_blocks: self.allocator.num_free() - free,
-                    snapshot_blocks: self.snapshots.used_blocks(),
+                    snapshot_blocks: self.parts.held_blocks(),
                 });
                 self.publish();
                 true
@@ -341,7 +343,7 @@ impl EngineLoop {
                 self.scheduler.set_max_new_tokens(seq_id, max_new);
             }
             SubmitKv::Reserved { id, computed, first } => {
-                let Some(r) = self.reservations.remove(&id) else {
+                let Some(r) = self.handoff.reservations.remove(&id) else {
                     let _ = active.tx.send(StreamEvent::Error(format!("KV reservation {id} was released before use")));
                     return;
                 };
@@ -476,11 +478,19 @@ impl EngineLoop {
                 let tokens = seq.tokens[..seq.num_computed].to_vec();
                 let blocks = seq.block_table.clone();
                 self.cache.commit(&session, &tokens, &blocks, &mut self.allocator);
-                self.maybe_push_snapshot(&session, &tokens, &blocks);
+                if self.with_parts(|parts, ctx| parts.committed(&session, &tokens, &blocks, ctx)) {
+                    self.local.snapshot_pushes_enqueued += 1;
+                }
             }
             _ if was_open => self.cache.abandon(&session),
             _ => {}
         }
+    }
+
+    /// Calls `f` with the role's parts and what their hooks may touch.
+    fn with_parts<R>(&mut self, f: impl FnOnce(&mut RoleParts, Ctx<'_>) -> R) -> R {
+        let ctx = Ctx { alloc: &mut self.allocator, cache: &mut self.cache, storage: &self.storage, leases: &mut self.handoff.leases };
+        f(&mut self.parts, ctx)
     }
 
     fn drop_seq(&mut self, id: SeqId) {
@@ -511,22 +521,18 @@ impl EngineLoop {
         self.local.cache = self.cache.stats.clone();
         // Only what changed since the last publish: O(changes), not O(sessions).
         apply_changes(&mut self.local.sessions, self.cache.take_changed_sessions());
-        if !self.leases.is_empty() {
-            let sessions = self.local.sessions.clone();
-            self.revoke_leases_of(|s| !sessions.contains_key(s));
+        if !self.handoff.leases.is_empty() {
+            let sessions = &self.local.sessions;
+            self.handoff.leases.revoke_sessions(|s| !sessions.contains_key(s));
         }
-        if self.snapshots.capacity() > 0 {
-            apply_changes(&mut self.local.snapshots, self.snapshots.take_changed());
-            self.local.snapshot_stats = self.snapshots.stats.clone();
-            self.local.snapshot_used_blocks = self.snapshots.used_blocks();
-        }
+        self.parts.publish(&mut self.local);
         self.publish_backlog();
     }
 }
 
 /// Brings a published map up to date with the entries changed since the
 /// last publish (None: removed).
-fn apply_changes<T: Clone>(map: &mut imbl::HashMap<String, T>, changes: Vec<(String, Option<T>)>) {
+pub(super) fn apply_changes<T: Clone>(map: &mut imbl::HashMap<String, T>, changes: Vec<(String, Option<T>)>) {
     for (id, info) in changes {
         match info {
             Some(info) => map.insert(id, info),
@@ -542,15 +548,15 @@ struct CacheHooks<'a> {
     cache: &'a mut SessionAwareCache,
     storage: &'a mut KvStorage,
     active: &'a mut HashMap<SeqId, Active>,
-    snapshots: &'a mut SnapshotStore,
+    parts: &'a mut RoleParts,
 }
 
 impl SchedulerHooks for CacheHooks<'_> {
     fn reclaim(&mut self, n: usize, alloc: &mut BlockAllocator) {
         self.cache.reclaim(n, alloc, self.storage);
         if alloc.num_free() < n {
-            // A prefill worker's snapshots give way to the prompts it must compute.
-            self.snapshots.reclaim(n, alloc);
+            // The role's parts give way to the prompts it must compute.
+            self.parts.reclaim(n, alloc);
         }
     }
 
@@ -562,8 +568,8 @@ impl SchedulerHooks for CacheHooks<'_> {
         a.reuse_reason = got.source;
         // A prefill worker's request for a session: its snapshot, when it
         // covers more than the prefix cache (prefill bypass).
-        if let Some(s) = a.snapshot_session.as_deref().filter(|_| self.snapshots.capacity() > 0) {
-            match self.snapshots.lookup(s, &seq.tokens, alloc) {
+        if let Some(s) = a.snapshot_session.as_deref() {
+            match self.parts.reuse(s, &seq.tokens, alloc) {
                 // Ties go to the snapshot: the same KV, and the session's own.
                 Some((blocks, tokens)) if tokens >= got.tokens => {
                     alloc.free_all(&got.blocks);

@@ -1,12 +1,15 @@
-//! The decode worker's component of the loop: which sessions to push to a
+//! The decode worker's part of the loop: which sessions to push to a
 //! prefill worker after a turn, and what each last pushed. Absent on the
-//! other roles (`EngineLoop::pushes` is None).
+//! other roles and when `snapshot_min_tokens` is 0.
 
 use std::collections::HashMap;
 
-use kvc_session_cache::BlockHash;
+use kvc_kv_pool::BlockId;
+use kvc_session_cache::{hash_blocks, BlockHash};
 use tokio::sync::mpsc;
 
+use super::role_parts::{Ctx, RolePart};
+use super::Command;
 use crate::kv_handoff::SnapshotJob;
 
 pub(super) struct SnapshotPushes {
@@ -25,10 +28,15 @@ impl SnapshotPushes {
         Some(Self { jobs, min_tokens, pushed: HashMap::new(), pushing: HashMap::new() })
     }
 
+    /// [`Self::new`] as the loop's role part.
+    pub(super) fn part(jobs: Option<mpsc::UnboundedSender<SnapshotJob>>, min_tokens: usize) -> Option<Box<dyn RolePart>> {
+        Self::new(jobs, min_tokens).map(|p| Box::new(p) as Box<dyn RolePart>)
+    }
+
     /// Of a session's full blocks (their hashes, `block_size` tokens each),
     /// how many its last push already holds; None when no push is due
     /// (one is in flight, or too few tokens are new).
-    pub(super) fn due(&self, session: &str, hashes: &[BlockHash], block_size: usize) -> Option<usize> {
+    fn due(&self, session: &str, hashes: &[BlockHash], block_size: usize) -> Option<usize> {
         if self.pushing.contains_key(session) {
             return None;
         }
@@ -37,7 +45,7 @@ impl SnapshotPushes {
     }
 
     /// Hands `job` to the pusher; false if it is gone.
-    pub(super) fn send(&mut self, job: SnapshotJob, hashes: Vec<BlockHash>) -> bool {
+    fn send(&mut self, job: SnapshotJob, hashes: Vec<BlockHash>) -> bool {
         let session = job.session_id.clone();
         if self.jobs.send(job).is_err() {
             return false;
@@ -48,11 +56,43 @@ impl SnapshotPushes {
 
     /// A push ended; `ok` and the session still kept: it becomes the
     /// session's last push.
-    pub(super) fn finished(&mut self, session: String, ok: bool, session_kept: bool) {
+    fn finished(&mut self, session: String, ok: bool, session_kept: bool) {
         if let Some(hashes) = self.pushing.remove(&session) {
             if ok && session_kept {
                 self.pushed.insert(session, hashes);
             }
         }
+    }
+}
+
+impl RolePart for SnapshotPushes {
+    /// Queues a push of the session's full blocks when enough of them are
+    /// not yet snapshotted.
+    fn committed(&mut self, session: &str, tokens: &[u32], blocks: &[BlockId], ctx: Ctx<'_>) -> bool {
+        let bs = ctx.storage.layout().block_size;
+        let full = (tokens.len() / bs).min(blocks.len());
+        let hashes = hash_blocks(&tokens[..full * bs], bs);
+        let Some(same) = self.due(session, &hashes, bs) else {
+            return false;
+        };
+        let lease = ctx.leases.lease(blocks[..full].to_vec(), Some(session.to_string()), ctx.alloc);
+        let job = SnapshotJob { session_id: session.to_string(), tokens: tokens[..full * bs].to_vec(), lease };
+        if !self.send(job, hashes) {
+            return false;
+        }
+        tracing::info!(event = "snapshot_push_enqueued", session, blocks = full, new_blocks = full - same);
+        true
+    }
+
+    fn takes(&self, cmd: &Command) -> bool {
+        matches!(cmd, Command::SnapshotPushed { .. })
+    }
+
+    fn on_command(&mut self, cmd: Command, ctx: Ctx<'_>) -> bool {
+        if let Command::SnapshotPushed { session, ok } = cmd {
+            let kept = ctx.cache.session_info(&session).is_some();
+            self.finished(session, ok, kept);
+        }
+        false
     }
 }

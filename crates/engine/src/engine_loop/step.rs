@@ -18,8 +18,7 @@ use llguidance::toktrie::SimpleVob;
 
 impl EngineLoop {
     pub(super) fn step(&mut self) {
-        let mut hooks =
-            CacheHooks { cache: &mut self.cache, storage: &mut self.storage, active: &mut self.active, snapshots: &mut self.snapshots };
+        let mut hooks = CacheHooks { cache: &mut self.cache, storage: &mut self.storage, active: &mut self.active, parts: &mut self.parts };
         let (decodes_next, decode_context) = self.scheduler.decode_load();
         let budget = self.step_budget.decide(decodes_next, decode_context);
         self.scheduler.set_time_budget(budget);
