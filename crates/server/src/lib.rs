@@ -34,6 +34,7 @@ pub mod error;
 pub mod extract;
 pub mod generate;
 pub mod health;
+pub mod in_flight;
 pub mod internal;
 pub mod loading;
 pub mod logprobs;

@@ -13,6 +13,7 @@ use kvc_disagg::protocol::WorkerState;
 
 use super::metrics::PdMetrics;
 use crate::auth::CLUSTER_TOKEN_HEADER;
+use crate::in_flight::{InFlight, Sent};
 use crate::peer_poll::{spawn_pollers, Polled};
 
 #[derive(Debug, Clone, Default)]
@@ -50,24 +51,7 @@ pub struct PrefillPeers {
     peers: Mutex<Vec<PeerStatus>>,
     /// Prompt tokens this worker has asked each peer to compute and whose
     /// answer has not come back (by URL).
-    sent: Mutex<HashMap<String, usize>>,
-}
-
-/// A remote prefill in flight: its tokens count in [`PrefillPeers::backlog`]
-/// until this is dropped (answer, error or cancelled request alike).
-pub struct InFlight<'a> {
-    peers: &'a PrefillPeers,
-    url: String,
-    tokens: usize,
-}
-
-impl Drop for InFlight<'_> {
-    fn drop(&mut self) {
-        let mut sent = self.peers.sent.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(v) = sent.get_mut(&self.url) {
-            *v = v.saturating_sub(self.tokens);
-        }
-    }
+    sent: Mutex<HashMap<String, Arc<InFlight>>>,
 }
 
 impl PrefillPeers {
@@ -76,21 +60,26 @@ impl PrefillPeers {
         Self { peers: Mutex::new(peers), sent: Mutex::new(HashMap::new()) }
     }
 
-    /// Counts `tokens` as sent to `peer` until the returned guard drops.
-    pub fn dispatch(&self, peer: &PeerStatus, tokens: usize) -> InFlight<'_> {
-        *self.sent.lock().unwrap_or_else(|e| e.into_inner()).entry(peer.url.clone()).or_default() += tokens;
-        InFlight { peers: self, url: peer.url.clone(), tokens }
+    fn sent_to(&self, peer: &PeerStatus) -> Arc<InFlight> {
+        self.sent.lock().unwrap_or_else(|e| e.into_inner()).entry(peer.url.clone()).or_default().clone()
+    }
+
+    /// A remote prefill in flight: its `tokens` count in [`Self::backlog`]
+    /// until the returned guard drops (answer, error or cancelled request
+    /// alike).
+    pub fn dispatch(&self, peer: &PeerStatus, tokens: usize) -> Sent {
+        self.sent_to(peer).send(tokens)
     }
 
     /// The peer's prefill backlog as far as this worker knows: what it last
     /// reported, or what this worker has sent it and not had answered if
-    /// that is more. Its report lags by up to a poll interval plus one of
-    /// its steps; without this, requests placed in that window all saw an
-    /// idle peer and queued behind each other there.
+    /// that is more ([`InFlight::at_least`]). Its report lags by up to a
+    /// poll interval plus one of its steps; without this, requests placed
+    /// in that window all saw an idle peer and queued behind each other
+    /// there.
     pub fn backlog(&self, peer: &PeerStatus) -> usize {
         let reported = peer.state.as_ref().map_or(0, |s| s.pending_prefill_tokens);
-        let sent = self.sent.lock().unwrap_or_else(|e| e.into_inner()).get(&peer.url).copied().unwrap_or(0);
-        reported.max(sent)
+        self.sent_to(peer).at_least(reported)
     }
 
     pub fn all(&self) -> Vec<PeerStatus> {

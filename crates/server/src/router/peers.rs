@@ -10,7 +10,6 @@
 //! `event="peer_health"` log line and a count in
 //! `kvc_router_peer_health_changes_total{worker,to}`.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -18,6 +17,7 @@ use kvc_disagg::protocol::WorkerState;
 use kvc_disagg::routing::WorkerView;
 
 use super::metrics::RouterMetrics;
+use crate::in_flight::{InFlight, Sent};
 use crate::peer_poll::{spawn_pollers, Polled};
 
 /// One worker behind the router.
@@ -27,9 +27,9 @@ pub struct Peer {
     pub url: String,
     inner: Mutex<PeerInner>,
     /// Requests the router is forwarding to it now.
-    in_flight: AtomicUsize,
+    requests: Arc<InFlight>,
     /// The blocks those requests were estimated to need.
-    in_flight_blocks: AtomicUsize,
+    blocks: Arc<InFlight>,
 }
 
 #[derive(Debug, Default)]
@@ -37,22 +37,13 @@ struct PeerInner {
     healthy: bool,
     state: Option<WorkerState>,
     polled_at: Option<Instant>,
-    /// `in_flight` and `in_flight_blocks` when the last good poll
-    /// answered: the polled counts already include those requests.
-    in_flight_at_poll: usize,
-    in_flight_blocks_at_poll: usize,
     /// Consecutive failures (poll or forward), for the backoff.
     failures: u32,
 }
 
 impl Peer {
     pub fn new(url: &str) -> Self {
-        Self {
-            url: url.trim_end_matches('/').to_string(),
-            inner: Mutex::default(),
-            in_flight: AtomicUsize::new(0),
-            in_flight_blocks: AtomicUsize::new(0),
-        }
+        Self { url: url.trim_end_matches('/').to_string(), inner: Mutex::default(), requests: Arc::default(), blocks: Arc::default() }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, PeerInner> {
@@ -64,15 +55,13 @@ impl Peer {
     }
 
     pub fn in_flight(&self) -> usize {
-        self.in_flight.load(Ordering::Relaxed)
+        self.requests.get()
     }
 
     /// Counts a forwarded request, estimated to need `blocks`, until the
     /// guard drops.
-    pub fn start_request(self: &Arc<Self>, blocks: usize) -> InFlight {
-        self.in_flight.fetch_add(1, Ordering::Relaxed);
-        self.in_flight_blocks.fetch_add(blocks, Ordering::Relaxed);
-        InFlight { peer: self.clone(), blocks }
+    pub fn start_request(&self, blocks: usize) -> Forwarded {
+        Forwarded { _request: self.requests.send(1), _blocks: self.blocks.send(blocks) }
     }
 
     /// When the last good poll answered.
@@ -87,18 +76,17 @@ impl Peer {
 
     /// The policy's view of this worker for a request of `session`. Load is
     /// corrected by what the router knows more recently than the poll
-    /// (after Dynamo's predicted active blocks): the polled running +
-    /// waiting and blocks in use, minus the router's requests (and their
-    /// estimated blocks) counted in them, plus the router's requests now.
+    /// ([`InFlight::correct`]): the polled running + waiting and blocks in
+    /// use, minus the router's requests (and their estimated blocks)
+    /// counted in them, plus the router's requests now.
     pub fn view(&self, session: Option<&str>) -> WorkerView {
         let inner = self.lock();
         let Some(state) = &inner.state else {
             return WorkerView::default();
         };
         let mut view = WorkerView::from_state(state, inner.healthy, session);
-        view.active = view.active.saturating_sub(inner.in_flight_at_poll) + self.in_flight();
-        let used = view.total_blocks.saturating_sub(view.available_blocks());
-        let used = used.saturating_sub(inner.in_flight_blocks_at_poll) + self.in_flight_blocks.load(Ordering::Relaxed);
+        view.active = self.requests.correct(view.active);
+        let used = self.blocks.correct(view.total_blocks.saturating_sub(view.available_blocks()));
         view.free_blocks = view.total_blocks.saturating_sub(view.evictable_blocks).saturating_sub(used);
         view
     }
@@ -110,8 +98,8 @@ impl Peer {
             Ok(state) if state.ready => {
                 inner.state = Some(state);
                 inner.polled_at = Some(Instant::now());
-                inner.in_flight_at_poll = self.in_flight();
-                inner.in_flight_blocks_at_poll = self.in_flight_blocks.load(Ordering::Relaxed);
+                self.requests.mark_reported();
+                self.blocks.mark_reported();
                 (true, "poll ok".to_string())
             }
             Ok(state) => {
@@ -139,19 +127,12 @@ impl Peer {
     }
 }
 
-/// Decrements the worker's in-flight count when dropped (the response body
-/// is finished or abandoned).
+/// A forwarded request: counted in its worker's load until dropped (the
+/// response body is finished or abandoned).
 #[derive(Debug)]
-pub struct InFlight {
-    peer: Arc<Peer>,
-    blocks: usize,
-}
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        self.peer.in_flight.fetch_sub(1, Ordering::Relaxed);
-        self.peer.in_flight_blocks.fetch_sub(self.blocks, Ordering::Relaxed);
-    }
+pub struct Forwarded {
+    _request: Sent,
+    _blocks: Sent,
 }
 
 /// Every worker behind the router, in `--decode-peer` order (the order

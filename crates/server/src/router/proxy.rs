@@ -205,7 +205,7 @@ pub fn session_url(base: &str, id: &str) -> Result<reqwest::Url, ApiError> {
 /// Keeps the worker's in-flight count and refreshes the session's home
 /// when the answer's body is done (or the client went away).
 struct Finish {
-    _in_flight: super::peers::InFlight,
+    _in_flight: super::peers::Forwarded,
     session: Option<(String, usize)>,
     state: RouterState,
 }
@@ -224,7 +224,7 @@ pub fn stream_back(
     state: &RouterState,
     r: reqwest::Response,
     worker: &str,
-    in_flight: super::peers::InFlight,
+    in_flight: super::peers::Forwarded,
     session: Option<(String, usize)>,
 ) -> Response {
     let status = r.status();
