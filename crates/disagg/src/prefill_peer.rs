@@ -33,6 +33,9 @@ pub enum PeerReason {
 }
 
 impl PeerReason {
+    pub const ALL: [PeerReason; 4] =
+        [PeerReason::SnapshotHolder, PeerReason::SessionHome, PeerReason::LeastLoaded, PeerReason::NoneHealthy];
+
     pub fn as_str(self) -> &'static str {
         match self {
             PeerReason::SnapshotHolder => "snapshot_holder",

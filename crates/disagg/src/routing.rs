@@ -138,6 +138,11 @@ pub mod reason {
     pub const NO_ROOM: &str = "no_room";
     /// No healthy worker at all: the request fails (503).
     pub const NO_HEALTHY_WORKER: &str = "no_healthy_worker";
+
+    /// Every reason (the label values `/metrics` shows from the start).
+    pub const ALL: [&str; 7] = [SESSION_RESIDENT, LEAST_COST, MOVED_FULL, MOVED_UNHEALTHY, MOVED_LOAD, NO_ROOM, NO_HEALTHY_WORKER];
+    /// The reasons that move a session off its home.
+    pub const MOVES: [&str; 3] = [MOVED_FULL, MOVED_UNHEALTHY, MOVED_LOAD];
 }
 
 #[derive(Debug, Clone, PartialEq)]

@@ -48,7 +48,8 @@ pub enum LoadFormatArg {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum DtypeArg {
-    /// The checkpoint's dtype (f32 on CPU for bf16 checkpoints).
+    /// f32 on a CPU, bf16 on a GPU (a checkpoint of another supported
+    /// dtype is converted).
     Auto,
     #[value(alias = "float")]
     Float32,
@@ -93,6 +94,8 @@ pub struct Args {
     #[arg(long, default_value = "0.0.0.0")]
     pub host: String,
 
+    /// Port to listen on for the OpenAI API, /health, /metrics and the
+    /// internal worker routes.
     #[arg(long, default_value_t = 8000)]
     pub port: u16,
 
@@ -147,9 +150,13 @@ pub struct Args {
     #[arg(long, default_value_t = 16)]
     pub block_size: usize,
 
+    /// How to obtain the weights: read the checkpoint, or random weights
+    /// at the model's shape (benchmarks, tests).
     #[arg(long, value_enum, default_value_t = LoadFormatArg::Auto)]
     pub load_format: LoadFormatArg,
 
+    /// Data type the model computes in: its weights, activations and KV
+    /// cache.
     #[arg(long, value_enum, default_value_t = DtypeArg::Auto)]
     pub dtype: DtypeArg,
 

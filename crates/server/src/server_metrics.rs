@@ -165,10 +165,6 @@ impl ServerMetrics {
         self.finishes.with_label_values(&[finish.as_str()]).inc();
     }
 
-    pub fn finishes(&self, finish: Finish) -> u64 {
-        self.finishes.with_label_values(&[finish.as_str()]).get()
-    }
-
     /// The exposition of the whole registry.
     pub fn render(&self) -> String {
         prom::encode(&self.registry)

@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use kvc_disagg::prefill_peer::PeerReason;
 use prometheus::{GaugeVec, IntCounter, IntCounterVec, Registry};
 
 use super::kv_link::KvLink;
@@ -52,7 +53,7 @@ impl PdMetrics {
         ScrapeTime::register(r, TRANSPORT, |out| {
             out.sample("kvc_kv_transport_connections_refused_total", &[], kvc_disagg::transport::refused_connections() as f64)
         });
-        Self {
+        let m = Self {
             path_decisions: prom::counter_vec(
                 r,
                 "kvc_prefill_path_decisions_total",
@@ -88,7 +89,7 @@ impl PdMetrics {
             transfer_bytes: prom::counter_vec(
                 r,
                 "kvc_kv_transfer_bytes_total",
-                "KV bytes written to peers, by kind (remote_prefill, snapshot).",
+                "KV bytes written to peers, by kind (remote_prefill, snapshot; remote_prefill_received: written into this worker).",
                 &["kind"],
             ),
             peer_healthy: prom::gauge_vec(r, "kvc_prefill_peer_healthy", "1 while a prefill peer answers its state polls.", &["peer"]),
@@ -104,7 +105,22 @@ impl PdMetrics {
                 "The KV transport's listening ports, by exposure (loopback, network_acknowledged) and whether bound to --kv-transport-host (restricted) or still on the wildcard address.",
                 &["exposure", "bound"],
             ),
+        };
+        // Closed label sets start at 0 (dashboards expect every series).
+        for outcome in ["ok", "failed"] {
+            m.remote_prefill.with_label_values(&[outcome]);
+            m.remote_prefill_served.with_label_values(&[outcome]);
         }
+        for result in ["hit", "miss"] {
+            m.bypass.with_label_values(&[result]);
+        }
+        for kind in ["remote_prefill", "remote_prefill_received", "snapshot"] {
+            m.transfer_bytes.with_label_values(&[kind]);
+        }
+        for reason in PeerReason::ALL {
+            m.peer_choices.with_label_values(&[reason.as_str()]);
+        }
+        m
     }
 
     /// The link's listening ports, by exposure and binding.

@@ -30,7 +30,7 @@ pub struct RouterMetrics {
 impl Default for RouterMetrics {
     fn default() -> Self {
         let r = Registry::new();
-        Self {
+        let m = Self {
             requests: prom::counter_vec(
                 &r,
                 "kvc_router_requests_total",
@@ -56,7 +56,15 @@ impl Default for RouterMetrics {
                 "Forwards retried on another worker after the first failed before any answer.",
             ),
             registry: r,
+        };
+        // Closed label sets start at 0 (dashboards expect every series).
+        for reason in kvc_disagg::routing::reason::ALL {
+            m.decisions.with_label_values(&[reason]);
         }
+        for reason in kvc_disagg::routing::reason::MOVES {
+            m.moves.with_label_values(&[reason]);
+        }
+        m
     }
 }
 
@@ -98,6 +106,13 @@ impl RouterMetrics {
 
     pub fn count_retry(&self) {
         self.retries.inc();
+    }
+
+    /// Shows `worker`'s health transitions at 0 until one is counted.
+    pub fn add_worker(&self, worker: &str) {
+        for to in ["healthy", "unhealthy"] {
+            self.health_changes.with_label_values(&[worker, to]);
+        }
     }
 
     pub fn count_health_change(&self, worker: &str, to: &'static str) {

@@ -145,7 +145,11 @@ pub struct Peers {
 
 impl Peers {
     pub fn new(urls: &[String], metrics: Arc<RouterMetrics>) -> Self {
-        Self { list: urls.iter().map(|u| Arc::new(Peer::new(u))).collect(), metrics }
+        let list: Vec<Arc<Peer>> = urls.iter().map(|u| Arc::new(Peer::new(u))).collect();
+        for p in &list {
+            metrics.add_worker(&p.url);
+        }
+        Self { list, metrics }
     }
 
     pub fn healthy_count(&self) -> usize {
