@@ -4,6 +4,13 @@
 //! pool and runs the step loop on its own thread (scheduler -> batch ->
 //! model -> sampler -> detokenizer -> per-request streams). The handle is
 //! cheap to clone and is all the server needs.
+//!
+//! The loop knows no role. KV that moves by transfer (reservations for a
+//! remote prefill, leases on blocks being sent; [`KvLease`],
+//! [`Reservation`]) is answered by any engine; what only one role keeps (a
+//! prefill worker's snapshot store, a decode worker's snapshot pushes) is
+//! a part chosen once from [`EngineConfig`] (`snapshot_store_blocks`,
+//! `snapshot_min_tokens`), whose hooks the loop calls at fixed points.
 
 pub mod admission;
 pub mod chat_template;

@@ -19,6 +19,10 @@
 //! - `GET /health` (readiness), `GET /health/live`, `GET /metrics`
 //!   (Prometheus text).
 //! - `/internal/*`: worker-to-worker routes behind `--cluster-token`.
+//! - Roles: [`pd`] (prefill and decode workers), [`router`]; both watch
+//!   their peers through one poller ([`peer_poll`]) and correct the peers'
+//!   lagging reports by what they sent and have not had answered
+//!   ([`in_flight`]).
 //!
 //! Errors are OpenAI error JSON, produced by [`error::error_response`] only.
 
