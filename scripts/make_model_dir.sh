@@ -6,7 +6,7 @@
 #
 # DIR gets:
 #   config.json             the shape of QWEN3_30B_A3B in
-#                           crates/engine/src/bin/bench/model.rs, except
+#                           crates/model-qwen3/src/config.rs, except
 #                           max_position_embeddings (see below)
 #   generation_config.json  Qwen3's EOS ids (<|im_end|>, <|endoftext|>)
 #   tokenizer files         the real Qwen3 tokenizer, copied from
@@ -37,7 +37,7 @@ if [ ! -f "$TOKENIZER_DIR/tokenizer.json" ]; then
 fi
 mkdir -p "$DIR"
 
-# Keep in sync with QWEN3_30B_A3B (crates/engine/src/bin/bench/model.rs);
+# Keep in sync with QWEN3_30B_A3B (crates/model-qwen3/src/config.rs);
 # only max_position_embeddings differs (40960 -> 131072, see above).
 cat > "$DIR/config.json" <<'EOF'
 {

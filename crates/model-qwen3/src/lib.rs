@@ -15,7 +15,7 @@ mod rope;
 pub mod weights;
 
 pub use batch::{BatchInput, SeqChunk};
-pub use config::{MoeConfig, Qwen3Config};
+pub use config::{MoeConfig, Qwen3Config, QWEN3_30B_A3B};
 pub use model::{parse_dtype, read_config, Qwen3Model};
 
 #[derive(Debug, thiserror::Error)]

@@ -7,12 +7,12 @@
 
 mod common;
 
-use common::{argmax, cases, fixture_dir, gpu, rel_err, run_chunk, scattered_table, Case, BLOCK_SIZE, FIXTURES};
+use common::{alone_and_batched, argmax, cases, fixture_dir, gpu, rel_err, run_chunk, scattered_table, Case, BLOCK_SIZE, FIXTURES};
 
 use candle_core::{DType, Tensor};
 use kvc_kv_pool::{BlockId, KvStorage};
 use kvc_model_qwen3::cuda::{GpuMoe, Kernels};
-use kvc_model_qwen3::{BatchInput, Qwen3Config, Qwen3Model, SeqChunk};
+use kvc_model_qwen3::{BatchInput, Qwen3Config, Qwen3Model, SeqChunk, QWEN3_30B_A3B};
 use rand::{Rng, SeedableRng};
 
 const IGNORE: &str = "needs a CUDA device: run with scripts/gpu_run.sh";
@@ -130,35 +130,11 @@ fn chunked_prefill_and_batching_match_single_pass_on_gpu() {
         }
         // Two sequences in one batch equal each alone.
         let (a, b) = (&cs[0].prompt, &cs[1].prompt);
-        let ta: Vec<BlockId> = (0..a.len().div_ceil(BLOCK_SIZE) as u32).collect();
-        let tb: Vec<BlockId> = (32..32 + b.len().div_ceil(BLOCK_SIZE) as u32).collect();
-        let mut kv = KvStorage::new_on(model.kv_layout(BLOCK_SIZE), 64, &dev).unwrap();
-        let alone_a = run_chunk(&model, &mut kv, &ta, a, 0, a.len()).pop().unwrap();
-        let alone_b = run_chunk(&model, &mut kv, &tb, b, 0, b.len()).pop().unwrap();
-        let mut kv = KvStorage::new_on(model.kv_layout(BLOCK_SIZE), 64, &dev).unwrap();
-        let batch = BatchInput {
-            tokens: a.iter().chain(b.iter()).copied().collect(),
-            seqs: vec![
-                SeqChunk { start: 0, len: a.len(), context_len: a.len(), block_table: &ta },
-                SeqChunk { start: a.len(), len: b.len(), context_len: b.len(), block_table: &tb },
-            ],
-            logits_rows: vec![a.len() - 1, a.len() + b.len() - 1],
-        };
-        let both = model.forward(&batch, &mut kv).unwrap().to_vec2::<f32>().unwrap();
+        let ([alone_a, alone_b], both) =
+            alone_and_batched(&model, a, b, || KvStorage::new_on(model.kv_layout(BLOCK_SIZE), 64, &dev).unwrap());
         assert!(rel_err(&both[0], &alone_a) < 1e-2 && rel_err(&both[1], &alone_b) < 1e-2, "{name}: batched differs from alone");
     }
 }
-
-const QWEN3_30B_A3B: &str = r#"{
-  "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
-  "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 6144,
-  "moe_intermediate_size": 768, "num_hidden_layers": 48,
-  "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
-  "num_experts": 128, "num_experts_per_tok": 8, "norm_topk_prob": true,
-  "decoder_sparse_step": 1, "mlp_only_layers": [], "max_position_embeddings": 40960,
-  "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "tie_word_embeddings": false,
-  "torch_dtype": "bfloat16", "bos_token_id": 151643, "eos_token_id": 151645
-}"#;
 
 #[test]
 #[ignore = "needs a CUDA device: run with scripts/gpu_run.sh"]

@@ -5,8 +5,8 @@
 mod common;
 
 use candle_core::{DType, Device};
-use common::{argmax, cases, fixture_dir, max_abs_diff, run_chunk, scattered_table, BLOCK_SIZE, FIXTURES};
-use kvc_kv_pool::{BlockId, KvStorage};
+use common::{alone_and_batched, argmax, cases, fixture_dir, max_abs_diff, run_chunk, scattered_table, BLOCK_SIZE, FIXTURES};
+use kvc_kv_pool::KvStorage;
 use kvc_model_qwen3::{BatchInput, Qwen3Model, SeqChunk};
 
 fn load(name: &str) -> Qwen3Model {
@@ -69,22 +69,7 @@ fn sequences_batched_together_match_each_alone() {
     let model = load("moe-norm");
     let cs = cases("moe-norm");
     let (a, b) = (&cs[0].prompt, &cs[1].prompt);
-    let num_blocks = 64;
-    let ta: Vec<BlockId> = (0..a.len().div_ceil(BLOCK_SIZE) as u32).collect();
-    let tb: Vec<BlockId> = (32..32 + b.len().div_ceil(BLOCK_SIZE) as u32).collect();
-    let mut kv = KvStorage::new(model.kv_layout(BLOCK_SIZE), num_blocks).unwrap();
-    let alone_a = run_chunk(&model, &mut kv, &ta, a, 0, a.len()).pop().unwrap();
-    let alone_b = run_chunk(&model, &mut kv, &tb, b, 0, b.len()).pop().unwrap();
-    let mut kv = KvStorage::new(model.kv_layout(BLOCK_SIZE), num_blocks).unwrap();
-    let batch = BatchInput {
-        tokens: a.iter().chain(b.iter()).copied().collect(),
-        seqs: vec![
-            SeqChunk { start: 0, len: a.len(), context_len: a.len(), block_table: &ta },
-            SeqChunk { start: a.len(), len: b.len(), context_len: b.len(), block_table: &tb },
-        ],
-        logits_rows: vec![a.len() - 1, a.len() + b.len() - 1],
-    };
-    let both = model.forward(&batch, &mut kv).unwrap().to_vec2::<f32>().unwrap();
+    let ([alone_a, alone_b], both) = alone_and_batched(&model, a, b, || KvStorage::new(model.kv_layout(BLOCK_SIZE), 64).unwrap());
     assert!(max_abs_diff(&both[0], &alone_a) < 1e-5);
     assert!(max_abs_diff(&both[1], &alone_b) < 1e-5);
 }

@@ -79,6 +79,27 @@ pub fn scattered_table(tokens: usize, num_blocks: usize) -> Vec<BlockId> {
     (0..tokens.div_ceil(BLOCK_SIZE)).map(|i| (num_blocks - 1 - 2 * i) as BlockId).collect()
 }
 
+/// The last position's logits of prompts `a` and `b`, each run alone and
+/// then both in one batch, each time in a fresh pool of 64 blocks from
+/// `new_kv`: `([alone a, alone b], [batched a, batched b])`.
+pub fn alone_and_batched(model: &Qwen3Model, a: &[u32], b: &[u32], new_kv: impl Fn() -> KvStorage) -> ([Vec<f32>; 2], Vec<Vec<f32>>) {
+    let ta: Vec<BlockId> = (0..a.len().div_ceil(BLOCK_SIZE) as u32).collect();
+    let tb: Vec<BlockId> = (32..32 + b.len().div_ceil(BLOCK_SIZE) as u32).collect();
+    let mut kv = new_kv();
+    let alone_a = run_chunk(model, &mut kv, &ta, a, 0, a.len()).pop().unwrap();
+    let alone_b = run_chunk(model, &mut kv, &tb, b, 0, b.len()).pop().unwrap();
+    let mut kv = new_kv();
+    let batch = BatchInput {
+        tokens: a.iter().chain(b.iter()).copied().collect(),
+        seqs: vec![
+            SeqChunk { start: 0, len: a.len(), context_len: a.len(), block_table: &ta },
+            SeqChunk { start: a.len(), len: b.len(), context_len: b.len(), block_table: &tb },
+        ],
+        logits_rows: vec![a.len() - 1, a.len() + b.len() - 1],
+    };
+    ([alone_a, alone_b], model.forward(&batch, &mut kv).unwrap().to_vec2::<f32>().unwrap())
+}
+
 /// Runs `tokens[from..to]` of a sequence as one chunk; returns the logits
 /// of every token of the chunk.
 pub fn run_chunk(model: &Qwen3Model, kv: &mut KvStorage, table: &[BlockId], tokens: &[u32], from: usize, to: usize) -> Vec<Vec<f32>> {

@@ -16,19 +16,7 @@ use std::time::Instant;
 
 use candle_core::{DType, Device, Tensor, D};
 use kvc_kv_pool::{BlockId, KvPool};
-use kvc_model_qwen3::{BatchInput, Qwen3Config, Qwen3Model, SeqChunk};
-
-/// config.json of Qwen/Qwen3-30B-A3B (the fields kvc reads).
-pub const QWEN3_30B_A3B: &str = r#"{
-  "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
-  "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 6144,
-  "moe_intermediate_size": 768, "num_hidden_layers": 48,
-  "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
-  "num_experts": 128, "num_experts_per_tok": 8, "norm_topk_prob": true,
-  "decoder_sparse_step": 1, "mlp_only_layers": [], "max_position_embeddings": 40960,
-  "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "tie_word_embeddings": false,
-  "torch_dtype": "bfloat16", "bos_token_id": 151643, "eos_token_id": 151645
-}"#;
+use kvc_model_qwen3::{BatchInput, Qwen3Config, Qwen3Model, SeqChunk, QWEN3_30B_A3B};
 
 /// H200 SXM: HBM3e bandwidth and dense bf16 tensor-core peak (datasheet).
 const HBM_BYTES_PER_S: f64 = 4.8e12;
