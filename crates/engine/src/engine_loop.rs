@@ -46,6 +46,9 @@ struct Active {
     cached_tokens: usize,
     reuse_reason: ReusePath,
     restored_blocks: usize,
+    /// Its restored blocks are being copied in beside other work: it
+    /// computes nothing until this batch of copies is done.
+    restore_ticket: Option<kvc_kv_pool::CopyTicket>,
     /// Full blocks already offered to the prefix index, and the last one's hash.
     registered_blocks: usize,
     last_hash: Option<BlockHash>,
@@ -89,6 +92,9 @@ pub(crate) struct EngineLoop {
     drained_tokens: usize,
     /// The decode-latency budget (prefill tokens beside decodes).
     step_budget: StepBudget,
+    /// Blocks under which free plus written-back blocks start write-back
+    /// of idle sessions to the host tier (0: never).
+    write_back_watermark: usize,
 }
 
 impl EngineLoop {
@@ -159,6 +165,7 @@ impl EngineLoop {
             ..Default::default()
         };
         stats.store(Arc::new(local.clone()));
+        let write_back_watermark = (config.host_write_back_watermark.clamp(0.0, 1.0) * allocator.num_blocks() as f64) as usize;
         Ok(Self {
             model,
             storage,
@@ -181,6 +188,7 @@ impl EngineLoop {
             inbox,
             drained_tokens: 0,
             step_budget,
+            write_back_watermark,
         })
     }
 
@@ -324,6 +332,7 @@ impl EngineLoop {
             cached_tokens: 0,
             reuse_reason: ReusePath::Cold,
             restored_blocks: 0,
+            restore_ticket: None,
             registered_blocks: 0,
             last_hash: req.cache_salt.as_deref().map(salt_root),
             cache_root: req.cache_salt.as_deref().map(salt_root),
@@ -569,6 +578,7 @@ impl SchedulerHooks for CacheHooks<'_> {
                     alloc.free_all(&got.blocks);
                     got.blocks = blocks;
                     got.tokens = tokens;
+                    got.ready_after = None;
                     a.reuse_reason = ReusePath::Bypass;
                 }
                 Some((blocks, _)) => alloc.free_all(&blocks),
@@ -577,9 +587,21 @@ impl SchedulerHooks for CacheHooks<'_> {
         }
         a.cached_tokens = got.tokens;
         a.restored_blocks += got.restored_blocks;
+        a.restore_ticket = got.ready_after;
         a.registered_blocks = 0;
         a.last_hash = a.cache_root;
         tracing::debug!(event = "reuse", seq_id = seq.id, session = ?a.session_id, reused = got.tokens, reason = a.reuse_reason.as_str(), restored = got.restored_blocks);
         (got.tokens > 0).then_some((got.blocks, got.tokens))
+    }
+
+    fn ready(&mut self, id: SeqId) -> bool {
+        let Some(a) = self.active.get_mut(&id) else { return true };
+        match a.restore_ticket {
+            Some(t) if !self.cache.copies_done(t) => false,
+            _ => {
+                a.restore_ticket = None;
+                true
+            }
+        }
     }
 }

@@ -74,6 +74,11 @@ const ENGINE: &[Family] = &[
         "Bytes the host tier copied: to_host (demotion) and to_device (restore).",
         &["direction"],
     ),
+    Family::counter(
+        "kvc_host_tier_write_back_blocks_total",
+        "Idle sessions' blocks written back to the host tier ahead of pressure: copied, used (evicted with no copy), discarded (released unused).",
+        &["outcome"],
+    ),
     Family::counter("kvc_sessions_expired_total", "Idle sessions deleted by the TTL.", &[]),
     Family::counter("kvc_sessions_capped_total", "Idle sessions dropped to keep their API key under --max-sessions-per-key.", &[]),
     Family::counter("kvc_evicted_blocks_total", "KV blocks evicted from the device, by destination tier and reason.", &["tier", "reason"]),
@@ -127,6 +132,10 @@ fn read_engine(s: &EngineStats, out: &mut Scrape) {
     }
     out.sample("kvc_host_tier_bytes_total", &["to_host"], s.host_bytes_moved.0 as f64);
     out.sample("kvc_host_tier_bytes_total", &["to_device"], s.host_bytes_moved.1 as f64);
+    let wb = &k.write_back_blocks;
+    for (outcome, n) in [("copied", wb.copied), ("used", wb.used), ("discarded", wb.discarded)] {
+        out.sample("kvc_host_tier_write_back_blocks_total", &[outcome], n as f64);
+    }
     for ((tier, reason), n) in &k.evictions {
         out.sample("kvc_evicted_blocks_total", &[tier, reason], *n as f64);
     }

@@ -4,7 +4,7 @@
 //! pool): the tier hands out slots and calls [`HostTier::flush`] when a
 //! batch of moves is complete.
 
-use kvc_kv_pool::{BlockId, HostArena, HostSlot, KvStorage, VecArena};
+use kvc_kv_pool::{BlockId, CopyTicket, HostArena, HostSlot, KvStorage, VecArena};
 
 pub type HostBlockId = HostSlot;
 
@@ -54,6 +54,27 @@ impl HostTier {
     /// Issues the copies queued since the last flush (see [`HostArena::flush`]).
     pub fn flush(&mut self) {
         self.arena.flush();
+    }
+
+    /// Issues the queued copies without making later compute wait for
+    /// them ([`HostArena::flush_async`]).
+    pub fn flush_async(&mut self) -> CopyTicket {
+        self.arena.flush_async()
+    }
+
+    /// Whether the copies of `ticket` are done.
+    pub fn done(&mut self, ticket: CopyTicket) -> bool {
+        self.arena.done(ticket)
+    }
+
+    /// Blocks until the copies of `ticket` are done.
+    pub fn wait(&mut self, ticket: CopyTicket) {
+        self.arena.wait(ticket)
+    }
+
+    /// Whether copies run beside compute ([`HostArena::asynchronous`]).
+    pub fn asynchronous(&self) -> bool {
+        self.arena.asynchronous()
     }
 
     /// Bytes moved so far: (to host, back to the pool).

@@ -15,8 +15,10 @@ mod stats;
 
 pub use block_hash::{hash_block, hash_blocks, salt_root, BlockHash};
 pub use cache::{Acquired, CacheConfig, ReusePath, SessionAwareCache};
-pub use eviction::{choose_victim, EvictionAction, EvictionDecision, VictimCandidate};
+pub use eviction::{
+    choose_victim, decide_write_back, EvictionAction, EvictionDecision, VictimCandidate, WriteBack, WriteBackInputs, WriteBackSkip,
+};
 pub use namespace::{client_session_id, is_valid_client_part, scoped_session_id, session_key};
 pub use session::{common_prefix, SessionInfo, Tier};
 pub use snapshot_store::{SnapshotError, SnapshotInfo, SnapshotReservation, SnapshotStats, SnapshotStore};
-pub use stats::CacheStats;
+pub use stats::{CacheStats, WriteBackCounts};
