@@ -27,6 +27,12 @@ pub trait HostArena: Send {
     /// use of the pool. A no-op where copies happen at once.
     fn flush(&mut self) {}
 
+    /// Blocks until every issued copy is done: the host-side fence before a
+    /// block that was stored from goes to a writer the arena's own ordering
+    /// does not cover (a peer's transfer into the pool). A no-op where
+    /// copies happen at once.
+    fn wait(&mut self) {}
+
     /// Bytes copied to and from the arena so far: (stored, loaded).
     fn bytes_moved(&self) -> (u64, u64);
 }

@@ -37,11 +37,7 @@ const ENGINE: &[Family] = &[
     ),
     Family::counter("kvc_prompt_tokens_computed_total", "Prompt tokens run through the model.", &[]),
     Family::counter("kvc_generation_tokens_total", "Tokens generated.", &[]),
-    Family::counter(
-        "kvc_structured_output_masks_total",
-        "Grammar masks computed for structured outputs (one per constrained token).",
-        &[],
-    ),
+    Family::counter("kvc_structured_output_masks_total", "Grammar masks computed for structured outputs (one per constrained token).", &[]),
     Family::counter(
         "kvc_structured_output_errors_total",
         "Requests ended because their grammar failed (a prefill worker's token it does not allow, or a matcher error).",
@@ -60,6 +56,23 @@ const ENGINE: &[Family] = &[
     Family::gauge("kvc_snapshot_blocks_used", "KV blocks held by the snapshot store.", &[]),
     Family::gauge("kvc_snapshot_blocks_capacity", "Most KV blocks the snapshot store may hold.", &[]),
     Family::counter("kvc_snapshot_bypass_tokens_total", "Prompt tokens served from snapshots (prefill bypass).", &[]),
+    Family::gauge(
+        "kvc_snapshot_store_blocks",
+        "Blocks of the snapshot store's entries by tier: device (pool blocks) and host (demoted to the host tier).",
+        &["tier"],
+    ),
+    Family::counter(
+        "kvc_snapshot_bypass_hits_total",
+        "Remote prefills served from a snapshot, by the tier they came from (host: blocks were copied back first).",
+        &["tier"],
+    ),
+    Family::counter(
+        "kvc_snapshot_spill_decisions_total",
+        "Snapshot store decisions to free device blocks: demote to the host tier, drop a colder host entry, or drop.",
+        &["action", "reason"],
+    ),
+    Family::counter("kvc_snapshot_demoted_blocks_total", "Snapshot store blocks copied to the host tier.", &[]),
+    Family::counter("kvc_snapshot_restored_blocks_total", "Snapshot store blocks copied back from the host tier for a bypass.", &[]),
     Family::gauge("kvc_kv_blocks_cached", "KV blocks in the prefix index.", &[]),
     Family::gauge("kvc_host_kv_blocks_free", "Free blocks of the host-memory tier.", &[]),
     Family::gauge("kvc_host_kv_blocks_total", "Blocks of the host-memory tier.", &[]),
@@ -69,11 +82,7 @@ const ENGINE: &[Family] = &[
     Family::counter("kvc_prompt_tokens_reused_total", "Prompt tokens served from cached KV at admission.", &[]),
     Family::counter("kvc_prompt_tokens_to_compute_total", "Prompt tokens left to compute at admission.", &[]),
     Family::counter("kvc_host_restores_total", "Blocks copied back from the host tier.", &[]),
-    Family::counter(
-        "kvc_host_tier_bytes_total",
-        "Bytes the host tier copied: to_host (demotion) and to_device (restore).",
-        &["direction"],
-    ),
+    Family::counter("kvc_host_tier_bytes_total", "Bytes the host tier copied: to_host (demotion) and to_device (restore).", &["direction"]),
     Family::counter("kvc_sessions_expired_total", "Idle sessions deleted by the TTL.", &[]),
     Family::counter("kvc_sessions_capped_total", "Idle sessions dropped to keep their API key under --max-sessions-per-key.", &[]),
     Family::counter("kvc_evicted_blocks_total", "KV blocks evicted from the device, by destination tier and reason.", &["tier", "reason"]),
@@ -110,6 +119,8 @@ fn read_engine(s: &EngineStats, out: &mut Scrape) {
     one("kvc_snapshot_blocks_used", s.snapshot_used_blocks as f64);
     one("kvc_snapshot_blocks_capacity", s.snapshot_capacity_blocks as f64);
     one("kvc_snapshot_bypass_tokens_total", sn.bypass_tokens as f64);
+    one("kvc_snapshot_demoted_blocks_total", sn.demoted_blocks as f64);
+    one("kvc_snapshot_restored_blocks_total", sn.restored_blocks as f64);
     let k = &s.cache;
     one("kvc_kv_blocks_cached", s.cached_blocks as f64);
     one("kvc_host_kv_blocks_free", s.host_free_blocks as f64);
@@ -129,6 +140,13 @@ fn read_engine(s: &EngineStats, out: &mut Scrape) {
     out.sample("kvc_host_tier_bytes_total", &["to_device"], s.host_bytes_moved.1 as f64);
     for ((tier, reason), n) in &k.evictions {
         out.sample("kvc_evicted_blocks_total", &[tier, reason], *n as f64);
+    }
+    out.sample("kvc_snapshot_store_blocks", &["device"], s.snapshot_used_blocks as f64);
+    out.sample("kvc_snapshot_store_blocks", &["host"], s.snapshot_host_blocks as f64);
+    out.sample("kvc_snapshot_bypass_hits_total", &["device"], (s.snapshot_stats.bypass_hits - s.snapshot_stats.bypass_hits_host) as f64);
+    out.sample("kvc_snapshot_bypass_hits_total", &["host"], s.snapshot_stats.bypass_hits_host as f64);
+    for ((action, reason), n) in &s.snapshot_stats.spills {
+        out.sample("kvc_snapshot_spill_decisions_total", &[action, reason], *n as f64);
     }
     if let Some((alone, mixed)) = s.step_budget {
         out.sample("kvc_scheduler_prefill_budget_seconds", &["alone"], alone);

@@ -109,6 +109,12 @@ impl SessionAwareCache {
         self.host = HostTier::with_arena(arena);
     }
 
+    /// A handle on the host tier, to share it (a prefill worker's
+    /// [`crate::SnapshotStore`] spills into the same arena).
+    pub fn host_tier(&self) -> HostTier {
+        self.host.clone()
+    }
+
     /// Bytes moved by the host tier so far: (to host, back to the pool).
     pub fn host_bytes_moved(&self) -> (u64, u64) {
         self.host.bytes_moved()

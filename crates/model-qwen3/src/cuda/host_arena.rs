@@ -236,6 +236,13 @@ impl HostArena for PinnedArena {
         }
     }
 
+    fn wait(&mut self) {
+        self.flush();
+        if let Err(e) = self.synchronize() {
+            panic!("host tier copy failed: {e}");
+        }
+    }
+
     fn bytes_moved(&self) -> (u64, u64) {
         self.moved
     }
