@@ -115,6 +115,12 @@ impl SessionAwareCache {
         self.host.clone()
     }
 
+    /// Waits for the host tier's copies out of blocks it freed
+    /// ([`HostTier::wait`]): before blocks go to a peer that writes them.
+    pub fn wait_host_copies(&mut self) {
+        self.host.wait();
+    }
+
     /// Bytes moved by the host tier so far: (to host, back to the pool).
     pub fn host_bytes_moved(&self) -> (u64, u64) {
         self.host.bytes_moved()

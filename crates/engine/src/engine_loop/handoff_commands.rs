@@ -113,6 +113,9 @@ impl EngineLoop {
             }
             return Err(EngineError::NoKvRoom(format!("{need} free blocks needed for the prompt, {} free", self.allocator.num_free())));
         };
+        // A prefill worker writes the fresh blocks over the transport: copies
+        // out of blocks an offload just freed must end first.
+        self.cache.wait_host_copies();
         let mut blocks = got.blocks;
         blocks.extend(fresh);
         let reason = got.source;
