@@ -51,9 +51,9 @@ const ENGINE: &[Family] = &[
     ),
     Family::counter("kvc_snapshot_push_enqueued_total", "Session snapshot pushes queued after committed turns (decode workers).", &[]),
     Family::counter("kvc_snapshot_ingested_total", "Session snapshot pushes committed into this worker's snapshot store.", &[]),
-    Family::counter("kvc_snapshot_evicted_total", "Snapshot store entries evicted (LRU) to make room.", &[]),
+    Family::counter("kvc_snapshot_evicted_total", "Snapshot store entries dropped (LRU, from either tier) to make room.", &[]),
     Family::counter("kvc_snapshot_aborted_total", "Snapshot pushes aborted or expired before commit.", &[]),
-    Family::gauge("kvc_snapshot_blocks_used", "KV blocks held by the snapshot store.", &[]),
+    Family::gauge("kvc_snapshot_blocks_used", "KV pool blocks held by the snapshot store (its device tier).", &[]),
     Family::gauge("kvc_snapshot_blocks_capacity", "Most KV blocks the snapshot store may hold.", &[]),
     Family::counter("kvc_snapshot_bypass_tokens_total", "Prompt tokens served from snapshots (prefill bypass).", &[]),
     Family::gauge(
