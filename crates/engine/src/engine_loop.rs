@@ -155,7 +155,9 @@ impl EngineLoop {
             crate::config::HALF_THE_POOL => allocator.num_blocks() / 2,
             n => n.min(allocator.num_blocks()),
         };
-        let snapshots = SnapshotStore::new(block_size, store_blocks);
+        let mut snapshots = SnapshotStore::new(block_size, store_blocks);
+        // One host tier: the store demotes into the cache's arena (host_tier.rs).
+        snapshots.set_host_tier(cache.host_tier());
         let local = EngineStats {
             free_blocks: allocator.num_free(),
             total_blocks: allocator.num_blocks(),
@@ -528,6 +530,7 @@ impl EngineLoop {
             apply_changes(&mut self.local.snapshots, self.snapshots.take_changed());
             self.local.snapshot_stats = self.snapshots.stats.clone();
             self.local.snapshot_used_blocks = self.snapshots.used_blocks();
+            self.local.snapshot_host_blocks = self.snapshots.host_blocks();
         }
         self.publish_backlog();
     }
@@ -559,7 +562,7 @@ impl SchedulerHooks for CacheHooks<'_> {
         self.cache.reclaim(n, alloc, self.storage);
         if alloc.num_free() < n {
             // A prefill worker's snapshots give way to the prompts it must compute.
-            self.snapshots.reclaim(n, alloc);
+            self.snapshots.reclaim(n, alloc, self.storage);
         }
     }
 
@@ -570,19 +573,16 @@ impl SchedulerHooks for CacheHooks<'_> {
         a.turn_open |= session.is_some();
         a.reuse_reason = got.source;
         // A prefill worker's request for a session: its snapshot, when it
-        // covers more than the prefix cache (prefill bypass).
+        // covers at least what the prefix cache does (ties go to the
+        // snapshot: the same KV, and the session's own), restored from the
+        // host tier if it was demoted (prefill bypass).
         if let Some(s) = a.snapshot_session.as_deref().filter(|_| self.snapshots.capacity() > 0) {
-            match self.snapshots.lookup(s, &seq.tokens, alloc) {
-                // Ties go to the snapshot: the same KV, and the session's own.
-                Some((blocks, tokens)) if tokens >= got.tokens => {
-                    alloc.free_all(&got.blocks);
-                    got.blocks = blocks;
-                    got.tokens = tokens;
-                    got.ready_after = None;
-                    a.reuse_reason = ReusePath::Bypass;
-                }
-                Some((blocks, _)) => alloc.free_all(&blocks),
-                None => {}
+            if let Some((blocks, tokens)) = self.snapshots.lookup(s, &seq.tokens, got.tokens, alloc, self.storage) {
+                alloc.free_all(&got.blocks);
+                got.blocks = blocks;
+                got.tokens = tokens;
+                got.ready_after = None;
+                a.reuse_reason = ReusePath::Bypass;
             }
         }
         a.cached_tokens = got.tokens;

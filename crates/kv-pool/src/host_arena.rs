@@ -56,6 +56,12 @@ pub trait HostArena: Send {
         false
     }
 
+    /// Blocks until every issued copy is done: the host-side fence before a
+    /// block that was stored from goes to a writer the arena's own ordering
+    /// does not cover (a peer's transfer into the pool). A no-op where
+    /// copies happen at once.
+    fn wait_all(&mut self) {}
+
     /// Bytes copied to and from the arena so far: (stored, loaded).
     fn bytes_moved(&self) -> (u64, u64);
 }

@@ -185,7 +185,8 @@ pub struct Args {
     pub no_enable_session_cache: bool,
 
     /// Host memory for session KV evicted from the pool, in GiB (vLLM's
-    /// `--swap-space`); 0 disables the host tier.
+    /// `--swap-space`); 0 disables the host tier. On a prefill worker the
+    /// snapshot store's demoted entries use it too.
     #[arg(long, default_value_t = 1.0)]
     pub swap_space: f64,
 
@@ -245,8 +246,10 @@ pub struct DisaggArgs {
     #[arg(long, default_value_t = 1024)]
     pub snapshot_min_tokens: usize,
 
-    /// Prefill workers: most KV blocks the snapshot store may hold
-    /// (default: half of the pool).
+    /// Prefill workers: most KV blocks of the pool the snapshot store may
+    /// hold (default: half of the pool). Past it, or when the pool runs
+    /// short, its least recently used entries move to the host tier
+    /// (--swap-space) while that has room, and are dropped after.
     #[arg(long)]
     pub snapshot_store_blocks: Option<usize>,
 

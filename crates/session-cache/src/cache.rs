@@ -165,6 +165,18 @@ impl SessionAwareCache {
         }
     }
 
+    /// A handle on the host tier, to share it (a prefill worker's
+    /// [`crate::SnapshotStore`] spills into the same arena).
+    pub fn host_tier(&self) -> HostTier {
+        self.host.clone()
+    }
+
+    /// Waits for the host tier's copies out of blocks it freed
+    /// ([`HostTier::wait_all`]): before blocks go to a peer that writes them.
+    pub fn wait_host_copies(&mut self) {
+        self.host.wait_all();
+    }
+
     /// Bytes moved by the host tier so far: (to host, back to the pool).
     pub fn host_bytes_moved(&self) -> (u64, u64) {
         self.host.bytes_moved()

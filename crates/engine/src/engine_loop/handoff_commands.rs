@@ -113,6 +113,9 @@ impl EngineLoop {
             }
             return Err(EngineError::NoKvRoom(format!("{need} free blocks needed for the prompt, {} free", self.allocator.num_free())));
         };
+        // A prefill worker writes the fresh blocks over the transport: copies
+        // out of blocks an offload just freed must end first.
+        self.cache.wait_host_copies();
         let mut blocks = got.blocks;
         blocks.extend(fresh);
         let reason = got.source;
@@ -130,7 +133,10 @@ impl EngineLoop {
         if self.allocator.num_free() < need {
             self.cache.reclaim(need, &mut self.allocator, &self.storage);
         }
-        let r = self.snapshots.reserve(session, tokens, &mut self.allocator).map_err(|e| EngineError::NoKvRoom(e.to_string()))?;
+        let r = self
+            .snapshots
+            .reserve(session, tokens, &mut self.allocator, &self.storage)
+            .map_err(|e| EngineError::NoKvRoom(e.to_string()))?;
         Ok(SnapshotSlot { reservation: r.id, from_block: r.from_block, blocks: r.blocks })
     }
 
@@ -188,7 +194,7 @@ impl EngineLoop {
         let blocks = seq.block_table[..n.div_ceil(self.block_size())].to_vec();
         if let Some(s) = a.snapshot_session.clone() {
             let tokens = seq.tokens[..n].to_vec();
-            self.snapshots.ingest_local(&s, &tokens, &blocks, &mut self.allocator);
+            self.snapshots.ingest_local(&s, &tokens, &blocks, &mut self.allocator, &self.storage);
         }
         Some(self.lease(blocks, None))
     }

@@ -311,6 +311,13 @@ impl HostArena for PinnedArena {
         true
     }
 
+    fn wait_all(&mut self) {
+        self.flush();
+        if let Err(e) = self.synchronize() {
+            panic!("host tier copy failed: {e}");
+        }
+    }
+
     fn bytes_moved(&self) -> (u64, u64) {
         self.moved
     }
