@@ -124,18 +124,39 @@ def run(url: str, model: str, prompts, args, tag: str) -> tuple[dict, list[str],
     return answers, failures, wall
 
 
+def stream_token_times(url: str, body: dict, out: list, ready) -> None:
+    """Streams one completion, appending each token event's arrival time to
+    `out`; sets `ready` after the first."""
+    data = json.dumps({**body, "stream": True}).encode()
+    req = urllib.request.Request(url + "/v1/completions", data=data, method="POST", headers={"content-type": "application/json"})
+    with urllib.request.urlopen(req, timeout=600) as r:
+        for line in r:
+            if line.startswith(b"data: {"):
+                out.append(time.monotonic())
+                ready.set()
+
+
 def demoted_turn_ttft(args, base: list[str]) -> None:
     """TTFT of a turn whose --probe-tokens session was pushed out of the pool
     by another session of the same size: restored from the host tier, vs
-    recomputed (no host tier). Pool: 1.25x the session."""
+    recomputed (no host tier). Pool: 1.25x the session plus room for
+    --probe-decodes short streams that decode all through the restore: the
+    largest gap between their tokens while it runs is the restore's (and
+    the other session's demotion's) cost to running requests."""
+    import threading
+
     rng = random.Random(args.seed + 1)
     n = args.probe_tokens
     a = [rng.randrange(1000, 150000) for _ in range(n)]
     b = [rng.randrange(1000, 150000) for _ in range(n)]
     nxt = a + [rng.randrange(1000, 150000) for _ in range(64)]
-    blocks = (n * 5 // 4) // args.block_size
-    for tag, swap in [("host tier", args.swap_space), ("recompute", 0)]:
-        proc, url = start(args.bin, *base, f"--num-kv-blocks={blocks}", f"--swap-space={swap}", f"--max-model-len={n + 256}")
+    k, gen = args.probe_decodes, 400
+    blocks = (n * 5 // 4 + k * (64 + gen + args.block_size)) // args.block_size
+    runs = [("host tier", [f"--swap-space={args.swap_space}"]), ("recompute", ["--swap-space=0"])]
+    if args.probe_write_back:
+        runs.insert(1, ("host tier, write-back from 90 % use", [f"--swap-space={args.swap_space}", "--host-write-back-watermark=0.9"]))
+    for tag, flags in runs:
+        proc, url = start(args.bin, *base, f"--num-kv-blocks={blocks}", *flags, f"--max-model-len={n + 256}")
         try:
             model = json.loads(http("GET", url + "/v1/models")[1])["data"][0]["id"]
             def turn(prompt, sid):
@@ -143,16 +164,46 @@ def demoted_turn_ttft(args, base: list[str]) -> None:
                 t0 = time.monotonic()
                 status, text = http("POST", url + "/v1/completions", body)
                 assert status == 200, text[:300]
-                return time.monotonic() - t0
-            cold = turn(a, "probe-a")
+                return time.monotonic() - t0, time.monotonic()
+            cold, _ = turn(a, "probe-a")
             turn(b, "probe-b")  # pushes probe-a out of the pool
-            again = turn(nxt, "probe-a")
+            times: list[list[float]] = [[] for _ in range(k)]
+            events = [threading.Event() for _ in range(k)]
+            threads = []
+            for i in range(k):
+                body = {"model": model, "prompt": [rng.randrange(1000, 150000) for _ in range(64)], "max_tokens": gen,
+                        "temperature": 0, "ignore_eos": True}
+                th = threading.Thread(target=stream_token_times, args=(url, body, times[i], events[i]), daemon=True)
+                th.start()
+                threads.append(th)
+            for e in events:
+                e.wait(120)
+            time.sleep(0.3)  # a few steps of decodes alone, for their usual gap
+            sent = time.monotonic()
+            again, done = turn(nxt, "probe-a")
+            for th in threads:
+                th.join(600)
+            gaps_all = [t2 - t1 for ts in times for t1, t2 in zip(ts, ts[1:])]
+            during = [t2 - t1 for ts in times for t1, t2 in zip(ts, ts[1:]) if t2 > sent and t1 < done]
+            p50 = sorted(gaps_all)[len(gaps_all) // 2] if gaps_all else 0.0
             m = http("GET", url + "/metrics")[1]
             print(f"{n}-token session, next turn after demotion ({tag}): {again * 1e3:.0f} ms "
-                  f"(its first turn, cold: {cold * 1e3:.0f} ms); host restores {metric(m, 'kvc_host_restores_total'):.0f} blocks")
+                  f"(its first turn, cold: {cold * 1e3:.0f} ms); host restores {metric(m, 'kvc_host_restores_total'):.0f} blocks, "
+                  f"written back {metric_label(m, 'kvc_host_tier_write_back_blocks_total', 'copied'):.0f} "
+                  f"(used {metric_label(m, 'kvc_host_tier_write_back_blocks_total', 'used'):.0f}); "
+                  f"{k} decodes beside it: token gap p50 {p50 * 1e3:.1f} ms, largest while it ran "
+                  f"{max(during, default=0.0) * 1e3:.1f} ms")
         finally:
             proc.terminate()
             proc.wait(timeout=60)
+
+
+def metric_label(text: str, name: str, value: str) -> float:
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name + "{") and f'="{value}"' in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return total
 
 
 def main() -> int:
@@ -176,6 +227,9 @@ def main() -> int:
     ap.add_argument("--tie-ulps", type=float, default=2.0,
                     help="a differing answer is a near-tie when the reference's top two logprobs are within this many bf16 steps")
     ap.add_argument("--probe-tokens", type=int, default=32000, help="demoted-session TTFT probe (0: skip)")
+    ap.add_argument("--probe-decodes", type=int, default=8, help="streams decoding through the probe's restore")
+    ap.add_argument("--probe-write-back", action="store_true", help="also probe with write-back from 90 %% pool use")
+    ap.add_argument("--probe-only", action="store_true", help="only the probe")
     ap.add_argument("flags", nargs="*", help="more kvc-server flags (after --)")
     args = ap.parse_args()
 
@@ -185,6 +239,8 @@ def main() -> int:
                    f"--max-model-len={args.first_max + args.append * args.turns + args.max_tokens + 64}"]
     if args.probe_tokens:
         demoted_turn_ttft(args, base)
+        if args.probe_only:
+            return 0
     ok = True
     results = {}
     # The reference differs only in the pool (the default, which holds every

@@ -9,7 +9,10 @@ machine through scripts/gpu_run.sh:
    multi-turn sessions (token-id prompts) must give the same text on both,
    with the decode worker's paths remote_prefill -> bypass/direct_append, and a
    session moved to a fresh decode worker served by bypass.
-2. With --big MODEL_DIR: the Qwen3-30B-A3B-shaped dummy model on P and D;
+2. With --tiered, per transport: P's snapshot store smaller than the
+   sessions pushed to it demotes the oldest to its pinned host tier, and a
+   moved session's turn is served by bypass from there.
+3. With --big MODEL_DIR: the Qwen3-30B-A3B-shaped dummy model on P and D;
    load time, one long first turn and one append, paths, transferred bytes.
 
 Prints one line per check; exits 1 when a check fails. Needs httpx (there).
@@ -170,6 +173,64 @@ def correctness(protocol: str, log_dir: str, port: int) -> None:
                 s.stop()
 
 
+def tiered(protocol: str, log_dir: str, port: int) -> None:
+    """Issue 20 item 3 on the GPU: P's snapshot store holds 64 pool blocks;
+    D1 computes four sessions of 32 blocks itself and pushes them, so P
+    demotes the two oldest to its pinned host tier. A fresh D2 gets the
+    oldest session's next turn: P copies its blocks back (PinnedArena) and
+    serves it by bypass, with the both worker's greedy text."""
+    tiny = ["--num-kv-blocks", "4096", "--max-num-batched-tokens", "2048"]
+    both = Server(f"tier-both-{protocol}", port, ["--device", "cuda:0", *tiny], log_dir)
+    p = Server(f"tier-p-{protocol}", port + 1,
+               ["--device", "cuda:0", *pd_flags("prefill", protocol, [*tiny, "--snapshot-store-blocks", "64"])], log_dir)
+    pd = ["--prefill-peer", p.url, "--remote-prefill-policy", "threshold", "--snapshot-min-tokens", "64"]
+    d1 = Server(f"tier-d1-{protocol}", port + 2,
+                ["--device", "cuda:1", *pd_flags("decode", protocol, [*tiny, *pd, "--remote-prefill-min-tokens", "100000"])], log_dir)
+    d2 = None
+    try:
+        if not all(s.wait_ready(300) for s in (both, p, d1)):
+            check(False, f"{protocol} tiered: servers start")
+            return
+        time.sleep(1.0)  # first peer poll
+        rng = random.Random(13)
+        sessions = [(f"{protocol}-tier{i}", ids(rng, 512)) for i in range(4)]
+        for sid, prompt in sessions:
+            ref, _, _ = complete(both, prompt)
+            got, _, info = complete(d1, prompt, session=sid)
+            if ref is None or got is None:
+                check(False, f"{protocol} tiered: request failed: {info}")
+                return
+            deadline = time.time() + 30
+            while time.time() < deadline and httpx.get(f"{p.url}/v1/sessions/{sid}/snapshot", timeout=5).json().get("tokens") != 512:
+                time.sleep(0.2)
+        tiers = [httpx.get(f"{p.url}/v1/sessions/{sid}/snapshot", timeout=5).json().get("tier") for sid, _ in sessions]
+        check(tiers == ["host", "host", "device", "device"], f"{protocol} tiered: P keeps 4 x 32 blocks in 64 by demoting the oldest two ({tiers})")
+        d2 = Server(f"tier-d2-{protocol}", port + 3,
+                    ["--device", "cuda:1", *pd_flags("decode", protocol, [*tiny, *pd, "--remote-prefill-min-tokens", "64"])], log_dir)
+        if not d2.wait_ready(300):
+            check(False, f"{protocol} tiered: D2 starts")
+            return
+        time.sleep(1.0)
+        sid, prompt = sessions[0]
+        prompt = prompt + ids(rng, 200)
+        ref, _, _ = complete(both, prompt)
+        got, dt, info = complete(d2, prompt, session=sid)
+        ok = ref is not None and got is not None and ref["choices"][0]["text"] == got["choices"][0]["text"]
+        m = p.metrics()
+        host_hits = m.get('kvc_snapshot_bypass_hits_total{tier="host"}', 0)
+        restored = m.get("kvc_snapshot_restored_blocks_total", 0)
+        check(ok and info.get("path") == "bypass" and info.get("computed_tokens") == 200 and host_hits == 1 and restored == 32,
+              f"{protocol} tiered: the demoted session served by {info.get('path') if isinstance(info, dict) else info} from P's host tier "
+              f"in {dt * 1e3:.0f} ms, equal text (host hits {host_hits:.0f}, restored blocks {restored:.0f})")
+        for k, v in sorted(m.items()):
+            if k.startswith(("kvc_snapshot_", "kvc_host_tier_bytes_total")):
+                print(f"  P {k} {v}", flush=True)
+    finally:
+        for s in (d2, d1, p, both):
+            if s:
+                s.stop()
+
+
 def big(model_dir: str, protocol: str, log_dir: str, port: int, prompt_tokens: int) -> None:
     flags = ["--model", model_dir, "--load-format", "dummy", "--max-num-batched-tokens", "8192"]
     p = Server("big-p", port, ["--device", "cuda:0", *pd_flags("prefill", protocol, flags)], log_dir)
@@ -201,6 +262,7 @@ def big(model_dir: str, protocol: str, log_dir: str, port: int, prompt_tokens: i
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--protocol", action="append", default=[])
+    ap.add_argument("--tiered", action="store_true", help="also the tiered snapshot store check (issue 20 item 3)")
     ap.add_argument("--big", help="model dir of the 30B-shaped dummy model")
     ap.add_argument("--big-protocol", default=None)
     ap.add_argument("--big-prompt-tokens", type=int, default=8192)
@@ -211,6 +273,9 @@ def main() -> int:
     for proto in a.protocol or ["tcp"]:
         correctness(proto, a.logs, port)
         port += 10
+        if a.tiered:
+            tiered(proto, a.logs, port)
+            port += 10
     if a.big:
         big(a.big, a.big_protocol or (a.protocol or ["tcp"])[0], a.logs, port, a.big_prompt_tokens)
     print("FAILED: " + "; ".join(FAILED) if FAILED else "all checks passed", flush=True)

@@ -73,8 +73,12 @@ def start_decode(start_server, p, *extra, min_remote: int = MIN_REMOTE, blocks: 
     return d
 
 
+def snapshot(p, session) -> dict:
+    return httpx.get(f"{p.base_url}/v1/sessions/{session}/snapshot", timeout=10).json()
+
+
 def snapshot_tokens(p, session) -> int:
-    r = httpx.get(f"{p.base_url}/v1/sessions/{session}/snapshot", timeout=10).json()
+    r = snapshot(p, session)
     return r["tokens"] if r["exists"] else 0
 
 
@@ -162,6 +166,48 @@ def test_a_moved_or_restarted_session_comes_back_by_bypass(start_server, both, t
     m = p.metrics()
     assert m['kvc_bypass_total{result="hit"}'] >= 2
     assert m["kvc_snapshot_ingested_total"] >= 2
+
+
+def test_a_snapshot_store_smaller_than_its_sessions_serves_bypass_from_the_host_tier(start_server, both):
+    """Issue 20 item 3: P's snapshot store holds 16 device blocks; four
+    sessions of 8 blocks are pushed to it, so the two oldest are demoted to
+    P's host tier (still listed, still servable). A later turn of the oldest
+    on a decode worker that never saw it is served by bypass: P copies the
+    session's blocks back from host memory instead of recomputing them."""
+    p = start_server(*prefill_flags("--snapshot-store-blocks", "16"))
+    # Turns computed on D1 (never remote), which then pushes each session to P.
+    d1 = start_decode(start_server, p, min_remote=100000)
+    sessions = [f"spill-{i}" for i in range(4)]
+    first = {s: ids(700 + i, 128) for i, s in enumerate(sessions)}
+    for s in sessions:
+        assert text(complete(d1, first[s], session=s)) == text(complete(both, first[s]))
+        # 128 + 7 committed tokens: 8 full blocks, pushed before the next session.
+        wait_for(lambda: snapshot_tokens(p, s) == 128, 60, f"P's snapshot of {s}")
+    tiers = {s: snapshot(p, s)["tier"] for s in sessions}
+    assert tiers == {"spill-0": "host", "spill-1": "host", "spill-2": "device", "spill-3": "device"}, tiers
+    m = p.metrics()
+    assert (m['kvc_snapshot_store_blocks{tier="device"}'], m['kvc_snapshot_store_blocks{tier="host"}']) == (16, 16)
+    assert m['kvc_snapshot_spill_decisions_total{action="demote",reason="host_room"}'] == 2
+    assert m["kvc_snapshot_evicted_total"] == 0, "nothing was dropped"
+
+    # The oldest session's next turn lands on D2, which holds nothing.
+    d2 = start_decode(start_server, p)
+    t2 = first["spill-0"] + ids(799, 40)
+    out = complete(d2, t2, session="spill-0")
+    assert text(out) == text(complete(both, t2)), "served from the host tier, the answer is unchanged"
+    k = out["kvc"]
+    assert k["path"] == "bypass", k
+    assert k["computed_tokens"] == len(t2) - 128, "P computed only what the snapshot does not cover"
+    m = p.metrics()
+    assert m['kvc_snapshot_bypass_hits_total{tier="host"}'] == 1
+    assert m['kvc_snapshot_bypass_hits_total{tier="device"}'] == 0
+    assert m["kvc_snapshot_restored_blocks_total"] == 8
+    assert m['kvc_bypass_total{result="hit"}'] == 1
+    assert m['kvc_host_tier_bytes_total{direction="to_device"}'] > 0
+    # Room for it was made by demoting the least recently used device entry.
+    assert snapshot(p, "spill-2")["tier"] == "host"
+    assert all(snapshot(p, s)["exists"] for s in sessions)
+    d2.wait_idle()
 
 
 def test_prefill_worker_killed_mid_transfer_falls_back_without_changing_answers(start_server, both, monkeypatch):

@@ -145,4 +145,8 @@ pub struct SnapshotStatus {
     pub exists: bool,
     pub tokens: usize,
     pub age_s: f64,
+    /// Where an existing snapshot's blocks are: `device`, `host` (demoted
+    /// to the host tier; still served, copied back first) or `mixed`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tier: Option<String>,
 }

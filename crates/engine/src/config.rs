@@ -37,6 +37,10 @@ pub enum LoadFormat {
     Dummy,
 }
 
+/// Default `host_write_back_watermark`: a tenth of the pool kept free or
+/// free to take.
+pub const DEFAULT_HOST_WRITE_BACK_WATERMARK: f64 = 0.1;
+
 /// Default `max_step_ms`: steps stay near 100 ms, so an answer streams at
 /// 10 tokens/s or better while prompts are prefilled beside it, and a new
 /// prompt waits at most about one step for its first chunk.
@@ -92,6 +96,9 @@ pub struct EngineConfig {
     pub enable_prefix_caching: bool,
     /// Host-memory tier for evicted session KV, in bytes (0 disables it).
     pub swap_space_bytes: usize,
+    /// Share of the pool under which free plus written-back blocks start
+    /// write-back of idle sessions to an asynchronous host tier (0: never).
+    pub host_write_back_watermark: f64,
     /// Idle sessions are deleted after this many seconds.
     pub session_ttl_s: u64,
     /// Most sessions kept per API-key namespace (0: no limit).
@@ -142,6 +149,7 @@ impl Default for EngineConfig {
             seed: 0,
             enable_prefix_caching: true,
             swap_space_bytes: 1 << 30,
+            host_write_back_watermark: DEFAULT_HOST_WRITE_BACK_WATERMARK,
             session_ttl_s: 600,
             max_sessions_per_key: 0,
             device: "auto".to_string(),

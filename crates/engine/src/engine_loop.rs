@@ -56,6 +56,9 @@ struct Active {
     cached_tokens: usize,
     reuse_reason: ReusePath,
     restored_blocks: usize,
+    /// Its restored blocks are being copied in beside other work: it
+    /// computes nothing until this batch of copies is done.
+    restore_ticket: Option<kvc_kv_pool::CopyTicket>,
     /// Full blocks already offered to the prefix index, and the last one's hash.
     registered_blocks: usize,
     last_hash: Option<BlockHash>,
@@ -96,6 +99,9 @@ pub(crate) struct EngineLoop {
     drained_tokens: usize,
     /// The decode-latency budget (prefill tokens beside decodes).
     step_budget: StepBudget,
+    /// Blocks under which free plus written-back blocks start write-back
+    /// of idle sessions to the host tier (0: never).
+    write_back_watermark: usize,
 }
 
 impl EngineLoop {
@@ -153,7 +159,7 @@ impl EngineLoop {
             cache.set_host_arena(arena);
         }
         let parts = [
-            prefill_snapshots::part(block_size, config.snapshot_store_blocks, allocator.num_blocks()),
+            prefill_snapshots::part(block_size, config.snapshot_store_blocks, allocator.num_blocks(), cache.host_tier()),
             SnapshotPushes::part(snapshot_jobs, config.snapshot_min_tokens),
         ];
         let mut parts = RoleParts::new(parts.into_iter().flatten().collect());
@@ -166,6 +172,7 @@ impl EngineLoop {
         };
         parts.publish(&mut local);
         stats.store(Arc::new(local.clone()));
+        let write_back_watermark = (config.host_write_back_watermark.clamp(0.0, 1.0) * allocator.num_blocks() as f64) as usize;
         Ok(Self {
             model,
             storage,
@@ -184,6 +191,7 @@ impl EngineLoop {
             inbox,
             drained_tokens: 0,
             step_budget,
+            write_back_watermark,
         })
     }
 
@@ -326,6 +334,7 @@ impl EngineLoop {
             cached_tokens: 0,
             reuse_reason: ReusePath::Cold,
             restored_blocks: 0,
+            restore_ticket: None,
             registered_blocks: 0,
             last_hash: req.cache_salt.as_deref().map(salt_root),
             cache_root: req.cache_salt.as_deref().map(salt_root),
@@ -556,7 +565,7 @@ impl SchedulerHooks for CacheHooks<'_> {
         self.cache.reclaim(n, alloc, self.storage);
         if alloc.num_free() < n {
             // The role's parts give way to the prompts it must compute.
-            self.parts.reclaim(n, alloc);
+            self.parts.reclaim(n, alloc, self.storage);
         }
     }
 
@@ -567,25 +576,35 @@ impl SchedulerHooks for CacheHooks<'_> {
         a.turn_open |= session.is_some();
         a.reuse_reason = got.source;
         // A prefill worker's request for a session: its snapshot, when it
-        // covers more than the prefix cache (prefill bypass).
+        // covers at least what the prefix cache does (ties go to the
+        // snapshot: the same KV, and the session's own), restored from the
+        // host tier if it was demoted (prefill bypass).
         if let Some(s) = a.snapshot_session.as_deref() {
-            match self.parts.reuse(s, &seq.tokens, alloc) {
-                // Ties go to the snapshot: the same KV, and the session's own.
-                Some((blocks, tokens)) if tokens >= got.tokens => {
-                    alloc.free_all(&got.blocks);
-                    got.blocks = blocks;
-                    got.tokens = tokens;
-                    a.reuse_reason = ReusePath::Bypass;
-                }
-                Some((blocks, _)) => alloc.free_all(&blocks),
-                None => {}
+            if let Some((blocks, tokens)) = self.parts.reuse(s, &seq.tokens, got.tokens, alloc, self.storage) {
+                alloc.free_all(&got.blocks);
+                got.blocks = blocks;
+                got.tokens = tokens;
+                got.ready_after = None;
+                a.reuse_reason = ReusePath::Bypass;
             }
         }
         a.cached_tokens = got.tokens;
         a.restored_blocks += got.restored_blocks;
+        a.restore_ticket = got.ready_after;
         a.registered_blocks = 0;
         a.last_hash = a.cache_root;
         tracing::debug!(event = "reuse", seq_id = seq.id, session = ?a.session_id, reused = got.tokens, reason = a.reuse_reason.as_str(), restored = got.restored_blocks);
         (got.tokens > 0).then_some((got.blocks, got.tokens))
+    }
+
+    fn ready(&mut self, id: SeqId) -> bool {
+        let Some(a) = self.active.get_mut(&id) else { return true };
+        match a.restore_ticket {
+            Some(t) if !self.cache.copies_done(t) => false,
+            _ => {
+                a.restore_ticket = None;
+                true
+            }
+        }
     }
 }

@@ -85,7 +85,9 @@ pub struct EngineStats {
     pub snapshots: imbl::HashMap<String, SnapshotInfo>,
     pub snapshot_stats: SnapshotStats,
     pub snapshot_capacity_blocks: usize,
+    /// Device blocks the store holds, and host-tier slots of its demoted entries.
     pub snapshot_used_blocks: usize,
+    pub snapshot_host_blocks: usize,
     /// Decode workers: snapshot jobs handed to the pusher.
     pub snapshot_pushes_enqueued: u64,
     /// Measured prompt tokens per second of forward passes (moving

@@ -11,6 +11,9 @@ use crate::{BlockId, KvStorage};
 /// Index of a slot of a [`HostArena`].
 pub type HostSlot = u32;
 
+/// A batch of copies issued by [`HostArena::flush_async`], in issue order.
+pub type CopyTicket = u64;
+
 pub trait HostArena: Send {
     /// Slots in the arena.
     fn capacity(&self) -> usize;
@@ -23,9 +26,41 @@ pub trait HostArena: Send {
     /// after the next [`Self::flush`]; the slot may be stored into again.
     fn load(&mut self, storage: &mut KvStorage, slot: HostSlot, block: BlockId);
 
-    /// Issues the queued copies, in order, and orders them before any later
+    /// Issues the queued copies, in order, and orders them (and every copy
+    /// issued before, [`Self::flush_async`]'s included) before any later
     /// use of the pool. A no-op where copies happen at once.
     fn flush(&mut self) {}
+
+    /// Issues the queued copies without ordering later use of the pool
+    /// after them: the compute work does not wait. Until [`Self::done`]
+    /// says so (or a [`Self::flush`] has followed), the blocks they read
+    /// must not be rewritten and the blocks they write must not be read or
+    /// written by anything else. [`Self::flush`] where copies happen at once.
+    fn flush_async(&mut self) -> CopyTicket {
+        self.flush();
+        0
+    }
+
+    /// Whether the copies of `ticket` (and every batch before it) are done.
+    fn done(&mut self, _ticket: CopyTicket) -> bool {
+        true
+    }
+
+    /// Blocks the calling thread until the copies of `ticket` are done.
+    fn wait(&mut self, _ticket: CopyTicket) {}
+
+    /// Whether copies run beside the compute work (queued, issued at a
+    /// flush) rather than when asked for: only then is copying ahead of
+    /// need (write-back) or beside other work (restores) worth anything.
+    fn asynchronous(&self) -> bool {
+        false
+    }
+
+    /// Blocks until every issued copy is done: the host-side fence before a
+    /// block that was stored from goes to a writer the arena's own ordering
+    /// does not cover (a peer's transfer into the pool). A no-op where
+    /// copies happen at once.
+    fn wait_all(&mut self) {}
 
     /// Bytes copied to and from the arena so far: (stored, loaded).
     fn bytes_moved(&self) -> (u64, u64);

@@ -15,7 +15,7 @@ mod storage;
 
 pub use allocator::BlockAllocator;
 pub use error::KvPoolError;
-pub use host_arena::{block_runs, HostArena, HostSlot, VecArena};
+pub use host_arena::{block_runs, CopyTicket, HostArena, HostSlot, VecArena};
 pub use layout::KvLayout;
 pub use storage::{KvStorage, MemoryLocation, MemoryRegion};
 

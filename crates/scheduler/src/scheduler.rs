@@ -23,22 +23,27 @@
 //!    ([`TimeBudget`]: seconds of prefill, more when nothing decodes than
 //!    beside decodes, priced per chunk by the context it attends to).
 //!
-//! **Progress bound for long prompts.** In every step, before short
-//! prefills take the rest, the oldest running long prefill is given the
-//! tokens that fit in a quarter of the step's prefill budget, of its
-//! tokens (`ceil(B / 4)`, `B` = `max_num_batched_tokens` less the step's
-//! decodes) and of its time budget, and never fewer than 1 (or what it has
-//! left). With a time budget of `T` seconds and the measured cost per token
-//! at context `c` of `a + b c`, a long prompt of `L` tokens therefore
-//! finishes within `ceil(L / min(ceil(B / 4), n))` steps of becoming the
-//! oldest long prefill, `n >= 1` being the tokens whose chunk at its
-//! deepest context costs `T / 4`; a long prompt waiting for a long slot
-//! gets it as soon as the long prefills ahead of it finish.
+//! **Progress bound for long prompts.** The oldest running long prefill
+//! is given, before short prefills take the rest, the tokens that fit in
+//! a quarter of the step's prefill budget, of its tokens (`ceil(B / 4)`,
+//! `B` = `max_num_batched_tokens` less the step's decodes) and of its time
+//! budget, and never fewer than 1 (or what it has left); it is given that
+//! in every step but one kind: a step in which a short prompt's prefill
+//! finishes gives the long prefills nothing, unless the step before gave
+//! them nothing too. So the oldest long prefill gets its quarter in at
+//! least one of any two consecutive steps. With a time budget of `T`
+//! seconds and the measured cost per token at context `c` of `a + b c`, a
+//! long prompt of `L` tokens finishes within
+//! `2 ceil(L / min(ceil(B / 4), n))` steps of becoming the oldest long
+//! prefill, `n >= 1` being the tokens whose chunk at its deepest context
+//! costs `T / 4` (and within `ceil(L / min(ceil(B / 4), n)) + k` steps when
+//! `k` short prompts finish meanwhile); a long prompt waiting for a long
+//! slot gets it as soon as the long prefills ahead of it finish.
 //!
-//! **Short prompts' first tokens.** A step in which a short prompt's
-//! prefill finishes gives the long prefills only their quarter, not the
-//! rest of the budget: the first token comes after the step in flight and
-//! one step as short as the work in it.
+//! **Short prompts' first tokens.** The step in which a short prompt's
+//! prefill finishes carries no long chunk (above), so the first token
+//! comes after the step in flight and one step as short as the short
+//! prompts' own work.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
@@ -58,6 +63,13 @@ pub trait SchedulerHooks {
     /// holding the KV of the first `tokens` tokens of a sequence about to
     /// be admitted; None when nothing is reusable.
     fn acquire(&mut self, seq: &Sequence, alloc: &mut BlockAllocator) -> Option<(Vec<BlockId>, usize)>;
+    /// Whether the KV that [`Self::acquire`] handed sequence `id` may be
+    /// read: false while it is still being copied in (a host-tier restore
+    /// running beside other sequences' work). Such a sequence keeps its
+    /// place and computes nothing until it is.
+    fn ready(&mut self, _id: SeqId) -> bool {
+        true
+    }
 }
 
 /// Hooks for a scheduler without caches.
@@ -96,6 +108,9 @@ pub struct Schedule {
     pub stalled: Vec<(SeqId, Wait)>,
     /// Chunks of one token (decodes) among `chunks`.
     pub decodes: usize,
+    /// Running sequences left out of this step because their reused KV is
+    /// still being copied in ([`SchedulerHooks::ready`]).
+    pub copying: Vec<SeqId>,
 }
 
 impl Schedule {
@@ -125,6 +140,9 @@ pub struct Scheduler {
     next_arrival: u64,
     /// Seconds of prefill a step may carry (None: tokens only).
     time_budget: Option<TimeBudget>,
+    /// The last step gave the long prefills nothing for a short prompt's
+    /// first token (so this one gives them their quarter).
+    long_skipped: bool,
     stats: SchedulerStats,
 }
 
@@ -132,6 +150,7 @@ impl Scheduler {
     pub fn new(config: SchedulerConfig) -> Self {
         Self {
             time_budget: None,
+            long_skipped: false,
             config,
             seqs: HashMap::new(),
             waiting: VecDeque::new(),
@@ -407,8 +426,10 @@ impl Scheduler {
             *self.stats.admissions.entry(reason).or_default() += 1;
         }
 
-        // 3. Prefill chunks.
-        let planned = self.plan_prefill_chunks(token_cap, out.decodes > 0);
+        // 3. Prefill chunks, for the sequences whose reused KV is in place.
+        out.copying = self.running.iter().copied().filter(|id| !self.seqs[id].is_decoding() && !hooks.ready(*id)).collect();
+        let (planned, long_skipped) = self.plan_prefill_chunks(token_cap, out.decodes > 0, &out.copying);
+        self.long_skipped = long_skipped;
         for (id, len) in planned {
             let start = self.seqs[&id].num_computed;
             // Admission reserved the whole token list; this only guards it.
@@ -435,14 +456,39 @@ impl Scheduler {
     }
 
     /// Pass 3 of [`Self::schedule`]: (sequence, chunk length) for the
-    /// running prefills. Short ones first (oldest first), then at most
-    /// `max_long_partial_prefills` long ones; the oldest long one is first
-    /// given a quarter of the step (of its tokens and of its time) or what
-    /// it has left. Within `token_cap` tokens and the time budget (alone or
-    /// beside decodes); at least `min_tokens` in all when anything is left.
-    fn plan_prefill_chunks(&self, token_cap: usize, with_decodes: bool) -> Vec<(SeqId, usize)> {
-        let prefilling: Vec<SeqId> = self.running.iter().copied().filter(|id| !self.seqs[id].is_decoding()).collect();
+    /// running prefills but those whose KV is still `copying` in, and
+    /// whether the long ones were skipped for a
+    /// short prompt's first token. Short ones first (oldest first), then at
+    /// most `max_long_partial_prefills` long ones; the oldest long one is
+    /// first given a quarter of the step (of its tokens and of its time) or
+    /// what it has left, except in a step where a short prefill finishes
+    /// and the last step did not skip them (module doc). Within
+    /// `token_cap` tokens and the time budget (alone or beside decodes); at
+    /// least `min_tokens` in all when anything is left.
+    fn plan_prefill_chunks(&self, token_cap: usize, with_decodes: bool, copying: &[SeqId]) -> (Vec<(SeqId, usize)>, bool) {
+        let prefilling: Vec<SeqId> =
+            self.running.iter().copied().filter(|id| !self.seqs[id].is_decoding() && !copying.contains(id)).collect();
         let (long, short): (Vec<SeqId>, Vec<SeqId>) = prefilling.iter().partition(|id| self.seqs[id].long_prefill);
+        if !long.is_empty() && !self.long_skipped {
+            let (lens, short_finishes) = self.plan_chunks(&short, &long, token_cap, with_decodes, true);
+            if short_finishes {
+                return (lens, true);
+            }
+        }
+        (self.plan_chunks(&short, &long, token_cap, with_decodes, false).0, false)
+    }
+
+    /// [`Self::plan_prefill_chunks`] for one choice: with `skip_long`, the
+    /// long prefills get nothing (but the `min_tokens` floor). Also says
+    /// whether a short prefill finishes in the step.
+    fn plan_chunks(
+        &self,
+        short: &[SeqId],
+        long: &[SeqId],
+        token_cap: usize,
+        with_decodes: bool,
+        skip_long: bool,
+    ) -> (Vec<(SeqId, usize)>, bool) {
         let long_slots = self.config.max_long_partial_prefills.max(1);
         let order: Vec<SeqId> = short.iter().chain(long.iter().take(long_slots)).copied().collect();
         let (mut secs, cost, min_tokens) = match self.time_budget {
@@ -460,7 +506,7 @@ impl Scheduler {
         let cost_of = |id: SeqId, done: usize, len: usize| cost.map_or(0.0, |c| c.seconds(self.seqs[&id].num_computed + done, len));
         let mut lens: Vec<usize> = vec![0; order.len()];
         // The oldest long prefill's quarter comes off the top.
-        if let Some(&first_long) = long.first() {
+        if let Some(&first_long) = long.first().filter(|_| !skip_long) {
             let i = short.len();
             lens[i] = fit(first_long, 0, tokens.div_ceil(4), secs / 4.0).max(1).min(self.seqs[&first_long].remaining());
             tokens -= lens[i];
@@ -469,8 +515,9 @@ impl Scheduler {
         // Then in order: shorts, the oldest long's top-up, other longs;
         // no top-up in a step where a short prompt finishes: that step
         // yields a first token, so it stays as short as its work.
+        let short_finishes = |lens: &[usize]| (0..short.len()).any(|j| lens[j] > 0 && lens[j] == self.seqs[&order[j]].remaining());
         for (i, &id) in order.iter().enumerate() {
-            if i >= short.len() && (0..short.len()).any(|j| lens[j] > 0 && lens[j] == self.seqs[&order[j]].remaining()) {
+            if i >= short.len() && (skip_long || short_finishes(&lens)) {
                 break;
             }
             let more = fit(id, lens[i], tokens, secs);
@@ -478,6 +525,7 @@ impl Scheduler {
             lens[i] += more;
             tokens -= more;
         }
+        let finishes = short_finishes(&lens);
         // The floor: at least `min_tokens` in all, in the same order.
         let mut short_of = min_tokens.saturating_sub(lens.iter().sum());
         for (i, &id) in order.iter().enumerate() {
@@ -489,7 +537,7 @@ impl Scheduler {
             tokens -= more;
             short_of -= more;
         }
-        order.into_iter().zip(lens).filter(|(_, len)| *len > 0).collect()
+        (order.into_iter().zip(lens).filter(|(_, len)| *len > 0).collect(), finishes)
     }
 
     /// Pass 2 of [`Self::schedule`]: admits waiting sequences in order.

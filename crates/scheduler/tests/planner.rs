@@ -152,9 +152,9 @@ fn a_sequence_larger_than_the_pool_is_reported_not_looped_on() {
 }
 
 /// The case: a 1,000-token prompt arriving while a 60,000-token
-/// one is mid-prefill gets its whole prefill in the next step, and the
-/// long one still gets at least a quarter of every step's budget (and only
-/// that in the step that yields the short one's first token).
+/// one is mid-prefill gets its whole prefill in the next step, which
+/// carries no long chunk (it yields the short one's first token); the long
+/// one gets its quarter in the step after, and finishes within the bound.
 #[test]
 fn a_short_prompt_behind_a_long_one_goes_in_the_next_step() {
     let budget = 8192;
@@ -167,22 +167,26 @@ fn a_short_prompt_behind_a_long_one_goes_in_the_next_step() {
     let short = chunk_of(&next, 2).expect("the short prompt is scheduled in the next step");
     assert_eq!((short.start, short.len, short.sample), (0, 1_000, true), "its whole prefill, first token sampled");
     // The short one's first token comes out of this step, so the long one
-    // gets its quarter and no more: the step stays short.
-    assert_eq!(chunk_of(&next, 1).unwrap().len, budget.div_ceil(4), "the long one gets its quarter");
-    // The long prompt finishes within the bound: ceil(L / ceil(B / 4))
-    // steps, here with every step after it carrying the short's decodes.
-    let bound = 60_000usize.div_ceil(budget.div_ceil(4));
-    let mut steps = 2;
+    // gets nothing in it: the step is as short as the short prompt's work.
+    assert!(chunk_of(&next, 1).is_none(), "the long one waits one step for the short one's first token");
+    // The next step gives the long one its share again, whether or not a
+    // short prompt finishes in it.
+    d.add(3, 500, 1);
+    let after = d.step();
+    assert_eq!(chunk_of(&after, 3).map(|c| c.len), Some(500), "the second short prompt goes in at once");
+    assert_eq!(chunk_of(&after, 1).unwrap().len, budget.div_ceil(4), "a skipped long prompt gets its quarter next");
+    // The long prompt finishes within the stated bound, here with the
+    // short ones' decodes in the steps after: two steps cost it a full
+    // step's tokens.
+    let mut steps = 3;
     while d.s.get(1).is_some_and(|s| s.num_generated() == 0) {
         let p = d.step();
         steps += 1;
-        assert!(steps <= bound, "the long prompt did not finish within {bound} steps");
         if d.s.get(2).is_some() {
             assert!(chunk_of(&p, 2).is_some(), "the short one decodes every step");
         }
     }
-    // One step cut to a quarter costs it at most one step over alone.
-    assert!(steps <= 60_000usize.div_ceil(budget) + 1, "{steps} steps");
+    assert!(steps <= 60_000usize.div_ceil(budget) + 2, "{steps} steps");
 }
 
 /// A time budget priced by context: 1 us per token plus 1 ns per token of
@@ -191,9 +195,10 @@ fn time_budget(min_tokens: usize) -> TimeBudget {
     TimeBudget { alone_s: 2e-3, mixed_s: 5e-4, cost: ChunkCost { a: 1e-6, b: 1e-9, c: 0.0 }, min_tokens }
 }
 
-/// With a stream of short prompts and a small time budget beside their
-/// decodes, the oldest long prefill still gets a quarter of every step:
-/// the stated bound holds.
+/// With a stream of short prompts (one finishing in every step) and a
+/// small time budget beside their decodes, the oldest long prefill still
+/// gets a quarter of at least one of any two consecutive steps: the
+/// stated bound holds.
 #[test]
 fn a_long_prompt_progresses_under_a_stream_of_short_ones() {
     let mut c = config(256, 2048, 16);
@@ -204,6 +209,7 @@ fn a_long_prompt_progresses_under_a_stream_of_short_ones() {
     d.add(0, 20_000, 2);
     let mut next_id = 1;
     let mut steps = 0;
+    let mut skipped_last = false;
     // The quarter at the long prompt's deepest context, beside decodes.
     let floor = budget.cost.tokens_within(20_000, budget.mixed_s / 4.0).min(2048usize.div_ceil(4));
     assert!(floor >= 1);
@@ -218,12 +224,17 @@ fn a_long_prompt_progresses_under_a_stream_of_short_ones() {
         let p = d.step();
         steps += 1;
         let got = chunk_of(&p, 0).map_or(0, |c| c.len);
-        assert!(got >= floor.min(20_000 - before), "step {steps}: the long prompt got {got} < {floor}");
+        if got < floor.min(20_000 - before) {
+            assert!(!skipped_last, "step {steps}: the long prompt got {got} < {floor} two steps running");
+            skipped_last = true;
+        } else {
+            skipped_last = false;
+        }
         for id in decoding {
             assert!(chunk_of(&p, id).is_some(), "step {steps}: decode {id} starved");
         }
     }
-    assert!(steps <= 20_000usize.div_ceil(floor), "{steps} steps exceed the bound");
+    assert!(steps <= 2 * 20_000usize.div_ceil(floor), "{steps} steps exceed the bound");
 }
 
 /// Every running decode has a chunk in every step, whatever prefills wait.
@@ -382,4 +393,47 @@ fn blocks_pinned_behind_the_head_give_way_to_it() {
     d.run_to_end(100);
     assert_eq!(d.finished.len(), 2);
     assert_eq!(d.alloc.num_free(), 10);
+}
+
+/// Hooks whose reused KV for some sequences is still being copied in.
+struct Copying(Vec<SeqId>);
+
+impl kvc_scheduler::SchedulerHooks for Copying {
+    fn reclaim(&mut self, _n: usize, _alloc: &mut BlockAllocator) {}
+    fn acquire(&mut self, _seq: &kvc_scheduler::Sequence, _alloc: &mut BlockAllocator) -> Option<(Vec<kvc_kv_pool::BlockId>, usize)> {
+        None
+    }
+    fn ready(&mut self, id: SeqId) -> bool {
+        !self.0.contains(&id)
+    }
+}
+
+/// A sequence whose KV is still being copied in is admitted and keeps its
+/// place but computes nothing; the others' decodes and prefills go on
+/// beside it; it gets its chunk in the first step after its copy is done.
+#[test]
+fn a_sequence_whose_kv_is_being_copied_in_waits_alone() {
+    let mut d = Driver::new(config(64, 4096, 16), 1_000);
+    d.add(1, 100, 50);
+    d.step(); // 1 prefilled, decoding from now on
+    d.add(2, 2_000, 4);
+    d.add(3, 300, 4);
+    let mut hooks = Copying(vec![2]);
+    let p = d.s.schedule(&mut d.alloc, &mut hooks);
+    assert_eq!(p.copying, vec![2]);
+    assert!(chunk_of(&p, 2).is_none(), "no chunk while copying");
+    assert_eq!(chunk_of(&p, 1).map(|c| c.len), Some(1), "the decode goes on");
+    assert_eq!(chunk_of(&p, 3).map(|c| c.len), Some(300), "another prompt goes on");
+    assert!(p.stalled.contains(&(2, Wait::Prefill)));
+    for c in &p.chunks {
+        d.s.mark_computed(c.seq_id, c.len);
+        if c.sample {
+            d.s.append_token(c.seq_id, 7);
+        }
+    }
+    // Copied: it is scheduled in the next step.
+    hooks.0.clear();
+    let p = d.s.schedule(&mut d.alloc, &mut hooks);
+    assert!(p.copying.is_empty());
+    assert_eq!(chunk_of(&p, 2).map(|c| c.start), Some(0));
 }

@@ -192,9 +192,18 @@ pub struct Args {
     pub no_enable_session_cache: bool,
 
     /// Host memory for session KV evicted from the pool, in GiB (vLLM's
-    /// `--swap-space`); 0 disables the host tier.
+    /// `--swap-space`); 0 disables the host tier. On a prefill worker the
+    /// snapshot store's demoted entries use it too.
     #[arg(long, default_value_t = 1.0)]
     pub swap_space: f64,
+
+    /// GPU pools with a host tier: when free blocks plus idle sessions'
+    /// blocks already copied to the host fall under this share of the pool,
+    /// idle sessions' blocks are copied to the host ahead of need (on the
+    /// copy stream, while they stay on the GPU), so that evicting them later
+    /// costs no copy on a request's critical path; 0 disables it.
+    #[arg(long, default_value_t = 0.1, value_parser = parse_fraction)]
+    pub host_write_back_watermark: f64,
 
     /// Idle sessions are deleted after this many seconds.
     #[arg(long, default_value_t = 600)]
@@ -244,8 +253,10 @@ pub struct DisaggArgs {
     #[arg(long, default_value_t = 1024)]
     pub snapshot_min_tokens: usize,
 
-    /// Prefill workers: most KV blocks the snapshot store may hold
-    /// (default: half of the pool).
+    /// Prefill workers: most KV blocks of the pool the snapshot store may
+    /// hold (default: half of the pool). Past it, or when the pool runs
+    /// short, its least recently used entries move to the host tier
+    /// (--swap-space) while that has room, and are dropped after.
     #[arg(long)]
     pub snapshot_store_blocks: Option<usize>,
 
@@ -343,6 +354,7 @@ impl Args {
             seed: self.seed,
             enable_prefix_caching: !self.no_enable_prefix_caching,
             swap_space_bytes: (self.swap_space.max(0.0) * (1u64 << 30) as f64) as usize,
+            host_write_back_watermark: self.host_write_back_watermark,
             session_ttl_s: self.session_ttl_s,
             max_sessions_per_key: self.max_sessions_per_key,
             snapshot_min_tokens: if self.role == Role::Decode { self.disagg.snapshot_min_tokens } else { 0 },
@@ -362,6 +374,13 @@ pub fn parse_nonneg_f64(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
         Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
         _ => Err(format!("{s:?} is not a non-negative number")),
+    }
+}
+
+fn parse_fraction(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if (0.0..=1.0).contains(&v) => Ok(v),
+        _ => Err(format!("expected a number from 0 to 1, got '{s}'")),
     }
 }
 
@@ -418,6 +437,8 @@ mod tests {
         assert!(parse_bytes("12 parsecs").is_err());
         assert!(parse_bytes("MiB").is_err());
         assert!(parse_bytes("0").is_err());
+        assert_eq!(parse_fraction("0.25"), Ok(0.25));
+        assert!(parse_fraction("1.5").is_err() && parse_fraction("-0.1").is_err() && parse_fraction("x").is_err());
     }
 
     #[test]
@@ -437,6 +458,7 @@ mod tests {
         assert_eq!(c.max_long_partial_prefills, d.max_long_partial_prefills);
         assert_eq!(c.long_prefill_token_threshold, d.long_prefill_token_threshold);
         assert_eq!(c.max_step_ms, d.max_step_ms);
+        assert_eq!(c.host_write_back_watermark, d.host_write_back_watermark);
         assert_eq!(c.dtype, None);
     }
 

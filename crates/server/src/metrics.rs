@@ -37,11 +37,7 @@ const ENGINE: &[Family] = &[
     ),
     Family::counter("kvc_prompt_tokens_computed_total", "Prompt tokens run through the model.", &[]),
     Family::counter("kvc_generation_tokens_total", "Tokens generated.", &[]),
-    Family::counter(
-        "kvc_structured_output_masks_total",
-        "Grammar masks computed for structured outputs (one per constrained token).",
-        &[],
-    ),
+    Family::counter("kvc_structured_output_masks_total", "Grammar masks computed for structured outputs (one per constrained token).", &[]),
     Family::counter(
         "kvc_structured_output_errors_total",
         "Requests ended because their grammar failed (a prefill worker's token it does not allow, or a matcher error).",
@@ -55,11 +51,28 @@ const ENGINE: &[Family] = &[
     ),
     Family::counter("kvc_snapshot_push_enqueued_total", "Session snapshot pushes queued after committed turns (decode workers).", &[]),
     Family::counter("kvc_snapshot_ingested_total", "Session snapshot pushes committed into this worker's snapshot store.", &[]),
-    Family::counter("kvc_snapshot_evicted_total", "Snapshot store entries evicted (LRU) to make room.", &[]),
+    Family::counter("kvc_snapshot_evicted_total", "Snapshot store entries dropped (LRU, from either tier) to make room.", &[]),
     Family::counter("kvc_snapshot_aborted_total", "Snapshot pushes aborted or expired before commit.", &[]),
-    Family::gauge("kvc_snapshot_blocks_used", "KV blocks held by the snapshot store.", &[]),
+    Family::gauge("kvc_snapshot_blocks_used", "KV pool blocks held by the snapshot store (its device tier).", &[]),
     Family::gauge("kvc_snapshot_blocks_capacity", "Most KV blocks the snapshot store may hold.", &[]),
     Family::counter("kvc_snapshot_bypass_tokens_total", "Prompt tokens served from snapshots (prefill bypass).", &[]),
+    Family::gauge(
+        "kvc_snapshot_store_blocks",
+        "Blocks of the snapshot store's entries by tier: device (pool blocks) and host (demoted to the host tier).",
+        &["tier"],
+    ),
+    Family::counter(
+        "kvc_snapshot_bypass_hits_total",
+        "Remote prefills served from a snapshot, by the tier they came from (host: blocks were copied back first).",
+        &["tier"],
+    ),
+    Family::counter(
+        "kvc_snapshot_spill_decisions_total",
+        "Snapshot store decisions to free device blocks: demote to the host tier, drop a colder host entry, or drop.",
+        &["action", "reason"],
+    ),
+    Family::counter("kvc_snapshot_demoted_blocks_total", "Snapshot store blocks copied to the host tier.", &[]),
+    Family::counter("kvc_snapshot_restored_blocks_total", "Snapshot store blocks copied back from the host tier for a bypass.", &[]),
     Family::gauge("kvc_kv_blocks_cached", "KV blocks in the prefix index.", &[]),
     Family::gauge("kvc_host_kv_blocks_free", "Free blocks of the host-memory tier.", &[]),
     Family::gauge("kvc_host_kv_blocks_total", "Blocks of the host-memory tier.", &[]),
@@ -73,6 +86,11 @@ const ENGINE: &[Family] = &[
         "kvc_host_tier_bytes_total",
         "Bytes the host tier copied: to_host (demotion) and to_device (restore).",
         &["direction"],
+    ),
+    Family::counter(
+        "kvc_host_tier_write_back_blocks_total",
+        "Idle sessions' blocks written back to the host tier ahead of pressure: copied, used (evicted with no copy), discarded (released unused).",
+        &["outcome"],
     ),
     Family::counter("kvc_sessions_expired_total", "Idle sessions deleted by the TTL.", &[]),
     Family::counter("kvc_sessions_capped_total", "Idle sessions dropped to keep their API key under --max-sessions-per-key.", &[]),
@@ -110,6 +128,8 @@ fn read_engine(s: &EngineStats, out: &mut Scrape) {
     one("kvc_snapshot_blocks_used", s.snapshot_used_blocks as f64);
     one("kvc_snapshot_blocks_capacity", s.snapshot_capacity_blocks as f64);
     one("kvc_snapshot_bypass_tokens_total", sn.bypass_tokens as f64);
+    one("kvc_snapshot_demoted_blocks_total", sn.demoted_blocks as f64);
+    one("kvc_snapshot_restored_blocks_total", sn.restored_blocks as f64);
     let k = &s.cache;
     one("kvc_kv_blocks_cached", s.cached_blocks as f64);
     one("kvc_host_kv_blocks_free", s.host_free_blocks as f64);
@@ -127,8 +147,19 @@ fn read_engine(s: &EngineStats, out: &mut Scrape) {
     }
     out.sample("kvc_host_tier_bytes_total", &["to_host"], s.host_bytes_moved.0 as f64);
     out.sample("kvc_host_tier_bytes_total", &["to_device"], s.host_bytes_moved.1 as f64);
+    let wb = &k.write_back_blocks;
+    for (outcome, n) in [("copied", wb.copied), ("used", wb.used), ("discarded", wb.discarded)] {
+        out.sample("kvc_host_tier_write_back_blocks_total", &[outcome], n as f64);
+    }
     for ((tier, reason), n) in &k.evictions {
         out.sample("kvc_evicted_blocks_total", &[tier, reason], *n as f64);
+    }
+    out.sample("kvc_snapshot_store_blocks", &["device"], s.snapshot_used_blocks as f64);
+    out.sample("kvc_snapshot_store_blocks", &["host"], s.snapshot_host_blocks as f64);
+    out.sample("kvc_snapshot_bypass_hits_total", &["device"], (s.snapshot_stats.bypass_hits - s.snapshot_stats.bypass_hits_host) as f64);
+    out.sample("kvc_snapshot_bypass_hits_total", &["host"], s.snapshot_stats.bypass_hits_host as f64);
+    for ((action, reason), n) in &s.snapshot_stats.spills {
+        out.sample("kvc_snapshot_spill_decisions_total", &[action, reason], *n as f64);
     }
     if let Some((alone, mixed)) = s.step_budget {
         out.sample("kvc_scheduler_prefill_budget_seconds", &["alone"], alone);

@@ -12,7 +12,7 @@
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use kvc_kv_pool::{BlockAllocator, BlockId, KvStorage};
+use kvc_kv_pool::{BlockAllocator, BlockId, CopyTicket, KvStorage};
 
 use crate::block_hash::{hash_block, BlockHash};
 use crate::host_tier::HostTier;
@@ -21,6 +21,7 @@ use crate::session::{common_prefix, BlockLoc, Session, SessionInfo};
 use crate::stats::CacheStats;
 
 mod reclaim;
+mod write_back;
 
 #[derive(Debug, Clone)]
 pub struct CacheConfig {
@@ -74,6 +75,10 @@ pub struct Acquired {
     pub source: ReusePath,
     /// Blocks copied back from the host tier for this request.
     pub restored_blocks: usize,
+    /// Where the host tier's copies run beside the compute work: the
+    /// restores' batch, which must be done ([`SessionAwareCache::copies_done`])
+    /// before the request's blocks are read. None: readable at once.
+    pub ready_after: Option<CopyTicket>,
 }
 
 pub struct SessionAwareCache {
@@ -83,6 +88,18 @@ pub struct SessionAwareCache {
     /// Sessions changed since [`Self::take_changed_sessions`] last ran.
     changed: HashSet<String>,
     host: HostTier,
+    /// Device blocks that write-back has also copied to a host slot (the
+    /// copy stays valid while the cache holds the block: cached blocks are
+    /// never written again).
+    mirrors: HashMap<BlockId, crate::host_tier::HostBlockId>,
+    /// The last write-back batch (the next waits for it).
+    write_back_ticket: Option<CopyTicket>,
+    /// The last batch of restores issued without ordering the compute
+    /// stream after it (their sequences wait for it instead).
+    restore_ticket: Option<CopyTicket>,
+    /// A block was freed while restores may still write it: the next
+    /// [`Self::order_copies`] orders the compute stream after them.
+    order_needed: bool,
     cache_refs: Vec<u32>,
     tick: u64,
     pub stats: CacheStats,
@@ -96,6 +113,10 @@ impl SessionAwareCache {
             index: PrefixIndex::default(),
             sessions: HashMap::new(),
             changed: HashSet::new(),
+            mirrors: HashMap::new(),
+            write_back_ticket: None,
+            restore_ticket: None,
+            order_needed: false,
             cache_refs: vec![0; num_blocks],
             tick: 1,
             stats: CacheStats::default(),
@@ -107,6 +128,53 @@ impl SessionAwareCache {
     pub fn set_host_arena(&mut self, arena: Box<dyn kvc_kv_pool::HostArena>) {
         self.config.host_blocks = arena.capacity();
         self.host = HostTier::with_arena(arena);
+    }
+
+    /// Whether the host tier's copies of `ticket` are done (a restoring
+    /// request's blocks may be read).
+    pub fn copies_done(&mut self, ticket: CopyTicket) -> bool {
+        let done = self.host.done(ticket);
+        if done && self.restore_ticket.is_some_and(|t| t <= ticket) {
+            self.restore_ticket = None;
+            self.order_needed = false;
+        }
+        done
+    }
+
+    /// Blocks until the host tier's copies of `ticket` are done (when
+    /// nothing else can run).
+    pub fn wait_copies(&mut self, ticket: CopyTicket) {
+        self.host.wait(ticket);
+        self.copies_done(ticket);
+    }
+
+    /// Before a forward pass: if a block was freed while restores issued
+    /// beside compute may still write it, orders the compute stream after
+    /// them (it could otherwise be handed out and written meanwhile).
+    pub fn order_copies(&mut self) {
+        if let Some(t) = self.restore_ticket {
+            if self.copies_done(t) {
+                return;
+            }
+        }
+        if self.order_needed {
+            self.host.flush();
+            self.order_needed = false;
+            // Everything queued on the compute stream from now on follows them.
+            self.restore_ticket = None;
+        }
+    }
+
+    /// A handle on the host tier, to share it (a prefill worker's
+    /// [`crate::SnapshotStore`] spills into the same arena).
+    pub fn host_tier(&self) -> HostTier {
+        self.host.clone()
+    }
+
+    /// Waits for the host tier's copies out of blocks it freed
+    /// ([`HostTier::wait_all`]): before blocks go to a peer that writes them.
+    pub fn wait_host_copies(&mut self) {
+        self.host.wait_all();
     }
 
     /// Bytes moved by the host tier so far: (to host, back to the pool).
@@ -135,6 +203,16 @@ impl SessionAwareCache {
 
     fn drop_ref(&mut self, alloc: &mut BlockAllocator, b: BlockId) {
         self.cache_refs[b as usize] -= 1;
+        if self.restore_ticket.is_some() {
+            self.order_needed = true;
+        }
+        if self.cache_refs[b as usize] == 0 {
+            // The block may be rewritten once the cache lets go of it.
+            if let Some(h) = self.mirrors.remove(&b) {
+                self.host.release(h);
+                self.stats.write_back_blocks.discarded += 1;
+            }
+        }
         alloc.free(b);
     }
 
@@ -168,7 +246,7 @@ impl SessionAwareCache {
         storage: &mut KvStorage,
     ) -> Acquired {
         let max_reuse = prompt.len().saturating_sub(1);
-        let mut out = Acquired { blocks: Vec::new(), tokens: 0, source: ReusePath::Cold, restored_blocks: 0 };
+        let mut out = Acquired { blocks: Vec::new(), tokens: 0, source: ReusePath::Cold, restored_blocks: 0, ready_after: None };
         if let Some(id) = session {
             if !self.sessions.contains_key(id) {
                 self.make_room_for_session(id, alloc);
@@ -192,8 +270,16 @@ impl SessionAwareCache {
                 self.stats.prefix_hits += 1;
             }
         }
-        // Restored blocks are read by this request's first step.
-        self.host.flush();
+        // Restored blocks are read by this request's first step: where the
+        // copies run beside compute, the request waits for them and nothing
+        // else does; otherwise everything is ordered after them.
+        if out.restored_blocks > 0 && self.host.asynchronous() {
+            let ticket = self.host.flush_async();
+            self.restore_ticket = Some(ticket);
+            out.ready_after = Some(ticket);
+        } else {
+            self.host.flush();
+        }
         self.stats.reused_tokens += out.tokens as u64;
         self.stats.computed_tokens += (prompt.len() - out.tokens) as u64;
         out
@@ -442,9 +528,9 @@ mod tests {
 
     use super::*;
 
-    const BS: usize = 4;
+    pub(super) const BS: usize = 4;
 
-    fn setup(blocks: usize, host: usize) -> (SessionAwareCache, BlockAllocator, KvStorage) {
+    pub(super) fn setup(blocks: usize, host: usize) -> (SessionAwareCache, BlockAllocator, KvStorage) {
         let layout = KvLayout { num_layers: 2, num_kv_heads: 1, head_dim: 2, block_size: BS, dtype: DType::F32 };
         let cfg = CacheConfig {
             block_size: BS,
@@ -457,7 +543,7 @@ mod tests {
     }
 
     /// Writes distinct values into every slot of `blocks` and returns them.
-    fn fill(storage: &mut KvStorage, blocks: &[BlockId], seed: f32) -> Vec<Vec<u8>> {
+    pub(super) fn fill(storage: &mut KvStorage, blocks: &[BlockId], seed: f32) -> Vec<Vec<u8>> {
         let slots: Vec<usize> = blocks.iter().flat_map(|&b| (0..BS).map(move |o| b as usize * BS + o)).collect();
         for layer in 0..2 {
             let n = slots.len();

@@ -12,6 +12,9 @@ pub struct VictimCandidate {
     pub device_blocks: usize,
     /// Turns the session has completed (more turns: more likely to return).
     pub turns: u32,
+    /// Of `device_blocks`, those already copied to the host tier by
+    /// write-back (offloading them needs no copy and no new host slot).
+    pub mirrored: usize,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -54,10 +57,83 @@ pub fn choose_victim(candidates: &[VictimCandidate], host_free_blocks: usize, po
             } else {
                 "few_turns"
             };
-            let action = if host_free_blocks >= c.device_blocks { EvictionAction::Offload } else { EvictionAction::Drop };
+            let action = if host_free_blocks >= c.device_blocks - c.mirrored { EvictionAction::Offload } else { EvictionAction::Drop };
             EvictionDecision { session: c.session.clone(), action, score, reason }
         })
         .max_by(|a, b| a.score.total_cmp(&b.score).then_with(|| b.session.cmp(&a.session)))
+}
+
+/// What write-back does in a step ([`decide_write_back`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WriteBack {
+    /// Copy up to this many idle-session blocks to the host tier now,
+    /// keeping them on the device.
+    Copy(usize),
+    Skip(WriteBackSkip),
+}
+
+/// Why write-back copies nothing in a step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WriteBackSkip {
+    /// No watermark (or no host tier).
+    Disabled,
+    /// Free blocks plus idle blocks already on the host cover the watermark.
+    AboveWatermark,
+    /// The last batch of copies is still running.
+    CopiesRunning,
+    /// No free host slot.
+    HostFull,
+    /// Every idle session's device blocks are on the host already.
+    NothingIdle,
+}
+
+impl WriteBackSkip {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WriteBackSkip::Disabled => "disabled",
+            WriteBackSkip::AboveWatermark => "above_watermark",
+            WriteBackSkip::CopiesRunning => "copies_running",
+            WriteBackSkip::HostFull => "host_full",
+            WriteBackSkip::NothingIdle => "nothing_idle",
+        }
+    }
+}
+
+/// The state a write-back decision is judged on, in blocks.
+#[derive(Debug, Clone, Copy)]
+pub struct WriteBackInputs {
+    pub free: usize,
+    /// Idle sessions' device blocks already copied (free at no cost).
+    pub mirrored_idle: usize,
+    /// Idle sessions' device blocks not yet copied.
+    pub unmirrored_idle: usize,
+    pub watermark: usize,
+    pub host_free: usize,
+    pub copies_running: bool,
+    /// Most blocks one batch copies.
+    pub max_batch: usize,
+}
+
+/// Write-back ahead of pressure: when the blocks that could be had at no
+/// cost (free, or idle and already on the host) fall under the watermark,
+/// copy idle sessions' blocks to the host tier while they stay on the
+/// device, one batch at a time, so that a later eviction frees them without
+/// a copy on any request's critical path.
+pub fn decide_write_back(i: &WriteBackInputs) -> WriteBack {
+    let cheap = i.free + i.mirrored_idle;
+    if i.watermark == 0 {
+        WriteBack::Skip(WriteBackSkip::Disabled)
+    } else if cheap >= i.watermark {
+        WriteBack::Skip(WriteBackSkip::AboveWatermark)
+    } else if i.unmirrored_idle == 0 {
+        WriteBack::Skip(WriteBackSkip::NothingIdle)
+    } else if i.host_free == 0 {
+        WriteBack::Skip(WriteBackSkip::HostFull)
+    } else if i.copies_running {
+        WriteBack::Skip(WriteBackSkip::CopiesRunning)
+    } else {
+        WriteBack::Copy((i.watermark - cheap).min(i.unmirrored_idle).min(i.host_free).min(i.max_batch.max(1)))
+    }
 }
 
 #[cfg(test)]
@@ -65,7 +141,7 @@ mod tests {
     use super::*;
 
     fn c(s: &str, idle_s: f64, blocks: usize, turns: u32) -> VictimCandidate {
-        VictimCandidate { session: s.into(), idle_s, device_blocks: blocks, turns }
+        VictimCandidate { session: s.into(), idle_s, device_blocks: blocks, turns, mirrored: 0 }
     }
 
     #[test]
@@ -84,5 +160,35 @@ mod tests {
     #[test]
     fn sessions_with_nothing_to_free_are_never_chosen() {
         assert!(choose_victim(&[c("a", 100.0, 0, 0)], 10, 10).is_none());
+    }
+
+    #[test]
+    fn mirrored_blocks_need_no_host_room_to_offload() {
+        let mut cand = c("a", 5.0, 10, 1);
+        cand.mirrored = 8;
+        assert_eq!(choose_victim(&[cand], 2, 100).unwrap().action, EvictionAction::Offload);
+    }
+
+    #[test]
+    fn write_back_copies_what_the_watermark_lacks_one_batch_at_a_time() {
+        let i = WriteBackInputs {
+            free: 10,
+            mirrored_idle: 5,
+            unmirrored_idle: 100,
+            watermark: 40,
+            host_free: 1000,
+            copies_running: false,
+            max_batch: 64,
+        };
+        assert_eq!(decide_write_back(&i), WriteBack::Copy(25));
+        assert_eq!(decide_write_back(&WriteBackInputs { max_batch: 8, ..i }), WriteBack::Copy(8));
+        assert_eq!(decide_write_back(&WriteBackInputs { host_free: 3, ..i }), WriteBack::Copy(3));
+        assert_eq!(decide_write_back(&WriteBackInputs { unmirrored_idle: 2, ..i }), WriteBack::Copy(2));
+        let skip = |w| WriteBack::Skip(w);
+        assert_eq!(decide_write_back(&WriteBackInputs { watermark: 0, ..i }), skip(WriteBackSkip::Disabled));
+        assert_eq!(decide_write_back(&WriteBackInputs { free: 35, ..i }), skip(WriteBackSkip::AboveWatermark));
+        assert_eq!(decide_write_back(&WriteBackInputs { copies_running: true, ..i }), skip(WriteBackSkip::CopiesRunning));
+        assert_eq!(decide_write_back(&WriteBackInputs { host_free: 0, ..i }), skip(WriteBackSkip::HostFull));
+        assert_eq!(decide_write_back(&WriteBackInputs { unmirrored_idle: 0, ..i }), skip(WriteBackSkip::NothingIdle));
     }
 }

@@ -3,14 +3,33 @@
 //! bytes move (at once for a host pool; queued on a copy stream for a GPU
 //! pool): the tier hands out slots and calls [`HostTier::flush`] when a
 //! batch of moves is complete.
+//!
+//! One arena per engine, shared: a [`HostTier`] is a handle, and its clones
+//! reach the same slots. A prefill worker's [`crate::SessionAwareCache`]
+//! and its [`crate::SnapshotStore`] both spill into it. A slot belongs to
+//! whichever of them stored into it, and only its owner releases or
+//! restores it: when the arena is full, each side makes room by dropping
+//! its own coldest host-resident KV, never the other's (first come, first
+//! served; on a prefill worker the cache keeps no sessions, so the store
+//! has the arena to itself in practice).
 
-use kvc_kv_pool::{BlockId, HostArena, HostSlot, KvStorage, VecArena};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use kvc_kv_pool::{BlockId, CopyTicket, HostArena, HostSlot, KvStorage, VecArena};
 
 pub type HostBlockId = HostSlot;
 
-pub struct HostTier {
+struct Inner {
     arena: Box<dyn HostArena>,
     free: Vec<HostBlockId>,
+    /// Stores issued since the last [`HostTier::wait_all`].
+    stored_since_wait: bool,
+}
+
+/// A handle on the engine's host tier (clones share it).
+#[derive(Clone)]
+pub struct HostTier {
+    inner: Arc<Mutex<Inner>>,
 }
 
 impl HostTier {
@@ -23,41 +42,103 @@ impl HostTier {
         // Slots are handed out lowest first, so a session's blocks land in
         // consecutive slots and their copies coalesce.
         let free = (0..arena.capacity() as HostBlockId).rev().collect();
-        Self { arena, free }
+        Self { inner: Arc::new(Mutex::new(Inner { arena, free, stored_since_wait: false })) }
+    }
+
+    /// The tier's state. Only the engine thread uses it: never contended.
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     pub fn capacity(&self) -> usize {
-        self.arena.capacity()
+        self.lock().arena.capacity()
     }
 
     pub fn num_free(&self) -> usize {
-        self.free.len()
+        self.lock().free.len()
     }
 
     /// Copies a device block into the tier; None when the tier is full.
     pub fn store(&mut self, storage: &KvStorage, block: BlockId) -> Option<HostBlockId> {
-        let slot = self.free.pop()?;
-        self.arena.store(storage, block, slot);
+        let mut t = self.lock();
+        let slot = t.free.pop()?;
+        t.arena.store(storage, block, slot);
+        t.stored_since_wait = true;
         Some(slot)
     }
 
     /// Copies a stored block back into device block `dst` and frees the slot.
     pub fn restore(&mut self, storage: &mut KvStorage, slot: HostBlockId, dst: BlockId) {
-        self.arena.load(storage, slot, dst);
-        self.free.push(slot);
+        let mut t = self.lock();
+        t.arena.load(storage, slot, dst);
+        t.free.push(slot);
     }
 
     pub fn release(&mut self, slot: HostBlockId) {
-        self.free.push(slot);
+        self.lock().free.push(slot);
     }
 
     /// Issues the copies queued since the last flush (see [`HostArena::flush`]).
     pub fn flush(&mut self) {
-        self.arena.flush();
+        self.lock().arena.flush();
+    }
+
+    /// Flushes, then, if blocks were stored since the last wait, blocks
+    /// until those copies are done: before freed blocks go to a writer the
+    /// arena's ordering does not cover (a peer's transfer).
+    pub fn wait_all(&mut self) {
+        let mut t = self.lock();
+        t.arena.flush();
+        if std::mem::take(&mut t.stored_since_wait) {
+            t.arena.wait_all();
+        }
+    }
+
+    /// Issues the queued copies without making later compute wait for
+    /// them ([`HostArena::flush_async`]).
+    pub fn flush_async(&mut self) -> CopyTicket {
+        self.lock().arena.flush_async()
+    }
+
+    /// Whether the copies of `ticket` are done.
+    pub fn done(&mut self, ticket: CopyTicket) -> bool {
+        self.lock().arena.done(ticket)
+    }
+
+    /// Blocks until the copies of `ticket` are done.
+    pub fn wait(&mut self, ticket: CopyTicket) {
+        self.lock().arena.wait(ticket)
+    }
+
+    /// Whether copies run beside compute ([`HostArena::asynchronous`]).
+    pub fn asynchronous(&self) -> bool {
+        self.lock().arena.asynchronous()
     }
 
     /// Bytes moved so far: (to host, back to the pool).
     pub fn bytes_moved(&self) -> (u64, u64) {
-        self.arena.bytes_moved()
+        self.lock().arena.bytes_moved()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clones_share_one_arena_and_its_slots() {
+        let a = HostTier::new(3);
+        let b = a.clone();
+        let layout = kvc_kv_pool::KvLayout { num_layers: 1, num_kv_heads: 1, head_dim: 2, block_size: 2, dtype: candle_core::DType::F32 };
+        let storage = KvStorage::new(layout, 2).unwrap();
+        let (mut a, mut b) = (a, b);
+        let s = a.store(&storage, 0).unwrap();
+        assert_eq!((a.num_free(), b.num_free()), (2, 2));
+        b.store(&storage, 1).unwrap();
+        b.store(&storage, 1).unwrap();
+        assert!(a.store(&storage, 0).is_none(), "full for every holder");
+        a.release(s);
+        assert_eq!(b.num_free(), 1);
+        assert_eq!(a.bytes_moved(), b.bytes_moved());
     }
 }

@@ -1,7 +1,8 @@
 //! SessionAwareCache: a session's KV kept across turns, a prefix cache for
 //! every request, and block-granular tiered eviction (unreferenced cached
 //! blocks, then idle sessions to host memory, then drop), with the victim
-//! chosen by one explicit cost function.
+//! chosen by one explicit cost function. A prefill worker's snapshot store,
+//! tiered the same way over the same host tier.
 
 mod block_hash;
 mod cache;
@@ -15,8 +16,13 @@ mod stats;
 
 pub use block_hash::{hash_block, hash_blocks, salt_root, BlockHash};
 pub use cache::{Acquired, CacheConfig, ReusePath, SessionAwareCache};
-pub use eviction::{choose_victim, EvictionAction, EvictionDecision, VictimCandidate};
+pub use eviction::{
+    choose_victim, decide_write_back, EvictionAction, EvictionDecision, VictimCandidate, WriteBack, WriteBackInputs, WriteBackSkip,
+};
+pub use host_tier::{HostBlockId, HostTier};
 pub use namespace::{client_session_id, is_valid_client_part, scoped_session_id, session_key};
 pub use session::{common_prefix, SessionInfo, Tier};
-pub use snapshot_store::{SnapshotError, SnapshotInfo, SnapshotReservation, SnapshotStats, SnapshotStore};
-pub use stats::CacheStats;
+pub use snapshot_store::{
+    decide_spill, SnapshotError, SnapshotInfo, SnapshotReservation, SnapshotStats, SnapshotStore, SpillAction, SpillDecision, SpillInputs,
+};
+pub use stats::{CacheStats, WriteBackCounts};

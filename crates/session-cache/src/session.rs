@@ -55,6 +55,18 @@ pub struct SessionInfo {
     pub busy: bool,
 }
 
+impl Tier {
+    /// The name the JSON views use.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Tier::Device => "device",
+            Tier::Host => "host",
+            Tier::Mixed => "mixed",
+            Tier::None => "none",
+        }
+    }
+}
+
 impl SessionInfo {
     /// Seconds since the session was last used.
     pub fn idle_s(&self) -> f64 {

@@ -16,6 +16,20 @@ pub struct CacheStats {
     pub sessions_capped: u64,
     /// Evicted blocks by (tier, reason).
     pub evictions: BTreeMap<(String, String), u64>,
+    /// Write-back ahead of pressure, in blocks.
+    pub write_back_blocks: WriteBackCounts,
+}
+
+/// What became of blocks written back to the host tier ahead of pressure.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WriteBackCounts {
+    /// Copied to the host while staying on the device.
+    pub copied: u64,
+    /// Later evicted with no copy (the written-back copy took over).
+    pub used: u64,
+    /// Released unused: the cache let go of the device block (its session
+    /// was deleted, dropped or superseded) before any eviction needed it.
+    pub discarded: u64,
 }
 
 impl CacheStats {

@@ -138,6 +138,9 @@ impl EngineLoop {
             }
             return Err(EngineError::NoKvRoom(format!("{need} free blocks needed for the prompt, {} free", self.allocator.num_free())));
         };
+        // A prefill worker writes the fresh blocks over the transport: copies
+        // out of blocks an offload just freed must end first.
+        self.cache.wait_host_copies();
         let mut blocks = got.blocks;
         blocks.extend(fresh);
         let reason = got.source;
@@ -158,7 +161,7 @@ impl EngineLoop {
         }
         let blocks = seq.block_table[..n.div_ceil(self.block_size())].to_vec();
         if let Some(s) = a.snapshot_session.as_deref() {
-            self.parts.exported(s, &seq.tokens[..n], &blocks, &mut self.allocator);
+            self.parts.exported(s, &seq.tokens[..n], &blocks, &mut self.allocator, &self.storage);
         }
         Some(self.handoff.leases.lease(blocks, None, &mut self.allocator))
     }

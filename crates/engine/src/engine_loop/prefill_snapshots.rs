@@ -1,12 +1,13 @@
 //! The prefill worker's part of the loop: its snapshot store
 //! (kvc_session_cache::SnapshotStore) of session KV pushed by decode
-//! workers and kept from its own exports, reused by prefill bypass. Absent
-//! on the other roles and when `snapshot_store_blocks` is 0.
+//! workers and kept from its own exports, reused by prefill bypass, and
+//! spilling into the engine's one host tier. Absent on the other roles and
+//! when `snapshot_store_blocks` is 0.
 
 use std::time::Duration;
 
-use kvc_kv_pool::{BlockAllocator, BlockId};
-use kvc_session_cache::SnapshotStore;
+use kvc_kv_pool::{BlockAllocator, BlockId, KvStorage};
+use kvc_session_cache::{HostTier, SnapshotStore};
 
 use super::role_parts::{Ctx, RolePart};
 use super::{apply_changes, Command};
@@ -17,13 +18,19 @@ use crate::{EngineError, EngineStats};
 const SNAPSHOT_RESERVATION_TTL: Duration = Duration::from_secs(120);
 
 /// The store of `snapshot_store_blocks` ([`crate::config::HALF_THE_POOL`]:
-/// half of `pool_blocks`), when that is not 0.
-pub(super) fn part(block_size: usize, snapshot_store_blocks: usize, pool_blocks: usize) -> Option<Box<dyn RolePart>> {
+/// half of `pool_blocks`), when that is not 0. It demotes into `host_tier`,
+/// the session cache's (one host tier: host_tier.rs).
+pub(super) fn part(block_size: usize, snapshot_store_blocks: usize, pool_blocks: usize, host_tier: HostTier) -> Option<Box<dyn RolePart>> {
     let capacity = match snapshot_store_blocks {
         crate::config::HALF_THE_POOL => pool_blocks / 2,
         n => n.min(pool_blocks),
     };
-    (capacity > 0).then(|| Box::new(PrefillSnapshots(SnapshotStore::new(block_size, capacity))) as Box<dyn RolePart>)
+    if capacity == 0 {
+        return None;
+    }
+    let mut store = SnapshotStore::new(block_size, capacity);
+    store.set_host_tier(host_tier);
+    Some(Box::new(PrefillSnapshots(store)))
 }
 
 struct PrefillSnapshots(SnapshotStore);
@@ -36,7 +43,7 @@ impl PrefillSnapshots {
         if ctx.alloc.num_free() < need {
             ctx.cache.reclaim(need, ctx.alloc, ctx.storage);
         }
-        let r = self.0.reserve(session, tokens, ctx.alloc).map_err(|e| EngineError::NoKvRoom(e.to_string()))?;
+        let r = self.0.reserve(session, tokens, ctx.alloc, ctx.storage).map_err(|e| EngineError::NoKvRoom(e.to_string()))?;
         Ok(SnapshotSlot { reservation: r.id, from_block: r.from_block, blocks: r.blocks })
     }
 }
@@ -47,21 +54,29 @@ impl RolePart for PrefillSnapshots {
     }
 
     /// Snapshots give way to the prompts the worker must compute.
-    fn reclaim(&mut self, need: usize, alloc: &mut BlockAllocator) {
-        self.0.reclaim(need, alloc);
+    fn reclaim(&mut self, need: usize, alloc: &mut BlockAllocator, storage: &KvStorage) {
+        self.0.reclaim(need, alloc, storage);
     }
 
     fn delete_session(&mut self, session: &str, alloc: &mut BlockAllocator) -> bool {
         self.0.remove(session, alloc)
     }
 
-    fn reuse(&mut self, session: &str, prompt: &[u32], alloc: &mut BlockAllocator) -> Option<(Vec<BlockId>, usize)> {
-        self.0.lookup(session, prompt, alloc)
+    /// Restored from the host tier first if the entry was demoted.
+    fn reuse(
+        &mut self,
+        session: &str,
+        prompt: &[u32],
+        min_tokens: usize,
+        alloc: &mut BlockAllocator,
+        storage: &mut KvStorage,
+    ) -> Option<(Vec<BlockId>, usize)> {
+        self.0.lookup(session, prompt, min_tokens, alloc, storage)
     }
 
     /// An export's prompt becomes the session's snapshot when it covers more.
-    fn exported(&mut self, session: &str, tokens: &[u32], blocks: &[BlockId], alloc: &mut BlockAllocator) {
-        self.0.ingest_local(session, tokens, blocks, alloc);
+    fn exported(&mut self, session: &str, tokens: &[u32], blocks: &[BlockId], alloc: &mut BlockAllocator, storage: &KvStorage) {
+        self.0.ingest_local(session, tokens, blocks, alloc, storage);
     }
 
     fn takes(&self, cmd: &Command) -> bool {
@@ -98,6 +113,7 @@ impl RolePart for PrefillSnapshots {
         apply_changes(&mut stats.snapshots, self.0.take_changed());
         stats.snapshot_stats = self.0.stats.clone();
         stats.snapshot_used_blocks = self.0.used_blocks();
+        stats.snapshot_host_blocks = self.0.host_blocks();
     }
 
     fn held_blocks(&self) -> usize {

@@ -32,21 +32,29 @@ pub(super) trait RolePart: Send {
     }
 
     /// The scheduler still lacks `need` free blocks after the caches gave theirs.
-    fn reclaim(&mut self, _need: usize, _alloc: &mut BlockAllocator) {}
+    fn reclaim(&mut self, _need: usize, _alloc: &mut BlockAllocator, _storage: &KvStorage) {}
 
     /// A session was deleted; true if this part held something of it.
     fn delete_session(&mut self, _session: &str, _alloc: &mut BlockAllocator) -> bool {
         false
     }
 
-    /// KV this part holds for a prompt of `session` (prefill bypass): new
-    /// references on the blocks, and the leading tokens they cover.
-    fn reuse(&mut self, _session: &str, _prompt: &[u32], _alloc: &mut BlockAllocator) -> Option<(Vec<BlockId>, usize)> {
+    /// KV this part holds for a prompt of `session` covering at least
+    /// `min_tokens` (prefill bypass): new references on the blocks, and the
+    /// leading tokens they cover.
+    fn reuse(
+        &mut self,
+        _session: &str,
+        _prompt: &[u32],
+        _min_tokens: usize,
+        _alloc: &mut BlockAllocator,
+        _storage: &mut KvStorage,
+    ) -> Option<(Vec<BlockId>, usize)> {
         None
     }
 
     /// A prefill request's prompt of `session` was computed and exported.
-    fn exported(&mut self, _session: &str, _tokens: &[u32], _blocks: &[BlockId], _alloc: &mut BlockAllocator) {}
+    fn exported(&mut self, _session: &str, _tokens: &[u32], _blocks: &[BlockId], _alloc: &mut BlockAllocator, _storage: &KvStorage) {}
 
     /// A turn of `session` was committed with these tokens and blocks;
     /// true if that handed a snapshot push on.
@@ -86,9 +94,9 @@ impl RoleParts {
         self.0.iter_mut().map(|p| p.expire(alloc)).sum()
     }
 
-    pub(super) fn reclaim(&mut self, need: usize, alloc: &mut BlockAllocator) {
+    pub(super) fn reclaim(&mut self, need: usize, alloc: &mut BlockAllocator, storage: &KvStorage) {
         for p in &mut self.0 {
-            p.reclaim(need, alloc);
+            p.reclaim(need, alloc, storage);
         }
     }
 
@@ -96,13 +104,20 @@ impl RoleParts {
         self.0.iter_mut().fold(false, |held, p| p.delete_session(session, alloc) | held)
     }
 
-    pub(super) fn reuse(&mut self, session: &str, prompt: &[u32], alloc: &mut BlockAllocator) -> Option<(Vec<BlockId>, usize)> {
-        self.0.iter_mut().find_map(|p| p.reuse(session, prompt, alloc))
+    pub(super) fn reuse(
+        &mut self,
+        session: &str,
+        prompt: &[u32],
+        min_tokens: usize,
+        alloc: &mut BlockAllocator,
+        storage: &mut KvStorage,
+    ) -> Option<(Vec<BlockId>, usize)> {
+        self.0.iter_mut().find_map(|p| p.reuse(session, prompt, min_tokens, alloc, storage))
     }
 
-    pub(super) fn exported(&mut self, session: &str, tokens: &[u32], blocks: &[BlockId], alloc: &mut BlockAllocator) {
+    pub(super) fn exported(&mut self, session: &str, tokens: &[u32], blocks: &[BlockId], alloc: &mut BlockAllocator, storage: &KvStorage) {
         for p in &mut self.0 {
-            p.exported(session, tokens, blocks, alloc);
+            p.exported(session, tokens, blocks, alloc, storage);
         }
     }
 

@@ -14,14 +14,20 @@
 //! waits for the compute work queued before the flush (blocks being stored
 //! hold their final KV; blocks being loaded are no longer read), and the
 //! compute stream waits for the copies before its next kernel (an offloaded
-//! block may be rewritten; a restored one is read).
+//! block may be rewritten; a restored one is read). Copies issued by
+//! `flush_async` (write-back of blocks that stay allocated; restores whose
+//! sequence waits for them) skip that last wait, so the compute stream
+//! runs on beside them; each such batch records an event of its own (its
+//! ticket, polled by `done`), and the next `flush` orders them all (the
+//! copy stream runs in order).
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 use candle_core::cuda::cudarc::driver::{result, sys, CudaContext, CudaStream};
 use candle_core::cuda::WrapErr;
 use candle_core::{bail, Result};
-use kvc_kv_pool::{block_runs, BlockId, HostArena, HostSlot, KvStorage};
+use kvc_kv_pool::{block_runs, BlockId, CopyTicket, HostArena, HostSlot, KvStorage};
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Dir {
@@ -48,9 +54,17 @@ pub struct PinnedArena {
     ctx: Arc<CudaContext>,
     compute: Arc<CudaStream>,
     copy: sys::CUstream,
-    /// Recorded on the compute stream (the copies wait for it) and on the copy stream (compute waits).
+    /// Recorded on the compute stream; the copies wait for it.
     compute_done: sys::CUevent,
-    copies_done: sys::CUevent,
+    /// Batches of copies not known to be done, oldest first: their ticket
+    /// and the event recorded on the copy stream after them.
+    in_flight: VecDeque<(CopyTicket, sys::CUevent)>,
+    /// Events of finished batches, for reuse.
+    spare_events: Vec<sys::CUevent>,
+    /// The last ticket handed out.
+    last_ticket: CopyTicket,
+    /// The compute stream has not been ordered after the newest batch.
+    unordered: bool,
     queued: Vec<Op>,
     moved: (u64, u64),
     /// Copy commands issued (runs after coalescing), for tests and logs.
@@ -76,7 +90,6 @@ impl PinnedArena {
         let max_pitch = ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_PITCH).w()? as usize;
         let copy = result::stream::create(result::stream::StreamKind::NonBlocking).w()?;
         let compute_done = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING).w()?;
-        let copies_done = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING).w()?;
         Ok(Self {
             host,
             capacity,
@@ -89,7 +102,10 @@ impl PinnedArena {
             compute,
             copy,
             compute_done,
-            copies_done,
+            in_flight: VecDeque::new(),
+            spare_events: Vec::new(),
+            last_ticket: 0,
+            unordered: false,
             queued: Vec::new(),
             moved: (0, 0),
             copies_issued: 0,
@@ -170,27 +186,62 @@ impl PinnedArena {
         Ok(())
     }
 
-    fn try_flush(&mut self) -> Result<()> {
-        if self.queued.is_empty() {
-            return Ok(());
-        }
-        self.ctx.bind_to_thread().w()?;
+    /// Issues the queued copies as one batch (a new ticket; the last one
+    /// when nothing is queued); with `order`, the compute stream waits for
+    /// every batch issued so far.
+    fn try_flush(&mut self, order: bool) -> Result<CopyTicket> {
         let wait = sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT;
-        // SAFETY: live stream and event handles of this context.
-        unsafe {
-            result::event::record(self.compute_done, self.compute.cu_stream()).w()?;
-            result::stream::wait_event(self.copy, self.compute_done, wait).w()?;
+        if !self.queued.is_empty() {
+            self.ctx.bind_to_thread().w()?;
+            let event = match self.spare_events.pop() {
+                Some(e) => e,
+                None => result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING).w()?,
+            };
+            // SAFETY: live stream and event handles of this context.
+            unsafe {
+                result::event::record(self.compute_done, self.compute.cu_stream()).w()?;
+                result::stream::wait_event(self.copy, self.compute_done, wait).w()?;
+            }
+            let ops = std::mem::take(&mut self.queued);
+            for run in runs(&ops) {
+                self.issue(run.0.dir, run.0.block, run.0.slot, run.1)?;
+            }
+            // SAFETY: as above.
+            unsafe { result::event::record(event, self.copy) }.w()?;
+            self.last_ticket += 1;
+            self.in_flight.push_back((self.last_ticket, event));
+            self.unordered = true;
         }
-        let ops = std::mem::take(&mut self.queued);
-        for run in runs(&ops) {
-            self.issue(run.0.dir, run.0.block, run.0.slot, run.1)?;
+        if order && self.unordered {
+            if let Some(&(_, newest)) = self.in_flight.back() {
+                self.ctx.bind_to_thread().w()?;
+                // SAFETY: as above; the copy stream runs in order, so its
+                // newest event follows every copy.
+                unsafe { result::stream::wait_event(self.compute.cu_stream(), newest, wait) }.w()?;
+            }
+            self.unordered = false;
         }
-        // SAFETY: as above.
-        unsafe {
-            result::event::record(self.copies_done, self.copy).w()?;
-            result::stream::wait_event(self.compute.cu_stream(), self.copies_done, wait).w()?;
+        Ok(self.last_ticket)
+    }
+
+    /// Retires finished batches; whether `ticket`'s is among them.
+    fn try_done(&mut self, ticket: CopyTicket) -> Result<bool> {
+        while let Some(&(t, event)) = self.in_flight.front() {
+            if t > ticket {
+                return Ok(true);
+            }
+            self.ctx.bind_to_thread().w()?;
+            // SAFETY: a live event of this context.
+            match unsafe { sys::cuEventQuery(event) } {
+                sys::CUresult::CUDA_SUCCESS => {
+                    self.in_flight.pop_front();
+                    self.spare_events.push(event);
+                }
+                sys::CUresult::CUDA_ERROR_NOT_READY => return Ok(false),
+                e => bail!("cuEventQuery: {e:?}"),
+            }
         }
-        Ok(())
+        Ok(true)
     }
 
     /// Waits until every issued copy is done (tests and benchmarks).
@@ -231,7 +282,38 @@ impl HostArena for PinnedArena {
 
     fn flush(&mut self) {
         // A failed copy leaves KV undefined: nothing can continue safely.
-        if let Err(e) = self.try_flush() {
+        if let Err(e) = self.try_flush(true) {
+            panic!("host tier copy failed: {e}");
+        }
+    }
+
+    fn flush_async(&mut self) -> CopyTicket {
+        self.try_flush(false).unwrap_or_else(|e| panic!("host tier copy failed: {e}"))
+    }
+
+    fn done(&mut self, ticket: CopyTicket) -> bool {
+        self.try_done(ticket).unwrap_or_else(|e| panic!("host tier copy failed: {e}"))
+    }
+
+    fn wait(&mut self, ticket: CopyTicket) {
+        let event = self.in_flight.iter().rev().find(|(t, _)| *t <= ticket).map(|&(_, e)| e);
+        if let Some(event) = event {
+            // SAFETY: a live event of this context.
+            let r = self.ctx.bind_to_thread().w().and_then(|_| unsafe { result::event::synchronize(event) }.w());
+            if let Err(e) = r {
+                panic!("host tier copy failed: {e}");
+            }
+        }
+        self.done(ticket);
+    }
+
+    fn asynchronous(&self) -> bool {
+        true
+    }
+
+    fn wait_all(&mut self) {
+        self.flush();
+        if let Err(e) = self.synchronize() {
             panic!("host tier copy failed: {e}");
         }
     }
@@ -247,7 +329,12 @@ impl Drop for PinnedArena {
         // SAFETY: created in `new`, no copy pending; the host memory came from malloc_host.
         unsafe {
             let _ = result::event::destroy(self.compute_done);
-            let _ = result::event::destroy(self.copies_done);
+            for (_, e) in self.in_flight.drain(..) {
+                let _ = result::event::destroy(e);
+            }
+            for e in self.spare_events.drain(..) {
+                let _ = result::event::destroy(e);
+            }
             let _ = result::stream::destroy(self.copy);
             let _ = result::free_host(self.host as *mut _);
         }

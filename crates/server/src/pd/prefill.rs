@@ -204,7 +204,12 @@ pub async fn snapshot_status(
     let id = tenant.session(q.cache_salt.as_deref().filter(|s| !s.is_empty()), &id);
     let s = state.engine.snapshot();
     Json(match s.snapshots.get(&id) {
-        Some(i) => SnapshotStatus { exists: true, tokens: i.tokens, age_s: i.updated.elapsed().as_secs_f64() },
-        None => SnapshotStatus { exists: false, tokens: 0, age_s: 0.0 },
+        Some(i) => SnapshotStatus {
+            exists: true,
+            tokens: i.tokens,
+            age_s: i.updated.elapsed().as_secs_f64(),
+            tier: Some(i.tier().as_str().to_string()),
+        },
+        None => SnapshotStatus { exists: false, tokens: 0, age_s: 0.0, tier: None },
     })
 }

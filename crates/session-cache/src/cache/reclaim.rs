@@ -1,6 +1,8 @@
 //! The eviction pass of [`SessionAwareCache`]: what [`SessionAwareCache::reclaim`]
 //! frees, in order (unreferenced indexed blocks, then idle sessions to the
-//! host tier, then dropped), the victim chosen by [`choose_victim`].
+//! host tier, then dropped), the victim chosen by [`choose_victim`]. A
+//! block that write-back already copied ([`super::write_back`]) goes to the
+//! host tier with no copy.
 
 use std::time::Instant;
 
@@ -49,7 +51,8 @@ impl SessionAwareCache {
                 break;
             }
         }
-        // Blocks offloaded above are free now: their copies come first.
+        // Blocks offloaded above are free now: their copies (and write-back
+        // copies still running) come first.
         self.host.flush();
         alloc.num_free() - start
     }
@@ -81,6 +84,11 @@ impl SessionAwareCache {
                 idle_s: now.saturating_duration_since(s.last_use).as_secs_f64(),
                 device_blocks: s.blocks.iter().filter(|l| matches!(l, BlockLoc::Device(b) if self.running_refs(alloc, *b) == 0)).count(),
                 turns: s.turns,
+                mirrored: s
+                    .blocks
+                    .iter()
+                    .filter(|l| matches!(l, BlockLoc::Device(b) if self.running_refs(alloc, *b) == 0 && self.mirrors.contains_key(b)))
+                    .count(),
             })
             .collect();
         choose_victim(&candidates, self.host.num_free(), alloc.num_blocks())
@@ -95,7 +103,9 @@ impl SessionAwareCache {
             EvictionAction::Offload => {
                 // The tail first when the tier cannot take them all (the
                 // head stays, as a prefix); copied in token order, so that
-                // consecutive blocks go to consecutive slots.
+                // consecutive blocks go to consecutive slots. Blocks written
+                // back already need neither a copy nor a new slot.
+                let mut slots = self.host.num_free();
                 let movable: Vec<(usize, BlockId)> = locs
                     .iter()
                     .enumerate()
@@ -104,10 +114,22 @@ impl SessionAwareCache {
                         BlockLoc::Device(b) if self.running_refs(alloc, b) == 0 => Some((i, b)),
                         _ => None,
                     })
-                    .take(self.host.num_free())
+                    .take_while(|(_, b)| {
+                        let fits = self.mirrors.contains_key(b) || slots > 0;
+                        if !self.mirrors.contains_key(b) {
+                            slots = slots.saturating_sub(1);
+                        }
+                        fits
+                    })
                     .collect();
                 for (i, b) in movable.into_iter().rev() {
-                    let h = self.host.store(storage, b).expect("counted free host slots");
+                    let h = match self.mirrors.remove(&b) {
+                        Some(h) => {
+                            self.stats.write_back_blocks.used += 1;
+                            h
+                        }
+                        None => self.host.store(storage, b).expect("counted free host slots"),
+                    };
                     self.sessions.get_mut(&d.session).expect("victim exists").blocks[i] = BlockLoc::Host(h);
                     self.drop_ref(alloc, b);
                     moved += 1;

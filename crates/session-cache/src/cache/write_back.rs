@@ -1,0 +1,278 @@
+//! Write-back ahead of pressure: idle sessions' device blocks are copied to
+//! the host tier while they stay on the device ([`decide_write_back`] says
+//! when and how many; [`choose_victim`], the eviction cost function, says
+//! whose), issued with [`crate::host_tier::HostTier::flush_async`]: no
+//! compute waits for them. When eviction later takes such a block it only frees it: no copy on
+//! any request's critical path. Only for host tiers whose copies run
+//! beside the compute work (a GPU pool's pinned arena): where copies
+//! happen when asked for, copying ahead would only add work.
+
+use kvc_kv_pool::{BlockAllocator, BlockId, KvStorage};
+
+use super::SessionAwareCache;
+use crate::eviction::{choose_victim, decide_write_back, VictimCandidate, WriteBack, WriteBackInputs, WriteBackSkip};
+use crate::session::BlockLoc;
+
+impl SessionAwareCache {
+    /// Idle sessions' device blocks that eviction could take (no running
+    /// user): (already written back, not yet).
+    fn idle_device_blocks(&self, alloc: &BlockAllocator) -> (usize, usize) {
+        let mut out = (0, 0);
+        for s in self.sessions.values().filter(|s| s.busy == 0) {
+            for loc in &s.blocks {
+                if let BlockLoc::Device(b) = *loc {
+                    if self.running_refs(alloc, b) == 0 {
+                        if self.mirrors.contains_key(&b) {
+                            out.0 += 1;
+                        } else {
+                            out.1 += 1;
+                        }
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// One write-back pass: when free blocks plus idle blocks already on
+    /// the host are under `watermark`, copies up to `max_batch` more idle
+    /// blocks (the next eviction victims', tail first, issued in token
+    /// order) to the host tier, keeping them on the device. Returns the
+    /// decision; copies are issued before it returns.
+    pub fn write_back(&mut self, watermark: usize, max_batch: usize, alloc: &BlockAllocator, storage: &KvStorage) -> WriteBack {
+        // Where copies happen when asked for, copying ahead saves nothing.
+        if watermark == 0 || self.host.capacity() == 0 || !self.host.asynchronous() {
+            return WriteBack::Skip(WriteBackSkip::Disabled);
+        }
+        if alloc.num_free() >= watermark {
+            // The common case, decided without a pass over the sessions.
+            return WriteBack::Skip(WriteBackSkip::AboveWatermark);
+        }
+        let (mirrored_idle, unmirrored_idle) = self.idle_device_blocks(alloc);
+        let inputs = WriteBackInputs {
+            free: alloc.num_free(),
+            mirrored_idle,
+            unmirrored_idle,
+            watermark,
+            host_free: self.host.num_free(),
+            copies_running: self.write_back_ticket.is_some_and(|t| !self.host.done(t)),
+            max_batch,
+        };
+        let decision = decide_write_back(&inputs);
+        let WriteBack::Copy(want) = decision else {
+            return decision;
+        };
+        let mut copied = 0;
+        let mut done: Vec<String> = Vec::new();
+        while copied < want {
+            let Some(victim) = self.next_write_back_victim(alloc, &done) else {
+                break;
+            };
+            let locs = &self.sessions[&victim].blocks;
+            let mut todo: Vec<BlockId> = locs
+                .iter()
+                .rev()
+                .filter_map(|l| match *l {
+                    BlockLoc::Device(b) if self.running_refs(alloc, b) == 0 && !self.mirrors.contains_key(&b) => Some(b),
+                    _ => None,
+                })
+                .take(want - copied)
+                .collect();
+            todo.reverse();
+            for b in todo {
+                let h = self.host.store(storage, b).expect("decide_write_back counted free host slots");
+                self.mirrors.insert(b, h);
+                copied += 1;
+            }
+            done.push(victim);
+        }
+        self.write_back_ticket = Some(self.host.flush_async());
+        self.stats.write_back_blocks.copied += copied as u64;
+        tracing::debug!(
+            event = "write_back",
+            blocks = copied,
+            free = inputs.free,
+            mirrored_idle = inputs.mirrored_idle,
+            watermark,
+            "idle session KV copied to the host tier ahead of pressure"
+        );
+        WriteBack::Copy(copied)
+    }
+
+    /// The idle session eviction would pick next among those with blocks
+    /// not yet written back (`done` excluded).
+    fn next_write_back_victim(&self, alloc: &BlockAllocator, done: &[String]) -> Option<String> {
+        let now = std::time::Instant::now();
+        let candidates: Vec<VictimCandidate> = self
+            .sessions
+            .iter()
+            .filter(|(id, s)| s.busy == 0 && !done.contains(id))
+            .map(|(id, s)| VictimCandidate {
+                session: id.clone(),
+                idle_s: now.saturating_duration_since(s.last_use).as_secs_f64(),
+                device_blocks: s
+                    .blocks
+                    .iter()
+                    .filter(|l| matches!(l, BlockLoc::Device(b) if self.running_refs(alloc, *b) == 0 && !self.mirrors.contains_key(b)))
+                    .count(),
+                turns: s.turns,
+                mirrored: 0,
+            })
+            .collect();
+        choose_victim(&candidates, usize::MAX, alloc.num_blocks()).map(|d| d.session)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    use kvc_kv_pool::{CopyTicket, HostArena, HostSlot, VecArena};
+
+    use super::super::tests::{fill, setup, BS};
+    use super::*;
+    use crate::{ReusePath, Tier};
+
+    /// A host arena whose copies count as asynchronous (as a GPU pool's):
+    /// they happen at once, but their tickets are done only when the test
+    /// says so (`busy` false).
+    struct AsyncArena(VecArena, Arc<AtomicBool>, CopyTicket);
+
+    impl HostArena for AsyncArena {
+        fn capacity(&self) -> usize {
+            self.0.capacity()
+        }
+        fn store(&mut self, storage: &KvStorage, block: BlockId, slot: HostSlot) {
+            self.0.store(storage, block, slot)
+        }
+        fn load(&mut self, storage: &mut KvStorage, slot: HostSlot, block: BlockId) {
+            self.0.load(storage, slot, block)
+        }
+        fn asynchronous(&self) -> bool {
+            true
+        }
+        fn flush_async(&mut self) -> CopyTicket {
+            self.2 += 1;
+            self.2
+        }
+        fn done(&mut self, _ticket: CopyTicket) -> bool {
+            !self.1.load(Ordering::Relaxed)
+        }
+        fn bytes_moved(&self) -> (u64, u64) {
+            self.0.bytes_moved()
+        }
+    }
+
+    /// Sessions "a" (3 blocks: the larger, so the eviction victim) and "b"
+    /// (2 blocks) committed and idle
+    /// on a pool of 8 blocks; returns their tokens and original bytes.
+    fn two_sessions(
+        cache: &mut SessionAwareCache,
+        alloc: &mut BlockAllocator,
+        storage: &mut KvStorage,
+    ) -> Vec<(&'static str, Vec<u32>, Vec<Vec<u8>>)> {
+        let mut out = Vec::new();
+        for (id, n, seed) in [("a", 3, 10.0), ("b", 2, 50.0)] {
+            let blocks = alloc.allocate(n).unwrap();
+            let bytes = fill(storage, &blocks, seed);
+            let tokens: Vec<u32> = (0..(n * BS) as u32).map(|t| t + seed as u32 * 100).collect();
+            cache.acquire(Some(id), &tokens, None, alloc, storage);
+            cache.commit(id, &tokens, &blocks, alloc);
+            alloc.free_all(&blocks);
+            out.push((id, tokens, bytes));
+        }
+        out
+    }
+
+    #[test]
+    fn written_back_blocks_are_evicted_with_no_copy_and_come_back_identical() {
+        let (mut cache, mut alloc, mut storage) = setup(8, 16);
+        let busy = Arc::new(AtomicBool::new(false));
+        cache.set_host_arena(Box::new(AsyncArena(VecArena::new(16), busy.clone(), 0)));
+        let sessions = two_sessions(&mut cache, &mut alloc, &mut storage);
+        assert_eq!(alloc.num_free(), 3);
+        // Above the watermark: nothing to do.
+        assert_eq!(cache.write_back(3, 64, &alloc, &storage), WriteBack::Skip(WriteBackSkip::AboveWatermark));
+        // Under it: the next victim's blocks are copied, and stay on the
+        // device; one batch at a time.
+        busy.store(true, Ordering::Relaxed);
+        assert_eq!(cache.write_back(6, 1, &alloc, &storage), WriteBack::Copy(1));
+        assert_eq!(cache.write_back(6, 64, &alloc, &storage), WriteBack::Skip(WriteBackSkip::CopiesRunning));
+        busy.store(false, Ordering::Relaxed);
+        assert_eq!(cache.write_back(6, 64, &alloc, &storage), WriteBack::Copy(2));
+        let per_block = storage.layout().bytes_per_block() as u64;
+        assert_eq!(cache.host_bytes_moved(), (3 * per_block, 0));
+        assert_eq!(cache.stats.write_back_blocks.copied, 3);
+        assert_eq!(cache.session_info("a").unwrap().tier, Tier::Device, "written back, still on the device");
+        assert_eq!(alloc.num_free(), 3);
+        // Free + written back now cover the watermark.
+        assert_eq!(cache.write_back(6, 64, &alloc, &storage), WriteBack::Skip(WriteBackSkip::AboveWatermark));
+        // Pressure: eviction takes "a" (its copy is there) with no new copy.
+        assert_eq!(cache.reclaim(6, &mut alloc, &storage), 3);
+        assert_eq!(cache.host_bytes_moved(), (3 * per_block, 0), "no copy at eviction");
+        assert_eq!(cache.stats.write_back_blocks.used, 3);
+        assert_eq!(cache.session_info("a").unwrap().tier, Tier::Host);
+        // Every device block is overwritten, then "a"'s next turn restores it byte for byte.
+        let other = alloc.allocate(6).unwrap();
+        fill(&mut storage, &other, -3.0);
+        alloc.free_all(&other);
+        let (_, tokens, original) = &sessions[0];
+        let mut next = tokens.clone();
+        next.push(7);
+        let got = cache.acquire(Some("a"), &next, None, &mut alloc, &mut storage);
+        assert_eq!((got.tokens, got.source, got.restored_blocks), (3 * BS, ReusePath::SessionHit, 3));
+        for (i, &b) in got.blocks.iter().enumerate() {
+            let bytes: Vec<u8> = (0..2).flat_map(|l| storage.block_bytes(l, b).to_vec()).collect();
+            assert_eq!(&bytes, &original[i], "block {i}");
+        }
+        alloc.free_all(&got.blocks);
+        cache.abandon("a");
+        // A written-back block whose session goes away frees its host slot.
+        cache.write_back(8, 64, &alloc, &storage);
+        let copied = cache.stats.write_back_blocks.copied;
+        assert!(copied > 3, "more written back under a higher watermark");
+        cache.delete("a", &mut alloc);
+        cache.delete("b", &mut alloc);
+        cache.reset_prefix_cache(&mut alloc);
+        let wb = cache.stats.write_back_blocks;
+        assert_eq!(wb.used + wb.discarded, wb.copied, "every written-back block was used or released");
+        assert_eq!((alloc.num_free(), cache.host_free_blocks()), (8, 16), "every block and host slot back");
+    }
+
+    #[test]
+    fn host_tiers_that_copy_at_once_do_not_write_back() {
+        let (mut cache, mut alloc, mut storage) = setup(8, 16);
+        two_sessions(&mut cache, &mut alloc, &mut storage);
+        assert_eq!(cache.write_back(8, 64, &alloc, &storage), WriteBack::Skip(WriteBackSkip::Disabled));
+        assert_eq!(cache.host_bytes_moved(), (0, 0));
+    }
+
+    /// Where copies run beside compute, a restoring turn gets a ticket to
+    /// wait for instead of every later step waiting.
+    #[test]
+    fn restores_beside_compute_hand_the_request_a_ticket() {
+        let (mut cache, mut alloc, mut storage) = setup(8, 16);
+        let busy = Arc::new(AtomicBool::new(false));
+        cache.set_host_arena(Box::new(AsyncArena(VecArena::new(16), busy.clone(), 0)));
+        let sessions = two_sessions(&mut cache, &mut alloc, &mut storage);
+        cache.reclaim(8, &mut alloc, &storage);
+        assert_eq!(cache.session_info("a").unwrap().tier, Tier::Host);
+        busy.store(true, Ordering::Relaxed);
+        let (_, tokens, original) = &sessions[0];
+        let mut next = tokens.clone();
+        next.push(1);
+        let got = cache.acquire(Some("a"), &next, None, &mut alloc, &mut storage);
+        let ticket = got.ready_after.expect("restored beside compute");
+        assert!(!cache.copies_done(ticket), "still copying");
+        busy.store(false, Ordering::Relaxed);
+        assert!(cache.copies_done(ticket));
+        for (i, &b) in got.blocks.iter().enumerate() {
+            let bytes: Vec<u8> = (0..2).flat_map(|l| storage.block_bytes(l, b).to_vec()).collect();
+            assert_eq!(&bytes, &original[i], "block {i}");
+        }
+        // Nothing restored: readable at once.
+        let got_b = cache.acquire(Some("c"), &[1, 2, 3], None, &mut alloc, &mut storage);
+        assert_eq!(got_b.ready_after, None);
+    }
+}
