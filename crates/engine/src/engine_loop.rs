@@ -13,9 +13,9 @@ use std::sync::{mpsc as std_mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
-use kvc_kv_pool::{BlockAllocator, BlockId, KvPool, KvStorage};
+use kvc_kv_pool::{BlockAllocator, KvPool, KvStorage};
 use kvc_model_qwen3::Qwen3Model;
-use kvc_scheduler::{Scheduler, SchedulerConfig, SchedulerHooks, SeqId, Sequence};
+use kvc_scheduler::{Scheduler, SchedulerConfig, SeqId};
 use kvc_session_cache::{salt_root, BlockHash, CacheConfig, ReusePath, SessionAwareCache};
 use tokio::sync::mpsc;
 
@@ -24,6 +24,7 @@ use crate::detokenizer::IncrementalDecoder;
 use crate::inbox::{tokens_to_compute, Inbox};
 use crate::kv_handoff::SnapshotJob;
 
+mod cache_hooks;
 mod command;
 mod handoff_commands;
 mod prefill_snapshots;
@@ -31,6 +32,7 @@ mod role_parts;
 mod snapshot_pushes;
 mod step;
 
+use cache_hooks::CacheHooks;
 use role_parts::{Ctx, RoleParts};
 use snapshot_pushes::SnapshotPushes;
 
@@ -547,64 +549,5 @@ pub(super) fn apply_changes<T: Clone>(map: &mut imbl::HashMap<String, T>, change
             Some(info) => map.insert(id, info),
             None => map.remove(&id),
         };
-    }
-}
-
-/// The scheduler's view of the caches: reclaim cached KV, and find reusable
-/// KV for a sequence at admission (a session's first admission uses the
-/// session; a re-admission after preemption uses the prefix index).
-struct CacheHooks<'a> {
-    cache: &'a mut SessionAwareCache,
-    storage: &'a mut KvStorage,
-    active: &'a mut HashMap<SeqId, Active>,
-    parts: &'a mut RoleParts,
-}
-
-impl SchedulerHooks for CacheHooks<'_> {
-    fn reclaim(&mut self, n: usize, alloc: &mut BlockAllocator) {
-        self.cache.reclaim(n, alloc, self.storage);
-        if alloc.num_free() < n {
-            // The role's parts give way to the prompts it must compute.
-            self.parts.reclaim(n, alloc, self.storage);
-        }
-    }
-
-    fn acquire(&mut self, seq: &Sequence, alloc: &mut BlockAllocator) -> Option<(Vec<BlockId>, usize)> {
-        let a = self.active.get_mut(&seq.id)?;
-        let session = if a.turn_open { None } else { a.session_id.clone() };
-        let mut got = self.cache.acquire(session.as_deref(), &seq.tokens, a.cache_root, alloc, self.storage);
-        a.turn_open |= session.is_some();
-        a.reuse_reason = got.source;
-        // A prefill worker's request for a session: its snapshot, when it
-        // covers at least what the prefix cache does (ties go to the
-        // snapshot: the same KV, and the session's own), restored from the
-        // host tier if it was demoted (prefill bypass).
-        if let Some(s) = a.snapshot_session.as_deref() {
-            if let Some((blocks, tokens)) = self.parts.reuse(s, &seq.tokens, got.tokens, alloc, self.storage) {
-                alloc.free_all(&got.blocks);
-                got.blocks = blocks;
-                got.tokens = tokens;
-                got.ready_after = None;
-                a.reuse_reason = ReusePath::Bypass;
-            }
-        }
-        a.cached_tokens = got.tokens;
-        a.restored_blocks += got.restored_blocks;
-        a.restore_ticket = got.ready_after;
-        a.registered_blocks = 0;
-        a.last_hash = a.cache_root;
-        tracing::debug!(event = "reuse", seq_id = seq.id, session = ?a.session_id, reused = got.tokens, reason = a.reuse_reason.as_str(), restored = got.restored_blocks);
-        (got.tokens > 0).then_some((got.blocks, got.tokens))
-    }
-
-    fn ready(&mut self, id: SeqId) -> bool {
-        let Some(a) = self.active.get_mut(&id) else { return true };
-        match a.restore_ticket {
-            Some(t) if !self.cache.copies_done(t) => false,
-            _ => {
-                a.restore_ticket = None;
-                true
-            }
-        }
     }
 }

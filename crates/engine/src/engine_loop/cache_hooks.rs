@@ -1,0 +1,70 @@
+//! The scheduler's hooks into the caches during a step (reclaim, reuse at
+//! admission, restores in flight), with the role's parts beside them.
+
+use std::collections::HashMap;
+
+use kvc_kv_pool::{BlockAllocator, BlockId, KvStorage};
+use kvc_scheduler::{SchedulerHooks, SeqId, Sequence};
+use kvc_session_cache::{ReusePath, SessionAwareCache};
+
+use super::role_parts::RoleParts;
+use super::Active;
+
+/// The scheduler's view of the caches: reclaim cached KV, and find reusable
+/// KV for a sequence at admission (a session's first admission uses the
+/// session; a re-admission after preemption uses the prefix index).
+pub(super) struct CacheHooks<'a> {
+    pub(super) cache: &'a mut SessionAwareCache,
+    pub(super) storage: &'a mut KvStorage,
+    pub(super) active: &'a mut HashMap<SeqId, Active>,
+    pub(super) parts: &'a mut RoleParts,
+}
+
+impl SchedulerHooks for CacheHooks<'_> {
+    fn reclaim(&mut self, n: usize, alloc: &mut BlockAllocator) {
+        self.cache.reclaim(n, alloc, self.storage);
+        if alloc.num_free() < n {
+            // The role's parts give way to the prompts it must compute.
+            self.parts.reclaim(n, alloc, self.storage);
+        }
+    }
+
+    fn acquire(&mut self, seq: &Sequence, alloc: &mut BlockAllocator) -> Option<(Vec<BlockId>, usize)> {
+        let a = self.active.get_mut(&seq.id)?;
+        let session = if a.turn_open { None } else { a.session_id.clone() };
+        let mut got = self.cache.acquire(session.as_deref(), &seq.tokens, a.cache_root, alloc, self.storage);
+        a.turn_open |= session.is_some();
+        a.reuse_reason = got.source;
+        // A prefill worker's request for a session: its snapshot, when it
+        // covers at least what the prefix cache does (ties go to the
+        // snapshot: the same KV, and the session's own), restored from the
+        // host tier if it was demoted (prefill bypass).
+        if let Some(s) = a.snapshot_session.as_deref() {
+            if let Some((blocks, tokens)) = self.parts.reuse(s, &seq.tokens, got.tokens, alloc, self.storage) {
+                alloc.free_all(&got.blocks);
+                got.blocks = blocks;
+                got.tokens = tokens;
+                got.ready_after = None;
+                a.reuse_reason = ReusePath::Bypass;
+            }
+        }
+        a.cached_tokens = got.tokens;
+        a.restored_blocks += got.restored_blocks;
+        a.restore_ticket = got.ready_after;
+        a.registered_blocks = 0;
+        a.last_hash = a.cache_root;
+        tracing::debug!(event = "reuse", seq_id = seq.id, session = ?a.session_id, reused = got.tokens, reason = a.reuse_reason.as_str(), restored = got.restored_blocks);
+        (got.tokens > 0).then_some((got.blocks, got.tokens))
+    }
+
+    fn ready(&mut self, id: SeqId) -> bool {
+        let Some(a) = self.active.get_mut(&id) else { return true };
+        match a.restore_ticket {
+            Some(t) if !self.cache.copies_done(t) => false,
+            _ => {
+                a.restore_ticket = None;
+                true
+            }
+        }
+    }
+}
