@@ -61,10 +61,14 @@ def http(method: str, url: str, body=None, timeout: float = 600.0) -> tuple[int,
         return e.code, e.read().decode()
 
 
+LOG_DIR: str | None = None
+
+
 def start(binary: str, *flags: str) -> tuple[subprocess.Popen, str]:
     """kvc-server on a free local port, once /health answers (up to 10 min:
-    pinning tens of GiB of host memory takes a while)."""
-    log = tempfile.NamedTemporaryFile("w", prefix="kvc-pressure-", suffix=".log", delete=False)
+    pinning tens of GiB of host memory takes a while); its log in --log-dir
+    when given."""
+    log = tempfile.NamedTemporaryFile("w", prefix="kvc-pressure-", suffix=".log", delete=False, dir=LOG_DIR)
     return kvc_local.start(binary, *flags, wait_s=600, log=log)
 
 
@@ -152,11 +156,14 @@ def demoted_turn_ttft(args, base: list[str]) -> None:
     nxt = a + [rng.randrange(1000, 150000) for _ in range(64)]
     k, gen = args.probe_decodes, 400
     blocks = (n * 5 // 4 + k * (64 + gen + args.block_size)) // args.block_size
-    runs = [("host tier", [f"--swap-space={args.swap_space}"]), ("recompute", ["--swap-space=0"])]
+    runs = [("host tier", blocks, [f"--swap-space={args.swap_space}"]), ("recompute", blocks, ["--swap-space=0"])]
     if args.probe_write_back:
-        runs.insert(1, ("host tier, write-back from 90 % use", [f"--swap-space={args.swap_space}", "--host-write-back-watermark=0.9"]))
-    for tag, flags in runs:
-        proc, url = start(args.bin, *base, f"--num-kv-blocks={blocks}", *flags, f"--max-model-len={n + 256}")
+        runs.insert(1, ("host tier, write-back from 90 % use", blocks, [f"--swap-space={args.swap_space}", "--host-write-back-watermark=0.9"]))
+        # The same turns where nothing is demoted: what the decodes' gaps
+        # are without any copy.
+        runs.append(("resident, no pressure", 2 * blocks, ["--swap-space=0"]))
+    for tag, pool, flags in runs:
+        proc, url = start(args.bin, *base, f"--num-kv-blocks={pool}", *flags, f"--max-model-len={n + 256}")
         try:
             model = json.loads(http("GET", url + "/v1/models")[1])["data"][0]["id"]
             def turn(prompt, sid):
@@ -230,8 +237,11 @@ def main() -> int:
     ap.add_argument("--probe-decodes", type=int, default=8, help="streams decoding through the probe's restore")
     ap.add_argument("--probe-write-back", action="store_true", help="also probe with write-back from 90 %% pool use")
     ap.add_argument("--probe-only", action="store_true", help="only the probe")
+    ap.add_argument("--log-dir", default=None, help="keep the servers' logs here")
     ap.add_argument("flags", nargs="*", help="more kvc-server flags (after --)")
     args = ap.parse_args()
+    global LOG_DIR
+    LOG_DIR = args.log_dir
 
     prompts = workload(args)
     base = ([f"--model={args.model}"] if args.model else []) + [f"--block-size={args.block_size}", *args.flags]

@@ -1,18 +1,21 @@
 #!/usr/bin/env bash
 # Serving under load on the GPU (issue 17): the prefill capacity by
-# kvc-bench, then the public Mooncake-shaped trace replayed by kvc-replay
-# at real-time pacing at fractions of that capacity, one kvc-server for
-# all (different prompt tokens per run, so no run hits another's cache).
+# kvc-bench on the trace's own prompts, then the public Mooncake-shaped
+# trace replayed by kvc-replay at real-time pacing at fractions of that
+# capacity, one kvc-server for all (different prompt tokens per run, so no
+# run hits another's cache).
 # Run on the device after `scripts/cuda_setup.sh` and staging here:
 #
 #   cp /work/shared/traces/mooncake_synthetic_trace.jsonl .gpu/ && gzip -kf ...
 #   scripts/load_bench.sh OUT "0.7 2.0" [kvc-server flags ...]
 #
 # env: N (requests from the trace's start, default 300),
-# REQUEST_TIMEOUT_S (kvc-replay's per-request limit, default 600), SBL=1 to also
+# REQUEST_TIMEOUT_S (kvc-replay's per-request limit, default 600), CHUNK
+# (the capacity's chunk, default 8192: pass the same --max-num-batched-tokens
+# to the server), CAP_FROM=16k (capacity of one 16K prompt instead), SBL=1 to also
 # time a short prompt behind a long one (scripts/short_behind_long.py),
 # PACK=1 to leave only OUT.tgz (the device returns few files).
-# OUT gets capacity.txt, for each fraction F run-F.tgz (kvc-replay's directory),
+# OUT gets trace.txt, prefill-mix.txt, capacity.txt, for each fraction F run-F.tgz (kvc-replay's directory),
 # metrics-F-{before,after}.txt and report-F.json / .md (scripts/load_report.py).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -25,16 +28,9 @@ TRACE=$ROOT/.gpu/mooncake_synthetic_trace.jsonl
 [ -f "$ROOT/.gpu/qwen3-30b-a3b/tokenizer.json" ] || gunzip -kf "$ROOT/.gpu/qwen3-30b-a3b/tokenizer.json.gz"
 mkdir -p "$OUT"
 
-# 1. Capacity: prompt tokens/s of one 16K prefill (the trace's mean prompt
-#    is ~13K); CAP=<tok/s> reuses an earlier measurement instead.
-if [ -n "${CAP:-}" ]; then echo "capacity (given): $CAP" > "$OUT/capacity.txt"; else
-"$RUN" kvc-bench engine --shape qwen3-30b-a3b --device cuda --prefill 2048,16384 --decode 1x2048 --steps 2 | tee "$OUT/capacity.txt"
-CAP=$(awk '$1 == 16384 && NF >= 3 {print $3}' "$OUT/capacity.txt" | tail -1)
-fi
-echo "capacity: $CAP prompt tok/s"
-
-# 2. The trace's offered uncached prompt tokens/s at real time.
-"$RUN" kvc-replay inspect --trace "$TRACE" --max-sessions "$N" | tee "$OUT/trace.txt"
+# 1. The trace's offered uncached prompt tokens/s at real time, and its
+#    prefills ("cached new" per request) for the capacity.
+"$RUN" kvc-replay inspect --trace "$TRACE" --max-sessions "$N" --prefill-mix "$OUT/prefill-mix.txt" | tee "$OUT/trace.txt"
 OFFERED=$(python3 - "$OUT/trace.txt" <<'PY'
 import re, sys
 t = open(sys.argv[1]).read()
@@ -45,6 +41,22 @@ print(tok * (1 - reuse) / last)
 PY
 )
 echo "offered at real time: $OFFERED uncached prompt tok/s"
+
+# 2. Capacity: kvc-bench's prefill tok/s on the trace's own prompts (each
+#    request's uncached tokens at the depth they start, CHUNK-token chunks
+#    as --max-num-batched-tokens cuts them; long prompts' quadratic
+#    attention priced as paid), and one 16K prompt for comparison;
+#    CAP_FROM=16k uses the latter, CAP=<tok/s> an earlier measurement.
+if [ -n "${CAP:-}" ]; then echo "capacity (given): $CAP" > "$OUT/capacity.txt"; else
+"$RUN" kvc-bench engine --shape qwen3-30b-a3b --device cuda --prefill 16384 --decode 1x2048 --steps 2 \
+    --prefill-mix "$OUT/prefill-mix.txt" --chunk "${CHUNK:-8192}" | tee "$OUT/capacity.txt"
+if [ "${CAP_FROM:-trace}" = 16k ]; then
+    CAP=$(awk '$1 == 16384 && NF >= 3 {print $3}' "$OUT/capacity.txt" | tail -1)
+else
+    CAP=$(awk '/^workload prefill capacity:/ {print $4}' "$OUT/capacity.txt" | tail -1)
+fi
+fi
+echo "capacity: $CAP prompt tok/s"
 
 # 3. One server.
 PORT=18200

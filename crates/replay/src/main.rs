@@ -37,7 +37,7 @@ enum Cmd {
     /// Write a synthetic workload in kvc's session format and print its shape.
     Synth(SynthArgs),
     /// Print a trace's size and the reuse its structure allows (no server).
-    Inspect(SourceArgs),
+    Inspect(InspectArgs),
     /// Rebuild a result directory's summaries and plots from its rows.
     Report { dir: PathBuf },
     /// Side-by-side table of result directories.
@@ -45,6 +45,21 @@ enum Cmd {
         #[arg(required = true)]
         dirs: Vec<PathBuf>,
     },
+}
+
+#[derive(Args, Clone)]
+struct InspectArgs {
+    #[command(flatten)]
+    source: SourceArgs,
+    /// Also write the prefill each request asks for, one line per request
+    /// in arrival order: "cached new" (tokens reusable from earlier
+    /// requests, tokens to compute); what `kvc-bench engine --prefill-mix`
+    /// measures the prefill capacity on.
+    #[arg(long)]
+    prefill_mix: Option<PathBuf>,
+    /// Only every Nth request goes into --prefill-mix (a systematic sample).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    mix_every: u64,
 }
 
 #[derive(Args, Clone)]
@@ -367,7 +382,8 @@ async fn run(a: RunArgs) -> anyhow::Result<()> {
 }
 
 /// Sizes and the reuse the trace's own structure allows, in send order.
-fn inspect(s: &SourceArgs) -> anyhow::Result<()> {
+fn inspect(a: &InspectArgs) -> anyhow::Result<()> {
+    let s = &a.source;
     let w = workload(s)?;
     let synth = TokenSynth::new(s.shape.seed);
     let mut oracle = ReuseOracle::new(s.reuse_block_tokens);
@@ -385,13 +401,21 @@ fn inspect(s: &SourceArgs) -> anyhow::Result<()> {
     order.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
     let mut ctxs: Vec<SessionContext> = (0..w.sessions.len()).map(|si| SessionContext::new(synth, si as u64, false)).collect();
     let (mut prompt, mut reusable, mut output) = (0usize, 0usize, 0usize);
-    for (_, si, i) in order {
+    let mut mix = String::new();
+    for (n, (_, si, i)) in order.into_iter().enumerate() {
         let turn = &w.sessions[si].turns[i];
         let p = ctxs[si].prompt(i, turn);
         prompt += p.tokens.len();
-        reusable += oracle.observe(&p.tokens);
+        let cached = oracle.observe(&p.tokens);
+        reusable += cached;
+        if n as u64 % a.mix_every == 0 {
+            mix += &format!("{cached} {}\n", p.tokens.len() - cached);
+        }
         output += turn.output_tokens;
         ctxs[si].finish(i, turn, "");
+    }
+    if let Some(path) = &a.prefill_mix {
+        std::fs::write(path, mix)?;
     }
     let span = w.sessions.iter().flat_map(|s| s.turns.iter().map(|t| t.arrival_s)).fold(0.0, f64::max);
     println!(
@@ -419,7 +443,7 @@ fn main() -> anyhow::Result<()> {
             eprintln!("wrote {} turns to {}", rows.len(), a.out.display());
             Ok(())
         }
-        Cmd::Inspect(s) => inspect(&s),
+        Cmd::Inspect(a) => inspect(&a),
         Cmd::Report { dir } => {
             report::rebuild(&dir)?;
             print!("{}", std::fs::read_to_string(dir.join("summary.md"))?);

@@ -52,6 +52,8 @@ struct Args {
     decode: Vec<(usize, usize)>,
     steps: usize,
     json_schema: Option<String>,
+    prefill_mix: Option<String>,
+    chunk: usize,
 }
 
 fn list(v: &str, flag: &str) -> Result<Vec<usize>, String> {
@@ -74,6 +76,8 @@ fn parse() -> Result<Args, String> {
         decode: Vec::new(),
         steps: 64,
         json_schema: None,
+        prefill_mix: None,
+        chunk: 8192,
     };
     let mut it = std::env::args().skip(1);
     match it.next().as_deref() {
@@ -111,6 +115,8 @@ fn parse() -> Result<Args, String> {
             "--cuda-graph" => a.cuda_graph = true,
             "--enforce-eager" => a.enforce_eager = true,
             "--json-schema" => a.json_schema = Some(val()?),
+            "--prefill-mix" => a.prefill_mix = Some(val()?),
+            "--chunk" => a.chunk = val()?.parse().map_err(|e| format!("--chunk: {e}"))?,
             other => return Err(format!("unknown flag {other}")),
         }
     }
@@ -193,6 +199,8 @@ fn main() {
                 steps: args.steps,
                 block_size: 16,
                 cuda_graph: args.cuda_graph,
+                prefill_mix: args.prefill_mix.clone(),
+                chunk: args.chunk.max(1),
             })
         }
         Some(other) => {

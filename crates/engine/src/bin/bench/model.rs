@@ -31,6 +31,12 @@ pub struct Opts {
     pub block_size: usize,
     /// Also replay each decode step as a CUDA graph (cuda builds).
     pub cuda_graph: bool,
+    /// A workload's prefills, "cached new" per line (`kvc-replay inspect
+    /// --prefill-mix`): its prefill capacity is measured too.
+    pub prefill_mix: Option<String>,
+    /// Chunk length of that measurement (the server's
+    /// `--max-num-batched-tokens`).
+    pub chunk: usize,
 }
 
 struct Shape {
@@ -160,7 +166,89 @@ fn graph_step_time(_: &Qwen3Model, _: &BatchInput, _: &mut KvPool, _: usize) -> 
     Err("this kvc-bench was built without --features cuda".into())
 }
 
+/// Prefill capacity on a workload's own prompts: one prompt as long as its
+/// longest is prefilled in `chunk`-token chunks (as the server's
+/// `--max-num-batched-tokens` cuts it), timing each; a prompt of `new`
+/// tokens after `cached` ones costs the time from depth `cached` to
+/// `cached + new` on that curve (interpolated within a chunk), so the
+/// quadratic attention of long prompts is priced as it is paid. Prints the
+/// curve's tok/s by depth and the workload's tokens over their summed time.
+fn prefill_mix_capacity(model: &Qwen3Model, pool: &mut KvPool, device: &Device, mix: &[(usize, usize)], chunk: usize, bs: usize) {
+    let len = mix.iter().map(|&(c, n)| c + n).max().unwrap_or(0);
+    let table: Vec<BlockId> = (0..len.div_ceil(bs) as BlockId).collect();
+    let tokens: Vec<u32> = (0..len).map(|i| ((i * 7919) % 150000) as u32 + 10).collect();
+    // Cumulative seconds at each chunk's end: a warm-up pass (plans for
+    // each shape), then the timed one.
+    let mut ends = vec![(0usize, 0.0f64)];
+    for pass in 0..2 {
+        ends.truncate(1);
+        let mut total = 0.0;
+        let mut start = 0;
+        while start < len {
+            let n = chunk.min(len - start);
+            let batch = BatchInput {
+                tokens: tokens[start..start + n].to_vec(),
+                seqs: vec![SeqChunk { start, len: n, context_len: start + n, block_table: &table }],
+                logits_rows: vec![n - 1],
+            };
+            sync(device);
+            let t = Instant::now();
+            greedy(&model.forward(&batch, &mut pool.storage).expect("prefill chunk"));
+            total += t.elapsed().as_secs_f64();
+            start += n;
+            ends.push((start, total));
+        }
+        if pass == 0 {
+            eprintln!("prefill mix: warm-up pass {:.1} s", total);
+        }
+    }
+    // Seconds to reach depth x on the curve.
+    let at = |x: usize| -> f64 {
+        let i = ends.partition_point(|&(e, _)| e < x).min(ends.len() - 1);
+        if i == 0 {
+            return 0.0;
+        }
+        let ((e0, t0), (e1, t1)) = (ends[i - 1], ends[i]);
+        t0 + (t1 - t0) * (x - e0) as f64 / (e1 - e0).max(1) as f64
+    };
+    println!("\nprefill capacity on the workload's prompts ({} prompts, {chunk}-token chunks; curve to {len} tokens):", mix.len());
+    println!("{:>10} {:>12}", "depth", "chunk tok/s");
+    for w in ends.windows(2).step_by((ends.len() / 12).max(1)) {
+        println!("{:>10} {:>12.0}", w[1].0, (w[1].0 - w[0].0) as f64 / (w[1].1 - w[0].1));
+    }
+    let new: usize = mix.iter().map(|m| m.1).sum();
+    let secs: f64 = mix.iter().map(|&(c, n)| at(c + n) - at(c)).sum();
+    println!(
+        "workload prefill capacity: {:.0} tok/s ({new} tokens to compute in {secs:.1} s; {} of {} prompt tokens cached)",
+        new as f64 / secs,
+        mix.iter().map(|m| m.0).sum::<usize>(),
+        mix.iter().map(|m| m.0 + m.1).sum::<usize>()
+    );
+}
+
 pub fn run(o: &Opts) {
+    let mix: Vec<(usize, usize)> = match &o.prefill_mix {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).unwrap_or_else(|e| {
+                eprintln!("--prefill-mix {path}: {e}");
+                std::process::exit(2)
+            });
+            text.lines()
+                .filter(|l| !l.trim().is_empty())
+                .map(|l| {
+                    let mut f = l.split_whitespace().map(str::parse::<usize>);
+                    match (f.next(), f.next()) {
+                        (Some(Ok(c)), Some(Ok(n))) => (c, n),
+                        _ => {
+                            eprintln!("--prefill-mix {path}: expected 'cached new' per line, got {l:?}");
+                            std::process::exit(2)
+                        }
+                    }
+                })
+                .collect()
+        }
+        None => Vec::new(),
+    };
     let device = kvc_engine::device::select(&o.device).unwrap_or_else(|e| {
         eprintln!("{e}");
         std::process::exit(1)
@@ -178,7 +266,8 @@ pub fn run(o: &Opts) {
     );
     let bs = o.block_size;
     let layout = model.kv_layout(bs);
-    let max_prefill = o.prefill.iter().copied().max().unwrap_or(0);
+    let mix_len = mix.iter().map(|&(c, n)| c + n).max().unwrap_or(0);
+    let max_prefill = o.prefill.iter().copied().max().unwrap_or(0).max(mix_len);
     let per_seq = |ctx: usize| (ctx + o.steps + 8).div_ceil(bs);
     let blocks = o.decode.iter().map(|&(b, c)| b * per_seq(c)).max().unwrap_or(0).max(max_prefill.div_ceil(bs)).max(1);
     let mut pool = KvPool::new_on(layout, blocks, &device).expect("KV pool");
@@ -196,6 +285,10 @@ pub fn run(o: &Opts) {
             logits_rows: vec![len - 1],
         };
         greedy(&model.forward(&b, &mut pool.storage).expect("warm-up"));
+    }
+
+    if !mix.is_empty() {
+        prefill_mix_capacity(&model, &mut pool, &device, &mix, o.chunk, bs);
     }
 
     println!("\nprefill (one sequence, one forward pass; attention = one layer's alone x layers, rest = the other work)");
