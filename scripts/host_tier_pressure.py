@@ -244,7 +244,11 @@ def main() -> int:
     LOG_DIR = args.log_dir
 
     prompts = workload(args)
-    base = ([f"--model={args.model}"] if args.model else []) + [f"--block-size={args.block_size}", *args.flags]
+    # No step-time budget: chunks are cut by --max-num-batched-tokens alone,
+    # the same in both runs whatever their step times (a budget fitted on
+    # each server's own timings cuts prompts differently, and a different
+    # chunking rounds differently: near-ties flip).
+    base = ([f"--model={args.model}"] if args.model else []) + [f"--block-size={args.block_size}", "--max-step-ms=0", *args.flags]
     constrained = [f"--num-kv-blocks={args.pool_tokens // args.block_size}", f"--swap-space={args.swap_space}",
                    f"--max-model-len={args.first_max + args.append * args.turns + args.max_tokens + 64}"]
     if args.probe_tokens:

@@ -206,8 +206,9 @@ impl SessionAwareCache {
         if self.restore_ticket.is_some() {
             self.order_needed = true;
         }
-        if self.cache_refs[b as usize] == 0 {
-            // The block may be rewritten once the cache lets go of it.
+        // A written-back copy serves a session's eviction only: once no
+        // session holds the block (the prefix index may still), it goes.
+        if self.cache_refs[b as usize] <= u32::from(self.index.contains_block(b)) {
             if let Some(h) = self.mirrors.remove(&b) {
                 self.host.release(h);
                 self.stats.write_back_blocks.discarded += 1;

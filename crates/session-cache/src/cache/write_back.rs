@@ -232,8 +232,18 @@ mod tests {
         cache.write_back(8, 64, &alloc, &storage);
         let copied = cache.stats.write_back_blocks.copied;
         assert!(copied > 3, "more written back under a higher watermark");
+        // The prefix index holds one of "b"'s written-back blocks too: its
+        // copy goes with the last session that holds it, not with the index.
+        let (_, b_tokens, _) = &sessions[1];
+        let b_block = match cache.sessions["b"].blocks[0] {
+            BlockLoc::Device(blk) => blk,
+            BlockLoc::Host(_) => panic!("b is on the device"),
+        };
+        assert!(cache.mirrors.contains_key(&b_block));
+        cache.register_block(None, &b_tokens[..BS], b_block, &mut alloc);
         cache.delete("a", &mut alloc);
         cache.delete("b", &mut alloc);
+        assert_eq!(cache.host_free_blocks(), 16, "no written-back copy outlives the sessions");
         cache.reset_prefix_cache(&mut alloc);
         let wb = cache.stats.write_back_blocks;
         assert_eq!(wb.used + wb.discarded, wb.copied, "every written-back block was used or released");

@@ -188,7 +188,7 @@ fn prefill_mix_capacity(model: &Qwen3Model, pool: &mut KvPool, device: &Device, 
             let n = chunk.min(len - start);
             let batch = BatchInput {
                 tokens: tokens[start..start + n].to_vec(),
-                seqs: vec![SeqChunk { start, len: n, context_len: start + n, block_table: &table }],
+                seqs: vec![SeqChunk { start: 0, len: n, context_len: start + n, block_table: &table }],
                 logits_rows: vec![n - 1],
             };
             sync(device);
@@ -253,7 +253,11 @@ pub fn run(o: &Opts) {
         eprintln!("{e}");
         std::process::exit(1)
     });
-    let cfg = Qwen3Config::from_json(QWEN3_30B_A3B).expect("config");
+    let mut cfg = Qwen3Config::from_json(QWEN3_30B_A3B).expect("config");
+    // Positions as far as the workload's longest prompt (as a served
+    // model's --max-model-len with a long-context config).
+    let mix_len = mix.iter().map(|&(c, n)| c + n).max().unwrap_or(0);
+    cfg.max_position_embeddings = cfg.max_position_embeddings.max(mix_len);
     let shape = Shape::of(&cfg);
     let dtype = if device.is_cpu() { DType::F32 } else { DType::BF16 };
     let t0 = Instant::now();
@@ -266,7 +270,6 @@ pub fn run(o: &Opts) {
     );
     let bs = o.block_size;
     let layout = model.kv_layout(bs);
-    let mix_len = mix.iter().map(|&(c, n)| c + n).max().unwrap_or(0);
     let max_prefill = o.prefill.iter().copied().max().unwrap_or(0).max(mix_len);
     let per_seq = |ctx: usize| (ctx + o.steps + 8).div_ceil(bs);
     let blocks = o.decode.iter().map(|&(b, c)| b * per_seq(c)).max().unwrap_or(0).max(max_prefill.div_ceil(bs)).max(1);
