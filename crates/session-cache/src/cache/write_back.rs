@@ -164,6 +164,15 @@ mod tests {
         }
     }
 
+    /// A pool of 8 blocks with an asynchronous host tier of 16 slots, and
+    /// the switch that keeps its copies running.
+    fn async_setup() -> (SessionAwareCache, BlockAllocator, KvStorage, Arc<AtomicBool>) {
+        let (mut cache, alloc, storage) = setup(8, 16);
+        let busy = Arc::new(AtomicBool::new(false));
+        cache.set_host_arena(Box::new(AsyncArena(VecArena::new(16), busy.clone(), 0)));
+        (cache, alloc, storage, busy)
+    }
+
     /// Sessions "a" (3 blocks: the larger, so the eviction victim) and "b"
     /// (2 blocks) committed and idle
     /// on a pool of 8 blocks; returns their tokens and original bytes.
@@ -187,9 +196,7 @@ mod tests {
 
     #[test]
     fn written_back_blocks_are_evicted_with_no_copy_and_come_back_identical() {
-        let (mut cache, mut alloc, mut storage) = setup(8, 16);
-        let busy = Arc::new(AtomicBool::new(false));
-        cache.set_host_arena(Box::new(AsyncArena(VecArena::new(16), busy.clone(), 0)));
+        let (mut cache, mut alloc, mut storage, busy) = async_setup();
         let sessions = two_sessions(&mut cache, &mut alloc, &mut storage);
         assert_eq!(alloc.num_free(), 3);
         // Above the watermark: nothing to do.
@@ -262,9 +269,7 @@ mod tests {
     /// wait for instead of every later step waiting.
     #[test]
     fn restores_beside_compute_hand_the_request_a_ticket() {
-        let (mut cache, mut alloc, mut storage) = setup(8, 16);
-        let busy = Arc::new(AtomicBool::new(false));
-        cache.set_host_arena(Box::new(AsyncArena(VecArena::new(16), busy.clone(), 0)));
+        let (mut cache, mut alloc, mut storage, busy) = async_setup();
         let sessions = two_sessions(&mut cache, &mut alloc, &mut storage);
         cache.reclaim(8, &mut alloc, &storage);
         assert_eq!(cache.session_info("a").unwrap().tier, Tier::Host);
