@@ -54,6 +54,7 @@ struct Args {
     json_schema: Option<String>,
     prefill_mix: Option<String>,
     chunk: usize,
+    mixed: Option<(usize, usize, usize, usize)>,
 }
 
 fn list(v: &str, flag: &str) -> Result<Vec<usize>, String> {
@@ -78,6 +79,7 @@ fn parse() -> Result<Args, String> {
         json_schema: None,
         prefill_mix: None,
         chunk: 8192,
+        mixed: None,
     };
     let mut it = std::env::args().skip(1);
     match it.next().as_deref() {
@@ -117,6 +119,16 @@ fn parse() -> Result<Args, String> {
             "--json-schema" => a.json_schema = Some(val()?),
             "--prefill-mix" => a.prefill_mix = Some(val()?),
             "--chunk" => a.chunk = val()?.parse().map_err(|e| format!("--chunk: {e}"))?,
+            "--mixed" => {
+                // LEN@DEPTH,BATCHxCONTEXT
+                let v = val()?;
+                let bad = || format!("--mixed {v}: LEN@DEPTH,BATCHxCONTEXT expected (e.g. 1536@20000,25x20000)");
+                let (chunk, dec) = v.split_once(',').ok_or_else(bad)?;
+                let (len, depth) = chunk.split_once('@').ok_or_else(bad)?;
+                let (b, c) = dec.split_once('x').ok_or_else(bad)?;
+                let n = |x: &str| x.trim().parse::<usize>().map_err(|_| bad());
+                a.mixed = Some((n(len)?, n(depth)?, n(b)?, n(c)?));
+            }
             other => return Err(format!("unknown flag {other}")),
         }
     }
@@ -201,6 +213,7 @@ fn main() {
                 cuda_graph: args.cuda_graph,
                 prefill_mix: args.prefill_mix.clone(),
                 chunk: args.chunk.max(1),
+                mixed: args.mixed,
             })
         }
         Some(other) => {

@@ -37,6 +37,9 @@ pub struct Opts {
     /// Chunk length of that measurement (the server's
     /// `--max-num-batched-tokens`).
     pub chunk: usize,
+    /// A mixed step: a prefill chunk of `.0` tokens after `.1` of context,
+    /// beside `.2` decodes at context `.3`: each alone and together.
+    pub mixed: Option<(usize, usize, usize, usize)>,
 }
 
 struct Shape {
@@ -226,6 +229,59 @@ fn prefill_mix_capacity(model: &Qwen3Model, pool: &mut KvPool, device: &Device, 
     );
 }
 
+/// What decodes cost inside a step that also prefills: the chunk alone,
+/// the decodes alone, and both as one batch (median of 5 after 2 warm-ups
+/// each), with the K/V the decodes read.
+fn mixed_step(model: &Qwen3Model, pool: &mut KvPool, device: &Device, (n, depth, b, ctx): (usize, usize, usize, usize), bs: usize) {
+    let chunk_table: Vec<BlockId> = (0..(depth + n).div_ceil(bs) as BlockId).collect();
+    let per = (ctx + 1).div_ceil(bs);
+    let base = chunk_table.len();
+    let tables: Vec<Vec<BlockId>> = (0..b).map(|i| ((base + i * per) as BlockId..(base + (i + 1) * per) as BlockId).collect()).collect();
+    let chunk_tokens: Vec<u32> = (0..n).map(|i| ((i * 7919) % 150000) as u32 + 10).collect();
+    let decode_tokens: Vec<u32> = (0..b).map(|i| (i * 31 % 1000) as u32 + 10).collect();
+    let chunk_seq = SeqChunk { start: 0, len: n, context_len: depth + n, block_table: &chunk_table };
+    let decodes = |offset: usize| -> Vec<SeqChunk<'_>> {
+        tables.iter().enumerate().map(|(i, t)| SeqChunk { start: offset + i, len: 1, context_len: ctx + 1, block_table: t }).collect()
+    };
+    let cases: Vec<(&str, BatchInput)> = vec![
+        ("chunk alone", BatchInput { tokens: chunk_tokens.clone(), seqs: vec![chunk_seq.clone()], logits_rows: vec![n - 1] }),
+        ("decodes alone", BatchInput { tokens: decode_tokens.clone(), seqs: decodes(0), logits_rows: (0..b).collect() }),
+        (
+            "both, one step",
+            BatchInput {
+                tokens: chunk_tokens.iter().chain(&decode_tokens).copied().collect(),
+                seqs: std::iter::once(chunk_seq.clone()).chain(decodes(n)).collect(),
+                logits_rows: std::iter::once(n - 1).chain(n..n + b).collect(),
+            },
+        ),
+    ];
+    println!("\nmixed step: a {n}-token chunk after {depth} tokens of context beside {b} decodes at context {ctx} (median of 5)");
+    let mut ms = Vec::new();
+    for (name, batch) in &cases {
+        let mut times = Vec::new();
+        for i in 0..7 {
+            sync(device);
+            let t = Instant::now();
+            greedy(&model.forward(batch, &mut pool.storage).expect("mixed step"));
+            if i >= 2 {
+                times.push(t.elapsed().as_secs_f64());
+            }
+        }
+        times.sort_by(|a, b| a.total_cmp(b));
+        ms.push(times[2] * 1e3);
+        println!("{name:>16} {:>9.2} ms", times[2] * 1e3);
+    }
+    let kv = (b * (ctx + 1)) as f64 * model.kv_layout(bs).bytes_per_block() as f64 / bs as f64;
+    println!(
+        "decodes inside the step: {:+.2} ms ({:.2} ms each; their K/V, {:.1} GB, is {:.2} ms at {:.1} TB/s)",
+        ms[2] - ms[0],
+        (ms[2] - ms[0]) / b as f64,
+        kv / 1e9,
+        kv / HBM_BYTES_PER_S * 1e3,
+        HBM_BYTES_PER_S / 1e12
+    );
+}
+
 pub fn run(o: &Opts) {
     let mix: Vec<(usize, usize)> = match &o.prefill_mix {
         Some(path) => {
@@ -270,7 +326,8 @@ pub fn run(o: &Opts) {
     );
     let bs = o.block_size;
     let layout = model.kv_layout(bs);
-    let max_prefill = o.prefill.iter().copied().max().unwrap_or(0).max(mix_len);
+    let mixed_tokens = o.mixed.map_or(0, |(n, d, b, c)| n + d + b * (c + 1) + (b + 1) * bs);
+    let max_prefill = o.prefill.iter().copied().max().unwrap_or(0).max(mix_len).max(mixed_tokens);
     let per_seq = |ctx: usize| (ctx + o.steps + 8).div_ceil(bs);
     let blocks = o.decode.iter().map(|&(b, c)| b * per_seq(c)).max().unwrap_or(0).max(max_prefill.div_ceil(bs)).max(1);
     let mut pool = KvPool::new_on(layout, blocks, &device).expect("KV pool");
@@ -292,6 +349,9 @@ pub fn run(o: &Opts) {
 
     if !mix.is_empty() {
         prefill_mix_capacity(&model, &mut pool, &device, &mix, o.chunk, bs);
+    }
+    if let Some(m) = o.mixed {
+        mixed_step(&model, &mut pool, &device, m, bs);
     }
 
     println!("\nprefill (one sequence, one forward pass; attention = one layer's alone x layers, rest = the other work)");
