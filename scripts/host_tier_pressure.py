@@ -196,8 +196,8 @@ def demoted_turn_ttft(args, base: list[str]) -> None:
             m = http("GET", url + "/metrics")[1]
             print(f"{n}-token session, next turn after demotion ({tag}): {again * 1e3:.0f} ms "
                   f"(its first turn, cold: {cold * 1e3:.0f} ms); host restores {metric(m, 'kvc_host_restores_total'):.0f} blocks, "
-                  f"written back {metric_label(m, 'kvc_host_tier_write_back_blocks_total', 'copied'):.0f} "
-                  f"(used {metric_label(m, 'kvc_host_tier_write_back_blocks_total', 'used'):.0f}); "
+                  f"written back {metric_label(m, 'kvc_host_tier_write_back_blocks_total', 'outcome', 'copied'):.0f} "
+                  f"(used {metric_label(m, 'kvc_host_tier_write_back_blocks_total', 'outcome', 'used'):.0f}); "
                   f"{k} decodes beside it: token gap p50 {p50 * 1e3:.1f} ms, largest while it ran "
                   f"{max(during, default=0.0) * 1e3:.1f} ms")
         finally:
@@ -205,10 +205,11 @@ def demoted_turn_ttft(args, base: list[str]) -> None:
             proc.wait(timeout=60)
 
 
-def metric_label(text: str, name: str, value: str) -> float:
+def metric_label(text: str, name: str, label: str, value: str) -> float:
+    """Sum of `name`'s samples whose `label` is `value`."""
     total = 0.0
     for line in text.splitlines():
-        if line.startswith(name + "{") and f'="{value}"' in line:
+        if line.startswith(name + "{") and f'{label}="{value}"' in line:
             total += float(line.rsplit(" ", 1)[1])
     return total
 
@@ -269,7 +270,7 @@ def main() -> int:
             answers, failures, wall = run(url, model, prompts, args, tag)
             m = http("GET", url + "/metrics")[1]
             restores = metric(m, "kvc_host_restores_total")
-            evicted = {tier: metric_tier(m, tier) for tier in ("host", "dropped")}
+            evicted = {tier: metric_label(m, "kvc_evicted_blocks_total", "tier", tier) for tier in ("host", "dropped")}
             print(f"{tag}: host restores {restores:.0f} blocks, evicted blocks to host {evicted['host']:.0f}, "
                   f"dropped {evicted['dropped']:.0f}")
             for s in range(args.sessions):
@@ -319,14 +320,6 @@ def main() -> int:
 def bf16_step(x: float) -> float:
     """The spacing of bf16 values (8 significant bits) around x."""
     return 2.0 ** (math.floor(math.log2(abs(x))) - 7) if x else 2.0 ** -133
-
-
-def metric_tier(text: str, tier: str) -> float:
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith("kvc_evicted_blocks_total{") and f'tier="{tier}"' in line:
-            total += float(line.rsplit(" ", 1)[1])
-    return total
 
 
 if __name__ == "__main__":

@@ -73,25 +73,34 @@ impl SessionAwareCache {
         freed
     }
 
-    fn pick_victim(&self, alloc: &BlockAllocator) -> Option<EvictionDecision> {
+    /// What the eviction cost function knows of each idle session: its
+    /// device blocks that no request uses, and how many of those are
+    /// written back already.
+    pub(super) fn idle_candidates(&self, alloc: &BlockAllocator) -> Vec<VictimCandidate> {
         let now = Instant::now();
-        let candidates: Vec<VictimCandidate> = self
-            .sessions
+        self.sessions
             .iter()
             .filter(|(_, s)| s.busy == 0)
-            .map(|(id, s)| VictimCandidate {
-                session: id.clone(),
-                idle_s: now.saturating_duration_since(s.last_use).as_secs_f64(),
-                device_blocks: s.blocks.iter().filter(|l| matches!(l, BlockLoc::Device(b) if self.running_refs(alloc, *b) == 0)).count(),
-                turns: s.turns,
-                mirrored: s
-                    .blocks
-                    .iter()
-                    .filter(|l| matches!(l, BlockLoc::Device(b) if self.running_refs(alloc, *b) == 0 && self.mirrors.contains_key(b)))
-                    .count(),
+            .map(|(id, s)| {
+                let free_later = s.blocks.iter().filter_map(|l| match *l {
+                    BlockLoc::Device(b) if self.running_refs(alloc, b) == 0 => Some(b),
+                    _ => None,
+                });
+                let (device_blocks, mirrored) =
+                    free_later.fold((0, 0), |(n, m), b| (n + 1, m + usize::from(self.mirrors.contains_key(&b))));
+                VictimCandidate {
+                    session: id.clone(),
+                    idle_s: now.saturating_duration_since(s.last_use).as_secs_f64(),
+                    device_blocks,
+                    turns: s.turns,
+                    mirrored,
+                }
             })
-            .collect();
-        choose_victim(&candidates, self.host.num_free(), alloc.num_blocks())
+            .collect()
+    }
+
+    fn pick_victim(&self, alloc: &BlockAllocator) -> Option<EvictionDecision> {
+        choose_victim(&self.idle_candidates(alloc), self.host.num_free(), alloc.num_blocks())
     }
 
     /// Offloads (or drops) a session's device blocks that no request uses.

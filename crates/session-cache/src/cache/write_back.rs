@@ -10,30 +10,10 @@
 use kvc_kv_pool::{BlockAllocator, BlockId, KvStorage};
 
 use super::SessionAwareCache;
-use crate::eviction::{choose_victim, decide_write_back, VictimCandidate, WriteBack, WriteBackInputs, WriteBackSkip};
+use crate::eviction::{choose_victim, decide_write_back, WriteBack, WriteBackInputs, WriteBackSkip};
 use crate::session::BlockLoc;
 
 impl SessionAwareCache {
-    /// Idle sessions' device blocks that eviction could take (no running
-    /// user): (already written back, not yet).
-    fn idle_device_blocks(&self, alloc: &BlockAllocator) -> (usize, usize) {
-        let mut out = (0, 0);
-        for s in self.sessions.values().filter(|s| s.busy == 0) {
-            for loc in &s.blocks {
-                if let BlockLoc::Device(b) = *loc {
-                    if self.running_refs(alloc, b) == 0 {
-                        if self.mirrors.contains_key(&b) {
-                            out.0 += 1;
-                        } else {
-                            out.1 += 1;
-                        }
-                    }
-                }
-            }
-        }
-        out
-    }
-
     /// One write-back pass: when free blocks plus idle blocks already on
     /// the host are under `watermark`, copies up to `max_batch` more idle
     /// blocks (the next eviction victims', tail first, issued in token
@@ -48,14 +28,26 @@ impl SessionAwareCache {
             // The common case, decided without a pass over the sessions.
             return WriteBack::Skip(WriteBackSkip::AboveWatermark);
         }
-        let (mirrored_idle, unmirrored_idle) = self.idle_device_blocks(alloc);
+        let copies_running = self.write_back_ticket.is_some_and(|t| !self.host.done(t));
+        if copies_running {
+            // Nothing to decide until the batch in flight is done: no pass
+            // over the sessions on every step meanwhile.
+            return WriteBack::Skip(WriteBackSkip::CopiesRunning);
+        }
+        // The eviction cost function's view, counting only blocks not yet
+        // written back: whose blocks go first.
+        let mut candidates = self.idle_candidates(alloc);
+        let mirrored_idle: usize = candidates.iter().map(|c| c.mirrored).sum();
+        for c in &mut candidates {
+            c.device_blocks -= std::mem::take(&mut c.mirrored);
+        }
         let inputs = WriteBackInputs {
             free: alloc.num_free(),
             mirrored_idle,
-            unmirrored_idle,
+            unmirrored_idle: candidates.iter().map(|c| c.device_blocks).sum(),
             watermark,
             host_free: self.host.num_free(),
-            copies_running: self.write_back_ticket.is_some_and(|t| !self.host.done(t)),
+            copies_running,
             max_batch,
         };
         let decision = decide_write_back(&inputs);
@@ -63,13 +55,13 @@ impl SessionAwareCache {
             return decision;
         };
         let mut copied = 0;
-        let mut done: Vec<String> = Vec::new();
         while copied < want {
-            let Some(victim) = self.next_write_back_victim(alloc, &done) else {
+            let Some(victim) = choose_victim(&candidates, usize::MAX, alloc.num_blocks()).map(|d| d.session) else {
                 break;
             };
-            let locs = &self.sessions[&victim].blocks;
-            let mut todo: Vec<BlockId> = locs
+            candidates.retain(|c| c.session != victim);
+            let mut todo: Vec<BlockId> = self.sessions[&victim]
+                .blocks
                 .iter()
                 .rev()
                 .filter_map(|l| match *l {
@@ -84,7 +76,6 @@ impl SessionAwareCache {
                 self.mirrors.insert(b, h);
                 copied += 1;
             }
-            done.push(victim);
         }
         self.write_back_ticket = Some(self.host.flush_async());
         self.stats.write_back_blocks.copied += copied as u64;
@@ -97,29 +88,6 @@ impl SessionAwareCache {
             "idle session KV copied to the host tier ahead of pressure"
         );
         WriteBack::Copy(copied)
-    }
-
-    /// The idle session eviction would pick next among those with blocks
-    /// not yet written back (`done` excluded).
-    fn next_write_back_victim(&self, alloc: &BlockAllocator, done: &[String]) -> Option<String> {
-        let now = std::time::Instant::now();
-        let candidates: Vec<VictimCandidate> = self
-            .sessions
-            .iter()
-            .filter(|(id, s)| s.busy == 0 && !done.contains(id))
-            .map(|(id, s)| VictimCandidate {
-                session: id.clone(),
-                idle_s: now.saturating_duration_since(s.last_use).as_secs_f64(),
-                device_blocks: s
-                    .blocks
-                    .iter()
-                    .filter(|l| matches!(l, BlockLoc::Device(b) if self.running_refs(alloc, *b) == 0 && !self.mirrors.contains_key(b)))
-                    .count(),
-                turns: s.turns,
-                mirrored: 0,
-            })
-            .collect();
-        choose_victim(&candidates, usize::MAX, alloc.num_blocks()).map(|d| d.session)
     }
 }
 
