@@ -141,7 +141,7 @@ def test_an_acknowledged_network_address_is_the_only_one_the_transport_listens_o
 PROBE = r"""
 import socket, sys
 s = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=5)
-s.settimeout(1.5)
+s.settimeout(float(sys.argv[2]))
 try:
     s.sendall(b"{}\n")
     print("closed" if s.recv(1) == b"" else "open")
@@ -152,9 +152,10 @@ except socket.timeout:
 """
 
 
-def probe(port: int, user: str | None) -> str:
+def probe(port: int, user: str | None, wait_s: float = 1.5) -> str:
     # The system Python: another user may not be able to read the venv.
-    r = subprocess.run(["/usr/bin/python3", "-c", PROBE, str(port)], capture_output=True, text=True, timeout=30, user=user)
+    r = subprocess.run(["/usr/bin/python3", "-c", PROBE, str(port), str(wait_s)], capture_output=True, text=True, timeout=30,
+                       user=user)
     assert r.returncode == 0, r.stderr
     return r.stdout.strip()
 
@@ -175,6 +176,8 @@ def test_another_users_process_cannot_connect_to_the_transport(start_server):
         assert len(transport) >= 2
         before = srv.metrics().get("kvc_kv_transport_connections_refused_total", 0.0)
         for port in transport:
-            assert probe(port, "nobody") == "closed", f"another user's process kept a connection to port {port}"
+            # A refusal comes at once; the long wait covers Mooncake's handshake
+            # daemon, which serves one connection at a time (up to 5 s each).
+            assert probe(port, "nobody", wait_s=12) == "closed", f"another user's process kept a connection to port {port}"
             assert probe(port, None) == "open", f"this user's own process was refused on port {port}"
         assert srv.metrics().get("kvc_kv_transport_connections_refused_total", 0.0) >= before + len(transport)

@@ -115,15 +115,21 @@ fn admit(peer: SocketAddr, local: SocketAddr) -> bool {
     let ip = canonical(peer.ip());
     if ip.is_loopback() || ip == canonical(local.ip()) {
         // SAFETY: no arguments.
-        return socket_owner(peer) == Some(unsafe { libc::geteuid() });
+        return socket_owner(peer, local) == Some(unsafe { libc::geteuid() });
     }
     ALLOWED.read().unwrap_or_else(|e| e.into_inner()).as_ref().is_some_and(|a| a.contains(&ip))
 }
 
-/// The user owning the TCP socket whose own address is `addr` (a peer's
-/// end, on this host).
-fn socket_owner(addr: SocketAddr) -> Option<u32> {
-    proc_tcp_entries("/proc/self").into_iter().find(|e| same(e.local, addr)).map(|e| e.uid)
+/// The user owning the client end, on this host, of the connection from
+/// `peer` to `local`. The whole address pair identifies it: the client's
+/// address alone may also be another connection's (a port is reused toward
+/// another destination), or a TIME_WAIT entry's, which the kernel lists
+/// with uid 0 and so would pass for root's.
+fn socket_owner(peer: SocketAddr, local: SocketAddr) -> Option<u32> {
+    proc_tcp_entries("/proc/self")
+        .into_iter()
+        .find(|e| !e.time_wait && same(e.local, peer) && same(e.remote, local))
+        .map(|e| e.uid)
 }
 
 fn same(a: SocketAddr, b: SocketAddr) -> bool {
@@ -147,8 +153,10 @@ pub unsafe extern "C" fn accept4(fd: libc::c_int, addr: *mut libc::sockaddr, len
     let Some(local) = guarded(fd) else {
         return conn;
     };
+    // The connection's own end: the listener's address (it is bound to one).
+    let own = socket_addr(conn, false).unwrap_or(local);
     match socket_addr(conn, true) {
-        Some(peer) if admit(peer, local) => conn,
+        Some(peer) if admit(peer, own) => conn,
         _ => {
             libc::close(conn);
             REFUSED.fetch_add(1, Ordering::Relaxed);
@@ -211,5 +219,34 @@ mod tests {
         assert!(guarded(l.as_raw_fd()).is_none());
         l.set_nonblocking(true).unwrap();
         assert_eq!(l.accept().unwrap_err().kind(), ErrorKind::WouldBlock);
+    }
+
+    /// The kernel lists a TIME_WAIT pair with uid 0; a stranger's client
+    /// reusing that port toward a guarded listener must not pass for root's
+    /// (CI runs as root). The owner is the live socket of the exact pair.
+    #[test]
+    fn the_owner_is_the_live_socket_of_the_exact_address_pair_never_a_time_wait_entry() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let server = l.local_addr().unwrap();
+        let c = TcpStream::connect(server).unwrap();
+        let client = c.local_addr().unwrap();
+        let (s, _) = l.accept().unwrap();
+        // SAFETY: no arguments.
+        let me = unsafe { libc::geteuid() };
+        assert_eq!(socket_owner(client, server), Some(me), "a live connection of this user");
+        assert_eq!(socket_owner(client, SocketAddr::new(server.ip(), 1)), None, "the client's address toward another destination");
+        // The client closes first: its end goes to TIME_WAIT once the
+        // server's close is acknowledged (on loopback, by the time it returns;
+        // the loop only bounds a slow kernel).
+        drop(c);
+        drop(s);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let time_wait = || proc_tcp_entries("/proc/self").into_iter().any(|e| e.time_wait && same(e.local, client) && same(e.remote, server));
+        while !time_wait() {
+            assert!(std::time::Instant::now() < deadline, "the client's end never reached TIME_WAIT");
+            std::thread::yield_now();
+        }
+        assert_eq!(socket_owner(client, server), None, "a TIME_WAIT entry has no owner");
+        assert!(!admit(client, server), "a connection whose client socket is gone is refused");
     }
 }

@@ -143,7 +143,11 @@ pub unsafe extern "C" fn bind(fd: libc::c_int, addr: *const libc::sockaddr, len:
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct TcpEntry {
     pub local: SocketAddr,
+    pub remote: SocketAddr,
     pub listening: bool,
+    /// In TIME_WAIT: the kernel keeps the address pair, not the socket; the
+    /// entry's uid (0) and inode (0) belong to nobody.
+    pub time_wait: bool,
     pub uid: u32,
     pub inode: u64,
 }
@@ -160,10 +164,12 @@ pub(crate) fn proc_tcp_entries(proc: &str) -> Vec<TcpEntry> {
             if f.len() < 10 {
                 continue;
             }
-            let (Some(local), Ok(uid), Ok(inode)) = (parse_proc_addr(f[1], v6), f[7].parse(), f[9].parse()) else {
+            let (Some(local), Some(remote), Ok(uid), Ok(inode)) =
+                (parse_proc_addr(f[1], v6), parse_proc_addr(f[2], v6), f[7].parse(), f[9].parse())
+            else {
                 continue;
             };
-            out.push(TcpEntry { local, listening: f[3] == "0A", uid, inode });
+            out.push(TcpEntry { local, remote, listening: f[3] == "0A", time_wait: f[3] == "06", uid, inode });
         }
     }
     out
