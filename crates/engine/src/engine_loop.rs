@@ -37,7 +37,7 @@ use role_parts::{Ctx, RoleParts};
 use snapshot_pushes::SnapshotPushes;
 
 use crate::sampler::Sampler;
-use crate::step_budget::StepBudget;
+use crate::step_budget::{StepBudget, WeightReads};
 use crate::stop::StopMatcher;
 use crate::tokenizer::TextTokenizer;
 use crate::{EngineConfig, EngineError, EngineStats, FinishReason, GenerateRequest, Logprobs, MatchedStop, StreamEvent, Usage};
@@ -143,7 +143,8 @@ impl EngineLoop {
         sc.growth_reserve_tokens = config.growth_reserve_tokens;
         let scheduler = Scheduler::new(sc);
         let max_step = config.max_step_ms.filter(|ms| *ms > 0.0).map(|ms| Duration::from_secs_f64(ms / 1000.0));
-        let step_budget = StepBudget::new(max_step);
+        let weights = model.config().moe.as_ref().map_or(WeightReads::dense(), |m| WeightReads::routed(m.num_experts_per_tok, m.num_experts));
+        let step_budget = StepBudget::new(max_step, weights);
         let KvPool { allocator, storage } = pool;
         let host_blocks = config.swap_space_bytes / storage.layout().bytes_per_block().max(1);
         let mut cache = SessionAwareCache::new(

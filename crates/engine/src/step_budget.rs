@@ -4,21 +4,31 @@
 //! A step's time is modelled as
 //!
 //! ```text
-//! t = t0 + d * decodes + e * (decodes' contexts)
-//!        + sum over prefill chunks of [ len * (a + b * mid-chunk context) + c * start ]
+//! t = t0 + w * weights(T) + a * T + d * decodes + e * (decodes' contexts)
+//!        + sum over prefill chunks of [ b * len * mid-chunk context + c * start ]
 //! ```
 //!
-//! (fixed cost per step; per decode and per token a decode attends to; per
-//! prefill token, growing with its context; per chunk, reading the context
-//! it attends to). The six coefficients are fitted on every step by
-//! exponentially weighted least squares, each step also pulling them
-//! towards the previous fit, so that long stretches of one kind of step
-//! (decodes only, say) do not lose what the other kind taught. All are
-//! measured on this engine: the same target gives large chunks on a fast
-//! GPU and small ones on a CPU, larger ones for a prompt's first chunk
-//! than deep into a long context, and larger ones alone than beside many
-//! decodes. The scheduler turns the seconds into chunk lengths
-//! ([`TimeBudget`]).
+//! with `T` the step's tokens (decodes and prefill). `weights(T)` is the
+//! share of the model's weights the step reads ([`WeightReads`]): all of a
+//! dense model's, and for a mixture of experts the experts that `T` tokens
+//! route to, which is nearly all of them from a few dozen tokens on. So
+//! the weights are paid once per step, however its tokens split between
+//! decodes and a prefill chunk; `a` is the per-token compute, `d` what a
+//! decode adds (its sampling, its own attention launch), `e` per token a
+//! decode attends to, `b` per prefill token and token of its context, `c`
+//! per token of context a chunk reads. An additive model (a decode's cost
+//! measured in decode-only steps, where it also stands for its share of
+//! the weights, plus a chunk's) charges a mixed step for the weights twice
+//! and plans it short of its target.
+//!
+//! The seven coefficients are fitted on every step by exponentially
+//! weighted least squares, each step also pulling them towards the
+//! previous fit, so that long stretches of one kind of step (decodes only,
+//! say) do not lose what the other kind taught. All are measured on this
+//! engine: the same target gives large chunks on a fast GPU and small ones
+//! on a CPU, larger ones for a prompt's first chunk than deep into a long
+//! context, and larger ones alone than beside many decodes. The scheduler
+//! turns the seconds into chunk lengths ([`TimeBudget`]).
 //!
 //! Bounding every step, not only mixed ones, bounds two waits at once: an
 //! answer's next token (a step) and a new prompt's first chunk (the step
@@ -42,12 +52,45 @@ const KEEP: f64 = 0.95;
 /// Pull towards the previous fit (in scaled units, where a step's features are ~1).
 const PRIOR: f64 = 1e-3;
 
-const N: usize = 6;
+const N: usize = 7;
 
 /// Typical magnitudes of the features, so that the normal equations are
-/// well conditioned: 1, decodes, decode context tokens, prefill tokens,
-/// prefill tokens x context, chunk starts.
-const SCALE: [f64; N] = [1.0, 64.0, 1e6, 1e4, 1e9, 1e5];
+/// well conditioned: 1, weights read, tokens, decodes, decode context
+/// tokens, prefill tokens x context, chunk starts.
+const SCALE: [f64; N] = [1.0, 1.0, 1e4, 64.0, 1e6, 1e9, 1e5];
+
+/// The share of a model's weights a step of `T` tokens reads.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct WeightReads {
+    /// The chance that one token leaves a given expert out (0: dense).
+    miss: f64,
+}
+
+impl WeightReads {
+    /// Every weight, whatever the tokens.
+    pub fn dense() -> Self {
+        Self { miss: 0.0 }
+    }
+
+    /// A mixture of `experts` experts, `per_token` of them per token: the
+    /// expected share of experts that `T` tokens reach,
+    /// `1 - (1 - per_token/experts)^T`, for routing spread evenly (a
+    /// skewed router reaches fewer; the fit's `w` absorbs the difference).
+    pub fn routed(per_token: usize, experts: usize) -> Self {
+        if experts == 0 || per_token >= experts {
+            return Self::dense();
+        }
+        Self { miss: 1.0 - per_token as f64 / experts as f64 }
+    }
+
+    /// The share read by a step of `tokens` tokens.
+    pub fn share(&self, tokens: usize) -> f64 {
+        if tokens == 0 {
+            return 0.0;
+        }
+        1.0 - self.miss.powi(tokens.min(i32::MAX as usize) as i32)
+    }
+}
 
 /// What a step did, as the model sees it.
 #[derive(Debug, Clone, Default)]
@@ -60,17 +103,23 @@ pub struct StepShape {
 }
 
 impl StepShape {
-    fn features(&self) -> [f64; N] {
-        let tokens: usize = self.prefill.iter().map(|c| c.1).sum();
+    fn features(&self, weights: WeightReads) -> [f64; N] {
+        let prefill: usize = self.prefill.iter().map(|c| c.1).sum();
+        let tokens = self.decodes + prefill;
         let tok_ctx: f64 = self.prefill.iter().map(|&(s, l)| l as f64 * (s as f64 + l as f64 / 2.0)).sum();
         let starts: usize = self.prefill.iter().filter(|c| c.1 > 0).map(|c| c.0).sum();
-        [1.0, self.decodes as f64, self.decode_context as f64, tokens as f64, tok_ctx, starts as f64]
+        [1.0, weights.share(tokens), tokens as f64, self.decodes as f64, self.decode_context as f64, tok_ctx, starts as f64]
+    }
+
+    fn has_prefill(&self) -> bool {
+        self.prefill.iter().any(|c| c.1 > 0)
     }
 }
 
 #[derive(Debug, Clone)]
 pub struct StepBudget {
     target_s: Option<f64>,
+    weights: WeightReads,
     s: [[f64; N]; N],
     r: [f64; N],
     /// Coefficients in scaled units (multiply features / SCALE).
@@ -79,14 +128,22 @@ pub struct StepBudget {
 }
 
 impl StepBudget {
-    /// `max_step`: the step-time target (None: no limit).
-    pub fn new(max_step: Option<Duration>) -> Self {
-        Self { target_s: max_step.map(|d| d.as_secs_f64()), s: [[0.0; N]; N], r: [0.0; N], theta: [0.0; N], prefill_samples: 0 }
+    /// `max_step`: the step-time target (None: no limit); `weights`: how
+    /// much of the model a step reads.
+    pub fn new(max_step: Option<Duration>, weights: WeightReads) -> Self {
+        Self {
+            target_s: max_step.map(|d| d.as_secs_f64()),
+            weights,
+            s: [[0.0; N]; N],
+            r: [0.0; N],
+            theta: [0.0; N],
+            prefill_samples: 0,
+        }
     }
 
     /// Records a step and its time.
     pub fn observe(&mut self, shape: &StepShape, took: Duration) {
-        let raw = shape.features();
+        let raw = shape.features(self.weights);
         let x: Vec<f64> = raw.iter().zip(SCALE).map(|(v, s)| v / s).collect();
         let y = took.as_secs_f64();
         for i in 0..N {
@@ -95,7 +152,7 @@ impl StepBudget {
             }
             self.r[i] = KEEP * self.r[i] + x[i] * y;
         }
-        if raw[3] > 0.0 {
+        if shape.has_prefill() {
             self.prefill_samples += 1;
         }
         // Solve (S + PRIOR I) theta = r + PRIOR theta_prev; costs are not negative.
@@ -116,11 +173,23 @@ impl StepBudget {
 
     /// Predicted seconds of a step.
     pub fn predict(&self, shape: &StepShape) -> f64 {
-        shape.features().iter().enumerate().map(|(i, f)| f * self.coef(i)).sum()
+        shape.features(self.weights).iter().enumerate().map(|(i, f)| f * self.coef(i)).sum()
     }
 
+    /// A prefill chunk's own cost: its tokens' compute and attention; the
+    /// weights are the step's ([`Self::decide`]).
     fn cost(&self) -> ChunkCost {
-        ChunkCost { a: self.coef(3), b: self.coef(4), c: self.coef(5) }
+        ChunkCost { a: self.coef(2), b: self.coef(5), c: self.coef(6) }
+    }
+
+    /// Seconds of a step with `decodes` decodes and a prefill chunk, apart
+    /// from the chunk's own cost: the chunk (at least
+    /// [`MIN_PREFILL_TOKENS`]) joins in reading the weights.
+    fn fixed(&self, decodes: usize, decode_context: usize) -> f64 {
+        self.coef(0)
+            + self.coef(1) * self.weights.share(decodes + MIN_PREFILL_TOKENS)
+            + (self.coef(2) + self.coef(3)) * decodes as f64
+            + self.coef(4) * decode_context as f64
     }
 
     /// The budget for the next step, whose decodes are `decodes` with
@@ -133,10 +202,9 @@ impl StepBudget {
         if self.prefill_samples < MIN_PREFILL_SAMPLES || cost.a <= 0.0 {
             return None;
         }
-        let fixed = self.predict(&StepShape { decodes, decode_context, prefill: vec![] });
         Some(TimeBudget {
-            alone_s: (target - self.coef(0)).max(0.0),
-            mixed_s: (target - fixed).max(0.0),
+            alone_s: (target - self.fixed(0, 0)).max(0.0),
+            mixed_s: (target - self.fixed(decodes, decode_context)).max(0.0),
             cost,
             min_tokens: MIN_PREFILL_TOKENS,
         })
@@ -215,7 +283,7 @@ mod tests {
 
     #[test]
     fn the_fit_predicts_steps_it_has_not_seen() {
-        let mut b = StepBudget::new(Some(Duration::from_millis(100)));
+        let mut b = StepBudget::new(Some(Duration::from_millis(100)), WeightReads::routed(8, 128));
         assert_eq!(b.decide(0, 0), None, "unmeasured");
         for s in shapes() {
             b.observe(&s, truth(&s));
@@ -238,7 +306,7 @@ mod tests {
 
     #[test]
     fn decodes_only_stretches_keep_the_prefill_fit_and_no_target_means_no_budget() {
-        let mut b = StepBudget::new(Some(Duration::from_millis(100)));
+        let mut b = StepBudget::new(Some(Duration::from_millis(100)), WeightReads::routed(8, 128));
         for s in shapes() {
             b.observe(&s, truth(&s));
         }
@@ -249,8 +317,66 @@ mod tests {
         }
         let after = b.cost();
         assert!((after.a - before.a).abs() < 0.05 * before.a, "{before:?} -> {after:?}");
-        let mut free = StepBudget::new(None);
+        let mut free = StepBudget::new(None, WeightReads::dense());
         free.observe(&shapes()[1], Duration::from_millis(50));
         assert_eq!(free.decide(0, 0), None);
+    }
+
+    /// Steps of a mixture of experts timed the way a GPU runs them: 3 ms
+    /// fixed, 12 ms to read every expert (the share `T` tokens reach), 20 us
+    /// per token, 0.5 us per decode of its own, 25 ns per token a decode
+    /// attends to, prefill attention as above.
+    fn moe_truth(s: &StepShape) -> Duration {
+        let w = WeightReads::routed(8, 128);
+        let prefill: usize = s.prefill.iter().map(|c| c.1).sum();
+        let tokens = s.decodes + prefill;
+        let attention: f64 = s.prefill.iter().map(|&(st, l)| 1e-9 * l as f64 * (st as f64 + l as f64 / 2.0) + 10e-9 * st as f64).sum();
+        Duration::from_secs_f64(
+            3e-3 + 12e-3 * w.share(tokens) + 20e-6 * tokens as f64 + 0.5e-6 * s.decodes as f64 + 25e-9 * s.decode_context as f64 + attention,
+        )
+    }
+
+    /// The weights are read once per step: a chunk beside decodes costs its
+    /// tokens, not the weights again, so a mixed step planned to the target
+    /// takes the target (an additive model, which learns a decode's share of
+    /// the weights from decode-only steps, plans it short).
+    #[test]
+    fn a_mixed_step_pays_for_the_weights_once_and_fills_its_target() {
+        let mut b = StepBudget::new(Some(Duration::from_millis(100)), WeightReads::routed(8, 128));
+        for s in shapes() {
+            b.observe(&s, moe_truth(&s));
+        }
+        for decodes in [1, 8, 25, 64] {
+            for ctx in [2_000, 20_000] {
+                let t = b.decide(decodes, decodes * ctx).unwrap();
+                for start in [0, 5_000, 40_000] {
+                    let n = t.cost.tokens_within(start, t.mixed_s);
+                    let planned = StepShape { decodes, decode_context: decodes * ctx, prefill: vec![(start, n)] };
+                    let took = moe_truth(&planned).as_secs_f64();
+                    assert!((took - 0.1).abs() < 0.003, "{decodes} decodes at {ctx}, chunk at {start}: {n} tokens take {took}");
+                }
+            }
+        }
+        // Alone, the same.
+        let t = b.decide(0, 0).unwrap();
+        let n = t.cost.tokens_within(0, t.alone_s);
+        assert!((moe_truth(&StepShape { prefill: vec![(0, n)], ..Default::default() }).as_secs_f64() - 0.1).abs() < 0.003);
+        // Few tokens reach few experts: decode-only steps are predicted too.
+        for decodes in [1, 4, 16, 64] {
+            let s = StepShape { decodes, decode_context: decodes * 8_000, prefill: vec![] };
+            let (want, got) = (moe_truth(&s).as_secs_f64(), b.predict(&s));
+            assert!((got - want).abs() < 0.05 * want, "{decodes} decodes: predicted {got}, took {want}");
+        }
+    }
+
+    #[test]
+    fn the_share_of_weights_read_grows_with_tokens_to_all_of_them() {
+        let moe = WeightReads::routed(8, 128);
+        assert_eq!(moe.share(0), 0.0);
+        assert!((moe.share(1) - 8.0 / 128.0).abs() < 1e-12, "one token reads its own experts");
+        assert!(moe.share(16) < moe.share(32) && moe.share(32) < moe.share(256));
+        assert!(moe.share(256) > 0.999_999);
+        assert_eq!(WeightReads::dense().share(1), 1.0);
+        assert_eq!(WeightReads::routed(4, 4), WeightReads::dense());
     }
 }
