@@ -139,8 +139,9 @@ impl EngineLoop {
             return Err(EngineError::NoKvRoom(format!("{need} free blocks needed for the prompt, {} free", self.allocator.num_free())));
         };
         // A prefill worker writes the fresh blocks over the transport: copies
-        // out of blocks an offload just freed must end first.
-        self.cache.wait_host_copies();
+        // out of them (an offload that just freed them) must end first;
+        // other copies (a write-back batch) run on.
+        self.cache.wait_host_copies(&fresh);
         let mut blocks = got.blocks;
         blocks.extend(fresh);
         let reason = got.source;

@@ -102,6 +102,8 @@ impl EngineLoop {
             decodes = shape.decodes,
             prefill_chunks = shape.prefill.len(),
             prefill_tokens = shape.prefill.iter().map(|c| c.1).sum::<usize>(),
+            decode_context = shape.decode_context,
+            prefill_starts = shape.prefill.iter().map(|c| c.0).sum::<usize>(),
             predicted_ms = self.step_budget.predict(&shape) * 1e3,
             took_ms = took.as_secs_f64() * 1e3,
             budget_ms = budget.map_or(0.0, |b| if shape.decodes > 0 { b.mixed_s } else { b.alone_s } * 1e3),
