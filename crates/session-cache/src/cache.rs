@@ -173,10 +173,11 @@ impl SessionAwareCache {
         self.host.clone()
     }
 
-    /// Waits for the host tier's copies out of blocks it freed
-    /// ([`HostTier::wait_all`]): before blocks go to a peer that writes them.
-    pub fn wait_host_copies(&mut self) {
-        self.host.wait_all();
+    /// Waits for the host tier's copies out of `blocks`, if any is still
+    /// reading them ([`HostTier::wait_for`]): before they go to a peer that
+    /// writes them.
+    pub fn wait_host_copies(&mut self, blocks: &[BlockId]) {
+        self.host.wait_for(blocks);
     }
 
     /// Bytes moved by the host tier so far: (to host, back to the pool).

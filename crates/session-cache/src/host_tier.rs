@@ -13,6 +13,7 @@
 //! served; on a prefill worker the cache keeps no sessions, so the store
 //! has the arena to itself in practice).
 
+use std::collections::HashSet;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use kvc_kv_pool::{BlockId, CopyTicket, HostArena, HostSlot, KvStorage, VecArena};
@@ -22,8 +23,9 @@ pub type HostBlockId = HostSlot;
 struct Inner {
     arena: Box<dyn HostArena>,
     free: Vec<HostBlockId>,
-    /// Stores issued since the last [`HostTier::wait_all`].
-    stored_since_wait: bool,
+    /// Pool blocks stored from since the last wait on the arena: copies
+    /// out of them may still be reading them.
+    copied_from: HashSet<BlockId>,
 }
 
 /// A handle on the engine's host tier (clones share it).
@@ -42,7 +44,7 @@ impl HostTier {
         // Slots are handed out lowest first, so a session's blocks land in
         // consecutive slots and their copies coalesce.
         let free = (0..arena.capacity() as HostBlockId).rev().collect();
-        Self { inner: Arc::new(Mutex::new(Inner { arena, free, stored_since_wait: false })) }
+        Self { inner: Arc::new(Mutex::new(Inner { arena, free, copied_from: HashSet::new() })) }
     }
 
     /// The tier's state. Only the engine thread uses it: never contended.
@@ -63,7 +65,7 @@ impl HostTier {
         let mut t = self.lock();
         let slot = t.free.pop()?;
         t.arena.store(storage, block, slot);
-        t.stored_since_wait = true;
+        t.copied_from.insert(block);
         Some(slot)
     }
 
@@ -83,14 +85,17 @@ impl HostTier {
         self.lock().arena.flush();
     }
 
-    /// Flushes, then, if blocks were stored since the last wait, blocks
-    /// until those copies are done: before freed blocks go to a writer the
-    /// arena's ordering does not cover (a peer's transfer).
-    pub fn wait_all(&mut self) {
+    /// Flushes, then, if any of `blocks` was stored from since the last
+    /// wait, blocks until the arena's copies are done: before those blocks
+    /// go to a writer the arena's ordering does not cover (a peer's
+    /// transfer). Blocks no copy reads go at once, whatever other copies
+    /// (a write-back batch of idle sessions, say) are still running.
+    pub fn wait_for(&mut self, blocks: &[BlockId]) {
         let mut t = self.lock();
         t.arena.flush();
-        if std::mem::take(&mut t.stored_since_wait) {
+        if blocks.iter().any(|b| t.copied_from.contains(b)) {
             t.arena.wait_all();
+            t.copied_from.clear();
         }
     }
 
@@ -140,5 +145,46 @@ mod tests {
         a.release(s);
         assert_eq!(b.num_free(), 1);
         assert_eq!(a.bytes_moved(), b.bytes_moved());
+    }
+
+    /// An arena counting the waits on it (its copies happen at once).
+    struct Waits(VecArena, std::sync::Arc<std::sync::atomic::AtomicUsize>);
+
+    impl HostArena for Waits {
+        fn capacity(&self) -> usize {
+            self.0.capacity()
+        }
+        fn store(&mut self, storage: &KvStorage, block: BlockId, slot: HostSlot) {
+            self.0.store(storage, block, slot)
+        }
+        fn load(&mut self, storage: &mut KvStorage, slot: HostSlot, block: BlockId) {
+            self.0.load(storage, slot, block)
+        }
+        fn wait_all(&mut self) {
+            self.1.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        fn bytes_moved(&self) -> (u64, u64) {
+            self.0.bytes_moved()
+        }
+    }
+
+    #[test]
+    fn a_wait_for_blocks_waits_only_when_a_copy_reads_one_of_them() {
+        let waits = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let n = || waits.load(std::sync::atomic::Ordering::Relaxed);
+        let mut t = HostTier::with_arena(Box::new(Waits(VecArena::new(4), waits.clone())));
+        let layout = kvc_kv_pool::KvLayout { num_layers: 1, num_kv_heads: 1, head_dim: 2, block_size: 2, dtype: candle_core::DType::F32 };
+        let storage = KvStorage::new(layout, 4).unwrap();
+        t.wait_for(&[0, 1]);
+        assert_eq!(n(), 0, "nothing stored");
+        t.store(&storage, 1).unwrap();
+        t.store(&storage, 2).unwrap();
+        t.wait_for(&[0, 3]);
+        assert_eq!(n(), 0, "copies out of other blocks run on");
+        let mut other = t.clone();
+        other.wait_for(&[3, 2]);
+        assert_eq!(n(), 1, "a copy out of block 2: wait, through any handle");
+        t.wait_for(&[1, 2]);
+        assert_eq!(n(), 1, "those copies were waited for already");
     }
 }

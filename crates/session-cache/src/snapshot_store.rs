@@ -309,10 +309,10 @@ impl SnapshotStore {
                 return Err(SnapshotError::NoRoom { need, capacity: self.capacity, free: alloc.num_free() });
             }
         }
+        let blocks = alloc.allocate(need).expect("free blocks were counted");
         // A peer writes these blocks over the transport, outside the
         // arena's stream ordering: a demotion's copies out of them end first.
-        self.host.wait_all();
-        let blocks = alloc.allocate(need).expect("free blocks were counted");
+        self.host.wait_for(&blocks);
         self.used += need;
         let id = self.next_id;
         self.next_id += 1;
