@@ -147,32 +147,12 @@ mod tests {
         assert_eq!(a.bytes_moved(), b.bytes_moved());
     }
 
-    /// An arena counting the waits on it (its copies happen at once).
-    struct Waits(VecArena, std::sync::Arc<std::sync::atomic::AtomicUsize>);
-
-    impl HostArena for Waits {
-        fn capacity(&self) -> usize {
-            self.0.capacity()
-        }
-        fn store(&mut self, storage: &KvStorage, block: BlockId, slot: HostSlot) {
-            self.0.store(storage, block, slot)
-        }
-        fn load(&mut self, storage: &mut KvStorage, slot: HostSlot, block: BlockId) {
-            self.0.load(storage, slot, block)
-        }
-        fn wait_all(&mut self) {
-            self.1.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        }
-        fn bytes_moved(&self) -> (u64, u64) {
-            self.0.bytes_moved()
-        }
-    }
-
     #[test]
     fn a_wait_for_blocks_waits_only_when_a_copy_reads_one_of_them() {
-        let waits = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let arena = crate::test_arena::TestArena::new(4);
+        let waits = arena.waits.clone();
         let n = || waits.load(std::sync::atomic::Ordering::Relaxed);
-        let mut t = HostTier::with_arena(Box::new(Waits(VecArena::new(4), waits.clone())));
+        let mut t = HostTier::with_arena(Box::new(arena));
         let layout = kvc_kv_pool::KvLayout { num_layers: 1, num_kv_heads: 1, head_dim: 2, block_size: 2, dtype: candle_core::DType::F32 };
         let storage = KvStorage::new(layout, 4).unwrap();
         t.wait_for(&[0, 1]);

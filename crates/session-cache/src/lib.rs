@@ -13,6 +13,8 @@ mod prefix_index;
 mod session;
 mod snapshot_store;
 mod stats;
+#[cfg(test)]
+mod test_arena;
 
 pub use block_hash::{hash_block, hash_blocks, salt_root, BlockHash};
 pub use cache::{Acquired, CacheConfig, ReusePath, SessionAwareCache};

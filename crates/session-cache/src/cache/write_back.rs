@@ -96,48 +96,18 @@ mod tests {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
 
-    use kvc_kv_pool::{CopyTicket, HostArena, HostSlot, VecArena};
-
     use super::super::tests::{fill, setup, BS};
     use super::*;
+    use crate::test_arena::TestArena;
     use crate::{ReusePath, Tier};
-
-    /// A host arena whose copies count as asynchronous (as a GPU pool's):
-    /// they happen at once, but their tickets are done only when the test
-    /// says so (`busy` false).
-    struct AsyncArena(VecArena, Arc<AtomicBool>, CopyTicket);
-
-    impl HostArena for AsyncArena {
-        fn capacity(&self) -> usize {
-            self.0.capacity()
-        }
-        fn store(&mut self, storage: &KvStorage, block: BlockId, slot: HostSlot) {
-            self.0.store(storage, block, slot)
-        }
-        fn load(&mut self, storage: &mut KvStorage, slot: HostSlot, block: BlockId) {
-            self.0.load(storage, slot, block)
-        }
-        fn asynchronous(&self) -> bool {
-            true
-        }
-        fn flush_async(&mut self) -> CopyTicket {
-            self.2 += 1;
-            self.2
-        }
-        fn done(&mut self, _ticket: CopyTicket) -> bool {
-            !self.1.load(Ordering::Relaxed)
-        }
-        fn bytes_moved(&self) -> (u64, u64) {
-            self.0.bytes_moved()
-        }
-    }
 
     /// A pool of 8 blocks with an asynchronous host tier of 16 slots, and
     /// the switch that keeps its copies running.
     fn async_setup() -> (SessionAwareCache, BlockAllocator, KvStorage, Arc<AtomicBool>) {
         let (mut cache, alloc, storage) = setup(8, 16);
-        let busy = Arc::new(AtomicBool::new(false));
-        cache.set_host_arena(Box::new(AsyncArena(VecArena::new(16), busy.clone(), 0)));
+        let arena = TestArena::new(16);
+        let busy = arena.busy.clone();
+        cache.set_host_arena(Box::new(arena));
         (cache, alloc, storage, busy)
     }
 
