@@ -200,7 +200,9 @@ impl StepBudget {
     pub fn decide(&self, decodes: usize, decode_context: usize) -> Option<TimeBudget> {
         let target = self.target_s?;
         let cost = self.cost();
-        if self.prefill_samples < MIN_PREFILL_SAMPLES || cost.a <= 0.0 {
+        // A chunk must cost something per token, linearly or through its
+        // attention (the non-negative fit may put either at exactly 0).
+        if self.prefill_samples < MIN_PREFILL_SAMPLES || (cost.a <= 0.0 && cost.b <= 0.0) {
             return None;
         }
         Some(TimeBudget {
@@ -505,5 +507,24 @@ mod tests {
         let q = |p: f64| errors[((errors.len() - 1) as f64 * p) as usize];
         assert!(errors.len() > 1_000);
         assert!(q(0.5).abs() < 0.05 && q(0.9) < 0.6, "mixed steps: median {:+.3}, p10 {:+.3}, p90 {:+.3}", q(0.5), q(0.1), q(0.9));
+    }
+
+    /// A machine whose prefill cost is all attention (no cost per token
+    /// beside it): the non-negative fit may put the per-token coefficient at
+    /// exactly 0, and the budget must still bound steps.
+    #[test]
+    fn a_cost_of_attention_alone_still_gives_a_budget() {
+        let truth = |s: &StepShape| {
+            let attention: f64 = s.prefill.iter().map(|&(st, l)| 4e-9 * l as f64 * (st as f64 + l as f64 / 2.0)).sum();
+            Duration::from_secs_f64(2e-3 + 25e-9 * s.decode_context as f64 + attention)
+        };
+        let mut b = StepBudget::new(Some(Duration::from_millis(100)), WeightReads::dense());
+        for s in shapes() {
+            b.observe(&s, truth(&s));
+        }
+        let t = b.decide(0, 0).expect("a budget");
+        let n = t.cost.tokens_within(0, t.alone_s);
+        let took = truth(&StepShape { prefill: vec![(0, n)], ..Default::default() }).as_secs_f64();
+        assert!((took - 0.1).abs() < 0.005, "{n} tokens take {took}");
     }
 }
