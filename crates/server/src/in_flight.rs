@@ -8,8 +8,15 @@
 //! report sends everything placed in that window to the peer that looked
 //! idle; each send is therefore counted here from the moment it leaves
 //! until its guard ([`Sent`]) drops (answer, error or cancellation alike).
+//!
+//! A report is taken somewhere between the poll's send and its answer.
+//! What was answered in that window was most likely still in it (the
+//! peer's state is as old as its last step), so it is taken out with what
+//! is in flight at the answer: a report taken mid-request but read after
+//! the answer must not leave the peer looking busy until the next poll
+//! (forever, if the peer has died since).
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 /// One quantity in flight to one peer.
@@ -17,8 +24,14 @@ use std::sync::Arc;
 pub struct InFlight {
     /// Sent and not yet answered.
     now: AtomicUsize,
-    /// `now` when the peer's last report was taken.
+    /// What the peer's last report is taken to count.
     at_report: AtomicUsize,
+    /// Answered so far (monotonic).
+    answered: AtomicUsize,
+    /// `answered` when the poll in progress was sent.
+    answered_at_poll: AtomicUsize,
+    /// A poll was sent and its report has not come.
+    polling: AtomicBool,
 }
 
 /// Counts its amount in an [`InFlight`] until dropped.
@@ -30,6 +43,7 @@ pub struct Sent {
 
 impl Drop for Sent {
     fn drop(&mut self) {
+        self.of.answered.fetch_add(self.amount, Ordering::Relaxed);
         self.of.now.fetch_sub(self.amount, Ordering::Relaxed);
     }
 }
@@ -46,9 +60,22 @@ impl InFlight {
         self.now.load(Ordering::Relaxed)
     }
 
-    /// The peer's report was just taken: it counts what is in flight now.
+    /// A poll of the peer is being sent.
+    pub fn mark_polling(&self) {
+        self.answered_at_poll.store(self.answered.load(Ordering::Relaxed), Ordering::Relaxed);
+        self.polling.store(true, Ordering::Relaxed);
+    }
+
+    /// The peer's report just came: it counts what is in flight now, and
+    /// what was answered since the poll was sent ([`Self::mark_polling`];
+    /// without one, the report is taken as of now).
     pub fn mark_reported(&self) {
-        self.at_report.store(self.get(), Ordering::Relaxed);
+        let answered_since_poll = if self.polling.swap(false, Ordering::Relaxed) {
+            self.answered.load(Ordering::Relaxed).saturating_sub(self.answered_at_poll.load(Ordering::Relaxed))
+        } else {
+            0
+        };
+        self.at_report.store(self.get() + answered_since_poll, Ordering::Relaxed);
     }
 
     /// A report corrected by what changed since it was taken: what was in
@@ -86,6 +113,26 @@ mod tests {
         assert_eq!(f.correct(14), 10, "answered after the report: no longer counted");
         drop(second);
         assert_eq!((f.get(), f.correct(14)), (0, 4));
+    }
+
+    #[test]
+    fn what_was_answered_while_the_report_was_on_its_way_is_not_counted_again() {
+        let f = Arc::new(InFlight::default());
+        let running = f.send(5);
+        f.mark_polling();
+        // The peer takes its report with the request running, then the
+        // request is answered, then the report arrives.
+        drop(running);
+        f.mark_reported();
+        assert_eq!(f.correct(5), 0, "the answered request still in the report");
+        assert_eq!(f.correct(7), 2, "the rest of the report stands");
+        // The next poll's window starts clean.
+        f.mark_polling();
+        let next = f.send(3);
+        f.mark_reported();
+        assert_eq!(f.correct(3), 3);
+        drop(next);
+        assert_eq!(f.correct(3), 0);
     }
 
     #[test]

@@ -70,17 +70,20 @@ pub async fn poll_state(client: &reqwest::Client, url: &str, token: &str) -> Res
     Ok(Polled { state, remote })
 }
 
-/// Polls each of `urls` on its own task, forever: `on_poll(i, outcome)`
+/// Polls each of `urls` on its own task, forever: `on_send(i)` runs as
+/// each poll goes out, `on_poll(i, outcome)` when it is answered and
 /// returns the peer's consecutive failures, which set the next wait.
-pub fn spawn_pollers<F, Fut>(urls: Vec<String>, client: reqwest::Client, token: String, interval: Duration, on_poll: F)
+pub fn spawn_pollers<S, F, Fut>(urls: Vec<String>, client: reqwest::Client, token: String, interval: Duration, on_send: S, on_poll: F)
 where
+    S: Fn(usize) + Clone + Send + Sync + 'static,
     F: Fn(usize, Result<Polled, String>) -> Fut + Clone + Send + Sync + 'static,
     Fut: Future<Output = u32> + Send,
 {
     for (i, url) in urls.into_iter().enumerate() {
-        let (client, token, on_poll) = (client.clone(), token.clone(), on_poll.clone());
+        let (client, token, on_send, on_poll) = (client.clone(), token.clone(), on_send.clone(), on_poll.clone());
         tokio::spawn(async move {
             loop {
+                on_send(i);
                 let outcome = poll_state(&client, &url, &token).await;
                 let failures = on_poll(i, outcome).await;
                 tokio::time::sleep(next_poll_delay(interval, failures)).await;

@@ -133,7 +133,8 @@ impl PrefillPeers {
     pub fn spawn_pollers(self: &Arc<Self>, client: &PeerClient, interval: Duration, metrics: PdMetrics) {
         let urls: Vec<String> = self.all().into_iter().map(|p| p.url).collect();
         let (peers, names) = (self.clone(), Arc::new(urls.clone()));
-        spawn_pollers(urls, client.http.clone(), client.token.clone(), interval, move |i, outcome: Result<Polled, String>| {
+        // Backlogs are read with `at_least`, which needs no report marks.
+        spawn_pollers(urls, client.http.clone(), client.token.clone(), interval, |_| {}, move |i, outcome: Result<Polled, String>| {
             let (peers, metrics, url) = (peers.clone(), metrics.clone(), names[i].clone());
             async move {
                 let state = match outcome {

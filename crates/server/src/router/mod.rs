@@ -350,6 +350,33 @@ mod tests {
         assert!(deleted.lock().unwrap().is_empty());
     }
 
+    /// A report taken while a turn ran but read after its answer (the poll
+    /// crossed the turn's end) must not make the session's home look busy:
+    /// its next turn stays (the worker may have died since, and then no
+    /// later poll would correct it).
+    #[tokio::test]
+    async fn a_report_read_after_the_answer_it_counts_does_not_move_the_session() {
+        let (a, b) = (fake_worker("a", Arc::default()).await, fake_worker("b", Arc::default()).await);
+        let state = RouterState::new(&[a, b], ServerConfig::default()).unwrap();
+        state.peers.apply_poll(0, Ok(ready()));
+        state.peers.apply_poll(1, Ok(ready()));
+        let router = spawn_app(app(state.clone())).await;
+        // The poll of a goes out, the turn runs and is answered, the report
+        // (taken with the turn running: one request, its block in use) comes.
+        state.peers.list[0].mark_polling();
+        assert_eq!(post_completion(&router, "s-2").await.json::<Value>().await.unwrap()["worker"], "a");
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while state.peers.list[0].in_flight() > 0 {
+            assert!(std::time::Instant::now() < deadline, "the answered turn is still counted in flight");
+            tokio::task::yield_now().await;
+        }
+        state.peers.apply_poll(0, Ok(WorkerState { running: 1, free_blocks: 99, ..ready() }));
+        assert_eq!(post_completion(&router, "s-2").await.json::<Value>().await.unwrap()["worker"], "a");
+        let text = state.metrics.render();
+        assert!(text.contains("kvc_router_decisions_total{reason=\"session_resident\"} 1"), "{text}");
+        assert!(text.contains("kvc_router_session_moves_total{reason=\"moved_load\"} 0"), "{text}");
+    }
+
     #[tokio::test]
     async fn a_moved_session_is_counted_and_dropped_from_its_old_worker() {
         let (deleted_a, deleted_b) = (Arc::new(Mutex::new(Vec::new())), Arc::new(Mutex::new(Vec::new())));

@@ -91,6 +91,12 @@ impl Peer {
         view
     }
 
+    /// A poll of this worker is being sent ([`InFlight::mark_polling`]).
+    pub(crate) fn mark_polling(&self) {
+        self.requests.mark_polling();
+        self.blocks.mark_polling();
+    }
+
     /// Records a poll's outcome; returns the health transition, if any.
     fn record_poll(&self, result: Result<WorkerState, String>) -> Option<(bool, String)> {
         let mut inner = self.lock();
@@ -191,7 +197,9 @@ impl Peers {
     pub fn spawn_pollers(self: &Arc<Self>, client: reqwest::Client, token: String, interval: Duration) {
         let urls = self.list.iter().map(|p| p.url.clone()).collect();
         let peers = self.clone();
-        spawn_pollers(urls, client, token, interval, move |i, outcome: Result<Polled, String>| {
+        let sending = self.clone();
+        let on_send = move |i: usize| sending.list[i].mark_polling();
+        spawn_pollers(urls, client, token, interval, on_send, move |i, outcome: Result<Polled, String>| {
             let peers = peers.clone();
             async move {
                 peers.apply_poll(i, outcome.map(|p| p.state));
