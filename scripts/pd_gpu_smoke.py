@@ -113,12 +113,20 @@ def pd_flags(role: str, protocol: str, extra: list[str]) -> list[str]:
     return ["--role", role, "--cluster-token", TOKEN, "--kv-transport-protocol", protocol, "--peer-poll-interval-s", "0.2", *extra]
 
 
+TINY = ["--num-kv-blocks", "4096", "--max-num-batched-tokens", "2048"]
+
+
+def tiny_server(name: str, port: int, log_dir: str, device: str, role: str | None = None, protocol: str = "", extra=()) -> Server:
+    """A worker on a small pool: colocated (`role` None) or a P/D role."""
+    flags = [*TINY, *extra]
+    return Server(name, port, ["--device", device, *(pd_flags(role, protocol, flags) if role else flags)], log_dir)
+
+
 def correctness(protocol: str, log_dir: str, port: int) -> None:
-    tiny = ["--num-kv-blocks", "4096", "--max-num-batched-tokens", "2048"]
-    both = Server(f"tiny-both-{protocol}", port, ["--device", "cuda:0", *tiny], log_dir)
-    p = Server(f"tiny-p-{protocol}", port + 1, ["--device", "cuda:0", *pd_flags("prefill", protocol, tiny)], log_dir)
+    both = tiny_server(f"tiny-both-{protocol}", port, log_dir, "cuda:0")
+    p = tiny_server(f"tiny-p-{protocol}", port + 1, log_dir, "cuda:0", "prefill", protocol)
     pd = [f"--prefill-peer", p.url, "--remote-prefill-policy", "threshold", "--remote-prefill-min-tokens", "64", "--snapshot-min-tokens", "64"]
-    d1 = Server(f"tiny-d1-{protocol}", port + 2, ["--device", "cuda:1", *pd_flags("decode", protocol, [*tiny, *pd])], log_dir)
+    d1 = tiny_server(f"tiny-d1-{protocol}", port + 2, log_dir, "cuda:1", "decode", protocol, pd)
     d2 = None
     try:
         if not all(s.wait_ready(300) for s in (both, p, d1)):
@@ -157,7 +165,7 @@ def correctness(protocol: str, log_dir: str, port: int) -> None:
         deadline = time.time() + 30
         while time.time() < deadline and sum_metric(d1.metrics(), "kvc_snapshot_push_sent_total") < 4:
             time.sleep(0.5)
-        d2 = Server(f"tiny-d2-{protocol}", port + 3, ["--device", "cuda:1", *pd_flags("decode", protocol, [*tiny, *pd])], log_dir)
+        d2 = tiny_server(f"tiny-d2-{protocol}", port + 3, log_dir, "cuda:1", "decode", protocol, pd)
         if not d2.wait_ready(300):
             check(False, f"{protocol}: D2 starts")
             return
@@ -179,13 +187,10 @@ def tiered(protocol: str, log_dir: str, port: int) -> None:
     demotes the two oldest to its pinned host tier. A fresh D2 gets the
     oldest session's next turn: P copies its blocks back (PinnedArena) and
     serves it by bypass, with the both worker's greedy text."""
-    tiny = ["--num-kv-blocks", "4096", "--max-num-batched-tokens", "2048"]
-    both = Server(f"tier-both-{protocol}", port, ["--device", "cuda:0", *tiny], log_dir)
-    p = Server(f"tier-p-{protocol}", port + 1,
-               ["--device", "cuda:0", *pd_flags("prefill", protocol, [*tiny, "--snapshot-store-blocks", "64"])], log_dir)
+    both = tiny_server(f"tier-both-{protocol}", port, log_dir, "cuda:0")
+    p = tiny_server(f"tier-p-{protocol}", port + 1, log_dir, "cuda:0", "prefill", protocol, ["--snapshot-store-blocks", "64"])
     pd = ["--prefill-peer", p.url, "--remote-prefill-policy", "threshold", "--snapshot-min-tokens", "64"]
-    d1 = Server(f"tier-d1-{protocol}", port + 2,
-                ["--device", "cuda:1", *pd_flags("decode", protocol, [*tiny, *pd, "--remote-prefill-min-tokens", "100000"])], log_dir)
+    d1 = tiny_server(f"tier-d1-{protocol}", port + 2, log_dir, "cuda:1", "decode", protocol, [*pd, "--remote-prefill-min-tokens", "100000"])
     d2 = None
     try:
         if not all(s.wait_ready(300) for s in (both, p, d1)):
@@ -205,8 +210,7 @@ def tiered(protocol: str, log_dir: str, port: int) -> None:
                 time.sleep(0.2)
         tiers = [httpx.get(f"{p.url}/v1/sessions/{sid}/snapshot", timeout=5).json().get("tier") for sid, _ in sessions]
         check(tiers == ["host", "host", "device", "device"], f"{protocol} tiered: P keeps 4 x 32 blocks in 64 by demoting the oldest two ({tiers})")
-        d2 = Server(f"tier-d2-{protocol}", port + 3,
-                    ["--device", "cuda:1", *pd_flags("decode", protocol, [*tiny, *pd, "--remote-prefill-min-tokens", "64"])], log_dir)
+        d2 = tiny_server(f"tier-d2-{protocol}", port + 3, log_dir, "cuda:1", "decode", protocol, [*pd, "--remote-prefill-min-tokens", "64"])
         if not d2.wait_ready(300):
             check(False, f"{protocol} tiered: D2 starts")
             return
