@@ -46,6 +46,9 @@ pub const DEFAULT_HOST_WRITE_BACK_WATERMARK: f64 = 0.1;
 /// prompt waits at most about one step for its first chunk.
 pub const DEFAULT_MAX_STEP_MS: f64 = 100.0;
 
+/// Default of [`EngineConfig::max_head_of_line_steps`].
+pub const DEFAULT_MAX_HEAD_OF_LINE_STEPS: usize = kvc_scheduler::DEFAULT_MAX_HEAD_OF_LINE_STEPS;
+
 /// `snapshot_store_blocks` value meaning half of the pool.
 pub const HALF_THE_POOL: usize = usize::MAX;
 
@@ -81,6 +84,9 @@ pub struct EngineConfig {
     /// Prompts with more tokens than this to compute are long; None: 4 %
     /// of the context cap (vLLM's rule).
     pub long_prefill_token_threshold: Option<usize>,
+    /// Steps in which smaller prompts may pass the oldest waiting one
+    /// while it waits for KV memory (see kvc-scheduler's head-of-line bound).
+    pub max_head_of_line_steps: usize,
     /// Step-time target: a step's prefill tokens are capped so that it
     /// stays within this, beside its decodes or alone, from measured rates
     /// (None: no cap beyond `max_num_batched_tokens`).
@@ -145,6 +151,7 @@ impl Default for EngineConfig {
             long_prefill_token_threshold: None,
             max_step_ms: Some(DEFAULT_MAX_STEP_MS),
             growth_reserve_tokens: kvc_scheduler::DEFAULT_GROWTH_RESERVE_TOKENS,
+            max_head_of_line_steps: kvc_scheduler::DEFAULT_MAX_HEAD_OF_LINE_STEPS,
             max_model_len: None,
             seed: 0,
             enable_prefix_caching: true,

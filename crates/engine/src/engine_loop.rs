@@ -31,10 +31,13 @@ mod prefill_snapshots;
 mod role_parts;
 mod snapshot_pushes;
 mod step;
+mod watchdog;
 
 use cache_hooks::CacheHooks;
 use role_parts::{Ctx, RoleParts};
 use snapshot_pushes::SnapshotPushes;
+pub use watchdog::stall_reasons;
+use watchdog::Watchdog;
 
 use crate::sampler::Sampler;
 use crate::step_budget::{StepBudget, WeightReads};
@@ -57,6 +60,9 @@ struct Active {
     turn_open: bool,
     cached_tokens: usize,
     reuse_reason: ReusePath,
+    /// The session cache's own answer to the last acquire (where the
+    /// reuse came from, tokens): undone if the request gives it back.
+    cache_answer: Option<(ReusePath, usize)>,
     restored_blocks: usize,
     /// Its restored blocks are being copied in beside other work: it
     /// computes nothing until this batch of copies is done.
@@ -70,6 +76,9 @@ struct Active {
     /// snapshot may cover the prompt (bypass).
     export: bool,
     snapshot_session: Option<String>,
+    /// When it was handed to the loop (the oldest waiting one's age is a
+    /// watchdog gauge).
+    submitted: Instant,
     /// Time waited in the engine before the first token, by cause.
     admission_wait: Duration,
     prefill_wait: Duration,
@@ -104,6 +113,11 @@ pub(crate) struct EngineLoop {
     /// Blocks under which free plus written-back blocks start write-back
     /// of idle sessions to the host tier (0: never).
     write_back_watermark: usize,
+    /// Steps in which requests waited and nothing ran.
+    watchdog: Watchdog,
+    /// The last step could schedule nothing with requests waiting: the
+    /// loop sleeps on its commands until something changes.
+    stalled: bool,
 }
 
 impl EngineLoop {
@@ -141,6 +155,7 @@ impl EngineLoop {
             sc.long_prefill_token_threshold = t;
         }
         sc.growth_reserve_tokens = config.growth_reserve_tokens;
+        sc.max_head_of_line_steps = config.max_head_of_line_steps;
         let scheduler = Scheduler::new(sc);
         let max_step = config.max_step_ms.filter(|ms| *ms > 0.0).map(|ms| Duration::from_secs_f64(ms / 1000.0));
         let weights = model.config().moe.as_ref().map_or(WeightReads::dense(), |m| WeightReads::routed(m.num_experts_per_tok, m.num_experts));
@@ -195,6 +210,8 @@ impl EngineLoop {
             drained_tokens: 0,
             step_budget,
             write_back_watermark,
+            watchdog: Watchdog::default(),
+            stalled: false,
         })
     }
 
@@ -212,8 +229,10 @@ impl EngineLoop {
 
     pub fn run(mut self, rx: std_mpsc::Receiver<Command>) {
         loop {
-            // Block while idle; otherwise take what has arrived and step.
-            if self.scheduler.is_idle() {
+            // Block while idle or stalled (only a command, such as a
+            // transfer's end, or the TTL can change what a step finds);
+            // otherwise take what has arrived and step.
+            if self.scheduler.is_idle() || self.stalled {
                 match rx.recv_timeout(Duration::from_secs(1)) {
                     Ok(cmd) => {
                         if !self.handle(cmd) {
@@ -248,9 +267,7 @@ impl EngineLoop {
                 self.inbox.remove(std::mem::take(&mut self.drained_tokens));
             }
             self.cancel_disconnected();
-            if !self.scheduler.is_idle() {
-                self.step();
-            }
+            self.stalled = !self.scheduler.is_idle() && self.step() == step::Stepped::Stalled;
             self.publish();
         }
         // Shutting down: everything still in flight is aborted.
@@ -336,6 +353,7 @@ impl EngineLoop {
             turn_open: false,
             cached_tokens: 0,
             reuse_reason: ReusePath::Cold,
+            cache_answer: None,
             restored_blocks: 0,
             restore_ticket: None,
             registered_blocks: 0,
@@ -343,6 +361,7 @@ impl EngineLoop {
             cache_root: req.cache_salt.as_deref().map(salt_root),
             export,
             snapshot_session: if export { req.session_id.clone() } else { None },
+            submitted: Instant::now(),
             admission_wait: Duration::ZERO,
             prefill_wait: Duration::ZERO,
             constraint,
@@ -360,6 +379,7 @@ impl EngineLoop {
                     return;
                 };
                 active.turn_open = r.session.is_some();
+                active.cache_answer = Some((r.reason, r.held));
                 active.cached_tokens = r.held;
                 active.reuse_reason = r.reason;
                 active.restored_blocks = r.restored;
@@ -519,6 +539,11 @@ impl EngineLoop {
         self.local.waiting = self.scheduler.num_waiting();
         self.local.pending_prefill_tokens = self.scheduler.pending_prefill_tokens();
         self.local.partial_prefills = self.scheduler.num_partial_prefills();
+        self.local.oldest_waiting_since = self.scheduler.waiting().filter_map(|s| Some(self.active.get(&s.id)?.submitted)).min();
+        if self.local.waiting == 0 {
+            // Nothing waits (a stalled request may have been cancelled).
+            self.watchdog.progressed(&mut self.local);
+        }
         self.local.published_at = Some(Instant::now());
         self.stats.store(Arc::new(self.local.clone()));
     }

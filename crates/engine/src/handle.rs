@@ -105,6 +105,18 @@ pub struct EngineStats {
     pub preempted_tokens_recomputed: u64,
     /// Scheduler admission decisions by reason (see kvc_scheduler::AdmitReason).
     pub admission_decisions: Vec<(&'static str, u64)>,
+    /// Sequences admitted past an older one held back for memory (within
+    /// the head-of-line bound).
+    pub passed_head: u64,
+    /// Steps in which requests waited and nothing was scheduled, by the
+    /// reason the oldest waited ([`crate::stall_reasons`]); 0 in a healthy
+    /// engine.
+    pub stalled_steps: Vec<(&'static str, u64)>,
+    /// Since when the engine has been stalled (None: it is stepping, or
+    /// nothing waits).
+    pub stalled_since: Option<Instant>,
+    /// When the oldest request still waiting for admission was submitted.
+    pub oldest_waiting_since: Option<Instant>,
     pub published_at: Option<Instant>,
     /// Structured outputs: grammar masks computed, the time spent computing
     /// them (beside the forward pass), and the time the step waited for

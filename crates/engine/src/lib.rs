@@ -37,6 +37,7 @@ pub mod tokenizer;
 
 pub use admission::{decide_admission, AdmissionDecision, AdmissionQuery};
 pub use config::{EngineConfig, LoadFormat, ModelSource};
+pub use engine_loop::stall_reasons;
 pub use error::EngineError;
 pub use grammar::{CompiledGrammar, GrammarCompiler};
 pub use handle::{CancelGuard, EngineHandle, EngineStats, ModelInfo, PrefixCacheReset};

@@ -6,6 +6,10 @@
 /// Default growth reserved per running sequence: 32 blocks of 16.
 pub const DEFAULT_GROWTH_RESERVE_TOKENS: usize = 512;
 
+/// Default steps in which smaller requests may pass one held back for
+/// memory (about 2 s at the default 100 ms step).
+pub const DEFAULT_MAX_HEAD_OF_LINE_STEPS: usize = 20;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SchedulerConfig {
     /// Most sequences running (decoding or mid-prefill) at once.
@@ -28,6 +32,10 @@ pub struct SchedulerConfig {
     /// Growth, in tokens, reserved at admission for each running sequence
     /// (less when its `max_new_tokens` ends it sooner).
     pub growth_reserve_tokens: usize,
+    /// Steps in which younger sequences may be admitted past the oldest
+    /// waiting one while it is held back for memory (0: never; strict
+    /// arrival order, as vLLM's FCFS).
+    pub max_head_of_line_steps: usize,
 }
 
 impl SchedulerConfig {
@@ -45,6 +53,7 @@ impl SchedulerConfig {
             long_prefill_token_threshold: (max_model_len * 4 / 100).max(block_size),
             watermark_blocks: num_blocks.div_ceil(100),
             growth_reserve_tokens: DEFAULT_GROWTH_RESERVE_TOKENS,
+            max_head_of_line_steps: DEFAULT_MAX_HEAD_OF_LINE_STEPS,
         }
     }
 }

@@ -15,7 +15,7 @@ mod scheduler;
 mod sequence;
 
 pub use budget::{ChunkCost, TimeBudget};
-pub use config::{SchedulerConfig, DEFAULT_GROWTH_RESERVE_TOKENS};
+pub use config::{SchedulerConfig, DEFAULT_GROWTH_RESERVE_TOKENS, DEFAULT_MAX_HEAD_OF_LINE_STEPS};
 pub use policy::{choose_victim, decide_admission, AdmitInputs, AdmitReason, VictimCandidate, Wait};
 pub use scheduler::{NoCache, Schedule, ScheduledChunk, Scheduler, SchedulerHooks, SchedulerStats};
 pub use sequence::{SeqId, SeqStatus, Sequence};

@@ -25,6 +25,16 @@ pub enum AdmitReason {
 }
 
 impl AdmitReason {
+    /// Every reason, for label sets exported at 0.
+    pub const ALL: [AdmitReason; 6] = [
+        AdmitReason::Admitted,
+        AdmitReason::MaxNumSeqs,
+        AdmitReason::KvWatermark,
+        AdmitReason::PartialPrefills,
+        AdmitReason::LongPartialPrefills,
+        AdmitReason::TokenBudget,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             AdmitReason::Admitted => "admitted",

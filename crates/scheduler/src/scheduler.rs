@@ -8,15 +8,37 @@
 //!    tier where there is one), then releases blocks held by waiting
 //!    sequences, and only then preempts the running sequence whose loss
 //!    wastes least ([`choose_victim`]); that one is recomputed later.
-//! 2. **Admission** ([`decide_admission`]), in arrival order: a waiting
+//! 2. **Admission** ([`decide_admission`](crate::decide_admission)), in arrival order: a waiting
 //!    sequence is admitted when a sequence slot and a prefill slot are
 //!    free and the blocks for its *whole* token list fit beside a reserve
 //!    for the running sequences' growth. Admitted prompts hold all their
 //!    blocks, so prefill chunks never need memory and never preempt:
 //!    excess load waits in the queue instead of thrashing. A long prompt
 //!    that finds the long-prefill slots taken is passed by shorter ones
-//!    behind it; a prompt that does not fit in memory is not (it would
-//!    starve).
+//!    behind it; one that does not fit in memory is passed only within
+//!    the head-of-line bound below. Liveness rules (admit.rs): a waiting
+//!    sequence that cannot fit keeps no blocks (its reusable KV stays in
+//!    the caches, evictable like any other), caches are reclaimed only for
+//!    a sequence that then fits, and the cached KV in its way (other
+//!    sessions', prefixes, other waiting sequences' blocks) goes until it
+//!    does.
+//!
+//! **Liveness.** When nothing runs, the oldest waiting sequence is
+//! admitted in the same step unless blocks held outside the scheduler's
+//! reach (KV transfers in flight) are in its way: every other block is
+//! either free or cached, and caches give way. A prompt that could never
+//! fit (more tokens than the pool) is answered at once (`unfittable`);
+//! the engine refuses such prompts before they are queued.
+//!
+//! **Head-of-line bound.** Let `K` be `max_head_of_line_steps`. Younger
+//! sequences may be admitted past the oldest sequence held back for
+//! memory (the head) only in the first `K` steps in which it is held
+//! back; from then on none is, so the running set only shrinks and grows
+//! by the head's own turn: the head is admitted in the first step in
+//! which its blocks fit beside the growth reserve of what still runs,
+//! that is within `K + R` steps of becoming the head, `R` being the steps
+//! the sequences running at step `K` need to finish (each at most its
+//! remaining prefill steps plus `max_new_tokens` decodes).
 //! 3. **Prefill chunks.** Short prefills first (oldest first), then long
 //!    ones (at most `max_long_partial_prefills`), within
 //!    `max_num_batched_tokens` and the engine's step-time budget
@@ -51,9 +73,10 @@ use kvc_kv_pool::{BlockAllocator, BlockId};
 
 use crate::budget::TimeBudget;
 use crate::config::SchedulerConfig;
-use crate::policy::{choose_victim, decide_admission, AdmitInputs, AdmitReason, VictimCandidate, Wait};
+use crate::policy::{choose_victim, AdmitReason, VictimCandidate, Wait};
 use crate::sequence::{SeqId, SeqStatus, Sequence};
 
+mod admit;
 mod prefill_plan;
 
 /// What the scheduler asks of the KV caches around it.
@@ -71,6 +94,21 @@ pub trait SchedulerHooks {
     /// place and computes nothing until it is.
     fn ready(&mut self, _id: SeqId) -> bool {
         true
+    }
+    /// The scheduler gave back the blocks [`Self::acquire`] (or seeding)
+    /// handed sequence `seq` (a waiting sequence making room, a
+    /// preemption, an admission that did not fit): whatever acquiring
+    /// marked for it (a session's turn in flight) is released, so that the
+    /// caches may evict that KV and its next admission acquires afresh.
+    fn release(&mut self, _seq: &Sequence) {}
+    /// Leading blocks of `seq`'s tokens that [`Self::acquire`] would hand
+    /// over already on the device (no copy), found without side effects.
+    fn resident_blocks(&mut self, _seq: &Sequence, _alloc: &BlockAllocator) -> usize {
+        0
+    }
+    /// Device blocks [`Self::reclaim`] could free now (an upper bound).
+    fn reclaimable(&mut self, _alloc: &BlockAllocator) -> usize {
+        0
     }
 }
 
@@ -113,6 +151,10 @@ pub struct Schedule {
     /// Running sequences left out of this step because their reused KV is
     /// still being copied in ([`SchedulerHooks::ready`]).
     pub copying: Vec<SeqId>,
+    /// The oldest waiting sequence held back for memory, and the steps in
+    /// a row it has been (younger ones pass it only in the first
+    /// `max_head_of_line_steps`).
+    pub head_of_line: Option<(SeqId, usize)>,
 }
 
 impl Schedule {
@@ -131,6 +173,8 @@ pub struct SchedulerStats {
     /// Admission decisions by reason: one per admitted sequence, and one
     /// per step for the sequence at the head of what is left waiting.
     pub admissions: BTreeMap<AdmitReason, u64>,
+    /// Sequences admitted past an older one held back for memory.
+    pub passed_head: u64,
 }
 
 pub struct Scheduler {
@@ -145,6 +189,9 @@ pub struct Scheduler {
     /// The last step gave the long prefills nothing for a short prompt's
     /// first token (so this one gives them their quarter).
     long_skipped: bool,
+    /// The head of the line (oldest sequence held back for memory) and
+    /// the steps in a row it has been.
+    head_wait: Option<(SeqId, usize)>,
     stats: SchedulerStats,
 }
 
@@ -153,6 +200,7 @@ impl Scheduler {
         Self {
             time_budget: None,
             long_skipped: false,
+            head_wait: None,
             config,
             seqs: HashMap::new(),
             waiting: VecDeque::new(),
@@ -317,7 +365,7 @@ impl Scheduler {
         out: &mut Schedule,
     ) -> bool {
         while !self.grow(id, tokens, alloc, hooks) {
-            if self.unseed_one_waiting(None, alloc) {
+            if self.release_one_waiting(None, 0, alloc, hooks) {
                 continue;
             }
             let candidates: Vec<VictimCandidate> = self
@@ -330,7 +378,7 @@ impl Scheduler {
                 .collect();
             let (victim, reason) = choose_victim(&candidates).expect("`id` itself is running");
             tracing::debug!(event = "preempt", seq_id = victim, reason, for_seq = id, "preempted sequence for recompute");
-            self.preempt(victim, alloc);
+            self.preempt(victim, alloc, hooks);
             out.preempted.push(victim);
             if victim == id {
                 return false;
@@ -339,13 +387,11 @@ impl Scheduler {
         true
     }
 
-    fn preempt(&mut self, id: SeqId, alloc: &mut BlockAllocator) {
+    fn preempt(&mut self, id: SeqId, alloc: &mut BlockAllocator, hooks: &mut dyn SchedulerHooks) {
         let seq = self.seqs.get_mut(&id).expect("preempted sequence exists");
-        alloc.free_all(&seq.block_table);
-        seq.block_table.clear();
         seq.recompute_until = seq.recompute_until.max(seq.num_computed);
-        seq.num_computed = 0;
-        seq.acquired = false;
+        self.give_back_blocks(id, alloc, hooks);
+        let seq = self.seqs.get_mut(&id).expect("preempted sequence exists");
         seq.long_prefill = false;
         seq.status = SeqStatus::Waiting;
         seq.preemptions += 1;
@@ -355,18 +401,27 @@ impl Scheduler {
         self.waiting.push_front(id);
     }
 
-    /// Releases the reused blocks of one waiting sequence other than
-    /// `except`, the last in the queue first (it acquires again when
-    /// admitted). True if one had any.
-    fn unseed_one_waiting(&mut self, except: Option<SeqId>, alloc: &mut BlockAllocator) -> bool {
-        let Some(&id) = self.waiting.iter().rev().find(|&&id| Some(id) != except && !self.seqs[&id].block_table.is_empty()) else {
-            return false;
-        };
-        let seq = self.seqs.get_mut(&id).expect("waiting sequence exists");
+    /// Frees `id`'s blocks and forgets what it computed and acquired (the
+    /// hooks release their marks); it acquires again when admitted.
+    fn give_back_blocks(&mut self, id: SeqId, alloc: &mut BlockAllocator, hooks: &mut dyn SchedulerHooks) {
+        let seq = self.seqs.get_mut(&id).expect("sequence exists");
         alloc.free_all(&seq.block_table);
         seq.block_table.clear();
         seq.num_computed = 0;
-        seq.acquired = false;
+        if std::mem::replace(&mut seq.acquired, false) {
+            hooks.release(&self.seqs[&id]);
+        }
+    }
+
+    /// Releases the blocks of one waiting sequence other than `except`,
+    /// among those at queue position `from` or later, the last in the
+    /// queue first (it acquires again when admitted). True if one had any.
+    fn release_one_waiting(&mut self, except: Option<SeqId>, from: usize, alloc: &mut BlockAllocator, hooks: &mut dyn SchedulerHooks) -> bool {
+        let Some(&id) = self.waiting.iter().skip(from).rev().find(|&&id| Some(id) != except && !self.seqs[&id].block_table.is_empty())
+        else {
+            return false;
+        };
+        self.give_back_blocks(id, alloc, hooks);
         true
     }
 
@@ -405,7 +460,7 @@ impl Scheduler {
             }
             let end = self.seqs[&id].num_computed + 1;
             if end > capacity_tokens {
-                self.preempt(id, alloc);
+                self.preempt(id, alloc, hooks);
                 self.waiting.retain(|&w| w != id);
                 out.unfittable.push(id);
                 continue;
@@ -455,103 +510,5 @@ impl Scheduler {
             out.stalled.push((*id, wait));
         }
         out
-    }
-
-    /// Pass 2 of [`Self::schedule`]: admits waiting sequences in order.
-    /// Marks those passed over for a long slot with `long_prefill` (so
-    /// their wait counts as behind other prefills).
-    fn admit(&mut self, alloc: &mut BlockAllocator, hooks: &mut dyn SchedulerHooks, budget: usize, out: &mut Schedule) {
-        let capacity_tokens = alloc.num_blocks() * self.config.block_size;
-        let mut partial = self.running.iter().filter(|id| !self.seqs[id].is_decoding()).count();
-        let mut long_partial = self.running.iter().filter(|id| !self.seqs[id].is_decoding() && self.seqs[id].long_prefill).count();
-        let mut i = 0;
-        while i < self.waiting.len() {
-            let id = self.waiting[i];
-            if self.seqs[&id].tokens.len() + 1 > capacity_tokens {
-                self.waiting.remove(i);
-                out.unfittable.push(id);
-                continue;
-            }
-            // Slots first: the cache lookup below pins blocks.
-            let mut inputs = AdmitInputs {
-                running: self.running.len(),
-                max_num_seqs: self.config.max_num_seqs,
-                partial_prefills: partial,
-                max_num_partial_prefills: self.config.max_num_partial_prefills.max(1),
-                long_partial_prefills: long_partial,
-                max_long_partial_prefills: self.config.max_long_partial_prefills.max(1),
-                is_long: false,
-                budget_left: budget,
-                need_blocks: 0,
-                free_blocks: usize::MAX,
-                reserve_blocks: 0,
-            };
-            let reason = decide_admission(&inputs);
-            if reason != AdmitReason::Admitted {
-                out.admission_blocked = Some(reason);
-                break;
-            }
-            if !self.seqs[&id].acquired {
-                let found = hooks.acquire(&self.seqs[&id], alloc);
-                let seq = self.seqs.get_mut(&id).expect("waiting sequence exists");
-                seq.acquired = true;
-                if let Some((blocks, tokens)) = found {
-                    debug_assert!(seq.block_table.is_empty() && tokens < seq.tokens.len());
-                    seq.block_table = blocks;
-                    seq.num_computed = tokens;
-                }
-            }
-            let seq = &self.seqs[&id];
-            inputs.is_long = seq.remaining() > self.config.long_prefill_token_threshold;
-            inputs.need_blocks = self.missing_blocks(id, seq.tokens.len());
-            inputs.reserve_blocks = self.growth_reserve();
-            inputs.free_blocks = alloc.num_free();
-            let mut reason = decide_admission(&inputs);
-            // Only memory is missing: reclaim caches for it (never for a
-            // sequence a slot limit holds back anyway), then blocks that
-            // waiting sequences behind it pinned by their cache hits.
-            while reason == AdmitReason::KvWatermark {
-                hooks.reclaim(inputs.need_blocks + inputs.reserve_blocks, alloc);
-                inputs.free_blocks = alloc.num_free();
-                reason = decide_admission(&inputs);
-                if reason == AdmitReason::KvWatermark && !self.unseed_one_waiting(Some(id), alloc) {
-                    break;
-                }
-            }
-            tracing::debug!(
-                event = "admission",
-                seq_id = id,
-                reason = reason.as_str(),
-                need = inputs.need_blocks,
-                reserve = inputs.reserve_blocks,
-                free = inputs.free_blocks
-            );
-            match reason {
-                AdmitReason::Admitted => {}
-                AdmitReason::LongPartialPrefills => {
-                    // Shorter prompts behind it may go first.
-                    self.seqs.get_mut(&id).expect("waiting sequence exists").long_prefill = true;
-                    out.admission_blocked.get_or_insert(reason);
-                    i += 1;
-                    continue;
-                }
-                _ => {
-                    out.admission_blocked = Some(reason);
-                    break;
-                }
-            }
-            let need = inputs.need_blocks;
-            let blocks = alloc.allocate(need).expect("blocks were counted as free");
-            self.waiting.remove(i);
-            let seq = self.seqs.get_mut(&id).expect("waiting sequence exists");
-            seq.block_table.extend(blocks);
-            seq.status = SeqStatus::Running;
-            seq.long_prefill = inputs.is_long;
-            self.running.push(id);
-            self.running.sort_by_key(|r| self.seqs[r].arrival);
-            *self.stats.admissions.entry(AdmitReason::Admitted).or_default() += 1;
-            partial += 1;
-            long_partial += usize::from(inputs.is_long);
-        }
     }
 }

@@ -18,6 +18,7 @@ fn config(max_num_seqs: usize, max_num_batched_tokens: usize, block_size: usize)
         long_prefill_token_threshold: 4096,
         watermark_blocks: 0,
         growth_reserve_tokens: 512,
+        max_head_of_line_steps: 0,
     }
 }
 

@@ -125,6 +125,12 @@ pub struct Args {
     #[arg(long)]
     pub long_prefill_token_threshold: Option<usize>,
 
+    /// Steps in which smaller requests may be admitted past the oldest
+    /// waiting one while it waits for KV memory; after that nothing passes
+    /// it until it is admitted (0: strict arrival order, as vLLM's FCFS).
+    #[arg(long, default_value_t = kvc_engine::config::DEFAULT_MAX_HEAD_OF_LINE_STEPS)]
+    pub max_head_of_line_steps: usize,
+
     /// Step-time budget: a step carries only as many prefill tokens as fit
     /// in this many milliseconds beside its decodes (or alone), from
     /// measured rates, at least 256 and at most --max-num-batched-tokens;
@@ -349,6 +355,7 @@ impl Args {
             max_num_partial_prefills: self.max_num_partial_prefills,
             max_long_partial_prefills: self.max_long_partial_prefills,
             long_prefill_token_threshold: self.long_prefill_token_threshold,
+            max_head_of_line_steps: self.max_head_of_line_steps,
             max_step_ms: (self.max_step_ms > 0.0).then_some(self.max_step_ms),
             max_model_len: self.max_model_len,
             seed: self.seed,
@@ -457,6 +464,7 @@ mod tests {
         assert_eq!(c.max_num_partial_prefills, d.max_num_partial_prefills);
         assert_eq!(c.max_long_partial_prefills, d.max_long_partial_prefills);
         assert_eq!(c.long_prefill_token_threshold, d.long_prefill_token_threshold);
+        assert_eq!(c.max_head_of_line_steps, d.max_head_of_line_steps);
         assert_eq!(c.max_step_ms, d.max_step_ms);
         assert_eq!(c.host_write_back_watermark, d.host_write_back_watermark);
         assert_eq!(c.dtype, None);

@@ -35,6 +35,17 @@ const ENGINE: &[Family] = &[
         "Scheduler admissions (reason=admitted) and, per step, why the queue's head still waits.",
         &["reason"],
     ),
+    Family::counter(
+        "kvc_scheduler_head_of_line_passed_total",
+        "Requests admitted past an older one held back for KV memory (within --max-head-of-line-steps).",
+        &[],
+    ),
+    Family::counter(
+        "kvc_engine_stalled_steps_total",
+        "Steps in which requests waited and nothing could be scheduled, by why the oldest waited (0 in a healthy engine).",
+        &["reason"],
+    ),
+    Family::gauge("kvc_requests_oldest_waiting_seconds", "Age of the oldest request waiting for admission (0: none waits).", &[]),
     Family::counter("kvc_prompt_tokens_computed_total", "Prompt tokens run through the model.", &[]),
     Family::counter("kvc_generation_tokens_total", "Tokens generated.", &[]),
     Family::counter("kvc_structured_output_masks_total", "Grammar masks computed for structured outputs (one per constrained token).", &[]),
@@ -145,6 +156,13 @@ fn read_engine(s: &EngineStats, out: &mut Scrape) {
     for (reason, n) in &s.admission_decisions {
         out.sample("kvc_scheduler_admission_decisions_total", &[reason], *n as f64);
     }
+    out.sample("kvc_scheduler_head_of_line_passed_total", &[], s.passed_head as f64);
+    for reason in kvc_engine::stall_reasons() {
+        let n = s.stalled_steps.iter().find(|(r, _)| *r == reason).map_or(0, |(_, n)| *n);
+        out.sample("kvc_engine_stalled_steps_total", &[reason], n as f64);
+    }
+    let oldest = s.oldest_waiting_since.map_or(0.0, |t| t.elapsed().as_secs_f64());
+    out.sample("kvc_requests_oldest_waiting_seconds", &[], oldest);
     out.sample("kvc_host_tier_bytes_total", &["to_host"], s.host_bytes_moved.0 as f64);
     out.sample("kvc_host_tier_bytes_total", &["to_device"], s.host_bytes_moved.1 as f64);
     let wb = &k.write_back_blocks;

@@ -14,7 +14,7 @@ pub fn worker_state(state: &AppState) -> WorkerState {
     WorkerState {
         role: state.role.as_str().to_string(),
         model: info.id.clone(),
-        ready: state.engine.is_alive() && !state.lifecycle.is_draining(),
+        ready: crate::health::ready(state).0.is_success(),
         block_size: info.block_size,
         total_blocks: s.total_blocks,
         free_blocks: s.free_blocks,

@@ -289,6 +289,62 @@ impl SessionAwareCache {
         out
     }
 
+    /// Leading blocks of `prompt` that [`Self::acquire`] would hand over
+    /// already on the device (the session's, then the prefix index's),
+    /// found without side effects: what admission may count on before it
+    /// commits to acquiring (host-tier blocks need device blocks to be
+    /// copied into, so they are not counted).
+    pub fn resident_blocks(&self, session: Option<&str>, prompt: &[u32], root: Option<BlockHash>) -> usize {
+        let bs = self.config.block_size;
+        let max_reuse = prompt.len().saturating_sub(1);
+        let mut n = 0;
+        if let Some(s) = session.and_then(|id| self.sessions.get(id)) {
+            let full = common_prefix(&s.tokens[..], &prompt[..max_reuse]) / bs;
+            n = s.blocks[..full.min(s.blocks.len())].iter().take_while(|l| matches!(l, BlockLoc::Device(_))).count();
+            if n < full {
+                // acquire stops at the first block it cannot restore; the
+                // index is not looked up past a session block on the host.
+                return n;
+            }
+        }
+        if self.config.enable_prefix_caching {
+            let mut parent = root;
+            let mut i = 0;
+            while (i + 1) * bs <= max_reuse {
+                let blk = &prompt[i * bs..(i + 1) * bs];
+                let h = hash_block(parent, blk);
+                parent = Some(h);
+                if i >= n {
+                    if self.index.peek(h, blk).is_none() {
+                        break;
+                    }
+                    n += 1;
+                }
+                i += 1;
+            }
+        }
+        n
+    }
+
+    /// Undoes what [`Self::acquire`] marked and counted for a request that
+    /// gave its blocks back without being admitted (the caller frees the
+    /// blocks): the session's busy mark (when it took one) and the reuse
+    /// counters of that answer.
+    /// `source` and `tokens` are the answer's.
+    pub fn give_back(&mut self, session: Option<&str>, source: ReusePath, tokens: usize, prompt_len: usize) {
+        if let Some(id) = session {
+            self.abandon(id);
+        }
+        let st = &mut self.stats;
+        st.reused_tokens = st.reused_tokens.saturating_sub(tokens as u64);
+        st.computed_tokens = st.computed_tokens.saturating_sub(prompt_len.saturating_sub(tokens) as u64);
+        match source {
+            ReusePath::SessionHit => st.session_hits = st.session_hits.saturating_sub(1),
+            ReusePath::PrefixHit => st.prefix_hits = st.prefix_hits.saturating_sub(1),
+            ReusePath::Cold | ReusePath::Bypass => {}
+        }
+    }
+
     fn reuse_session(&mut self, id: &str, k: usize, alloc: &mut BlockAllocator, storage: &mut KvStorage, out: &mut Acquired) {
         let bs = self.config.block_size;
         // Whole blocks only: the block holding position k is rewritten by

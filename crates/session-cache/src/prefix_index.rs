@@ -34,6 +34,11 @@ impl PrefixIndex {
         Some(e.block)
     }
 
+    /// [`Self::lookup`] without marking the block used.
+    pub fn peek(&self, hash: BlockHash, tokens: &[u32]) -> Option<BlockId> {
+        self.by_hash.get(&hash).filter(|e| &*e.tokens == tokens).map(|e| e.block)
+    }
+
     pub fn contains_block(&self, block: BlockId) -> bool {
         self.by_block.contains_key(&block)
     }

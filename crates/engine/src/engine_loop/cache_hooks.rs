@@ -34,6 +34,7 @@ impl SchedulerHooks for CacheHooks<'_> {
         let session = if a.turn_open { None } else { a.session_id.clone() };
         let mut got = self.cache.acquire(session.as_deref(), &seq.tokens, a.cache_root, alloc, self.storage);
         a.turn_open |= session.is_some();
+        a.cache_answer = Some((got.source, got.tokens));
         a.reuse_reason = got.source;
         // A prefill worker's request for a session: its snapshot, when it
         // covers at least what the prefix cache does (ties go to the
@@ -50,11 +51,33 @@ impl SchedulerHooks for CacheHooks<'_> {
         }
         a.cached_tokens = got.tokens;
         a.restored_blocks += got.restored_blocks;
-        a.restore_ticket = got.ready_after;
+        // A restore of an earlier acquire that was given back may still be
+        // copying into blocks handed out again now: wait for both.
+        a.restore_ticket = got.ready_after.max(a.restore_ticket);
         a.registered_blocks = 0;
         a.last_hash = a.cache_root;
         tracing::debug!(event = "reuse", seq_id = seq.id, session = ?a.session_id, reused = got.tokens, reason = a.reuse_reason.as_str(), restored = got.restored_blocks);
         (got.tokens > 0).then_some((got.blocks, got.tokens))
+    }
+
+    fn release(&mut self, seq: &Sequence) {
+        let Some(a) = self.active.get_mut(&seq.id) else { return };
+        let session = if std::mem::replace(&mut a.turn_open, false) { a.session_id.as_deref() } else { None };
+        let (source, tokens) = a.cache_answer.take().unwrap_or_default();
+        self.cache.give_back(session, source, tokens, seq.tokens.len());
+        a.cached_tokens = 0;
+        a.reuse_reason = ReusePath::Cold;
+        tracing::debug!(event = "give_back", seq_id = seq.id, session = ?a.session_id, reused = tokens, "a waiting request gave its reused KV back");
+    }
+
+    fn resident_blocks(&mut self, seq: &Sequence, _alloc: &BlockAllocator) -> usize {
+        let Some(a) = self.active.get(&seq.id) else { return 0 };
+        let session = if a.turn_open { None } else { a.session_id.as_deref() };
+        self.cache.resident_blocks(session, &seq.tokens, a.cache_root)
+    }
+
+    fn reclaimable(&mut self, alloc: &BlockAllocator) -> usize {
+        self.cache.evictable_blocks(alloc) + self.parts.held_blocks()
     }
 
     fn ready(&mut self, id: SeqId) -> bool {

@@ -96,6 +96,11 @@ impl Leases {
     pub(super) fn is_empty(&self) -> bool {
         self.held.is_empty()
     }
+
+    /// Blocks under lease (counted once per lease).
+    pub(super) fn held_blocks(&self) -> usize {
+        self.held.values().map(|l| l.blocks.len()).sum()
+    }
 }
 
 impl EngineLoop {

@@ -20,8 +20,17 @@ use llguidance::toktrie::SimpleVob;
 /// 1.6 GB: ~30 ms of PCIe); the next batch waits for it.
 const WRITE_BACK_BATCH: usize = 1024;
 
+/// What a step did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Stepped {
+    /// Ran a forward pass (or failed one), or waited for restores.
+    Ran,
+    /// Requests wait and nothing could be scheduled ([`super::watchdog`]).
+    Stalled,
+}
+
 impl EngineLoop {
-    pub(super) fn step(&mut self) {
+    pub(super) fn step(&mut self) -> Stepped {
         let mut hooks = CacheHooks { cache: &mut self.cache, storage: &mut self.storage, active: &mut self.active, parts: &mut self.parts };
         let (decodes_next, decode_context) = self.scheduler.decode_load();
         let budget = self.step_budget.decide(decodes_next, decode_context);
@@ -34,15 +43,24 @@ impl EngineLoop {
             // was checked against max_model_len, which is <= pool capacity.
             self.finish(id, FinishReason::Length, None);
         }
+        self.local.passed_head = self.scheduler.stats().passed_head;
         if plan.chunks.is_empty() {
             // Nothing to compute but sequences waiting for their restores:
             // wait for the oldest batch here rather than spin.
             let ticket = plan.copying.iter().filter_map(|id| self.active.get(id)?.restore_ticket).min();
             if let Some(t) = ticket {
                 self.cache.wait_copies(t);
+                return Stepped::Ran;
             }
-            return;
+            if self.scheduler.num_waiting() == 0 && self.scheduler.num_running() == 0 {
+                // Everything that was left finished (unfittable) in this step.
+                return Stepped::Ran;
+            }
+            let pool = self.watchdog.warn_due().then(|| self.pool_state());
+            self.watchdog.stalled(plan.admission_blocked, pool, &mut self.local);
+            return Stepped::Stalled;
         }
+        self.watchdog.progressed(&mut self.local);
         // A block freed while restores beside compute may still write it is
         // not handed to this step before they are done.
         self.cache.order_copies();
@@ -91,7 +109,7 @@ impl EngineLoop {
                     }
                     self.drop_seq(c.seq_id);
                 }
-                return;
+                return Stepped::Ran;
             }
         };
         self.local.steps += 1;
@@ -149,6 +167,21 @@ impl EngineLoop {
         }
         for (id, token, logprobs) in self.sample_all(&sampled, &logits, &masks) {
             self.accept_token(id, token, logprobs);
+        }
+        Stepped::Ran
+    }
+
+    /// The pool as a stall warning reports it.
+    fn pool_state(&self) -> super::watchdog::PoolState {
+        let reserved: usize = self.handoff.reservations.values().map(|r| r.blocks.len()).sum();
+        super::watchdog::PoolState {
+            free: self.allocator.num_free(),
+            evictable: self.cache.evictable_blocks(&self.allocator),
+            total: self.allocator.num_blocks(),
+            waiting: self.scheduler.num_waiting(),
+            running: self.scheduler.num_running(),
+            held_outside: reserved + self.handoff.leases.held_blocks() + self.parts.held_blocks(),
+            oldest_wait: self.scheduler.waiting().filter_map(|s| Some(self.active.get(&s.id)?.submitted.elapsed())).max(),
         }
     }
 
