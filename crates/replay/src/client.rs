@@ -76,6 +76,9 @@ pub struct Outcome {
     pub finish_reason: Option<String>,
     pub text: String,
     pub error: Option<String>,
+    /// Cancelled by a stop of the run (signal, `--duration-s`) before it
+    /// ended: not the server's failure. What had arrived is kept.
+    pub cut: bool,
 }
 
 impl Endpoint {
@@ -123,10 +126,30 @@ impl Endpoint {
     /// Sends one streaming request and reads it to the end or `deadline`.
     /// Never fails: errors are in [`Outcome::error`].
     pub async fn stream(&self, prompt: &Prompt, max_tokens: usize, session: Option<&str>, deadline: tokio::time::Instant) -> Outcome {
+        self.stream_until(prompt, max_tokens, session, deadline, std::future::pending()).await
+    }
+
+    /// [`Endpoint::stream`], cut short when `stop` resolves first: then the
+    /// outcome is [`Outcome::cut`], with what had arrived until then.
+    pub async fn stream_until(
+        &self,
+        prompt: &Prompt,
+        max_tokens: usize,
+        session: Option<&str>,
+        deadline: tokio::time::Instant,
+        stop: impl std::future::Future<Output = ()>,
+    ) -> Outcome {
         let t0 = Instant::now();
         let mut out = Outcome::default();
-        if let Err(e) = self.stream_into(&mut out, t0, prompt, max_tokens, session, deadline).await {
-            out.error = Some(e);
+        let finished = tokio::select! {
+            biased;
+            _ = stop => None,
+            r = self.stream_into(&mut out, t0, prompt, max_tokens, session, deadline) => Some(r),
+        };
+        match finished {
+            Some(Err(e)) => out.error = Some(e),
+            Some(Ok(())) => {}
+            None => out.cut = true,
         }
         out.latency_s = t0.elapsed().as_secs_f64();
         out

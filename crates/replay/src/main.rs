@@ -11,7 +11,9 @@ use kvc_replay::client::{first_model, Api, Endpoint};
 use kvc_replay::driver::{self, DriverConfig, Pacing};
 use kvc_replay::http::{self, BaseUrl};
 use kvc_replay::reuse::ReuseOracle;
+use kvc_replay::run_dir::{self, RunFiles};
 use kvc_replay::runs::Aggregate;
+use kvc_replay::stop::{self, StopReason};
 use kvc_replay::summary::{RunMeta, Summary};
 use kvc_replay::synth::agentic::{self, AgenticShape};
 use kvc_replay::synth::microbench::{self, MicroShape};
@@ -38,7 +40,7 @@ enum Cmd {
     Synth(SynthArgs),
     /// Print a trace's size and the reuse its structure allows (no server).
     Inspect(InspectArgs),
-    /// Rebuild a result directory's summaries and plots from its rows.
+    /// Rebuild a result directory's summaries and plots from its rows alone (also a run killed before it wrote them).
     Report { dir: PathBuf },
     /// Side-by-side table of result directories.
     Compare {
@@ -192,9 +194,15 @@ struct RunArgs {
     out: Option<PathBuf>,
     #[arg(long)]
     no_progress: bool,
-    /// Exit with status 2 when any request failed.
+    /// Exit with status 2 when any request failed (requests cut by a stop are not failures).
     #[arg(long)]
     fail_on_errors: bool,
+    /// Stop each run this many seconds after its first request went out:
+    /// nothing more is sent, requests in flight are cut (rows with `cut: true`),
+    /// and the report covers what was measured. As SIGINT and SIGTERM do, but
+    /// those also end the remaining runs of --runs N.
+    #[arg(long)]
+    duration_s: Option<f64>,
 }
 
 fn synth_rows(kind: &str, a: &ShapeArgs, max_turns: Option<usize>) -> Vec<SessionRow> {
@@ -278,6 +286,9 @@ async fn run(a: RunArgs) -> anyhow::Result<()> {
     if a.runs == 0 {
         bail!("--runs must be at least 1");
     }
+    if a.duration_s.is_some_and(|d| !(d > 0.0 && d.is_finite())) {
+        bail!("--duration-s must be a positive number");
+    }
     let w = Arc::new(workload(&a.source)?);
     wait_ready(&a.url, Duration::from_secs_f64(a.wait_ready_s.max(0.0))).await?;
     let model = match &a.model {
@@ -297,8 +308,9 @@ async fn run(a: RunArgs) -> anyhow::Result<()> {
         PathBuf::from(format!("runs/replay-{now}"))
     });
     std::fs::create_dir_all(&out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
+    let limit = a.duration_s.map_or(String::new(), |d| format!(" | at most {d} s each"));
     eprintln!(
-        "kvc-replay: {} ({} sessions, {} requests) -> {} | time scale {}{} | concurrency {} | {} run(s) | out {}",
+        "kvc-replay: {} ({} sessions, {} requests) -> {} | time scale {}{} | concurrency {} | {} run(s){limit} | out {}",
         w.source,
         w.sessions.len(),
         w.requests(),
@@ -310,9 +322,28 @@ async fn run(a: RunArgs) -> anyhow::Result<()> {
         out_dir.display()
     );
 
+    if a.runs > 1 {
+        // An earlier result's aggregate would sit next to this run's rows
+        // until the end; each run directory is cleared when its run starts.
+        run_dir::clear_outputs(&out_dir)?;
+    }
+    // From here a signal stops the run (and the remaining runs) and writes
+    // what was measured; before, it ends the process as usual.
+    let signals = match stop::listen_for_signals() {
+        Ok(rx) => Some(rx),
+        Err(e) => {
+            eprintln!("kvc-replay: warning: cannot listen for SIGINT/SIGTERM ({e}); a signal ends the run without a report");
+            None
+        }
+    };
+    let signalled = || signals.as_ref().is_some_and(|rx| *rx.borrow());
+
     let mut summaries = Vec::new();
     let mut run_dirs = Vec::new();
     for run in 1..=a.runs {
+        if run > 1 && signalled() {
+            break;
+        }
         let independent = !a.same_tokens_across_runs;
         let salt = if independent { mix_all(&[a.source.shape.seed, run as u64]) } else { a.source.shape.seed };
         let cfg = DriverConfig {
@@ -326,10 +357,12 @@ async fn run(a: RunArgs) -> anyhow::Result<()> {
             reuse_block_tokens: a.source.reuse_block_tokens,
             scrape_interval: (a.scrape_interval_s > 0.0).then(|| Duration::from_secs_f64(a.scrape_interval_s)),
             progress: !a.no_progress,
-            stop_on_ctrl_c: true,
+            stop: signals.clone(),
+            duration: a.duration_s.map(Duration::from_secs_f64),
         };
-        let out = driver::run(w.clone(), endpoint.clone(), cfg).await;
-        let meta = RunMeta {
+        // What is known before the first request goes out; the end of the
+        // run (or `kvc-replay report` after a kill) completes it.
+        let mut meta = RunMeta {
             tool: format!("kvc-replay {}", env!("CARGO_PKG_VERSION")),
             workload: w.source.clone(),
             endpoint: a.url.to_string(),
@@ -342,30 +375,41 @@ async fn run(a: RunArgs) -> anyhow::Result<()> {
             run,
             runs: a.runs,
             salt,
-            started_unix_s: out.started_unix_s,
-            wall_s: out.wall_s,
-            interrupted: out.interrupted,
+            started_unix_s: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64()),
+            wall_s: 0.0,
+            interrupted: false,
+            stop_reason: None,
             scrape_interval_s: (a.scrape_interval_s > 0.0).then_some(a.scrape_interval_s),
             reuse_block_tokens: a.source.reuse_block_tokens,
             requests_planned: w.requests(),
+            inferred: false,
         };
-        let summary = Summary::new(meta, &out.records, &out.scrapes);
         let dir = if a.runs == 1 { out_dir.clone() } else { out_dir.join(format!("run-{run}")) };
+        let files = Arc::new(RunFiles::create(&dir, &meta)?);
+        let out = driver::run(w.clone(), endpoint.clone(), cfg, Some(files)).await;
+        (meta.started_unix_s, meta.wall_s) = (out.started_unix_s, out.wall_s);
+        (meta.interrupted, meta.stop_reason) = (out.interrupted, out.stop_reason);
+        let summary = Summary::new(meta, &out.records, &out.scrapes);
         report::write_run(&dir, &summary, &out.records, &out.scrapes)?;
+        let stopped = match out.stop_reason {
+            Some(StopReason::Signal) => " (stopped by a signal)",
+            Some(StopReason::Duration) => " (stopped at --duration-s)",
+            None => "",
+        };
         eprintln!(
-            "run {run}/{}: {} requests, {} errors, TTFT p50 {} s, latency p50 {} s, reuse {} -> {}",
+            "run {run}/{}{stopped}: {} requests, {} errors, {} cut, TTFT p50 {} s, latency p50 {} s, reuse {} -> {}",
             a.runs,
             summary.requests,
             summary.errors,
+            summary.cut,
             report::fmt_opt(summary.ttft_s.p50, 3),
             report::fmt_opt(summary.latency_s.p50, 3),
             report::fmt_opt(summary.reuse_ratio, 3),
             dir.join("summary.md").display()
         );
-        let interrupted = out.interrupted;
         summaries.push(summary);
         run_dirs.push(format!("run-{run}"));
-        if interrupted {
+        if out.stop_reason == Some(StopReason::Signal) {
             break;
         }
     }
@@ -408,7 +452,7 @@ fn inspect(a: &InspectArgs) -> anyhow::Result<()> {
         prompt += p.tokens.len();
         let cached = oracle.observe(&p.tokens);
         reusable += cached;
-        if n as u64 % a.mix_every == 0 {
+        if (n as u64).is_multiple_of(a.mix_every) {
             mix += &format!("{cached} {}\n", p.tokens.len() - cached);
         }
         output += turn.output_tokens;

@@ -1,12 +1,9 @@
-//! One row of `metrics.jsonl` per request.
-
-use std::io::Write;
-use std::path::Path;
+//! One row of `metrics.jsonl` per request, appended when the request ends
+//! (see [`crate::run_dir`]).
 
 use serde::{Deserialize, Serialize};
 
 use crate::client::Outcome;
-use crate::error::{ReplayError, Result};
 use crate::stats::Dist;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -45,7 +42,13 @@ pub struct RequestRecord {
     /// `usage.completion_tokens`, else the number of output chunks.
     pub output_tokens: Option<u64>,
     pub expected_output_tokens: u64,
+    /// Finished without error (never true for a `cut` row).
     pub ok: bool,
+    /// Cancelled in flight by a stop of the run (SIGINT, SIGTERM,
+    /// `--duration-s`): neither ok nor an error of the server. Its times
+    /// run to the stop. Absent in rows written before the field existed.
+    #[serde(default)]
+    pub cut: bool,
     pub status: Option<u16>,
     pub error: Option<String>,
     /// kvc's serving path (`kvc.path`, else the `x-kvc-path` header).
@@ -75,7 +78,7 @@ impl RequestRecord {
         let prompt_tokens = o.prompt_tokens.unwrap_or(sent.prompt_tokens_sent);
         let cached_tokens = o.cached_tokens.or(kvc.cached_tokens);
         let computed_tokens = kvc.computed_tokens.or_else(|| cached_tokens.map(|c| prompt_tokens.saturating_sub(c)));
-        let ok = o.error.is_none();
+        let ok = o.error.is_none() && !o.cut;
         let tpot_s = match (ok, o.ttft_s, output_tokens) {
             (true, Some(t), Some(n)) if n >= 2 => Some((o.latency_s - t) / (n - 1) as f64),
             _ => None,
@@ -103,6 +106,7 @@ impl RequestRecord {
             output_tokens,
             expected_output_tokens: sent.expected_output_tokens,
             ok,
+            cut: o.cut,
             status: o.status,
             error: o.error.clone(),
             path: kvc.path.or_else(|| o.path_header.clone()),
@@ -114,8 +118,11 @@ impl RequestRecord {
     }
 
     /// `path/reason`, the path alone, `unlabelled` (a server without kvc's
-    /// extensions), or `error`.
+    /// extensions), `cut` (by a stop of the run), or `error`.
     pub fn label(&self) -> String {
+        if self.cut {
+            return "cut".into();
+        }
         if !self.ok {
             return "error".into();
         }
@@ -127,22 +134,16 @@ impl RequestRecord {
     }
 }
 
-pub fn write_jsonl<T: Serialize>(path: &Path, rows: &[T]) -> Result<()> {
-    let mut out = Vec::new();
-    for r in rows {
-        serde_json::to_writer(&mut out, r)?;
-        out.push(b'\n');
+/// First send to last answer (or cut) over `rows`, in seconds: a run's
+/// wall time.
+pub fn span_s(rows: &[RequestRecord]) -> f64 {
+    let first = rows.iter().map(|r| r.start_s).fold(f64::INFINITY, f64::min);
+    let last = rows.iter().map(|r| r.start_s + r.latency_s).fold(0.0, f64::max);
+    if rows.is_empty() {
+        0.0
+    } else {
+        (last - first).max(0.0)
     }
-    std::fs::File::create(path).and_then(|mut f| f.write_all(&out)).map_err(|e| ReplayError::io(path, e))
-}
-
-pub fn read_jsonl<T: serde::de::DeserializeOwned>(path: &Path) -> Result<Vec<T>> {
-    let text = std::fs::read_to_string(path).map_err(|e| ReplayError::io(path, e))?;
-    text.lines()
-        .enumerate()
-        .filter(|(_, l)| !l.trim().is_empty())
-        .map(|(i, l)| serde_json::from_str(l).map_err(|e| ReplayError::trace(path, i + 1, e.to_string())))
-        .collect()
 }
 
 #[cfg(test)]
@@ -206,5 +207,16 @@ mod tests {
         assert_eq!(r.label(), "unlabelled");
         let failed = RequestRecord::new(sent(), &Outcome { error: Some("HTTP 500: x".into()), ..Default::default() });
         assert_eq!((failed.ok, failed.label().as_str()), (false, "error"));
+        let cut = RequestRecord::new(sent(), &Outcome { ttft_s: Some(0.1), token_times_s: vec![0.1], latency_s: 2.0, cut: true, ..o });
+        assert_eq!((cut.ok, cut.cut, cut.label().as_str(), cut.tpot_s), (false, true, "cut", None));
+        assert_eq!(cut.ttft_s, Some(0.1), "what arrived before the stop is kept");
+    }
+
+    #[test]
+    fn rows_written_before_the_cut_field_still_load() {
+        let mut v = serde_json::to_value(RequestRecord::new(sent(), &Outcome::default())).unwrap();
+        v.as_object_mut().unwrap().remove("cut");
+        let r: RequestRecord = serde_json::from_value(v).unwrap();
+        assert!(!r.cut && r.ok);
     }
 }

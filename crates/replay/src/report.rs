@@ -1,14 +1,18 @@
-//! A run's directory: `metrics.jsonl`, `scrape.jsonl`, `summary.json`,
-//! `summary.md` and the SVG plots.
+//! A run's report: `summary.json`, `summary.md` and the SVG plots, written
+//! at the end of a run (also one cut short by a stop) or rebuilt from the
+//! rows that [`crate::run_dir`] keeps as the run goes.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::path::Path;
 
 use crate::error::{ReplayError, Result};
-use crate::metrics::{write_jsonl, RequestRecord};
+use crate::jsonl::{read_jsonl, write_atomic, write_jsonl};
+use crate::metrics::RequestRecord;
+use crate::run_dir;
 use crate::scrape::{pool_series, ScrapeRow};
 use crate::stats::Dist;
+use crate::stop::StopReason;
 use crate::summary::{RunMeta, Summary};
 use crate::svg::{cdf, Chart, Series, Style};
 
@@ -20,58 +24,62 @@ pub fn write_file(path: &Path, text: &str) -> Result<()> {
     std::fs::write(path, text).map_err(|e| ReplayError::io(path, e))
 }
 
-/// Rebuilds a run directory's summary and plots from its `metrics.jsonl`,
-/// `scrape.jsonl` and the run description in its `summary.json` (after a
-/// kvc-replay update, or to redraw); a multi-run directory is rebuilt run
-/// by run, then aggregated.
+/// Rebuilds a result directory's summaries and plots from its rows alone
+/// (after a kvc-replay update, to redraw, or after a run that was killed
+/// before it could write them): each run's `metrics.jsonl` and
+/// `scrape.jsonl`, with the run description of its `run.json`, else its
+/// `summary.json`, else one inferred from the rows ([`run_dir::load_meta`]).
+/// A multi-run directory is rebuilt run by run, then aggregated.
 pub fn rebuild(dir: &Path) -> Result<()> {
     let mut run_dirs: Vec<String> = std::fs::read_dir(dir)
         .map_err(|e| ReplayError::io(dir, e))?
         .filter_map(|e| e.ok())
-        .filter(|e| e.path().join("metrics.jsonl").exists())
+        .filter(|e| e.path().join(run_dir::METRICS).exists())
         .filter_map(|e| e.file_name().to_str().map(str::to_string))
         .collect();
     if run_dirs.is_empty() {
-        rebuild_run(dir)?;
+        rebuild_run(dir, 1)?;
         return Ok(());
     }
     run_dirs.sort_by_key(|d| d.trim_start_matches("run-").parse::<usize>().unwrap_or(usize::MAX));
-    let summaries: Vec<Summary> = run_dirs.iter().map(|d| rebuild_run(&dir.join(d))).collect::<Result<_>>()?;
+    let summaries: Vec<Summary> = run_dirs.iter().map(|d| rebuild_run(&dir.join(d), run_dirs.len())).collect::<Result<_>>()?;
     crate::runs::Aggregate::new(&summaries, run_dirs).write(dir)
 }
 
-fn rebuild_run(dir: &Path) -> Result<Summary> {
-    let old: Summary = serde_json::from_str(
-        &std::fs::read_to_string(dir.join("summary.json")).map_err(|e| ReplayError::io(&dir.join("summary.json"), e))?,
-    )?;
-    let rows: Vec<RequestRecord> = crate::metrics::read_jsonl(&dir.join("metrics.jsonl"))?;
-    let scrape = dir.join("scrape.jsonl");
-    let scrapes: Vec<ScrapeRow> = if scrape.exists() { crate::metrics::read_jsonl(&scrape)? } else { Vec::new() };
-    let summary = Summary::new(old.meta, &rows, &scrapes);
+fn rebuild_run(dir: &Path, runs: usize) -> Result<Summary> {
+    let mut rows: Vec<RequestRecord> = read_jsonl(&dir.join(run_dir::METRICS))?;
+    rows.sort_by(|a, b| a.start_s.total_cmp(&b.start_s));
+    let scrape = dir.join(run_dir::SCRAPE);
+    let scrapes: Vec<ScrapeRow> = if scrape.exists() { read_jsonl(&scrape)? } else { Vec::new() };
+    let meta = run_dir::load_meta(dir, &rows, &scrapes, runs);
+    let summary = Summary::new(meta, &rows, &scrapes);
     write_reports(dir, &summary, &rows, &scrapes)?;
     Ok(summary)
 }
 
-/// Writes everything about one run into `dir` (created if missing).
+/// Writes everything about one finished (or stopped) run into `dir`
+/// (created if missing): the rows again, in send order, the final
+/// `run.json`, the summary and the plots.
 pub fn write_run(dir: &Path, summary: &Summary, rows: &[RequestRecord], scrapes: &[ScrapeRow]) -> Result<()> {
     std::fs::create_dir_all(dir).map_err(|e| ReplayError::io(dir, e))?;
-    write_jsonl(&dir.join("metrics.jsonl"), rows)?;
+    write_jsonl(&dir.join(run_dir::METRICS), rows)?;
     if !scrapes.is_empty() {
-        write_jsonl(&dir.join("scrape.jsonl"), scrapes)?;
+        write_jsonl(&dir.join(run_dir::SCRAPE), scrapes)?;
     }
+    run_dir::write_meta(dir, &summary.meta)?;
     write_reports(dir, summary, rows, scrapes)
 }
 
 /// `summary.json`, `summary.md` and the plots.
 fn write_reports(dir: &Path, summary: &Summary, rows: &[RequestRecord], scrapes: &[ScrapeRow]) -> Result<()> {
-    write_file(&dir.join("summary.json"), &serde_json::to_string_pretty(summary)?)?;
     write_file(&dir.join(TTFT_PLOT), &ttft_chart(rows).render())?;
     write_file(&dir.join(LATENCY_PLOT), &latency_chart(rows).render())?;
     let pool = pool_chart(scrapes);
     if !pool.series.is_empty() {
         write_file(&dir.join(POOL_PLOT), &pool.render())?;
     }
-    write_file(&dir.join("summary.md"), &markdown(summary, !pool.series.is_empty()))
+    write_file(&dir.join(run_dir::SUMMARY_MD), &markdown(summary, !pool.series.is_empty()))?;
+    write_atomic(&dir.join(run_dir::SUMMARY_JSON), serde_json::to_string_pretty(summary)?.as_bytes())
 }
 
 fn by_label(rows: &[RequestRecord]) -> BTreeMap<String, Vec<&RequestRecord>> {
@@ -85,7 +93,7 @@ fn by_label(rows: &[RequestRecord]) -> BTreeMap<String, Vec<&RequestRecord>> {
 pub fn ttft_chart(rows: &[RequestRecord]) -> Chart {
     let series = by_label(rows)
         .into_iter()
-        .filter(|(l, _)| l != "error")
+        .filter(|(l, _)| l != "error" && l != "cut")
         .map(|(l, rs)| {
             let pts = cdf(rs.iter().filter_map(|r| r.ttft_s).collect());
             Series { name: format!("{l} (n={})", pts.len()), points: pts, style: Style::Step }
@@ -165,32 +173,56 @@ pub fn time_scale_text(ts: f64) -> String {
 
 pub fn meta_table(m: &RunMeta) -> String {
     let mut s = String::from("| | |\n|---|---|\n");
-    let _ = writeln!(s, "| workload | {} ({} requests planned) |", m.workload, m.requests_planned);
-    let _ = writeln!(
-        s,
-        "| endpoint | {} ({} api), model {} |",
-        m.endpoint,
-        format!("{:?}", m.api).to_lowercase(),
-        m.model.as_deref().unwrap_or("(not sent)")
-    );
-    let _ = writeln!(s, "| time scale | {} |", time_scale_text(m.time_scale));
-    let pacing = match m.pacing {
-        crate::driver::Pacing::Think => "think (a session's next turn starts its think time after the previous one ends)",
-        crate::driver::Pacing::Arrival => {
-            "arrival (a session's next turn starts at its trace time, or when the previous one ends if later)"
-        }
-    };
-    let _ = writeln!(s, "| pacing | {pacing} |");
-    let _ = writeln!(s, "| concurrency cap | {} |", m.concurrency);
-    let _ = writeln!(s, "| request timeout | {} s |", m.request_timeout_s);
-    if m.run == 0 {
-        let _ = writeln!(s, "| runs | {} (each with its own token salt and session ids) |", m.runs);
+    if m.inferred {
+        s.push_str(
+            "| run description | **unknown**: the directory has no `run.json` or `summary.json`, so workload, endpoint, \
+             time scale, pacing and limits are not known; what follows is read from the rows |\n",
+        );
     } else {
-        let _ = writeln!(s, "| run | {} of {} (token salt {}) |", m.run, m.runs, m.salt);
+        let _ = writeln!(s, "| workload | {} ({} requests planned) |", m.workload, m.requests_planned);
+        let _ = writeln!(
+            s,
+            "| endpoint | {} ({} api), model {} |",
+            m.endpoint,
+            format!("{:?}", m.api).to_lowercase(),
+            m.model.as_deref().unwrap_or("(not sent)")
+        );
+        let _ = writeln!(s, "| time scale | {} |", time_scale_text(m.time_scale));
+        let pacing = match m.pacing {
+            crate::driver::Pacing::Think => "think (a session's next turn starts its think time after the previous one ends)",
+            crate::driver::Pacing::Arrival => {
+                "arrival (a session's next turn starts at its trace time, or when the previous one ends if later)"
+            }
+        };
+        let _ = writeln!(s, "| pacing | {pacing} |");
+        let _ = writeln!(s, "| concurrency cap | {} |", m.concurrency);
+        let _ = writeln!(s, "| request timeout | {} s |", m.request_timeout_s);
     }
-    let _ = writeln!(s, "| started | {} |", utc(m.started_unix_s));
-    let _ = writeln!(s, "| wall time | {:.1} s{} |", m.wall_s, if m.interrupted { " (**interrupted**)" } else { "" });
-    let scrape = m.scrape_interval_s.map_or("off".to_string(), |s| format!("every {s} s"));
+    match (m.run, m.inferred) {
+        (0, _) => {
+            let _ = writeln!(s, "| runs | {} (each with its own token salt and session ids) |", m.runs);
+        }
+        (run, true) => {
+            let _ = writeln!(s, "| run | {run} of {} |", m.runs);
+        }
+        (run, false) => {
+            let _ = writeln!(s, "| run | {run} of {} (token salt {}) |", m.runs, m.salt);
+        }
+    }
+    let started = if m.started_unix_s > 0.0 { utc(m.started_unix_s) } else { "unknown".into() };
+    let _ = writeln!(s, "| started | {started} |");
+    let stopped = match (m.interrupted, m.stop_reason) {
+        (false, _) => "",
+        (true, Some(StopReason::Signal)) => " (**interrupted** by a signal: requests in flight were cut)",
+        (true, Some(StopReason::Duration)) => " (**stopped** at `--duration-s`: requests in flight were cut)",
+        (true, None) => " (**interrupted**)",
+    };
+    let _ = writeln!(s, "| wall time | {:.1} s{stopped} |", m.wall_s);
+    let scrape = match (m.scrape_interval_s, m.inferred) {
+        (Some(s), true) => format!("about every {s:.1} s"),
+        (Some(s), false) => format!("every {s} s"),
+        (None, _) => "off".to_string(),
+    };
     let _ = writeln!(s, "| /metrics scraping | {scrape} |");
     let _ = writeln!(s, "| tool | {} |", m.tool);
     s
@@ -211,9 +243,16 @@ fn dist_row(name: &str, d: &Dist) -> String {
 pub fn markdown(s: &Summary, pool_plot: bool) -> String {
     let mut md = String::from("# kvc-replay report\n\n");
     md.push_str(&meta_table(&s.meta));
+    let cut = match s.cut {
+        0 => String::new(),
+        n => format!(
+            ", and {n} cut in flight by the stop (neither ok nor errors: the error rate is over the {} that finished)",
+            s.requests - n
+        ),
+    };
     let _ = write!(
         md,
-        "\n## Results\n\n{} requests: {} ok, **{} errors** (error rate {:.2} %).\n\
+        "\n## Results\n\n{} requests: {} ok, **{} errors** (error rate {:.2} %){cut}.\n\
          Throughput: {:.2} requests/s, {:.1} output tokens/s, {:.0} prompt tokens/s.\n\n\
          | seconds | n | mean | p50 | p90 | p99 | max |\n|---|---|---|---|---|---|---|\n",
         s.requests,
@@ -254,7 +293,7 @@ pub fn markdown(s: &Summary, pool_plot: bool) -> String {
     if let (Some(r), true) = (s.reuse_ratio, s.reusable_ratio > 0.0) {
         let _ = writeln!(md, "- the server reused {:.1} % of what was reusable.", 100.0 * r / s.reusable_ratio);
     }
-    if s.sessions > 0 && s.meta.api == crate::client::Api::Completions {
+    if s.sessions > 0 && s.meta.api == crate::client::Api::Completions && !s.meta.inferred {
         md.push_str(
             "- Session turns carry a synthesized stand-in for the previous answer (completions API): the server \
              can reuse the previous prompt but must recompute the stand-in, so session reuse is under-reported by \

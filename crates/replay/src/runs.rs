@@ -54,6 +54,7 @@ impl Aggregate {
         meta.salt = 0;
         meta.wall_s = summaries.iter().map(|s| s.meta.wall_s).sum();
         meta.interrupted = summaries.iter().any(|s| s.meta.interrupted);
+        meta.stop_reason = summaries.iter().find_map(|s| s.meta.stop_reason);
         Aggregate {
             kind: "runs".into(),
             meta,

@@ -6,11 +6,13 @@
 //! scraping does not disturb its scheduler.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
 use crate::http::{self, BaseUrl};
+use crate::run_dir::RunFiles;
 
 pub const PREFIXES: &[&str] = &["kvc_", "vllm:", "sglang:"];
 
@@ -63,19 +65,34 @@ pub fn parse(text: &str, prefixes: &[&str]) -> BTreeMap<String, f64> {
     out
 }
 
-/// Scrapes `url`/metrics every `interval` until `stop` turns true. Gives
-/// up after three failures in a row before any success (a server without
-/// /metrics).
-pub async fn scrape_loop(url: BaseUrl, interval: Duration, t0: Instant, mut stop: tokio::sync::watch::Receiver<bool>) -> Vec<ScrapeRow> {
+/// Scrapes `url`/metrics every `interval` until `stop` turns true, each
+/// sample appended to the run's `scrape.jsonl` as it is taken when `files`
+/// is given. Gives up after three failures in a row before any success (a
+/// server without /metrics).
+pub async fn scrape_loop(
+    url: BaseUrl,
+    interval: Duration,
+    t0: Instant,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+    files: Option<Arc<RunFiles>>,
+) -> Vec<ScrapeRow> {
     let mut rows = Vec::new();
     let mut failures = 0;
     loop {
         let t_s = t0.elapsed().as_secs_f64();
-        let got = tokio::time::timeout(interval.max(Duration::from_secs(2)), http::get(&url, "/metrics", &[])).await;
+        let scrape = tokio::time::timeout(interval.max(Duration::from_secs(2)), http::get(&url, "/metrics", &[]));
+        let got = tokio::select! {
+            got = scrape => got,
+            _ = stop.wait_for(|s| *s) => return rows,
+        };
         match got {
             Ok(Ok((200, body))) => {
                 failures = 0;
-                rows.push(ScrapeRow { t_s, values: parse(&String::from_utf8_lossy(&body), PREFIXES) });
+                let row = ScrapeRow { t_s, values: parse(&String::from_utf8_lossy(&body), PREFIXES) };
+                if let Some(f) = &files {
+                    f.scrape(&row);
+                }
+                rows.push(row);
             }
             _ => {
                 failures += 1;

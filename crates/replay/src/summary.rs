@@ -9,6 +9,7 @@ use crate::driver::Pacing;
 use crate::metrics::RequestRecord;
 use crate::scrape::{pool_series, ScrapeRow};
 use crate::stats::Dist;
+use crate::stop::StopReason;
 
 /// How a run was made; printed at the top of every report.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -26,12 +27,24 @@ pub struct RunMeta {
     pub run: usize,
     pub runs: usize,
     pub salt: u64,
+    /// 0 when unknown (a description inferred from the rows).
     pub started_unix_s: f64,
     pub wall_s: f64,
+    /// Stopped before the workload ended: see `stop_reason`. Also set when
+    /// a report is rebuilt from fewer rows than `requests_planned` (a run
+    /// killed without a chance to say why).
     pub interrupted: bool,
+    /// Why an interrupted run stopped, when it could say.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_reason: Option<StopReason>,
     pub scrape_interval_s: Option<f64>,
     pub reuse_block_tokens: usize,
     pub requests_planned: usize,
+    /// No run description was found (`run.json`, `summary.json`): this one
+    /// is inferred from the rows, and what they do not say is unknown
+    /// (see [`crate::run_dir::inferred_meta`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub inferred: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -52,7 +65,14 @@ pub struct Summary {
     #[serde(default)]
     pub sessions: usize,
     pub ok: usize,
+    /// Requests that failed (the server's error, a timeout), not counting
+    /// `cut` ones.
     pub errors: usize,
+    /// Requests cut in flight by a stop of the run (SIGINT, SIGTERM,
+    /// `--duration-s`); `requests = ok + errors + cut`.
+    #[serde(default)]
+    pub cut: usize,
+    /// errors / (requests - cut).
     pub error_rate: f64,
     /// Over successful requests.
     pub ttft_s: Dist,
@@ -89,7 +109,9 @@ pub struct Summary {
 impl Summary {
     pub fn new(meta: RunMeta, rows: &[RequestRecord], scrapes: &[ScrapeRow]) -> Summary {
         let ok: Vec<&RequestRecord> = rows.iter().filter(|r| r.ok).collect();
-        let errors = rows.len() - ok.len();
+        let cut = rows.iter().filter(|r| r.cut).count();
+        let errors = rows.len() - ok.len() - cut;
+        let finished = rows.len() - cut;
         let wall = meta.wall_s.max(1e-9);
         let reported: Vec<&&RequestRecord> = ok.iter().filter(|r| r.cached_tokens.is_some()).collect();
         let cached: u64 = reported.iter().filter_map(|r| r.cached_tokens).sum();
@@ -117,7 +139,7 @@ impl Summary {
             .collect();
 
         let mut errs: BTreeMap<String, usize> = BTreeMap::new();
-        for r in rows.iter().filter(|r| !r.ok) {
+        for r in rows.iter().filter(|r| !r.ok && !r.cut) {
             let msg: String = r.error.clone().unwrap_or_default().chars().take(160).collect();
             *errs.entry(msg).or_default() += 1;
         }
@@ -136,7 +158,8 @@ impl Summary {
             sessions: sessions.len(),
             ok: ok.len(),
             errors,
-            error_rate: if rows.is_empty() { 0.0 } else { errors as f64 / rows.len() as f64 },
+            cut,
+            error_rate: if finished == 0 { 0.0 } else { errors as f64 / finished as f64 },
             ttft_s: Dist::of(ok.iter().filter_map(|r| r.ttft_s).collect()),
             tpot_s: Dist::of(ok.iter().filter_map(|r| r.tpot_s).collect()),
             latency_s: Dist::of(ok.iter().map(|r| r.latency_s).collect()),
@@ -170,6 +193,7 @@ impl Summary {
         put("requests", Some(self.requests as f64));
         put("errors", Some(self.errors as f64));
         put("error_rate", Some(self.error_rate));
+        put("cut", Some(self.cut as f64));
         for (name, d) in [("ttft", &self.ttft_s), ("tpot", &self.tpot_s), ("latency", &self.latency_s)] {
             put(&format!("{name}_mean_s"), d.mean);
             put(&format!("{name}_p50_s"), d.p50);
@@ -200,6 +224,7 @@ pub const HEADLINE_ORDER: &[(&str, &str)] = &[
     ("requests", "requests"),
     ("errors", "errors"),
     ("error_rate", "error rate"),
+    ("cut", "cut by a stop"),
     ("ttft_mean_s", "TTFT mean (s)"),
     ("ttft_p50_s", "TTFT p50 (s)"),
     ("ttft_p90_s", "TTFT p90 (s)"),
@@ -243,9 +268,11 @@ mod tests {
             started_unix_s: 0.0,
             wall_s: 10.0,
             interrupted: false,
+            stop_reason: None,
             scrape_interval_s: None,
             reuse_block_tokens: 16,
             requests_planned: 3,
+            inferred: false,
         }
     }
 
@@ -289,6 +316,29 @@ mod tests {
         assert_eq!(s.top_errors, vec![("HTTP 500: boom".to_string(), 1)]);
         assert_eq!(s.latency_s.n, 2);
         assert_eq!(s.headline()["reuse_ratio"], 0.4);
+    }
+
+    #[test]
+    fn cut_rows_are_counted_apart_from_errors_and_out_of_the_error_rate() {
+        let mut cut = row(None, None, "x");
+        (cut.ok, cut.cut) = (false, true);
+        let rows = vec![row(Some(0), None, "cold"), row(None, Some("HTTP 500: boom"), "x"), cut.clone(), cut];
+        let s = Summary::new(meta(), &rows, &[]);
+        assert_eq!((s.requests, s.ok, s.errors, s.cut), (4, 1, 1, 2));
+        assert!((s.error_rate - 0.5).abs() < 1e-12, "1 error of the 2 that finished");
+        assert_eq!(s.top_errors, vec![("HTTP 500: boom".to_string(), 1)]);
+        assert_eq!((s.path_mix["cut"].count, s.path_mix["error"].count), (2, 1));
+        assert_eq!((s.latency_s.n, s.headline()["cut"]), (1, 2.0));
+    }
+
+    #[test]
+    fn summaries_written_before_cut_and_stop_reason_existed_still_load() {
+        let s = Summary::new(meta(), &[row(Some(0), None, "cold")], &[]);
+        let mut v = serde_json::to_value(&s).unwrap();
+        assert!(v["meta"].get("stop_reason").is_none() && v["meta"].get("inferred").is_none(), "left out when unset");
+        v.as_object_mut().unwrap().remove("cut");
+        let back: Summary = serde_json::from_value(v).unwrap();
+        assert_eq!(back, s);
     }
 
     #[test]

@@ -196,10 +196,11 @@ async fn failed_and_timed_out_requests_become_error_rows_and_the_run_finishes() 
         reuse_block_tokens: 16,
         scrape_interval: None,
         progress: false,
-        stop_on_ctrl_c: false,
+        stop: None,
+        duration: None,
     };
     let t0 = Instant::now();
-    let out = driver::run(workload.into(), endpoint.into(), cfg).await;
+    let out = driver::run(workload.into(), endpoint.into(), cfg, None).await;
     assert!(t0.elapsed() < Duration::from_secs(10), "the hung stream was not cut by the timeout");
     let by_output = |n: u64| out.records.iter().find(|r| r.expected_output_tokens == n).unwrap();
     let failed = by_output(1);
