@@ -47,6 +47,8 @@ REQUIRED = {
     "transfer GB/s": "kvc_kv_transfer_bytes_total",
     "fallbacks by reason": "kvc_disagg_fallbacks_total",
     "router moves": "kvc_router_session_moves_total",
+    "engine stalls": "kvc_engine_stalled_steps_total",
+    "oldest waiting request": "kvc_requests_oldest_waiting_seconds",
 }
 
 

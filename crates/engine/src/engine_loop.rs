@@ -158,7 +158,8 @@ impl EngineLoop {
         sc.max_head_of_line_steps = config.max_head_of_line_steps;
         let scheduler = Scheduler::new(sc);
         let max_step = config.max_step_ms.filter(|ms| *ms > 0.0).map(|ms| Duration::from_secs_f64(ms / 1000.0));
-        let weights = model.config().moe.as_ref().map_or(WeightReads::dense(), |m| WeightReads::routed(m.num_experts_per_tok, m.num_experts));
+        let weights =
+            model.config().moe.as_ref().map_or(WeightReads::dense(), |m| WeightReads::routed(m.num_experts_per_tok, m.num_experts));
         let step_budget = StepBudget::new(max_step, weights);
         let KvPool { allocator, storage } = pool;
         let host_blocks = config.swap_space_bytes / storage.layout().bytes_per_block().max(1);

@@ -131,14 +131,7 @@ impl StepBudget {
     /// `max_step`: the step-time target (None: no limit); `weights`: how
     /// much of the model a step reads.
     pub fn new(max_step: Option<Duration>, weights: WeightReads) -> Self {
-        Self {
-            target_s: max_step.map(|d| d.as_secs_f64()),
-            weights,
-            s: [[0.0; N]; N],
-            r: [0.0; N],
-            theta: [0.0; N],
-            prefill_samples: 0,
-        }
+        Self { target_s: max_step.map(|d| d.as_secs_f64()), weights, s: [[0.0; N]; N], r: [0.0; N], theta: [0.0; N], prefill_samples: 0 }
     }
 
     /// Records a step and its time.
@@ -402,7 +395,11 @@ mod tests {
         let tokens = s.decodes + prefill;
         let attention: f64 = s.prefill.iter().map(|&(st, l)| 1e-9 * l as f64 * (st as f64 + l as f64 / 2.0) + 10e-9 * st as f64).sum();
         Duration::from_secs_f64(
-            3e-3 + 12e-3 * w.share(tokens) + 20e-6 * tokens as f64 + 0.5e-6 * s.decodes as f64 + 25e-9 * s.decode_context as f64 + attention,
+            3e-3 + 12e-3 * w.share(tokens)
+                + 20e-6 * tokens as f64
+                + 0.5e-6 * s.decodes as f64
+                + 25e-9 * s.decode_context as f64
+                + attention,
         )
     }
 

@@ -126,10 +126,7 @@ fn admit(peer: SocketAddr, local: SocketAddr) -> bool {
 /// another destination), or a TIME_WAIT entry's, which the kernel lists
 /// with uid 0 and so would pass for root's.
 fn socket_owner(peer: SocketAddr, local: SocketAddr) -> Option<u32> {
-    proc_tcp_entries("/proc/self")
-        .into_iter()
-        .find(|e| !e.time_wait && same(e.local, peer) && same(e.remote, local))
-        .map(|e| e.uid)
+    proc_tcp_entries("/proc/self").into_iter().find(|e| !e.time_wait && same(e.local, peer) && same(e.remote, local)).map(|e| e.uid)
 }
 
 fn same(a: SocketAddr, b: SocketAddr) -> bool {
@@ -241,7 +238,8 @@ mod tests {
         drop(c);
         drop(s);
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        let time_wait = || proc_tcp_entries("/proc/self").into_iter().any(|e| e.time_wait && same(e.local, client) && same(e.remote, server));
+        let time_wait =
+            || proc_tcp_entries("/proc/self").into_iter().any(|e| e.time_wait && same(e.local, client) && same(e.remote, server));
         while !time_wait() {
             assert!(std::time::Instant::now() < deadline, "the client's end never reached TIME_WAIT");
             std::thread::yield_now();

@@ -18,6 +18,7 @@ use crate::svg::{cdf, Chart, Series, Style};
 
 pub const TTFT_PLOT: &str = "ttft_cdf.svg";
 pub const LATENCY_PLOT: &str = "latency_over_time.svg";
+pub const TTFT_TIME_PLOT: &str = "ttft_over_time.svg";
 pub const POOL_PLOT: &str = "pool_usage.svg";
 
 pub fn write_file(path: &Path, text: &str) -> Result<()> {
@@ -74,6 +75,7 @@ pub fn write_run(dir: &Path, summary: &Summary, rows: &[RequestRecord], scrapes:
 fn write_reports(dir: &Path, summary: &Summary, rows: &[RequestRecord], scrapes: &[ScrapeRow]) -> Result<()> {
     write_file(&dir.join(TTFT_PLOT), &ttft_chart(rows).render())?;
     write_file(&dir.join(LATENCY_PLOT), &latency_chart(rows).render())?;
+    write_file(&dir.join(TTFT_TIME_PLOT), &ttft_over_time_chart(rows).render())?;
     let pool = pool_chart(scrapes);
     if !pool.series.is_empty() {
         write_file(&dir.join(POOL_PLOT), &pool.render())?;
@@ -110,18 +112,29 @@ pub fn ttft_chart(rows: &[RequestRecord]) -> Chart {
 }
 
 pub fn latency_chart(rows: &[RequestRecord]) -> Chart {
+    over_time(rows, "End-to-end latency over the run", "latency (s)", |r| Some(r.latency_s))
+}
+
+/// TTFT by send time: a queue that grows (or an engine that stalls) shows
+/// as a rising trend.
+pub fn ttft_over_time_chart(rows: &[RequestRecord]) -> Chart {
+    over_time(rows, "Time to first token over the run", "TTFT (s)", |r| r.ttft_s)
+}
+
+/// One dot per request at its send time, `y` of it, by serving path.
+fn over_time(rows: &[RequestRecord], title: &str, y_label: &str, y: impl Fn(&RequestRecord) -> Option<f64>) -> Chart {
     let series = by_label(rows)
         .into_iter()
-        .map(|(l, rs)| Series {
-            name: format!("{l} (n={})", rs.len()),
-            points: rs.iter().map(|r| (r.start_s, r.latency_s)).collect(),
-            style: Style::Dots,
+        .map(|(l, rs)| {
+            let points: Vec<(f64, f64)> = rs.iter().filter_map(|r| Some((r.start_s, y(r)?))).collect();
+            Series { name: format!("{l} (n={})", points.len()), points, style: Style::Dots }
         })
+        .filter(|s| !s.points.is_empty())
         .collect();
     Chart {
-        title: "End-to-end latency over the run".into(),
+        title: title.into(),
         x_label: "request sent at (s from run start)".into(),
-        y_label: "latency (s)".into(),
+        y_label: y_label.into(),
         series,
         ..Default::default()
     }
@@ -324,7 +337,8 @@ pub fn markdown(s: &Summary, pool_plot: bool) -> String {
         }
     }
     md.push_str("\n## Plots\n\n");
-    let _ = writeln!(md, "![TTFT CDF by path]({TTFT_PLOT})\n\n![Latency over time]({LATENCY_PLOT})\n");
+    let _ =
+        writeln!(md, "![TTFT CDF by path]({TTFT_PLOT})\n\n![TTFT over time]({TTFT_TIME_PLOT})\n\n![Latency over time]({LATENCY_PLOT})\n");
     match (pool_plot, s.pool_peak_usage) {
         (true, peak) => {
             let _ = writeln!(md, "![KV pool usage]({POOL_PLOT})\n\nPeak device pool usage: {}.", fmt_opt(peak, 3));

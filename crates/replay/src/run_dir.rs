@@ -20,7 +20,7 @@ use crate::driver::Pacing;
 use crate::error::Result;
 use crate::jsonl::{write_atomic, Appender};
 use crate::metrics::{span_s, RequestRecord};
-use crate::report::{LATENCY_PLOT, POOL_PLOT, TTFT_PLOT};
+use crate::report::{LATENCY_PLOT, POOL_PLOT, TTFT_PLOT, TTFT_TIME_PLOT};
 use crate::scrape::ScrapeRow;
 use crate::stats::median;
 use crate::summary::RunMeta;
@@ -34,7 +34,7 @@ pub const SUMMARY_MD: &str = "summary.md";
 /// What a run writes into its directory; an earlier run's are removed when
 /// a new one starts there, so a run cut short never leaves another run's
 /// summary next to its rows.
-const OUTPUTS: &[&str] = &[RUN_JSON, METRICS, SCRAPE, SUMMARY_JSON, SUMMARY_MD, TTFT_PLOT, LATENCY_PLOT, POOL_PLOT];
+const OUTPUTS: &[&str] = &[RUN_JSON, METRICS, SCRAPE, SUMMARY_JSON, SUMMARY_MD, TTFT_PLOT, TTFT_TIME_PLOT, LATENCY_PLOT, POOL_PLOT];
 
 /// Removes what a run writes (see `OUTPUTS`) from `dir`, if there.
 pub fn clear_outputs(dir: &Path) -> Result<()> {

@@ -416,7 +416,13 @@ impl Scheduler {
     /// Releases the blocks of one waiting sequence other than `except`,
     /// among those at queue position `from` or later, the last in the
     /// queue first (it acquires again when admitted). True if one had any.
-    fn release_one_waiting(&mut self, except: Option<SeqId>, from: usize, alloc: &mut BlockAllocator, hooks: &mut dyn SchedulerHooks) -> bool {
+    fn release_one_waiting(
+        &mut self,
+        except: Option<SeqId>,
+        from: usize,
+        alloc: &mut BlockAllocator,
+        hooks: &mut dyn SchedulerHooks,
+    ) -> bool {
         let Some(&id) = self.waiting.iter().skip(from).rev().find(|&&id| Some(id) != except && !self.seqs[&id].block_table.is_empty())
         else {
             return false;

@@ -6,7 +6,10 @@
 use std::collections::HashMap;
 
 use kvc_kv_pool::BlockAllocator;
-use kvc_scheduler::{AdmitReason, ChunkCost, NoCache, Schedule, ScheduledChunk, Scheduler, SchedulerConfig, SeqId, TimeBudget, Wait};
+use kvc_scheduler::{
+    AdmitReason, ChunkCost, NoCache, Schedule, ScheduledChunk, Scheduler, SchedulerConfig, SchedulerHooks, SeqId, Sequence, TimeBudget,
+    Wait,
+};
 
 fn config(max_num_seqs: usize, max_num_batched_tokens: usize, block_size: usize) -> SchedulerConfig {
     SchedulerConfig {
@@ -45,7 +48,11 @@ impl Driver {
     }
 
     fn step(&mut self) -> Schedule {
-        let p = self.s.schedule(&mut self.alloc, &mut NoCache);
+        self.step_with(&mut NoCache)
+    }
+
+    fn step_with(&mut self, hooks: &mut dyn SchedulerHooks) -> Schedule {
+        let p = self.s.schedule(&mut self.alloc, hooks);
         for id in &p.unfittable {
             self.s.remove(*id, &mut self.alloc);
         }
@@ -437,4 +444,163 @@ fn a_sequence_whose_kv_is_being_copied_in_waits_alone() {
     let p = d.s.schedule(&mut d.alloc, &mut hooks);
     assert!(p.copying.is_empty());
     assert_eq!(chunk_of(&p, 2).map(|c| c.start), Some(0));
+}
+
+/// A stand-in for the session cache: sequence `id`'s session holds the KV
+/// of its first tokens in blocks the cache owns (one allocator reference
+/// each). Acquiring hands them over (a new reference) and marks the
+/// session busy; releasing clears the mark; reclaim frees the blocks of
+/// sessions that are not busy, whoever waits on them.
+#[derive(Default)]
+struct Sessions {
+    held: HashMap<SeqId, Vec<kvc_kv_pool::BlockId>>,
+    busy: std::collections::HashSet<SeqId>,
+    block_size: usize,
+    evicted: usize,
+}
+
+impl Sessions {
+    fn free_all(&mut self, alloc: &mut BlockAllocator) {
+        for (_, b) in self.held.drain() {
+            alloc.free_all(&b);
+        }
+    }
+}
+
+impl SchedulerHooks for Sessions {
+    fn reclaim(&mut self, n: usize, alloc: &mut BlockAllocator) {
+        while alloc.num_free() < n {
+            let Some(&id) = self.held.keys().filter(|id| !self.busy.contains(id)).min() else { return };
+            let blocks = self.held.remove(&id).unwrap();
+            self.evicted += blocks.len();
+            alloc.free_all(&blocks);
+        }
+    }
+
+    fn acquire(&mut self, seq: &Sequence, alloc: &mut BlockAllocator) -> Option<(Vec<kvc_kv_pool::BlockId>, usize)> {
+        self.busy.insert(seq.id);
+        let blocks = self.held.get(&seq.id).filter(|b| !b.is_empty())?.clone();
+        for &b in &blocks {
+            alloc.incref(b);
+        }
+        let tokens = blocks.len() * self.block_size;
+        Some((blocks, tokens))
+    }
+
+    fn release(&mut self, seq: &Sequence) {
+        assert!(self.busy.remove(&seq.id), "released without an acquire: {}", seq.id);
+    }
+
+    fn resident_blocks(&mut self, seq: &Sequence, _alloc: &BlockAllocator) -> usize {
+        self.held.get(&seq.id).map_or(0, Vec::len)
+    }
+
+    fn reclaimable(&mut self, alloc: &BlockAllocator) -> usize {
+        self.held.iter().filter(|(id, _)| !self.busy.contains(id)).flat_map(|(_, b)| b).filter(|&&b| alloc.refcount(b) == 1).count()
+    }
+}
+
+/// Issue 29's deadlock: sessions whose resident KV fills the pool, each
+/// with its next turn waiting. A turn that tried and did not fit used to
+/// keep its session busy (unevictable) while it waited, so the pool was
+/// held by the very turns that waited for it and the engine parked. Now a
+/// turn that does not fit gives its session back (evictable), and every
+/// turn finishes, without preemption.
+#[test]
+fn sessions_that_fill_the_pool_each_with_a_waiting_turn_all_finish() {
+    let bs = 4;
+    let mut d = Driver::new(config(16, 64, bs), 64);
+    let mut cache = Sessions { block_size: bs, ..Default::default() };
+    for id in 0..8u64 {
+        // Turn 1 left 8 blocks (32 tokens) in the session: 64 in all, the pool.
+        cache.held.insert(id, d.alloc.allocate(8).unwrap());
+        // Turn 2: the 32 tokens, 8 new ones (10 blocks), 4 to generate.
+        d.add(id, 40, 4);
+    }
+    assert_eq!(d.alloc.num_free(), 0);
+    for step in 0..1_000 {
+        if d.s.is_idle() {
+            break;
+        }
+        let p = d.step_with(&mut cache);
+        assert!(!p.chunks.is_empty(), "step {step}: nothing scheduled with {} waiting", d.s.num_waiting());
+        // A waiting turn holds no blocks (it gave back what did not fit).
+        assert!(d.s.waiting().all(|w| w.block_table.is_empty()), "step {step}");
+    }
+    let mut finished = d.finished.clone();
+    finished.sort();
+    assert_eq!(finished, (0..8).collect::<Vec<_>>());
+    assert_eq!(d.s.stats().preemptions, 0);
+    assert!(cache.evicted > 0, "sessions were evicted to make room");
+    // Busy marks left are those of turns that finished (a commit's, in the engine).
+    assert!(cache.busy.iter().all(|id| finished.contains(id)), "{:?}", cache.busy);
+    cache.free_all(&mut d.alloc);
+    assert_eq!(d.alloc.num_free(), 64, "every block is back");
+}
+
+/// The head-of-line bound (planner module doc): a prompt held back for
+/// memory is passed by smaller ones only in its first K steps of waiting;
+/// from then on nothing is admitted before it, and it is admitted within
+/// K + R steps, R the steps the sequences running at step K need to end.
+#[test]
+fn smaller_prompts_pass_a_waiting_large_one_only_within_the_bound() {
+    const K: usize = 3;
+    let mut c = config(64, 4096, 4);
+    c.max_head_of_line_steps = K;
+    c.growth_reserve_tokens = 8;
+    let mut d = Driver::new(c, 100);
+    d.add(1, 40, 20); // 10 blocks, runs 20 steps
+    d.step();
+    d.add(2, 360, 2); // 90 blocks: does not fit beside 1 and its reserve
+    let mut admitted_at: HashMap<SeqId, usize> = HashMap::new();
+    let mut next = 100;
+    let mut head_admitted = None;
+    for step in 1..200 {
+        // A small prompt arrives every step.
+        d.add(next, 4, 6);
+        next += 1;
+        let p = d.step();
+        for c in p.chunks.iter().filter(|c| c.start == 0) {
+            admitted_at.insert(c.seq_id, step);
+        }
+        if chunk_of(&p, 2).is_some() {
+            head_admitted = Some(step);
+            break;
+        }
+    }
+    let head = head_admitted.expect("the large prompt was admitted");
+    // Small prompts admitted before the large one (those of its own step
+    // were admitted after it, in order).
+    let passers: Vec<usize> = admitted_at.iter().filter(|(id, s)| **id >= 100 && **s < head).map(|(_, s)| *s).collect();
+    assert!(!passers.is_empty(), "small prompts passed the large one while it waited");
+    assert!(passers.iter().all(|&s| s <= K), "admitted past the head after its first {K} steps: {passers:?}");
+    // Running at step K: seq 1 (20 decodes from step 1) and the passers
+    // (6 tokens each): R <= 20.
+    assert!(head <= K + 20, "the head waited {head} steps");
+    d.run_to_end(10_000);
+    assert_eq!(d.alloc.num_free(), 100);
+}
+
+/// With K = 0 the queue is strict arrival order for memory (vLLM's FCFS).
+#[test]
+fn with_no_head_of_line_steps_nothing_passes_a_prompt_waiting_for_memory() {
+    let mut c = config(64, 4096, 4);
+    c.growth_reserve_tokens = 8;
+    let mut d = Driver::new(c, 100);
+    d.add(1, 40, 20);
+    d.step();
+    d.add(2, 360, 2);
+    d.add(3, 4, 2);
+    let p = d.step();
+    assert!(chunk_of(&p, 2).is_none() && chunk_of(&p, 3).is_none(), "{p:?}");
+    assert_eq!(p.head_of_line, Some((2, 1)));
+    loop {
+        let p = d.step();
+        if let Some(c) = chunk_of(&p, 3) {
+            assert!(d.s.get(2).is_none_or(|s| s.num_computed > 0) || chunk_of(&p, 2).is_some(), "3 went before 2: {c:?}");
+            break;
+        }
+    }
+    d.run_to_end(10_000);
+    assert_eq!(d.alloc.num_free(), 100);
 }

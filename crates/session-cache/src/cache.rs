@@ -308,20 +308,7 @@ impl SessionAwareCache {
             }
         }
         if self.config.enable_prefix_caching {
-            let mut parent = root;
-            let mut i = 0;
-            while (i + 1) * bs <= max_reuse {
-                let blk = &prompt[i * bs..(i + 1) * bs];
-                let h = hash_block(parent, blk);
-                parent = Some(h);
-                if i >= n {
-                    if self.index.peek(h, blk).is_none() {
-                        break;
-                    }
-                    n += 1;
-                }
-                i += 1;
-            }
+            n += block_chain(prompt, max_reuse, bs, root).skip(n).take_while(|(h, blk)| self.index.peek(*h, blk).is_some()).count();
         }
         n
     }
@@ -405,22 +392,14 @@ impl SessionAwareCache {
         out: &mut Acquired,
     ) {
         let bs = self.config.block_size;
-        let mut parent = root;
-        let mut i = 0;
-        while (i + 1) * bs <= max_reuse {
-            let blk = &prompt[i * bs..(i + 1) * bs];
-            let h = hash_block(parent, blk);
-            parent = Some(h);
-            if i >= out.blocks.len() {
-                let tick = self.next_tick();
-                let Some(b) = self.index.lookup(h, blk, tick) else {
-                    break;
-                };
-                alloc.incref(b);
-                out.blocks.push(b);
-                out.tokens += bs;
-            }
-            i += 1;
+        for (h, blk) in block_chain(prompt, max_reuse, bs, root).skip(out.blocks.len()) {
+            let tick = self.next_tick();
+            let Some(b) = self.index.lookup(h, blk, tick) else {
+                break;
+            };
+            alloc.incref(b);
+            out.blocks.push(b);
+            out.tokens += bs;
         }
     }
 
@@ -579,4 +558,15 @@ impl SessionAwareCache {
     pub fn indexed_blocks(&self) -> usize {
         self.index.len()
     }
+}
+
+/// The chained hashes of `prompt`'s whole blocks within its first
+/// `max_reuse` tokens, with each block's tokens, in order from `root`.
+fn block_chain(prompt: &[u32], max_reuse: usize, bs: usize, root: Option<BlockHash>) -> impl Iterator<Item = (BlockHash, &[u32])> {
+    let mut parent = root;
+    prompt[..max_reuse.min(prompt.len())].chunks_exact(bs).map(move |blk| {
+        let h = hash_block(parent, blk);
+        parent = Some(h);
+        (h, blk)
+    })
 }

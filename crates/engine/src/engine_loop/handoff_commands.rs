@@ -137,10 +137,10 @@ impl EngineLoop {
         let got = self.cache.acquire(session.as_deref(), prompt, root, &mut self.allocator, &mut self.storage);
         let need = prompt.len().div_ceil(bs) - got.blocks.len();
         let Some(fresh) = self.cache.allocate(need, &mut self.allocator, &self.storage) else {
+            // Nothing of the acquire stays: neither the blocks, nor the
+            // session's busy mark, nor its counts.
             self.allocator.free_all(&got.blocks);
-            if let Some(s) = &session {
-                self.cache.abandon(s);
-            }
+            self.cache.give_back(session.as_deref(), got.source, got.tokens, prompt.len());
             return Err(EngineError::NoKvRoom(format!("{need} free blocks needed for the prompt, {} free", self.allocator.num_free())));
         };
         // A prefill worker writes the fresh blocks over the transport: copies

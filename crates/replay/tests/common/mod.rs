@@ -42,6 +42,31 @@ pub fn http_get(port: u16, path: &str) -> Option<u16> {
     std::str::from_utf8(&buf[..n]).ok()?.split_whitespace().nth(1)?.parse().ok()
 }
 
+/// `METHOD path` on 127.0.0.1:`port`: (status, body). Plain HTTP/1.1, no
+/// request body.
+pub fn http_call(port: u16, method: &str, path: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    write!(s, "{method} {path} HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-length: 0\r\nconnection: close\r\n\r\n").unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).expect("read the answer");
+    let status = text.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b).to_string();
+    (status, body)
+}
+
+/// The samples of a Prometheus exposition: `name{labels}` -> value.
+pub fn metric_samples(text: &str) -> Vec<(String, f64)> {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .filter_map(|l| {
+            let (k, v) = l.rsplit_once(' ')?;
+            Some((k.to_string(), v.parse().ok()?))
+        })
+        .collect()
+}
+
 /// A kvc-server child process on 127.0.0.1, killed on drop.
 pub struct KvcServer {
     child: Child,

@@ -134,27 +134,34 @@ impl PrefillPeers {
         let urls: Vec<String> = self.all().into_iter().map(|p| p.url).collect();
         let (peers, names) = (self.clone(), Arc::new(urls.clone()));
         // Backlogs are read with `at_least`, which needs no report marks.
-        spawn_pollers(urls, client.http.clone(), client.token.clone(), interval, |_| {}, move |i, outcome: Result<Polled, String>| {
-            let (peers, metrics, url) = (peers.clone(), metrics.clone(), names[i].clone());
-            async move {
-                let state = match outcome {
-                    Ok(p) => {
-                        // The peer we call with the token may connect to our
-                        // KV transport (it writes prefilled KV into our pool).
-                        if let Some(a) = p.remote {
-                            kvc_disagg::transport::allow_peer(a.ip());
+        spawn_pollers(
+            urls,
+            client.http.clone(),
+            client.token.clone(),
+            interval,
+            |_| {},
+            move |i, outcome: Result<Polled, String>| {
+                let (peers, metrics, url) = (peers.clone(), metrics.clone(), names[i].clone());
+                async move {
+                    let state = match outcome {
+                        Ok(p) => {
+                            // The peer we call with the token may connect to our
+                            // KV transport (it writes prefilled KV into our pool).
+                            if let Some(a) = p.remote {
+                                kvc_disagg::transport::allow_peer(a.ip());
+                            }
+                            Some(p.state)
                         }
-                        Some(p.state)
-                    }
-                    Err(e) => {
-                        tracing::debug!(event = "peer_poll_failed", peer = %url, error = %e);
-                        None
-                    }
-                };
-                let healthy = state.as_ref().is_some_and(|s| s.ready);
-                peers.mark(&url, healthy, state, &metrics)
-            }
-        });
+                        Err(e) => {
+                            tracing::debug!(event = "peer_poll_failed", peer = %url, error = %e);
+                            None
+                        }
+                    };
+                    let healthy = state.as_ref().is_some_and(|s| s.ready);
+                    peers.mark(&url, healthy, state, &metrics)
+                }
+            },
+        );
     }
 }
 

@@ -210,3 +210,47 @@ fn without_a_host_tier_the_coldest_session_is_dropped() {
     assert_eq!(cache.session_info("new").unwrap().tier, crate::Tier::Device);
     assert!(cache.stats.evictions.keys().any(|(tier, _)| tier == "dropped"), "{:?}", cache.stats.evictions);
 }
+
+/// What admission may count on before acquiring: the device-resident
+/// blocks acquire then hands over, no side effects (host blocks are not
+/// counted: they need device blocks first); and a request that gives its
+/// acquisition back leaves the session idle (evictable) and the counters
+/// as they were.
+#[test]
+fn resident_blocks_predict_acquire_and_give_back_undoes_it() {
+    let (mut cache, mut alloc, mut storage) = setup(8, 8);
+    let blocks = alloc.allocate(3).unwrap();
+    fill(&mut storage, &blocks, 1.0);
+    let tokens: Vec<u32> = (0..12).collect();
+    cache.acquire(Some("s"), &tokens, None, &mut alloc, &mut storage);
+    // As the engine does: full blocks to the index as they are computed.
+    let mut parent = None;
+    for (i, &b) in blocks.iter().enumerate() {
+        parent = Some(cache.register_block(parent, &tokens[i * BS..(i + 1) * BS], b, &mut alloc));
+    }
+    cache.commit("s", &tokens, &blocks, &mut alloc);
+    alloc.free_all(&blocks);
+    let mut next = tokens.clone();
+    next.extend([50, 51, 52]);
+    // 3 blocks, the session's (the index holds the same ones).
+    assert_eq!(cache.resident_blocks(Some("s"), &next, None), 3);
+    // Without the session: the prefix index's whole blocks.
+    assert_eq!(cache.resident_blocks(None, &next, None), 3);
+    // A different prompt shares nothing.
+    assert_eq!(cache.resident_blocks(Some("s"), &[9; 15], None), 0);
+    let before = cache.stats.clone();
+    let got = cache.acquire(Some("s"), &next, None, &mut alloc, &mut storage);
+    assert_eq!((got.tokens, got.blocks.len()), (12, 3));
+    assert!(cache.session_info("s").unwrap().busy);
+    // Given back: blocks freed by the caller, session idle, counters restored.
+    alloc.free_all(&got.blocks);
+    cache.give_back(Some("s"), got.source, got.tokens, next.len());
+    assert!(!cache.session_info("s").unwrap().busy);
+    assert_eq!(cache.stats, before);
+    assert_eq!(cache.evictable_blocks(&alloc), 3, "an idle session's blocks are evictable");
+    // Offloaded, the session's blocks no longer count as resident.
+    cache.reset_prefix_cache(&mut alloc);
+    assert_eq!(cache.reclaim(8, &mut alloc, &storage), 3);
+    assert_eq!(cache.resident_blocks(Some("s"), &next, None), 0);
+    assert_eq!(cache.session_info("s").unwrap().tier, crate::Tier::Host);
+}
