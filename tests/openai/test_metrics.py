@@ -15,6 +15,8 @@ ENGINE_METRICS = [
     "kvc_preemptions_total",
     "kvc_prompt_tokens_computed_total",
     "kvc_generation_tokens_total",
+    "kvc_requests_oldest_waiting_seconds",
+    "kvc_scheduler_head_of_line_passed_total",
 ]
 
 
@@ -36,6 +38,11 @@ def test_metrics_expose_engine_stats_in_prometheus_text(server):
         assert f"# TYPE {name} " in r.text
     assert m["kvc_kv_blocks_total"] > 0
     assert 0 <= m["kvc_kv_blocks_free"] <= m["kvc_kv_blocks_total"]
+    # The watchdog's counter is exported at 0 for every reason on a fresh
+    # server (an alert on it needs the series to exist).
+    stalled = [line for line in r.text.splitlines() if line.startswith("kvc_engine_stalled_steps_total{")]
+    assert {line.split('reason="')[1].split('"')[0] for line in stalled} >= {"kv_watermark", "max_num_seqs", "unknown"}
+    assert all(line.endswith(" 0") for line in stalled), stalled
 
 
 def test_generation_moves_the_counters(server, client, model):

@@ -43,7 +43,10 @@
 //!    ones (at most `max_long_partial_prefills`), within
 //!    `max_num_batched_tokens` and the engine's step-time budget
 //!    ([`TimeBudget`]: seconds of prefill, more when nothing decodes than
-//!    beside decodes, priced per chunk by the context it attends to).
+//!    beside decodes, priced per chunk by the context it attends to). A
+//!    step with no decodes while the queue waits for memory takes the
+//!    token cap alone: the prefills in flight hold what the queue waits
+//!    for, and a shorter step would serve nobody.
 //!
 //! **Progress bound for long prompts.** The oldest running long prefill
 //! is given, before short prefills take the rest, the tokens that fit in
@@ -491,7 +494,14 @@ impl Scheduler {
 
         // 3. Prefill chunks, for the sequences whose reused KV is in place.
         out.copying = self.running.iter().copied().filter(|id| !self.seqs[id].is_decoding() && !hooks.ready(*id)).collect();
-        let (planned, long_skipped) = self.plan_prefill_chunks(token_cap, out.decodes > 0, &out.copying);
+        // Nothing decodes and the queue waits for memory: a step shorter
+        // than the token cap would serve nobody (no answer's next token;
+        // a new prompt could at best pass the one held back), while the
+        // prefills in flight hold the memory the queue waits for. They go
+        // at the token cap, not the step-time budget.
+        let memory_bound = out.decodes == 0 && out.admission_blocked == Some(AdmitReason::KvWatermark);
+        let budget = if memory_bound { None } else { self.time_budget };
+        let (planned, long_skipped) = self.plan_prefill_chunks(token_cap, out.decodes > 0, &out.copying, budget);
         self.long_skipped = long_skipped;
         for (id, len) in planned {
             let start = self.seqs[&id].num_computed;

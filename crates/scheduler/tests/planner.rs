@@ -604,3 +604,27 @@ fn with_no_head_of_line_steps_nothing_passes_a_prompt_waiting_for_memory() {
     d.run_to_end(10_000);
     assert_eq!(d.alloc.num_free(), 100);
 }
+
+/// A prefill running alone is chunked by the step-time budget, unless the
+/// queue waits for memory that prefill holds: then it takes the token cap,
+/// so that the memory comes back sooner (no decode's next token and no
+/// new prompt's first chunk is in the way).
+#[test]
+fn a_lone_prefill_holding_the_memory_the_queue_waits_for_takes_the_token_cap() {
+    let chunk = |blocked: bool| {
+        let mut d = Driver::new(config(64, 4096, 16), 300);
+        d.s.set_time_budget(Some(time_budget(0)));
+        d.add(1, 4_000, 2); // 250 blocks
+        let first = d.step();
+        if blocked {
+            d.add(2, 1_600, 2); // 100 blocks: waits for 1's
+        }
+        let p = d.step();
+        assert_eq!(p.admission_blocked.is_some(), blocked);
+        (chunk_of(&first, 1).unwrap().len, chunk_of(&p, 1).unwrap().len)
+    };
+    let (first, alone) = chunk(false);
+    assert!(first < 4_000 && alone < 4_000 - first, "the budget chunks a lone prefill: {first} {alone}");
+    let (_, blocked) = chunk(true);
+    assert_eq!(blocked, (4_000 - first).min(4096), "with the queue waiting for its memory, the token cap");
+}

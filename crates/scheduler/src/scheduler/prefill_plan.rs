@@ -4,6 +4,7 @@
 //! tokens as the module doc of the planner states them.
 
 use super::Scheduler;
+use crate::budget::TimeBudget;
 use crate::sequence::SeqId;
 
 impl Scheduler {
@@ -16,18 +17,25 @@ impl Scheduler {
     /// what it has left, except in a step where a short prefill finishes
     /// and the last step did not skip them (module doc). Within
     /// `token_cap` tokens and the time budget (alone or beside decodes); at
-    /// least `min_tokens` in all when anything is left.
-    pub(super) fn plan_prefill_chunks(&self, token_cap: usize, with_decodes: bool, copying: &[SeqId]) -> (Vec<(SeqId, usize)>, bool) {
+    /// least `min_tokens` in all when anything is left. `time_budget`: the
+    /// step's (None: the token cap only).
+    pub(super) fn plan_prefill_chunks(
+        &self,
+        token_cap: usize,
+        with_decodes: bool,
+        copying: &[SeqId],
+        time_budget: Option<TimeBudget>,
+    ) -> (Vec<(SeqId, usize)>, bool) {
         let prefilling: Vec<SeqId> =
             self.running.iter().copied().filter(|id| !self.seqs[id].is_decoding() && !copying.contains(id)).collect();
         let (long, short): (Vec<SeqId>, Vec<SeqId>) = prefilling.iter().partition(|id| self.seqs[id].long_prefill);
         if !long.is_empty() && !self.long_skipped {
-            let (lens, short_finishes) = self.plan_chunks(&short, &long, token_cap, with_decodes, true);
+            let (lens, short_finishes) = self.plan_chunks(&short, &long, token_cap, with_decodes, true, time_budget);
             if short_finishes {
                 return (lens, true);
             }
         }
-        (self.plan_chunks(&short, &long, token_cap, with_decodes, false).0, false)
+        (self.plan_chunks(&short, &long, token_cap, with_decodes, false, time_budget).0, false)
     }
 
     /// [`Self::plan_prefill_chunks`] for one choice: with `skip_long`, the
@@ -40,10 +48,11 @@ impl Scheduler {
         token_cap: usize,
         with_decodes: bool,
         skip_long: bool,
+        time_budget: Option<TimeBudget>,
     ) -> (Vec<(SeqId, usize)>, bool) {
         let long_slots = self.config.max_long_partial_prefills.max(1);
         let order: Vec<SeqId> = short.iter().chain(long.iter().take(long_slots)).copied().collect();
-        let (mut secs, cost, min_tokens) = match self.time_budget {
+        let (mut secs, cost, min_tokens) = match time_budget {
             Some(t) => (if with_decodes { t.mixed_s } else { t.alone_s }, Some(t.cost), t.min_tokens.min(token_cap)),
             None => (f64::INFINITY, None, 0),
         };
