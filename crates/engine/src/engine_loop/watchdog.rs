@@ -86,3 +86,30 @@ impl Watchdog {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pool() -> PoolState {
+        PoolState { free: 0, evictable: 3, total: 8, waiting: 2, running: 0, held_outside: 5, oldest_wait: None }
+    }
+
+    #[test]
+    fn stalled_steps_are_counted_by_reason_and_published_until_a_step_runs() {
+        let mut w = Watchdog::default();
+        let mut stats = EngineStats::default();
+        assert!(w.warn_due(), "the first stall is warned about");
+        w.stalled(Some(AdmitReason::KvWatermark), Some(pool()), &mut stats);
+        assert!(!w.warn_due(), "then at most every {WARN_EVERY:?}");
+        let since = stats.stalled_since.expect("a stall is published");
+        w.stalled(Some(AdmitReason::KvWatermark), None, &mut stats);
+        w.stalled(None, None, &mut stats);
+        assert_eq!(stats.stalled_steps, vec![("kv_watermark", 2), ("unknown", 1)]);
+        assert_eq!(stats.stalled_since, Some(since), "the stall began at its first step");
+        w.progressed(&mut stats);
+        assert_eq!(stats.stalled_since, None);
+        assert_eq!(stats.stalled_steps.iter().map(|(_, n)| n).sum::<u64>(), 3, "the counts stay");
+        assert!(stall_reasons().any(|r| r == "unknown") && stall_reasons().any(|r| r == "kv_watermark"));
+    }
+}
