@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, _free_port as free_port
+from conftest import ROOT, _free_port as free_port, wait_for
 from test_disagg import TOKEN, complete, decode_flags, ids, prefill_flags, start_decode
 
 LOOPBACK = ipaddress.ip_address("127.0.0.1")
@@ -181,3 +181,43 @@ def test_another_users_process_cannot_connect_to_the_transport(start_server):
             assert probe(port, "nobody", wait_s=12) == "closed", f"another user's process kept a connection to port {port}"
             assert probe(port, None) == "open", f"this user's own process was refused on port {port}"
         assert srv.metrics().get("kvc_kv_transport_connections_refused_total", 0.0) >= before + len(transport)
+
+
+# A stranger that writes a request's worth of bytes and closes at once,
+# `n` times: its client socket is an orphan (listed as root's) by the
+# time the guard looks.
+FLOOD = r"""
+import socket, sys
+port, n = int(sys.argv[1]), int(sys.argv[2])
+for _ in range(n):
+    s = socket.create_connection(("127.0.0.1", port), timeout=5)
+    s.sendall(b"\x00" * 64)
+    s.close()
+"""
+
+
+def test_a_stranger_that_writes_and_closes_at_once_is_refused_every_time(start_server):
+    """The accept-guard race (issue 31): `nobody` connects, writes and
+    closes before the guard checks; its socket is then an orphan the kernel
+    lists with uid 0, which passed for root's. Every such connection is
+    refused now (counted), refused connections do not fill the accept
+    queue, and the workers' own transfers go on."""
+    if os.geteuid() != 0:
+        pytest.fail("this test starts a client as user `nobody` and must run as root (CI does)")
+    p = start_server(*prefill_flags())
+    d = start_decode(start_server, p)
+    assert complete(d, ids(9, 200))["kvc"]["path"] == "remote_prefill"
+    n = 200
+    for srv in (p, d):
+        transport = [port for a, port in listening(srv.proc.pid) if port != http_port(srv)]
+        before = srv.metrics().get("kvc_kv_transport_connections_refused_total", 0.0)
+        for port in transport:
+            r = subprocess.run(["/usr/bin/python3", "-c", FLOOD, str(port), str(n)], capture_output=True, text=True, timeout=120,
+                               user="nobody")
+            assert r.returncode == 0, r.stderr
+        want = before + n * len(transport)
+        got = wait_for(lambda: (v := srv.metrics().get("kvc_kv_transport_connections_refused_total", 0.0)) >= want and v, 60,
+                       f"{n} refusals on each of {transport}")
+        assert got == want, f"{want - before:.0f} stranger connections, {got - before:.0f} refused"
+    # The transport still serves its own cluster, after the flood.
+    assert complete(d, ids(10, 200))["kvc"]["path"] == "remote_prefill"

@@ -16,9 +16,13 @@
 //!   [`allow_peer`] (the server allows the addresses of peers that proved
 //!   the cluster token, and of the peers it calls with it).
 //!
-//! A refused connection is closed at once and `accept` reports
-//! `EAGAIN`, which Mooncake's accept loops treat as "nothing yet"; it is
-//! counted in [`refused`].
+//! A refused connection is closed at once and counted in [`refused`], and
+//! `accept` goes on to the next connection in the queue (a non-blocking
+//! listener then reports `EAGAIN`, which Mooncake's accept loops treat as
+//! "nothing yet"), so that refused connections never fill the queue. The
+//! owner of a local connection is its client socket's while a process holds
+//! it: a client that wrote and closed at once leaves an orphan that the
+//! kernel lists as root's, and is refused.
 
 use std::collections::HashSet;
 use std::net::{IpAddr, SocketAddr};
@@ -121,12 +125,19 @@ fn admit(peer: SocketAddr, local: SocketAddr) -> bool {
 }
 
 /// The user owning the client end, on this host, of the connection from
-/// `peer` to `local`. The whole address pair identifies it: the client's
-/// address alone may also be another connection's (a port is reused toward
-/// another destination), or a TIME_WAIT entry's, which the kernel lists
-/// with uid 0 and so would pass for root's.
+/// `peer` to `local`: a live socket a process holds (a nonzero inode),
+/// found by the whole address pair. The client's address alone may
+/// also be another connection's (a port is reused toward another
+/// destination); a TIME_WAIT entry, or the orphan a client leaves when it
+/// closes at once (FIN_WAIT1/2), is listed with uid 0 whoever opened it, so
+/// under root it would pass for root's: a stranger could write and close
+/// before the check and have Mooncake read what it wrote. None for those.
 fn socket_owner(peer: SocketAddr, local: SocketAddr) -> Option<u32> {
-    proc_tcp_entries("/proc/self").into_iter().find(|e| !e.time_wait && same(e.local, peer) && same(e.remote, local)).map(|e| e.uid)
+    proc_tcp_entries("/proc/self")
+        .into_iter()
+        .find(|e| same(e.local, peer) && same(e.remote, local))
+        .filter(|e| !e.time_wait && e.inode != 0)
+        .map(|e| e.uid)
 }
 
 fn same(a: SocketAddr, b: SocketAddr) -> bool {
@@ -143,22 +154,30 @@ unsafe fn sys_accept4(fd: libc::c_int, addr: *mut libc::sockaddr, len: *mut libc
 /// As `accept4(2)`.
 #[no_mangle]
 pub unsafe extern "C" fn accept4(fd: libc::c_int, addr: *mut libc::sockaddr, len: *mut libc::socklen_t, flags: libc::c_int) -> libc::c_int {
-    let conn = sys_accept4(fd, addr, len, flags);
-    if conn < 0 {
-        return conn;
-    }
-    let Some(local) = guarded(fd) else {
-        return conn;
-    };
-    // The connection's own end: the listener's address (it is bound to one).
-    let own = socket_addr(conn, false).unwrap_or(local);
-    match socket_addr(conn, true) {
-        Some(peer) if admit(peer, own) => conn,
-        _ => {
-            libc::close(conn);
-            REFUSED.fetch_add(1, Ordering::Relaxed);
-            *libc::__errno_location() = libc::EAGAIN;
-            -1
+    // What the caller's address buffer holds, for each try.
+    let cap = if len.is_null() { 0 } else { *len };
+    loop {
+        let conn = sys_accept4(fd, addr, len, flags);
+        if conn < 0 {
+            return conn;
+        }
+        let Some(local) = guarded(fd) else {
+            return conn;
+        };
+        // The connection's own end: the listener's address (it is bound to one).
+        let own = socket_addr(conn, false).unwrap_or(local);
+        if socket_addr(conn, true).is_some_and(|peer| admit(peer, own)) {
+            return conn;
+        }
+        libc::close(conn);
+        REFUSED.fetch_add(1, Ordering::Relaxed);
+        // The next connection in the queue, so that refused ones never
+        // leave it full: Mooncake's loops read EAGAIN as "nothing yet" and
+        // may wait for a readiness that queued connections do not signal
+        // again. A blocking listener waits for the next, as accept does; a
+        // non-blocking one says EAGAIN once the queue is empty.
+        if !len.is_null() {
+            *len = cap;
         }
     }
 }
@@ -246,5 +265,42 @@ mod tests {
         }
         assert_eq!(socket_owner(client, server), None, "a TIME_WAIT entry has no owner");
         assert!(!admit(client, server), "a connection whose client socket is gone is refused");
+    }
+
+    /// A client that writes and closes before its connection is accepted
+    /// leaves an orphan (no process holds it; the kernel lists it as root's).
+    /// It is refused, and the queue is drained past it and its like: one
+    /// accept returns the next live connection, and a non-blocking listener
+    /// then reports WouldBlock instead of sitting on refused connections.
+    #[test]
+    fn clients_that_close_before_the_check_are_refused_and_the_queue_is_drained_past_them() {
+        use std::io::Write;
+        keep_linked();
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let entry = [(l.as_raw_fd(), addr)];
+        assert_eq!(guard(&entry), entry);
+        l.set_nonblocking(true).unwrap();
+        let mut orphans = Vec::new();
+        for _ in 0..5 {
+            let mut c = TcpStream::connect(addr).unwrap();
+            c.write_all(b"WRITE 16 bytes..").unwrap();
+            orphans.push(c.local_addr().unwrap());
+            drop(c);
+        }
+        // Closed by their process: no entry is a live socket any more.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while orphans.iter().any(|o| socket_owner(*o, addr).is_some()) {
+            assert!(std::time::Instant::now() < deadline, "a closed client still has an owner");
+            std::thread::yield_now();
+        }
+        let live = TcpStream::connect(addr).unwrap();
+        let before = refused();
+        let (s, peer) = l.accept().expect("the live connection, past the refused ones");
+        assert_eq!(peer, live.local_addr().unwrap());
+        assert!(refused() >= before + 5, "the 5 orphans were refused");
+        assert_eq!(l.accept().unwrap_err().kind(), ErrorKind::WouldBlock, "nothing left in the queue");
+        drop(s);
+        unguard(&entry);
     }
 }

@@ -149,6 +149,9 @@ pub(crate) struct TcpEntry {
     /// entry's uid (0) and inode (0) belong to nobody.
     pub time_wait: bool,
     pub uid: u32,
+    /// 0 for a socket no process holds: TIME_WAIT, and the orphan a client
+    /// leaves when it closes (FIN_WAIT1/2, CLOSING, LAST_ACK), whose uid
+    /// the kernel then lists as 0 whoever opened it.
     pub inode: u64,
 }
 
