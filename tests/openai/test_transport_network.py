@@ -221,3 +221,22 @@ def test_a_stranger_that_writes_and_closes_at_once_is_refused_every_time(start_s
         assert got == want, f"{want - before:.0f} stranger connections, {got - before:.0f} refused"
     # The transport still serves its own cluster, after the flood.
     assert complete(d, ids(10, 200))["kvc"]["path"] == "remote_prefill"
+
+
+def test_an_ipv6_transport_host_binds_every_listener_there_and_transfers(start_server):
+    """`--kv-transport-host ::1` (issue 31): Mooncake's handshake daemon
+    listened on IPv4's 0.0.0.0 (every IPv4 address of the host) and the pair
+    could not transfer (remote prefills fell back to local). kvc now asks
+    Mooncake for IPv6 listeners, every transport listener is on ::1, and
+    the KV moves."""
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as s:
+            s.bind(("::1", 0))
+    except OSError as e:
+        pytest.fail(f"this host has no IPv6 loopback (::1: {e}); the test needs one")
+    p = start_server(*prefill_flags("--kv-transport-host", "::1"))
+    d = start_decode(start_server, p, "--kv-transport-host", "::1")
+    for srv in (p, d):
+        transport = [(a, port) for a, port in listening(srv.proc.pid) if port != http_port(srv)]
+        assert len(transport) >= 2 and all(str(a) == "::1" for a, _ in transport), transport
+    assert complete(d, ids(11, 200))["kvc"]["path"] == "remote_prefill"

@@ -17,6 +17,12 @@ fn main() -> anyhow::Result<()> {
     if let Err(msg) = args.check_role() {
         Args::command().error(clap::error::ErrorKind::InvalidValue, msg).exit();
     }
+    if matches!(args.role, Role::Prefill | Role::Decode) {
+        // Mooncake reads its environment when loaded: a missing setting
+        // needs a fresh start of the process (an exec, before any thread).
+        kvc_server::pd::exposure::ensure_mooncake_env(args.disagg.kv_transport_host.as_deref(), &args.host)
+            .map_err(|e| anyhow::anyhow!("cannot restart with Mooncake's IPv6 setting: {e}"))?;
+    }
     if args.role == Role::Router {
         let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
         return runtime.block_on(kvc_server::router::serve(&args));

@@ -22,6 +22,35 @@ pub fn transport_host(flag: Option<&str>, http_host: &str) -> String {
     }
 }
 
+/// What Mooncake must be told in its environment to listen on `host`:
+/// `MC_USE_IPV6=1` for an IPv6 address (0.3.x binds its handshake daemon
+/// to IPv4's `INADDR_ANY` otherwise, which no IPv6 address can replace:
+/// it stayed on every IPv4 address of the host, and peers could not reach
+/// it over IPv6). See [`ensure_mooncake_env`].
+pub fn mooncake_env(host: &str) -> Option<(&'static str, &'static str)> {
+    match host.trim_start_matches('[').trim_end_matches(']').parse::<IpAddr>() {
+        Ok(IpAddr::V6(v6)) if v6.to_ipv4_mapped().is_none() => Some(("MC_USE_IPV6", "1")),
+        _ => None,
+    }
+}
+
+/// Makes sure this process runs with [`mooncake_env`] for the transport
+/// host these flags give. Mooncake reads the variable when its library is
+/// loaded, before `main`; so when it is missing, the process executes
+/// itself again with it set (same binary, same arguments). Returns only if
+/// nothing was missing (or the re-execution failed, with the error).
+pub fn ensure_mooncake_env(kv_transport_host: Option<&str>, http_host: &str) -> std::io::Result<()> {
+    use std::os::unix::process::CommandExt;
+    let Some((k, v)) = mooncake_env(&transport_host(kv_transport_host, http_host)) else {
+        return Ok(());
+    };
+    if std::env::var_os(k).is_some_and(|cur| cur == v) {
+        return Ok(());
+    }
+    let exe = std::env::current_exe()?;
+    Err(std::process::Command::new(exe).args(std::env::args_os().skip(1)).env(k, v).exec())
+}
+
 /// Why the transport may or may not start on an address.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Exposure {
@@ -82,6 +111,15 @@ pub fn refusal(addr: IpAddr, exposure: Exposure) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_ipv6_transport_host_asks_mooncake_for_ipv6_listeners() {
+        assert_eq!(mooncake_env("::1"), Some(("MC_USE_IPV6", "1")));
+        assert_eq!(mooncake_env("[fd00::5]"), Some(("MC_USE_IPV6", "1")));
+        assert_eq!(mooncake_env("127.0.0.1"), None);
+        assert_eq!(mooncake_env("::ffff:10.0.0.5"), None, "a v4-mapped address is IPv4");
+        assert_eq!(mooncake_env("worker-0.kvc"), None);
+    }
 
     #[test]
     fn the_transport_host_follows_the_flag_then_a_single_http_address_then_loopback() {

@@ -47,6 +47,15 @@ impl KvLink {
         let l = transport.listeners();
         let bound: Vec<String> = l.bound.iter().map(|a| a.to_string()).collect();
         tracing::info!(event = "kv_link_started", segment = %transport.local_record().segment, protocol, location = ?region.location, listening = ?bound, "KV transport ready");
+        if l.interposed && !l.wildcard_ports.is_empty() {
+            // A listener that could not be moved to the transport's address
+            // listens on every address of the host, unauthenticated: refuse.
+            anyhow::bail!(
+                "the KV transport could not bind ports {:?} to {host}: they stayed on the wildcard address (the address's \
+                 family, IPv4 or IPv6, must be one Mooncake listens on); refusing to start",
+                l.wildcard_ports
+            );
+        }
         if !l.restricted() {
             // Mooncake's listeners could not be moved off the wildcard
             // address (a build that cannot interpose bind): say so.
