@@ -84,3 +84,16 @@ def test_each_role_is_probed_and_gets_the_cluster_token_from_a_secret():
             if a.startswith(("--prefill-peer=", "--decode-peer=")):
                 host = a.split("//", 1)[1].split(":")[0]
                 assert host in services, f"{name}: {a} names no Service"
+
+
+def test_every_worker_runs_as_a_fixed_non_root_user():
+    """Issue 31: the KV transport's accept guard trusts local connections
+    of the worker's own user; as root that user is every root process of
+    the node. Each Deployment runs as a fixed non-root UID, without
+    privilege escalation or capabilities."""
+    for d in (d for d in manifests() if d["kind"] == "Deployment"):
+        name, pod = d["metadata"]["name"], d["spec"]["template"]["spec"]
+        sc = pod["securityContext"]
+        assert sc["runAsNonRoot"] is True and sc["runAsUser"] > 0 and sc["runAsGroup"] > 0, name
+        c = container(d)["securityContext"]
+        assert c["allowPrivilegeEscalation"] is False and c["capabilities"]["drop"] == ["ALL"], name
