@@ -87,6 +87,11 @@ struct RawConfig {
     decoder_sparse_step: Option<usize>,
     mlp_only_layers: Option<Vec<usize>>,
     norm_topk_prob: Option<bool>,
+    /// A quantized checkpoint's description (transformers'
+    /// `quantization_config`, compressed-tensors' `compression_config`):
+    /// kvc implements none, so any is refused.
+    quantization_config: Option<Value>,
+    compression_config: Option<Value>,
 }
 
 fn token_ids(v: &Option<Value>) -> Vec<u32> {
@@ -122,6 +127,15 @@ impl Qwen3Config {
                 "unsupported model: architectures {:?}, model_type {:?}; kvc serves Qwen3ForCausalLM and Qwen3MoeForCausalLM",
                 raw.architectures, raw.model_type
             )));
+        }
+        for (key, q) in [("quantization_config", &raw.quantization_config), ("compression_config", &raw.compression_config)] {
+            if let Some(q) = q.as_ref().filter(|q| !q.is_null()) {
+                let method = q.get("quant_method").or_else(|| q.get("format")).and_then(|m| m.as_str()).unwrap_or("unknown");
+                return Err(ModelError::Config(format!(
+                    "a quantized checkpoint ({key} with quant_method \"{method}\"): kvc loads only unquantized f32 / bf16 / f16 \
+                     weights, and would answer wrongly with these (their scales would be ignored)"
+                )));
+            }
         }
         if let Some(act) = &raw.hidden_act {
             if act != "silu" {
@@ -246,6 +260,20 @@ mod tests {
         assert_eq!(c.head_dim, 4);
         assert_eq!(c.eos_token_ids, vec![3, 4]);
         assert_eq!(c.moe.as_ref().unwrap().num_experts, 4);
+    }
+
+    #[test]
+    fn a_quantized_checkpoint_is_refused_by_name() {
+        let fp8 = HUB.replace(
+            r#""rope_scaling":null"#,
+            r#""rope_scaling":null,"quantization_config":{"quant_method":"fp8","fmt":"e4m3","weight_block_size":[128,128]}"#,
+        );
+        let err = Qwen3Config::from_json(&fp8).unwrap_err().to_string();
+        assert!(err.contains("quantization_config") && err.contains("\"fp8\""), "{err}");
+        let ct = HUB.replace(r#""rope_scaling":null"#, r#""rope_scaling":null,"compression_config":{"format":"pack-quantized"}"#);
+        assert!(Qwen3Config::from_json(&ct).unwrap_err().to_string().contains("pack-quantized"));
+        let none = HUB.replace(r#""rope_scaling":null"#, r#""rope_scaling":null,"quantization_config":null"#);
+        assert!(Qwen3Config::from_json(&none).is_ok());
     }
 
     #[test]

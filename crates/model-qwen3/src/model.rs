@@ -101,16 +101,21 @@ impl Qwen3Model {
             Some(d) => d,
             None => config.dtype.as_deref().map(parse_dtype).transpose()?.unwrap_or(DType::F32),
         };
-        let vb = weights::safetensors_var_builder(dir, dtype, device)?;
-        Self::new(config, vb)
+        Self::load_observed(dir, dtype, device, Box::new(|_| {}))
     }
 
     /// As [`Qwen3Model::load`] in `dtype`, reporting each tensor's bytes
-    /// to `on_tensor` as it is read.
+    /// to `on_tensor` as it is read. A checkpoint with tensors the model
+    /// does not read, or in dtypes it does not load, is refused by name.
     pub fn load_observed(dir: &Path, dtype: DType, device: &Device, on_tensor: weights::OnTensor) -> Result<Self, ModelError> {
         let config = Qwen3Config::from_json(&read_config(dir)?)?;
-        let vb = weights::observed_var_builder(dir, dtype, device, on_tensor)?;
-        Self::new(config, vb)
+        let checkpoint = weights::Checkpoint::open(dir, dtype, device, on_tensor)?;
+        let tied = config.tie_word_embeddings;
+        let model = Self::new(config, checkpoint.vb.clone())?;
+        // Rotary tables some exporters save (recomputed here), and a tied
+        // model's copy of the embeddings as its head.
+        checkpoint.check_all_read(|n| n.ends_with(".rotary_emb.inv_freq") || (tied && n == "lm_head.weight"))?;
+        Ok(model)
     }
 
     /// Random weights for `config` (deterministic in `seed`).

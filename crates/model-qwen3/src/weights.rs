@@ -3,8 +3,10 @@
 //! random weights for any config.
 
 use std::collections::hash_map::DefaultHasher;
+use std::collections::HashSet;
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 use candle_core::{DType, Device, Shape, Tensor};
 use candle_nn::var_builder::SimpleBackend;
@@ -40,26 +42,82 @@ pub fn safetensors_files(dir: &Path) -> Result<Vec<PathBuf>, ModelError> {
     Err(ModelError::Weights(format!("no model.safetensors or model.safetensors.index.json in {}", dir.display())))
 }
 
-/// Memory-maps the checkpoint's safetensors; tensors are converted to
-/// `dtype` as they are read.
-pub fn safetensors_var_builder(dir: &Path, dtype: DType, device: &Device) -> Result<VarBuilder<'static>, ModelError> {
-    let files = safetensors_files(dir)?;
-    // SAFETY: the files are memory-mapped read-only; modifying them while
-    // the server runs is undefined, as with every mmap-based loader.
-    unsafe { VarBuilder::from_mmaped_safetensors(&files, dtype, device) }.map_err(|e| ModelError::Weights(e.to_string()))
-}
-
 /// Called with the bytes each tensor occupies in its file, as it is read
 /// (load progress).
 pub type OnTensor = Box<dyn Fn(u64) + Send + Sync>;
 
-/// As [`safetensors_var_builder`], reporting every tensor read to `on_tensor`.
-pub fn observed_var_builder(dir: &Path, dtype: DType, device: &Device, on_tensor: OnTensor) -> Result<VarBuilder<'static>, ModelError> {
-    let files = safetensors_files(dir)?;
-    // SAFETY: as in safetensors_var_builder.
-    let inner = unsafe { candle_core::safetensors::MmapedSafetensors::multi(&files) }.map_err(|e| ModelError::Weights(e.to_string()))?;
-    let backend: Box<dyn SimpleBackend> = Box::new(Observed { inner, on_tensor });
-    Ok(VarBuilder::from_backend(backend, dtype, device.clone()))
+/// A checkpoint's safetensors, memory-mapped, behind a [`VarBuilder`]
+/// (tensors are converted to the compute dtype as they are read), with
+/// the names of the tensors read so far: once the model is built,
+/// [`Self::check_all_read`] refuses a checkpoint that holds tensors kvc
+/// did not read (a quantized checkpoint's scales, say), which would
+/// otherwise be silently ignored.
+pub struct Checkpoint {
+    pub vb: VarBuilder<'static>,
+    names: Vec<String>,
+    read: Arc<Mutex<HashSet<String>>>,
+}
+
+/// Tensor dtypes kvc converts to the compute dtype as they are: anything
+/// else (FP8, packed integers) needs scales or unpacking kvc does not do.
+const PLAIN_DTYPES: [safetensors::Dtype; 3] = [safetensors::Dtype::F32, safetensors::Dtype::BF16, safetensors::Dtype::F16];
+
+impl Checkpoint {
+    /// Opens `dir`'s safetensors, reporting every tensor read to
+    /// `on_tensor`. Refuses, before reading any, a checkpoint with a
+    /// tensor in a dtype kvc does not load as it is.
+    pub fn open(dir: &Path, dtype: DType, device: &Device, on_tensor: OnTensor) -> Result<Self, ModelError> {
+        let files = safetensors_files(dir)?;
+        // SAFETY: the files are memory-mapped read-only; modifying them while
+        // the server runs is undefined, as with every mmap-based loader.
+        let inner =
+            unsafe { candle_core::safetensors::MmapedSafetensors::multi(&files) }.map_err(|e| ModelError::Weights(e.to_string()))?;
+        let mut names = Vec::new();
+        let mut odd: Vec<String> = Vec::new();
+        for (name, view) in inner.tensors() {
+            if !PLAIN_DTYPES.contains(&view.dtype()) {
+                odd.push(format!("{name} ({:?})", view.dtype()));
+            }
+            names.push(name);
+        }
+        if !odd.is_empty() {
+            odd.sort();
+            return Err(ModelError::Weights(format!(
+                "the checkpoint holds {} tensor(s) in dtypes kvc does not load (it loads f32 / bf16 / f16 weights, unquantized): {}",
+                odd.len(),
+                sample(&odd)
+            )));
+        }
+        let read = Arc::new(Mutex::new(HashSet::new()));
+        let backend: Box<dyn SimpleBackend> = Box::new(Observed { inner, on_tensor, read: read.clone() });
+        Ok(Self { vb: VarBuilder::from_backend(backend, dtype, device.clone()), names, read })
+    }
+
+    /// After the model is built: every tensor of the checkpoint was read,
+    /// but for those known to carry nothing the model needs (`ignorable`).
+    pub fn check_all_read(&self, ignorable: impl Fn(&str) -> bool) -> Result<(), ModelError> {
+        let read = self.read.lock().unwrap_or_else(|e| e.into_inner());
+        let mut unread: Vec<String> = self.names.iter().filter(|n| !read.contains(*n) && !ignorable(n)).cloned().collect();
+        if unread.is_empty() {
+            return Ok(());
+        }
+        unread.sort();
+        Err(ModelError::Weights(format!(
+            "the checkpoint holds {} tensor(s) kvc does not read (quantization scales, or parts of a model it does not \
+             implement), which it would silently ignore: {}",
+            unread.len(),
+            sample(&unread)
+        )))
+    }
+}
+
+/// Up to five of `names`, and how many more.
+fn sample(names: &[String]) -> String {
+    let mut s = names.iter().take(5).cloned().collect::<Vec<_>>().join(", ");
+    if names.len() > 5 {
+        s += &format!(", ... ({} more)", names.len() - 5);
+    }
+    s
 }
 
 /// Bytes of a checkpoint's safetensors files (the load's total).
@@ -70,6 +128,7 @@ pub fn checkpoint_bytes(dir: &Path) -> Result<u64, ModelError> {
 struct Observed {
     inner: candle_core::safetensors::MmapedSafetensors,
     on_tensor: OnTensor,
+    read: Arc<Mutex<HashSet<String>>>,
 }
 
 impl Observed {
@@ -77,6 +136,7 @@ impl Observed {
         if let Ok(view) = self.inner.get(name) {
             (self.on_tensor)(view.data().len() as u64);
         }
+        self.read.lock().unwrap_or_else(|e| e.into_inner()).insert(name.to_string());
     }
 }
 

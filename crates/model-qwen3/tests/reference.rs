@@ -116,3 +116,64 @@ fn a_token_outside_the_vocabulary_or_a_logits_row_outside_the_batch_is_an_input_
     // The same tokens within range run.
     assert!(model.forward(&batch(vec![1, vocab - 1], vec![1]), &mut kv).is_ok());
 }
+
+/// A copy of the dense fixture, with `edit` applied to its tensors and
+/// `config` to its config.json, in a scratch directory.
+fn edited_fixture(
+    tag: &str,
+    edit: impl FnOnce(&mut std::collections::HashMap<String, candle_core::Tensor>),
+    config: impl FnOnce(&mut serde_json::Value),
+) -> std::path::PathBuf {
+    let src = fixture_dir("dense");
+    let dir = std::env::temp_dir().join(format!("kvc-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut tensors = candle_core::safetensors::load(src.join("model.safetensors"), &Device::Cpu).unwrap();
+    edit(&mut tensors);
+    candle_core::safetensors::save(&tensors, dir.join("model.safetensors")).unwrap();
+    let mut cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    config(&mut cfg);
+    std::fs::write(dir.join("config.json"), cfg.to_string()).unwrap();
+    dir
+}
+
+/// Issue 31, item 5: a quantized checkpoint (FineGrainedFP8-style: a
+/// `quantization_config`, `weight_scale_inv` beside each weight, FP8
+/// weights) loaded without a word before and answered wrongly. Each of its
+/// marks is now refused by name; the unedited copy still loads.
+#[test]
+fn a_quantized_checkpoint_is_refused_by_name_not_served_wrong() {
+    let scale = "model.layers.0.mlp.gate_proj.weight_scale_inv";
+    let add_scale = |t: &mut std::collections::HashMap<String, candle_core::Tensor>| {
+        t.insert(scale.into(), candle_core::Tensor::ones((1, 1), DType::F32, &Device::Cpu).unwrap());
+    };
+    let err = |dir: &std::path::Path| {
+        let e = Qwen3Model::load(dir, Some(DType::F32), &Device::Cpu).err().map(|e| e.to_string());
+        std::fs::remove_dir_all(dir).ok();
+        e
+    };
+    // The config says so.
+    let dir = edited_fixture("fp8-config", add_scale, |c| {
+        c["quantization_config"] = serde_json::json!({"quant_method": "fp8", "weight_block_size": [128, 128]})
+    });
+    let e = err(&dir).expect("refused");
+    assert!(e.contains("quantization_config") && e.contains("fp8"), "{e}");
+    // The config does not, the tensors do: a scale kvc would not read.
+    let dir = edited_fixture("fp8-scales", add_scale, |_| {});
+    let e = err(&dir).expect("refused");
+    assert!(e.contains(scale) && e.contains("does not read"), "{e}");
+    // A weight stored in FP8.
+    let weight = "model.layers.0.mlp.up_proj.weight";
+    let dir = edited_fixture(
+        "fp8-weight",
+        |t| {
+            let w = t[weight].to_dtype(DType::F8E4M3).unwrap();
+            t.insert(weight.into(), w);
+        },
+        |_| {},
+    );
+    let e = err(&dir).expect("refused");
+    assert!(e.contains(weight) && e.contains("F8_E4M3"), "{e}");
+    // Untouched, the copy loads.
+    let dir = edited_fixture("plain", |_| {}, |_| {});
+    assert_eq!(err(&dir), None);
+}
