@@ -185,3 +185,41 @@ def test_masks_are_counted_in_metrics(server, client, model):
     assert after["kvc_structured_output_masks_total"] - before["kvc_structured_output_masks_total"] >= tokens
     assert after["kvc_structured_output_mask_seconds_total"] >= before["kvc_structured_output_mask_seconds_total"]
     assert after["kvc_structured_output_errors_total"] == 0
+
+
+def test_impossible_and_exploding_grammars_are_400s_that_reveal_no_matcher_state(start_server):
+    """Issue 31: grammars that can match nothing (`$ref: "#"`, `[^\\s\\S]`,
+    `start: start`) and one whose matcher blows up on its first token
+    (`(a{1000}){1000}`) were 500s whose body dumped the grammar engine's
+    state. Each is a 400 in OpenAI's error shape with a short message (a
+    stream gets the error event), and /health answers meanwhile."""
+    import concurrent.futures
+    import time
+
+    import httpx
+
+    srv = start_server()
+    url = f"{srv.base_url}/v1"
+    model = httpx.get(f"{url}/models", timeout=10).json()["data"][0]["id"]
+    chat_body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
+                 "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#"}}}}
+    cases = [("chat/completions", chat_body)] + [
+        ("completions", {"model": model, "prompt": "hi", "max_tokens": 4, field: value})
+        for field, value in [("guided_regex", r"[^\s\S]"), ("guided_grammar", "start: start"), ("guided_regex", "(a{1000}){1000}")]
+    ]
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        answers = [pool.submit(httpx.post, f"{url}/{ep}", json=body, timeout=120) for ep, body in cases]
+        # The HTTP front is not held up by grammars being compiled or run.
+        while not all(a.done() for a in answers):
+            t = time.monotonic()
+            assert httpx.get(f"{srv.base_url}/health", timeout=5).status_code == 200
+            assert time.monotonic() - t < 0.5, "/health waited behind the grammars"
+            time.sleep(0.05)
+    for (ep, body), a in zip(cases, answers):
+        r = a.result()
+        assert r.status_code == 400, (body, r.status_code, r.text)
+        err = r.json()["error"]
+        assert err["type"] == "invalid_request_error" and "<state>" not in err["message"] and len(err["message"]) < 400, err
+    stream = httpx.post(f"{url}/completions", timeout=120,
+                        json={**cases[-1][1], "stream": True}).text
+    assert '"error"' in stream and "<state>" not in stream and stream.rstrip().endswith("data: [DONE]"), stream

@@ -427,11 +427,12 @@ impl EngineLoop {
         };
         if let Some(c) = a.constraint.as_mut() {
             if let Err(e) = c.advance(token) {
-                // Only a token chosen elsewhere (a prefill worker without
-                // the grammar) can get here: masked sampling never picks one.
+                // A token chosen elsewhere (a prefill worker without the
+                // grammar), or a grammar whose matcher hits one of its limits
+                // on a token its own mask allowed (`(a{1000}){1000}`).
                 tracing::warn!(event = "grammar_violation", seq_id = id, error = %e);
                 self.local.grammar_errors += 1;
-                let _ = a.tx.send(StreamEvent::Error(format!("structured output: {e}")));
+                let _ = a.tx.send(StreamEvent::InvalidGrammar(format!("structured output: {}", crate::grammar::short_error(&e))));
                 self.drop_seq(id);
                 return;
             }

@@ -84,6 +84,9 @@ impl GrammarCompiler {
         let env: TokEnv = Arc::new(KvcTokEnv { trie, tokenizer });
         let mut factory = ParserFactory::new_simple(&env).map_err(|e| EngineError::Load(format!("grammar compiler: {e}")))?;
         factory.quiet();
+        // Errors name what failed, not the matcher's state and tokens so
+        // far (they go back to clients).
+        factory.limits_mut().verbose_errors = false;
         Ok(Self { factory, think })
     }
 
@@ -102,10 +105,18 @@ impl GrammarCompiler {
             Grammar::Lark(text) => TopLevelGrammar::from_lark(text.clone()),
             Grammar::Regex(rx) => TopLevelGrammar::from_regex(rx),
         };
-        let parser = self.factory.create_parser(top).map_err(|e| bad(e.to_string()))?;
-        let matcher = Matcher::new(Ok(parser));
+        let parser = self.factory.create_parser(top).map_err(|e| bad(short_error(&e.to_string())))?;
+        let mut matcher = Matcher::new(Ok(parser));
         if let Some(e) = matcher.get_error() {
-            return Err(bad(e));
+            return Err(bad(short_error(&e)));
+        }
+        // The first mask, now: a grammar that can match nothing (a regex
+        // like `[^\s\S]`, a rule that only recurses) fails here, as a 400
+        // before anything is generated, instead of in the first step.
+        match matcher.compute_mask_or_eos() {
+            Err(e) => return Err(bad(format!("the grammar allows no output ({})", short_error(&e.to_string())))),
+            Ok(m) if m.is_zero() => return Err(bad("the grammar allows no output".into())),
+            Ok(_) => {}
         }
         let think = match c.reasoning {
             ReasoningGate::Off => None,
@@ -140,4 +151,16 @@ impl std::fmt::Debug for CompiledGrammar {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CompiledGrammar").field("reasoning", &self.reasoning).finish_non_exhaustive()
     }
+}
+
+/// A grammar engine's error as a client may see it: its first lines, not
+/// the matcher's internal state it appends (`<state>...`), at most 300
+/// characters.
+pub fn short_error(e: &str) -> String {
+    let head = e.split("<state>").next().unwrap_or(e).trim();
+    let mut s: String = head.chars().take(300).collect();
+    if s.len() < head.len() {
+        s.push_str("...");
+    }
+    s
 }

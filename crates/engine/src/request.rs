@@ -104,6 +104,11 @@ pub enum StreamEvent {
         export: Option<crate::KvLease>,
     },
     Error(String),
+    /// The request's structured-output grammar failed while generating
+    /// (it allows no continuation, or its matcher hit one of its limits):
+    /// the client's input, not the server's fault. The message is short
+    /// (no matcher state).
+    InvalidGrammar(String),
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]

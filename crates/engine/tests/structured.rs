@@ -196,7 +196,7 @@ fn a_first_token_from_elsewhere_that_breaks_the_grammar_ends_the_request() {
     let mut error = None;
     while let Some(ev) = s.blocking_recv() {
         match ev {
-            kvc_engine::StreamEvent::Error(m) => error = Some(m),
+            kvc_engine::StreamEvent::InvalidGrammar(m) => error = Some(m),
             kvc_engine::StreamEvent::Token { .. } => panic!("a token was streamed after a first token off the grammar"),
             _ => {}
         }

@@ -309,6 +309,8 @@ impl Generation {
             Some((_, Some(StreamEvent::Error(msg)))) => {
                 Err(self.fail(Finish::Error, ApiError::Internal(format!("generation failed: {msg}"))))
             }
+            // The request's own grammar failed: the client's error (400).
+            Some((_, Some(StreamEvent::InvalidGrammar(msg)))) => Err(self.fail(Finish::Error, ApiError::bad_request(msg, None))),
             Some((_, None)) => Err(self.fail(Finish::Error, ApiError::Internal("the engine ended the request without a result".into()))),
         }
     }

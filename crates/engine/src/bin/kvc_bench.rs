@@ -349,7 +349,7 @@ fn run(
                     first[i] = Some((t, true));
                     done += 1;
                 }
-                Some(StreamEvent::Error(e)) => panic!("{e}"),
+                Some(StreamEvent::Error(e) | StreamEvent::InvalidGrammar(e)) => panic!("{e}"),
             }
         }
     }
@@ -448,7 +448,7 @@ fn admission_bench(prompt_len: usize) {
 
 fn drop_until_done(mut s: kvc_engine::RequestStream) {
     while let Some(ev) = s.blocking_recv() {
-        if matches!(ev, StreamEvent::Finished { .. } | StreamEvent::Error(_)) {
+        if matches!(ev, StreamEvent::Finished { .. } | StreamEvent::Error(_) | StreamEvent::InvalidGrammar(_)) {
             break;
         }
     }

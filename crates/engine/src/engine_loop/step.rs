@@ -161,7 +161,7 @@ impl EngineLoop {
             tracing::warn!(event = "grammar_error", seq_id = id, error = %e);
             self.local.grammar_errors += 1;
             if let Some(a) = self.active.get(&id) {
-                let _ = a.tx.send(StreamEvent::Error(format!("structured output: {e}")));
+                let _ = a.tx.send(StreamEvent::InvalidGrammar(format!("structured output: {}", crate::grammar::short_error(&e))));
             }
             self.drop_seq(id);
         }

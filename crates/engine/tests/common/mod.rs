@@ -59,7 +59,7 @@ pub fn collect(s: &mut RequestStream) -> Done {
                 (out.reason, out.usage, out.export) = (reason, usage, export);
                 return out;
             }
-            StreamEvent::Error(e) => panic!("engine error: {e}"),
+            StreamEvent::Error(e) | StreamEvent::InvalidGrammar(e) => panic!("engine error: {e}"),
         }
     }
     panic!("stream ended without a result")

@@ -110,6 +110,7 @@ async fn serve_prefill(
                     break;
                 }
                 StreamEvent::Error(e) => return Err(ApiError::Internal(format!("prefill failed: {e}"))),
+                StreamEvent::InvalidGrammar(e) => return Err(ApiError::bad_request(e, None)),
             }
         }
         Ok(())
