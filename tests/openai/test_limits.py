@@ -185,3 +185,58 @@ def test_a_body_of_many_tiny_messages_is_refused_before_rendering(start_server):
     assert r.status_code == 400
     msg = r.json()["error"]["message"]
     assert "at least" not in msg and int(msg.split("has ")[1].split(" tokens")[0]) > limit, msg
+
+
+def raw_exchange(port: int, data: bytes, wait_s: float) -> tuple[str, float]:
+    """Sends `data` on a fresh connection and reads until the server closes
+    it (or `wait_s` passes): what came back, and after how long."""
+    import socket
+    import time
+    s = socket.create_connection(("127.0.0.1", port), timeout=5)
+    start = time.monotonic()
+    s.sendall(data)
+    s.settimeout(wait_s)
+    got = b""
+    try:
+        while chunk := s.recv(65536):
+            got += chunk
+    except socket.timeout:
+        pass
+    finally:
+        s.close()
+    return got.decode(errors="replace"), time.monotonic() - start
+
+
+def port_of(server) -> int:
+    return int(server.base_url.rsplit(":", 1)[1])
+
+
+def test_a_stalled_body_is_answered_408_and_closed(start_server):
+    """Issue 31: full headers, then a body that stalls, held the connection
+    open forever (200 of 200 still open after 90 s). Now the body has
+    --body-read-timeout-s to arrive: then a 408 in OpenAI's error shape and
+    the connection closes; /health answers meanwhile."""
+    srv = start_server("--body-read-timeout-s", "1")
+    head = (b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            b"content-length: 1000\r\n\r\n")
+    result = {}
+    t = threading.Thread(target=lambda: result.update(r=raw_exchange(port_of(srv), head + b'{"prompt": "', 30)))
+    t.start()
+    assert httpx.get(f"{srv.base_url}/health", timeout=5).status_code == 200
+    t.join()
+    text, took = result["r"]
+    assert text.startswith("HTTP/1.1 408"), text
+    body = json.loads(text.split("\r\n\r\n", 1)[1])
+    assert body["error"]["code"] == "request_body_timeout", body
+    assert took < 10, f"the connection stayed open {took:.1f} s"
+
+
+def test_a_declared_body_over_the_limit_is_413_before_it_is_sent(limited):
+    """A Content-Length over --max-request-body-bytes is answered at once,
+    without waiting for (or reading) the body, and the connection closes."""
+    head = (b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            b"authorization: Bearer " + KEY.encode() + b"\r\ncontent-length: 17000000\r\n\r\n")
+    text, took = raw_exchange(port_of(limited), head, 20)
+    assert text.startswith("HTTP/1.1 413"), text
+    assert json.loads(text.split("\r\n\r\n", 1)[1])["error"]["code"] == "request_too_large"
+    assert took < 5, f"413 after {took:.1f} s"

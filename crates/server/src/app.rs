@@ -42,6 +42,8 @@ pub struct ServerConfig {
     /// Client connections at once, and the time a connection has to send
     /// a request's headers.
     pub conn_limits: crate::shutdown::ConnLimits,
+    /// The time a request has to send its body once its headers are in.
+    pub body_read_timeout: Duration,
     /// False (`--no-enable-session-cache`): session ids are accepted and
     /// checked, but no KV is kept for them (every turn is a cold request).
     pub enable_session_cache: bool,
@@ -61,6 +63,7 @@ impl std::fmt::Debug for ServerConfig {
             .field("request_timeout", &self.request_timeout)
             .field("shutdown_timeout", &self.shutdown_timeout)
             .field("conn_limits", &self.conn_limits)
+            .field("body_read_timeout", &self.body_read_timeout)
             .field("enable_session_cache", &self.enable_session_cache)
             .finish()
     }
@@ -78,6 +81,7 @@ impl Default for ServerConfig {
             max_queued_requests: 1024,
             request_timeout: None,
             shutdown_timeout: Duration::from_secs(30),
+            body_read_timeout: Duration::from_secs(30),
             conn_limits: crate::shutdown::ConnLimits::default(),
             enable_session_cache: true,
         }
@@ -143,9 +147,13 @@ impl AppState {
 #[derive(Debug, Clone, Copy)]
 pub struct Arrival(pub Instant);
 
-/// The body limit in force, for the extractor's error message.
+/// The body limits in force, for the extractor: most bytes, and the time
+/// the body may take to arrive.
 #[derive(Debug, Clone, Copy)]
-pub struct BodyLimit(pub usize);
+pub struct BodyLimit {
+    pub bytes: usize,
+    pub read_timeout: Duration,
+}
 
 pub fn router(state: AppState) -> Router {
     let v1 = Router::new()
@@ -179,7 +187,7 @@ pub fn router(state: AppState) -> Router {
 async fn track_request(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
     let probe = matches!(req.uri().path(), "/health" | "/health/live" | "/metrics");
     req.extensions_mut().insert(Arrival(Instant::now()));
-    req.extensions_mut().insert(BodyLimit(state.config.max_request_body_bytes));
+    req.extensions_mut().insert(BodyLimit { bytes: state.config.max_request_body_bytes, read_timeout: state.config.body_read_timeout });
     let response = next.run(req).await;
     if !probe {
         state.metrics.count_status(response.status().as_u16());

@@ -32,6 +32,9 @@ pub enum ApiError {
     /// The body is larger than the configured limit (413).
     #[error("request body is larger than the limit of {limit} bytes")]
     PayloadTooLarge { limit: usize },
+    /// The body did not arrive within `--body-read-timeout-s` (408).
+    #[error("the request body did not arrive within {timeout_s} s (--body-read-timeout-s)")]
+    BodyTimeout { timeout_s: f64 },
     /// An error from the engine. `prompt_param` is how the endpoint names its
     /// prompt (`messages` for chat, `prompt` for completions), used for
     /// prompt-related engine errors.
@@ -114,6 +117,7 @@ pub fn error_response(err: &ApiError) -> (StatusCode, ErrorBody) {
         ApiError::NoRoute { .. } => invalid(StatusCode::NOT_FOUND, None, Some("unknown_url")),
         ApiError::MethodNotAllowed { .. } => invalid(StatusCode::METHOD_NOT_ALLOWED, None, Some("method_not_allowed")),
         ApiError::PayloadTooLarge { .. } => invalid(StatusCode::PAYLOAD_TOO_LARGE, None, Some("request_too_large")),
+        ApiError::BodyTimeout { .. } => invalid(StatusCode::REQUEST_TIMEOUT, None, Some("request_body_timeout")),
         ApiError::Engine { source, prompt_param } if source.is_client_error() => {
             let param = source.param().map(|p| if p == "messages" { *prompt_param } else { p });
             let code = match source {
@@ -152,6 +156,8 @@ pub fn error_headers(err: &ApiError) -> Vec<(HeaderName, HeaderValue)> {
             vec![(header::RETRY_AFTER, HeaderValue::from(*retry_after_s))]
         }
         ApiError::Timeout { .. } => vec![(HeaderName::from_static("x-should-retry"), HeaderValue::from_static("false"))],
+        // The rest of the body is not read: the connection cannot be reused.
+        ApiError::PayloadTooLarge { .. } | ApiError::BodyTimeout { .. } => vec![(header::CONNECTION, HeaderValue::from_static("close"))],
         ApiError::Unavailable(_) | ApiError::Engine { source: EngineError::ShuttingDown, .. } => {
             vec![(header::RETRY_AFTER, HeaderValue::from(crate::request_slots::RETRY_AFTER_S))]
         }
@@ -180,6 +186,14 @@ mod tests {
     fn map(err: ApiError) -> (u16, ErrorDetail) {
         let (status, body) = error_response(&err);
         (status.as_u16(), body.error)
+    }
+
+    #[test]
+    fn a_stalled_body_is_408_and_closes_the_connection() {
+        let err = ApiError::BodyTimeout { timeout_s: 30.0 };
+        let (status, e) = map(err);
+        assert_eq!((status, e.kind.as_str(), e.code.as_deref()), (408, "invalid_request_error", Some("request_body_timeout")));
+        assert!(error_headers(&ApiError::BodyTimeout { timeout_s: 1.0 }).contains(&(header::CONNECTION, HeaderValue::from_static("close"))));
     }
 
     #[test]

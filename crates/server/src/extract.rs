@@ -3,6 +3,8 @@
 //! limit of 128) becomes an OpenAI error instead of axum's plain-text
 //! rejection (or a stack overflow).
 
+use std::time::Duration;
+
 use axum::body::Bytes;
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{FromRequest, Request};
@@ -53,17 +55,35 @@ pub struct OpenAiJson<T>(pub T);
 impl<S: Send + Sync, T: JsonBody> FromRequest<S> for OpenAiJson<T> {
     type Rejection = ApiError;
 
-    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
-        let limit = req.extensions().get::<BodyLimit>().map_or(MAX_BODY_BYTES, |l| l.0);
-        let bytes = Bytes::from_request(req, state).await.map_err(|r| {
-            if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                ApiError::PayloadTooLarge { limit }
-            } else {
-                ApiError::bad_request(r.body_text(), None)
-            }
-        })?;
+    async fn from_request(req: Request, _state: &S) -> Result<Self, ApiError> {
+        let limit = req
+            .extensions()
+            .get::<BodyLimit>()
+            .copied()
+            .unwrap_or(BodyLimit { bytes: MAX_BODY_BYTES, read_timeout: Duration::from_secs(30) });
+        let bytes = read_body(req, limit).await?;
         T::parse(&bytes).map(OpenAiJson)
     }
+}
+
+/// A request's body within `limit`: 413 at once when the declared length
+/// is over it (nothing is read), or when the body turns out to be; 408 when
+/// it does not arrive within the read timeout.
+pub async fn read_body(req: Request, limit: BodyLimit) -> Result<Bytes, ApiError> {
+    let declared = req.headers().get(axum::http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit.bytes as u64) {
+        return Err(ApiError::PayloadTooLarge { limit: limit.bytes });
+    }
+    let read = tokio::time::timeout(limit.read_timeout, Bytes::from_request(req, &()))
+        .await
+        .map_err(|_| ApiError::BodyTimeout { timeout_s: limit.read_timeout.as_secs_f64() })?;
+    read.map_err(|r| {
+        if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::PayloadTooLarge { limit: limit.bytes }
+        } else {
+            ApiError::bad_request(r.body_text(), None)
+        }
+    })
 }
 
 #[cfg(test)]
@@ -140,7 +160,7 @@ mod tests {
             let handle = std::thread::Builder::new()
                 .stack_size(256 << 10)
                 .spawn(move || {
-                    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+                    let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
                     rt.block_on(extract::<ChatCompletionRequest>(body)).map(|_| ()).map_err(status_and_message)
                 })
                 .unwrap();

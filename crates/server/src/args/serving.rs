@@ -67,6 +67,11 @@ pub struct ServingArgs {
     /// slowloris connections).
     #[arg(long, default_value_t = 30.0, value_parser = parse_positive_f64)]
     pub header_read_timeout_s: f64,
+
+    /// Seconds a request has to send its whole body once its headers are
+    /// in; then it is answered 408 and closed (stalled bodies).
+    #[arg(long, default_value_t = 30.0, value_parser = parse_positive_f64)]
+    pub body_read_timeout_s: f64,
 }
 
 /// The keys of an `--api-key-file`.
@@ -111,6 +116,7 @@ impl ServingArgs {
                 max_connections: self.max_connections.unwrap_or_else(crate::shutdown::default_max_connections).max(1),
                 header_read_timeout: Duration::from_secs_f64(self.header_read_timeout_s),
             },
+            body_read_timeout: Duration::from_secs_f64(self.body_read_timeout_s),
             enable_session_cache: true,
         }
     }

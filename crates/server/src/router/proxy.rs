@@ -21,7 +21,7 @@
 use std::sync::Arc;
 
 use axum::body::{Body, Bytes};
-use axum::extract::{FromRequest, Request, State};
+use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
@@ -58,19 +58,12 @@ fn path(endpoint: Endpoint) -> &'static str {
     }
 }
 
-/// The body, or 413 beyond the limit (axum's `DefaultBodyLimit` is set to
-/// `--max-request-body-bytes` on the router).
+/// The body, within `--max-request-body-bytes` and `--body-read-timeout-s`
+/// ([`crate::extract::read_body`]: 413, 408).
 pub async fn read_body(state: &RouterState, req: Request) -> Result<(HeaderMap, Bytes), ApiError> {
     let headers = req.headers().clone();
-    let limit = state.config.max_request_body_bytes;
-    let bytes = Bytes::from_request(req, &()).await.map_err(|r| {
-        if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::PayloadTooLarge { limit }
-        } else {
-            ApiError::bad_request(r.body_text(), None)
-        }
-    })?;
-    Ok((headers, bytes))
+    let limit = crate::app::BodyLimit { bytes: state.config.max_request_body_bytes, read_timeout: state.config.body_read_timeout };
+    Ok((headers, crate::extract::read_body(req, limit).await?))
 }
 
 async fn forward_generation(state: RouterState, endpoint: Endpoint, req: Request) -> Response {
