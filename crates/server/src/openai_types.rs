@@ -189,8 +189,43 @@ pub struct CompletionRequest {
     pub cache_salt: Option<String>,
 }
 
+/// How many `tools` a body has, counted without building them, so that a
+/// request with too many is refused before its full parses (four passes
+/// over the body, each building every tool).
+#[derive(Deserialize)]
+struct ToolCount {
+    #[serde(default)]
+    tools: Option<Count>,
+}
+
+/// A JSON array's length (its elements skipped).
+struct Count(usize);
+
+impl<'de> Deserialize<'de> for Count {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = Count;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("an array")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Count, A::Error> {
+                let mut n = 0;
+                while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {
+                    n += 1;
+                }
+                Ok(Count(n))
+            }
+        }
+        d.deserialize_seq(V)
+    }
+}
+
 impl JsonBody for ChatCompletionRequest {
     fn parse(bytes: &[u8]) -> Result<Self, ApiError> {
+        if let Ok(ToolCount { tools: Some(Count(n)) }) = serde_json::from_slice::<ToolCount>(bytes) {
+            crate::chat_messages::check_tool_count(n)?;
+        }
         let mut req: Self = parse_json(bytes)?;
         req.sampling = parse_json(bytes)?;
         req.guided = parse_json(bytes)?;
