@@ -130,3 +130,26 @@ def test_the_session_cap_drops_the_keys_own_oldest_session(start_server):
     for n in ("b1", "b2"):
         assert httpx.get(f"{s}/v1/sessions/{n}", headers=auth(K2)).status_code == 200, f"K2's {n} survived K1's burst"
     assert srv.metrics().get("kvc_sessions_capped_total") == 1.0
+
+
+def test_with_several_keys_resetting_the_prefix_cache_needs_the_cluster_token(start_server):
+    """Issue 31: tenant B's POST /reset_prefix_cache flushed every tenant's
+    cache (A: 6,400 cached tokens / 41 ms -> 0 / 7.9 s) and revealed its
+    size. With several keys it is now an operator's call: a key alone gets
+    403 and A's cache stays; the cluster token as well lets it through."""
+    srv = start_server("--api-key", K1, "--api-key", K2, "--cluster-token", "ops-secret")
+    prompt = ids(31)
+    complete(srv, K1, prompt)
+    assert cached(complete(srv, K1, prompt)) >= 64
+    r = httpx.post(f"{srv.base_url}/reset_prefix_cache", headers=auth(K2), timeout=30)
+    assert r.status_code == 403 and "cluster token" in r.json()["error"]["message"], r.text
+    assert "blocks_released" not in r.text
+    assert cached(complete(srv, K1, prompt)) >= 64, "B's refused reset flushed A's cache"
+    r = httpx.post(f"{srv.base_url}/reset_prefix_cache", headers={**auth(K2), "x-kvc-cluster-token": "ops-secret"}, timeout=30)
+    assert r.status_code == 200 and r.json()["reset"] is True, r.text
+
+
+def test_with_one_key_resetting_the_prefix_cache_stays_open_as_in_vllm(start_server):
+    srv = start_server("--api-key", K1)
+    r = httpx.post(f"{srv.base_url}/reset_prefix_cache", headers=auth(K1), timeout=30)
+    assert r.status_code == 200 and r.json()["reset"] is True, r.text

@@ -162,7 +162,20 @@ pub async fn admission(
     Ok(Json(decision))
 }
 
-pub async fn reset_prefix_cache(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
+/// `POST /reset_prefix_cache`. It flushes every tenant's cached prefixes
+/// and reports the cache's size: with several API keys (tenants) it is an
+/// operator's call and needs the cluster token as well; with one key or
+/// none it is open as in vLLM.
+pub async fn reset_prefix_cache(State(state): State<AppState>, headers: HeaderMap) -> Result<Json<Value>, ApiError> {
+    if state.config.api_keys.len() > 1 {
+        crate::auth::check_cluster_token(state.config.cluster_token.as_deref(), &headers).map_err(|_| {
+            ApiError::Forbidden(format!(
+                "with several API keys, /reset_prefix_cache flushes every tenant's cache: it needs the cluster token \
+                 ({}) too",
+                crate::auth::CLUSTER_TOKEN_HEADER
+            ))
+        })?;
+    }
     let r = state.engine.reset_prefix_cache().await.map_err(|e| ApiError::Unavailable(e.to_string()))?;
     let mut body = json!({
         "reset": true,
