@@ -267,8 +267,9 @@ def test_too_many_tools_are_a_400_and_health_answers_meanwhile(start_server):
         r = a.result()
         assert r.status_code == 400 and r.json()["error"]["param"] == "tools", r.text[:300]
         assert "128" in r.json()["error"]["message"]
-    # 0.2 s on the 2-core CI machine, whose one process also sends the 64 MB.
-    assert slowest < 0.5, f"/health took {slowest:.2f} s behind the requests"
+    # 0.2-0.6 s on a 2-core machine whose one other process sends the 64 MB
+    # (9.2 s before); the bound is for a runtime thread held by a parse.
+    assert slowest < 2.0, f"/health took {slowest:.2f} s behind the requests"
     ok = [tool] * 128
     r = httpx.post(f"{srv.base_url}/v1/chat/completions", timeout=120,
                    json={"model": "kvc-default", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, "tools": ok})

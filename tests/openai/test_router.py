@@ -250,3 +250,50 @@ def test_a_session_whose_worker_dies_moves_to_the_other_and_succeeds(start_serve
     r = httpx.post(f"{router.base_url}/v1/completions", json={"prompt": "x", "max_tokens": 2}, timeout=30)
     assert r.status_code == 503 and set(r.json()["error"]) == {"message", "type", "param", "code"}
     wait_for(lambda: httpx.get(f"{router.base_url}/health", timeout=10).status_code == 503, 30, "the router to be unready")
+
+
+def test_with_two_keys_and_a_salt_sessions_are_placed_kept_and_found_as_the_workers_keep_them(start_server):
+    """Issue 31: workers keep sessions under scoped ids (key namespace,
+    cache_salt); the router looked them up by the client's raw id, so with
+    two keys or a salt its placement never saw them resident, B's DELETE of
+    A's id made the router forget A's session, and a salted session was
+    never reachable through the router. Now the router scopes ids as the
+    workers do: A's turns follow A's session, B's DELETE of "s" leaves A's
+    "s" reachable, a salted session is found with ?cache_salt=, and a new
+    router finds A's session from the workers' published state alone."""
+    k1, k2 = "key-one", "key-two"
+    keys = ("--api-key", k1, "--api-key", k2)
+    workers = [start_server("--cluster-token", TOKEN, *keys) for _ in range(2)]
+    router = start_router(start_server, workers, *keys)
+    a, b = router.client(api_key=k1), router.client(api_key=k2)
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "What is the weather like?"}]
+    kw = dict(model="kvc-default", max_tokens=6, temperature=0)
+
+    def turn(client, session, salt=None):
+        extra = {"session_id": session, **({"cache_salt": salt} if salt else {})}
+        raw = client.chat.completions.with_raw_response.create(messages=messages, extra_body=extra, **kw)
+        return worker_of(raw), raw.parse().usage.prompt_tokens_details.cached_tokens
+
+    home, _ = turn(a, "s")
+    turn(b, "s")  # B's own "s": another session
+    # A's next turn goes home, placed as resident (the router sees it in
+    # the workers' state under A's scoped id).
+    before = router.metrics().get('kvc_router_decisions_total{reason="session_resident"}', 0)
+    again, cached = turn(a, "s")
+    assert again == home and cached > 0
+    assert router.metrics().get('kvc_router_decisions_total{reason="session_resident"}', 0) == before + 1
+    # B deletes "s": its own; A's stays reachable.
+    auth = lambda k: {"authorization": f"Bearer {k}"}  # noqa: E731
+    assert httpx.delete(f"{router.base_url}/v1/sessions/s", headers=auth(k2), timeout=30).status_code == 200
+    r = httpx.get(f"{router.base_url}/v1/sessions/s", headers=auth(k1), timeout=30)
+    assert r.status_code == 200 and r.headers["x-kvc-worker"] == home and r.json()["turns"] == 2, r.text
+    # A salted session, through the router.
+    salted_home, _ = turn(a, "t", salt="tenant-x")
+    r = httpx.get(f"{router.base_url}/v1/sessions/t", params={"cache_salt": "tenant-x"}, headers=auth(k1), timeout=30)
+    assert r.status_code == 200 and r.headers["x-kvc-worker"] == salted_home, r.text
+    assert httpx.get(f"{router.base_url}/v1/sessions/t", headers=auth(k1), timeout=30).status_code == 404, "unsalted: another id"
+    # A router that never saw these requests finds A's session on its worker.
+    fresh = start_router(start_server, workers, *keys)
+    r = wait_for(lambda: (x := httpx.get(f"{fresh.base_url}/v1/sessions/s", headers=auth(k1), timeout=30)).status_code == 200 and x,
+                 30, "the new router to find A's session")
+    assert r.headers["x-kvc-worker"] == home

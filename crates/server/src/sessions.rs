@@ -60,8 +60,9 @@ pub fn request_scope(
 }
 
 /// The engine's id of the caller's session `id` (404 for a malformed one:
-/// no such session can exist).
-fn scoped(tenant: &Tenant, salt: Option<&str>, id: &str) -> Result<String, ApiError> {
+/// no such session can exist). The router keys sessions by the same id, so
+/// that it finds them in the workers' published state.
+pub fn scoped(tenant: &Tenant, salt: Option<&str>, id: &str) -> Result<String, ApiError> {
     let salt = check_cache_salt(salt)?;
     if !is_valid_client_part(id) {
         return Err(not_found(id));

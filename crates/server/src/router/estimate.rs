@@ -41,6 +41,8 @@ pub enum Endpoint {
 pub struct Estimate {
     /// The body's `session_id` when it is a string.
     pub session_id: Option<String>,
+    /// The body's `cache_salt` when it is a string (it scopes the session).
+    pub cache_salt: Option<String>,
     pub prompt_tokens: usize,
     /// Tokens the request may add (`max_tokens` x `n`).
     pub max_tokens: usize,
@@ -102,6 +104,7 @@ pub fn estimate(endpoint: Endpoint, body: &[u8]) -> Estimate {
     let n = positive(&body, "n").unwrap_or(1).min(128);
     Estimate {
         session_id: body.get("session_id").and_then(Value::as_str).map(str::to_string),
+        cache_salt: body.get("cache_salt").and_then(Value::as_str).map(str::to_string),
         prompt_tokens,
         max_tokens: max_tokens.saturating_mul(n),
     }

@@ -30,11 +30,12 @@ pub mod session_homes;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::{DefaultBodyLimit, Path, Request, State};
+use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
 use axum::http::{header, HeaderMap, Method, StatusCode, Uri};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use axum::Extension;
 use axum::{Json, Router};
 use kvc_disagg::routing::RouteWeights;
 use serde_json::{json, Value};
@@ -43,7 +44,9 @@ use crate::app::ServerConfig;
 use crate::args::Args;
 use crate::auth::check_api_key;
 use crate::error::ApiError;
+use crate::sessions::SaltQuery;
 use crate::shutdown::Lifecycle;
+use crate::tenant::Tenant;
 use metrics::RouterMetrics;
 use peers::Peers;
 use session_homes::SessionHomes;
@@ -105,10 +108,16 @@ pub fn app(state: RouterState) -> Router {
         .with_state(state)
 }
 
-/// `--api-key` on `/v1/*`, with the workers' rule ([`check_api_key`]).
-async fn require_api_key(State(state): State<RouterState>, req: Request, next: Next) -> Response {
+/// `--api-key` on `/v1/*`, with the workers' rule ([`check_api_key`]); the
+/// caller's namespace goes with the request, as on a worker, so that the
+/// router keys sessions as the workers do.
+async fn require_api_key(State(state): State<RouterState>, mut req: Request, next: Next) -> Response {
     match check_api_key(&state.config.api_keys, req.headers()) {
-        Ok(_) => next.run(req).await,
+        Ok(matched) => {
+            let tenant = matched.map(|i| Tenant::of_key(&state.config.api_keys, i)).unwrap_or_default();
+            req.extensions_mut().insert(tenant);
+            next.run(req).await
+        }
         Err(e) => e.into_response(),
     }
 }
@@ -192,10 +201,27 @@ fn session_workers(state: &RouterState, id: &str) -> Vec<usize> {
     out
 }
 
+/// The caller's session `id` as the workers key it (its key's namespace
+/// and `?cache_salt=`), or the error to answer.
+fn session_key(tenant: &Option<Extension<Tenant>>, salt: &SaltQuery, id: &str) -> Result<String, ApiError> {
+    let tenant = tenant.as_ref().map(|Extension(t)| t.clone()).unwrap_or_default();
+    crate::sessions::scoped(&tenant, salt.cache_salt.as_deref(), id)
+}
+
 /// `GET /v1/sessions/{id}`: the session's worker's answer.
-async fn get_session(State(state): State<RouterState>, Path(id): Path<String>, headers: HeaderMap) -> Response {
-    for i in session_workers(&state, &id) {
-        let url = match proxy::session_url(&state.peers.list[i].url, &id) {
+async fn get_session(
+    State(state): State<RouterState>,
+    Path(id): Path<String>,
+    tenant: Option<Extension<Tenant>>,
+    Query(salt): Query<SaltQuery>,
+    headers: HeaderMap,
+) -> Response {
+    let key = match session_key(&tenant, &salt, &id) {
+        Ok(k) => k,
+        Err(e) => return e.into_response(),
+    };
+    for i in session_workers(&state, &key) {
+        let url = match proxy::session_url_salted(&state.peers.list[i].url, &id, salt.cache_salt.as_deref()) {
             Ok(u) => u,
             Err(e) => return e.into_response(),
         };
@@ -208,12 +234,23 @@ async fn get_session(State(state): State<RouterState>, Path(id): Path<String>, h
     ApiError::SessionNotFound { id }.into_response()
 }
 
-/// `DELETE /v1/sessions/{id}`: deleted wherever it is; the router forgets
-/// its home.
-async fn delete_session(State(state): State<RouterState>, Path(id): Path<String>, headers: HeaderMap) -> Response {
+/// `DELETE /v1/sessions/{id}`: deleted wherever it is (the caller's own
+/// session: another key's of the same id is untouched); the router forgets
+/// its home once a worker deleted it.
+async fn delete_session(
+    State(state): State<RouterState>,
+    Path(id): Path<String>,
+    tenant: Option<Extension<Tenant>>,
+    Query(salt): Query<SaltQuery>,
+    headers: HeaderMap,
+) -> Response {
+    let key = match session_key(&tenant, &salt, &id) {
+        Ok(k) => k,
+        Err(e) => return e.into_response(),
+    };
     let mut answer = None;
-    for i in session_workers(&state, &id) {
-        let url = match proxy::session_url(&state.peers.list[i].url, &id) {
+    for i in session_workers(&state, &key) {
+        let url = match proxy::session_url_salted(&state.peers.list[i].url, &id, salt.cache_salt.as_deref()) {
             Ok(u) => u,
             Err(e) => return e.into_response(),
         };
@@ -223,8 +260,13 @@ async fn delete_session(State(state): State<RouterState>, Path(id): Path<String>
             Err(e) => state.peers.mark_failed(i, &e),
         }
     }
-    state.homes.forget(&id);
-    answer.unwrap_or_else(|| ApiError::SessionNotFound { id }.into_response())
+    match answer {
+        Some(r) => {
+            state.homes.forget(&key);
+            r
+        }
+        None => ApiError::SessionNotFound { id }.into_response(),
+    }
 }
 
 /// Serves the router until SIGINT / SIGTERM, then drains like a worker

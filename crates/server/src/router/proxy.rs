@@ -67,12 +67,20 @@ pub async fn read_body(state: &RouterState, req: Request) -> Result<(HeaderMap, 
 }
 
 async fn forward_generation(state: RouterState, endpoint: Endpoint, req: Request) -> Response {
+    let tenant = req.extensions().get::<crate::tenant::Tenant>().cloned().unwrap_or_default();
     let (headers, body) = match read_body(&state, req).await {
         Ok(v) => v,
         Err(e) => return answer_error(&state, e),
     };
     let est = estimate(endpoint, &body);
-    let session = match crate::sessions::session_id(est.session_id.as_deref(), &headers) {
+    // The session as the workers key it (the caller's namespace, its salt):
+    // what their published state lists and the router's homes hold.
+    let session = match crate::sessions::session_id(est.session_id.as_deref(), &headers).and_then(|id| {
+        id.map(|id| {
+            Ok(RoutedSession { key: crate::sessions::scoped(&tenant, est.cache_salt.as_deref(), &id)?, id, salt: est.cache_salt.clone() })
+        })
+        .transpose()
+    }) {
         Ok(s) => s,
         Err(e) => return answer_error(&state, e),
     };
@@ -82,10 +90,10 @@ async fn forward_generation(state: RouterState, endpoint: Endpoint, req: Request
         if attempt > 0 {
             state.metrics.count_retry();
         }
-        let decision = decide(&state, session.as_deref(), &est, &excluded);
+        let decision = decide(&state, session.as_ref().map(|s| s.key.as_str()), &est, &excluded);
         let worker_url = decision.worker.map(|i| state.peers.list[i].url.as_str()).unwrap_or("none");
         tracing::info!(
-            event = "route", route_id = %route_id, session = session.as_deref().unwrap_or(""), endpoint = path(endpoint),
+            event = "route", route_id = %route_id, session = session.as_ref().map_or("", |s| s.id.as_str()), endpoint = path(endpoint),
             worker = worker_url, reason = decision.reason, attempt,
             home = ?decision.home.map(|h| state.peers.list[h].url.as_str()),
             prompt_tokens = est.prompt_tokens, max_tokens = est.max_tokens, scores = %decision.scores_text(),
@@ -109,13 +117,13 @@ async fn forward_generation(state: RouterState, endpoint: Endpoint, req: Request
         let failure = match request.send().await {
             Ok(r) if r.status() != StatusCode::SERVICE_UNAVAILABLE => {
                 if r.status().is_success() {
-                    if let Some(id) = session.as_deref() {
-                        settle_session(&state, id, i, &decision, est.prompt_tokens + est.max_tokens, &headers);
+                    if let Some(s) = session.as_ref() {
+                        settle_session(&state, s, i, &decision, est.prompt_tokens + est.max_tokens, &headers);
                     }
                 }
                 state.metrics.count_request(&peer.url, r.status().as_u16());
-                let session_done = session.clone().filter(|_| r.status().is_success());
-                return stream_back(&state, r, &peer.url, in_flight, session_done.map(|s| (s, i)));
+                let session_done = session.as_ref().filter(|_| r.status().is_success());
+                return stream_back(&state, r, &peer.url, in_flight, session_done.map(|s| (s.key.clone(), i)));
             }
             Ok(r) => format!("answered {}", r.status()),
             Err(e) => crate::peer_poll::error_text(&e),
@@ -149,8 +157,9 @@ fn decide(state: &RouterState, session: Option<&str>, est: &Estimate, excluded: 
 
 /// The session is served by worker `i` now; a different previous home is
 /// a move, and the old copy is dropped.
-fn settle_session(state: &RouterState, session: &str, i: usize, decision: &RouteDecision, tokens: usize, headers: &HeaderMap) {
-    let previous = state.homes.set(session, i, tokens);
+fn settle_session(state: &RouterState, s: &RoutedSession, i: usize, decision: &RouteDecision, tokens: usize, headers: &HeaderMap) {
+    let previous = state.homes.set(&s.key, i, tokens);
+    let session = s.id.as_str();
     let old = match (previous.map(|h| h.worker), decision.home) {
         (Some(p), _) if p != i => p,
         (None, Some(h)) if h != i => h,
@@ -166,8 +175,9 @@ fn settle_session(state: &RouterState, session: &str, i: usize, decision: &Route
         return;
     }
     let (client, session, auth) = (state.client.clone(), session.to_string(), headers.get("authorization").cloned());
+    let salt = s.salt.clone();
     tokio::spawn(async move {
-        let Ok(url) = session_url(&old_peer.url, &session) else {
+        let Ok(url) = session_url_salted(&old_peer.url, &session, salt.as_deref()) else {
             return;
         };
         let mut request = client.delete(url).timeout(std::time::Duration::from_secs(10));
@@ -183,6 +193,23 @@ fn settle_session(state: &RouterState, session: &str, i: usize, decision: &Route
             }
         }
     });
+}
+
+/// A session a generation request names: the client's id, its salt, and
+/// the id the workers keep it under ([`crate::sessions::scoped`]).
+struct RoutedSession {
+    id: String,
+    salt: Option<String>,
+    key: String,
+}
+
+/// [`session_url`] with `?cache_salt=` when the session is salted.
+pub fn session_url_salted(base: &str, id: &str, salt: Option<&str>) -> Result<reqwest::Url, ApiError> {
+    let mut url = session_url(base, id)?;
+    if let Some(salt) = salt {
+        url.query_pairs_mut().append_pair("cache_salt", salt);
+    }
+    Ok(url)
 }
 
 /// `{base}/v1/sessions/{id}` with the id percent-encoded as one segment.
