@@ -202,10 +202,21 @@ fn session_workers(state: &RouterState, id: &str) -> Vec<usize> {
 }
 
 /// The caller's session `id` as the workers key it (its key's namespace
-/// and `?cache_salt=`), or the error to answer.
-fn session_key(tenant: &Option<Extension<Tenant>>, salt: &SaltQuery, id: &str) -> Result<String, ApiError> {
+/// and `?cache_salt=`), and the workers that may hold it with the URL of
+/// the session there; or the error to answer.
+fn session_targets(
+    state: &RouterState,
+    tenant: &Option<Extension<Tenant>>,
+    salt: &SaltQuery,
+    id: &str,
+) -> Result<(String, Vec<(usize, reqwest::Url)>), ApiError> {
     let tenant = tenant.as_ref().map(|Extension(t)| t.clone()).unwrap_or_default();
-    crate::sessions::scoped(&tenant, salt.cache_salt.as_deref(), id)
+    let key = crate::sessions::scoped(&tenant, salt.cache_salt.as_deref(), id)?;
+    let targets = session_workers(state, &key)
+        .into_iter()
+        .map(|i| Ok((i, proxy::session_url_salted(&state.peers.list[i].url, id, salt.cache_salt.as_deref())?)))
+        .collect::<Result<_, ApiError>>()?;
+    Ok((key, targets))
 }
 
 /// `GET /v1/sessions/{id}`: the session's worker's answer.
@@ -216,15 +227,11 @@ async fn get_session(
     Query(salt): Query<SaltQuery>,
     headers: HeaderMap,
 ) -> Response {
-    let key = match session_key(&tenant, &salt, &id) {
-        Ok(k) => k,
+    let targets = match session_targets(&state, &tenant, &salt, &id) {
+        Ok((_, t)) => t,
         Err(e) => return e.into_response(),
     };
-    for i in session_workers(&state, &key) {
-        let url = match proxy::session_url_salted(&state.peers.list[i].url, &id, salt.cache_salt.as_deref()) {
-            Ok(u) => u,
-            Err(e) => return e.into_response(),
-        };
+    for (i, url) in targets {
         match proxy::forward_simple(&state, i, reqwest::Method::GET, url, &headers).await {
             Ok(r) if r.status() != StatusCode::NOT_FOUND => return r,
             Ok(_) => continue,
@@ -244,16 +251,12 @@ async fn delete_session(
     Query(salt): Query<SaltQuery>,
     headers: HeaderMap,
 ) -> Response {
-    let key = match session_key(&tenant, &salt, &id) {
-        Ok(k) => k,
+    let (key, targets) = match session_targets(&state, &tenant, &salt, &id) {
+        Ok(v) => v,
         Err(e) => return e.into_response(),
     };
     let mut answer = None;
-    for i in session_workers(&state, &key) {
-        let url = match proxy::session_url_salted(&state.peers.list[i].url, &id, salt.cache_salt.as_deref()) {
-            Ok(u) => u,
-            Err(e) => return e.into_response(),
-        };
+    for (i, url) in targets {
         match proxy::forward_simple(&state, i, reqwest::Method::DELETE, url, &headers).await {
             Ok(r) if r.status().is_success() => answer = Some(r),
             Ok(_) => {}
