@@ -12,7 +12,8 @@
 //!   (README, "Sessions").
 //! - Security and limits: [`auth`] (`--api-key`, `--cluster-token`),
 //!   [`request_slots`] (concurrency, queue, 429), body and prompt limits, a
-//!   per-request timeout ([`generate`]), graceful shutdown ([`shutdown`]).
+//!   per-request timeout ([`generate`]), graceful shutdown ([`shutdown`]),
+//!   protocol errors answered as error JSON ([`protocol_errors`]).
 //! - `GET /v1/models`, `GET /v1/models/{model}`.
 //! - Sessions ([`sessions`]): `GET/DELETE /v1/sessions/{id}`, the
 //!   admission probe `POST /v1/admission`, `POST /reset_prefix_cache`.
@@ -48,6 +49,7 @@ pub mod openai_types;
 pub mod pd;
 pub mod peer_poll;
 pub mod prom;
+pub mod protocol_errors;
 pub mod reasoning_parser;
 pub mod request_fields;
 pub mod request_slots;

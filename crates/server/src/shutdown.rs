@@ -129,12 +129,20 @@ pub async fn serve_until(
                 req
             })
             .service(app.clone());
-        let conn = builder.serve_connection(TokioIo::new(stream), TowerToHyperService::new(service)).into_owned();
+        // Protocol errors are answered as error JSON (protocol_errors.rs).
+        let (io, handback) = crate::protocol_errors::ProtocolErrors::new(stream);
+        let conn = builder.serve_connection(TokioIo::new(io), TowerToHyperService::new(service)).into_owned();
         let conn = graceful.watch(conn);
+        let header_timeout = limits.header_read_timeout;
         tokio::spawn(async move {
             let _slot = permit;
-            if let Err(e) = conn.await {
+            // The connection (and with it the socket) is dropped here, so
+            // that `handback` has it.
+            let ended = conn.await;
+            if let Err(e) = ended {
                 tracing::debug!(error = %e, "connection ended with an error");
+                let ending = crate::protocol_errors::Ending::of(&*e);
+                crate::protocol_errors::answer_unanswered(ending, handback.take(), header_timeout).await;
             }
         });
     }
