@@ -187,12 +187,20 @@ def test_masks_are_counted_in_metrics(server, client, model):
     assert after["kvc_structured_output_errors_total"] == 0
 
 
+BLOW_UP = "(a{1000}){1000}"  # a million forced bytes
+
+
 def test_impossible_and_exploding_grammars_are_400s_that_reveal_no_matcher_state(start_server):
     """Issue 31: grammars that can match nothing (`$ref: "#"`, `[^\\s\\S]`,
-    `start: start`) and one whose matcher blows up on its first token
-    (`(a{1000}){1000}`) were 500s whose body dumped the grammar engine's
-    state. Each is a 400 in OpenAI's error shape with a short message (a
-    stream gets the error event), and /health answers meanwhile."""
+    `start: start`) and ones that blow up (`(a{1000}){1000}` as a regex, a
+    schema's pattern or a tool's) were 500s whose body dumped the grammar
+    engine's state; the blow-up took ~1.5 s of CPU to compile, then failed
+    on its first token inside an engine step. Each is now a 400 in OpenAI's
+    error shape with a short message, before anything is generated (the
+    blow-ups cut off by the compile's lexer budget, in tens of ms); a
+    grammar whose matcher fails while generating (`b{1000}` of `a{1000}`)
+    is a 400 too, or the error event of a stream. /health answers
+    meanwhile, and a strict tool call still works."""
     import concurrent.futures
     import time
 
@@ -201,25 +209,71 @@ def test_impossible_and_exploding_grammars_are_400s_that_reveal_no_matcher_state
     srv = start_server()
     url = f"{srv.base_url}/v1"
     model = httpx.get(f"{url}/models", timeout=10).json()["data"][0]["id"]
-    chat_body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
-                 "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#"}}}}
-    cases = [("chat/completions", chat_body)] + [
-        ("completions", {"model": model, "prompt": "hi", "max_tokens": 4, field: value})
-        for field, value in [("guided_regex", r"[^\s\S]"), ("guided_grammar", "start: start"), ("guided_regex", "(a{1000}){1000}")]
+    chat = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    strict = lambda props: {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}  # noqa: E731
+    blow_up_schema = strict({"s": {"type": "string", "pattern": f"^{BLOW_UP}$"}})
+    cases = [
+        ("chat/completions", {**chat, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#"}}}}, None),
+        ("chat/completions", {**chat, "response_format": {"type": "json_schema", "json_schema": {
+            "name": "x", "strict": True, "schema": blow_up_schema}}}, "response_format"),
+        ("chat/completions", {**chat, "tool_choice": "required", "tools": [{"type": "function", "function": {
+            "name": "f", "strict": True, "parameters": blow_up_schema}}]}, "tools"),
+    ] + [
+        ("completions", {"model": model, "prompt": "hi", "max_tokens": 4, field: value}, budget)
+        for field, value, budget in [("guided_regex", r"[^\s\S]", None), ("guided_grammar", "start: start", None),
+                                     ("guided_regex", BLOW_UP, "guided_regex"),
+                                     ("guided_grammar", 'start: b{1000}\nb: a{1000}\na: "x"\n', None)]
     ]
-    with concurrent.futures.ThreadPoolExecutor(4) as pool:
-        answers = [pool.submit(httpx.post, f"{url}/{ep}", json=body, timeout=120) for ep, body in cases]
+
+    def post(ep, body):
+        t = time.monotonic()
+        r = httpx.post(f"{url}/{ep}", json=body, timeout=120)
+        return r, time.monotonic() - t
+
+    with concurrent.futures.ThreadPoolExecutor(len(cases)) as pool:
+        answers = [pool.submit(post, ep, body) for ep, body, _ in cases]
         # The HTTP front is not held up by grammars being compiled or run.
         while not all(a.done() for a in answers):
             t = time.monotonic()
             assert httpx.get(f"{srv.base_url}/health", timeout=5).status_code == 200
             assert time.monotonic() - t < 0.5, "/health waited behind the grammars"
             time.sleep(0.05)
-    for (ep, body), a in zip(cases, answers):
-        r = a.result()
+    for (ep, body, budget), a in zip(cases, answers):
+        r, took = a.result()
         assert r.status_code == 400, (body, r.status_code, r.text)
         err = r.json()["error"]
-        assert err["type"] == "invalid_request_error" and "<state>" not in err["message"] and len(err["message"]) < 400, err
-    stream = httpx.post(f"{url}/completions", timeout=120,
-                        json={**cases[-1][1], "stream": True}).text
-    assert '"error"' in stream and "<state>" not in stream and stream.rstrip().endswith("data: [DONE]"), stream
+        assert err["type"] == "invalid_request_error" and "<" not in err["message"] and len(err["message"]) < 400, err
+        if budget:
+            # Refused at compile, naming the field and the budget: tens of
+            # ms (seconds before); the bound is for a loaded 2-core machine.
+            assert err["param"] == budget and "lexer budget" in err["message"], err
+            assert took < 2.0, f"{budget}: the 400 took {took:.2f} s"
+    # Refused at compile: a stream is not even started.
+    r = httpx.post(f"{url}/completions", timeout=120, json={**cases[-2][1], "stream": True})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "guided_regex", r.text
+    # Failing while generating: the stream's error event.
+    stream = httpx.post(f"{url}/completions", timeout=120, json={**cases[-1][1], "stream": True}).text
+    assert '"error"' in stream and "<" not in stream and stream.rstrip().endswith("data: [DONE]"), stream
+    # The server is fine for an ordinary strict tool call.
+    r = httpx.post(f"{url}/chat/completions", timeout=120, json={
+        **chat, "max_tokens": 60, "temperature": 1.0, "seed": 0, "tools": [WEATHER], "tool_choice": "required", **NO_THINKING})
+    assert r.status_code == 200, r.text
+    calls = r.json()["choices"][0]["message"]["tool_calls"]
+    check_calls([c["function"] for c in calls], {"get_weather"})
+
+
+def test_a_grammar_over_the_size_limit_is_a_400_naming_the_limit_and_field(client, model):
+    """Issue 31: a schema, regex or grammar over 512 KiB of text (for tools,
+    all their parameters together) is refused before it is compiled."""
+    big = {"type": "object", "description": "x" * (512 * 1024)}
+    with pytest.raises(openai.BadRequestError) as e:
+        chat(client, model, 0, response_format={"type": "json_schema", "json_schema": {"name": "big", "schema": big}})
+    assert e.value.body["param"] == "response_format" and "512 KiB" in e.value.message
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model=model, prompt="hi", max_tokens=4, extra_body={"guided_regex": "a" * (600 << 10)})
+    assert e.value.body["param"] == "guided_regex" and "512 KiB" in e.value.message
+    tools = [{"type": "function", "function": {"name": f"f{i}", "parameters": {**big, "description": "y" * (150 << 10)}}}
+             for i in range(4)]
+    with pytest.raises(openai.BadRequestError) as e:
+        chat(client, model, 0, tools=tools, tool_choice="required")
+    assert e.value.body["param"] == "tools" and "512 KiB" in e.value.message

@@ -204,3 +204,162 @@ fn a_first_token_from_elsewhere_that_breaks_the_grammar_ends_the_request() {
     assert!(error.is_some_and(|m| m.contains("structured output")));
     assert_eq!(common::wait_for(&e, |s| s.grammar_errors == 1).grammar_errors, 1);
 }
+
+/// Issue 31: a grammar that expands past the lexer budget fails at compile,
+/// naming the budget, in tens of milliseconds. `(a{1000}){1000}` forces a
+/// million bytes: with llguidance's default budget it compiled in ~1.5 s
+/// and failed on its first token (in an engine step). Times are printed,
+/// not asserted.
+#[test]
+fn grammars_that_blow_up_are_cut_off_at_compile_by_the_lexer_budget() {
+    let (c, _) = compiler();
+    let blow_ups = [
+        Grammar::Regex("(a{1000}){1000}".into()),
+        Grammar::Regex("a{1000000}".into()),
+        Grammar::Regex("((((x{10}){10}){10}){10}){10}".into()),
+        Grammar::JsonSchema { schema: json!({"type": "string", "pattern": "^(a{1000}){1000}$"}).to_string(), strict: true },
+        Grammar::Lark("start: A\nA: /(a{1000}){1000}/\n".into()),
+    ];
+    for g in blow_ups {
+        let t = std::time::Instant::now();
+        let err = c.compile(&constraint(g.clone())).expect_err(&format!("{g:?} compiled"));
+        eprintln!("{g:?}: refused in {:?}", t.elapsed());
+        let EngineError::InvalidGrammar(msg) = &err else { panic!("{err:?}") };
+        assert!(msg.contains("lexer budget") && msg.contains("fuel"), "{msg}");
+        assert!(!msg.contains('<') && !msg.contains("limits."), "{msg}");
+    }
+    // Over the size limit: refused before compiling.
+    let huge = Grammar::Regex(format!("({})", vec!["abc"; kvc_engine::grammar::MAX_GRAMMAR_BYTES / 4 + 1].join("|")));
+    let err = c.compile(&constraint(huge)).unwrap_err();
+    assert!(err.to_string().contains(&format!("{} KiB", kvc_engine::grammar::MAX_GRAMMAR_BYTES / 1024)), "{err}");
+}
+
+/// An OpenAI SDK / pydantic-style schema: `$defs`, `$ref`, `anyOf` with
+/// null, enums, formats, patterns, nested arrays of objects.
+fn pydantic_schema() -> Value {
+    json!({
+        "$defs": {
+            "Address": {"type": "object", "title": "Address", "additionalProperties": false,
+                "properties": {"street": {"type": "string", "title": "Street"}, "city": {"type": "string"},
+                    "zip": {"type": "string", "pattern": "^[0-9]{5}(-[0-9]{4})?$"},
+                    "country": {"enum": ["US", "CA", "MX", "FR", "DE", "JP"], "type": "string"}},
+                "required": ["street", "city", "zip", "country"]},
+            "Item": {"type": "object", "additionalProperties": false,
+                "properties": {"sku": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{6}$"}, "qty": {"type": "integer", "minimum": 1, "maximum": 999},
+                    "price": {"type": "number"}, "note": {"anyOf": [{"type": "string"}, {"type": "null"}]}},
+                "required": ["sku", "qty", "price", "note"]},
+            "Customer": {"type": "object", "additionalProperties": false,
+                "properties": {"name": {"type": "string"}, "email": {"type": "string", "format": "email"},
+                    "billing": {"$ref": "#/$defs/Address"}, "shipping": {"anyOf": [{"$ref": "#/$defs/Address"}, {"type": "null"}]},
+                    "tier": {"enum": ["free", "pro", "enterprise"]}},
+                "required": ["name", "email", "billing", "shipping", "tier"]}
+        },
+        "type": "object", "title": "Order", "additionalProperties": false,
+        "properties": {"id": {"type": "string", "format": "uuid"}, "customer": {"$ref": "#/$defs/Customer"},
+            "items": {"type": "array", "items": {"$ref": "#/$defs/Item"}, "minItems": 1, "maxItems": 50},
+            "created": {"type": "string", "format": "date-time"},
+            "status": {"enum": ["new", "paid", "shipped", "cancelled"]},
+            "meta": {"type": "object", "additionalProperties": {"type": "string"}}},
+        "required": ["id", "customer", "items", "created", "status", "meta"]
+    })
+}
+
+/// The grammar the server builds for `tool_choice: "required"` over `n`
+/// strict tools (crates/server/src/structured.rs), ~1 KB a tool.
+fn tools_grammar(n: usize) -> String {
+    let mut rules = Vec::new();
+    for i in 0..n {
+        let params = json!({"type": "object", "additionalProperties": false,
+            "properties": {
+                "query": {"type": "string", "maxLength": 200, "description": "What to look for, in the user's words"},
+                "limit": {"type": "integer", "minimum": 1, "maximum": 100},
+                "mode": {"enum": ["fast", "exact", "fuzzy"]},
+                "filters": {"type": "array", "maxItems": 8, "items": {"type": "object", "additionalProperties": false,
+                    "properties": {"field": {"type": "string"}, "op": {"enum": ["eq", "ne", "lt", "gt"]},
+                        "value": {"anyOf": [{"type": "string"}, {"type": "number"}, {"type": "null"}]}},
+                    "required": ["field", "op", "value"]}},
+                "date": {"type": "string", "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}$"}},
+            "required": ["query", "limit", "mode", "filters", "date"]});
+        let call = json!({"type": "object", "properties": {"name": {"const": format!("tool_number_{i}")}, "arguments": params},
+            "required": ["name", "arguments"], "additionalProperties": false});
+        rules.push(format!("call_{i}: %json {}", kvc_engine::grammar::with_json_options(call, true)));
+    }
+    let alternatives: Vec<String> = (0..n).map(|i| format!("call_{i}")).collect();
+    format!(
+        "start: tool_call (\"\\n\" tool_call)*\ntool_call: \"<tool_call>\\n\" ({}) \"\\n</tool_call>\"\n{}\n",
+        alternatives.join(" | "),
+        rules.join("\n")
+    )
+}
+
+/// Walks `steps` tokens through `g`, each a pseudo-random one of those its
+/// mask allows; every mask and token must be accepted.
+fn walk(c: &GrammarCompiler, g: Grammar, steps: usize) {
+    let mut s = kvc_engine::constrained::ConstraintState::new(c.compile(&constraint(g)).unwrap());
+    let mut rng = 12345u64;
+    for step in 0..steps {
+        let m = s.mask().unwrap_or_else(|e| panic!("step {step}: {e}")).unwrap();
+        let allowed: Vec<u32> = (0..m.len() as u32).filter(|&t| m.is_allowed(t)).collect();
+        rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        s.advance(allowed[(rng >> 33) as usize % allowed.len()]).unwrap_or_else(|e| panic!("step {step}: {e}"));
+        if s.is_finished() {
+            break;
+        }
+    }
+}
+
+/// The budget leaves room for real grammars: pydantic's schemas, 1000
+/// required properties, a 2000-value enum, the tool-call grammar of 128
+/// strict tools (125 KB, OpenAI's most tools), `\w` patterns (large
+/// Unicode classes). Compile times are printed.
+#[test]
+fn large_real_grammars_compile_within_the_budget() {
+    let (c, _) = compiler();
+    let props: serde_json::Map<String, Value> =
+        (0..1000).map(|i| (format!("property_{i}"), json!({"type": ["string", "integer", "null"]}))).collect();
+    let words: serde_json::Map<String, Value> =
+        (0..40).map(|i| (format!("f{i}"), json!({"type": "string", "pattern": "^\\w{1,40}( \\p{L}+)*$"}))).collect();
+    let grammars = [
+        Grammar::JsonSchema { schema: pydantic_schema().to_string(), strict: true },
+        Grammar::JsonSchema {
+            schema:
+                json!({"type": "object", "additionalProperties": false, "required": props.keys().collect::<Vec<_>>(), "properties": props})
+                    .to_string(),
+            strict: true,
+        },
+        Grammar::JsonSchema {
+            schema: json!({"enum": (0..2000).map(|i| format!("value-{i}")).collect::<Vec<_>>()}).to_string(),
+            strict: true,
+        },
+        Grammar::JsonSchema { schema: json!({"type": "object", "properties": words, "required": ["f0"]}).to_string(), strict: true },
+        Grammar::Lark(tools_grammar(128)),
+        Grammar::Regex("(a{100}){100}".into()),
+    ];
+    for g in grammars {
+        let bytes = kvc_engine::grammar::grammar_bytes(&g);
+        let t = std::time::Instant::now();
+        c.compile(&constraint(g.clone())).unwrap_or_else(|e| panic!("{bytes} bytes: {e}"));
+        eprintln!("{bytes} bytes: compiled in {:?}", t.elapsed());
+        walk(&c, g, 200);
+    }
+}
+
+/// A forced string longer than the part tokenized canonically is still
+/// produced exactly, token by forced token.
+#[test]
+fn a_long_forced_string_comes_out_exactly() {
+    let (c, tok) = compiler();
+    let text: String = (0..300).map(|i| format!("word{i} ")).collect();
+    let g = Grammar::JsonSchema { schema: json!({"const": text}).to_string(), strict: true };
+    let mut s = kvc_engine::constrained::ConstraintState::new(c.compile(&constraint(g)).unwrap());
+    let mut out = Vec::new();
+    while !s.is_finished() {
+        let m = s.mask().unwrap().unwrap();
+        let allowed: Vec<u32> = (0..m.len() as u32).filter(|&t| m.is_allowed(t)).collect();
+        assert_eq!(allowed.len(), 1, "a forced string allows one token at a time");
+        s.advance(allowed[0]).unwrap();
+        out.push(allowed[0]);
+        assert!(out.len() < 2000);
+    }
+    assert_eq!(tok.decode(&out, false).unwrap(), json!(text).to_string());
+}

@@ -14,10 +14,16 @@
 //! At most one of these per request (400 otherwise, naming the second).
 //! `strict: true` (a schema's, or a tool's `function.strict`) makes
 //! keywords the compiler cannot enforce a 400; without it they are ignored.
-//! A schema or grammar that does not compile is a 400 naming the field.
+//! A schema or grammar that does not compile is a 400 naming the field, and
+//! so is one whose text is over [`MAX_GRAMMAR_BYTES`] (checked before it is
+//! compiled; for tools, the tool-call grammar holding all their
+//! `parameters`). Compiling has its own budget too
+//! ([`kvc_engine::grammar::compile_fuel`]); the handlers compile on tokio's
+//! blocking pool, never in an engine step.
 
 use serde_json::{json, Map, Value};
 
+use kvc_engine::grammar::{grammar_bytes, MAX_GRAMMAR_BYTES};
 use kvc_engine::{Constraint, Grammar, ReasoningGate};
 
 use crate::error::ApiError;
@@ -30,11 +36,29 @@ pub struct GrammarRequest {
 }
 
 impl GrammarRequest {
+    fn new(grammar: Grammar, param: &'static str) -> Result<Self, ApiError> {
+        sized(GrammarRequest { grammar, param }, param)
+    }
+
     /// The engine's constraint, starting where the prompt leaves the
     /// model's reasoning.
     pub fn constraint(&self, reasoning: ReasoningGate) -> Constraint {
         Constraint { grammar: self.grammar.clone(), reasoning }
     }
+}
+
+/// `g` unless its text is over [`MAX_GRAMMAR_BYTES`]: then a 400 naming
+/// the limit and `field` (the request field the text came from).
+fn sized(g: GrammarRequest, field: &'static str) -> Result<GrammarRequest, ApiError> {
+    let bytes = grammar_bytes(&g.grammar);
+    if bytes > MAX_GRAMMAR_BYTES {
+        let what = if field == "tools" { "the tool-call grammar built from the tools' parameters" } else { "the grammar" };
+        return Err(ApiError::bad_request(
+            format!("{field}: {what} is {bytes} bytes, more than the {} KiB this server compiles", MAX_GRAMMAR_BYTES / 1024),
+            Some(field),
+        ));
+    }
+    Ok(g)
 }
 
 /// The vLLM extension fields, as sent (any of them may be absent).
@@ -58,7 +82,7 @@ fn json_schema_grammar(schema: &Value, strict: bool, param: &'static str) -> Res
     if !schema.is_object() && !schema.is_boolean() {
         return Err(ApiError::bad_request(format!("{param} must be a JSON schema object"), Some(param)));
     }
-    Ok(GrammarRequest { grammar: Grammar::JsonSchema { schema: schema.to_string(), strict }, param })
+    GrammarRequest::new(Grammar::JsonSchema { schema: schema.to_string(), strict }, param)
 }
 
 /// A regex matching exactly one of `choices`.
@@ -67,7 +91,7 @@ fn choice_grammar(choices: &[String], param: &'static str) -> Result<GrammarRequ
         return Err(ApiError::bad_request(format!("{param} must list at least one choice"), Some(param)));
     }
     let alternatives: Vec<String> = choices.iter().map(|c| regex_escape(c)).collect();
-    Ok(GrammarRequest { grammar: Grammar::Regex(format!("({})", alternatives.join("|"))), param })
+    GrammarRequest::new(Grammar::Regex(format!("({})", alternatives.join("|"))), param)
 }
 
 fn regex_escape(s: &str) -> String {
@@ -125,13 +149,13 @@ pub fn from_guided(f: &GuidedFields) -> Result<Option<GrammarRequest>, ApiError>
         found.push(json_schema_grammar(v, false, "guided_json")?);
     }
     if let Some(rx) = &f.guided_regex {
-        found.push(GrammarRequest { grammar: Grammar::Regex(rx.clone()), param: "guided_regex" });
+        found.push(GrammarRequest::new(Grammar::Regex(rx.clone()), "guided_regex")?);
     }
     if let Some(c) = &f.guided_choice {
         found.push(choice_grammar(c, "guided_choice")?);
     }
     if let Some(g) = &f.guided_grammar {
-        found.push(GrammarRequest { grammar: Grammar::Lark(g.clone()), param: "guided_grammar" });
+        found.push(GrammarRequest::new(Grammar::Lark(g.clone()), "guided_grammar")?);
     }
     if let Some(so) = &f.structured_outputs {
         const P: &str = "structured_outputs";
@@ -139,12 +163,8 @@ pub fn from_guided(f: &GuidedFields) -> Result<Option<GrammarRequest>, ApiError>
             let bad = |what: &str| ApiError::bad_request(format!("structured_outputs.{key} must be {what}"), Some(P));
             match key.as_str() {
                 "json" => found.push(json_schema_grammar(v, false, P)?),
-                "regex" => {
-                    found.push(GrammarRequest { grammar: Grammar::Regex(v.as_str().ok_or_else(|| bad("a string"))?.into()), param: P })
-                }
-                "grammar" => {
-                    found.push(GrammarRequest { grammar: Grammar::Lark(v.as_str().ok_or_else(|| bad("a string"))?.into()), param: P })
-                }
+                "regex" => found.push(GrammarRequest::new(Grammar::Regex(v.as_str().ok_or_else(|| bad("a string"))?.into()), P)?),
+                "grammar" => found.push(GrammarRequest::new(Grammar::Lark(v.as_str().ok_or_else(|| bad("a string"))?.into()), P)?),
                 "choice" => {
                     let choices: Vec<String> = serde_json::from_value(v.clone()).map_err(|_| bad("a list of strings"))?;
                     found.push(choice_grammar(&choices, P)?);
@@ -220,13 +240,17 @@ pub fn tool_call_grammar(tools: &[Value], name: Option<&str>) -> Result<GrammarR
     let alternatives: Vec<String> = (0..chosen.len()).map(|i| format!("call_{i}")).collect();
     let start = if name.is_some() { "start: tool_call" } else { "start: tool_call (\"\\n\" tool_call)*" };
     let lark = format!("{start}\ntool_call: \"<tool_call>\\n\" ({}) \"\\n</tool_call>\"\n{}\n", alternatives.join(" | "), rules.join("\n"));
-    Ok(GrammarRequest { grammar: Grammar::Lark(lark), param: P })
+    sized(GrammarRequest { grammar: Grammar::Lark(lark), param: P }, "tools")
 }
 
 /// A grammar the engine could not compile: a 400 naming the field it came
-/// from (other engine errors keep their mapping).
+/// from (`tools` for the tool-call grammar: their `parameters` are what
+/// failed), other engine errors keep their mapping.
 pub fn compile_error(e: kvc_engine::EngineError, param: &'static str) -> ApiError {
     match e {
+        kvc_engine::EngineError::InvalidGrammar(msg) if param == "tool_choice" => {
+            ApiError::bad_request(format!("tools: the tools' parameters cannot be used as a grammar: {msg}"), Some("tools"))
+        }
         kvc_engine::EngineError::InvalidGrammar(msg) => {
             ApiError::bad_request(format!("{param}: the grammar cannot be used: {msg}"), Some(param))
         }
@@ -293,6 +317,33 @@ mod tests {
         let tools = [json!({"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}})];
         assert!(tool_call_grammar(&tools, Some("f")).is_ok());
         assert_eq!(param(tool_call_grammar(&tools, Some("g")).unwrap_err()), (400, Some("tool_choice".into())));
+    }
+
+    #[test]
+    fn a_grammar_over_the_size_limit_is_refused_naming_its_field() {
+        let long = "x".repeat(MAX_GRAMMAR_BYTES + 1);
+        let big_schema = json!({"type": "string", "description": long});
+        let over = |r: Result<Option<GrammarRequest>, ApiError>, field: &str| {
+            let e = r.expect_err("an oversized grammar was accepted");
+            assert!(e.to_string().contains("512 KiB"), "{e}");
+            assert_eq!(param(e), (400, Some(field.to_string())));
+        };
+        let fmt = json!({"type": "json_schema", "json_schema": {"name": "x", "schema": big_schema}});
+        over(from_response_format(Some(&fmt)), "response_format");
+        over(from_guided(&GuidedFields { guided_regex: Some(long.clone()), ..Default::default() }), "guided_regex");
+        over(from_guided(&GuidedFields { guided_grammar: Some(long.clone()), ..Default::default() }), "guided_grammar");
+        over(from_guided(&GuidedFields { guided_json: Some(big_schema.clone()), ..Default::default() }), "guided_json");
+        over(from_guided(&GuidedFields { guided_choice: Some(vec![long.clone()]), ..Default::default() }), "guided_choice");
+        let so = json!({"regex": long}).as_object().cloned();
+        over(from_guided(&GuidedFields { structured_outputs: so, ..Default::default() }), "structured_outputs");
+        // Tools: all their parameters together, each under the limit.
+        let tool = |i: usize| json!({"type": "function", "function": {"name": format!("f{i}"), "parameters": {"type": "object", "description": "y".repeat(MAX_GRAMMAR_BYTES / 4)}}});
+        let tools: Vec<Value> = (0..4).map(tool).collect();
+        over(tool_call_grammar(&tools, None).map(Some), "tools");
+        assert!(tool_call_grammar(&tools[..3], None).is_ok());
+        // At the limit is fine.
+        let at = "x".repeat(MAX_GRAMMAR_BYTES);
+        assert!(from_guided(&GuidedFields { guided_regex: Some(at), ..Default::default() }).is_ok());
     }
 
     #[test]
