@@ -136,7 +136,8 @@ pub fn decide(i: &PathInputs) -> PathDecision {
         return PathDecision { path: here, reason: "no_prefill_peer", local_s: 0.0, remote_s: 0.0, peer_tokens: suffix };
     };
     // A snapshot on P counts only as far as D does not hold the prompt already.
-    let bypass = peer.snapshot_tokens.min(i.prompt_tokens.saturating_sub(1)).saturating_sub(i.held_tokens);
+    // Token granularity (block size 1): P's block size is not among the inputs.
+    let bypass = kvc_policy::reusable_tokens(peer.snapshot_tokens, i.prompt_tokens, 1).saturating_sub(i.held_tokens);
     let peer_tokens = suffix.saturating_sub(bypass);
     let done = |path, reason, local_s, remote_s| PathDecision { path, reason, local_s, remote_s, peer_tokens };
     if !peer.healthy {

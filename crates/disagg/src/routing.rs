@@ -171,9 +171,8 @@ impl RouteDecision {
 /// The terms for one worker.
 pub fn score_worker(req: &RouteRequest, w: &WorkerView, weights: &RouteWeights) -> WorkerScore {
     let bs = w.block_size.max(1);
-    // Reuse is in whole blocks, and the last prompt token is always computed
-    // (as in the engine's admission estimate).
-    let reused_tokens = w.resident_tokens.min(req.prompt_tokens.saturating_sub(1)) / bs * bs;
+    // The engine's admission estimate: whole blocks, the last token computed.
+    let reused_tokens = kvc_policy::reusable_tokens(w.resident_tokens, req.prompt_tokens, bs);
     let lacking = req.prompt_tokens - reused_tokens;
     let prefill_blocks = lacking.div_ceil(bs);
     // The reused blocks stay in use too: the whole request must fit.

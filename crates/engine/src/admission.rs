@@ -38,7 +38,7 @@ pub fn decide_admission(
     max_num_seqs: usize,
 ) -> AdmissionDecision {
     let resident = q.session_id.and_then(|id| s.sessions.get(id)).map(|i| i.resident_tokens).unwrap_or(0);
-    let reusable = resident.min(q.prompt_tokens.saturating_sub(1)) / block_size.max(1) * block_size.max(1);
+    let reusable = kvc_policy::reusable_tokens(resident, q.prompt_tokens, block_size);
     let computed = q.prompt_tokens - reusable;
     let need_blocks = computed.div_ceil(block_size.max(1)) + 1;
     let available = s.free_blocks + s.evictable_blocks;

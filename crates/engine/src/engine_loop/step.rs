@@ -221,7 +221,7 @@ impl EngineLoop {
         }
         let rate = tokens as f64 / took.as_secs_f64();
         let r = &mut self.local.prefill_tokens_per_s;
-        *r = if *r == 0.0 { rate } else { 0.8 * *r + 0.2 * rate };
+        *r = kvc_policy::Ewma::from_value(*r).update(rate);
     }
 
     fn forward(&mut self, chunks: &[ScheduledChunk]) -> Result<Vec<Vec<f32>>, EngineError> {

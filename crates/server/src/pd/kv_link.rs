@@ -10,6 +10,7 @@ use kvc_disagg::transport::KvTransport;
 use kvc_disagg::transport::{host_ip, Listeners};
 use kvc_disagg::{BlockCopy, HandshakeRecord, MooncakeConfig, MooncakeTransport, Peer, PoolMemory, TransferReport};
 use kvc_engine::EngineHandle;
+use kvc_policy::Ewma;
 
 use super::exposure::{decide_exposure, refusal, Exposure};
 
@@ -18,7 +19,7 @@ pub struct KvLink {
     exposure: Exposure,
     peers: Mutex<HashMap<(String, u64), Peer>>,
     /// Moving average, bytes/s (0 until measured).
-    bandwidth: Mutex<f64>,
+    bandwidth: Mutex<Ewma>,
     pub timeout: Duration,
 }
 
@@ -69,7 +70,7 @@ impl KvLink {
                 if l.interposed { "" } else { "; its listening ports are unknown" }
             );
         }
-        Ok(Self { transport, exposure, peers: Mutex::new(HashMap::new()), bandwidth: Mutex::new(0.0), timeout })
+        Ok(Self { transport, exposure, peers: Mutex::new(HashMap::new()), bandwidth: Mutex::new(Ewma::new()), timeout })
     }
 
     /// Where the transport listens.
@@ -86,7 +87,7 @@ impl KvLink {
     }
 
     pub fn bandwidth(&self) -> f64 {
-        *self.bandwidth.lock().unwrap_or_else(|e| e.into_inner())
+        self.bandwidth.lock().unwrap_or_else(|e| e.into_inner()).get()
     }
 
     fn peer(&self, remote: &HandshakeRecord) -> Result<Peer, kvc_disagg::DisaggError> {
@@ -126,8 +127,7 @@ impl KvLink {
                     gb_per_s = rate / 1e9,
                     "KV blocks written"
                 );
-                let mut b = self.bandwidth.lock().unwrap_or_else(|e| e.into_inner());
-                *b = if *b == 0.0 { rate } else { 0.8 * *b + 0.2 * rate };
+                self.bandwidth.lock().unwrap_or_else(|e| e.into_inner()).update(rate);
             }
             Ok(_) => {}
             Err(_) => {

@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use kvc_disagg::prefill_path::PathPolicy;
 use kvc_engine::EngineHandle;
+use kvc_policy::Ewma;
 
 use crate::args::{Args, PathPolicyArg, Role};
 use kv_link::KvLink;
@@ -45,7 +46,7 @@ pub struct PdState {
     hold: Vec<String>,
     /// Moving average of a remote prefill's time beyond P's compute and
     /// the transfer (HTTP, queueing, reservation), seconds.
-    remote_overhead: std::sync::Mutex<f64>,
+    remote_overhead: std::sync::Mutex<Ewma>,
     _engine: EngineHandle,
 }
 
@@ -78,7 +79,7 @@ impl PdState {
                 remote_prefill_budget: Duration::from_secs(d.remote_prefill_timeout_s.max(1)),
             },
             hold: std::env::var("KVC_FAULT_HOLD").map(|v| v.split(',').map(str::to_string).collect()).unwrap_or_default(),
-            remote_overhead: std::sync::Mutex::new(0.0),
+            remote_overhead: std::sync::Mutex::new(Ewma::new()),
             _engine: engine.clone(),
         });
         state.metrics.set_listeners(&state.link);
@@ -94,16 +95,14 @@ impl PdState {
 
     /// The measured fixed cost of a remote prefill (2 ms until measured).
     pub fn remote_overhead_s(&self) -> f64 {
-        match *self.remote_overhead.lock().unwrap_or_else(|e| e.into_inner()) {
+        match self.remote_overhead.lock().unwrap_or_else(|e| e.into_inner()).get() {
             x if x > 0.0 => x,
             _ => 0.002,
         }
     }
 
     pub fn observe_remote_overhead(&self, s: f64) {
-        let mut o = self.remote_overhead.lock().unwrap_or_else(|e| e.into_inner());
-        let s = s.max(0.0);
-        *o = if *o == 0.0 { s } else { 0.8 * *o + 0.2 * s };
+        self.remote_overhead.lock().unwrap_or_else(|e| e.into_inner()).update(s.max(0.0));
     }
 
     /// Waits forever at a fault-injection point named in `KVC_FAULT_HOLD`.
