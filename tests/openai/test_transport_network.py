@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, _free_port as free_port, wait_for
-from test_disagg import TOKEN, complete, decode_flags, ids, prefill_flags, start_decode
+from test_disagg import BS, TOKEN, both, complete, decode_flags, ids, prefill_flags, start_decode, text  # noqa: F401 (both: a fixture)
 
 LOOPBACK = ipaddress.ip_address("127.0.0.1")
 
@@ -207,7 +207,7 @@ def test_a_stranger_that_writes_and_closes_at_once_is_refused_every_time(start_s
     p = start_server(*prefill_flags())
     d = start_decode(start_server, p)
     assert complete(d, ids(9, 200))["kvc"]["path"] == "remote_prefill"
-    n = 200
+    n = 500
     for srv in (p, d):
         transport = [port for a, port in listening(srv.proc.pid) if port != http_port(srv)]
         before = srv.metrics().get("kvc_kv_transport_connections_refused_total", 0.0)
@@ -221,6 +221,83 @@ def test_a_stranger_that_writes_and_closes_at_once_is_refused_every_time(start_s
         assert got == want, f"{want - before:.0f} stranger connections, {got - before:.0f} refused"
     # The transport still serves its own cluster, after the flood.
     assert complete(d, ids(10, 200))["kvc"]["path"] == "remote_prefill"
+
+
+# A stranger flooding every given port for a while: connect, write a
+# request's worth of marked bytes, close at once. Prints how many
+# connections it made (each one the guard must refuse).
+FLOOD_FOR = r"""
+import socket, sys, time
+ports = [int(p) for p in sys.argv[1].split(",")]
+until = time.monotonic() + float(sys.argv[2])
+made = 0
+while time.monotonic() < until:
+    for port in ports:
+        try:
+            s = socket.create_connection(("127.0.0.1", port), timeout=5)
+        except OSError:
+            continue
+        made += 1
+        try:
+            s.sendall(b"\xa5" * 64)
+        except OSError:
+            pass
+        s.close()
+print(made)
+"""
+
+
+def test_the_workers_transfer_during_a_strangers_flood_and_none_of_its_bytes_land(start_server, both):
+    """Issue 31: `nobody` floods every transport port of P and D for 15 s
+    (connect, write, close). Meanwhile D's remote prefills go on, each one
+    transferred and answering as a colocated worker does; every stranger
+    connection is refused (the refusals counted equal the connections
+    made, so Mooncake read none of their bytes); and a session whose KV
+    sat in D's pool through the flood (the canary) continues exactly as on
+    a worker nobody touched."""
+    if os.geteuid() != 0:
+        pytest.fail("this test starts a client as user `nobody` and must run as root (CI does)")
+    p = start_server(*prefill_flags())
+    d = start_decode(start_server, p)
+    canary = [ids(40, 300), None]
+    canary[1] = canary[0] + ids(41, 40)
+    first = complete(d, canary[0], session="canary", max_tokens=16)
+    assert first["kvc"]["path"] == "remote_prefill"
+    assert text(first) == text(complete(both, canary[0], session="canary", max_tokens=16))
+    ports = {srv: [port for a, port in listening(srv.proc.pid) if port != http_port(srv)] for srv in (p, d)}
+    before = {srv: srv.metrics().get("kvc_kv_transport_connections_refused_total", 0.0) for srv in (p, d)}
+    floods = {srv: subprocess.Popen(["/usr/bin/python3", "-c", FLOOD_FOR, ",".join(map(str, ports[srv])), "15"],
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, user="nobody")
+              for srv in (p, d)}
+    during = 0
+    while any(f.poll() is None for f in floods.values()):
+        prompt = ids(100 + during, 200)
+        out = complete(d, prompt)
+        assert out["kvc"]["path"] == "remote_prefill", f"request {during} during the flood: {out['kvc']}"
+        assert text(out) == text(complete(both, prompt)), f"request {during} during the flood answered differently"
+        during += 1
+    # Before the guard's lookup was by the pair (sock_diag), the one
+    # request sent during the flood waited for its end (15.7 s): reading
+    # /proc/net/tcp, which the flood's TIME_WAIT entries grew, per
+    # connection was slower than the flood, and the queue stayed full.
+    assert during >= 5, f"only {during} remote prefills finished during a 15 s flood"
+    for srv, f in floods.items():
+        out, err = f.communicate(timeout=60)
+        assert f.returncode == 0, err
+        made = int(out)
+        print(f"flood: {made} connections to {ports[srv]}")
+        assert made >= 200, f"the flood made only {made} connections to {ports[srv]}"
+        want = before[srv] + made
+        got = wait_for(lambda: (v := srv.metrics().get("kvc_kv_transport_connections_refused_total", 0.0)) >= want and v, 60,
+                       f"{made} refusals on {ports[srv]}")
+        assert got == want, f"{made} stranger connections, {got - before[srv]:.0f} refused"
+    # The canary session's KV, resident on D through the flood, is intact:
+    # its next turn reuses it and answers as the untouched worker does.
+    second = complete(d, canary[1], session="canary", max_tokens=16)
+    assert second["usage"]["prompt_tokens_details"]["cached_tokens"] >= len(canary[0]) // BS * BS, second["kvc"]
+    assert text(second) == text(complete(both, canary[1], session="canary", max_tokens=16))
+    # And after the flood.
+    assert complete(d, ids(99, 200))["kvc"]["path"] == "remote_prefill"
 
 
 def test_an_ipv6_transport_host_binds_every_listener_there_and_transfers(start_server):

@@ -133,6 +133,19 @@ fn admit(peer: SocketAddr, local: SocketAddr) -> bool {
 /// under root it would pass for root's: a stranger could write and close
 /// before the check and have Mooncake read what it wrote. None for those.
 fn socket_owner(peer: SocketAddr, local: SocketAddr) -> Option<u32> {
+    // One lookup by the pair (crate::sock_diag) where the kernel offers it:
+    // its cost does not grow with the host's sockets, as a flood's
+    // TIME_WAIT entries make /proc/net/tcp's.
+    if crate::sock_diag::available() {
+        if let Ok(found) = crate::sock_diag::lookup(peer, local) {
+            return found.filter(|s| s.inode != 0).map(|s| s.uid);
+        }
+    }
+    proc_owner(peer, local)
+}
+
+/// [`socket_owner`] from `/proc/net/tcp`, where sock_diag is not offered.
+fn proc_owner(peer: SocketAddr, local: SocketAddr) -> Option<u32> {
     proc_tcp_entries("/proc/self")
         .into_iter()
         .find(|e| same(e.local, peer) && same(e.remote, local))
@@ -250,6 +263,7 @@ mod tests {
         // SAFETY: no arguments.
         let me = unsafe { libc::geteuid() };
         assert_eq!(socket_owner(client, server), Some(me), "a live connection of this user");
+        assert_eq!(proc_owner(client, server), Some(me), "the same from /proc/net/tcp");
         assert_eq!(socket_owner(client, SocketAddr::new(server.ip(), 1)), None, "the client's address toward another destination");
         // The client closes first: its end goes to TIME_WAIT once the
         // server's close is acknowledged (on loopback, by the time it returns;
@@ -264,6 +278,7 @@ mod tests {
             std::thread::yield_now();
         }
         assert_eq!(socket_owner(client, server), None, "a TIME_WAIT entry has no owner");
+        assert_eq!(proc_owner(client, server), None, "nor from /proc/net/tcp");
         assert!(!admit(client, server), "a connection whose client socket is gone is refused");
     }
 
@@ -290,7 +305,7 @@ mod tests {
         }
         // Closed by their process: no entry is a live socket any more.
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while orphans.iter().any(|o| socket_owner(*o, addr).is_some()) {
+        while orphans.iter().any(|o| socket_owner(*o, addr).is_some() || proc_owner(*o, addr).is_some()) {
             assert!(std::time::Instant::now() < deadline, "a closed client still has an owner");
             std::thread::yield_now();
         }

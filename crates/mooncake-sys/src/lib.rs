@@ -25,6 +25,8 @@
 pub mod accept_guard;
 #[cfg(target_os = "linux")]
 pub mod bind_scope;
+#[cfg(target_os = "linux")]
+mod sock_diag;
 mod error;
 mod types;
 mod verified;
