@@ -1,5 +1,6 @@
-//! The step loop: commands in, scheduler plan, one forward pass, sampling,
-//! detokenization, stop checks, events out. Runs on its own thread.
+//! The step loop: commands in (`crate::command`), scheduler plan, one
+//! forward pass, sampling, detokenization, stop checks, events out. Runs on
+//! its own thread.
 //!
 //! What only a disaggregated role needs sits beside the core: KV handoff
 //! (reservations and leases, `handoff_commands.rs`) and the role's part
@@ -19,13 +20,13 @@ use kvc_scheduler::{Scheduler, SchedulerConfig, SeqId};
 use kvc_session_cache::{salt_root, BlockHash, CacheConfig, ReusePath, SessionAwareCache};
 use tokio::sync::mpsc;
 
+use crate::command::{Command, SubmitKv};
 use crate::constrained::ConstraintState;
 use crate::detokenizer::IncrementalDecoder;
 use crate::inbox::{tokens_to_compute, Inbox};
 use crate::kv_handoff::SnapshotJob;
 
 mod cache_hooks;
-mod command;
 mod handoff_commands;
 mod prefill_snapshots;
 mod role_parts;
@@ -44,7 +45,6 @@ use crate::step_budget::{StepBudget, WeightReads};
 use crate::stop::StopMatcher;
 use crate::tokenizer::TextTokenizer;
 use crate::{EngineConfig, EngineError, EngineStats, FinishReason, GenerateRequest, Logprobs, MatchedStop, StreamEvent, Usage};
-pub(crate) use command::{Command, SubmitKv};
 use handoff_commands::Handoff;
 
 /// Per-request state the scheduler does not know about.

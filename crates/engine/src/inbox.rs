@@ -16,7 +16,7 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use crate::engine_loop::SubmitKv;
+use crate::command::SubmitKv;
 use crate::GenerateRequest;
 
 #[derive(Debug, Default)]

@@ -11,15 +11,15 @@
 //!   push on the decode worker). Dropping the last clone gives them back.
 //! - [`SnapshotJob`] (decode worker): a committed turn's session blocks to
 //!   push to a prefill worker.
-//! - [`SnapshotSlot`] (prefill worker): blocks the snapshot store set
-//!   aside for a push.
+//! - [`SnapshotSlot`](crate::SnapshotSlot) (prefill worker): blocks the
+//!   snapshot store set aside for a push (a command's reply, in `command.rs`).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc as std_mpsc, Arc};
 
 use kvc_kv_pool::BlockId;
 
-use crate::engine_loop::Command;
+use crate::command::Command;
 
 /// Blocks reserved for a prompt on a decode worker.
 #[derive(Debug)]
@@ -116,14 +116,4 @@ pub struct SnapshotJob {
     pub tokens: Vec<u32>,
     /// Holds `blocks` for the push.
     pub lease: KvLease,
-}
-
-/// Blocks the prefill worker's snapshot store set aside for a push.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SnapshotSlot {
-    pub reservation: u64,
-    /// Blocks before this one the store already holds.
-    pub from_block: usize,
-    /// Where blocks `from_block..` go.
-    pub blocks: Vec<BlockId>,
 }

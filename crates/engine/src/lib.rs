@@ -14,6 +14,7 @@
 
 pub mod admission;
 pub mod chat_template;
+mod command;
 pub mod config;
 pub mod constrained;
 pub mod detokenizer;
@@ -30,18 +31,21 @@ pub mod model_source;
 pub mod progress;
 pub mod request;
 pub mod sampler;
+mod stats;
 pub mod step_budget;
 pub mod stop;
 mod template_json;
 pub mod tokenizer;
 
 pub use admission::{decide_admission, AdmissionDecision, AdmissionQuery};
+pub use command::{PrefixCacheReset, SnapshotSlot};
 pub use config::{EngineConfig, LoadFormat, ModelSource};
 pub use engine_loop::stall_reasons;
 pub use error::EngineError;
 pub use grammar::{CompiledGrammar, GrammarCompiler};
-pub use handle::{CancelGuard, EngineHandle, EngineStats, ModelInfo, PrefixCacheReset};
-pub use kv_handoff::{KvLease, Reservation, SnapshotJob, SnapshotSlot};
+pub use handle::{CancelGuard, EngineHandle, ModelInfo};
+pub use stats::EngineStats;
+pub use kv_handoff::{KvLease, Reservation, SnapshotJob};
 pub use kvc_session_cache::{CacheStats, ReusePath, SessionInfo, SnapshotInfo, SnapshotStats, Tier};
 pub use kvc_wire::{Constraint, Grammar, ReasoningGate};
 pub use request::{

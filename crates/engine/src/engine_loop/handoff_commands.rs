@@ -11,18 +11,10 @@ use std::sync::{mpsc as std_mpsc, Arc};
 use kvc_kv_pool::{BlockAllocator, BlockId};
 use kvc_scheduler::SeqId;
 
-use super::{Command, EngineLoop};
+use super::EngineLoop;
+use crate::command::{Command, Reserved};
 use crate::kv_handoff::KvLease;
 use crate::EngineError;
-
-/// What a reservation answers.
-#[derive(Debug)]
-pub(crate) struct Reserved {
-    pub held_tokens: usize,
-    pub reuse_reason: kvc_session_cache::ReusePath,
-    pub restored_blocks: usize,
-    pub blocks: Vec<BlockId>,
-}
 
 /// A reservation waiting for its submission.
 pub(super) struct ReservationState {

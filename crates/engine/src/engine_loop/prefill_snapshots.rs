@@ -9,9 +9,9 @@ use std::time::Duration;
 use kvc_kv_pool::{BlockAllocator, BlockId, KvStorage};
 use kvc_session_cache::{HostTier, SnapshotStore};
 
+use super::apply_changes;
 use super::role_parts::{Ctx, RolePart};
-use super::{apply_changes, Command};
-use crate::kv_handoff::SnapshotSlot;
+use crate::command::{Command, SnapshotSlot};
 use crate::{EngineError, EngineStats};
 
 /// A snapshot reservation whose pusher never committed or aborted.

@@ -12,7 +12,7 @@ use kvc_kv_pool::{BlockAllocator, BlockId, KvStorage};
 use kvc_session_cache::SessionAwareCache;
 
 use super::handoff_commands::Leases;
-use super::Command;
+use crate::command::Command;
 use crate::{EngineError, EngineStats};
 
 /// What a part may touch when a hook needs more than the allocator.

@@ -9,7 +9,7 @@ use kvc_session_cache::{hash_blocks, BlockHash};
 use tokio::sync::mpsc;
 
 use super::role_parts::{Ctx, RolePart};
-use super::Command;
+use crate::command::Command;
 use crate::kv_handoff::SnapshotJob;
 
 pub(super) struct SnapshotPushes {

@@ -1,10 +1,12 @@
-//! The commands the loop takes from its handles, and where a submitted
-//! sequence's prompt KV comes from.
+//! The commands an [`crate::EngineHandle`] sends to the step loop, and the
+//! plain data they carry (where a submission's prompt KV comes from, what a
+//! reservation, snapshot reserve or prefix-cache reset answers). Depends on
+//! no part of the engine but its request and error types: the loop, the
+//! handle and [`crate::kv_handoff`] all depend on it.
 
+use kvc_kv_pool::BlockId;
 use tokio::sync::{mpsc, oneshot};
 
-use super::handoff_commands::Reserved;
-use crate::kv_handoff::SnapshotSlot;
 use crate::{EngineError, GenerateRequest, Logprobs, StreamEvent};
 
 pub(crate) enum Command {
@@ -46,7 +48,7 @@ pub(crate) enum Command {
         ok: bool,
     },
     DeleteSession(String, oneshot::Sender<bool>),
-    ResetPrefixCache(oneshot::Sender<crate::PrefixCacheReset>),
+    ResetPrefixCache(oneshot::Sender<PrefixCacheReset>),
     Shutdown,
 }
 
@@ -72,4 +74,35 @@ pub(crate) enum SubmitKv {
     /// `first`, the prompt is complete and its first token was sampled by
     /// a peer.
     Reserved { id: u64, computed: usize, first: Option<(u32, Option<Logprobs>)> },
+}
+
+/// What a reservation answers.
+#[derive(Debug)]
+pub(crate) struct Reserved {
+    pub held_tokens: usize,
+    pub reuse_reason: kvc_session_cache::ReusePath,
+    pub restored_blocks: usize,
+    pub blocks: Vec<BlockId>,
+}
+
+/// Blocks the prefill worker's snapshot store set aside for a push.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SnapshotSlot {
+    pub reservation: u64,
+    /// Blocks before this one the store already holds.
+    pub from_block: usize,
+    /// Where blocks `from_block..` go.
+    pub blocks: Vec<BlockId>,
+}
+
+/// What `reset_prefix_cache` did: blocks dropped from the prefix index,
+/// blocks that became free by it (fewer when sessions, running requests or
+/// a prefill worker's snapshot store still hold some), and the blocks the
+/// snapshot store keeps (a reset leaves it alone; deleting a session
+/// removes its snapshot).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PrefixCacheReset {
+    pub index_blocks: usize,
+    pub freed_blocks: usize,
+    pub snapshot_blocks: usize,
 }
