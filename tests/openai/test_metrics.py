@@ -119,3 +119,30 @@ def test_latency_histograms_and_request_counters_move(server, client, model):
     assert delta('kvc_requests_total{status="4xx"}') >= 1
     assert delta('kvc_request_finishes_total{reason="length"}') >= 1
     assert after["kvc_http_requests_queued"] == 0
+
+
+# Every (path, reason) that kvc_policy::prefill_path::decide can return, and
+# the decode worker's own no_room_to_reserve (PathReason::pairs).
+HERE = ("direct_append", "local")
+PATH_DECISIONS = {
+    *((p, r) for r in ("no_prefill_peer", "prefill_peer_unhealthy", "suffix_below_threshold", "local_cheaper") for p in HERE),
+    *(("remote_prefill", r) for r in ("suffix_above_threshold", "snapshot_covers_prefix", "snapshot_bypass_cheaper",
+                                      "remote_cheaper")),
+    ("local", "no_room_to_reserve"),
+}
+
+
+def test_decision_and_fallback_counters_list_every_reason_at_0_on_a_fresh_worker(start_server):
+    """Closed label sets exist from the start (no empty dashboard panels)."""
+    import test_disagg as disagg
+
+    def series(srv, name):
+        return {k[len(name):]: v for k, v in srv.metrics().items() if k.startswith(name + "{")}
+
+    both = start_server()
+    assert series(both, "kvc_admission_decisions_total") == {
+        f'{{reason="{r}"}}': 0.0 for r in ("ok", "prompt_too_long", "kv_pool_full", "queue_full")}
+    d = disagg.start_decode(start_server, start_server(*disagg.prefill_flags()))
+    assert series(d, "kvc_prefill_path_decisions_total") == {
+        f'{{path="{p}",reason="{r}"}}': 0.0 for p, r in PATH_DECISIONS}
+    assert series(d, "kvc_disagg_fallbacks_total") == {'{reason="remote_prefill_failed"}': 0.0}

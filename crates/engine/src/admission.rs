@@ -2,9 +2,44 @@
 //! published snapshot only, never by entering the step loop (the
 //! predecessor's in-loop probe multiplied its errors 46x under 1 Hz polling).
 
-use serde::Serialize;
+use serde::{Serialize, Serializer};
 
 use crate::EngineStats;
+
+/// Why the probe answers as it does: the `reason` field of its answer and
+/// of `kvc_admission_decisions_total` (every one exported at 0).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AdmissionProbeReason {
+    /// It can be admitted now.
+    Ok,
+    /// The prompt does not fit the context (`max_model_len`): never.
+    PromptTooLong,
+    /// The blocks for the tokens to compute are neither free nor reclaimable.
+    KvPoolFull,
+    /// As many requests wait as the batch holds.
+    QueueFull,
+}
+
+impl AdmissionProbeReason {
+    pub const ALL: [AdmissionProbeReason; 4] =
+        [AdmissionProbeReason::Ok, AdmissionProbeReason::PromptTooLong, AdmissionProbeReason::KvPoolFull, AdmissionProbeReason::QueueFull];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AdmissionProbeReason::Ok => "ok",
+            AdmissionProbeReason::PromptTooLong => "prompt_too_long",
+            AdmissionProbeReason::KvPoolFull => "kv_pool_full",
+            AdmissionProbeReason::QueueFull => "queue_full",
+        }
+    }
+}
+
+/// As its label (the probe's JSON is unchanged: `"reason": "ok"`).
+impl Serialize for AdmissionProbeReason {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
 
 /// What a caller (router, client, prefill worker) asks.
 #[derive(Debug, Clone, Default)]
@@ -16,8 +51,7 @@ pub struct AdmissionQuery<'a> {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct AdmissionDecision {
     pub can_admit: bool,
-    /// "ok", "prompt_too_long", "kv_pool_full" or "queue_full".
-    pub reason: &'static str,
+    pub reason: AdmissionProbeReason,
     /// Tokens of the session's KV this engine holds (any tier).
     pub resident_tokens: usize,
     /// Prompt tokens the engine expects to compute (the rest is reused).
@@ -43,19 +77,19 @@ pub fn decide_admission(
     let need_blocks = computed.div_ceil(block_size.max(1)) + 1;
     let available = s.free_blocks + s.evictable_blocks;
     let (can_admit, reason) = if q.prompt_tokens >= max_model_len {
-        (false, "prompt_too_long")
+        (false, AdmissionProbeReason::PromptTooLong)
     } else if need_blocks > available {
-        (false, "kv_pool_full")
+        (false, AdmissionProbeReason::KvPoolFull)
     } else if s.waiting >= max_num_seqs {
-        (false, "queue_full")
+        (false, AdmissionProbeReason::QueueFull)
     } else {
-        (true, "ok")
+        (true, AdmissionProbeReason::Ok)
     };
     let recommended_pause_ms = match reason {
-        "ok" | "prompt_too_long" => 0,
-        _ => (50 * (s.waiting as u64 + 1)).min(5000),
+        AdmissionProbeReason::Ok | AdmissionProbeReason::PromptTooLong => 0,
+        AdmissionProbeReason::KvPoolFull | AdmissionProbeReason::QueueFull => (50 * (s.waiting as u64 + 1)).min(5000),
     };
-    tracing::debug!(event = "admission", session = ?q.session_id, can_admit, reason, resident, computed, "admission probe");
+    tracing::debug!(event = "admission", session = ?q.session_id, can_admit, reason = reason.as_str(), resident, computed, "admission probe");
     AdmissionDecision { can_admit, reason, resident_tokens: resident, estimated_computed_tokens: computed, recommended_pause_ms }
 }
 
@@ -88,9 +122,9 @@ mod tests {
     #[test]
     fn a_resident_session_only_needs_blocks_for_its_new_tokens() {
         let d = decide_admission(&snapshot(3, 0, 0), &AdmissionQuery { session_id: Some("s"), prompt_tokens: 120 }, 16, 1000, 8);
-        assert_eq!((d.can_admit, d.reason, d.resident_tokens, d.estimated_computed_tokens), (true, "ok", 100, 24));
+        assert_eq!((d.can_admit, d.reason, d.resident_tokens, d.estimated_computed_tokens), (true, AdmissionProbeReason::Ok, 100, 24));
         let cold = decide_admission(&snapshot(3, 0, 0), &AdmissionQuery { session_id: Some("other"), prompt_tokens: 120 }, 16, 1000, 8);
-        assert_eq!((cold.can_admit, cold.reason), (false, "kv_pool_full"));
+        assert_eq!((cold.can_admit, cold.reason), (false, AdmissionProbeReason::KvPoolFull));
         assert!(cold.recommended_pause_ms > 0);
     }
 
@@ -98,10 +132,23 @@ mod tests {
     fn reclaimable_blocks_count_as_available_and_a_long_queue_refuses() {
         let q = AdmissionQuery { session_id: None, prompt_tokens: 64 };
         assert!(decide_admission(&snapshot(0, 10, 0), &q, 16, 1000, 8).can_admit);
-        assert_eq!(decide_admission(&snapshot(100, 0, 8), &q, 16, 1000, 8).reason, "queue_full");
+        assert_eq!(decide_admission(&snapshot(100, 0, 8), &q, 16, 1000, 8).reason, AdmissionProbeReason::QueueFull);
         assert_eq!(
             decide_admission(&snapshot(100, 0, 0), &AdmissionQuery { prompt_tokens: 1000, ..q }, 16, 1000, 8).reason,
-            "prompt_too_long"
+            AdmissionProbeReason::PromptTooLong
         );
+    }
+
+    #[test]
+    fn the_reasons_serialize_as_their_labels() {
+        let d = decide_admission(&snapshot(3, 0, 0), &AdmissionQuery { session_id: Some("s"), prompt_tokens: 120 }, 16, 1000, 8);
+        let json = serde_json::to_value(&d).unwrap();
+        assert_eq!(json["reason"], "ok");
+        assert_eq!(json["can_admit"], true);
+        let labels: Vec<_> = AdmissionProbeReason::ALL.iter().map(|r| r.as_str()).collect();
+        assert_eq!(labels, ["ok", "prompt_too_long", "kv_pool_full", "queue_full"]);
+        for r in AdmissionProbeReason::ALL {
+            assert_eq!(serde_json::to_value(r).unwrap(), r.as_str());
+        }
     }
 }

@@ -1,10 +1,14 @@
 //! The one house for decisions (issue 32): pure decision functions and the
-//! rules they share, depending on nothing but `kvc-wire` (and, for now, not
-//! even on that). No I/O, no clocks, no locks: a caller gathers the inputs,
-//! a function here decides, and every place that estimates the same thing
-//! calls the same rule instead of writing it again.
+//! rules they share, depending on nothing but `kvc-wire`. No I/O, no
+//! clocks, no locks: a caller gathers the inputs, a function here decides
+//! and returns the decision with a typed reason (an enum whose label sets
+//! are closed, so its counter is exported at 0 from the start), and every
+//! place that estimates the same thing calls the same rule instead of
+//! writing it again.
 //!
-//! For now it holds the two rules that were written several times over:
+//! It holds:
+//! - [`prefill_path`]: where a decode worker computes a prompt suffix
+//!   (here, or on a prefill worker), by [`prefill_path::decide`];
 //! - [`reusable_tokens`]: how much of a prompt a worker's resident KV spares
 //!   (engine admission, router placement, the prefill-path cost function);
 //! - [`Ewma`]: the moving average of measured rates and costs (prefill
@@ -13,6 +17,7 @@
 //! More decisions move here later.
 
 mod ewma;
+pub mod prefill_path;
 mod reusable_tokens;
 
 pub use ewma::Ewma;

@@ -21,7 +21,12 @@
 //! - `kvc_request_finishes_total{reason}`: generated choices by how they
 //!   ended: stop, length, tool_calls, abort (client gone), timeout,
 //!   shutdown, error.
+//! - `kvc_admission_decisions_total{reason}`: admission probe answers
+//!   (`POST /admission`), by [`AdmissionProbeReason`].
+//!
+//! Closed label sets are exported at 0 from the start.
 
+use kvc_engine::admission::AdmissionProbeReason;
 use prometheus::{Histogram, IntCounter, IntCounterVec, Registry};
 
 use crate::prom;
@@ -97,7 +102,7 @@ pub struct ServerMetrics {
     pub local_requests: IntCounter,
     /// Streams whose client went away before the end (cancelled).
     pub streams_cancelled: IntCounter,
-    /// Admission probe answers, by reason.
+    /// Admission probe answers, by reason ([`AdmissionProbeReason`]).
     pub admission_decisions: IntCounterVec,
 }
 
@@ -118,6 +123,10 @@ impl ServerMetrics {
         let finishes = prom::counter_vec(r, "kvc_request_finishes_total", "Generated choices, by how they ended.", &["reason"]);
         for f in Finish::ALL {
             finishes.with_label_values(&[f.as_str()]);
+        }
+        let admission_decisions = prom::counter_vec(r, "kvc_admission_decisions_total", "Admission probe answers, by reason.", &["reason"]);
+        for reason in AdmissionProbeReason::ALL {
+            admission_decisions.with_label_values(&[reason.as_str()]);
         }
         let served = prom::counter_vec(r, "kvc_served_requests_total", "Requests handed to the engine, by serving path.", &["path"]);
         Self {
@@ -150,7 +159,7 @@ impl ServerMetrics {
                 "kvc_streams_cancelled_total",
                 "Streaming responses whose client went away before the end.",
             ),
-            admission_decisions: prom::counter_vec(r, "kvc_admission_decisions_total", "Admission probe answers, by reason.", &["reason"]),
+            admission_decisions,
             registry,
         }
     }
@@ -201,5 +210,24 @@ mod tests {
             assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
         }
         assert_eq!(Finish::from_reason("length"), Finish::Length);
+    }
+
+    #[test]
+    fn a_fresh_registry_lists_every_closed_label_set_at_0() {
+        let text = ServerMetrics::default().render();
+        let at_0 = |name: &str, label: &str, values: &[&str]| {
+            let listed: Vec<&str> = text.lines().filter(|l| l.starts_with(&format!("{name}{{"))).collect();
+            assert_eq!(listed.len(), values.len(), "{name}: {listed:?}");
+            for v in values {
+                let line = format!("{name}{{{label}=\"{v}\"}} 0");
+                assert!(listed.contains(&line.as_str()), "missing {line:?} in\n{text}");
+            }
+        };
+        let reasons: Vec<_> = AdmissionProbeReason::ALL.iter().map(|r| r.as_str()).collect();
+        assert_eq!(reasons, ["ok", "prompt_too_long", "kv_pool_full", "queue_full"]);
+        at_0("kvc_admission_decisions_total", "reason", &reasons);
+        at_0("kvc_request_finishes_total", "reason", &Finish::ALL.map(Finish::as_str));
+        at_0("kvc_requests_total", "status", &["1xx", "2xx", "3xx", "4xx", "5xx"]);
+        at_0("kvc_served_requests_total", "path", &["local"]);
     }
 }

@@ -7,10 +7,11 @@
 
 use std::time::{Duration, Instant};
 
-use kvc_disagg::prefill_path::{decide, PathInputs, PeerView, PrefillPath};
+use kvc_disagg::prefill_path::{decide, PathInputs, PathReason, PeerView, PrefillPath};
 use kvc_disagg::protocol::{RemotePrefillRequest, RemotePrefillResponse};
 use kvc_engine::{GenerateRequest, RequestStream, Reservation, ReusePath, ServePath};
 
+use super::metrics::FallbackReason;
 use super::PdState;
 use crate::app::AppState;
 use crate::error::ApiError;
@@ -35,7 +36,7 @@ pub async fn start(state: &AppState, pd: &PdState, mut req: GenerateRequest) -> 
     // Without a session or peer, a prompt below the threshold cannot go
     // remote: skip the reservation round trip.
     if peer.is_none() || (n < pd.config.min_remote_tokens && req.session_id.is_none()) {
-        let reason = if peer.is_none() { "no_prefill_peer" } else { "suffix_below_threshold" };
+        let reason = if peer.is_none() { PathReason::NoPrefillPeer } else { PathReason::SuffixBelowThreshold };
         return local(state, pd, req, PrefillPath::Local, reason);
     }
     let reservation = match engine.reserve(req.session_id.as_deref(), req.cache_salt.as_deref(), &req.prompt_tokens).await {
@@ -43,7 +44,7 @@ pub async fn start(state: &AppState, pd: &PdState, mut req: GenerateRequest) -> 
         Err(e) => {
             // The scheduler can still serve it (it preempts or waits).
             tracing::info!(event = "reserve_failed", error = %e);
-            return local(state, pd, req, PrefillPath::Local, "no_room_to_reserve");
+            return local(state, pd, req, PrefillPath::Local, PathReason::NoRoomToReserve);
         }
     };
     let snap = engine.snapshot();
@@ -74,16 +75,16 @@ pub async fn start(state: &AppState, pd: &PdState, mut req: GenerateRequest) -> 
         peer: Some(view),
     };
     let d = decide(&inputs);
-    pd.metrics.path_decisions.with_label_values(&[d.path.as_str(), d.reason]).inc();
+    pd.metrics.path_decisions.with_label_values(&[d.path.as_str(), d.reason.as_str()]).inc();
     tracing::info!(
-        event = "prefill_path", request_id = %req.request_id, path = d.path.as_str(), reason = d.reason,
+        event = "prefill_path", request_id = %req.request_id, path = d.path.as_str(), reason = d.reason.as_str(),
         prompt_tokens = n, held_tokens = reservation.held_tokens, snapshot_tokens = view.snapshot_tokens,
         est_local_ms = d.local_s * 1e3, est_remote_ms = d.remote_s * 1e3
     );
     if d.path != PrefillPath::Remote {
         let held = reservation.held_tokens;
         let stream = engine.submit_reserved(req, reservation, held, None).map_err(ApiError::completion_engine)?;
-        return Ok((stream, Route { path: d.path.serve_path(), reason: d.reason, ..Default::default() }));
+        return Ok((stream, Route { path: d.path.serve_path(), reason: d.reason.as_str(), ..Default::default() }));
     }
     // The first token is sampled on P: give it the seed D continues with.
     if req.sampling.seed.is_none() {
@@ -128,17 +129,21 @@ pub async fn start(state: &AppState, pd: &PdState, mut req: GenerateRequest) -> 
                 bypass_tokens = a.bypass_tokens, transferred_tokens = a.transferred_tokens, prefill_ms = a.prefill_ms,
                 transfer_ms = a.transfer_ms, total_ms = started.elapsed().as_secs_f64() * 1e3
             );
-            let route =
-                Route { path, reason: d.reason, remote_computed_tokens: Some(a.computed_tokens), transferred_tokens: a.transferred_tokens };
+            let route = Route {
+                path,
+                reason: d.reason.as_str(),
+                remote_computed_tokens: Some(a.computed_tokens),
+                transferred_tokens: a.transferred_tokens,
+            };
             let stream =
                 engine.submit_reserved(req, reservation, n, Some((a.first_token, a.logprobs))).map_err(ApiError::completion_engine)?;
             Ok((stream, route))
         }
         Err(e) => {
             pd.metrics.remote_prefill.with_label_values(&["failed"]).inc();
-            pd.metrics.fallbacks.with_label_values(&["remote_prefill_failed"]).inc();
+            pd.metrics.fallbacks.with_label_values(&[FallbackReason::RemotePrefillFailed.as_str()]).inc();
             pd.peers.mark(&peer.url, false, None, &pd.metrics);
-            tracing::warn!(event = "fallback", reason = "remote_prefill_failed", request_id = %req.request_id, peer = %peer.url, error = %e, "computing locally instead");
+            tracing::warn!(event = "fallback", reason = FallbackReason::RemotePrefillFailed.as_str(), request_id = %req.request_id, peer = %peer.url, error = %e, "computing locally instead");
             let held = reservation.held_tokens;
             let here = if reservation.reuse_reason == ReusePath::SessionHit { PrefillPath::DirectAppend } else { PrefillPath::Local };
             let stream = engine.submit_reserved(req, reservation, held, None).map_err(ApiError::completion_engine)?;
@@ -152,11 +157,11 @@ fn local(
     pd: &PdState,
     req: GenerateRequest,
     path: PrefillPath,
-    reason: &'static str,
+    reason: PathReason,
 ) -> Result<(RequestStream, Route), ApiError> {
-    pd.metrics.path_decisions.with_label_values(&[path.as_str(), reason]).inc();
+    pd.metrics.path_decisions.with_label_values(&[path.as_str(), reason.as_str()]).inc();
     let stream = state.engine.submit(req).map_err(ApiError::completion_engine)?;
-    Ok((stream, Route { path: path.serve_path(), reason, ..Default::default() }))
+    Ok((stream, Route { path: path.serve_path(), reason: reason.as_str(), ..Default::default() }))
 }
 
 /// Holds a reservation while a prefill worker may write into it. If the

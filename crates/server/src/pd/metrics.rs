@@ -1,18 +1,40 @@
 //! Metrics of the disaggregation paths, in the worker's registry
 //! ([`crate::prom`]): every decision, fallback and transfer outcome is a
-//! named, counted event.
+//! named, counted event. The closed label sets (decisions, fallbacks,
+//! outcomes) are exported at 0 from the start.
 
 use std::sync::Arc;
 
+use kvc_disagg::prefill_path::PathReason;
 use kvc_disagg::prefill_peer::PeerReason;
 use prometheus::{GaugeVec, IntCounter, IntCounterVec, Registry};
 
 use super::kv_link::KvLink;
 use crate::prom::{self, Family, ScrapeTime};
 
+/// Why a decode worker computed a prompt itself after choosing a prefill
+/// worker: the `reason` of `kvc_disagg_fallbacks_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FallbackReason {
+    /// The remote prefill failed (P unreachable, an error, past its budget):
+    /// computed here, into the same reserved blocks.
+    RemotePrefillFailed,
+}
+
+impl FallbackReason {
+    pub const ALL: [FallbackReason; 1] = [FallbackReason::RemotePrefillFailed];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FallbackReason::RemotePrefillFailed => "remote_prefill_failed",
+        }
+    }
+}
+
 #[derive(Clone)]
 pub struct PdMetrics {
-    /// `{path, reason}`: where decode workers computed prompt suffixes.
+    /// `{path, reason}`: where decode workers computed prompt suffixes
+    /// ([`PathReason::pairs`]).
     pub path_decisions: IntCounterVec,
     /// `{outcome}`: remote prefills asked of prefill workers.
     pub remote_prefill: IntCounterVec,
@@ -20,7 +42,7 @@ pub struct PdMetrics {
     pub remote_prefill_served: IntCounterVec,
     /// `{result}`: hit or miss of a session's snapshot.
     pub bypass: IntCounterVec,
-    /// `{reason}`.
+    /// `{reason}` ([`FallbackReason`]).
     pub fallbacks: IntCounterVec,
     pub push_sent: IntCounter,
     /// `{reason}`.
@@ -120,6 +142,12 @@ impl PdMetrics {
         for reason in PeerReason::ALL {
             m.peer_choices.with_label_values(&[reason.as_str()]);
         }
+        for (path, reason) in PathReason::pairs() {
+            m.path_decisions.with_label_values(&[path.as_str(), reason.as_str()]);
+        }
+        for reason in FallbackReason::ALL {
+            m.fallbacks.with_label_values(&[reason.as_str()]);
+        }
         m
     }
 
@@ -140,8 +168,8 @@ mod tests {
     fn counters_render_with_help_type_and_escaped_labels() {
         let r = Registry::new();
         let c = PdMetrics::new(&r);
-        c.fallbacks.with_label_values(&["remote_prefill_failed"]).inc();
-        c.fallbacks.with_label_values(&["remote_prefill_failed"]).inc();
+        c.fallbacks.with_label_values(&[FallbackReason::RemotePrefillFailed.as_str()]).inc();
+        c.fallbacks.with_label_values(&[FallbackReason::RemotePrefillFailed.as_str()]).inc();
         c.peer_healthy.with_label_values(&["http://a\"b"]).set(1.0);
         c.path_decisions.with_label_values(&["remote_prefill", "suffix_above_threshold"]).inc();
         c.transport_listeners.with_label_values(&["loopback", "restricted"]).set(2.0);
@@ -153,5 +181,48 @@ mod tests {
         assert!(out.contains("kvc_kv_transport_listeners{exposure=\"loopback\",bound=\"restricted\"} 2"), "{out}");
         assert!(out.contains("kvc_kv_transport_connections_refused_total "), "{out}");
         assert_eq!(c.fallbacks.with_label_values(&["remote_prefill_failed"]).get(), 2);
+    }
+
+    /// Samples of `name` in an exposition: label part -> value.
+    fn samples<'a>(out: &'a str, name: &str) -> Vec<(&'a str, &'a str)> {
+        out.lines().filter_map(|l| l.strip_prefix(name)?.strip_prefix('{')?.split_once("} ")).collect()
+    }
+
+    #[test]
+    fn a_fresh_registry_lists_every_closed_label_set_at_0() {
+        let r = Registry::new();
+        let _m = PdMetrics::new(&r);
+        let out = prom::encode(&r);
+        let decisions = samples(&out, "kvc_prefill_path_decisions_total");
+        let want: Vec<String> = PathReason::pairs().map(|(p, r)| format!("path=\"{}\",reason=\"{}\"", p.as_str(), r.as_str())).collect();
+        assert_eq!(decisions.len(), want.len(), "{out}");
+        for labels in &want {
+            assert!(decisions.contains(&(labels.as_str(), "0")), "missing {labels} at 0 in\n{out}");
+        }
+        // Today's labels, among them the pairs the integration tests count.
+        for labels in [
+            "path=\"remote_prefill\",reason=\"suffix_above_threshold\"",
+            "path=\"direct_append\",reason=\"suffix_below_threshold\"",
+            "path=\"direct_append\",reason=\"local_cheaper\"",
+            "path=\"local\",reason=\"prefill_peer_unhealthy\"",
+            "path=\"local\",reason=\"no_room_to_reserve\"",
+            "path=\"remote_prefill\",reason=\"snapshot_bypass_cheaper\"",
+        ] {
+            assert!(decisions.contains(&(labels, "0")), "missing {labels} in\n{out}");
+        }
+        assert_eq!(samples(&out, "kvc_disagg_fallbacks_total"), [("reason=\"remote_prefill_failed\"", "0")]);
+        let choices = samples(&out, "kvc_prefill_peer_choices_total");
+        assert_eq!(choices.len(), PeerReason::ALL.len());
+        for (name, n) in [
+            ("kvc_remote_prefill_total", 2),
+            ("kvc_remote_prefill_served_total", 2),
+            ("kvc_bypass_total", 2),
+            ("kvc_kv_transfer_bytes_total", 3),
+        ] {
+            let s = samples(&out, name);
+            assert_eq!(s.len(), n, "{name}: {s:?}");
+            assert!(s.iter().all(|(_, v)| *v == "0"), "{name}: {s:?}");
+        }
+        assert!(choices.iter().all(|(_, v)| *v == "0"), "{choices:?}");
     }
 }
