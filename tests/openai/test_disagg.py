@@ -361,3 +361,26 @@ def test_structured_output_through_a_remote_prefill_matches_a_colocated_worker(s
         assert text(out) == text(want)
         assert out["choices"][0]["finish_reason"] == "stop"
         jsonschema.validate(json.loads(text(out)), STRUCTURED_SCHEMA)
+
+
+def test_several_choices_on_a_decode_worker_are_computed_there_and_say_so(start_server, both):
+    """Issue 32: `n` > 1 on a decode worker ran locally without a word (the
+    request said nothing of its path). It is a decision now: computed here
+    once for all choices, `kvc.reason` `multiple_choices`, counted; the
+    choices are those of a colocated worker."""
+    p = start_server(*prefill_flags())
+    d = start_decode(start_server, p)
+    prompt = ids(77, 200)
+    body = {"prompt": prompt, "max_tokens": 6, "temperature": 0, "ignore_eos": True, "n": 2}
+    before = d.metrics().get('kvc_prefill_path_decisions_total{path="local",reason="multiple_choices"}', 0.0)
+    r = httpx.post(f"{d.base_url}/v1/completions", json=body, timeout=300)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert out["kvc"]["path"] == "local" and out["kvc"]["reason"] == "multiple_choices", out["kvc"]
+    assert r.headers["x-kvc-path"] == "local"
+    want = httpx.post(f"{both.base_url}/v1/completions", json=body, timeout=300).json()
+    assert [c["text"] for c in out["choices"]] == [c["text"] for c in want["choices"]]
+    assert d.metrics()['kvc_prefill_path_decisions_total{path="local",reason="multiple_choices"}'] == before + 1
+    # One choice still goes the usual way (another prompt: this one is in
+    # D's prefix cache now).
+    assert complete(d, ids(78, 200))["kvc"]["path"] == "remote_prefill"

@@ -122,13 +122,15 @@ def test_latency_histograms_and_request_counters_move(server, client, model):
 
 
 # Every (path, reason) that kvc_policy::prefill_path::decide can return, and
-# the decode worker's own no_room_to_reserve (PathReason::pairs).
+# the decode worker's own no_room_to_reserve and multiple_choices
+# (PathReason::pairs).
 HERE = ("direct_append", "local")
 PATH_DECISIONS = {
     *((p, r) for r in ("no_prefill_peer", "prefill_peer_unhealthy", "suffix_below_threshold", "local_cheaper") for p in HERE),
     *(("remote_prefill", r) for r in ("suffix_above_threshold", "snapshot_covers_prefix", "snapshot_bypass_cheaper",
                                       "remote_cheaper")),
     ("local", "no_room_to_reserve"),
+    ("local", "multiple_choices"),
 }
 
 

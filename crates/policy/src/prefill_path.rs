@@ -89,10 +89,14 @@ pub enum PathReason {
     /// The caller's, not [`decide`]'s: reserving the prompt's blocks (which a
     /// remote prefill needs) failed, so the engine serves it as it can.
     NoRoomToReserve,
+    /// The caller's, not [`decide`]'s: a request for several choices (`n` >
+    /// 1) is computed here, once for all of them (they share the prompt's
+    /// blocks); a remote prefill fills one sequence.
+    MultipleChoices,
 }
 
 impl PathReason {
-    pub const ALL: [PathReason; 9] = [
+    pub const ALL: [PathReason; 10] = [
         PathReason::NoPrefillPeer,
         PathReason::PrefillPeerUnhealthy,
         PathReason::SuffixBelowThreshold,
@@ -102,6 +106,7 @@ impl PathReason {
         PathReason::RemoteCheaper,
         PathReason::LocalCheaper,
         PathReason::NoRoomToReserve,
+        PathReason::MultipleChoices,
     ];
 
     /// The `reason` label (and log field).
@@ -116,6 +121,7 @@ impl PathReason {
             PathReason::RemoteCheaper => "remote_cheaper",
             PathReason::LocalCheaper => "local_cheaper",
             PathReason::NoRoomToReserve => "no_room_to_reserve",
+            PathReason::MultipleChoices => "multiple_choices",
         }
     }
 
@@ -134,7 +140,7 @@ impl PathReason {
             | PathReason::SnapshotBypassCheaper
             | PathReason::RemoteCheaper => &[PrefillPath::Remote],
             // Without a reservation nothing is held: never a direct append.
-            PathReason::NoRoomToReserve => &[PrefillPath::Local],
+            PathReason::NoRoomToReserve | PathReason::MultipleChoices => &[PrefillPath::Local],
         }
     }
 
@@ -440,9 +446,12 @@ mod tests {
         let returned: HashSet<_> = sweep().iter().map(decide).map(|d| (d.path, d.reason)).collect();
         let outside: Vec<_> = returned.difference(&table).collect();
         assert!(outside.is_empty(), "decide returned pairs the label table lacks: {outside:?}");
-        // Only the caller's own reason is never decide's.
+        // Only the callers' own reasons are never decide's.
         let unreached: HashSet<_> = table.difference(&returned).copied().collect();
-        assert_eq!(unreached, HashSet::from([(PrefillPath::Local, PathReason::NoRoomToReserve)]));
+        assert_eq!(
+            unreached,
+            HashSet::from([(PrefillPath::Local, PathReason::NoRoomToReserve), (PrefillPath::Local, PathReason::MultipleChoices)])
+        );
     }
 
     #[test]
@@ -458,7 +467,8 @@ mod tests {
                 | PathReason::SnapshotBypassCheaper
                 | PathReason::RemoteCheaper
                 | PathReason::LocalCheaper
-                | PathReason::NoRoomToReserve => {}
+                | PathReason::NoRoomToReserve
+                | PathReason::MultipleChoices => {}
             }
         }
         for p in PrefillPath::ALL {
@@ -479,6 +489,7 @@ mod tests {
                 "remote_cheaper",
                 "local_cheaper",
                 "no_room_to_reserve",
+                "multiple_choices",
             ]
         );
         assert_eq!(HashSet::<_>::from_iter(PrefillPath::ALL.map(PrefillPath::as_str)).len(), 3);

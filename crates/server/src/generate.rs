@@ -112,7 +112,9 @@ pub struct Submission {
 /// choice, as in vLLM, so seeded choices differ yet reproduce.
 ///
 /// On a decode worker a single-choice request goes through
-/// [`crate::pd::decode::start`] (local, direct append or remote prefill).
+/// [`crate::pd::decode::start`] (local, direct append or remote prefill);
+/// several choices are computed here together
+/// ([`crate::pd::decode::several_choices`] says so).
 pub async fn submit(state: &AppState, admitted: Admitted, s: Submission) -> Result<Generation, ApiError> {
     let Admitted { request_id, arrival, deadline, slot } = admitted;
     let prompt_len = s.prompt_tokens.len();
@@ -142,6 +144,9 @@ pub async fn submit(state: &AppState, admitted: Admitted, s: Submission) -> Resu
             "request submitted"
         );
         streams.push(events(0, stream));
+    }
+    if let (Some(pd), crate::args::Role::Decode, true) = (state.pd.as_deref(), state.role, s.n > 1) {
+        route = crate::pd::decode::several_choices(pd, &request_id, s.n, prompt_len);
     }
     let remote_started = !streams.is_empty();
     let reqs: Vec<GenerateRequest> = (0..s.n)
