@@ -15,7 +15,7 @@ use crate::app::AppState;
 use crate::error::ApiError;
 use crate::extract::{parse_json, JsonBody, OpenAiJson};
 use crate::tenant::{check_cache_salt, Tenant};
-use kvc_session_cache::{client_session_id, is_valid_client_part};
+use kvc_engine::{client_session_id, is_valid_client_part};
 
 /// The header naming a request's session when the body does not.
 pub const SESSION_HEADER: &str = "x-session-id";

@@ -13,9 +13,10 @@
 //!   cached KV (no cached-token or timing side channel across salts), and
 //!   sessions are kept per salt too.
 //!
-//! The scoped session id format lives in `kvc_session_cache::namespace`.
+//! The scoped session id format lives in `kvc_session_cache::namespace`
+//! (through the engine: `kvc_engine::scoped_session_id`).
 
-use kvc_session_cache::{is_valid_client_part, scoped_session_id};
+use kvc_engine::{is_valid_client_part, scoped_session_id};
 
 use crate::error::ApiError;
 
