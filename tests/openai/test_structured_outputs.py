@@ -267,11 +267,14 @@ def test_a_grammar_over_the_size_limit_is_a_400_naming_the_limit_and_field(clien
     with pytest.raises(openai.BadRequestError) as e:
         chat(client, model, 0, response_format={"type": "json_schema", "json_schema": {"name": "big", "schema": big}})
     assert e.value.body["param"] == "response_format" and "512 KiB" in e.value.message
+    assert e.value.code == "grammar_too_large"
     with pytest.raises(openai.BadRequestError) as e:
         client.completions.create(model=model, prompt="hi", max_tokens=4, extra_body={"guided_regex": "a" * (600 << 10)})
     assert e.value.body["param"] == "guided_regex" and "512 KiB" in e.value.message
+    assert e.value.code == "grammar_too_large"
     tools = [{"type": "function", "function": {"name": f"f{i}", "parameters": {**big, "description": "y" * (150 << 10)}}}
              for i in range(4)]
     with pytest.raises(openai.BadRequestError) as e:
         chat(client, model, 0, tools=tools, tool_choice="required")
     assert e.value.body["param"] == "tools" and "512 KiB" in e.value.message
+    assert e.value.code == "grammar_too_large"

@@ -14,6 +14,10 @@ pub enum ApiError {
     /// The request is malformed or a parameter is out of range (400).
     #[error("{message}")]
     BadRequest { message: String, param: Option<String> },
+    /// A schema or grammar whose text is over what this server compiles
+    /// (400, code `grammar_too_large`; `param` the field it came from).
+    #[error("{message}")]
+    GrammarTooLarge { message: String, param: &'static str },
     /// A feature the API defines but kvc does not implement yet (400).
     #[error("{feature} is not supported yet")]
     Unsupported { feature: String, param: Option<String> },
@@ -111,6 +115,7 @@ pub fn error_response(err: &ApiError) -> (StatusCode, ErrorBody) {
         |status: StatusCode, param: Option<String>, code: Option<&str>| (status, "invalid_request_error", param, code.map(str::to_string));
     let (status, kind, param, code) = match err {
         ApiError::BadRequest { param, .. } => invalid(StatusCode::BAD_REQUEST, param.clone(), None),
+        ApiError::GrammarTooLarge { param, .. } => invalid(StatusCode::BAD_REQUEST, Some(param.to_string()), Some("grammar_too_large")),
         ApiError::Unsupported { param, .. } => invalid(StatusCode::BAD_REQUEST, param.clone(), Some("unsupported_parameter")),
         ApiError::ModelNotFound { .. } => invalid(StatusCode::NOT_FOUND, Some("model".into()), Some("model_not_found")),
         ApiError::SessionNotFound { .. } => invalid(StatusCode::NOT_FOUND, None, Some("session_not_found")),

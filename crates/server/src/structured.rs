@@ -53,10 +53,10 @@ fn sized(g: GrammarRequest, field: &'static str) -> Result<GrammarRequest, ApiEr
     let bytes = grammar_bytes(&g.grammar);
     if bytes > MAX_GRAMMAR_BYTES {
         let what = if field == "tools" { "the tool-call grammar built from the tools' parameters" } else { "the grammar" };
-        return Err(ApiError::bad_request(
-            format!("{field}: {what} is {bytes} bytes, more than the {} KiB this server compiles", MAX_GRAMMAR_BYTES / 1024),
-            Some(field),
-        ));
+        return Err(ApiError::GrammarTooLarge {
+            message: format!("{field}: {what} is {bytes} bytes, more than the {} KiB this server compiles", MAX_GRAMMAR_BYTES / 1024),
+            param: field,
+        });
     }
     Ok(g)
 }
@@ -326,6 +326,7 @@ mod tests {
         let over = |r: Result<Option<GrammarRequest>, ApiError>, field: &str| {
             let e = r.expect_err("an oversized grammar was accepted");
             assert!(e.to_string().contains("512 KiB"), "{e}");
+            assert_eq!(crate::error::error_response(&e).1.error.code.as_deref(), Some("grammar_too_large"));
             assert_eq!(param(e), (400, Some(field.to_string())));
         };
         let fmt = json!({"type": "json_schema", "json_schema": {"name": "x", "schema": big_schema}});
