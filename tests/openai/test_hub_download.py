@@ -199,6 +199,10 @@ def test_a_killed_download_resumes_from_its_partial_file(hub, tmp_path):
         assert health.status_code == 503 and health.json()["status"] == "loading"
         models = probe(f"{base}/v1/models")
         assert models.status_code == 503 and "loading" in models.json()["error"]["message"]
+        # The loading front is the server's own accept loop: a malformed
+        # request is answered with error JSON there too (issue 31).
+        from test_protocol_errors import assert_error_json, exchange
+        assert_error_json(exchange(int(base.rsplit(":", 1)[1]), b"G\x00T / HTTP/1.1\r\nHost: x\r\n\r\n"), (400,))
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
     finally:

@@ -212,7 +212,8 @@ pub async fn serve_worker(engine_config: kvc_engine::EngineConfig, args: &crate:
     let listener = std::net::TcpListener::bind((host, args.port)).map_err(|e| anyhow::anyhow!("cannot bind {host}:{}: {e}", args.port))?;
     listener.set_nonblocking(true)?;
     tracing::info!(addr = %listener.local_addr()?, role = %args.role_name(), "answering probes while the engine loads (/health 503 until ready, /health/live 200)");
-    let Some(engine) = crate::loading::start_engine(engine_config, &listener).await? else {
+    let limits = args.serving.server_config().conn_limits;
+    let Some(engine) = crate::loading::start_engine(engine_config, &listener, limits).await? else {
         return Ok(());
     };
     let mut state = AppState::with_config(

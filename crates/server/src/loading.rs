@@ -5,7 +5,6 @@
 //! every other route 503 in OpenAI's error shape. When the engine is ready
 //! this front stops and the full server takes the same socket.
 
-use std::future::IntoFuture;
 use std::net::TcpListener;
 
 use anyhow::Context;
@@ -23,15 +22,25 @@ async fn loading_error() -> crate::error::ApiError {
     crate::error::ApiError::Unavailable("the model is still loading; retry when /health answers 200".into())
 }
 
+/// How long the probes' front waits for its requests in flight when the
+/// engine is ready (they are probes: milliseconds).
+const PROBE_DRAIN: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// The routes served during the load.
 pub fn loading_router() -> Router {
     Router::new().route("/health", get(not_ready)).route("/health/live", get(crate::health::live)).fallback(loading_error)
 }
 
 /// Starts the engine on a thread of its own and answers probes on
-/// `listener` until it is ready. `None`: a shutdown signal came first (the
-/// caller exits; the load thread ends with the process).
-pub async fn start_engine(config: EngineConfig, listener: &TcpListener) -> anyhow::Result<Option<EngineHandle>> {
+/// `listener` until it is ready, through the same accept loop as the full
+/// server (its connection limits, protocol errors as error JSON). `None`:
+/// a shutdown signal came first (the caller exits; the load thread ends
+/// with the process).
+pub async fn start_engine(
+    config: EngineConfig,
+    listener: &TcpListener,
+    limits: crate::shutdown::ConnLimits,
+) -> anyhow::Result<Option<EngineHandle>> {
     let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
     std::thread::Builder::new()
         .name("kvc-load".into())
@@ -47,13 +56,13 @@ pub async fn start_engine(config: EngineConfig, listener: &TcpListener) -> anyho
         .context("cannot start the load thread")?;
     let probes = tokio::net::TcpListener::from_std(listener.try_clone()?)?;
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let front = tokio::spawn(
-        axum::serve(probes, loading_router())
-            .with_graceful_shutdown(async {
-                let _ = stop_rx.await;
-            })
-            .into_future(),
-    );
+    let front = tokio::spawn(async move {
+        let open = crate::shutdown::accept_until(probes, loading_router(), limits, async {
+            let _ = stop_rx.await;
+        })
+        .await;
+        let _ = tokio::time::timeout(PROBE_DRAIN, open.shutdown()).await;
+    });
     let outcome = tokio::select! {
         r = ready_rx => Some(r),
         _ = crate::shutdown::signal() => None,

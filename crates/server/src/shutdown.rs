@@ -93,6 +93,32 @@ pub async fn serve_until(
     limits: ConnLimits,
     signal: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    let graceful = accept_until(listener, app, limits, signal).await;
+    lifecycle.start_draining();
+    tracing::info!("shutdown signal: no new connections; waiting for requests in flight");
+    let mut drained = std::pin::pin!(graceful.shutdown());
+    if tokio::time::timeout(shutdown_timeout, &mut drained).await.is_ok() {
+        tracing::info!("all requests finished; exiting");
+        return Ok(());
+    }
+    tracing::warn!(timeout_s = shutdown_timeout.as_secs(), "requests still in flight after the shutdown timeout; cancelling them");
+    lifecycle.cancel_in_flight();
+    if tokio::time::timeout(CANCEL_GRACE, &mut drained).await.is_err() {
+        tracing::warn!("connections still open after cancelling; closing them");
+    }
+    Ok(())
+}
+
+/// Accepts connections on `listener` and serves `app` on each (the
+/// connection limits, protocol errors as error JSON) until `signal`; then
+/// closes the listener and returns the connections still open, for the
+/// caller to drain. The probes' front during a load uses it as it is.
+pub async fn accept_until(
+    listener: TcpListener,
+    app: Router,
+    limits: ConnLimits,
+    signal: impl Future<Output = ()> + Send + 'static,
+) -> hyper_util::server::graceful::GracefulShutdown {
     use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
     use hyper_util::server::conn::auto::Builder;
     use hyper_util::service::TowerToHyperService;
@@ -147,19 +173,7 @@ pub async fn serve_until(
         });
     }
     drop(listener);
-    lifecycle.start_draining();
-    tracing::info!("shutdown signal: no new connections; waiting for requests in flight");
-    let mut drained = std::pin::pin!(graceful.shutdown());
-    if tokio::time::timeout(shutdown_timeout, &mut drained).await.is_ok() {
-        tracing::info!("all requests finished; exiting");
-        return Ok(());
-    }
-    tracing::warn!(timeout_s = shutdown_timeout.as_secs(), "requests still in flight after the shutdown timeout; cancelling them");
-    lifecycle.cancel_in_flight();
-    if tokio::time::timeout(CANCEL_GRACE, &mut drained).await.is_err() {
-        tracing::warn!("connections still open after cancelling; closing them");
-    }
-    Ok(())
+    graceful
 }
 
 /// Resolves on SIGINT (Ctrl-C) or SIGTERM.
