@@ -144,6 +144,10 @@ def test_decision_and_fallback_counters_list_every_reason_at_0_on_a_fresh_worker
     both = start_server()
     assert series(both, "kvc_admission_decisions_total") == {
         f'{{reason="{r}"}}': 0.0 for r in ("ok", "prompt_too_long", "kv_pool_full", "queue_full")}
+    assert series(both, "kvc_snapshot_spill_decisions_total") == {
+        f'{{action="{a}",reason="{r}"}}': 0.0 for a, r in (
+            ("demote", "host_room"), ("drop_host_entry", "host_full"), ("drop", "no_host_tier"), ("drop", "larger_than_host"),
+            ("drop", "host_held_by_newer"))}
     d = disagg.start_decode(start_server, start_server(*disagg.prefill_flags()))
     assert series(d, "kvc_prefill_path_decisions_total") == {
         f'{{path="{p}",reason="{r}"}}': 0.0 for p, r in PATH_DECISIONS}

@@ -9,6 +9,8 @@
 //! It holds:
 //! - [`prefill_path`]: where a decode worker computes a prompt suffix
 //!   (here, or on a prefill worker), by [`prefill_path::decide`];
+//! - [`spill`]: how a prefill worker's snapshot store makes room (demote,
+//!   drop colder host KV, drop), by [`spill::decide_spill`];
 //! - [`reusable_tokens`]: how much of a prompt a worker's resident KV spares
 //!   (engine admission, router placement, the prefill-path cost function);
 //! - [`Ewma`]: the moving average of measured rates and costs (prefill
@@ -19,6 +21,7 @@
 mod ewma;
 pub mod prefill_path;
 mod reusable_tokens;
+pub mod spill;
 
 pub use ewma::Ewma;
 pub use reusable_tokens::reusable_tokens;

@@ -176,8 +176,10 @@ fn read_engine(s: &EngineStats, out: &mut Scrape) {
     out.sample("kvc_snapshot_store_blocks", &["host"], s.snapshot_host_blocks as f64);
     out.sample("kvc_snapshot_bypass_hits_total", &["device"], (s.snapshot_stats.bypass_hits - s.snapshot_stats.bypass_hits_host) as f64);
     out.sample("kvc_snapshot_bypass_hits_total", &["host"], s.snapshot_stats.bypass_hits_host as f64);
-    for ((action, reason), n) in &s.snapshot_stats.spills {
-        out.sample("kvc_snapshot_spill_decisions_total", &[action, reason], *n as f64);
+    // Every (action, reason) the decision can take, at 0 until counted.
+    for (action, reason) in kvc_policy::spill::SpillReason::pairs() {
+        let n = s.snapshot_stats.spills.get(&(action.as_str().to_string(), reason.as_str().to_string())).copied().unwrap_or(0);
+        out.sample("kvc_snapshot_spill_decisions_total", &[action.as_str(), reason.as_str()], n as f64);
     }
     if let Some((alone, mixed)) = s.step_budget {
         out.sample("kvc_scheduler_prefill_budget_seconds", &["alone"], alone);

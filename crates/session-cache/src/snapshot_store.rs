@@ -35,7 +35,7 @@ mod spill;
 #[cfg(test)]
 mod tests;
 
-pub use spill::{decide_spill, SpillAction, SpillDecision, SpillInputs};
+pub use spill::{decide_spill, SpillAction, SpillDecision, SpillInputs, SpillReason};
 
 #[derive(Debug)]
 struct Entry {

@@ -1,77 +1,14 @@
 //! How [`SnapshotStore`] makes room and gets demoted KV back: the one
 //! decision (demote the least recently used entry to the host tier, drop
-//! the coldest host-resident entry to make host room, or drop the victim),
-//! and the moves between tiers it leads to.
+//! the coldest host-resident entry to make host room, or drop the victim;
+//! [`decide_spill`], in kvc-policy), and the moves between tiers it leads to.
 
 use kvc_kv_pool::{BlockAllocator, KvStorage};
-use serde::Serialize;
 
 use super::SnapshotStore;
 use crate::session::BlockLoc;
 
-/// What the store knows when it must free device blocks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SpillInputs {
-    /// Device blocks of the least recently used entry that has any (the victim).
-    pub victim_device_blocks: usize,
-    pub victim_last_use: u64,
-    pub host_free: usize,
-    pub host_capacity: usize,
-    /// The store's least recently used other entry with host blocks: its
-    /// last use (None: no such entry).
-    pub coldest_host_last_use: Option<u64>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum SpillAction {
-    /// Copy the victim's device blocks to host slots and free them.
-    Demote,
-    /// Drop the coldest host-resident entry (colder than the victim) to
-    /// make host room; the victim is decided again.
-    DropHostEntry,
-    /// Drop the victim's KV (every tier).
-    Drop,
-}
-
-impl SpillAction {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            SpillAction::Demote => "demote",
-            SpillAction::DropHostEntry => "drop_host_entry",
-            SpillAction::Drop => "drop",
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub struct SpillDecision {
-    pub action: SpillAction,
-    /// `host_room`, `host_full` (make room by dropping colder host KV),
-    /// `no_host_tier`, `larger_than_host`, `host_held_by_newer` (the host
-    /// tier is full of newer entries or of the session cache's KV).
-    pub reason: &'static str,
-}
-
-/// Least recently used first, across tiers: the victim goes to the host
-/// tier while it has room; otherwise host KV colder than the victim is
-/// dropped first, and the victim itself when nothing colder holds host room.
-pub fn decide_spill(i: &SpillInputs) -> SpillDecision {
-    let d = |action, reason| SpillDecision { action, reason };
-    if i.host_capacity == 0 {
-        return d(SpillAction::Drop, "no_host_tier");
-    }
-    if i.host_free >= i.victim_device_blocks {
-        return d(SpillAction::Demote, "host_room");
-    }
-    if i.victim_device_blocks > i.host_capacity {
-        return d(SpillAction::Drop, "larger_than_host");
-    }
-    match i.coldest_host_last_use {
-        Some(t) if t < i.victim_last_use => d(SpillAction::DropHostEntry, "host_full"),
-        _ => d(SpillAction::Drop, "host_held_by_newer"),
-    }
-}
+pub use kvc_policy::spill::{decide_spill, SpillAction, SpillDecision, SpillInputs, SpillReason};
 
 impl SnapshotStore {
     /// Frees the device blocks of the least recently used entry other than
@@ -107,12 +44,12 @@ impl SnapshotStore {
             SpillAction::Demote => self.demote(&target, alloc, storage),
             SpillAction::DropHostEntry | SpillAction::Drop => self.drop_entry(&target, alloc),
         };
-        *self.stats.spills.entry((decision.action.as_str().to_string(), decision.reason.to_string())).or_insert(0) += 1;
+        *self.stats.spills.entry((decision.action.as_str().to_string(), decision.reason.as_str().to_string())).or_insert(0) += 1;
         tracing::info!(
             event = "snapshot_spill",
             session = %target,
             action = decision.action.as_str(),
-            reason = decision.reason,
+            reason = decision.reason.as_str(),
             blocks,
             host_free = self.host.num_free(),
         );
@@ -190,35 +127,5 @@ impl SnapshotStore {
         self.stats.restored_blocks += restored as u64;
         tracing::info!(event = "snapshot_restore", session = %id, blocks = restored, served_blocks = ready);
         (ready, restored)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn inputs(victim: usize, host_free: usize, host_capacity: usize, coldest: Option<u64>) -> SpillInputs {
-        SpillInputs { victim_device_blocks: victim, victim_last_use: 10, host_free, host_capacity, coldest_host_last_use: coldest }
-    }
-
-    #[test]
-    fn the_victim_is_demoted_while_the_host_tier_has_room() {
-        let d = decide_spill(&inputs(4, 4, 8, None));
-        assert_eq!((d.action, d.reason), (SpillAction::Demote, "host_room"));
-    }
-
-    #[test]
-    fn a_full_host_tier_drops_colder_host_entries_first_then_the_victim() {
-        let d = decide_spill(&inputs(4, 2, 8, Some(3)));
-        assert_eq!((d.action, d.reason), (SpillAction::DropHostEntry, "host_full"));
-        // Host entries newer than the victim (or none of ours) stay.
-        assert_eq!(decide_spill(&inputs(4, 2, 8, Some(20))).reason, "host_held_by_newer");
-        assert_eq!(decide_spill(&inputs(4, 2, 8, None)).action, SpillAction::Drop);
-    }
-
-    #[test]
-    fn without_a_usable_host_tier_the_victim_is_dropped() {
-        assert_eq!(decide_spill(&inputs(4, 0, 0, None)).reason, "no_host_tier");
-        assert_eq!(decide_spill(&inputs(9, 2, 8, Some(1))).reason, "larger_than_host");
     }
 }
