@@ -9,6 +9,8 @@
 //! It holds:
 //! - [`prefill_path`]: where a decode worker computes a prompt suffix
 //!   (here, or on a prefill worker), by [`prefill_path::decide`];
+//! - [`prefill_peer`]: which prefill worker a decode worker asks, by
+//!   [`prefill_peer::choose_peer`];
 //! - [`spill`]: how a prefill worker's snapshot store makes room (demote,
 //!   drop colder host KV, drop), by [`spill::decide_spill`];
 //! - [`reusable_tokens`]: how much of a prompt a worker's resident KV spares
@@ -20,6 +22,7 @@
 
 mod ewma;
 pub mod prefill_path;
+pub mod prefill_peer;
 mod reusable_tokens;
 pub mod spill;
 
