@@ -212,14 +212,11 @@ pub async fn serve_worker(engine_config: kvc_engine::EngineConfig, args: &crate:
     let listener = std::net::TcpListener::bind((host, args.port)).map_err(|e| anyhow::anyhow!("cannot bind {host}:{}: {e}", args.port))?;
     listener.set_nonblocking(true)?;
     tracing::info!(addr = %listener.local_addr()?, role = %args.role_name(), "answering probes while the engine loads (/health 503 until ready, /health/live 200)");
-    let limits = args.serving.server_config().conn_limits;
-    let Some(engine) = crate::loading::start_engine(engine_config, &listener, limits).await? else {
+    let config = ServerConfig { enable_session_cache: !args.no_enable_session_cache, ..args.serving.server_config() };
+    let Some(engine) = crate::loading::start_engine(engine_config, &listener, config.conn_limits).await? else {
         return Ok(());
     };
-    let mut state = AppState::with_config(
-        engine.clone(),
-        ServerConfig { enable_session_cache: !args.no_enable_session_cache, ..args.serving.server_config() },
-    );
+    let mut state = AppState::with_config(engine.clone(), config);
     state.role = match args.role {
         Role::Router => Role::Both,
         r => r,
