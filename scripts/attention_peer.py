@@ -14,6 +14,8 @@ import argparse
 import sys
 
 import torch
+
+from peer_timing import time_ms
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -23,27 +25,6 @@ except ImportError:  # older torch
     causal_lower_right = None
 
 BACKENDS = [("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION), ("efficient", SDPBackend.EFFICIENT_ATTENTION)]
-
-
-def time_ms(fn):
-    fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    fn()
-    end.record()
-    end.synchronize()
-    once = start.elapsed_time(end)
-    n = max(3, min(2000, int(100.0 / max(once, 1e-3))))
-    runs = []
-    for _ in range(3):
-        start.record()
-        for _ in range(n):
-            fn()
-        end.record()
-        end.synchronize()
-        runs.append(start.elapsed_time(end) / n)
-    return sorted(runs)[1]
 
 
 def main():

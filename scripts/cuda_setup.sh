@@ -34,6 +34,8 @@ fi
 
 # cuDNN's headers for the prefill attention path (crates/cudnn-sys).
 bash "$ROOT/scripts/cudnn_setup.sh"
+# CUTLASS's headers for the Hopper expert GEMMs (crates/cutlass-sys).
+bash "$ROOT/scripts/cutlass_setup.sh"
 
 # The registry copy of the candle-core version in Cargo.lock.
 VER=$(awk '/^name = "candle-core"$/{getline; gsub(/"/,"",$3); print $3; exit}' Cargo.lock)

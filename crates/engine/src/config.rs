@@ -125,9 +125,11 @@ pub struct EngineConfig {
     pub enforce_eager: bool,
 }
 
-/// Largest decode batch run as a CUDA graph: beyond 16 sequences the MoE
-/// experts go to cuBLAS's grouped GEMM, which a graph cannot hold, and the
-/// eager step is faster (docs/benchmarks.md).
+/// Largest decode batch run as a CUDA graph. Graphs are kept one per batch
+/// size (no bucketing yet), so their count and memory grow with this. On
+/// CUTLASS's expert GEMM (sm90) graphs beat eager steps at batch 64 and 128
+/// too (docs/benchmarks.md); on cuBLAS's, which a graph cannot hold,
+/// they lose from batch 16 on.
 pub const CUDA_GRAPH_MAX_BATCH: usize = 16;
 
 impl Default for EngineConfig {

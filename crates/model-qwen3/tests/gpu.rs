@@ -11,7 +11,7 @@ use common::{alone_and_batched, argmax, cases, fixture_dir, gpu, rel_err, run_ch
 
 use candle_core::{DType, Tensor};
 use kvc_kv_pool::{BlockId, KvStorage};
-use kvc_model_qwen3::cuda::{GpuMoe, Kernels};
+use kvc_model_qwen3::cuda::{CutlassTiling, GpuMoe, Kernels, MoeGemm};
 use kvc_model_qwen3::{BatchInput, Qwen3Config, Qwen3Model, SeqChunk, QWEN3_30B_A3B};
 use rand::{Rng, SeedableRng};
 
@@ -66,10 +66,27 @@ fn fixtures_match_transformers_within_bf16_tolerance_and_greedy_agrees() {
     println!("fixtures on GPU (bf16): worst relative logit error {worst:.5}; greedy {agree}/{total} equal, {near_ties} near-ties");
 }
 
+/// Every expert GEMM path, forced in turn: (name, CUDA-core kernel's pair
+/// limit, the GEMM above it). The CUTLASS rows fail where CUTLASS is not
+/// built in or the GPU is not sm90, saying so.
+fn expert_paths() -> [(&'static str, Option<usize>, MoeGemm); 5] {
+    [
+        ("CUDA-core kernel", Some(usize::MAX - 1), MoeGemm::Kvc),
+        ("tensor-core kernel", Some(0), MoeGemm::Kvc),
+        ("cuBLAS grouped GEMM", Some(0), MoeGemm::Cublas),
+        ("CUTLASS grouped GEMM, rows tiling", Some(0), MoeGemm::Cutlass(Some(CutlassTiling::Rows))),
+        ("CUTLASS grouped GEMM, swapped tiling", Some(0), MoeGemm::Cutlass(Some(CutlassTiling::Swap))),
+    ]
+}
+
+fn reset_expert_path() {
+    kvc_model_qwen3::cuda::set_moe_small_pairs(None);
+    kvc_model_qwen3::cuda::set_moe_gemm(MoeGemm::Cutlass(None));
+}
+
 /// The fixtures' MoE prompts route few (token, expert) pairs, which the
-/// CUDA-core grouped kernel takes; force each expert GEMM in turn (CUDA-core
-/// kernel, tensor-core kernel, cuBLAS's grouped GEMM) and hold each to
-/// transformers' logits and to the first.
+/// CUDA-core grouped kernel takes; force each expert GEMM in turn
+/// ([`expert_paths`]) and hold each to transformers' logits and to the first.
 #[test]
 #[ignore = "needs a CUDA device: run with scripts/gpu_run.sh"]
 fn moe_tensor_core_and_cuda_core_expert_kernels_both_match_transformers() {
@@ -81,11 +98,9 @@ fn moe_tensor_core_and_cuda_core_expert_kernels_both_match_transformers() {
             let nb = 2 * n.div_ceil(BLOCK_SIZE) + 1;
             let table = scattered_table(n, nb);
             let mut rows: Vec<Vec<f32>> = Vec::new();
-            for (what, small_pairs, cublas) in
-                [("CUDA-core kernel", usize::MAX - 1, false), ("tensor-core kernel", 0, false), ("cuBLAS grouped GEMM", 0, true)]
-            {
+            for (what, small_pairs, gemm) in expert_paths() {
                 kvc_model_qwen3::cuda::set_moe_small_pairs(small_pairs);
-                kvc_model_qwen3::cuda::set_moe_prefill_cublas(cublas);
+                kvc_model_qwen3::cuda::set_moe_gemm(gemm);
                 let mut kv = KvStorage::new_on(model.kv_layout(BLOCK_SIZE), nb, &dev).unwrap();
                 let last = run_chunk(&model, &mut kv, &table, &case.prompt, 0, n).pop().unwrap();
                 let e = rel_err(&last, &case.logits[0]);
@@ -99,8 +114,7 @@ fn moe_tensor_core_and_cuda_core_expert_kernels_both_match_transformers() {
             }
         }
     }
-    kvc_model_qwen3::cuda::set_moe_small_pairs(kvc_model_qwen3::cuda::SMALL_PAIRS);
-    kvc_model_qwen3::cuda::set_moe_prefill_cublas(true);
+    reset_expert_path();
 }
 
 #[test]
@@ -210,11 +224,15 @@ fn a_captured_decode_step_replays_to_the_reference_logits() {
 }
 
 /// The MoE block at production widths (hidden 2048 and 4096), where the
-/// fixtures' tiny shapes do not reach: every expert GEMM path (the CUDA-core
-/// kernel with its row chunks and pair groups, the tensor-core kernel,
-/// cuBLAS's grouped GEMM) against an f64 reference on the host. The router
-/// reads two input columns with small dyadic weights, so its logits are
-/// exact in bf16 and the reference routes every token as the GPU does.
+/// fixtures' tiny shapes do not reach: every expert GEMM path
+/// ([`expert_paths`]: the CUDA-core kernel with its row chunks and pair
+/// groups, the tensor-core kernel, cuBLAS's and CUTLASS's grouped GEMMs)
+/// against an f64 reference on the host, over 4 to 128 experts, top-1 to
+/// top-8, row counts that are no multiple of any tile, and routings where
+/// one expert takes every row and others none. The router reads two input
+/// columns with small dyadic weights (a third, for the one-expert cases),
+/// so its logits are exact in bf16 and the reference routes every token as
+/// the GPU does.
 #[test]
 #[ignore = "needs a CUDA device: run with scripts/gpu_run.sh"]
 fn moe_expert_paths_match_a_host_reference_at_production_widths() {
@@ -223,18 +241,29 @@ fn moe_expert_paths_match_a_host_reference_at_production_widths() {
     let mut rng = rand::rngs::StdRng::seed_from_u64(7);
     let bf = |v: Vec<f32>| v.into_iter().map(|x| half::bf16::from_f32(x).to_f32()).collect::<Vec<f32>>();
     // 3 and 5 tokens route in one block (moe_route), 40 and 100 over many (moe_topk, moe_align).
-    for (h, i, e, top_k, tokens) in [(2048, 768, 8, 4, 3), (2048, 768, 8, 4, 40), (4096, 1536, 8, 2, 5), (2048, 768, 8, 4, 100)] {
+    for (h, i, e, top_k, tokens, one_expert) in [
+        (2048, 768, 8, 4, 3, false),
+        (2048, 768, 8, 4, 40, false),
+        (4096, 1536, 8, 2, 5, false),
+        (2048, 768, 8, 4, 100, false),
+        (2048, 768, 128, 8, 130, false),
+        (2048, 768, 4, 1, 77, true),
+        (2048, 768, 16, 8, 129, true),
+    ] {
         let uni = |rng: &mut rand::rngs::StdRng, n: usize, a: f32| bf((0..n).map(|_| rng.random_range(-a..a)).collect());
         let mut x = uni(&mut rng, tokens * h, 1.0);
         let mut router = vec![0f32; e * h];
         for ex in 0..e {
-            router[ex * h] = ex as f32 / 16.0;
-            router[ex * h + 1] = ((ex * 5) % e) as f32 / 16.0;
+            router[ex * h] = (ex % 16) as f32 / 16.0;
+            router[ex * h + 1] = ((ex / 16 + ex * 5) % 16) as f32 / 16.0;
         }
         for t in 0..tokens {
             x[t * h] = [1.0, -1.0, 2.0, -0.5][t % 4];
             x[t * h + 1] = [0.5, 1.0, -2.0, 1.0][(t / 4) % 4];
+            x[t * h + 2] = 1.0;
         }
+        // Expert 0 first for every token (its logit +4, the others' under 2).
+        router[2] = if one_expert { 4.0 } else { 0.0 };
         let gate_up = uni(&mut rng, e * 2 * i * h, 0.05);
         let down = uni(&mut rng, e * h * i, 0.05);
         let on = |v: &[f32], shape: &[usize]| Tensor::from_slice(v, shape, &dev).unwrap().to_dtype(DType::BF16).unwrap();
@@ -252,7 +281,8 @@ fn moe_expert_paths_match_a_host_reference_at_production_widths() {
         let mut want = vec![0f64; tokens * h];
         for t in 0..tokens {
             let xt = &x[t * h..(t + 1) * h];
-            let logits: Vec<f64> = (0..e).map(|ex| (xt[0] * router[ex * h] + xt[1] * router[ex * h + 1]) as f64).collect();
+            let logits: Vec<f64> =
+                (0..e).map(|ex| (xt[0] * router[ex * h] + xt[1] * router[ex * h + 1] + xt[2] * router[ex * h + 2]) as f64).collect();
             let mut order: Vec<usize> = (0..e).collect();
             order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
             let mx = logits[order[0]];
@@ -278,11 +308,9 @@ fn moe_expert_paths_match_a_host_reference_at_production_widths() {
         }
         let want: Vec<f32> = want.into_iter().map(|v| v as f32).collect();
         let xs = on(&x, &[tokens, h]);
-        for (what, small_pairs, cublas) in
-            [("CUDA-core kernel", usize::MAX - 1, false), ("tensor-core kernel", 0, false), ("cuBLAS grouped GEMM", 0, true)]
-        {
+        for (what, small_pairs, gemm) in expert_paths() {
             kvc_model_qwen3::cuda::set_moe_small_pairs(small_pairs);
-            kvc_model_qwen3::cuda::set_moe_prefill_cublas(cublas);
+            kvc_model_qwen3::cuda::set_moe_gemm(gemm);
             let got =
                 moe.forward(&kernels, &xs, true).unwrap().to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
             let err = rel_err(&got, &want);
@@ -290,8 +318,7 @@ fn moe_expert_paths_match_a_host_reference_at_production_widths() {
             assert!(err < 1e-2, "moe h={h} i={i} tokens={tokens}: {what}: relative error {err} against the host reference");
         }
     }
-    kvc_model_qwen3::cuda::set_moe_small_pairs(kvc_model_qwen3::cuda::SMALL_PAIRS);
-    kvc_model_qwen3::cuda::set_moe_prefill_cublas(true);
+    reset_expert_path();
 }
 
 /// The serving path's CUDA graphs (`Qwen3Model::set_cuda_graphs`): decode
@@ -302,6 +329,12 @@ fn moe_expert_paths_match_a_host_reference_at_production_widths() {
 #[ignore = "needs a CUDA device: run with scripts/gpu_run.sh"]
 fn decode_steps_through_cuda_graphs_match_the_eager_pass_and_the_reference() {
     let dev = gpu();
+    // Once on the default expert paths (the fixtures' few pairs: mostly the
+    // CUDA-core kernel), once with every pair on CUTLASS's grouped GEMM,
+    // which reads its row counts on the device and so is captured too.
+    for (label, small_pairs) in [("default expert path", None), ("CUTLASS experts", Some(0))] {
+    kvc_model_qwen3::cuda::set_moe_small_pairs(small_pairs);
+    kvc_model_qwen3::cuda::set_moe_gemm(MoeGemm::Cutlass(None));
     for name in FIXTURES {
         let eager = Qwen3Model::load(&fixture_dir(name), Some(DType::BF16), &dev).unwrap();
         let graphed = Qwen3Model::load(&fixture_dir(name), Some(DType::BF16), &dev).unwrap();
@@ -321,6 +354,7 @@ fn decode_steps_through_cuda_graphs_match_the_eager_pass_and_the_reference() {
             run_chunk(&graphed, &mut kv_g, &tables[j], t, 0, t.len());
         }
         let mut sizes = Vec::new();
+        let mut worst = 0f64;
         for step in 0..8usize {
             // (sequence, its decode step) taking part in this step.
             let part: Vec<(usize, usize)> = seqs
@@ -348,6 +382,7 @@ fn decode_steps_through_cuda_graphs_match_the_eager_pass_and_the_reference() {
             let got = graphed.forward(&batch, &mut kv_g).unwrap().to_vec2::<f32>().unwrap();
             for (i, &(j, k)) in part.iter().enumerate() {
                 let d = rel_err(&got[i], &want[i]);
+                worst = worst.max(d);
                 assert!(d < 1e-3, "{name} step {step} sequence {j}: graph vs eager relative difference {d:.2e}");
                 // The reference's logits at step k follow the prompt plus k greedy tokens.
                 if k + 1 < seqs[j].0.logits.len() {
@@ -357,8 +392,10 @@ fn decode_steps_through_cuda_graphs_match_the_eager_pass_and_the_reference() {
             }
         }
         assert_eq!(graphed.cuda_graphs_disabled(), None, "{name}: graphs were turned off");
-        println!("{name}: decode batches {sizes:?} through CUDA graphs match the eager pass");
+        println!("{name} ({label}): decode batches {sizes:?} through CUDA graphs match the eager pass (worst difference {worst:.2e})");
     }
+    }
+    reset_expert_path();
 }
 
 /// The pinned host tier of a GPU pool (Qwen3-30B-A3B's KV shape): blocks

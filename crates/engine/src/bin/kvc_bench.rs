@@ -5,6 +5,7 @@
 //!                  [--device auto|cpu|cuda] [--enforce-eager] [--json-schema default|FILE]
 //! kvc-bench admission [--prompt-len 4096]
 //! kvc-bench attention [--device cuda] [--case NAME|NAME:LEN/CTX,LEN/CTX...]... [--peer SCRIPT|none]
+//! kvc-bench moe [--device cuda] [--tokens 64,512,2048,8192,32768] [--peer SCRIPT|none]
 //! kvc-bench engine --shape qwen3-30b-a3b [--device auto|cpu|cuda] [--prefill 1024,8192,32768]
 //!                  [--batch 1,16,64,256] [--context 2048] [--decode 1x2048,1x32768,...] [--steps 64] [--cuda-graph]
 //! ```
@@ -12,7 +13,8 @@
 //! Qwen3-30B-A3B's shape against the hardware limit (bench/model.rs);
 //! `--cuda-graph` adds each decode step replayed as a CUDA graph.
 //! `attention` times the attention kernels alone against PyTorch's SDPA
-//! (bench/attention.rs).
+//! (bench/attention.rs). `moe` times the MoE experts alone on every route
+//! against PyTorch's `torch._grouped_mm` (bench/moe.rs).
 //! `admission` measures the admission probe's latency while the engine
 //! runs a long prefill plus decodes, and the engine's decode throughput
 //! with and without 100 probes per second.
@@ -34,6 +36,8 @@ use std::time::Instant;
 mod attention_bench;
 #[path = "bench/model.rs"]
 mod model_bench;
+#[path = "bench/moe.rs"]
+mod moe_bench;
 
 use kvc_engine::{EngineConfig, EngineHandle, GenerateRequest, LoadFormat, ModelSource, SamplingParams, StreamEvent};
 
@@ -88,7 +92,7 @@ fn parse() -> Result<Args, String> {
             a.prompt_len = 4096;
             a.batches = vec![0];
         }
-        other => return Err(format!("usage: kvc-bench engine|admission|attention [options]; got {other:?}")),
+        other => return Err(format!("usage: kvc-bench engine|admission|attention|moe [options]; got {other:?}")),
     }
     while let Some(flag) = it.next() {
         let mut val = || it.next().ok_or(format!("{flag} needs a value"));
@@ -177,7 +181,37 @@ fn attention_args(mut it: impl Iterator<Item = String>) -> Result<attention_benc
     Ok(o)
 }
 
+/// `kvc-bench moe [--device D] [--tokens T,T...] [--peer SCRIPT|none]`.
+fn moe_args(mut it: impl Iterator<Item = String>) -> Result<moe_bench::Opts, String> {
+    let mut o =
+        moe_bench::Opts { device: "cuda".into(), tokens: vec![64, 512, 2048, 8192, 32768], peer: Some("scripts/moe_peer.py".into()) };
+    while let Some(flag) = it.next() {
+        let mut val = || it.next().ok_or(format!("{flag} needs a value"));
+        match flag.as_str() {
+            "--device" => o.device = val()?,
+            "--peer" => o.peer = Some(val()?).filter(|p| p != "none"),
+            "--tokens" => {
+                o.tokens = list(&val()?, "--tokens")?;
+                if o.tokens.contains(&0) {
+                    return Err("--tokens: each count must be at least 1".into());
+                }
+            }
+            other => return Err(format!("unknown flag {other}")),
+        }
+    }
+    Ok(o)
+}
+
 fn main() {
+    if std::env::args().nth(1).as_deref() == Some("moe") {
+        match moe_args(std::env::args().skip(2)) {
+            Ok(o) => return moe_bench::run(&o),
+            Err(e) => {
+                eprintln!("{e}");
+                std::process::exit(2);
+            }
+        }
+    }
     if std::env::args().nth(1).as_deref() == Some("attention") {
         match attention_args(std::env::args().skip(2)) {
             Ok(o) => return attention_bench::run(&o),

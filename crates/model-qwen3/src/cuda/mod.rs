@@ -10,6 +10,7 @@ mod host_arena;
 mod model;
 mod moe;
 mod moe_cublas;
+mod moe_gemm;
 
 pub use attention::{set_decode_kernel_v1, AttentionPlan, PagedAttention};
 pub use cudnn_attention::{CudnnAttention, PrefillBackend, PrefillContext};
@@ -17,8 +18,8 @@ pub use graph::CapturedStep;
 pub(crate) use graph::DecodeGraphs;
 pub use host_arena::PinnedArena;
 pub(crate) use model::GpuModel;
-pub use moe::{set_moe_small_pairs, GpuMoe, SMALL_PAIRS};
-pub use moe_cublas::set_moe_prefill_cublas;
+pub use moe::{set_moe_small_pairs, GpuMoe, SMALL_PAIRS, SMALL_PAIRS_CUTLASS};
+pub use moe_gemm::{cutlass_tiling, grouped_projection, moe_gemm, parse_moe_gemm, set_moe_gemm, CutlassTiling, MoeGemm, SWAP_BELOW_ROWS};
 
 use std::sync::Arc;
 

@@ -3,38 +3,49 @@
 //! (softmax, top-k) and grouping by expert run on the device, then one
 //! grouped-GEMM launch per projection over every active expert: on the CUDA
 //! cores for decode-sized batches (each active expert's weights streamed
-//! once), on the tensor cores for prefill-sized ones (kvc's kernel, or
-//! cuBLAS's grouped GEMM by default: moe_cublas.rs).
+//! once), on the tensor cores for prefill-sized ones (CUTLASS's Hopper
+//! grouped GEMM where it runs, cuBLAS's, or kvc's kernel: moe_gemm.rs).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use candle_core::cuda::cudarc::driver::LaunchConfig;
 use candle_core::{DType, Result, Tensor};
 
+use super::moe_cublas::{cublas_grouped, host_offsets};
+use super::moe_gemm::{cutlass_grouped, cutlass_tiling, gathered_experts, moe_gemm, MoeGemm};
 use super::{cuda_dev, empty, grid1, launch, ptr, Kernels};
 
 /// Pairs (token x chosen expert) up to which the CUDA-core grouped kernel
-/// is used; above it, the tensor-core one (measured on the H200 at the 30B
-/// shape: the tensor-core kernel wins from decode batch 16 on).
-/// `KVC_MOE_SMALL_PAIRS` or [`set_moe_small_pairs`] override it.
+/// is used beside kvc's tensor-core kernel or cuBLAS (measured on the H200
+/// at the 30B shape: the tensor-core kernel wins from decode batch 16 on).
 pub const SMALL_PAIRS: usize = 64;
+/// The same beside CUTLASS's grouped GEMM, whose swapped tiling wins from
+/// decode batch 2 on (batch 8 at 2K context as a graph: 7.16 ms a step
+/// against 9.29 on the CUDA-core kernel; batch 1: 5.07 against 4.97).
+pub const SMALL_PAIRS_CUTLASS: usize = 8;
 
+/// usize::MAX: no override.
 static SMALL_PAIRS_NOW: AtomicUsize = AtomicUsize::new(usize::MAX);
+static SMALL_PAIRS_ENV: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
 
-pub(crate) fn small_pairs() -> usize {
+/// The CUDA-core kernel's pair limit beside `gemm`: [`set_moe_small_pairs`],
+/// else `KVC_MOE_SMALL_PAIRS`, else the measured default for `gemm`.
+pub(crate) fn small_pairs(gemm: MoeGemm) -> usize {
     let v = SMALL_PAIRS_NOW.load(Ordering::Relaxed);
     if v != usize::MAX {
         return v;
     }
-    let v = std::env::var("KVC_MOE_SMALL_PAIRS").ok().and_then(|v| v.parse().ok()).unwrap_or(SMALL_PAIRS);
-    SMALL_PAIRS_NOW.store(v, Ordering::Relaxed);
-    v
+    let env = SMALL_PAIRS_ENV.get_or_init(|| std::env::var("KVC_MOE_SMALL_PAIRS").ok().and_then(|v| v.parse().ok()));
+    env.unwrap_or(match gemm {
+        MoeGemm::Cutlass(_) => SMALL_PAIRS_CUTLASS,
+        MoeGemm::Cublas | MoeGemm::Kvc => SMALL_PAIRS,
+    })
 }
 
-/// Sets the crossover between the two grouped-GEMM kernels (tests force
-/// each path; 0 = always the tensor-core kernel).
-pub fn set_moe_small_pairs(pairs: usize) {
-    SMALL_PAIRS_NOW.store(pairs, Ordering::Relaxed);
+/// Sets the CUDA-core kernel's pair limit (tests and benchmarks force each
+/// path; 0 = never the CUDA-core kernel); None: the default again.
+pub fn set_moe_small_pairs(pairs: Option<usize>) {
+    SMALL_PAIRS_NOW.store(pairs.unwrap_or(usize::MAX), Ordering::Relaxed);
 }
 
 pub struct GpuMoe {
@@ -69,7 +80,8 @@ pub(crate) fn silu_mul(k: &Kernels, gu: &Tensor) -> Result<Tensor> {
 impl GpuMoe {
     /// `x: [T, H]` bf16 -> `[T, H]`.
     /// `host_sync`: whether the cuBLAS path may read the expert offsets
-    /// back to the host (not inside a CUDA graph capture).
+    /// back to the host (not inside a CUDA graph capture; the CUTLASS path
+    /// never does). The expert GEMM is moe_gemm.rs's choice.
     pub fn forward(&self, k: &Kernels, x: &Tensor, host_sync: bool) -> Result<Tensor> {
         let dev = cuda_dev(x.device())?;
         let (t, h) = x.dims2()?;
@@ -100,15 +112,30 @@ impl GpuMoe {
             launch!(k.moe_align, one, ids_p, tk as i32, e as i32, off_p, sorted_p, inv_p, meta_p)?;
         }
 
-        if host_sync && super::moe_cublas::use_cublas(tk) {
-            return super::moe_cublas::experts(k, dev, x, &self.gate_up, &self.down, &offsets, &sorted, &inv, &w, kk);
+        let choice = moe_gemm()?;
+        let small = small_pairs(choice);
+        let gemm = if tk > small { choice } else { MoeGemm::Kvc };
+        let (gu_w, dn_w) = (&self.gate_up, &self.down);
+        match gemm {
+            MoeGemm::Cutlass(tiling) => {
+                let tiling = tiling.unwrap_or_else(|| cutlass_tiling(tk, e));
+                let run = |a: &Tensor, w: &Tensor, out: &Tensor| cutlass_grouped(dev, &offsets, a, w, out, tiling);
+                return gathered_experts(k, dev, x, gu_w, dn_w, &sorted, &inv, &w, kk, run);
+            }
+            MoeGemm::Cublas if host_sync => {
+                let host = host_offsets(&offsets, e, tk)?;
+                let run = |a: &Tensor, w: &Tensor, out: &Tensor| cublas_grouped(dev, &host, a, w, out);
+                return gathered_experts(k, dev, x, gu_w, dn_w, &sorted, &inv, &w, kk, run);
+            }
+            // kvc's kernels; also cuBLAS's choice inside a graph capture.
+            MoeGemm::Cublas | MoeGemm::Kvc => {}
         }
         let y = empty(dev, (t, h), DType::BF16)?;
         let gu = empty(dev, (tk, 2 * i), DType::BF16)?;
-        self.grouped_gemm(k, x, &self.gate_up, &offsets, &sorted, &meta, &gu, 2 * i, h, kk, tk)?;
+        self.grouped_gemm(k, x, &self.gate_up, &offsets, &sorted, &meta, &gu, 2 * i, h, kk, tk, small)?;
         let act = silu_mul(k, &gu)?;
         let dn = empty(dev, (tk, h), DType::BF16)?;
-        self.grouped_gemm(k, &act, &self.down, &offsets, &sorted, &meta, &dn, h, i, 1, tk)?;
+        self.grouped_gemm(k, &act, &self.down, &offsets, &sorted, &meta, &dn, h, i, 1, tk, small)?;
         launch!(k.moe_sum, grid1(t * h, 256), ptr(&dn)?, ptr(&w)?, 0u64, ptr(&y)?, t as i32, kk as i32, h as i32)?;
         Ok(y)
     }
@@ -128,9 +155,10 @@ impl GpuMoe {
         kd: usize,
         row_div: usize,
         pairs: usize,
+        small_pairs: usize,
     ) -> Result<()> {
         let e = self.num_experts;
-        if pairs <= small_pairs() {
+        if pairs <= small_pairs {
             let mt = (48 * 1024 / (kd * 2)).clamp(1, 8);
             let cfg = LaunchConfig {
                 grid_dim: (n.div_ceil(8) as u32, e.min(pairs) as u32, 1),

@@ -1,87 +1,31 @@
 //! The prefill-sized MoE GEMMs on cuBLAS's grouped GEMM
-//! (`cublasGemmGroupedBatchedEx`, cuBLAS >= 12.5), an alternative to kvc's
-//! own tensor-core kernel (`moe_gemm_tc`, wmma tiles at 6-10 % of peak in
-//! docs/benchmarks.md): 1.24x faster at 8K prefill on the H200, so the
-//! default; `KVC_MOE_GEMM=kvc` or [`set_moe_prefill_cublas`] picks kvc's
-//! kernel.
-//!
-//! The pairs' input rows are first gathered in expert order (`gather_rows`),
-//! so each expert's rows are one contiguous matrix; each GEMM then writes
-//! its rows in that order and `moe_sum` reads them back through `inv`.
-//! cuBLAS needs each expert's row count on the host: one small device-to-
-//! host copy (the expert offsets) per MoE layer, which a prefill step can
-//! afford and a CUDA graph could not capture.
+//! (`cublasGemmGroupedBatchedEx`, cuBLAS >= 12.5), one of the expert GEMMs
+//! moe_gemm.rs chooses from (1.24x kvc's own tensor-core kernel at 8K
+//! prefill on the H200, docs/benchmarks.md). cuBLAS needs each expert's
+//! row count on the host: one small device-to-host copy (the expert
+//! offsets) per MoE layer, which an eager step can afford and a CUDA graph
+//! could not capture.
 
 use std::ffi::{c_int, c_void};
-use std::sync::atomic::{AtomicU8, Ordering};
 
 use candle_core::cuda::cudarc::cublas::sys as cublas;
-use candle_core::{bail, CudaDevice, DType, Result, Tensor};
+use candle_core::{bail, CudaDevice, Result, Tensor};
 
-use super::moe::silu_mul;
-use super::{empty, launch, ptr, Kernels};
+use super::ptr;
 
-/// 0: not read yet, 1: kvc's kernel, 2: cuBLAS.
-static PREFILL_CUBLAS: AtomicU8 = AtomicU8::new(0);
-
-/// Chooses cuBLAS's grouped GEMM (true, the default) or kvc's tensor-core
-/// kernel for prefill-sized MoE batches (tests force each in turn;
-/// `KVC_MOE_GEMM=kvc` picks kvc's kernel).
-pub fn set_moe_prefill_cublas(on: bool) {
-    PREFILL_CUBLAS.store(if on { 2 } else { 1 }, Ordering::Relaxed);
-}
-
-/// Whether `pairs` routed pairs go to cuBLAS (prefill-sized batches:
-/// more pairs than the CUDA-core kernel takes).
-pub(crate) fn use_cublas(pairs: usize) -> bool {
-    let on = match PREFILL_CUBLAS.load(Ordering::Relaxed) {
-        0 => {
-            let on = std::env::var("KVC_MOE_GEMM").map_or(true, |v| v != "kvc");
-            set_moe_prefill_cublas(on);
-            on
-        }
-        v => v == 2,
-    };
-    on && pairs > super::moe::small_pairs()
-}
-
-/// The expert part of the MoE block for `tk` pairs routed by `moe_align`
-/// (`offsets [E + 1]`, `sorted`, `inv`), weighted by `w`: `[T, H]` bf16.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn experts(
-    k: &Kernels,
-    dev: &CudaDevice,
-    x: &Tensor,
-    gate_up: &Tensor,
-    down: &Tensor,
-    offsets: &Tensor,
-    sorted: &Tensor,
-    inv: &Tensor,
-    w: &Tensor,
-    top_k: usize,
-) -> Result<Tensor> {
-    let (t, h) = x.dims2()?;
-    let (e, i2, _) = gate_up.dims3()?;
-    let tk = t * top_k;
+/// The expert offsets (`[E + 1]` on the device) on the host, checked.
+pub(crate) fn host_offsets(offsets: &Tensor, experts: usize, pairs: usize) -> Result<Vec<u32>> {
     let offsets: Vec<u32> = offsets.to_vec1()?;
-    if offsets.len() != e + 1 || offsets[e] as usize != tk {
-        bail!("moe: expert offsets {} for {e} experts and {tk} pairs", offsets.len());
+    if offsets.len() != experts + 1 || offsets[experts] as usize != pairs {
+        bail!("moe: expert offsets {} for {experts} experts and {pairs} pairs", offsets.len());
     }
-    let xs = super::gather_rows(k, x, sorted, top_k, tk)?;
-    let gu = empty(dev, (tk, i2), DType::BF16)?;
-    grouped_gemm(dev, &offsets, &xs, gate_up, &gu)?;
-    let act = silu_mul(k, &gu)?;
-    let dn = empty(dev, (tk, h), DType::BF16)?;
-    grouped_gemm(dev, &offsets, &act, down, &dn)?;
-    let y = empty(dev, (t, h), DType::BF16)?;
-    launch!(k.moe_sum, super::grid1(t * h, 256), ptr(&dn)?, ptr(w)?, ptr(inv)?, ptr(&y)?, t as i32, top_k as i32, h as i32)?;
-    Ok(y)
+    Ok(offsets)
 }
 
 /// For every expert e with rows: `out[r] = a[r] W[e]^T` over its rows
 /// `r in offsets[e]..offsets[e + 1]` (`a: [rows, K]`, `W: [E, N, K]`,
 /// `out: [rows, N]`, all bf16 row-major), one cuBLAS call.
-fn grouped_gemm(dev: &CudaDevice, offsets: &[u32], a: &Tensor, w: &Tensor, out: &Tensor) -> Result<()> {
+pub(crate) fn cublas_grouped(dev: &CudaDevice, offsets: &[u32], a: &Tensor, w: &Tensor, out: &Tensor) -> Result<()> {
     let (_, n, kd) = w.dims3()?;
     let (a_base, w_base, o_base) = (ptr(a)?, ptr(w)?, ptr(out)?);
     let (mut pa, mut pw, mut po, mut rows) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());

@@ -76,7 +76,7 @@ pub struct Opts {
 /// Seconds per call of `f`: one untimed call, then enough calls for ~0.3 s
 /// (at least 3), the median of 3 such runs.
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-fn time(device: &Device, mut f: impl FnMut()) -> f64 {
+pub(crate) fn time(device: &Device, mut f: impl FnMut()) -> f64 {
     f();
     device.synchronize().expect("sync");
     let t = Instant::now();
@@ -218,13 +218,19 @@ fn rate(case: &Case, secs: f64) -> f64 {
 
 /// Runs the peer script: lines `case backend ms` (or `case backend error ...`).
 fn peer(script: &str, cases: &[Case]) -> Result<Vec<(String, String, Result<f64, String>)>, String> {
-    let specs: Vec<String> = cases.iter().map(Case::spec).collect();
-    let out = Command::new("python3")
-        .arg(script)
-        .args(["--heads", &NH.to_string(), "--kv-heads", &NKV.to_string(), "--head-dim", &HD.to_string()])
-        .args(&specs)
-        .output()
-        .map_err(|e| format!("python3 {script}: {e}"))?;
+    let mut args: Vec<String> = ["--heads", &NH.to_string(), "--kv-heads", &NKV.to_string(), "--head-dim", &HD.to_string()]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    args.extend(cases.iter().map(Case::spec));
+    run_peer(script, &args)
+}
+
+/// Runs a peer script (`python3 SCRIPT ARGS`) whose output lines read
+/// `case backend ms` or `case backend error ...`: (case, backend, seconds
+/// or the error's words).
+pub(crate) fn run_peer(script: &str, args: &[String]) -> Result<Vec<(String, String, Result<f64, String>)>, String> {
+    let out = Command::new("python3").arg(script).args(args).output().map_err(|e| format!("python3 {script}: {e}"))?;
     if !out.status.success() {
         return Err(format!("python3 {script} failed: {}", String::from_utf8_lossy(&out.stderr)));
     }

@@ -1,0 +1,216 @@
+// The MoE expert GEMMs on CUTLASS 3's Hopper grouped GEMM (ptr-array,
+// TMA + wgmma, warp-specialized persistent kernels). Each expert is one
+// group; its problem size, operand pointers and strides are written on
+// the device by `fill_groups` from the expert offsets, and CUTLASS reads
+// the problem sizes from device memory (no host problem shapes), so a
+// call never waits on the device and can be captured in a CUDA graph.
+//
+// Two instantiations (moe_gemm.h): ROWS puts the routed rows on the
+// tile's M (128x256x64, prefill: hundreds of rows per expert); SWAP
+// computes d^T = w . a^T, so the expert's weight rows are M and the few
+// routed rows N (128x64x128), writing d transposed (column-major d^T is
+// row-major d): a decode or mixed step touches each expert's weights once
+// at full tile width instead of padding one or two rows to 128.
+#include "moe_gemm.h"
+
+#include <cstdio>
+#include <cuda_runtime.h>
+
+#include "cute/tensor.hpp"
+#include "cutlass/cutlass.h"
+#include "cutlass/epilogue/collective/collective_builder.hpp"
+#include "cutlass/gemm/collective/collective_builder.hpp"
+#include "cutlass/gemm/device/gemm_universal_adapter.h"
+#include "cutlass/gemm/dispatch_policy.hpp"
+#include "cutlass/gemm/group_array_problem_shape.hpp"
+#include "cutlass/gemm/kernel/gemm_universal.hpp"
+#include "cutlass/util/packed_stride.hpp"
+
+using namespace cute;
+
+namespace kvc_moe {
+
+using Bf16 = cutlass::bfloat16_t;
+using ProblemShape = cutlass::gemm::GroupProblemShape<Shape<int, int, int>>;
+using Problem = ProblemShape::UnderlyingProblemShape;
+
+template <class Tile, class LayoutD>
+struct Grouped {
+    using LayoutA = cutlass::layout::RowMajor;
+    using LayoutB = cutlass::layout::ColumnMajor;
+    using Cluster = Shape<_1, _1, _1>;
+    static constexpr int kAlign = 8;  // 16 bytes of bf16
+    using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+        cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Tile, Cluster,
+        cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, LayoutD*, kAlign, Bf16, LayoutD*, kAlign,
+        cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative,
+        cutlass::epilogue::fusion::LinearCombination<Bf16, float, void, float>>::CollectiveOp;
+    using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+        cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Bf16, LayoutA*, kAlign, Bf16, LayoutB*, kAlign, float, Tile,
+        Cluster,
+        cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
+        cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative>::CollectiveOp;
+    using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, Mainloop, Epilogue>;
+    using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+    using StrideA = typename Kernel::InternalStrideA;
+    using StrideB = typename Kernel::InternalStrideB;
+    using StrideD = typename Kernel::InternalStrideD;
+};
+
+using Rows = Grouped<Shape<_128, _256, _64>, cutlass::layout::RowMajor>;
+using Swap = Grouped<Shape<_128, _64, _128>, cutlass::layout::ColumnMajor>;
+
+constexpr uint64_t kAlignBytes = 256;
+uint64_t up(uint64_t x) { return (x + kAlignBytes - 1) / kAlignBytes * kAlignBytes; }
+
+// The per-expert arrays at the start of the workspace, then CUTLASS's own.
+template <class G>
+struct Layout {
+    uint64_t problems, pa, pb, pd, sa, sb, sd, cutlass, end;
+    explicit Layout(int e) {
+        problems = 0;
+        pa = up(problems + e * sizeof(Problem));
+        pb = up(pa + e * sizeof(void*));
+        pd = up(pb + e * sizeof(void*));
+        sa = up(pd + e * sizeof(void*));
+        sb = up(sa + e * sizeof(typename G::StrideA));
+        sd = up(sb + e * sizeof(typename G::StrideB));
+        cutlass = up(sd + e * sizeof(typename G::StrideD));
+        end = cutlass;
+    }
+};
+
+template <class G, bool kSwap>
+__global__ void fill_groups(int experts, int n, int k, const uint32_t* offsets, const Bf16* a, const Bf16* w, Bf16* d,
+                            Problem* problems, const Bf16** pa, const Bf16** pb, Bf16** pd, typename G::StrideA* sa,
+                            typename G::StrideB* sb, typename G::StrideD* sd) {
+    int e = blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= experts) return;
+    int r0 = static_cast<int>(offsets[e]);
+    int m = static_cast<int>(offsets[e + 1]) - r0;
+    const Bf16* rows = a + static_cast<int64_t>(r0) * k;
+    const Bf16* weight = w + static_cast<int64_t>(e) * n * k;
+    Bf16* out = d + static_cast<int64_t>(r0) * n;
+    // (M, N, K) of the GEMM this group runs.
+    int gm = kSwap ? n : m, gn = kSwap ? m : n;
+    problems[e] = Problem{gm, gn, k};
+    pa[e] = kSwap ? weight : rows;
+    pb[e] = kSwap ? rows : weight;
+    pd[e] = out;
+    sa[e] = cutlass::make_cute_packed_stride(typename G::StrideA{}, make_shape(gm, k, 1));
+    sb[e] = cutlass::make_cute_packed_stride(typename G::StrideB{}, make_shape(gn, k, 1));
+    sd[e] = cutlass::make_cute_packed_stride(typename G::StrideD{}, make_shape(gm, gn, 1));
+}
+
+int fail(char* err, size_t n, const char* what, const char* detail) {
+    if (err && n) snprintf(err, n, "%s: %s", what, detail);
+    return 1;
+}
+
+int sm_count() {
+    static int count[64] = {0};
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return 0;
+    if (count[dev] == 0) cudaDeviceGetAttribute(&count[dev], cudaDevAttrMultiProcessorCount, dev);
+    return count[dev];
+}
+
+template <class G>
+typename G::Gemm::Arguments arguments(int experts, char* base) {
+    Layout<G> l(experts);
+    cutlass::KernelHardwareInfo hw;
+    cudaGetDevice(&hw.device_id);
+    hw.sm_count = sm_count();
+    typename G::Gemm::Arguments args;
+    decltype(args.epilogue.thread) fusion;
+    fusion.alpha = 1.0f;
+    fusion.beta = 0.0f;
+    fusion.alpha_ptr = nullptr;
+    fusion.beta_ptr = nullptr;
+    fusion.alpha_ptr_array = nullptr;
+    fusion.beta_ptr_array = nullptr;
+    fusion.dAlpha = {_0{}, _0{}, 0};
+    fusion.dBeta = {_0{}, _0{}, 0};
+    args = typename G::Gemm::Arguments{
+        cutlass::gemm::GemmUniversalMode::kGrouped,
+        {experts, reinterpret_cast<Problem*>(base + l.problems), nullptr},
+        {reinterpret_cast<const Bf16**>(base + l.pa), reinterpret_cast<typename G::StrideA*>(base + l.sa),
+         reinterpret_cast<const Bf16**>(base + l.pb), reinterpret_cast<typename G::StrideB*>(base + l.sb)},
+        {fusion, nullptr, nullptr, reinterpret_cast<Bf16**>(base + l.pd),
+         reinterpret_cast<typename G::StrideD*>(base + l.sd)},
+        hw};
+    return args;
+}
+
+template <class G>
+uint64_t workspace_bytes(int experts) {
+    Layout<G> l(experts);
+    auto args = arguments<G>(experts, nullptr);
+    return l.end + up(G::Gemm::get_workspace_size(args));
+}
+
+template <class G, bool kSwap>
+int run(const kvc_moe_gemm_args* a, cudaStream_t stream, char* err, size_t n) {
+    Layout<G> l(a->experts);
+    if (a->workspace_bytes < workspace_bytes<G>(a->experts)) return fail(err, n, "kvc_moe_gemm_run", "workspace too small");
+    char* base = reinterpret_cast<char*>(a->workspace);
+    int threads = 128;
+    fill_groups<G, kSwap><<<(a->experts + threads - 1) / threads, threads, 0, stream>>>(
+        a->experts, a->n, a->k, reinterpret_cast<const uint32_t*>(a->offsets), reinterpret_cast<const Bf16*>(a->a),
+        reinterpret_cast<const Bf16*>(a->w), reinterpret_cast<Bf16*>(a->d), reinterpret_cast<Problem*>(base + l.problems),
+        reinterpret_cast<const Bf16**>(base + l.pa), reinterpret_cast<const Bf16**>(base + l.pb),
+        reinterpret_cast<Bf16**>(base + l.pd), reinterpret_cast<typename G::StrideA*>(base + l.sa),
+        reinterpret_cast<typename G::StrideB*>(base + l.sb), reinterpret_cast<typename G::StrideD*>(base + l.sd));
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return fail(err, n, "fill_groups launch", cudaGetErrorString(e));
+    auto args = arguments<G>(a->experts, base);
+    typename G::Gemm gemm;
+    cutlass::Status s = gemm.can_implement(args);
+    if (s != cutlass::Status::kSuccess) return fail(err, n, "CUTLASS can_implement", cutlassGetStatusString(s));
+    s = gemm.initialize(args, base + l.cutlass, stream);
+    if (s != cutlass::Status::kSuccess) return fail(err, n, "CUTLASS initialize", cutlassGetStatusString(s));
+    s = gemm.run(stream);
+    if (s != cutlass::Status::kSuccess) return fail(err, n, "CUTLASS run", cutlassGetStatusString(s));
+    e = cudaGetLastError();
+    if (e != cudaSuccess) return fail(err, n, "CUTLASS launch", cudaGetErrorString(e));
+    return 0;
+}
+
+}  // namespace kvc_moe
+
+using namespace kvc_moe;
+
+extern "C" int kvc_moe_gemm_check(char* err, size_t n) {
+    int dev = 0, major = 0, minor = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+    if (e != cudaSuccess) return fail(err, n, "CUDA device query", cudaGetErrorString(e));
+    if (major != 9 || minor != 0) {
+        char what[64];
+        snprintf(what, sizeof what, "compute capability %d.%d", major, minor);
+        return fail(err, n, what, "the CUTLASS grouped GEMM is built for sm90a (Hopper) only");
+    }
+    return 0;
+}
+
+extern "C" int kvc_moe_gemm_workspace(int32_t experts, int32_t variant, uint64_t* bytes, char* err, size_t n) {
+    if (experts <= 0) return fail(err, n, "kvc_moe_gemm_workspace", "no experts");
+    switch (variant) {
+        case KVC_MOE_GEMM_ROWS: *bytes = workspace_bytes<Rows>(experts); return 0;
+        case KVC_MOE_GEMM_SWAP: *bytes = workspace_bytes<Swap>(experts); return 0;
+        default: return fail(err, n, "kvc_moe_gemm_workspace", "unknown variant");
+    }
+}
+
+extern "C" int kvc_moe_gemm_run(const kvc_moe_gemm_args* a, void* stream, char* err, size_t n) {
+    if (a->experts <= 0 || a->n <= 0 || a->k <= 0) return fail(err, n, "kvc_moe_gemm_run", "empty problem");
+    if (a->n % 8 || a->k % 8) return fail(err, n, "kvc_moe_gemm_run", "n and k must be multiples of 8");
+    if ((a->a | a->w | a->d | a->workspace) % 16) return fail(err, n, "kvc_moe_gemm_run", "pointers must be 16-byte aligned");
+    auto s = static_cast<cudaStream_t>(stream);
+    switch (a->variant) {
+        case KVC_MOE_GEMM_ROWS: return run<Rows, false>(a, s, err, n);
+        case KVC_MOE_GEMM_SWAP: return run<Swap, true>(a, s, err, n);
+        default: return fail(err, n, "kvc_moe_gemm_run", "unknown variant");
+    }
+}

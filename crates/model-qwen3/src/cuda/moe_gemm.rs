@@ -1,0 +1,233 @@
+//! Which grouped GEMM runs the MoE experts above the CUDA-core kernel's
+//! batch sizes, and the pipeline the library GEMMs share.
+//!
+//! - `cutlass` (the default where it is built and the GPU is sm90):
+//!   CUTLASS 3's Hopper grouped GEMM (crates/cutlass-sys: TMA, wgmma),
+//!   every expert's row count read on the device, so nothing comes back to
+//!   the host and CUDA graphs can hold it. Two tilings: `cutlass-rows`
+//!   (rows on the tile's M, for prefill) and `cutlass-swap` (weights on M,
+//!   a few rows on N, for decode and mixed steps); `cutlass` picks by rows
+//!   per active expert ([`SWAP_BELOW_ROWS`]).
+//! - `cublas`: cuBLAS's grouped GEMM (moe_cublas.rs), which needs the
+//!   offsets on the host: one device-to-host copy per layer, never inside
+//!   a graph (there the tensor-core kernel runs instead).
+//! - `kvc`: kvc's own tensor-core kernel (moe.rs).
+//!
+//! `KVC_MOE_GEMM=cutlass|cutlass-rows|cutlass-swap|cublas|kvc` or
+//! [`set_moe_gemm`] choose; an unknown value or an unavailable choice is
+//! an error at the first MoE layer, not a silent fallback.
+//!
+//! The library paths gather each pair's input row in expert order
+//! (`gather_rows`), so every expert's rows are one contiguous matrix, run
+//! gate/up, SiLU * up, down, and `moe_sum` reads the rows back through `inv`.
+
+use std::sync::atomic::{AtomicU8, Ordering};
+
+use candle_core::{bail, CudaDevice, DType, Result, Tensor};
+pub use cutlass_sys::Variant as CutlassTiling;
+
+use super::moe::silu_mul;
+use super::{empty, launch, ptr, Kernels};
+
+/// The expert GEMM for prefill-sized batches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MoeGemm {
+    /// kvc's tensor-core kernel.
+    Kvc,
+    /// cuBLAS's grouped GEMM (host offsets; eager steps only).
+    Cublas,
+    /// CUTLASS's Hopper grouped GEMM; `None`: the tiling by rows per expert.
+    Cutlass(Option<CutlassTiling>),
+}
+
+/// Below this many routed rows per active expert, `cutlass` tiles with the
+/// weights on M (`cutlass-swap`).
+pub const SWAP_BELOW_ROWS: usize = 64;
+
+/// 0: not chosen yet; else `encode`.
+static CHOICE: AtomicU8 = AtomicU8::new(0);
+
+fn encode(g: MoeGemm) -> u8 {
+    match g {
+        MoeGemm::Kvc => 1,
+        MoeGemm::Cublas => 2,
+        MoeGemm::Cutlass(None) => 3,
+        MoeGemm::Cutlass(Some(CutlassTiling::Rows)) => 4,
+        MoeGemm::Cutlass(Some(CutlassTiling::Swap)) => 5,
+    }
+}
+
+fn decode(v: u8) -> Option<MoeGemm> {
+    Some(match v {
+        1 => MoeGemm::Kvc,
+        2 => MoeGemm::Cublas,
+        3 => MoeGemm::Cutlass(None),
+        4 => MoeGemm::Cutlass(Some(CutlassTiling::Rows)),
+        5 => MoeGemm::Cutlass(Some(CutlassTiling::Swap)),
+        _ => return None,
+    })
+}
+
+/// Parses a `KVC_MOE_GEMM` value.
+pub fn parse_moe_gemm(v: &str) -> Result<MoeGemm> {
+    Ok(match v.trim() {
+        "kvc" => MoeGemm::Kvc,
+        "cublas" => MoeGemm::Cublas,
+        "cutlass" => MoeGemm::Cutlass(None),
+        "cutlass-rows" => MoeGemm::Cutlass(Some(CutlassTiling::Rows)),
+        "cutlass-swap" => MoeGemm::Cutlass(Some(CutlassTiling::Swap)),
+        other => bail!("KVC_MOE_GEMM={other:?}: expected cutlass, cutlass-rows, cutlass-swap, cublas or kvc"),
+    })
+}
+
+/// Chooses the expert GEMM (tests and benchmarks force each in turn).
+pub fn set_moe_gemm(g: MoeGemm) {
+    CHOICE.store(encode(g), Ordering::Relaxed);
+}
+
+/// The current choice: `KVC_MOE_GEMM` on first use, else CUTLASS where it
+/// runs, else cuBLAS. A CUTLASS choice it cannot run is an error.
+pub fn moe_gemm() -> Result<MoeGemm> {
+    if let Some(g) = decode(CHOICE.load(Ordering::Relaxed)) {
+        return Ok(g);
+    }
+    let g = match std::env::var("KVC_MOE_GEMM") {
+        Ok(v) => {
+            let g = parse_moe_gemm(&v)?;
+            if let MoeGemm::Cutlass(_) = g {
+                cutlass_sys::check().map_err(|e| candle_core::Error::Msg(format!("KVC_MOE_GEMM={v}: {e}")))?;
+            }
+            g
+        }
+        Err(_) => match cutlass_sys::check() {
+            Ok(()) => MoeGemm::Cutlass(None),
+            Err(e) => {
+                tracing::info!(reason = %e, "MoE experts on cuBLAS's grouped GEMM");
+                MoeGemm::Cublas
+            }
+        },
+    };
+    set_moe_gemm(g);
+    Ok(g)
+}
+
+/// The tiling `cutlass` takes for `pairs` routed rows over `experts`.
+pub fn cutlass_tiling(pairs: usize, experts: usize) -> CutlassTiling {
+    if pairs < SWAP_BELOW_ROWS * experts.min(pairs).max(1) {
+        CutlassTiling::Swap
+    } else {
+        CutlassTiling::Rows
+    }
+}
+
+/// The expert part of the MoE block over gathered rows: `pairs` routed by
+/// `moe_align` (`sorted`, `inv`), weighted by `w`, each projection run by
+/// `gemm(a, weights, out)` (every expert's rows contiguous in `a`):
+/// `[T, H]` bf16.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gathered_experts(
+    k: &Kernels,
+    dev: &CudaDevice,
+    x: &Tensor,
+    gate_up: &Tensor,
+    down: &Tensor,
+    sorted: &Tensor,
+    inv: &Tensor,
+    w: &Tensor,
+    top_k: usize,
+    mut gemm: impl FnMut(&Tensor, &Tensor, &Tensor) -> Result<()>,
+) -> Result<Tensor> {
+    let (t, h) = x.dims2()?;
+    let (_, i2, _) = gate_up.dims3()?;
+    let tk = t * top_k;
+    let xs = super::gather_rows(k, x, sorted, top_k, tk)?;
+    let gu = empty(dev, (tk, i2), DType::BF16)?;
+    gemm(&xs, gate_up, &gu)?;
+    let act = silu_mul(k, &gu)?;
+    let dn = empty(dev, (tk, h), DType::BF16)?;
+    gemm(&act, down, &dn)?;
+    let y = empty(dev, (t, h), DType::BF16)?;
+    launch!(k.moe_sum, super::grid1(t * h, 256), ptr(&dn)?, ptr(w)?, ptr(inv)?, ptr(&y)?, t as i32, top_k as i32, h as i32)?;
+    Ok(y)
+}
+
+/// For every expert e: `out[r] = a[r] W[e]^T` over its rows
+/// `offsets[e]..offsets[e + 1]` (offsets on the device), on CUTLASS.
+pub(crate) fn cutlass_grouped(
+    dev: &CudaDevice,
+    offsets: &Tensor,
+    a: &Tensor,
+    w: &Tensor,
+    out: &Tensor,
+    tiling: CutlassTiling,
+) -> Result<()> {
+    let (e, n, kd) = w.dims3()?;
+    let err = |e: cutlass_sys::Error| candle_core::Error::Msg(e.to_string());
+    let bytes = cutlass_sys::workspace_bytes(e, tiling).map_err(err)?;
+    // u32 words; freed in stream order after the GEMM has used it.
+    let ws = empty(dev, bytes.div_ceil(4).max(64), DType::U32)?;
+    let args = cutlass_sys::GroupedArgs {
+        experts: e as i32,
+        n: n as i32,
+        k: kd as i32,
+        variant: tiling as i32,
+        offsets: ptr(offsets)?,
+        a: ptr(a)?,
+        w: ptr(w)?,
+        d: ptr(out)?,
+        workspace: ptr(&ws)?,
+        workspace_bytes: (bytes.div_ceil(4).max(64) * 4) as u64,
+    };
+    let stream = dev.cuda_stream();
+    stream.context().bind_to_thread().map_err(|e| candle_core::Error::Msg(format!("{e:?}")))?;
+    // SAFETY: every address is a live contiguous tensor of the sizes in
+    // `args` on this device; the stream orders their frees after the GEMM.
+    unsafe { cutlass_sys::run(&args, stream.cu_stream() as *mut std::ffi::c_void) }.map_err(err)
+}
+
+/// One grouped projection over rows already in expert order, as the MoE
+/// block runs it (benchmarks): `out[r] = a[r] W[e]^T` for every expert's
+/// rows `offsets[e]..offsets[e + 1]`. cuBLAS reads the offsets back to the
+/// host first, as the block does; kvc's kernel needs the routing's tile
+/// table, so it is measured through `GpuMoe::forward` only.
+pub fn grouped_projection(gemm: MoeGemm, offsets: &Tensor, a: &Tensor, w: &Tensor, out: &Tensor) -> Result<()> {
+    let dev = super::cuda_dev(a.device())?;
+    let (e, _, _) = w.dims3()?;
+    let rows = a.dim(0)?;
+    match gemm {
+        MoeGemm::Cutlass(t) => cutlass_grouped(dev, offsets, a, w, out, t.unwrap_or_else(|| cutlass_tiling(rows, e))),
+        MoeGemm::Cublas => super::moe_cublas::cublas_grouped(dev, &super::moe_cublas::host_offsets(offsets, e, rows)?, a, w, out),
+        MoeGemm::Kvc => bail!("kvc's tensor-core kernel takes the routing's tile table: measure it through GpuMoe::forward"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_spelling_parses_and_an_unknown_one_is_refused_by_name() {
+        for g in [
+            MoeGemm::Kvc,
+            MoeGemm::Cublas,
+            MoeGemm::Cutlass(None),
+            MoeGemm::Cutlass(Some(CutlassTiling::Rows)),
+            MoeGemm::Cutlass(Some(CutlassTiling::Swap)),
+        ] {
+            assert_eq!(decode(encode(g)), Some(g));
+        }
+        assert_eq!(parse_moe_gemm("cutlass-swap").unwrap(), MoeGemm::Cutlass(Some(CutlassTiling::Swap)));
+        let e = parse_moe_gemm("triton").unwrap_err().to_string();
+        assert!(e.contains("triton") && e.contains("cutlass"), "{e}");
+    }
+
+    #[test]
+    fn few_rows_per_expert_take_the_swapped_tiling() {
+        // Decode of 8 sequences, top-8 over 128 experts: ~1 row an expert.
+        assert_eq!(cutlass_tiling(64, 128), CutlassTiling::Swap);
+        // An 8K prefill: 512 rows an expert.
+        assert_eq!(cutlass_tiling(65536, 128), CutlassTiling::Rows);
+        assert_eq!(cutlass_tiling(SWAP_BELOW_ROWS * 128, 128), CutlassTiling::Rows);
+        assert_eq!(cutlass_tiling(SWAP_BELOW_ROWS * 128 - 1, 128), CutlassTiling::Swap);
+    }
+}
