@@ -130,6 +130,24 @@ FIXTURES = {
         arch="dense", seed=1007, save="native", head_dim="std", rope_theta=10000.0,
         weights_dtype="bfloat16",
     ),
+    # Scaled RoPE: an original window of 12 positions, so the cases (prompts of
+    # 7 and 37 tokens, then 6 greedy steps) run to 3.6x past it.
+    "dense-yarn": dict(
+        arch="dense", seed=1008, save="native", head_dim="wide", rope_theta=10000.0,
+        rope=dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=12),
+        max_position_embeddings=48,
+    ),
+    "moe-yarn-hub": dict(
+        arch="moe", seed=1009, save="hub", head_dim="std", rope_theta=1000000.0,
+        norm_topk_prob=True,
+        rope=dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=12, beta_fast=16.0,
+                  beta_slow=2.0, mscale=1.0, mscale_all_dim=0.5),
+        max_position_embeddings=48,
+    ),
+    "dense-linear": dict(
+        arch="dense", seed=1010, save="native", head_dim="std", rope_theta=10000.0,
+        rope=dict(rope_type="linear", factor=2.0),
+    ),
 }
 
 DENSE_HUB_KEYS = [
@@ -169,13 +187,13 @@ def make_config(spec: dict, preset: dict):
         num_key_value_heads=preset["num_key_value_heads"],
         head_dim=preset["wide_head_dim"] if spec["head_dim"] == "wide" else preset["head_dim"],
         intermediate_size=preset["intermediate_size"],
-        rope_parameters={"rope_type": "default", "rope_theta": float(spec["rope_theta"])},
+        rope_parameters={"rope_type": "default", "rope_theta": float(spec["rope_theta"]), **spec.get("rope", {})},
         # Special ids inside the vocabulary, excluded from prompts and never produced
         # by the recorded greedy continuations (so an EOS stop cannot cut a test short).
         bos_token_id=vocab - 2,
         eos_token_id=vocab - 1,
     )
-    for k in ("tie_word_embeddings", "num_hidden_layers"):
+    for k in ("tie_word_embeddings", "num_hidden_layers", "max_position_embeddings"):
         if k in spec:
             kw[k] = spec[k]
     if spec["arch"] == "dense":
@@ -358,10 +376,10 @@ def write_reference(path, arch, weights_dtype, cases):
 def hub_config(native: dict, arch: str) -> dict:
     """Rewrite a transformers-5 config.json dict into the hub's transformers-4.x spelling."""
     src = dict(native)
-    rp = src.pop("rope_parameters")
-    assert rp.get("rope_type", "default") == "default" and set(rp) <= {"rope_type", "rope_theta"}, rp
-    src["rope_theta"] = rp["rope_theta"]
-    src["rope_scaling"] = None
+    rp = dict(src.pop("rope_parameters"))
+    src["rope_theta"] = rp.pop("rope_theta")
+    # 4.x: the scaling, if any, under rope_scaling without rope_theta.
+    src["rope_scaling"] = None if rp.get("rope_type", "default") == "default" else rp
     src["torch_dtype"] = src.pop("dtype")
     src["transformers_version"] = HUB_TRANSFORMERS_VERSION
     if arch == "moe":

@@ -6,6 +6,7 @@
 use serde::Deserialize;
 use serde_json::Value;
 
+use crate::rope::RopeScaling;
 use crate::ModelError;
 
 /// config.json of Qwen/Qwen3-30B-A3B (the fields kvc reads): the shape the
@@ -44,6 +45,8 @@ pub struct Qwen3Config {
     pub max_position_embeddings: usize,
     pub rms_norm_eps: f64,
     pub rope_theta: f64,
+    /// RoPE's long-context scaling (`rope_scaling` / `rope_parameters`).
+    pub rope_scaling: RopeScaling,
     pub tie_word_embeddings: bool,
     pub attention_bias: bool,
     /// The checkpoint's dtype ("float32", "bfloat16", "float16"), if stated.
@@ -102,19 +105,83 @@ fn token_ids(v: &Option<Value>) -> Vec<u32> {
     }
 }
 
-/// Accepts no scaling, or an explicit "default" rope type; anything else
-/// (yarn, linear, dynamic, ...) is not implemented and must not be silently
-/// ignored, because it changes every logit past the original context.
-fn check_rope_type(v: &Value, key: &str) -> Result<(), ModelError> {
-    if v.is_null() {
-        return Ok(());
+/// Reads a `rope_scaling` / `rope_parameters` object as transformers 5
+/// does: `default`, `linear` and `yarn` (its defaults: beta_fast 32,
+/// beta_slow 1, truncate true, original window = `max_position_embeddings`,
+/// attention factor from `factor` and `mscale`/`mscale_all_dim`). Any other
+/// type (`dynamic`, whose frequencies change with each batch's length,
+/// `llama3`, `longrope`, ...) and any key kvc would not read is refused by
+/// name: each changes every logit past the original context.
+fn parse_rope(v: &Value, key: &str, max_position_embeddings: usize) -> Result<RopeScaling, ModelError> {
+    let Some(obj) = v.as_object() else {
+        return if v.is_null() { Ok(RopeScaling::None) } else { Err(ModelError::Config(format!("{key} must be an object, got {v}"))) };
+    };
+    let bad = |what: String| ModelError::Config(format!("unsupported {key}: {what} ({v})"));
+    let ty = obj.get("rope_type").or_else(|| obj.get("type")).and_then(|t| t.as_str()).unwrap_or("default");
+    let known: &[&str] = match ty {
+        "default" => &[],
+        "linear" => &["factor"],
+        "yarn" => &[
+            "factor",
+            "original_max_position_embeddings",
+            "beta_fast",
+            "beta_slow",
+            "attention_factor",
+            "mscale",
+            "mscale_all_dim",
+            "truncate",
+        ],
+        other => return Err(bad(format!("rope_type \"{other}\"; kvc implements default, linear and yarn"))),
+    };
+    for (k, val) in obj {
+        let common = matches!(k.as_str(), "rope_type" | "type" | "rope_theta");
+        let full_rotary = k == "partial_rotary_factor" && val.as_f64() == Some(1.0);
+        if !(common || full_rotary || known.contains(&k.as_str()) || val.is_null()) {
+            return Err(bad(format!("key \"{k}\" is not implemented for rope_type \"{ty}\"")));
+        }
     }
-    let ty = v.get("rope_type").or_else(|| v.get("type")).and_then(|t| t.as_str()).unwrap_or("default");
-    if ty == "default" {
-        Ok(())
-    } else {
-        Err(ModelError::Config(format!("unsupported {key}: rope_type \"{ty}\" ({v}); kvc implements only default RoPE")))
-    }
+    let num = |k: &str| obj.get(k).filter(|x| !x.is_null()).map(|x| x.as_f64().ok_or_else(|| bad(format!("{k} must be a number"))));
+    let factor = || -> Result<f64, ModelError> {
+        match num("factor").transpose()? {
+            Some(f) if f >= 1.0 => Ok(f),
+            Some(f) => Err(bad(format!("factor {f} must be at least 1"))),
+            None => Err(bad("factor is required".into())),
+        }
+    };
+    Ok(match ty {
+        "default" => RopeScaling::None,
+        "linear" => RopeScaling::Linear { factor: factor()? },
+        _ => {
+            let factor = factor()?;
+            let window = match num("original_max_position_embeddings").transpose()? {
+                Some(w) if w >= 1.0 && w.fract() == 0.0 => w as usize,
+                Some(w) => return Err(bad(format!("original_max_position_embeddings {w} must be a positive integer"))),
+                None => max_position_embeddings,
+            };
+            let mscale = |scale: f64, m: f64| if scale <= 1.0 { 1.0 } else { 0.1 * m * scale.ln() + 1.0 };
+            let attention_factor =
+                match (num("attention_factor").transpose()?, num("mscale").transpose()?, num("mscale_all_dim").transpose()?) {
+                    (Some(a), _, _) => a,
+                    (None, Some(m), Some(all)) if m != 0.0 && all != 0.0 => mscale(factor, m) / mscale(factor, all),
+                    _ => mscale(factor, 1.0),
+                };
+            let truncate = match obj.get("truncate") {
+                None | Some(Value::Null) => true,
+                Some(Value::Bool(b)) => *b,
+                Some(_) => return Err(bad("truncate must be a boolean".into())),
+            };
+            // transformers: `rope_parameters.get("beta_fast") or 32` (0 means the default too).
+            let beta = |k: &str, d: f64| num(k).transpose().map(|b| b.filter(|b| *b != 0.0).unwrap_or(d));
+            RopeScaling::Yarn {
+                factor,
+                original_max_position_embeddings: window,
+                beta_fast: beta("beta_fast", 32.0)?,
+                beta_slow: beta("beta_slow", 1.0)?,
+                attention_factor,
+                truncate,
+            }
+        }
+    })
 }
 
 impl Qwen3Config {
@@ -145,12 +212,24 @@ impl Qwen3Config {
         if raw.use_sliding_window == Some(true) {
             return Err(ModelError::Config("use_sliding_window=true is not supported".into()));
         }
-        if let Some(s) = &raw.rope_scaling {
-            check_rope_type(s, "rope_scaling")?;
-        }
+        let max_position_embeddings = raw.max_position_embeddings.unwrap_or(32768);
+        let mut rope_scaling = match &raw.rope_scaling {
+            Some(s) => parse_rope(s, "rope_scaling", max_position_embeddings)?,
+            None => RopeScaling::None,
+        };
         let mut rope_theta = raw.rope_theta;
         if let Some(p) = &raw.rope_parameters {
-            check_rope_type(p, "rope_parameters")?;
+            let from_parameters = parse_rope(p, "rope_parameters", max_position_embeddings)?;
+            if from_parameters != RopeScaling::None {
+                if rope_scaling != RopeScaling::None && rope_scaling != from_parameters {
+                    return Err(ModelError::Config(format!(
+                        "rope_scaling and rope_parameters disagree ({} and {}); kvc will not guess",
+                        rope_scaling.name(),
+                        from_parameters.name()
+                    )));
+                }
+                rope_scaling = from_parameters;
+            }
             if let Some(t) = p.get("rope_theta").and_then(|t| t.as_f64()) {
                 rope_theta = Some(t);
             }
@@ -201,9 +280,10 @@ impl Qwen3Config {
             num_attention_heads: heads,
             num_key_value_heads: kv_heads,
             head_dim,
-            max_position_embeddings: raw.max_position_embeddings.unwrap_or(32768),
+            max_position_embeddings,
             rms_norm_eps: raw.rms_norm_eps.unwrap_or(1e-6),
             rope_theta: rope_theta.unwrap_or(10000.0),
+            rope_scaling,
             tie_word_embeddings: raw.tie_word_embeddings.unwrap_or(false),
             attention_bias: raw.attention_bias.unwrap_or(false),
             dtype: raw.dtype.or(raw.torch_dtype),
@@ -211,6 +291,21 @@ impl Qwen3Config {
             eos_token_ids: token_ids(&raw.eos_token_id),
             moe,
         })
+    }
+
+    /// The longest context the model serves, as vLLM derives it: with YaRN
+    /// the original window times the factor (Qwen3's documented
+    /// `{"factor": 4, "original_max_position_embeddings": 32768}` serves
+    /// 131,072 tokens beside `max_position_embeddings` 40,960), with linear
+    /// scaling `max_position_embeddings` times the factor, else
+    /// `max_position_embeddings`.
+    pub fn context_window(&self) -> usize {
+        let scaled = match &self.rope_scaling {
+            RopeScaling::None => return self.max_position_embeddings,
+            RopeScaling::Linear { factor } => self.max_position_embeddings as f64 * factor,
+            RopeScaling::Yarn { factor, original_max_position_embeddings, .. } => *original_max_position_embeddings as f64 * factor,
+        };
+        (scaled as usize).max(self.max_position_embeddings)
     }
 
     /// HF's rule: a layer is sparse unless listed in `mlp_only_layers`, and
@@ -278,9 +373,66 @@ mod tests {
 
     #[test]
     fn unsupported_rope_scaling_is_a_clear_error() {
-        let yarn = HUB.replace(r#""rope_scaling":null"#, r#""rope_scaling":{"rope_type":"yarn","factor":4.0}"#);
-        let err = Qwen3Config::from_json(&yarn).unwrap_err().to_string();
-        assert!(err.contains("yarn"), "{err}");
+        let with = |scaling: &str| HUB.replace(r#""rope_scaling":null"#, &format!(r#""rope_scaling":{scaling}"#));
+        for (scaling, names) in [
+            (r#"{"rope_type":"dynamic","factor":2.0}"#, "dynamic"),
+            (r#"{"rope_type":"llama3","factor":8.0}"#, "llama3"),
+            (r#"{"rope_type":"yarn","factor":4.0,"low_freq_factor":1}"#, "low_freq_factor"),
+            (r#"{"rope_type":"yarn"}"#, "factor is required"),
+            (r#"{"rope_type":"linear","factor":0.5}"#, "at least 1"),
+            (r#"{"rope_type":"yarn","factor":4.0,"partial_rotary_factor":0.5}"#, "partial_rotary_factor"),
+        ] {
+            let err = Qwen3Config::from_json(&with(scaling)).unwrap_err().to_string();
+            assert!(err.contains(names) && err.contains("rope_scaling"), "{scaling}: {err}");
+        }
+    }
+
+    /// The 2507 and Coder checkpoints' config.json shape (262,144 native
+    /// positions, rope_theta 1e7, no scaling) loads as it ships.
+    #[test]
+    fn the_2507_and_coder_configs_load_unchanged() {
+        let coder = r#"{"architectures":["Qwen3MoeForCausalLM"],"model_type":"qwen3_moe","vocab_size":151936,
+          "hidden_size":2048,"intermediate_size":5472,"num_hidden_layers":48,"num_attention_heads":32,"num_key_value_heads":4,
+          "head_dim":128,"max_position_embeddings":262144,"rope_theta":10000000,"rope_scaling":null,"rms_norm_eps":1e-06,
+          "torch_dtype":"bfloat16","num_experts":128,"num_experts_per_tok":8,"moe_intermediate_size":768,"norm_topk_prob":true,
+          "decoder_sparse_step":1,"mlp_only_layers":[],"use_sliding_window":false,"sliding_window":null,"max_window_layers":48,
+          "tie_word_embeddings":false,"bos_token_id":151643,"eos_token_id":151645,"hidden_act":"silu","attention_bias":false,
+          "attention_dropout":0.0,"initializer_range":0.02,"output_router_logits":false,"router_aux_loss_coef":0.0,
+          "use_cache":true,"transformers_version":"4.51.0"}"#;
+        let c = Qwen3Config::from_json(coder).unwrap();
+        assert_eq!((c.max_position_embeddings, c.rope_theta, c.context_window()), (262144, 1e7, 262144));
+        assert_eq!(c.rope_scaling, RopeScaling::None);
+    }
+
+    /// Qwen3's documented YaRN config, in both spellings, with transformers'
+    /// defaults filled in (the attention factor 0.1 ln(4) + 1).
+    #[test]
+    fn yarn_reads_as_transformers_does_in_both_spellings() {
+        let yarn = r#""rope_type":"yarn","factor":4.0,"original_max_position_embeddings":32768"#;
+        let v4 = HUB.replace(r#""rope_scaling":null"#, &format!(r#""rope_scaling":{{{yarn}}}"#));
+        let v5 = HUB
+            .replace(r#""rope_theta":1000000.0,"rope_scaling":null"#, &format!(r#""rope_parameters":{{"rope_theta":1000000.0,{yarn}}}"#));
+        let (a, b) = (Qwen3Config::from_json(&v4).unwrap(), Qwen3Config::from_json(&v5).unwrap());
+        assert_eq!(a, b);
+        let RopeScaling::Yarn { factor, original_max_position_embeddings, beta_fast, beta_slow, attention_factor, truncate } =
+            a.rope_scaling
+        else {
+            panic!("{:?}", a.rope_scaling)
+        };
+        assert_eq!((factor, original_max_position_embeddings, beta_fast, beta_slow, truncate), (4.0, 32768, 32.0, 1.0, true));
+        assert!((attention_factor - (0.1 * 4f64.ln() + 1.0)).abs() < 1e-12);
+        // No original window: the config's max_position_embeddings.
+        let bare = HUB.replace(r#""rope_scaling":null"#, r#""max_position_embeddings":4096,"rope_scaling":{"type":"yarn","factor":2.0}"#);
+        assert!(matches!(
+            Qwen3Config::from_json(&bare).unwrap().rope_scaling,
+            RopeScaling::Yarn { original_max_position_embeddings: 4096, .. }
+        ));
+        assert_eq!(a.context_window(), 131072);
+        let linear = HUB.replace(r#""rope_scaling":null"#, r#""rope_scaling":{"rope_type":"linear","factor":2.0}"#);
+        assert_eq!(Qwen3Config::from_json(&linear).unwrap().rope_scaling, RopeScaling::Linear { factor: 2.0 });
+        let both = v5.replace(r#""rope_parameters""#, r#""rope_scaling":{"rope_type":"linear","factor":2.0},"rope_parameters""#);
+        let err = Qwen3Config::from_json(&both).unwrap_err().to_string();
+        assert!(err.contains("disagree"), "{err}");
     }
 
     #[test]

@@ -17,6 +17,7 @@ pub mod weights;
 pub use batch::{BatchInput, SeqChunk};
 pub use config::{MoeConfig, Qwen3Config, QWEN3_30B_A3B};
 pub use model::{parse_dtype, read_config, Qwen3Model};
+pub use rope::RopeScaling;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {

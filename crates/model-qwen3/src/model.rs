@@ -76,7 +76,7 @@ impl Qwen3Model {
         } else {
             vb.pp("lm_head").get((config.vocab_size, config.hidden_size), "weight")?
         };
-        let rope = Rope::new(config.head_dim, config.rope_theta);
+        let rope = Rope::new(config.head_dim, config.rope_theta, &config.rope_scaling);
         Ok(Self {
             config,
             embed_tokens,

@@ -1,17 +1,94 @@
 //! Rotary position embedding (rotate-half, as in HF's Qwen3), computed for
-//! arbitrary per-token positions in f32 like transformers does.
+//! arbitrary per-token positions in f32 like transformers does, with the
+//! frequency scalings transformers defines for long contexts that depend
+//! on the checkpoint only ([`RopeScaling`]: `linear`, `yarn`).
 
 use candle_core::{Device, Result, Tensor};
 
+/// How a checkpoint scales RoPE past its pretraining window (config.json's
+/// `rope_scaling` or `rope_parameters`), as transformers'
+/// `modeling_rope_utils` computes it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RopeScaling {
+    None,
+    /// Position interpolation: every frequency divided by `factor`.
+    Linear {
+        factor: f64,
+    },
+    /// YaRN: frequencies interpolated by `factor` below the correction
+    /// range set by `beta_fast`/`beta_slow` over the original window, kept
+    /// above it, blended linearly inside it; cos and sin scaled by
+    /// `attention_factor`.
+    Yarn {
+        factor: f64,
+        original_max_position_embeddings: usize,
+        beta_fast: f64,
+        beta_slow: f64,
+        attention_factor: f64,
+        truncate: bool,
+    },
+}
+
+impl RopeScaling {
+    /// The config's name for it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            RopeScaling::None => "default",
+            RopeScaling::Linear { .. } => "linear",
+            RopeScaling::Yarn { .. } => "yarn",
+        }
+    }
+
+    /// The factor cos and sin are multiplied by.
+    pub fn attention_factor(&self) -> f64 {
+        match self {
+            RopeScaling::Yarn { attention_factor, .. } => *attention_factor,
+            _ => 1.0,
+        }
+    }
+}
+
 pub struct Rope {
     inv_freq: Vec<f32>,
+    /// Multiplies cos and sin (YaRN's attention scaling; 1 otherwise).
+    scale: f32,
+}
+
+/// YaRN's dimension for `rotations` full turns over `window` positions.
+fn correction_dim(rotations: f64, dim: usize, base: f64, window: usize) -> f64 {
+    (dim as f64 * (window as f64 / (rotations * 2.0 * std::f64::consts::PI)).ln()) / (2.0 * base.ln())
 }
 
 impl Rope {
-    pub fn new(head_dim: usize, theta: f64) -> Self {
+    pub fn new(head_dim: usize, theta: f64, scaling: &RopeScaling) -> Self {
         // HF: 1 / theta^(arange(0, dim, 2) / dim), in float32.
-        let inv_freq = (0..head_dim / 2).map(|i| 1.0 / (theta as f32).powf((2 * i) as f32 / head_dim as f32)).collect();
-        Self { inv_freq }
+        let pos_freqs: Vec<f32> = (0..head_dim / 2).map(|i| (theta as f32).powf((2 * i) as f32 / head_dim as f32)).collect();
+        let inv_freq = match scaling {
+            RopeScaling::None => pos_freqs.iter().map(|p| 1.0 / p).collect(),
+            RopeScaling::Linear { factor } => pos_freqs.iter().map(|p| 1.0 / p / *factor as f32).collect(),
+            RopeScaling::Yarn { factor, original_max_position_embeddings, beta_fast, beta_slow, truncate, .. } => {
+                let mut low = correction_dim(*beta_fast, head_dim, theta, *original_max_position_embeddings);
+                let mut high = correction_dim(*beta_slow, head_dim, theta, *original_max_position_embeddings);
+                if *truncate {
+                    (low, high) = (low.floor(), high.ceil());
+                }
+                let (low, mut high) = (low.max(0.0) as f32, high.min(head_dim as f64 - 1.0) as f32);
+                if low == high {
+                    high += 0.001;
+                }
+                pos_freqs
+                    .iter()
+                    .enumerate()
+                    .map(|(i, p)| {
+                        let ramp = ((i as f32 - low) / (high - low)).clamp(0.0, 1.0);
+                        let extrapolation = 1.0 - ramp;
+                        let (extra, inter) = (1.0 / p, 1.0 / (*factor as f32 * p));
+                        inter * (1.0 - extrapolation) + extra * extrapolation
+                    })
+                    .collect()
+            }
+        };
+        Self { inv_freq, scale: scaling.attention_factor() as f32 }
     }
 
     /// cos and sin tables `[tokens, head_dim / 2]` for the given positions.
@@ -22,8 +99,8 @@ impl Rope {
         for &p in positions {
             for &f in &self.inv_freq {
                 let a = p as f32 * f;
-                cos.push(a.cos());
-                sin.push(a.sin());
+                cos.push(a.cos() * self.scale);
+                sin.push(a.sin() * self.scale);
             }
         }
         let shape = (positions.len(), half);

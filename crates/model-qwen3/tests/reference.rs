@@ -5,7 +5,9 @@
 mod common;
 
 use candle_core::{DType, Device};
-use common::{alone_and_batched, argmax, cases, fixture_dir, max_abs_diff, run_chunk, scattered_table, BLOCK_SIZE, FIXTURES};
+use common::{
+    alone_and_batched, argmax, cases, fixture_dir, max_abs_diff, run_chunk, scattered_table, BLOCK_SIZE, FIXTURES, ROPE_FIXTURES,
+};
 use kvc_kv_pool::KvStorage;
 use kvc_model_qwen3::{BatchInput, Qwen3Model, SeqChunk};
 
@@ -16,23 +18,70 @@ fn load(name: &str) -> Qwen3Model {
 #[test]
 fn prefill_and_decode_logits_match_transformers() {
     for name in FIXTURES {
-        let model = load(name);
-        for (ci, case) in cases(name).iter().enumerate() {
-            let total = case.prompt.len() + case.greedy.len();
-            let num_blocks = 2 * total.div_ceil(BLOCK_SIZE) + 1;
-            let mut kv = KvStorage::new(model.kv_layout(BLOCK_SIZE), num_blocks).unwrap();
-            let table = scattered_table(total, num_blocks);
-            let mut seq = case.prompt.clone();
-            let prefill = run_chunk(&model, &mut kv, &table, &seq, 0, seq.len());
-            let mut logits = prefill.last().unwrap().clone();
-            for (step, &expected_tok) in case.greedy.iter().enumerate() {
-                let d = max_abs_diff(&logits, &case.logits[step]);
-                assert!(d < 1e-4, "{name} case {ci} step {step}: max |diff| {d}");
-                assert_eq!(argmax(&logits), expected_tok, "{name} case {ci} step {step}: greedy token");
-                seq.push(expected_tok);
-                if step + 1 < case.greedy.len() {
-                    logits = run_chunk(&model, &mut kv, &table, &seq, seq.len() - 1, seq.len()).pop().unwrap();
-                }
+        match_transformers(name, &load(name));
+    }
+}
+
+/// YaRN and linear RoPE scaling, read from `rope_parameters` (transformers
+/// 5) and `rope_scaling` (the hub's 4.x spelling), at positions up to 3.6x
+/// the original window. The scaling must matter there: the same weights
+/// with the scaling removed from config.json miss transformers' logits.
+#[test]
+fn scaled_rope_matches_transformers_past_the_original_window() {
+    for name in ROPE_FIXTURES {
+        match_transformers(name, &load(name));
+        let dir = tempfile_dir(name);
+        let text = std::fs::read_to_string(fixture_dir(name).join("config.json")).unwrap();
+        let mut cfg: serde_json::Value = serde_json::from_str(&text).unwrap();
+        for key in ["rope_scaling", "rope_parameters"] {
+            if let Some(p) = cfg.get_mut(key).and_then(|p| p.as_object_mut()) {
+                p.retain(|k, _| k == "rope_theta");
+                p.insert("rope_type".into(), "default".into());
+            }
+        }
+        std::fs::write(dir.join("config.json"), cfg.to_string()).unwrap();
+        let plain = Qwen3Model::load(&dir, Some(DType::F32), &Device::Cpu).unwrap();
+        let case = &cases(name)[1];
+        let total = case.prompt.len();
+        let num_blocks = 2 * total.div_ceil(BLOCK_SIZE) + 1;
+        let mut kv = KvStorage::new(plain.kv_layout(BLOCK_SIZE), num_blocks).unwrap();
+        let last = run_chunk(&plain, &mut kv, &scattered_table(total, num_blocks), &case.prompt, 0, total).pop().unwrap();
+        let d = max_abs_diff(&last, &case.logits[0]);
+        assert!(d > 1e-2, "{name}: without its RoPE scaling the logits differ by only {d}: the fixture does not test the scaling");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
+
+/// A copy of a fixture's weights in a fresh directory (config.json to be written).
+fn tempfile_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("kvc-rope-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for entry in std::fs::read_dir(fixture_dir(name)).unwrap() {
+        let p = entry.unwrap().path();
+        if p.extension().is_some_and(|e| e == "safetensors" || e == "json") && p.file_name().unwrap() != "config.json" {
+            std::fs::copy(&p, dir.join(p.file_name().unwrap())).unwrap();
+        }
+    }
+    dir
+}
+
+/// Prefill and greedy decode of every case against transformers' logits.
+fn match_transformers(name: &str, model: &Qwen3Model) {
+    for (ci, case) in cases(name).iter().enumerate() {
+        let total = case.prompt.len() + case.greedy.len();
+        let num_blocks = 2 * total.div_ceil(BLOCK_SIZE) + 1;
+        let mut kv = KvStorage::new(model.kv_layout(BLOCK_SIZE), num_blocks).unwrap();
+        let table = scattered_table(total, num_blocks);
+        let mut seq = case.prompt.clone();
+        let prefill = run_chunk(model, &mut kv, &table, &seq, 0, seq.len());
+        let mut logits = prefill.last().unwrap().clone();
+        for (step, &expected_tok) in case.greedy.iter().enumerate() {
+            let d = max_abs_diff(&logits, &case.logits[step]);
+            assert!(d < 1e-4, "{name} case {ci} step {step}: max |diff| {d}");
+            assert_eq!(argmax(&logits), expected_tok, "{name} case {ci} step {step}: greedy token");
+            seq.push(expected_tok);
+            if step + 1 < case.greedy.len() {
+                logits = run_chunk(model, &mut kv, &table, &seq, seq.len() - 1, seq.len()).pop().unwrap();
             }
         }
     }

@@ -148,6 +148,15 @@ impl GpuModel {
         if vb.dtype() != DType::BF16 {
             bail!("the CUDA path runs in bf16 (got {:?}); pass --dtype bf16", vb.dtype());
         }
+        // qk_norm_rope_store derives the default frequencies from theta in
+        // the kernel; scaled RoPE runs on the CPU path only until the kernel
+        // takes the scaled table and is checked against transformers on a GPU.
+        if cfg.rope_scaling != crate::RopeScaling::None {
+            bail!(
+                "rope_scaling \"{}\" is implemented on the CPU path only for now; the CUDA path would ignore it and answer wrongly past the original context",
+                cfg.rope_scaling.name()
+            );
+        }
         let kernels = Kernels::load(cuda_dev(vb.device())?)?;
         let cudnn = CudnnAttention::open(PrefillBackend::from_env()?, vb.device());
         let (h, nh, nkv, hd) = (cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim);
