@@ -88,7 +88,7 @@ CASES = [
     ("tools-malformed", chat(tools=[{"type": "function"}]), 400, "tools"),
     ("unknown-field", chat(max_token=5), 400, "max_token"),
     ("unsupported-guided-backend", chat(guided_decoding_backend="xgrammar"), 400, "guided_decoding_backend"),
-    ("parallel-tool-calls-false", chat(tools=[WEATHER_TOOL], parallel_tool_calls=False), 400, "parallel_tool_calls"),
+    ("parallel-tool-calls-false-on-completions", completion(parallel_tool_calls=False), 400, "parallel_tool_calls"),
     ("chat-echo-without-continue", chat(echo=True), 400, "echo"),
     ("continue-without-assistant-message", chat(continue_final_message=True), 400, "continue_final_message"),
     ("empty-messages", raw(CHAT, b'{"messages": []}'), 400, "messages"),

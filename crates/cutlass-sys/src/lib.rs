@@ -79,9 +79,7 @@ pub fn check() -> Result<(), Error> {
         Ok(())
     }
     #[cfg(not(kvc_cutlass))]
-    Err(Error::Unavailable(
-        "kvc was built without CUTLASS's headers (scripts/cutlass_setup.sh, then scripts/cuda_setup.sh)".into(),
-    ))
+    Err(Error::Unavailable("kvc was built without CUTLASS's headers (scripts/cutlass_setup.sh, then scripts/cuda_setup.sh)".into()))
 }
 
 /// Device scratch bytes one call over `experts` groups needs.

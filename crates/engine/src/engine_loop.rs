@@ -42,7 +42,7 @@ use watchdog::Watchdog;
 
 use crate::sampler::Sampler;
 use crate::step_budget::{StepBudget, WeightReads};
-use crate::stop::StopMatcher;
+use crate::stop::{StopMatcher, StopOutcome};
 use crate::tokenizer::TextTokenizer;
 use crate::{EngineConfig, EngineError, EngineStats, FinishReason, GenerateRequest, Logprobs, MatchedStop, StreamEvent, Usage};
 use handoff_commands::Handoff;
@@ -84,6 +84,18 @@ struct Active {
     prefill_wait: Duration,
     /// Structured outputs: the grammar's state (None: unconstrained).
     constraint: Option<ConstraintState>,
+}
+
+impl Active {
+    /// Feeds new text to the stop matcher, `generated` tokens being out: a
+    /// stop string can complete only after `min_tokens` of them (vLLM).
+    fn stop_text(&mut self, text: &str, generated: usize) -> StopOutcome {
+        if generated > self.sampler.params().min_tokens {
+            self.stop.push(text)
+        } else {
+            self.stop.push_early(text)
+        }
+    }
 }
 
 pub(crate) struct EngineLoop {
@@ -135,12 +147,14 @@ impl EngineLoop {
     ) -> Result<Self, EngineError> {
         let block_size = pool.block_size();
         let capacity = pool.num_blocks() * block_size;
-        let mut max_model_len = model.config().max_position_embeddings.min(capacity);
+        let window = model.config().context_window();
+        let mut max_model_len = window.min(capacity);
         if let Some(m) = config.max_model_len {
-            if m > model.config().max_position_embeddings {
+            if m > window {
                 return Err(EngineError::Load(format!(
-                    "--max-model-len {m} exceeds the model's max_position_embeddings {}",
-                    model.config().max_position_embeddings
+                    "--max-model-len {m} exceeds the model's context window {window} (max_position_embeddings {}, RoPE {})",
+                    model.config().max_position_embeddings,
+                    model.config().rope_scaling.name()
                 )));
             }
             max_model_len = max_model_len.min(m);
@@ -346,7 +360,9 @@ impl EngineLoop {
             tx,
             decoder: IncrementalDecoder::new(req.sampling.skip_special_tokens),
             stop: StopMatcher::new(req.sampling.stop.clone()),
-            sampler: Sampler::new(req.sampling, seq_id),
+            // Masked until min_tokens; one that still comes (a grammar that
+            // allows nothing else) ends the request.
+            sampler: Sampler::new(req.sampling, seq_id).with_stop_tokens(stop_token_ids.clone()),
             stop_token_ids,
             prompt_len: req.prompt_tokens.len(),
             // A prefill worker keeps no sessions: the id only names a snapshot.
@@ -450,7 +466,7 @@ impl EngineLoop {
             return;
         }
         let delta = a.decoder.step(&self.tokenizer, generated);
-        let outcome = a.stop.push(&delta);
+        let outcome = a.stop_text(&delta, generated.len());
         let _ = a.tx.send(StreamEvent::Token { token_id: token, text: outcome.emit, logprobs });
         if let Some(s) = outcome.matched {
             self.finish(id, FinishReason::Stop, Some(MatchedStop::Text(s)));
@@ -469,7 +485,7 @@ impl EngineLoop {
                 (None, Some(seq)) => {
                     // Release a trailing partial character and held-back text.
                     let tail = a.decoder.flush(&self.tokenizer, seq.generated());
-                    let o = a.stop.push(&tail);
+                    let o = a.stop_text(&tail, seq.generated().len());
                     if o.matched.is_some() {
                         o.emit
                     } else {

@@ -1,4 +1,5 @@
-//! Turning one row of logits into one token: biases and penalties, then
+//! Turning one row of logits into one token: biases and penalties, the
+//! grammar's mask, the stop tokens masked before `min_tokens`, then
 //! greedy or temperature / top-k / top-p / min-p sampling with the
 //! request's own random stream (so a seed reproduces, whatever else is
 //! batched). The draw for the i-th generated token comes from a generator
@@ -23,12 +24,21 @@ pub struct Sampler {
     step: u64,
     /// Generated-token counts, for frequency / presence penalties.
     counts: HashMap<u32, u32>,
+    /// Tokens not drawn before `min_tokens` (the request's stop tokens).
+    stop_tokens: Vec<u32>,
 }
 
 impl Sampler {
     pub fn new(params: SamplingParams, default_seed: u64) -> Self {
         let seed = params.seed.unwrap_or(default_seed);
-        Self { params, seed, step: 0, counts: HashMap::new() }
+        Self { params, seed, step: 0, counts: HashMap::new(), stop_tokens: Vec::new() }
+    }
+
+    /// Masks `stop_tokens` (the request's, EOS among them) until
+    /// `min_tokens` tokens have been generated.
+    pub fn with_stop_tokens(mut self, stop_tokens: Vec<u32>) -> Self {
+        self.stop_tokens = stop_tokens;
+        self
     }
 
     /// Records a token chosen elsewhere (by a prefill worker with the same
@@ -88,6 +98,9 @@ impl Sampler {
         }
         if let Some(allowed) = allowed {
             apply_mask(&mut l, allowed);
+        }
+        if self.step < p.min_tokens as u64 {
+            mask_stop_tokens(&mut l, &self.stop_tokens);
         }
         let greedy = p.temperature == 0.0;
         let token = if greedy { argmax(&l) } else { self.draw(&mut l) };
@@ -154,6 +167,21 @@ impl Sampler {
             r -= w;
         }
         cand.last().map(|c| c.0).unwrap_or(0)
+    }
+}
+
+/// Sets the stop tokens' logits to -inf (vLLM's `min_tokens`), unless
+/// nothing else is left: a grammar that allows only the end wins over
+/// `min_tokens` (else nothing could be drawn).
+fn mask_stop_tokens(l: &mut [f32], stop_tokens: &[u32]) {
+    let saved: Vec<(usize, f32)> = stop_tokens.iter().filter_map(|&t| Some((t as usize, *l.get(t as usize)?))).collect();
+    for &(t, _) in &saved {
+        l[t] = f32::NEG_INFINITY;
+    }
+    if !l.iter().any(|x| x.is_finite()) {
+        for (t, x) in saved {
+            l[t] = x;
+        }
     }
 }
 
@@ -263,6 +291,32 @@ mod tests {
             0,
         );
         assert_eq!(s.sample(&[5.0, 1.0, 0.0], &[]).0, 2);
+    }
+
+    #[test]
+    fn stop_tokens_are_masked_until_min_tokens_even_against_a_bias() {
+        let mut s = Sampler::new(
+            params(|p| {
+                p.temperature = 0.0;
+                p.min_tokens = 2;
+                p.logit_bias = vec![(0, 100.0)];
+            }),
+            0,
+        )
+        .with_stop_tokens(vec![0, 2]);
+        let l = [5.0f32, 1.0, 3.0];
+        assert_eq!((0..3).map(|_| s.sample(&l, &[]).0).collect::<Vec<_>>(), vec![1, 1, 0]);
+        // Sampled too: never a stop token before the minimum.
+        let mut s = Sampler::new(params(|p| p.min_tokens = 50), 9).with_stop_tokens(vec![0, 2]);
+        assert!((0..50).all(|_| s.sample(&l, &[]).0 == 1));
+    }
+
+    #[test]
+    fn a_grammar_that_allows_only_a_stop_token_wins_over_min_tokens() {
+        let mut s = Sampler::new(params(|p| p.min_tokens = 5), 0).with_stop_tokens(vec![2]);
+        let mut only_stop = SimpleVob::alloc(3);
+        only_stop.allow_token(2);
+        assert_eq!(s.sample_masked(&[5.0, 1.0, 0.0], &[], Some(&only_stop)).0, 2);
     }
 
     #[test]

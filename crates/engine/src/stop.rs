@@ -11,7 +11,10 @@
 //! * otherwise the longest suffix of the text that is a proper prefix of some
 //!   stop string is held back (cut at char boundaries), the rest emitted;
 //! * empty stop strings are ignored; with no stop strings text passes
-//!   straight through and nothing is held.
+//!   straight through and nothing is held;
+//! * text pushed early ([`StopMatcher::push_early`], the tokens before
+//!   `min_tokens`) cannot complete a stop string, but one may start in it
+//!   and complete in a later push (vLLM's rule).
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StopOutcome {
@@ -30,6 +33,8 @@ pub struct StopMatcher {
     max_len: usize,
     /// A stop string matched; everything after is dropped.
     finished: bool,
+    /// Bytes at the start of `held` pushed early: a match must end after them.
+    early: usize,
 }
 
 impl StopMatcher {
@@ -38,7 +43,7 @@ impl StopMatcher {
         let mut seen = std::collections::HashSet::new();
         stops.retain(|s| seen.insert(s.clone()));
         let max_len = stops.iter().map(String::len).max().unwrap_or(0);
-        Self { stops, held: String::new(), max_len, finished: false }
+        Self { stops, held: String::new(), max_len, finished: false, early: 0 }
     }
 
     /// True once a stop string has matched.
@@ -53,6 +58,15 @@ impl StopMatcher {
 
     /// Feed the next text delta.
     pub fn push(&mut self, text: &str) -> StopOutcome {
+        self.feed(text, true)
+    }
+
+    /// Feed a delta that may not complete a stop string (it never matches).
+    pub fn push_early(&mut self, text: &str) -> StopOutcome {
+        self.feed(text, false)
+    }
+
+    fn feed(&mut self, text: &str, may_match: bool) -> StopOutcome {
         if self.finished {
             return StopOutcome { emit: String::new(), matched: None };
         }
@@ -61,12 +75,15 @@ impl StopMatcher {
         }
         let mut buf = std::mem::take(&mut self.held);
         buf.push_str(text);
+        let early = if may_match { self.early } else { buf.len() };
 
-        // The match that completes first; ties go to the earlier start.
+        // The match that completes first (after the early text); ties go
+        // to the earlier start.
         let best = self
             .stops
             .iter()
-            .filter_map(|s| buf.find(s.as_str()).map(|start| (start + s.len(), start, s)))
+            .filter(|_| may_match)
+            .filter_map(|s| find_ending_after(&buf, s, early).map(|start| (start + s.len(), start, s)))
             .min_by_key(|&(end, start, _)| (end, start));
         if let Some((_, start, stop)) = best {
             let matched = Some(stop.clone());
@@ -84,6 +101,7 @@ impl StopMatcher {
             .find(|&i| self.stops.iter().any(|s| s.starts_with(&buf[i..])))
             .unwrap_or(buf.len());
         self.held = buf.split_off(hold_from);
+        self.early = early.saturating_sub(hold_from);
         StopOutcome { emit: buf, matched: None }
     }
 
@@ -91,6 +109,16 @@ impl StopMatcher {
     pub fn flush(&mut self) -> String {
         std::mem::take(&mut self.held)
     }
+}
+
+/// Where the first occurrence of `stop` (not empty) that ends after byte
+/// `after` of `buf` starts.
+fn find_ending_after(buf: &str, stop: &str, after: usize) -> Option<usize> {
+    let mut from = after.saturating_sub(stop.len() - 1);
+    while !buf.is_char_boundary(from) {
+        from += 1;
+    }
+    buf[from..].find(stop).map(|i| from + i)
 }
 
 #[cfg(test)]
@@ -216,6 +244,27 @@ mod tests {
         assert_eq!(m.push("abc"), StopOutcome { emit: "abc".into(), matched: None });
         let mut m = matcher(&["", "z"]);
         assert_eq!(m.push("abc").emit, "abc");
+    }
+
+    #[test]
+    fn text_pushed_early_cannot_complete_a_stop_but_may_start_one() {
+        // A stop wholly inside the early text is not matched, and is emitted.
+        let mut m = matcher(&["ab"]);
+        assert_eq!(m.push_early("xab"), StopOutcome { emit: "xab".into(), matched: None });
+        assert_eq!(m.push("x").emit, "x");
+        assert_eq!(m.push("ab"), StopOutcome { emit: "".into(), matched: Some("ab".into()) });
+        // One that starts early and completes in a later push matches.
+        let mut m = matcher(&["ab"]);
+        assert_eq!(m.push_early("xa").emit, "x");
+        assert_eq!(m.push("bz"), StopOutcome { emit: "".into(), matched: Some("ab".into()) });
+        // A complete short stop held inside another's prefix stays unmatched.
+        let mut m = matcher(&["b", "abc"]);
+        assert_eq!(m.push_early("ab").emit, "");
+        assert_eq!(m.push("x"), StopOutcome { emit: "abx".into(), matched: None });
+        // Non-ASCII: "zz" is searched from a char boundary, not from inside "é".
+        let mut m = matcher(&["aéz", "zz"]);
+        assert_eq!(m.push_early("aé").emit, "");
+        assert_eq!(m.push("zz"), StopOutcome { emit: "".into(), matched: Some("aéz".into()) });
     }
 
     #[test]

@@ -47,6 +47,9 @@ pub struct ServerConfig {
     /// False (`--no-enable-session-cache`): session ids are accepted and
     /// checked, but no KV is kept for them (every turn is a cold request).
     pub enable_session_cache: bool,
+    /// `--tool-call-parser` (`auto` is resolved against the model's chat
+    /// template when the state is built: [`AppState::tool_call_format`]).
+    pub tool_call_parser: crate::args::ToolCallParserArg,
 }
 
 impl std::fmt::Debug for ServerConfig {
@@ -65,6 +68,7 @@ impl std::fmt::Debug for ServerConfig {
             .field("conn_limits", &self.conn_limits)
             .field("body_read_timeout", &self.body_read_timeout)
             .field("enable_session_cache", &self.enable_session_cache)
+            .field("tool_call_parser", &self.tool_call_parser)
             .finish()
     }
 }
@@ -84,6 +88,7 @@ impl Default for ServerConfig {
             body_read_timeout: Duration::from_secs(30),
             conn_limits: crate::shutdown::ConnLimits::default(),
             enable_session_cache: true,
+            tool_call_parser: crate::args::ToolCallParserArg::Auto,
         }
     }
 }
@@ -103,6 +108,9 @@ pub struct AppState {
     /// Tokens every chat message costs at least under this model's
     /// template (measured once: [`crate::chat_messages::message_token_floor`]).
     pub message_floor: Arc<std::sync::OnceLock<usize>>,
+    /// How tool calls are parsed out of chat answers (`--tool-call-parser`,
+    /// `auto` resolved once, at start-up).
+    pub tool_call_format: crate::tool_parser::ToolCallFormat,
 }
 
 impl AppState {
@@ -112,6 +120,12 @@ impl AppState {
 
     pub fn with_config(engine: EngineHandle, config: ServerConfig) -> Self {
         let admission = Arc::new(Admission::new(config.max_concurrent_requests, config.max_queued_requests));
+        let tool_call_format = config.tool_call_parser.resolve(engine.tokenizer().chat_template_source());
+        tracing::info!(
+            tool_call_parser = tool_call_format.as_str(),
+            flag = ?config.tool_call_parser,
+            "tool-call parser chosen (--tool-call-parser; auto: qwen3_coder when the chat template shows tools as <function=...><parameter=...>)"
+        );
         Self {
             metrics: Arc::new(crate::metrics::worker_metrics(&engine, &admission)),
             engine,
@@ -121,6 +135,7 @@ impl AppState {
             role: crate::args::Role::Both,
             pd: None,
             message_floor: Arc::new(std::sync::OnceLock::new()),
+            tool_call_format,
         }
     }
 

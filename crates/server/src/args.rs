@@ -5,7 +5,7 @@ use clap::{Parser, ValueEnum};
 use kvc_engine::{EngineConfig, LoadFormat, ModelSource};
 
 mod serving;
-pub use serving::{KeyFile, ServingArgs};
+pub use serving::{KeyFile, ServingArgs, ToolCallParserArg};
 
 /// Which part a `kvc-server` process plays (README, "Disaggregated serving").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

@@ -26,12 +26,17 @@ use crate::response::collect;
 use crate::sampling::{DefaultMaxTokens, SamplingPlan};
 use crate::sse::stream_response;
 use crate::structured::{from_guided, from_response_format, one_of, reasoning_gate, tool_call_grammar, GrammarRequest};
+use crate::tool_grammar_qwen3_coder::qwen3_coder_call_grammar;
+use crate::tool_parser::{ToolCallFormat, ToolParser};
 
 /// A validated chat request.
 #[derive(Debug)]
 struct ChatPlan {
     sampling: SamplingPlan,
     tools: ToolMode,
+    /// `parallel_tool_calls` (OpenAI's, default true): false allows one
+    /// tool call per answer.
+    parallel_tool_calls: bool,
     logprobs: bool,
     /// The final assistant message's text, when it is continued.
     continue_final: Option<String>,
@@ -51,7 +56,7 @@ pub async fn chat_completions(
     let arrival = arrival.map_or_else(Instant::now, |Extension(Arrival(t))| t);
     state.check_model(req.model.as_deref())?;
     let info = state.engine.info().clone();
-    let plan = check_request(&req, info.vocab_size)?;
+    let plan = check_request(&req, info.vocab_size, state.tool_call_format)?;
     let floor = *state.message_floor.get_or_init(|| crate::chat_messages::message_token_floor(&state.engine));
     crate::chat_messages::check_message_count(req.messages.len(), floor, state.max_prompt_tokens())?;
     let messages = template_messages(&req.messages)?;
@@ -60,6 +65,11 @@ pub async fn chat_completions(
         crate::sessions::request_scope(&state, &tenant, req.session_id.as_deref(), req.cache_salt.as_deref(), &headers)?;
     let admitted = admit(&state, arrival, "chatcmpl").await?;
 
+    // Built before the tools move into the template render.
+    let tool_parser = plan
+        .tools
+        .parses_calls()
+        .then(|| ToolParser::new(state.tool_call_format, req.tools.as_deref().unwrap_or_default(), plan.parallel_tool_calls));
     let render_state = state.clone();
     let (add_generation_prompt, continue_final) = (plan.add_generation_prompt, plan.continue_final.clone());
     let grammar = plan.grammar.clone();
@@ -109,7 +119,7 @@ pub async fn chat_completions(
         model: info.id,
         n,
         prefix: open_assistant_turn(&prompt).to_string(),
-        tools: plan.tools.parses_calls(),
+        tools: tool_parser,
         calls_finish: !matches!(plan.tools, ToolMode::Named(_)),
         echo: plan.echo,
         logprobs: plan.logprobs,
@@ -125,7 +135,7 @@ pub async fn chat_completions(
 }
 
 /// Validates everything that does not need the prompt.
-fn check_request(req: &ChatCompletionRequest, vocab_size: usize) -> Result<ChatPlan, ApiError> {
+fn check_request(req: &ChatCompletionRequest, vocab_size: usize, format: ToolCallFormat) -> Result<ChatPlan, ApiError> {
     let logprobs = req.logprobs == Some(true);
     let top_logprobs = match req.top_logprobs {
         None => 0,
@@ -141,10 +151,17 @@ fn check_request(req: &ChatCompletionRequest, vocab_size: usize) -> Result<ChatP
         Some(k) => k as usize,
     };
     let tools = tool_mode(req.tools.as_deref(), req.tool_choice.as_ref())?;
-    let tool_grammar = match &tools {
-        ToolMode::Required => Some(tool_call_grammar(req.tools.as_deref().unwrap_or_default(), None)?),
-        ToolMode::Named(name) => Some(tool_call_grammar(req.tools.as_deref().unwrap_or_default(), Some(name))?),
+    let parallel_tool_calls = req.parallel_tool_calls != Some(false);
+    let defined = req.tools.as_deref().unwrap_or_default();
+    let forced = match &tools {
+        ToolMode::Required => Some(None),
+        ToolMode::Named(name) => Some(Some(name.as_str())),
         ToolMode::Off | ToolMode::Auto => None,
+    };
+    let tool_grammar = match (forced, format) {
+        (None, _) => None,
+        (Some(name), ToolCallFormat::Hermes) => Some(tool_call_grammar(defined, name, parallel_tool_calls)?),
+        (Some(name), ToolCallFormat::Qwen3Coder) => Some(qwen3_coder_call_grammar(defined, name, parallel_tool_calls)?),
     };
     let grammar = one_of(one_of(tool_grammar, from_response_format(req.response_format.as_ref())?)?, from_guided(&req.guided)?)?;
     let continue_final = if req.continue_final_message == Some(true) {
@@ -181,6 +198,7 @@ fn check_request(req: &ChatCompletionRequest, vocab_size: usize) -> Result<ChatP
     Ok(ChatPlan {
         sampling,
         tools,
+        parallel_tool_calls,
         logprobs,
         add_generation_prompt: continue_final.is_none() && req.add_generation_prompt.unwrap_or(true),
         continue_final,
@@ -202,7 +220,7 @@ mod tests {
     fn check(extra: Value) -> Result<ChatPlan, (u16, Option<String>)> {
         let mut v = json!({"messages": [{"role": "user", "content": "hi"}]});
         v.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
-        check_request(&request(v), 1000).map_err(|e| {
+        check_request(&request(v), 1000, ToolCallFormat::Hermes).map_err(|e| {
             let (status, body) = error_response(&e);
             (status.as_u16(), body.error.param)
         })
@@ -239,18 +257,18 @@ mod tests {
     fn continuing_a_final_assistant_message_turns_off_the_generation_prompt() {
         let req = request(json!({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Sure,"}],
                                  "continue_final_message": true, "echo": true}));
-        let plan = check_request(&req, 1000).unwrap();
+        let plan = check_request(&req, 1000, ToolCallFormat::Hermes).unwrap();
         assert_eq!(plan.continue_final.as_deref(), Some("Sure,"));
         assert!(plan.echo && !plan.add_generation_prompt);
         let both = request(json!({"messages": [{"role": "assistant", "content": "x"}], "continue_final_message": true,
                                   "add_generation_prompt": true}));
-        assert!(check_request(&both, 1000).is_err());
+        assert!(check_request(&both, 1000, ToolCallFormat::Hermes).is_err());
     }
 
     #[test]
     fn max_completion_tokens_wins_over_max_tokens() {
         let req = request(json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 50, "max_completion_tokens": 7}));
-        let plan = check_request(&req, 1000).unwrap();
+        let plan = check_request(&req, 1000, ToolCallFormat::Hermes).unwrap();
         assert_eq!(plan.sampling.params_for(5, 100, DefaultMaxTokens::RestOfContext).max_tokens, 7);
     }
 }

@@ -1,6 +1,6 @@
 //! A chat answer, token by token: reasoning is split off first
 //! ([`ReasoningParser`]), then tool calls are taken out of the content
-//! ([`ToolCallParser`]); the pieces become `chat.completion.chunk` deltas,
+//! ([`ToolParser`], Hermes or Qwen3-Coder); the pieces become `chat.completion.chunk` deltas,
 //! and a whole answer is the fold of the same deltas.
 
 use std::sync::Arc;
@@ -14,7 +14,7 @@ use crate::openai_types::{
 };
 use crate::reasoning_parser::ReasoningParser;
 use crate::response::Endpoint;
-use crate::tool_parser::{ParsedToolCall, ToolCallParser, ToolOutput};
+use crate::tool_parser::{ParsedToolCall, ToolOutput, ToolParser};
 
 /// What a piece of the answer turned out to be.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -40,14 +40,15 @@ impl Parsed {
 #[derive(Debug, Clone)]
 pub struct ChatParser {
     reasoning: ReasoningParser,
-    tools: Option<ToolCallParser>,
+    tools: Option<ToolParser>,
 }
 
 impl ChatParser {
     /// A parser positioned after `prefix` (the assistant turn already in
-    /// the prompt); also returns what `prefix` parsed to.
-    pub fn primed(prefix: &str, parse_tools: bool) -> (Self, Parsed) {
-        let mut p = Self { reasoning: ReasoningParser::new(), tools: parse_tools.then(ToolCallParser::new) };
+    /// the prompt), taking tool calls out with `tools` (none: they stay
+    /// text); also returns what `prefix` parsed to.
+    pub fn primed(prefix: &str, tools: Option<ToolParser>) -> (Self, Parsed) {
+        let mut p = Self { reasoning: ReasoningParser::new(), tools };
         let parsed = p.push(prefix);
         (p, parsed)
     }
@@ -105,8 +106,10 @@ pub struct ChatSpec {
     pub n: usize,
     /// The open assistant turn at the end of the prompt (parsers start there).
     pub prefix: String,
-    /// Parse `<tool_call>` blocks into `tool_calls`.
-    pub tools: bool,
+    /// Parse tool-call blocks into `tool_calls` with this parser (each
+    /// choice gets a fresh copy); it already knows the format and
+    /// `parallel_tool_calls` ([`ToolParser::new`]). None: calls stay text.
+    pub tools: Option<ToolParser>,
     /// An answer with calls finishes with "tool_calls" (false for a named
     /// `tool_choice`, whose forced call finishes with "stop", as OpenAI's).
     pub calls_finish: bool,
@@ -132,7 +135,7 @@ impl ChatEndpoint {
         let prefix = prefix.as_str();
         let choices = (0..n)
             .map(|_| {
-                let (parser, echoed) = ChatParser::primed(prefix, tools);
+                let (parser, echoed) = ChatParser::primed(prefix, tools.clone());
                 ChoiceState { parser, echo: echo.then_some(echoed), pending_logprobs: Vec::new(), calls: 0 }
             })
             .collect();
@@ -290,6 +293,7 @@ impl ChatEndpoint {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tool_parser::ToolCallFormat;
     use kvc_engine::detokenizer::IncrementalDecoder;
     use kvc_engine::tokenizer::TextTokenizer;
     use kvc_engine::TokenLogprob;
@@ -302,7 +306,16 @@ mod tests {
     }
 
     fn spec(prefix: &str, tools: bool, echo: bool, logprobs: bool) -> ChatSpec {
-        ChatSpec { id: "chatcmpl-t".into(), model: "m".into(), n: 1, prefix: prefix.into(), tools, calls_finish: true, echo, logprobs }
+        ChatSpec {
+            id: "chatcmpl-t".into(),
+            model: "m".into(),
+            n: 1,
+            prefix: prefix.into(),
+            tools: tools.then(|| ToolParser::new(ToolCallFormat::Hermes, &[], true)),
+            calls_finish: true,
+            echo,
+            logprobs,
+        }
     }
 
     /// Plays `answer` as the engine would: tokenized with the real Qwen3
@@ -431,5 +444,25 @@ mod tests {
         let indexes: Vec<usize> = deltas.iter().flat_map(|d| d.delta.tool_calls.iter().flatten()).map(|c| c.index).collect();
         assert_eq!(indexes, vec![0, 1]);
         assert_eq!(message["tool_calls"][1]["function"]["arguments"], r#"{"x":[1,2]}"#);
+    }
+
+    #[test]
+    fn without_parallel_tool_calls_stream_and_whole_answer_keep_the_first_call() {
+        let answer = "Checking both.\n<tool_call>\n{\"name\": \"a\", \"arguments\": {}}\n</tool_call>\n\
+                      <tool_call>\n{\"name\": \"b\", \"arguments\": {\"x\": [1, 2]}}\n</tool_call>";
+        let single = ChatSpec {
+            tools: Some(ToolParser::new(ToolCallFormat::Hermes, &[], false)),
+            ..spec("<think>\n\n</think>\n\n", true, false, false)
+        };
+        let (deltas, body) = play(answer, single, FinishReason::Stop);
+        let streamed: Vec<(usize, &str)> =
+            deltas.iter().flat_map(|d| d.delta.tool_calls.iter().flatten()).map(|c| (c.index, c.function.name.as_str())).collect();
+        assert_eq!(streamed, vec![(0, "a")]);
+        let message = &body["choices"][0]["message"];
+        let names: Vec<&str> = message["tool_calls"].as_array().unwrap().iter().map(|c| c["function"]["name"].as_str().unwrap()).collect();
+        assert_eq!(names, vec!["a"]);
+        assert_eq!(message["content"], "Checking both.");
+        assert_eq!(concat(&deltas, |d| d.content.as_ref()), "Checking both.");
+        assert_eq!(body["choices"][0]["finish_reason"], "tool_calls");
     }
 }

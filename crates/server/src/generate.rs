@@ -258,6 +258,11 @@ impl Generation {
         self.choices.len()
     }
 
+    /// The prompt's length in tokens.
+    pub fn prompt_len(&self) -> usize {
+        self.prompt_len
+    }
+
     /// How the prompt was served (`x-kvc-path`).
     pub fn path(&self) -> kvc_engine::ServePath {
         self.route.path

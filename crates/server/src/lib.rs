@@ -3,13 +3,13 @@
 //! - `POST /v1/chat/completions`, `POST /v1/completions`: OpenAI API with
 //!   `logprobs`, `n`, `echo`, `logit_bias`, stop strings, tools
 //!   ([`tool_parser`]) and reasoning ([`reasoning_parser`]), plus vLLM's
-//!   extensions (`top_k`, `min_p`, `repetition_penalty`, `stop_token_ids`,
-//!   `ignore_eos`, `skip_special_tokens`, `chat_template_kwargs`,
-//!   `add_generation_prompt`, `add_special_tokens`,
-//!   `continue_final_message`) and kvc's `session_id`; unknown top-level
-//!   fields are refused ([`request_fields`]). Streaming as SSE. Every answer
-//!   says how it was served: header `x-kvc-path` and body field `kvc`
-//!   (README, "Sessions").
+//!   extensions (`top_k`, `min_p`, `min_tokens`, `repetition_penalty`,
+//!   `stop_token_ids`, `ignore_eos`, `skip_special_tokens`,
+//!   `chat_template_kwargs`, `add_generation_prompt`, `add_special_tokens`,
+//!   `continue_final_message`, `stream_options.continuous_usage_stats`)
+//!   and kvc's `session_id`; unknown top-level fields are refused
+//!   ([`request_fields`]). Streaming as SSE. Every answer says how it was
+//!   served: header `x-kvc-path` and body field `kvc` (README, "Sessions").
 //! - Security and limits: [`auth`] (`--api-key`, `--cluster-token`),
 //!   [`request_slots`] (concurrency, queue, 429), body and prompt limits, a
 //!   per-request timeout ([`generate`]), graceful shutdown ([`shutdown`]),
@@ -62,5 +62,7 @@ pub mod shutdown;
 pub mod sse;
 pub mod structured;
 pub mod tenant;
+pub mod tool_grammar_qwen3_coder;
 pub mod tool_parser;
+pub mod tool_parser_qwen3_coder;
 pub mod worker_state;

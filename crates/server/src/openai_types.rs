@@ -24,6 +24,9 @@ pub struct SamplingFields {
     pub top_k: Option<i64>,
     /// vLLM extension.
     pub min_p: Option<f32>,
+    /// vLLM extension: stop tokens and stop strings cannot end the output
+    /// before this many tokens.
+    pub min_tokens: Option<i64>,
     pub seed: Option<i64>,
     pub frequency_penalty: Option<f32>,
     pub presence_penalty: Option<f32>,
@@ -61,9 +64,15 @@ impl StopSpec {
     }
 }
 
+/// Unknown keys are refused like unknown top-level fields (the error
+/// names the key).
 #[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct StreamOptions {
     pub include_usage: Option<bool>,
+    /// vLLM extension: with `include_usage`, every chunk carries the usage
+    /// so far.
+    pub continuous_usage_stats: Option<bool>,
 }
 
 /// Body of `POST /v1/chat/completions`.
@@ -86,6 +95,9 @@ pub struct ChatCompletionRequest {
     /// Passed to the chat template.
     pub tools: Option<Vec<Value>>,
     pub tool_choice: Option<Value>,
+    /// OpenAI (default true): false allows at most one tool call per
+    /// answer (the grammar of `"required"`; the first call otherwise).
+    pub parallel_tool_calls: Option<bool>,
     /// Extra template variables, e.g. `{"enable_thinking": false}`.
     pub chat_template_kwargs: Option<Map<String, Value>>,
     /// vLLM extension (default true).
@@ -251,7 +263,10 @@ pub struct UsageInfo {
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
     pub total_tokens: usize,
-    pub prompt_tokens_details: PromptTokensDetails,
+    /// Absent from a stream's running usage (`continuous_usage_stats`):
+    /// the cached count is known at the end.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_tokens_details: Option<PromptTokensDetails>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -265,7 +280,7 @@ impl From<kvc_engine::Usage> for UsageInfo {
             prompt_tokens: u.prompt_tokens,
             completion_tokens: u.completion_tokens,
             total_tokens: u.prompt_tokens + u.completion_tokens,
-            prompt_tokens_details: PromptTokensDetails { cached_tokens: u.cached_tokens },
+            prompt_tokens_details: Some(PromptTokensDetails { cached_tokens: u.cached_tokens }),
         }
     }
 }
@@ -375,7 +390,8 @@ pub struct ChatChunkChoice {
 }
 
 /// `usage` on a streaming chunk: absent unless `include_usage`, then `null`
-/// on every chunk but the last.
+/// on every chunk but the last (the usage so far with
+/// `continuous_usage_stats`).
 pub type ChunkUsage = Option<Option<UsageInfo>>;
 
 #[derive(Debug, Clone, Serialize)]
@@ -512,6 +528,18 @@ mod tests {
         let v = chunk(Some(Some(u.into())));
         assert_eq!(v["usage"]["total_tokens"], 5);
         assert_eq!(v["usage"]["prompt_tokens_details"]["cached_tokens"], 1);
+    }
+
+    #[test]
+    fn unknown_stream_options_are_refused_naming_them() {
+        let ok: CompletionRequest =
+            parse(json!({"prompt": "x", "stream": true, "stream_options": {"include_usage": true, "continuous_usage_stats": true}}))
+                .unwrap();
+        assert_eq!(ok.sampling.stream_options.unwrap().continuous_usage_stats, Some(true));
+        let err = parse::<CompletionRequest>(json!({"prompt": "x", "stream": true, "stream_options": {"every_chunk": true}})).unwrap_err();
+        let (status, body) = crate::error::error_response(&err);
+        assert_eq!((status.as_u16(), body.error.param.as_deref()), (400, Some("stream_options")));
+        assert!(body.error.message.contains("every_chunk"), "{}", body.error.message);
     }
 
     #[test]

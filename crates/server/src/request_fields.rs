@@ -6,7 +6,7 @@
 //! (a misspelt `max_token`, a `guided_json` that nobody enforces). What is
 //! accepted:
 //! - the OpenAI fields kvc implements, and the vLLM / SGLang extensions it
-//!   implements (`top_k`, `min_p`, `repetition_penalty`, `stop_token_ids`,
+//!   implements (`top_k`, `min_p`, `min_tokens`, `repetition_penalty`, `stop_token_ids`,
 //!   `ignore_eos`, `skip_special_tokens`, `add_special_tokens`,
 //!   `chat_template_kwargs`, `add_generation_prompt`,
 //!   `continue_final_message`, `echo`, `session_id`, `cache_salt`, the
@@ -18,8 +18,9 @@
 //!
 //! Known fields that kvc does not implement (`guided_decoding_backend`, beam search,
 //! `functions`, audio, ...) get 400 "... is not supported yet", unless
-//! their value is the one that means "off" (`min_tokens: 0`,
-//! `use_beam_search: false`, `parallel_tool_calls: true`, ...).
+//! their value is the one that means "off" (`priority: 0`,
+//! `use_beam_search: false`, `parallel_tool_calls: true` on completions,
+//! which has no tools, ...).
 
 use std::collections::BTreeMap;
 
@@ -53,6 +54,7 @@ const COMMON: &[&str] = &[
     // vLLM / SGLang extensions kvc implements
     "top_k",
     "min_p",
+    "min_tokens",
     "repetition_penalty",
     "stop_token_ids",
     "ignore_eos",
@@ -84,6 +86,7 @@ const CHAT: &[&str] = &[
     "response_format",
     "tools",
     "tool_choice",
+    "parallel_tool_calls",
     "chat_template_kwargs",
     "add_generation_prompt",
     "continue_final_message",
@@ -120,7 +123,7 @@ fn unsupported(endpoint: Endpoint, field: &str) -> Option<Option<Value>> {
         | "tools"
         | "tool_choice" => None,
         "modalities" => Some(json!(["text"])),
-        "min_tokens" | "priority" => Some(json!(0)),
+        "priority" => Some(json!(0)),
         "length_penalty" => Some(json!(1.0)),
         "include_stop_str_in_output"
         | "use_beam_search"
@@ -192,6 +195,7 @@ mod tests {
                           "user": "u", "metadata": {"a": "b"}, "tools": [], "continue_final_message": true});
         assert!(check(Endpoint::Chat, chat).is_ok());
         assert!(check(Endpoint::Completions, json!({"prompt": "x", "echo": true, "best_of": 1, "ignore_eos": true})).is_ok());
+        assert!(check(Endpoint::Completions, json!({"prompt": "x", "min_tokens": 3})).is_ok());
     }
 
     #[test]
@@ -217,11 +221,14 @@ mod tests {
         assert!(
             check(Endpoint::Chat, json!({"messages": [], "min_tokens": 0, "use_beam_search": false, "parallel_tool_calls": true})).is_ok()
         );
+        // Implemented on chat; completions has no tools.
+        assert!(check(Endpoint::Chat, json!({"messages": [], "parallel_tool_calls": false})).is_ok());
+        assert!(check(Endpoint::Completions, json!({"prompt": "x", "parallel_tool_calls": true})).is_ok());
         assert_eq!(
-            check(Endpoint::Chat, json!({"messages": [], "parallel_tool_calls": false})).unwrap_err().2.as_deref(),
+            check(Endpoint::Completions, json!({"prompt": "x", "parallel_tool_calls": false})).unwrap_err().2.as_deref(),
             Some("parallel_tool_calls")
         );
-        assert_eq!(check(Endpoint::Chat, json!({"messages": [], "min_tokens": 3})).unwrap_err().0, 400);
+        assert_eq!(check(Endpoint::Chat, json!({"messages": [], "priority": 3})).unwrap_err().0, 400);
         assert!(check(Endpoint::Completions, json!({"prompt": "x", "response_format": {"type": "text"}})).is_ok());
         assert_eq!(check(Endpoint::Completions, json!({"prompt": "x", "tools": []})).unwrap_err().2.as_deref(), Some("tools"));
     }

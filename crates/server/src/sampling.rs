@@ -5,6 +5,7 @@ use kvc_engine::SamplingParams;
 
 use crate::error::ApiError;
 use crate::openai_types::SamplingFields;
+use crate::sse::StreamUsage;
 
 /// OpenAI's limit on the number of stop strings.
 pub const MAX_STOP_STRINGS: usize = 4;
@@ -34,7 +35,8 @@ pub struct SamplingPlan {
     /// Choices to generate (`n`).
     pub n: usize,
     pub stream: bool,
-    pub include_usage: bool,
+    /// Which chunks of a stream carry `usage` (`stream_options`).
+    pub include_usage: StreamUsage,
 }
 
 impl SamplingPlan {
@@ -83,7 +85,16 @@ impl SamplingPlan {
         if f.stream_options.is_some() && !stream {
             return Err(ApiError::bad_request("stream_options is only allowed when stream is true", Some("stream_options")));
         }
-        let include_usage = f.stream_options.as_ref().and_then(|o| o.include_usage).unwrap_or(false);
+        let include_usage = match &f.stream_options {
+            Some(o) if o.include_usage == Some(true) && o.continuous_usage_stats == Some(true) => StreamUsage::Continuous,
+            Some(o) if o.include_usage == Some(true) => StreamUsage::Final,
+            _ => StreamUsage::Off,
+        };
+        let min_tokens = match f.min_tokens {
+            None => 0,
+            Some(m) if m < 0 => return Err(ApiError::bad_request(format!("min_tokens must be at least 0, got {m}"), Some("min_tokens"))),
+            Some(m) => usize::try_from(m).unwrap_or(usize::MAX),
+        };
         let defaults = SamplingParams::default();
         let params = SamplingParams {
             temperature: f.temperature.unwrap_or(defaults.temperature),
@@ -94,7 +105,10 @@ impl SamplingPlan {
             frequency_penalty: f.frequency_penalty.unwrap_or(defaults.frequency_penalty),
             presence_penalty: f.presence_penalty.unwrap_or(defaults.presence_penalty),
             repetition_penalty: f.repetition_penalty.unwrap_or(defaults.repetition_penalty),
-            max_tokens: max_tokens.unwrap_or(1),
+            // Without an explicit limit min_tokens is checked against the
+            // one settled with the prompt (by the engine).
+            max_tokens: max_tokens.unwrap_or(min_tokens.max(1)),
+            min_tokens,
             stop_token_ids,
             stop,
             ignore_eos: f.ignore_eos.unwrap_or(false),
@@ -219,10 +233,12 @@ mod tests {
 
     #[test]
     fn out_of_range_sampling_values_are_rejected() {
+        // OpenAI's range, [0, 2].
         assert_eq!(rejected_param(json!({"temperature": -0.1})), "temperature");
-        // Beyond f32's range: the message says the range, not "got inf".
+        assert_eq!(rejected_param(json!({"temperature": 2.5})), "temperature");
         let msg = error_response(&plan(json!({"temperature": 1e308})).unwrap_err()).1.error.message;
-        assert!(msg.contains("from 0 to 3.4028235e38"), "{msg}");
+        assert!(msg.contains("[0, 2]"), "{msg}");
+        assert!(plan(json!({"temperature": 2})).is_ok() && plan(json!({"temperature": 0})).is_ok());
         assert_eq!(rejected_param(json!({"top_p": 0})), "top_p");
         assert_eq!(rejected_param(json!({"top_p": 1.5})), "top_p");
         assert_eq!(rejected_param(json!({"top_k": -2})), "top_k");
@@ -272,8 +288,25 @@ mod tests {
     fn stream_options_need_stream() {
         assert_eq!(rejected_param(json!({"stream_options": {"include_usage": true}})), "stream_options");
         let p = plan(json!({"stream": true, "stream_options": {"include_usage": true}})).unwrap();
-        assert!(p.stream && p.include_usage);
+        assert!(p.stream && p.include_usage == StreamUsage::Final);
         let p = plan(json!({"stream": true})).unwrap();
-        assert!(p.stream && !p.include_usage);
+        assert!(p.stream && p.include_usage == StreamUsage::Off);
+        // Like vLLM, continuous usage only with include_usage.
+        let p = plan(json!({"stream": true, "stream_options": {"include_usage": true, "continuous_usage_stats": true}})).unwrap();
+        assert_eq!(p.include_usage, StreamUsage::Continuous);
+        let p = plan(json!({"stream": true, "stream_options": {"continuous_usage_stats": true}})).unwrap();
+        assert_eq!(p.include_usage, StreamUsage::Off);
+    }
+
+    #[test]
+    fn min_tokens_maps_and_may_not_exceed_max_tokens() {
+        let p = plan(json!({"min_tokens": 4, "max_tokens": 4})).unwrap();
+        assert_eq!(p.params_for(1, 100, DefaultMaxTokens::Fixed(16)).min_tokens, 4);
+        assert_eq!(rejected_param(json!({"min_tokens": 5, "max_tokens": 4})), "min_tokens");
+        assert_eq!(rejected_param(json!({"min_tokens": -1})), "min_tokens");
+        // Without max_tokens the limit is settled with the prompt; the
+        // engine checks min_tokens against it.
+        let p = plan(json!({"min_tokens": 20})).unwrap().params_for(1, 100, DefaultMaxTokens::Fixed(16));
+        assert_eq!(p.validate().unwrap_err().param, "min_tokens");
     }
 }

@@ -17,15 +17,31 @@ use kvc_engine::Usage;
 use crate::app::AppState;
 use crate::error::{error_response, ApiError};
 use crate::generate::{log_finished, serving_headers, total_usage, ChoiceEvent, Generation};
-use crate::openai_types::{ChunkUsage, KvcInfo};
+use crate::openai_types::{ChunkUsage, KvcInfo, UsageInfo};
 use crate::response::Endpoint;
+
+/// Which chunks of a stream carry `usage` (`stream_options`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum StreamUsage {
+    /// None (no `include_usage`).
+    #[default]
+    Off,
+    /// A last chunk with the totals; every other chunk says `null`
+    /// (`include_usage`).
+    Final,
+    /// That last chunk, and every other chunk with the prompt and the
+    /// completion tokens so far (vLLM's `continuous_usage_stats`).
+    Continuous,
+}
 
 /// Turns a generation's events into SSE data lines.
 struct Driver<E: Endpoint> {
     generation: Generation,
     endpoint: E,
-    include_usage: bool,
+    include_usage: StreamUsage,
     usages: Vec<Usage>,
+    /// Tokens generated so far, by choice (for [`StreamUsage::Continuous`]).
+    generated: Vec<usize>,
     queue: VecDeque<String>,
     finished: bool,
     state: AppState,
@@ -33,7 +49,19 @@ struct Driver<E: Endpoint> {
 
 impl<E: Endpoint> Driver<E> {
     fn chunk_usage(&self) -> ChunkUsage {
-        self.include_usage.then_some(None)
+        match self.include_usage {
+            StreamUsage::Off => None,
+            StreamUsage::Final => Some(None),
+            StreamUsage::Continuous => {
+                let (prompt, completion) = (self.generation.prompt_len(), self.generated.iter().sum::<usize>());
+                Some(Some(UsageInfo {
+                    prompt_tokens: prompt,
+                    completion_tokens: completion,
+                    total_tokens: prompt + completion,
+                    prompt_tokens_details: None,
+                }))
+            }
+        }
     }
 
     fn push(&mut self, deltas: Vec<E::Delta>, kvc: Option<KvcInfo>) {
@@ -58,11 +86,13 @@ impl<E: Endpoint> Driver<E> {
     fn on_event(&mut self, event: Result<Option<ChoiceEvent>, ApiError>) {
         match event {
             Ok(Some(ChoiceEvent::Token { index, token_id, text, logprobs })) => {
+                self.generated[index] += 1;
                 if let Some(delta) = self.endpoint.token(index, token_id, &text, logprobs.as_ref()) {
                     self.push(vec![delta], None);
                 }
             }
             Ok(Some(ChoiceEvent::Finished { index, reason, text, matched_stop, usage })) => {
+                self.generated[index] = usage.completion_tokens;
                 let (deltas, reported) = self.endpoint.finish(index, &text, reason, matched_stop);
                 let last = deltas.len().saturating_sub(1);
                 for (i, delta) in deltas.into_iter().enumerate() {
@@ -74,7 +104,7 @@ impl<E: Endpoint> Driver<E> {
                 log_finished(self.generation.request_id(), index, reported, &usage);
             }
             Ok(None) => {
-                if self.include_usage {
+                if self.include_usage != StreamUsage::Off {
                     let usage = total_usage(&self.usages);
                     let chunk = self.endpoint.chunk(vec![], Some(Some(usage.into())), None);
                     match serde_json::to_string(&chunk) {
@@ -102,7 +132,7 @@ impl<E: Endpoint> Drop for Driver<E> {
 }
 
 /// The streaming response: `data: {chunk}` lines, then `data: [DONE]`.
-pub fn stream_response<E: Endpoint>(state: &AppState, generation: Generation, mut endpoint: E, include_usage: bool) -> Response {
+pub fn stream_response<E: Endpoint>(state: &AppState, generation: Generation, mut endpoint: E, include_usage: StreamUsage) -> Response {
     let request_id = generation.request_id().to_string();
     let path = generation.path();
     let n = generation.n();
@@ -112,6 +142,7 @@ pub fn stream_response<E: Endpoint>(state: &AppState, generation: Generation, mu
         endpoint,
         include_usage,
         usages: vec![Usage::default(); n],
+        generated: vec![0; n],
         queue: VecDeque::new(),
         finished: false,
         state: state.clone(),

@@ -4,9 +4,11 @@
 //! - OpenAI: `response_format` `{"type": "json_object"}` and
 //!   `{"type": "json_schema", "json_schema": {"name", "schema", "strict"}}`;
 //!   `tool_choice: "required"` or `{"type": "function", "function":
-//!   {"name"}}`: the answer is one or more (one, when named) tool calls in
-//!   Qwen3's format, `<tool_call>\n{"name": ..., "arguments": ...}\n</tool_call>`,
-//!   the arguments constrained by the tool's `parameters` schema.
+//!   {"name"}}`: the answer is one or more (one, when named or with
+//!   `parallel_tool_calls: false`) tool calls in Qwen3's format,
+//!   `<tool_call>\n{"name": ..., "arguments": ...}\n</tool_call>`, the
+//!   arguments constrained by the tool's `parameters` schema (its local
+//!   `$ref`s still resolve: [`rebase_refs`]).
 //! - vLLM's extensions: `guided_json`, `guided_regex`, `guided_choice`,
 //!   `guided_grammar` (llguidance's Lark dialect, an EBNF), and their newer
 //!   spelling `structured_outputs: {json | regex | choice | grammar}`.
@@ -49,7 +51,7 @@ impl GrammarRequest {
 
 /// `g` unless its text is over [`MAX_GRAMMAR_BYTES`]: then a 400 naming
 /// the limit and `field` (the request field the text came from).
-fn sized(g: GrammarRequest, field: &'static str) -> Result<GrammarRequest, ApiError> {
+pub(crate) fn sized(g: GrammarRequest, field: &'static str) -> Result<GrammarRequest, ApiError> {
     let bytes = grammar_bytes(&g.grammar);
     if bytes > MAX_GRAMMAR_BYTES {
         let what = if field == "tools" { "the tool-call grammar built from the tools' parameters" } else { "the grammar" };
@@ -200,10 +202,10 @@ pub fn one_of(a: Option<GrammarRequest>, b: Option<GrammarRequest>) -> Result<Op
 }
 
 /// The grammar of `tool_choice: "required"` (`name: None`: one or more
-/// calls of any of `tools`) or of a named function (exactly one call of
-/// it), in Qwen3's tool-call format. `tools` are already checked
-/// ([`crate::chat_messages::tool_mode`]).
-pub fn tool_call_grammar(tools: &[Value], name: Option<&str>) -> Result<GrammarRequest, ApiError> {
+/// calls of any of `tools`, exactly one unless `parallel`) or of a named
+/// function (exactly one call of it), in Qwen3's tool-call format. `tools`
+/// are already checked ([`crate::chat_messages::tool_mode`]).
+pub fn tool_call_grammar(tools: &[Value], name: Option<&str>, parallel: bool) -> Result<GrammarRequest, ApiError> {
     const P: &str = "tool_choice";
     let chosen: Vec<&Map<String, Value>> = tools
         .iter()
@@ -218,7 +220,7 @@ pub fn tool_call_grammar(tools: &[Value], name: Option<&str>) -> Result<GrammarR
     for (i, f) in chosen.iter().enumerate() {
         let fname = f.get("name").and_then(Value::as_str).unwrap_or_default();
         let strict = f.get("strict").and_then(Value::as_bool).unwrap_or(false);
-        let params = match f.get("parameters") {
+        let mut params = match f.get("parameters") {
             None | Some(Value::Null) => json!({"type": "object"}),
             Some(p) if p.is_object() => p.clone(),
             Some(_) => {
@@ -228,6 +230,7 @@ pub fn tool_call_grammar(tools: &[Value], name: Option<&str>) -> Result<GrammarR
                 ))
             }
         };
+        rebase_refs(&mut params, ARGUMENTS_AT);
         let call = json!({
             "type": "object",
             "properties": {"name": {"const": fname}, "arguments": params},
@@ -238,9 +241,58 @@ pub fn tool_call_grammar(tools: &[Value], name: Option<&str>) -> Result<GrammarR
         rules.push(format!("call_{i}: %json {call}"));
     }
     let alternatives: Vec<String> = (0..chosen.len()).map(|i| format!("call_{i}")).collect();
-    let start = if name.is_some() { "start: tool_call" } else { "start: tool_call (\"\\n\" tool_call)*" };
+    let start = if name.is_some() || !parallel { "start: tool_call" } else { "start: tool_call (\"\\n\" tool_call)*" };
     let lark = format!("{start}\ntool_call: \"<tool_call>\\n\" ({}) \"\\n</tool_call>\"\n{}\n", alternatives.join(" | "), rules.join("\n"));
     sized(GrammarRequest { grammar: Grammar::Lark(lark), param: P }, "tools")
+}
+
+/// Where [`tool_call_grammar`] puts a tool's `parameters` in the call
+/// object it builds, as a JSON pointer.
+const ARGUMENTS_AT: &str = "#/properties/arguments";
+
+/// Rewrites the document-local `$ref`s (`#`, `#/...`) of a schema that is
+/// embedded at `base` (a `#/...` pointer) of another, so that they still
+/// resolve: llguidance resolves a `$ref` from the root of the schema it
+/// compiles, and a tool's `parameters` (pydantic's `#/$defs/Point`) are no
+/// longer that root once wrapped in the call object. Data values (`const`,
+/// `enum`, `default`, `examples`) are left alone; the members of name maps
+/// (`properties`, `$defs`, ...) are schemas whatever their names (a
+/// property may be called `default`). Other references (remote, anchors)
+/// are kept: llguidance refuses them as it would unwrapped.
+fn rebase_refs(schema: &mut Value, base: &str) {
+    let Value::Object(keywords) = schema else { return };
+    for (key, value) in keywords.iter_mut() {
+        match (key.as_str(), value) {
+            ("$ref", Value::String(r)) => {
+                if let Some(rebased) = rebased_ref(r, base) {
+                    *r = rebased;
+                }
+            }
+            ("const" | "enum" | "default" | "examples", _) => {}
+            ("properties" | "patternProperties" | "$defs" | "definitions" | "dependentSchemas" | "dependencies", Value::Object(named)) => {
+                named.values_mut().for_each(|s| rebase_refs(s, base));
+            }
+            (_, value) => rebase_subschemas(value, base),
+        }
+    }
+}
+
+/// The schemas under a keyword: one (`items`, `not`, ...) or a list
+/// (`anyOf`, `prefixItems`, ...).
+fn rebase_subschemas(value: &mut Value, base: &str) {
+    match value {
+        Value::Array(items) => items.iter_mut().for_each(|v| rebase_subschemas(v, base)),
+        other => rebase_refs(other, base),
+    }
+}
+
+/// `#` and `#/` (the root, as llguidance reads them) become `base`,
+/// `#/...` becomes `base/...`; `None` for any other reference.
+fn rebased_ref(reference: &str, base: &str) -> Option<String> {
+    match reference {
+        "#" | "#/" => Some(base.to_string()),
+        r => r.strip_prefix('#').filter(|p| p.starts_with('/')).map(|pointer| format!("{base}{pointer}")),
+    }
 }
 
 /// A grammar the engine could not compile: a 400 naming the field it came
@@ -275,6 +327,9 @@ pub fn reasoning_gate(assistant_prefix: &str) -> ReasoningGate {
 mod tests {
     use super::*;
     use crate::error::error_response;
+    use kvc_engine::tokenizer::TextTokenizer;
+    use kvc_engine::GrammarCompiler;
+    use std::sync::{Arc, OnceLock};
 
     fn param(e: ApiError) -> (u16, Option<String>) {
         let (status, body) = error_response(&e);
@@ -315,8 +370,8 @@ mod tests {
     #[test]
     fn a_named_tool_must_exist() {
         let tools = [json!({"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}})];
-        assert!(tool_call_grammar(&tools, Some("f")).is_ok());
-        assert_eq!(param(tool_call_grammar(&tools, Some("g")).unwrap_err()), (400, Some("tool_choice".into())));
+        assert!(tool_call_grammar(&tools, Some("f"), true).is_ok());
+        assert_eq!(param(tool_call_grammar(&tools, Some("g"), true).unwrap_err()), (400, Some("tool_choice".into())));
     }
 
     #[test]
@@ -340,11 +395,158 @@ mod tests {
         // Tools: all their parameters together, each under the limit.
         let tool = |i: usize| json!({"type": "function", "function": {"name": format!("f{i}"), "parameters": {"type": "object", "description": "y".repeat(MAX_GRAMMAR_BYTES / 4)}}});
         let tools: Vec<Value> = (0..4).map(tool).collect();
-        over(tool_call_grammar(&tools, None).map(Some), "tools");
-        assert!(tool_call_grammar(&tools[..3], None).is_ok());
+        over(tool_call_grammar(&tools, None, true).map(Some), "tools");
+        assert!(tool_call_grammar(&tools[..3], None, true).is_ok());
         // At the limit is fine.
         let at = "x".repeat(MAX_GRAMMAR_BYTES);
         assert!(from_guided(&GuidedFields { guided_regex: Some(at), ..Default::default() }).is_ok());
+    }
+
+    /// The engine's grammar compiler over the real Qwen3 tokenizer (built
+    /// once: the token trie takes some hundreds of milliseconds).
+    fn compiler() -> &'static (GrammarCompiler, Arc<TextTokenizer>) {
+        static C: OnceLock<(GrammarCompiler, Arc<TextTokenizer>)> = OnceLock::new();
+        C.get_or_init(|| {
+            let tok = Arc::new(TextTokenizer::embedded_qwen3().expect("embedded tokenizer"));
+            (GrammarCompiler::new(tok.clone(), &tok.eos_token_ids()).unwrap(), tok)
+        })
+    }
+
+    /// Whether the compiled grammar of `g` takes `text` as a whole answer:
+    /// fed token by token through the engine's constraint state, it must
+    /// not finish early (the state then lets anything through, for
+    /// `ignore_eos`) and must end where the grammar allows EOS.
+    fn accepts(g: &GrammarRequest, text: &str) -> bool {
+        let (compiler, tok) = compiler();
+        let compiled = compiler.compile(&g.constraint(ReasoningGate::Off)).expect("the grammar compiles");
+        let mut state = kvc_engine::constrained::ConstraintState::new(compiled);
+        for id in tok.encode(text, false).unwrap() {
+            if state.is_finished() || state.advance(id).is_err() {
+                return false;
+            }
+        }
+        let eos = tok.eos_token_ids()[0];
+        state.mask().unwrap().is_some_and(|m| m.is_allowed(eos))
+    }
+
+    fn tool(name: &str, parameters: Value) -> Value {
+        json!({"type": "function", "function": {"name": name, "strict": true, "parameters": parameters}})
+    }
+
+    /// A call block, its JSON in the layout the grammars impose
+    /// (`json.dumps` separators).
+    fn call(name: &str, arguments: Value) -> String {
+        fn dumps(v: &Value) -> String {
+            match v {
+                Value::Array(items) => format!("[{}]", items.iter().map(dumps).collect::<Vec<_>>().join(", ")),
+                Value::Object(o) => {
+                    let members: Vec<String> = o.iter().map(|(k, v)| format!("{}: {}", json!(k), dumps(v))).collect();
+                    format!("{{{}}}", members.join(", "))
+                }
+                other => other.to_string(),
+            }
+        }
+        format!("<tool_call>\n{}\n</tool_call>", dumps(&json!({"name": name, "arguments": arguments})))
+    }
+
+    /// pydantic's shape: `$defs` at the root, one definition using another.
+    fn route_params() -> Value {
+        json!({
+            "$defs": {
+                "Point": {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"], "additionalProperties": false},
+                "Stop": {"type": "object", "properties": {"at": {"$ref": "#/$defs/Point"}}, "required": ["at"], "additionalProperties": false}
+            },
+            "type": "object",
+            "properties": {"start": {"$ref": "#/$defs/Point"}, "stops": {"type": "array", "items": {"$ref": "#/$defs/Stop"}, "maxItems": 2}},
+            "required": ["start", "stops"],
+            "additionalProperties": false
+        })
+    }
+
+    /// Draft-07's `definitions`, and a property named `default` whose
+    /// schema is a reference (a name, not the data keyword).
+    fn unit_params() -> Value {
+        json!({
+            "definitions": {"Unit": {"enum": ["#/definitions/Unit", "celsius"]}},
+            "type": "object",
+            "properties": {"default": {"$ref": "#/definitions/Unit"}},
+            "required": ["default"],
+            "additionalProperties": false
+        })
+    }
+
+    #[test]
+    fn local_refs_are_rebased_under_the_arguments_and_data_is_not() {
+        let mut p = json!({
+            "$ref": "#",
+            "properties": {"enum": {"$ref": "#/$defs/A"}, "const": {"anyOf": [{"$ref": "#/"}, {"$ref": "other.json#/x"}]}},
+            "$defs": {"A": {"items": [{"$ref": "#/definitions/B"}], "default": {"$ref": "#/kept"}, "const": {"$ref": "#"}}},
+            "examples": [{"$ref": "#/kept"}]
+        });
+        rebase_refs(&mut p, ARGUMENTS_AT);
+        let expected = json!({
+            "$ref": "#/properties/arguments",
+            "properties": {"enum": {"$ref": "#/properties/arguments/$defs/A"}, "const": {"anyOf": [{"$ref": "#/properties/arguments"}, {"$ref": "other.json#/x"}]}},
+            "$defs": {"A": {"items": [{"$ref": "#/properties/arguments/definitions/B"}], "default": {"$ref": "#/kept"}, "const": {"$ref": "#"}}},
+            "examples": [{"$ref": "#/kept"}]
+        });
+        assert_eq!(p, expected);
+    }
+
+    #[test]
+    fn parameters_with_local_refs_compile_and_constrain_the_call() {
+        let tools = [tool("route", route_params())];
+        for name in [None, Some("route")] {
+            let g = tool_call_grammar(&tools, name, true).unwrap();
+            let good = json!({"start": {"x": 1}, "stops": [{"at": {"x": -2}}]});
+            assert!(accepts(&g, &call("route", good)), "{name:?}");
+            // The referenced definitions are enforced, not skipped.
+            assert!(!accepts(&g, &call("route", json!({"start": {"x": "one"}, "stops": []}))), "{name:?}");
+            assert!(!accepts(&g, &call("route", json!({"start": {"x": 1}, "stops": [{"at": {"y": 2}}]}))), "{name:?}");
+        }
+        let g = tool_call_grammar(&[tool("unit", unit_params())], None, true).unwrap();
+        assert!(accepts(&g, &call("unit", json!({"default": "celsius"}))));
+        assert!(accepts(&g, &call("unit", json!({"default": "#/definitions/Unit"}))), "an enum value is data, kept as sent");
+        assert!(!accepts(&g, &call("unit", json!({"default": "kelvin"}))));
+    }
+
+    #[test]
+    fn a_recursive_root_ref_compiles_and_nests() {
+        let tree = json!({
+            "type": "object",
+            "properties": {"leaf": {"type": "integer"}, "kids": {"type": "array", "items": {"$ref": "#"}, "maxItems": 2}},
+            "required": ["leaf", "kids"],
+            "additionalProperties": false
+        });
+        let g = tool_call_grammar(&[tool("tree", tree)], Some("tree"), true).unwrap();
+        assert!(accepts(&g, &call("tree", json!({"leaf": 1, "kids": [{"leaf": 2, "kids": [{"leaf": 3, "kids": []}]}]}))));
+        assert!(!accepts(&g, &call("tree", json!({"leaf": 1, "kids": [{"leaf": 2}]}))), "a nested tree needs its own kids");
+    }
+
+    #[test]
+    fn each_tool_keeps_its_own_definitions() {
+        // The same definition name, two meanings.
+        let a = json!({"$defs": {"V": {"type": "integer"}}, "type": "object", "properties": {"v": {"$ref": "#/$defs/V"}},
+                       "required": ["v"], "additionalProperties": false});
+        let b = json!({"$defs": {"V": {"type": "boolean"}}, "type": "object", "properties": {"v": {"$ref": "#/$defs/V"}},
+                       "required": ["v"], "additionalProperties": false});
+        let g = tool_call_grammar(&[tool("a", a), tool("b", b), tool("route", route_params())], None, true).unwrap();
+        let (a_ok, b_ok) = (call("a", json!({"v": 3})), call("b", json!({"v": true})));
+        assert!(accepts(&g, &format!("{a_ok}\n{b_ok}")));
+        assert!(!accepts(&g, &call("a", json!({"v": true}))));
+        assert!(!accepts(&g, &call("b", json!({"v": 3}))));
+    }
+
+    #[test]
+    fn without_parallel_calls_required_allows_exactly_one_call() {
+        let tools = [tool("route", route_params()), tool("unit", unit_params())];
+        let one = call("unit", json!({"default": "celsius"}));
+        let two = format!("{one}\n{}", call("route", json!({"start": {"x": 1}, "stops": []})));
+        let parallel = tool_call_grammar(&tools, None, true).unwrap();
+        assert!(accepts(&parallel, &one) && accepts(&parallel, &two));
+        let single = tool_call_grammar(&tools, None, false).unwrap();
+        assert!(accepts(&single, &one));
+        assert!(!accepts(&single, &two));
     }
 
     #[test]

@@ -17,9 +17,19 @@
 //!   model that stops right after the JSON), else returned as text;
 //! - whitespace right before a block, and after the last block at the end
 //!   of the answer, is layout and dropped (so an answer that is only tool
-//!   calls has no content).
+//!   calls has no content);
+//! - with `parallel_tool_calls: false` ([`ToolCallParser::first_call_only`])
+//!   a block that parses as a call after the first call is dropped (a
+//!   malformed one is still text): the answer holds at most one call,
+//!   streamed or whole.
+//!
+//! [`ToolParser`] serves this format and Qwen3-Coder's XML one
+//! ([`crate::tool_parser_qwen3_coder`]) behind the same methods; the server
+//! picks the format once ([`ToolCallFormat`], `--tool-call-parser`).
 
 use serde_json::Value;
+
+use crate::tool_parser_qwen3_coder::Qwen3CoderParser;
 
 pub const TOOL_CALL_START: &str = "<tool_call>";
 pub const TOOL_CALL_END: &str = "</tool_call>";
@@ -45,6 +55,8 @@ pub struct ToolCallParser {
     /// possible partial tag). Inside: the block so far.
     held: String,
     calls: usize,
+    /// Later calls are dropped ([`Self::first_call_only`]).
+    first_only: bool,
 }
 
 impl ToolCallParser {
@@ -52,7 +64,14 @@ impl ToolCallParser {
         Self::default()
     }
 
-    /// Calls found so far.
+    /// A parser that keeps the first call and drops the blocks of later
+    /// ones (`parallel_tool_calls: false`: OpenAI then returns one call; a
+    /// model prompted with tools may still write several).
+    pub fn first_call_only() -> Self {
+        Self { first_only: true, ..Self::default() }
+    }
+
+    /// Calls found so far (kept ones).
     pub fn calls(&self) -> usize {
         self.calls
     }
@@ -69,7 +88,7 @@ impl ToolCallParser {
                 let block: String = self.held.drain(..end + TOOL_CALL_END.len()).collect();
                 let block = &block[..end];
                 self.inside = false;
-                out.push(self.close_block(block, true));
+                out.extend(self.close_block(block, true));
                 continue;
             }
             if let Some(start) = self.held.find(TOOL_CALL_START) {
@@ -96,7 +115,7 @@ impl ToolCallParser {
         let held = std::mem::take(&mut self.held);
         if self.inside {
             self.inside = false;
-            return vec![self.close_block(&held, false)];
+            return self.close_block(&held, false).into_iter().collect();
         }
         let text = if self.calls > 0 { held.trim_end().to_string() } else { held };
         if text.is_empty() {
@@ -106,15 +125,18 @@ impl ToolCallParser {
         }
     }
 
-    fn close_block(&mut self, block: &str, closed: bool) -> ToolOutput {
+    /// A finished block: a call, its text when malformed, or nothing (a
+    /// call past the first with [`Self::first_call_only`]).
+    fn close_block(&mut self, block: &str, closed: bool) -> Option<ToolOutput> {
         match parse_call(block) {
+            Some(_) if self.first_only && self.calls > 0 => None,
             Some(call) => {
                 self.calls += 1;
-                ToolOutput::Call(call)
+                Some(ToolOutput::Call(call))
             }
             None => {
                 let end = if closed { TOOL_CALL_END } else { "" };
-                ToolOutput::Text(format!("{TOOL_CALL_START}{block}{end}"))
+                Some(ToolOutput::Text(format!("{TOOL_CALL_START}{block}{end}")))
             }
         }
     }
@@ -125,6 +147,90 @@ impl ToolCallParser {
         let mut out = p.push(text);
         out.extend(p.finish());
         out
+    }
+}
+
+/// How a model writes tool calls (vLLM's `--tool-call-parser` names).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ToolCallFormat {
+    /// `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` (Qwen3).
+    #[default]
+    Hermes,
+    /// `<tool_call><function=NAME><parameter=KEY>VALUE</parameter>...`
+    /// (Qwen3-Coder).
+    Qwen3Coder,
+}
+
+impl ToolCallFormat {
+    /// vLLM's name for it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Hermes => "hermes",
+            Self::Qwen3Coder => "qwen3_coder",
+        }
+    }
+
+    /// The format a chat template teaches its model: Qwen3-Coder's
+    /// templates show tools in the XML style (`<function=` and
+    /// `<parameter=`); anything else (no template included) is Hermes.
+    pub fn of_template(template: Option<&str>) -> Self {
+        match template {
+            Some(t) if t.contains("<function=") && t.contains("<parameter=") => Self::Qwen3Coder,
+            _ => Self::Hermes,
+        }
+    }
+}
+
+/// A request's tool-call parser, whichever the format: one type for the
+/// chat output to hold.
+#[derive(Debug, Clone)]
+pub enum ToolParser {
+    Hermes(ToolCallParser),
+    Qwen3Coder(Qwen3CoderParser),
+}
+
+impl ToolParser {
+    /// A parser for `format`, typed by the request's `tools` (Qwen3-Coder
+    /// values are text, the schema makes them numbers, booleans, ...);
+    /// `parallel: false` keeps the first call only.
+    pub fn new(format: ToolCallFormat, tools: &[Value], parallel: bool) -> Self {
+        match (format, parallel) {
+            (ToolCallFormat::Hermes, true) => Self::Hermes(ToolCallParser::new()),
+            (ToolCallFormat::Hermes, false) => Self::Hermes(ToolCallParser::first_call_only()),
+            (ToolCallFormat::Qwen3Coder, true) => Self::Qwen3Coder(Qwen3CoderParser::new(tools)),
+            (ToolCallFormat::Qwen3Coder, false) => Self::Qwen3Coder(Qwen3CoderParser::first_call_only(tools)),
+        }
+    }
+
+    pub fn format(&self) -> ToolCallFormat {
+        match self {
+            Self::Hermes(_) => ToolCallFormat::Hermes,
+            Self::Qwen3Coder(_) => ToolCallFormat::Qwen3Coder,
+        }
+    }
+
+    /// Calls found so far (kept ones).
+    pub fn calls(&self) -> usize {
+        match self {
+            Self::Hermes(p) => p.calls(),
+            Self::Qwen3Coder(p) => p.calls(),
+        }
+    }
+
+    /// Feeds the next piece of content.
+    pub fn push(&mut self, text: &str) -> Vec<ToolOutput> {
+        match self {
+            Self::Hermes(p) => p.push(text),
+            Self::Qwen3Coder(p) => p.push(text),
+        }
+    }
+
+    /// The answer ended.
+    pub fn finish(&mut self) -> Vec<ToolOutput> {
+        match self {
+            Self::Hermes(p) => p.finish(),
+            Self::Qwen3Coder(p) => p.finish(),
+        }
     }
 }
 
@@ -170,7 +276,10 @@ mod tests {
     /// Pushes `pieces` one at a time; adjacent text outputs are merged so
     /// that results compare independently of how text was cut.
     fn stream(pieces: &[&str]) -> Vec<ToolOutput> {
-        let mut p = ToolCallParser::new();
+        stream_with(ToolCallParser::new(), pieces)
+    }
+
+    fn stream_with(mut p: ToolCallParser, pieces: &[&str]) -> Vec<ToolOutput> {
         let mut raw: Vec<ToolOutput> = pieces.iter().flat_map(|s| p.push(s)).collect();
         raw.extend(p.finish());
         let mut out: Vec<ToolOutput> = Vec::new();
@@ -258,5 +367,59 @@ mod tests {
         assert_eq!(p.push("\"f\"}\n</tool_call>"), vec![call("f", "{}")]);
         assert_eq!(p.finish(), vec![]);
         assert_eq!(p.calls(), 1);
+    }
+
+    #[test]
+    fn first_call_only_drops_later_calls_at_any_cut_and_keeps_text() {
+        let bad = "<tool_call>{\"arguments\": {}}</tool_call>";
+        let answer = format!("Sure.\n{TWO_CALLS}\n{bad}\nDone.\n");
+        let expected = vec![text("Sure."), call("get_weather", r#"{"city":"Paris"}"#), text(&format!("{bad}\nDone."))];
+        for cut in (0..=answer.len()).filter(|&c| answer.is_char_boundary(c)) {
+            let pieces = [&answer[..cut], &answer[cut..]];
+            let merged = stream_with(ToolCallParser::first_call_only(), &pieces);
+            assert_eq!(merged, expected, "cut at {cut}");
+        }
+        // The one call of an answer that is only calls, and no content.
+        assert_eq!(stream_with(ToolCallParser::first_call_only(), &[TWO_CALLS, "\n"]), vec![call("get_weather", r#"{"city":"Paris"}"#)]);
+    }
+
+    #[test]
+    fn a_template_showing_tools_as_xml_picks_qwen3_coder_else_hermes() {
+        let coder = "{%- for tool in tools %}<function>{{ tool.name }}</function>{%- endfor %}\n                     <tool_call>\n<function=example_function_name>\n<parameter=example_parameter_1>\nvalue_1\n</parameter>";
+        assert_eq!(ToolCallFormat::of_template(Some(coder)), ToolCallFormat::Qwen3Coder);
+        let hermes =
+            "<tools>{{ tool | tojson }}</tools>\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call>";
+        assert_eq!(ToolCallFormat::of_template(Some(hermes)), ToolCallFormat::Hermes);
+        // Both markers are needed; no template is Hermes.
+        assert_eq!(ToolCallFormat::of_template(Some("<function=f>")), ToolCallFormat::Hermes);
+        assert_eq!(ToolCallFormat::of_template(None), ToolCallFormat::Hermes);
+    }
+
+    #[test]
+    fn the_tool_parser_dispatches_to_the_chosen_format() {
+        let tools = [serde_json::json!({"type": "function", "function": {"name": "add", "parameters": {
+            "type": "object", "properties": {"a": {"type": "integer"}, "note": {"type": "string"}}}}})];
+        let xml =
+            "<tool_call>\n<function=add>\n<parameter=a>\n7\n</parameter>\n<parameter=note>\nx\n</parameter>\n</function>\n</tool_call>";
+        let mut coder = ToolParser::new(ToolCallFormat::Qwen3Coder, &tools, true);
+        assert_eq!(coder.format(), ToolCallFormat::Qwen3Coder);
+        let mut out = coder.push(xml);
+        out.extend(coder.finish());
+        assert_eq!(out, vec![call("add", r#"{"a":7,"note":"x"}"#)]);
+        assert_eq!(coder.calls(), 1);
+        // The Hermes parser leaves the XML block as the text it was.
+        let mut hermes = ToolParser::new(ToolCallFormat::Hermes, &tools, true);
+        let mut out = hermes.push(xml);
+        out.extend(hermes.finish());
+        assert_eq!((out, hermes.calls()), (vec![text(xml)], 0));
+        // And parses its own; parallel: false keeps one call in both formats.
+        let mut single = ToolParser::new(ToolCallFormat::Hermes, &tools, false);
+        let mut out = single.push(TWO_CALLS);
+        out.extend(single.finish());
+        assert_eq!(out, vec![call("get_weather", r#"{"city":"Paris"}"#)]);
+        let mut single = ToolParser::new(ToolCallFormat::Qwen3Coder, &tools, false);
+        let mut out = single.push(&format!("{xml}\n{xml}"));
+        out.extend(single.finish());
+        assert_eq!(out, vec![call("add", r#"{"a":7,"note":"x"}"#)]);
     }
 }

@@ -39,6 +39,11 @@ pub struct SamplingParams {
     pub repetition_penalty: f32,
     /// Maximum number of generated tokens.
     pub max_tokens: usize,
+    /// Tokens generated before a stop token or stop string may end the
+    /// output (vLLM's `min_tokens`; 0: none). Until then the stop tokens
+    /// are masked, unless a grammar allows nothing else.
+    #[serde(default)]
+    pub min_tokens: usize,
     /// Extra token ids that end generation (the model's EOS ids are added
     /// by the engine unless `ignore_eos`).
     pub stop_token_ids: Vec<u32>,
@@ -69,6 +74,7 @@ impl Default for SamplingParams {
             presence_penalty: 0.0,
             repetition_penalty: 1.0,
             max_tokens: 16,
+            min_tokens: 0,
             stop_token_ids: Vec::new(),
             stop: Vec::new(),
             ignore_eos: false,
@@ -84,9 +90,8 @@ impl SamplingParams {
     /// Checks ranges; the error names the offending parameter.
     pub fn validate(&self) -> Result<(), ParamError> {
         let bad = |param: &str, msg: String| Err(ParamError { param: param.to_string(), message: msg });
-        if !(self.temperature >= 0.0) || !self.temperature.is_finite() {
-            // An f64 beyond f32's range arrives here as inf: say the range.
-            return bad("temperature", format!("temperature must be a number from 0 to {:e}, got {}", f32::MAX, self.temperature));
+        if !(self.temperature >= 0.0 && self.temperature <= 2.0) {
+            return bad("temperature", format!("temperature must be in [0, 2], got {}", self.temperature));
         }
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
             return bad("top_p", format!("top_p must be in (0, 1], got {}", self.top_p));
@@ -105,6 +110,9 @@ impl SamplingParams {
         }
         if self.max_tokens == 0 {
             return bad("max_tokens", "max_tokens must be at least 1".to_string());
+        }
+        if self.min_tokens > self.max_tokens {
+            return bad("min_tokens", format!("min_tokens must be at most max_tokens ({}), got {}", self.max_tokens, self.min_tokens));
         }
         Ok(())
     }

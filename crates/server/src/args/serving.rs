@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use super::{parse_bytes, parse_positive_f64};
 use crate::app::ServerConfig;
+use crate::tool_parser::ToolCallFormat;
 
 /// Security, limits and lifecycle of the HTTP front (see [`ServerConfig`]).
 #[derive(Debug, Clone, clap::Args)]
@@ -72,6 +73,35 @@ pub struct ServingArgs {
     /// in; then it is answered 408 and closed (stalled bodies).
     #[arg(long, default_value_t = 30.0, value_parser = parse_positive_f64)]
     pub body_read_timeout_s: f64,
+
+    /// How the model writes tool calls (vLLM's names): `hermes`
+    /// (`<tool_call>{json}</tool_call>`, Qwen3), `qwen3_coder` (the XML
+    /// `<function=...><parameter=...>` of Qwen3-Coder), or `auto`:
+    /// `qwen3_coder` when the chat template shows tools in that XML style,
+    /// else `hermes`.
+    #[arg(long, value_enum, default_value_t = ToolCallParserArg::Auto)]
+    pub tool_call_parser: ToolCallParserArg,
+}
+
+/// `--tool-call-parser`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum ToolCallParserArg {
+    Hermes,
+    #[value(name = "qwen3_coder")]
+    Qwen3Coder,
+    #[default]
+    Auto,
+}
+
+impl ToolCallParserArg {
+    /// The format to parse with, given the model's chat template source.
+    pub fn resolve(self, template: Option<&str>) -> ToolCallFormat {
+        match self {
+            Self::Hermes => ToolCallFormat::Hermes,
+            Self::Qwen3Coder => ToolCallFormat::Qwen3Coder,
+            Self::Auto => ToolCallFormat::of_template(template),
+        }
+    }
 }
 
 /// The keys of an `--api-key-file`.
@@ -118,6 +148,42 @@ impl ServingArgs {
             },
             body_read_timeout: Duration::from_secs_f64(self.body_read_timeout_s),
             enable_session_cache: true,
+            tool_call_parser: self.tool_call_parser,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    fn flag(args: &[&str]) -> Result<ToolCallParserArg, clap::Error> {
+        let argv = ["kvc-server"].iter().chain(args).copied();
+        crate::args::Args::try_parse_from(argv).map(|a| a.serving.tool_call_parser)
+    }
+
+    #[test]
+    fn tool_call_parser_defaults_to_auto_which_follows_the_template() {
+        assert_eq!(flag(&[]).unwrap(), ToolCallParserArg::Auto);
+        let xml = Some("<tool_call>\n<function=f>\n<parameter=k>\nv\n</parameter>\n</function>\n</tool_call>");
+        let json = Some("<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call>");
+        assert_eq!(ToolCallParserArg::Auto.resolve(xml), ToolCallFormat::Qwen3Coder);
+        assert_eq!(ToolCallParserArg::Auto.resolve(json), ToolCallFormat::Hermes);
+        assert_eq!(ToolCallParserArg::Auto.resolve(None), ToolCallFormat::Hermes);
+        // An explicit choice wins over the template.
+        assert_eq!(flag(&["--tool-call-parser", "hermes"]).unwrap().resolve(xml), ToolCallFormat::Hermes);
+        assert_eq!(flag(&["--tool-call-parser", "qwen3_coder"]).unwrap().resolve(json), ToolCallFormat::Qwen3Coder);
+        assert_eq!(parse_default_config().tool_call_parser, ToolCallParserArg::Auto);
+    }
+
+    fn parse_default_config() -> ServerConfig {
+        crate::args::Args::try_parse_from(["kvc-server"]).unwrap().serving.server_config()
+    }
+
+    #[test]
+    fn an_unknown_tool_call_parser_is_refused_listing_the_values() {
+        let e = flag(&["--tool-call-parser", "mistral"]).unwrap_err().to_string();
+        assert!(e.contains("hermes") && e.contains("qwen3_coder") && e.contains("auto"), "{e}");
     }
 }

@@ -77,6 +77,8 @@ async fn serve_prefill(
     let started = Instant::now();
     let mut sampling = req.sampling.clone();
     sampling.max_tokens = 1;
+    // Its one token is kept from the stop tokens as the decode worker's would be.
+    sampling.min_tokens = sampling.min_tokens.min(1);
     let mut gen = GenerateRequest {
         request_id: req.request_id.clone(),
         prompt_tokens: req.prompt_tokens.clone(),

@@ -94,9 +94,7 @@ fn measure(device: &candle_core::Device, tokens: usize) -> Vec<(String, f64)> {
         ("cublas", MoeGemm::Cublas),
     ];
     for (name, g) in routes {
-        let call = || {
-            grouped_projection(g, &offsets, &xs, &gate_up, &gu).and_then(|_| grouped_projection(g, &offsets, &act, &down, &dn))
-        };
+        let call = || grouped_projection(g, &offsets, &xs, &gate_up, &gu).and_then(|_| grouped_projection(g, &offsets, &act, &down, &dn));
         if let Err(e) = call() {
             println!("{tokens:>6} {:<22} error: {e}", format!("gemms {name}"));
             continue;
@@ -115,15 +113,7 @@ fn measure(device: &candle_core::Device, tokens: usize) -> Vec<(String, f64)> {
     // The whole block on each expert GEMM.
     let dev = device.as_cuda_device().unwrap();
     let kernels = Kernels::load(dev).unwrap();
-    let moe = GpuMoe {
-        router: randn(&[E, H], 0.02),
-        gate_up,
-        down,
-        num_experts: E,
-        intermediate: I,
-        top_k: TOP_K,
-        norm_topk_prob: true,
-    };
+    let moe = GpuMoe { router: randn(&[E, H], 0.02), gate_up, down, num_experts: E, intermediate: I, top_k: TOP_K, norm_topk_prob: true };
     let x = randn(&[tokens, H], 1.0);
     let blocks = [
         ("kvc kernels", None, MoeGemm::Kvc),
@@ -196,7 +186,11 @@ pub fn run(o: &Opts) {
     println!("\n{:>6} {:<22} {:>9} {:>9} {:>9} {:>8}", "tokens", "kvc best gemms", "TFLOP/s", "peer", "TFLOP/s", "ratio");
     for (t, b) in &best {
         let Some((route, s)) = b else { continue };
-        let p = peers.iter().filter(|p| p.0 == *t).filter_map(|p| p.2.as_ref().ok().map(|s| (p.1.clone(), *s))).min_by(|a, b| a.1.total_cmp(&b.1));
+        let p = peers
+            .iter()
+            .filter(|p| p.0 == *t)
+            .filter_map(|p| p.2.as_ref().ok().map(|s| (p.1.clone(), *s)))
+            .min_by(|a, b| a.1.total_cmp(&b.1));
         if let Some((pb, ps)) = p {
             println!(
                 "{t:>6} {:<22} {:>9.1} {:<9} {:>9.1} {:>8.2}",

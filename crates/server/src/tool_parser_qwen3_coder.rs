@@ -1,0 +1,606 @@
+//! Qwen3-Coder tool calls: XML-style blocks in the answer become OpenAI
+//! `tool_calls`, as vLLM's `qwen3_coder` tool parser does.
+//!
+//! ```text
+//! <tool_call>
+//! <function=NAME>
+//! <parameter=KEY>
+//! VALUE
+//! </parameter>
+//! </function>
+//! </tool_call>
+//! ```
+//!
+//! Same shape as the Hermes parser ([`crate::tool_parser`]): one streaming
+//! parser for streamed and whole answers, the same [`ToolOutput`]s, the
+//! same layout rules (whitespace right before a block, and after the last
+//! block at the end of the answer, is dropped), the same
+//! `parallel_tool_calls: false` rule ([`Qwen3CoderParser::first_call_only`]:
+//! calls after the first are dropped, malformed blocks are still text).
+//!
+//! Rules:
+//! - a value is everything between `<parameter=KEY>` and the first
+//!   `</parameter>` after it, less one leading and one trailing newline;
+//!   nothing else closes it, so `<parameter=`, `</function>` and
+//!   `</tool_call>` written inside code are kept (vLLM also ends a value at
+//!   the next `<parameter=` or `</function>`, which cuts such code, and
+//!   recovers a forgotten `</parameter>`; here a forgotten one makes the
+//!   value run on). A value cannot contain `</parameter>`: the format has
+//!   no escape;
+//! - outside values, text between the tags is ignored and `</function>`
+//!   may be missing before `</tool_call>`, as vLLM's regexes allow; a
+//!   block may hold several functions, one call each;
+//! - names and keys run to `>` and are trimmed; an empty one, or one with
+//!   `<` or a newline (a lost `>`), makes the block malformed;
+//! - values are typed by the tool's JSON schema,
+//!   `parameters.properties[KEY].type` (for a list of types, the first that
+//!   is not `"null"`), with vLLM's type names: the text `null` (any case)
+//!   is `null` for every key; string types keep the text; integer and
+//!   number types parse (a number with no fraction is an integer) and keep
+//!   the text when they do not; booleans are `true`/`false` in any case,
+//!   else the text (vLLM gives `false`); object, array and unknown types
+//!   parse as JSON, else the text (vLLM also tries Python literals); a key
+//!   not in the schema, or a tool not in `tools`, keeps the text;
+//! - `arguments` is a JSON object in the order the keys came (a repeated
+//!   key keeps its first place and its last value, as a Python dict);
+//! - a block with no function, or malformed, comes back as the text it
+//!   was, up to its `</tool_call>`;
+//! - a block still open when the answer ends (max_tokens) is parsed if it
+//!   has a function and is not inside a name, a key or a value: every
+//!   parameter it opened was closed, only `</function>`/`</tool_call>` are
+//!   missing; else it is text. vLLM parses it whenever the names are
+//!   complete, keeping a value cut mid-way, which would hand a tool a
+//!   truncated file;
+//! - only `<tool_call>` opens a block: vLLM's whole-answer fallback that
+//!   parses a bare `<function=` is not followed (its streaming path does
+//!   not either), so streamed and whole answers agree.
+
+use std::collections::HashMap;
+
+use serde_json::{Map, Value};
+
+use crate::tool_parser::{ParsedToolCall, ToolOutput, TOOL_CALL_END, TOOL_CALL_START};
+
+pub const FUNCTION_START: &str = "<function=";
+pub const FUNCTION_END: &str = "</function>";
+pub const PARAMETER_START: &str = "<parameter=";
+pub const PARAMETER_END: &str = "</parameter>";
+
+/// Where the scanner stands.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+enum Scan {
+    /// Outside blocks: content.
+    #[default]
+    Outside,
+    /// In a block, between functions.
+    Block,
+    /// After `<function=`, before `>`.
+    Name,
+    /// In a function, between parameters.
+    Function,
+    /// After `<parameter=`, before `>`.
+    Key,
+    /// In a value, before `</parameter>`.
+    Value,
+    /// Malformed: waiting for `</tool_call>`.
+    Broken,
+}
+
+/// A function of the open block, its values still text.
+#[derive(Debug, Clone)]
+struct RawCall {
+    name: String,
+    params: Vec<(String, String)>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct Qwen3CoderParser {
+    /// Tool name -> its `parameters.properties`.
+    schemas: HashMap<String, Map<String, Value>>,
+    scan: Scan,
+    /// Outside: text that may start a block. Inside: the block so far,
+    /// after `<tool_call>`.
+    held: String,
+    /// Inside: bytes of `held` already scanned.
+    pos: usize,
+    /// Start of the name, key or value being read.
+    mark: usize,
+    /// Functions of the open block.
+    open: Vec<RawCall>,
+    calls: usize,
+    /// Later calls are dropped ([`Self::first_call_only`]).
+    first_only: bool,
+}
+
+impl Qwen3CoderParser {
+    /// A parser for a request's OpenAI `tools` (they type the values).
+    pub fn new(tools: &[Value]) -> Self {
+        Self { schemas: schemas(tools), ..Self::default() }
+    }
+
+    /// A parser that keeps the first call and drops later ones
+    /// (`parallel_tool_calls: false`).
+    pub fn first_call_only(tools: &[Value]) -> Self {
+        Self { first_only: true, ..Self::new(tools) }
+    }
+
+    /// Calls found so far (kept ones).
+    pub fn calls(&self) -> usize {
+        self.calls
+    }
+
+    /// Feeds the next piece of content.
+    pub fn push(&mut self, text: &str) -> Vec<ToolOutput> {
+        self.held.push_str(text);
+        let mut out = Vec::new();
+        loop {
+            if self.scan != Scan::Outside {
+                let Some(end) = self.scan_block() else {
+                    return out;
+                };
+                let block: String = self.held.drain(..end).collect();
+                out.extend(self.close_block(&block));
+                continue;
+            }
+            if let Some(start) = self.held.find(TOOL_CALL_START) {
+                let before = self.held[..start].trim_end();
+                if !before.is_empty() {
+                    out.push(ToolOutput::Text(before.to_string()));
+                }
+                self.held.drain(..start + TOOL_CALL_START.len());
+                self.scan = Scan::Block;
+                self.pos = 0;
+                continue;
+            }
+            let cut = self.held.len() - possible_block_start_len(&self.held);
+            if cut > 0 {
+                out.push(ToolOutput::Text(self.held.drain(..cut).collect()));
+            }
+            return out;
+        }
+    }
+
+    /// The answer ended: an open block is parsed if it can be (see the
+    /// module rules) or returned as text; held text is released (trailing
+    /// whitespace dropped after a call).
+    pub fn finish(&mut self) -> Vec<ToolOutput> {
+        let held = std::mem::take(&mut self.held);
+        if self.scan != Scan::Outside {
+            return self.close_block(&held);
+        }
+        let text = if self.calls > 0 { held.trim_end().to_string() } else { held };
+        if text.is_empty() {
+            Vec::new()
+        } else {
+            vec![ToolOutput::Text(text)]
+        }
+    }
+
+    /// Parses a whole answer (tests and tools; serving streams pushes).
+    pub fn parse_all(tools: &[Value], text: &str) -> Vec<ToolOutput> {
+        let mut p = Self::new(tools);
+        let mut out = p.push(text);
+        out.extend(p.finish());
+        out
+    }
+
+    /// Scans the open block from `pos`; `Some(end)` when it closed, `end`
+    /// just past its `</tool_call>`.
+    fn scan_block(&mut self) -> Option<usize> {
+        loop {
+            let rest = &self.held[self.pos..];
+            match self.scan {
+                Scan::Outside => unreachable!("scan_block runs inside a block"),
+                Scan::Block => match earliest(rest, &[FUNCTION_START, TOOL_CALL_END]) {
+                    Some((i, 0)) => self.open_name(i + FUNCTION_START.len(), Scan::Name),
+                    Some((i, _)) => return Some(self.pos + i + TOOL_CALL_END.len()),
+                    None => return self.wait(),
+                },
+                Scan::Function => match earliest(rest, &[PARAMETER_START, FUNCTION_END, TOOL_CALL_END]) {
+                    Some((i, 0)) => self.open_name(i + PARAMETER_START.len(), Scan::Key),
+                    Some((i, 1)) => {
+                        self.pos += i + FUNCTION_END.len();
+                        self.scan = Scan::Block;
+                    }
+                    Some((i, _)) => return Some(self.pos + i + TOOL_CALL_END.len()),
+                    None => return self.wait(),
+                },
+                Scan::Name | Scan::Key => {
+                    let Some(i) = rest.find(['>', '<', '\n']) else {
+                        self.pos = self.held.len();
+                        return None;
+                    };
+                    let name = self.held[self.mark..self.pos + i].trim();
+                    if rest.as_bytes()[i] != b'>' || name.is_empty() {
+                        self.pos = self.mark;
+                        self.scan = Scan::Broken;
+                        continue;
+                    }
+                    let name = name.to_string();
+                    self.pos += i + 1;
+                    if self.scan == Scan::Name {
+                        self.open.push(RawCall { name, params: Vec::new() });
+                        self.scan = Scan::Function;
+                    } else {
+                        self.open.last_mut().expect("a key is inside a function").params.push((name, String::new()));
+                        self.mark = self.pos;
+                        self.scan = Scan::Value;
+                    }
+                }
+                Scan::Value => {
+                    let Some(i) = rest.find(PARAMETER_END) else {
+                        return self.wait();
+                    };
+                    let raw = &self.held[self.mark..self.pos + i];
+                    let raw = raw.strip_prefix('\n').unwrap_or(raw);
+                    let raw = raw.strip_suffix('\n').unwrap_or(raw).to_string();
+                    let call = self.open.last_mut().expect("a value is inside a function");
+                    call.params.last_mut().expect("a value has a key").1 = raw;
+                    self.pos += i + PARAMETER_END.len();
+                    self.scan = Scan::Function;
+                }
+                Scan::Broken => match rest.find(TOOL_CALL_END) {
+                    Some(i) => return Some(self.pos + i + TOOL_CALL_END.len()),
+                    None => return self.wait(),
+                },
+            }
+        }
+    }
+
+    /// A `<function=` or `<parameter=` ends `skip` bytes past `pos`.
+    fn open_name(&mut self, skip: usize, scan: Scan) {
+        self.pos += skip;
+        self.mark = self.pos;
+        self.scan = scan;
+    }
+
+    /// No tag yet: the next scan starts where a tag cut off at the end of
+    /// `held` could begin.
+    fn wait(&mut self) -> Option<usize> {
+        let mut at = self.held.len().saturating_sub(LONGEST_TAG - 1).max(self.pos);
+        while !self.held.is_char_boundary(at) {
+            at -= 1;
+        }
+        self.pos = at;
+        None
+    }
+
+    /// A finished block (`block` is its text after `<tool_call>`): its
+    /// calls, or its text when it cannot be parsed.
+    fn close_block(&mut self, block: &str) -> Vec<ToolOutput> {
+        let parsed = matches!(self.scan, Scan::Block | Scan::Function) && !self.open.is_empty();
+        let open = std::mem::take(&mut self.open);
+        self.scan = Scan::Outside;
+        self.pos = 0;
+        if !parsed {
+            return vec![ToolOutput::Text(format!("{TOOL_CALL_START}{block}"))];
+        }
+        let mut out = Vec::new();
+        for raw in open {
+            if self.first_only && self.calls > 0 {
+                break;
+            }
+            self.calls += 1;
+            out.push(ToolOutput::Call(self.typed(raw)));
+        }
+        out
+    }
+
+    /// A call with its values typed by the tool's schema.
+    fn typed(&self, raw: RawCall) -> ParsedToolCall {
+        let schema = self.schemas.get(&raw.name);
+        let mut args: Vec<(String, Value)> = Vec::new();
+        for (key, text) in raw.params {
+            let value = typed_value(&text, schema.and_then(|s| s.get(&key)));
+            match args.iter_mut().find(|(k, _)| *k == key) {
+                Some(slot) => slot.1 = value,
+                None => args.push((key, value)),
+            }
+        }
+        let fields: Vec<String> = args.iter().map(|(k, v)| format!("{}:{v}", Value::from(k.as_str()))).collect();
+        ParsedToolCall { name: raw.name, arguments: format!("{{{}}}", fields.join(",")) }
+    }
+}
+
+const LONGEST_TAG: usize = PARAMETER_END.len();
+const _: () = assert!(
+    LONGEST_TAG >= FUNCTION_START.len()
+        && LONGEST_TAG >= FUNCTION_END.len()
+        && LONGEST_TAG >= PARAMETER_START.len()
+        && LONGEST_TAG >= TOOL_CALL_END.len()
+);
+
+/// Tool name -> `parameters.properties` (or `parameters` itself when it
+/// has no `properties`, as vLLM reads it); the first tool of a name wins.
+fn schemas(tools: &[Value]) -> HashMap<String, Map<String, Value>> {
+    let mut out = HashMap::new();
+    for tool in tools {
+        if tool.get("type").is_some_and(|t| t != "function") {
+            continue;
+        }
+        let Some(function) = tool.get("function") else { continue };
+        let Some(name) = function.get("name").and_then(Value::as_str) else { continue };
+        let properties = match function.get("parameters") {
+            Some(Value::Object(params)) => params.get("properties").and_then(Value::as_object).unwrap_or(params).clone(),
+            _ => Map::new(),
+        };
+        out.entry(name.to_string()).or_insert(properties);
+    }
+    out
+}
+
+/// A value's text typed by its property schema (`None`: not in the schema).
+fn typed_value(text: &str, schema: Option<&Value>) -> Value {
+    let as_text = || Value::String(text.to_string());
+    if text.eq_ignore_ascii_case("null") {
+        return Value::Null;
+    }
+    let Some(schema) = schema else { return as_text() };
+    let ty = match schema.get("type") {
+        Some(Value::String(t)) => t.trim().to_ascii_lowercase(),
+        Some(Value::Array(ts)) => {
+            ts.iter().filter_map(Value::as_str).find(|t| *t != "null").unwrap_or("string").trim().to_ascii_lowercase()
+        }
+        _ => "string".to_string(),
+    };
+    let trimmed = text.trim();
+    match ty.as_str() {
+        "string" | "str" | "text" | "varchar" | "char" | "enum" => as_text(),
+        t if ["int", "uint", "long", "short", "unsigned"].iter().any(|p| t.starts_with(p)) => integer(trimmed).unwrap_or_else(as_text),
+        t if t.starts_with("num") || t.starts_with("float") => number(trimmed).unwrap_or_else(as_text),
+        "boolean" | "bool" | "binary" => match trimmed.to_ascii_lowercase().as_str() {
+            "true" => Value::Bool(true),
+            "false" => Value::Bool(false),
+            _ => as_text(),
+        },
+        _ => serde_json::from_str(text).unwrap_or_else(|_| as_text()),
+    }
+}
+
+fn integer(text: &str) -> Option<Value> {
+    text.parse::<i64>().map(Value::from).or_else(|_| text.parse::<u64>().map(Value::from)).ok()
+}
+
+/// A finite number; one with no fraction is an integer (vLLM: `5.0` -> `5`).
+fn number(text: &str) -> Option<Value> {
+    if let Some(v) = integer(text) {
+        return Some(v);
+    }
+    let f = text.parse::<f64>().ok().filter(|f| f.is_finite())?;
+    if f.fract() == 0.0 && f.abs() < 9.0e15 {
+        return Some(Value::from(f as i64));
+    }
+    serde_json::Number::from_f64(f).map(Value::Number)
+}
+
+/// The first of `tags` in `text`: (offset, index in `tags`).
+fn earliest(text: &str, tags: &[&str]) -> Option<(usize, usize)> {
+    tags.iter().enumerate().filter_map(|(k, tag)| text.find(tag).map(|i| (i, k))).min()
+}
+
+/// Length of the suffix of `text` that might still turn into the start of
+/// a block: a proper prefix of `<tool_call>` and the whitespace before it.
+fn possible_block_start_len(text: &str) -> usize {
+    let partial = (1..TOOL_CALL_START.len().min(text.len() + 1))
+        .rev()
+        .find(|&k| text.is_char_boundary(text.len() - k) && TOOL_CALL_START.starts_with(&text[text.len() - k..]))
+        .unwrap_or(0);
+    let before = &text[..text.len() - partial];
+    partial + (before.len() - before.trim_end().len())
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn tools() -> Vec<Value> {
+        let tool = |name: &str, properties: Value| json!({"type": "function", "function": {"name": name, "parameters": {"type": "object", "properties": properties}}});
+        vec![
+            tool("write_file", json!({"path": {"type": "string"}, "content": {"type": "string"}})),
+            tool("get_weather", json!({"city": {"type": "string"}, "days": {"type": "integer"}})),
+            tool(
+                "search",
+                json!({
+                    "query": {"type": "string"},
+                    "limit": {"type": "integer"},
+                    "min_score": {"type": "number"},
+                    "exact": {"type": "boolean"},
+                    "filters": {"type": "object"},
+                    "tags": {"type": "array"},
+                    "page": {"type": ["integer", "null"]},
+                    "note": {"description": "no type: a string"}
+                }),
+            ),
+        ]
+    }
+
+    fn call(name: &str, arguments: &str) -> ToolOutput {
+        ToolOutput::Call(ParsedToolCall { name: name.into(), arguments: arguments.into() })
+    }
+
+    fn text(s: &str) -> ToolOutput {
+        ToolOutput::Text(s.into())
+    }
+
+    fn parse(answer: &str) -> Vec<ToolOutput> {
+        Qwen3CoderParser::parse_all(&tools(), answer)
+    }
+
+    /// Pushes `pieces` one at a time; adjacent text outputs are merged so
+    /// that results compare independently of how text was cut.
+    fn stream_with(mut p: Qwen3CoderParser, pieces: &[&str]) -> Vec<ToolOutput> {
+        let mut raw: Vec<ToolOutput> = pieces.iter().flat_map(|s| p.push(s)).collect();
+        raw.extend(p.finish());
+        merged(raw)
+    }
+
+    fn merged(raw: Vec<ToolOutput>) -> Vec<ToolOutput> {
+        let mut out: Vec<ToolOutput> = Vec::new();
+        for o in raw {
+            match (out.last_mut(), o) {
+                (Some(ToolOutput::Text(a)), ToolOutput::Text(b)) => a.push_str(&b),
+                (_, o) => out.push(o),
+            }
+        }
+        out
+    }
+
+    /// Cut in two at every char boundary, and char by char, the answer
+    /// streams to `expected`.
+    fn assert_every_split(make: impl Fn() -> Qwen3CoderParser, answer: &str, expected: &[ToolOutput]) {
+        for cut in (0..=answer.len()).filter(|&c| answer.is_char_boundary(c)) {
+            assert_eq!(stream_with(make(), &[&answer[..cut], &answer[cut..]]), expected, "cut at {cut} of {answer:?}");
+        }
+        let chars: Vec<String> = answer.chars().map(String::from).collect();
+        assert_eq!(stream_with(make(), &chars.iter().map(String::as_str).collect::<Vec<_>>()), expected, "char by char: {answer:?}");
+    }
+
+    fn assert_parses_and_streams(answer: &str, expected: &[ToolOutput]) {
+        assert_eq!(merged(parse(answer)), expected, "whole: {answer:?}");
+        assert_every_split(|| Qwen3CoderParser::new(&tools()), answer, expected);
+    }
+
+    const WEATHER: &str = "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>";
+    const WRITE: &str = "<tool_call>\n<function=write_file>\n<parameter=path>\nhello.txt\n</parameter>\n<parameter=content>\nhi\n</parameter>\n</function>\n</tool_call>";
+
+    #[test]
+    fn one_block_becomes_one_call_with_typed_arguments() {
+        assert_parses_and_streams(WEATHER, &[call("get_weather", r#"{"city":"Paris","days":3}"#)]);
+    }
+
+    #[test]
+    fn several_calls_keep_the_text_between_them() {
+        let answer = format!("I'll check the weather first.\n\n{WEATHER}\nThen save it.\n{WRITE}\n");
+        assert_parses_and_streams(
+            &answer,
+            &[
+                text("I'll check the weather first."),
+                call("get_weather", r#"{"city":"Paris","days":3}"#),
+                text("\nThen save it."),
+                call("write_file", r#"{"path":"hello.txt","content":"hi"}"#),
+            ],
+        );
+        // Back to back, the layout newline between blocks is dropped.
+        assert_parses_and_streams(
+            &format!("{WEATHER}\n{WRITE}"),
+            &[call("get_weather", r#"{"city":"Paris","days":3}"#), call("write_file", r#"{"path":"hello.txt","content":"hi"}"#)],
+        );
+    }
+
+    #[test]
+    fn code_values_are_kept_verbatim_up_to_the_first_close_tag() {
+        let code = "fn main() {\n    let re = \"a\\\\d+\\n\";\n    println!(\"{re} </b> <parameter=x> </function> </tool_call>\");\n}\n";
+        let answer = format!(
+            "<tool_call>\n<function=write_file>\n<parameter=path>\nsrc/main.rs\n</parameter>\n<parameter=content>\n{code}\n</parameter>\n</function>\n</tool_call>"
+        );
+        let arguments = format!(r#"{{"path":"src/main.rs","content":{}}}"#, Value::from(code));
+        assert_parses_and_streams(&answer, &[call("write_file", &arguments)]);
+        // Only one newline is layout on each side; the others are the value's.
+        let spaced = "<tool_call>\n<function=write_file>\n<parameter=content>\n\n  x\n\n</parameter>\n</function>\n</tool_call>";
+        assert_parses_and_streams(spaced, &[call("write_file", r#"{"content":"\n  x\n"}"#)]);
+    }
+
+    #[test]
+    fn values_are_typed_by_the_tools_schema() {
+        let param = |k: &str, v: &str| format!("<parameter={k}>\n{v}\n</parameter>\n");
+        let block = |params: &[(&str, &str)]| {
+            let body: String = params.iter().map(|(k, v)| param(k, v)).collect();
+            format!("<tool_call>\n<function=search>\n{body}</function>\n</tool_call>")
+        };
+        let answer = block(&[
+            ("query", "42"),
+            ("limit", "10"),
+            ("min_score", "0.5"),
+            ("exact", "True"),
+            ("filters", "{\"lang\": \"rust\", \"stars\": 5}"),
+            ("tags", "[\"a\", 1]"),
+            ("page", "2"),
+            ("note", "7"),
+            ("unknown", "[1]"),
+        ]);
+        let expected = r#"{"query":"42","limit":10,"min_score":0.5,"exact":true,"filters":{"lang":"rust","stars":5},"tags":["a",1],"page":2,"note":"7","unknown":"[1]"}"#;
+        assert_parses_and_streams(&answer, &[call("search", expected)]);
+        // Text that does not fit the type stays text; null is null; 5.0 is 5.
+        let answer =
+            block(&[("limit", "ten"), ("min_score", "5.0"), ("exact", "yes"), ("filters", "{oops"), ("query", "NULL"), ("limit", "11")]);
+        assert_parses_and_streams(&answer, &[call("search", r#"{"limit":11,"min_score":5,"exact":"yes","filters":"{oops","query":null}"#)]);
+    }
+
+    #[test]
+    fn a_tool_not_in_the_list_keeps_every_value_as_text() {
+        let answer = "<tool_call>\n<function=run_tests>\n<parameter=count>\n3\n</parameter>\n<parameter=verbose>\ntrue\n</parameter>\n</function>\n</tool_call>";
+        assert_parses_and_streams(answer, &[call("run_tests", r#"{"count":"3","verbose":"true"}"#)]);
+        assert_eq!(Qwen3CoderParser::parse_all(&[], WEATHER), vec![call("get_weather", r#"{"city":"Paris","days":"3"}"#)]);
+    }
+
+    #[test]
+    fn a_block_cut_off_at_the_end_is_parsed_only_if_no_value_is_open() {
+        let weather = call("get_weather", r#"{"city":"Paris","days":3}"#);
+        let closed = WEATHER.find("</parameter>\n</function>").unwrap() + "</parameter>".len();
+        for cut in [closed, closed + 1, closed + 6, WEATHER.find("</tool_call>").unwrap() + 3] {
+            assert_parses_and_streams(&format!("Sure.\n{}", &WEATHER[..cut]), &[text("Sure."), weather.clone()]);
+        }
+        // Inside a value (maybe a truncated file), a key or the name: text.
+        for end in ["\n3\n</param", "\n3", "", "\n3\n</parameter>\n<parameter=", "\n3\n</parameter>\n<parameter=da"] {
+            let cut = format!("<tool_call>\n<function=get_weather>\n<parameter=days>{end}");
+            assert_parses_and_streams(&cut, &[text(&cut)]);
+        }
+        assert_parses_and_streams("<tool_call>\n<function=get_wea", &[text("<tool_call>\n<function=get_wea")]);
+        assert_parses_and_streams("Hi <tool_ca", &[text("Hi <tool_ca")]);
+    }
+
+    #[test]
+    fn a_malformed_block_comes_back_as_text() {
+        let hermes = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {}}\n</tool_call>";
+        let no_name = "<tool_call>\n<function=>\n</function>\n</tool_call>";
+        let lost_gt = "<tool_call>\n<function=get_weather\n<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>";
+        for bad in [hermes, no_name, lost_gt, "<tool_call></tool_call>"] {
+            assert_parses_and_streams(bad, &[text(bad)]);
+        }
+        // A good call after a bad one still parses.
+        let answer = format!("{hermes}\n{WEATHER}");
+        assert_parses_and_streams(&answer, &[text(hermes), call("get_weather", r#"{"city":"Paris","days":3}"#)]);
+    }
+
+    #[test]
+    fn missing_function_end_and_junk_between_tags_are_tolerated_as_vllm_does() {
+        let answer = "<tool_call>\nnote\n<function=get_weather>\n<parameter=city>\nRome\n</parameter>\nstray\n</tool_call>";
+        assert_parses_and_streams(answer, &[call("get_weather", r#"{"city":"Rome"}"#)]);
+        let two = "<tool_call>\n<function=get_weather>\n</function>\n<function=write_file>\n</function>\n</tool_call>";
+        assert_parses_and_streams(two, &[call("get_weather", "{}"), call("write_file", "{}")]);
+    }
+
+    #[test]
+    fn text_without_blocks_passes_through_and_streams_early() {
+        for s in ["Hello, world.\n", "a < b and <tool", "<function=f>not a call</function>", "  ", ""] {
+            let expected = if s.is_empty() { vec![] } else { vec![text(s)] };
+            assert_parses_and_streams(s, &expected);
+        }
+        let mut p = Qwen3CoderParser::new(&tools());
+        assert_eq!(p.push("Checking"), vec![text("Checking")]);
+        assert_eq!(p.push(" now\n<tool_"), vec![text(" now")]);
+        assert_eq!(p.push("call>\n<function=get_weather>\n"), vec![]);
+        assert_eq!(p.push("</function>\n</tool_call>\n"), vec![call("get_weather", "{}")]);
+        assert_eq!(p.finish(), vec![]);
+        assert_eq!(p.calls(), 1);
+    }
+
+    #[test]
+    fn first_call_only_drops_later_calls_at_any_cut_and_keeps_text() {
+        let bad = "<tool_call>\n<function=>\n</tool_call>";
+        let answer = format!("Sure.\n{WEATHER}\n{WRITE}\n{bad}\nDone.\n");
+        let expected = [text("Sure."), call("get_weather", r#"{"city":"Paris","days":3}"#), text(&format!("{bad}\nDone."))];
+        assert_every_split(|| Qwen3CoderParser::first_call_only(&tools()), &answer, &expected);
+        let two_in_one = "<tool_call>\n<function=get_weather>\n</function>\n<function=write_file>\n</function>\n</tool_call>";
+        assert_every_split(|| Qwen3CoderParser::first_call_only(&tools()), two_in_one, &[call("get_weather", "{}")]);
+    }
+
+    #[test]
+    fn multibyte_text_streams_at_every_char_boundary() {
+        let answer =
+            "Wetter für Zürich 🌦\n<tool_call>\n<function=get_weather>\n<parameter=city>\nZürich 🏔\n</parameter>\n</function>\n</tool_call>";
+        assert_parses_and_streams(answer, &[text("Wetter für Zürich 🌦"), call("get_weather", r#"{"city":"Zürich 🏔"}"#)]);
+    }
+}
