@@ -49,6 +49,7 @@ pub struct GroupedArgs {
     pub workspace_bytes: u64,
 }
 
+#[cfg_attr(not(kvc_cutlass), allow(dead_code))]
 const ERR_LEN: usize = 1024;
 
 #[cfg_attr(not(kvc_cutlass), allow(dead_code))]

@@ -292,28 +292,30 @@ async fn transfer(client: &reqwest::Client, env: &HubEnv, url: &str, file: &File
     let mut progress = Progress::start("download", &file.name, total, have);
     let mut got = have;
     // 416: the partial file already holds every byte; nothing to read.
-    while status != 416 {
-        let chunk = match tokio::time::timeout(STALL_TIMEOUT, resp.chunk()).await {
-            Ok(Ok(Some(chunk))) => chunk,
-            Ok(Ok(None)) => break,
-            Ok(Err(e)) => {
+    if status != 416 {
+        loop {
+            let chunk = match tokio::time::timeout(STALL_TIMEOUT, resp.chunk()).await {
+                Ok(Ok(Some(chunk))) => chunk,
+                Ok(Ok(None)) => break,
+                Ok(Err(e)) => {
+                    progress.abandon();
+                    let _ = out.flush();
+                    return Err(Failure::Transient(dl_err(format!("transfer of {} broke off after {got} bytes: {e}", file.name))));
+                }
+                Err(_) => {
+                    progress.abandon();
+                    let _ = out.flush();
+                    return Err(Failure::Transient(dl_err(format!("transfer of {} stalled for {}s", file.name, STALL_TIMEOUT.as_secs()))));
+                }
+            };
+            if let Err(e) = out.write_all(&chunk) {
                 progress.abandon();
-                let _ = out.flush();
-                return Err(Failure::Transient(dl_err(format!("transfer of {} broke off after {got} bytes: {e}", file.name))));
+                return Err(io_failure(e, partial, file));
             }
-            Err(_) => {
-                progress.abandon();
-                let _ = out.flush();
-                return Err(Failure::Transient(dl_err(format!("transfer of {} stalled for {}s", file.name, STALL_TIMEOUT.as_secs()))));
-            }
-        };
-        if let Err(e) = out.write_all(&chunk) {
-            progress.abandon();
-            return Err(io_failure(e, partial, file));
+            hasher.update(&chunk);
+            got += chunk.len() as u64;
+            progress.inc(chunk.len() as u64);
         }
-        hasher.update(&chunk);
-        got += chunk.len() as u64;
-        progress.inc(chunk.len() as u64);
     }
     if let Err(e) = out.flush().and_then(|()| out.get_ref().sync_all()) {
         progress.abandon();
