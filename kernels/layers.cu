@@ -1,5 +1,6 @@
 // Per-token layers: RMSNorm (plain and fused with the residual add),
-// q/k RMSNorm + rotary embedding + paged K/V store, SiLU-and-multiply,
+// q/k RMSNorm + rotary embedding + paged K/V store, SiLU-and-multiply
+// (scalar for any shape, vectorised where the shape allows),
 // a row gather (embedding lookup, logits rows, MoE pairs in expert order),
 // and a K/V gather from the paged pool (cuDNN's ragged prefill attention).
 #include "common.cuh"
@@ -66,12 +67,39 @@ extern "C" __global__ void add_rmsnorm(bf16* x, const bf16* h, const bf16* w, bf
 // and rotate-half RoPE at the token's position; q goes to q_out
 // [T, nh * hd], k and v to the layer's paged cache
 // [block][k|v][slot][kv_head][hd] at the token's slot (block * block_size +
-// offset; negative = skip). The token's cos/sin are computed once and
-// shared by its heads (sincosf at large positions is the kernel's cost).
-// grid: T, block: 256. hd <= 256, even.
+// offset; negative = skip). RoPE's frequencies come from the host
+// (inv_freq [hd / 2], f32: default, linear or YaRN, as transformers
+// computes them), cos and sin times attn_scale (YaRN's attention factor, 1
+// otherwise). The token's cos/sin are computed once per block and shared by
+// its heads (sincosf at large positions is a real cost).
+// grid: (T, head groups), block: 256 (8 warps). A few tokens (decode) spread
+// their heads over several blocks; many take one block each. hd <= 256, even.
+
+// cos/sin of token t's position into shared memory (then a barrier).
+__device__ __forceinline__ void rope_table(const int* pos, int t, const float* inv_freq, float attn_scale, int half,
+                                           float* cos_t, float* sin_t) {
+    float p = (float)pos[t];
+    for (int f = threadIdx.x; f < half; f += blockDim.x) {
+        float s, c;
+        sincosf(p * inv_freq[f], &s, &c);
+        cos_t[f] = c * attn_scale;
+        sin_t[f] = s * attn_scale;
+    }
+    __syncthreads();
+}
+
+// The cache row of head j (a K or V head: j >= nh) of the token at `slot`.
+__device__ __forceinline__ bf16* kv_row(bf16* cache, int slot, int j, int nh, int nkv, int hd, int block_size) {
+    size_t kv_tok = (size_t)block_size * nkv * hd;  // one of K or V of a block
+    int b = slot / block_size, off = slot % block_size;
+    int kvh = j >= nh + nkv ? j - nh - nkv : j - nh;
+    return cache + (size_t)b * 2 * kv_tok + (j >= nh + nkv ? kv_tok : 0) + ((size_t)off * nkv + kvh) * hd;
+}
+
+// Any even hd <= 256: each lane takes elements lane, lane + 32, ...
 extern "C" __global__ void qk_norm_rope_store(
     const bf16* qkv, const bf16* q_w, const bf16* k_w, const int* pos, const int* slots,
-    bf16* q_out, bf16* cache, int nh, int nkv, int hd, int block_size, float eps, float theta) {
+    bf16* q_out, bf16* cache, int nh, int nkv, int hd, int block_size, float eps, const float* inv_freq, float attn_scale) {
     __shared__ float buf[8][256];
     __shared__ float cos_t[128], sin_t[128];
     const int nwarps = blockDim.x >> 5;
@@ -79,22 +107,14 @@ extern "C" __global__ void qk_norm_rope_store(
     int t = blockIdx.x;
     int heads = nh + 2 * nkv;
     int half = hd / 2;
-    float p = (float)pos[t];
-    for (int f = threadIdx.x; f < half; f += blockDim.x) {
-        float inv_freq = 1.f / powf(theta, (float)(2 * f) / (float)hd);
-        sincosf(p * inv_freq, &sin_t[f], &cos_t[f]);
-    }
-    __syncthreads();
+    rope_table(pos, t, inv_freq, attn_scale, half, cos_t, sin_t);
     int slot = slots[t];
-    size_t kv_tok = (size_t)block_size * nkv * hd;  // one of K or V of a block
-    for (int j = warp; j < heads; j += nwarps) {
+    for (int j = blockIdx.y * nwarps + warp; j < heads; j += nwarps * gridDim.y) {
         const bf16* src = qkv + ((size_t)t * heads + j) * hd;
         bf16* kdst = 0;
         if (j >= nh) {
             if (slot < 0) continue;
-            int b = slot / block_size, off = slot % block_size;
-            int kvh = j >= nh + nkv ? j - nh - nkv : j - nh;
-            kdst = cache + (size_t)b * 2 * kv_tok + (j >= nh + nkv ? kv_tok : 0) + ((size_t)off * nkv + kvh) * hd;
+            kdst = kv_row(cache, slot, j, nh, nkv, hd, block_size);
         }
         if (j >= nh + nkv) {
             for (int i = lane; i < hd; i += 32) kdst[i] = src[i];
@@ -120,14 +140,103 @@ extern "C" __global__ void qk_norm_rope_store(
     }
 }
 
-// gu: [R, 2I] (gate | up) -> out [R, I] = bf16(silu(gate)) * up.
-extern "C" __global__ void silu_mul(const bf16* gu, bf16* out, int R, int I) {
+// V consecutive bf16 (V = 2, 4, 8: one 4-, 8- or 16-byte access).
+template <int V> struct Vec;
+template <> struct Vec<2> { typedef unsigned T; };
+template <> struct Vec<4> { typedef uint2 T; };
+template <> struct Vec<8> { typedef uint4 T; };
+
+// hd = 32 V: lane l holds elements [l V, l V + V) of a head in registers,
+// its rotate-half partners in lane l ^ 16; vector loads and stores, no
+// shared staging. Same arithmetic per element as the kernel above (the
+// RMS sum adds in another order).
+template <int V>
+__device__ __forceinline__ void qk_norm_rope_store_vec(
+    const bf16* qkv, const bf16* q_w, const bf16* k_w, const int* pos, const int* slots,
+    bf16* q_out, bf16* cache, int nh, int nkv, int block_size, float eps, const float* inv_freq, float attn_scale) {
+    typedef typename Vec<V>::T VT;
+    constexpr int hd = 32 * V, half = hd / 2;
+    __shared__ float cos_t[half], sin_t[half];
+    const int nwarps = blockDim.x >> 5;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int t = blockIdx.x;
+    int heads = nh + 2 * nkv;
+    rope_table(pos, t, inv_freq, attn_scale, half, cos_t, sin_t);
+    int slot = slots[t];
+    const int e0 = lane * V;            // this lane's first element
+    const int f0 = (lane & 15) * V;     // its first frequency
+    const bool first_half = lane < 16;
+    for (int j = blockIdx.y * nwarps + warp; j < heads; j += nwarps * gridDim.y) {
+        if (j >= nh && slot < 0) continue;
+        const bf16* src = qkv + ((size_t)t * heads + j) * hd;
+        VT raw = *(const VT*)(src + e0);
+        bf16* dst = j < nh ? q_out + ((size_t)t * nh + j) * hd : kv_row(cache, slot, j, nh, nkv, hd, block_size);
+        if (j >= nh + nkv) {
+            *(VT*)(dst + e0) = raw;
+            continue;
+        }
+        const bf16* xb = (const bf16*)&raw;
+        VT wraw = *(const VT*)((j < nh ? q_w : k_w) + e0);
+        const bf16* wb = (const bf16*)&wraw;
+        float x[V];
+        float ss = 0.f;
+#pragma unroll
+        for (int i = 0; i < V; i++) {
+            x[i] = to_f(xb[i]);
+            ss += x[i] * x[i];
+        }
+        float r = rsqrtf(warp_sum(ss) / hd + eps);
+        VT out;
+        bf16* ob = (bf16*)&out;
+#pragma unroll
+        for (int i = 0; i < V; i++) x[i] = round_bf(round_bf(x[i] * r) * to_f(wb[i]));
+#pragma unroll
+        for (int i = 0; i < V; i++) {
+            float partner = __shfl_xor_sync(0xffffffffu, x[i], 16);
+            float c = cos_t[f0 + i], s = sin_t[f0 + i];
+            ob[i] = to_bf(first_half ? x[i] * c - partner * s : x[i] * c + partner * s);
+        }
+        *(VT*)(dst + e0) = out;
+    }
+}
+
+#define QK_VEC(V)                                                                                                        \
+    extern "C" __global__ void qk_norm_rope_store_v##V(                                                                  \
+        const bf16* qkv, const bf16* q_w, const bf16* k_w, const int* pos, const int* slots, bf16* q_out, bf16* cache,   \
+        int nh, int nkv, int block_size, float eps, const float* inv_freq, float attn_scale) {                           \
+        qk_norm_rope_store_vec<V>(qkv, q_w, k_w, pos, slots, q_out, cache, nh, nkv, block_size, eps, inv_freq,           \
+                                  attn_scale);                                                                           \
+    }
+QK_VEC(2)
+QK_VEC(4)
+QK_VEC(8)
+
+__device__ __forceinline__ float silu_times(float g, float u) { return round_bf(g / (1.f + __expf(-g))) * u; }
+
+// gu: [R, 2I] (gate | up) -> out [R, I] = bf16(silu(gate)) * up. Any I.
+extern "C" __global__ void silu_mul_scalar(const bf16* gu, bf16* out, int R, int I) {
     size_t n = (size_t)R * I;
     for (size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x; idx < n; idx += (size_t)gridDim.x * blockDim.x) {
         size_t r = idx / I, c = idx % I;
-        float g = to_f(gu[r * 2 * I + c]);
-        float u = to_f(gu[r * 2 * I + I + c]);
-        out[idx] = to_bf(round_bf(g / (1.f + __expf(-g))) * u);
+        out[idx] = to_bf(silu_times(to_f(gu[r * 2 * I + c]), to_f(gu[r * 2 * I + I + c])));
+    }
+}
+
+// The same for I % 8 == 0 and R * I < 2^35: eight outputs a thread, 16-byte
+// accesses, 32-bit index arithmetic.
+extern "C" __global__ void silu_mul(const bf16* __restrict__ gu, bf16* __restrict__ out, int R, int I) {
+    const unsigned vecs = I / 8, n = (unsigned)R * vecs;
+    for (unsigned v = blockIdx.x * blockDim.x + threadIdx.x; v < n; v += gridDim.x * blockDim.x) {
+        unsigned r = v / vecs, c = (v - r * vecs) * 8;
+        const bf16* row = gu + (size_t)r * 2 * I;
+        uint4 g = *(const uint4*)(row + c), u = *(const uint4*)(row + I + c);
+        const bf16* gb = (const bf16*)&g;
+        const bf16* ub = (const bf16*)&u;
+        uint4 o;
+        bf16* ob = (bf16*)&o;
+#pragma unroll
+        for (int i = 0; i < 8; i++) ob[i] = to_bf(silu_times(to_f(gb[i]), to_f(ub[i])));
+        *(uint4*)(out + (size_t)r * I + c) = o;
     }
 }
 

@@ -57,7 +57,7 @@ PATCH="patch.crates-io.candle-core.path=\"$PATCHED\""
 nice -n 19 cargo build --release --features cuda -p kvc-engine -p kvc-server \
     --config "$PATCH" --target-dir "$ROOT/target/cuda" "$@"
 # The GPU tests (#[ignore]d; scripts/gpu_run.sh tests runs them there).
-nice -n 19 cargo test --release --features cuda -p kvc-model-qwen3 --test gpu --test gpu_attention --no-run \
+nice -n 19 cargo test --release --features cuda -p kvc-model-qwen3 --test gpu --test gpu_attention --test gpu_layers --no-run \
     --config "$PATCH" --target-dir "$ROOT/target/cuda" "$@"
 mkdir -p "$ROOT/.gpu"
 for b in kvc-bench kvc-server; do

@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-const KERNELS: &[&str] = &["layers", "attention", "moe"];
+const KERNELS: &[&str] = &["layers", "attention", "moe", "gemv"];
 
 fn main() {
     println!("cargo:rerun-if-env-changed=CUDA_ROOT");

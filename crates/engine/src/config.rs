@@ -125,12 +125,13 @@ pub struct EngineConfig {
     pub enforce_eager: bool,
 }
 
-/// Largest decode batch run as a CUDA graph. Graphs are kept one per batch
-/// size (no bucketing yet), so their count and memory grow with this. On
-/// CUTLASS's expert GEMM (sm90) graphs beat eager steps at batch 64 and 128
-/// too (docs/benchmarks.md); on cuBLAS's, which a graph cannot hold,
-/// they lose from batch 16 on.
-pub const CUDA_GRAPH_MAX_BATCH: usize = 16;
+/// Largest decode batch run as a CUDA graph (vLLM's default largest
+/// capture size; `--max-num-seqs` lowers it). Graphs are kept one per
+/// bucket of batch sizes (1, 2, 4, then multiples of 8:
+/// kvc_model_qwen3::graph_bucket), a batch padded to its bucket, so at
+/// most 67 of them. On CUTLASS's expert GEMM (sm90) graphs beat eager steps
+/// at every measured batch (docs/benchmarks.md).
+pub const CUDA_GRAPH_MAX_BATCH: usize = 512;
 
 impl Default for EngineConfig {
     fn default() -> Self {

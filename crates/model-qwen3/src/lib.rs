@@ -7,6 +7,7 @@
 mod attention;
 mod batch;
 mod config;
+mod graph_bucket;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 mod mlp;
@@ -16,8 +17,9 @@ pub mod weights;
 
 pub use batch::{BatchInput, SeqChunk};
 pub use config::{MoeConfig, Qwen3Config, QWEN3_30B_A3B};
+pub use graph_bucket::graph_bucket;
 pub use model::{parse_dtype, read_config, Qwen3Model};
-pub use rope::RopeScaling;
+pub use rope::{Rope, RopeScaling};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {

@@ -91,6 +91,17 @@ impl Rope {
         Self { inv_freq, scale: scaling.attention_factor() as f32 }
     }
 
+    /// The frequencies, `head_dim / 2` of them (the CUDA kernels take them
+    /// as a table).
+    pub fn inv_freq(&self) -> &[f32] {
+        &self.inv_freq
+    }
+
+    /// What cos and sin are multiplied by.
+    pub fn scale(&self) -> f32 {
+        self.scale
+    }
+
     /// cos and sin tables `[tokens, head_dim / 2]` for the given positions.
     pub fn cos_sin(&self, positions: &[u32], device: &Device) -> Result<(Tensor, Tensor)> {
         let half = self.inv_freq.len();

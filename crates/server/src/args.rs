@@ -178,8 +178,10 @@ pub struct Args {
     pub gpu_memory_utilization: f64,
 
     /// GPU only: run every step eagerly, never as a CUDA graph (vLLM's
-    /// flag). By default decode steps of up to 16 sequences are captured as
-    /// CUDA graphs, one per batch size, at first use.
+    /// flag). By default decode steps of up to 512 sequences (at most
+    /// `--max-num-seqs`) run as CUDA graphs, one per bucket of batch sizes
+    /// (1, 2, 4, then multiples of 8, as vLLM captures), captured at first
+    /// use; a batch is padded to its bucket.
     #[arg(long)]
     pub enforce_eager: bool,
 

@@ -6,6 +6,7 @@
 //! kvc-bench admission [--prompt-len 4096]
 //! kvc-bench attention [--device cuda] [--case NAME|NAME:LEN/CTX,LEN/CTX...]... [--peer SCRIPT|none]
 //! kvc-bench moe [--device cuda] [--tokens 64,512,2048,8192,32768] [--peer SCRIPT|none]
+//! kvc-bench layers [--device cuda]
 //! kvc-bench engine --shape qwen3-30b-a3b [--device auto|cpu|cuda] [--prefill 1024,8192,32768]
 //!                  [--batch 1,16,64,256] [--context 2048] [--decode 1x2048,1x32768,...] [--steps 64] [--cuda-graph]
 //! ```
@@ -14,7 +15,8 @@
 //! `--cuda-graph` adds each decode step replayed as a CUDA graph.
 //! `attention` times the attention kernels alone against PyTorch's SDPA
 //! (bench/attention.rs). `moe` times the MoE experts alone on every route
-//! against PyTorch's `torch._grouped_mm` (bench/moe.rs).
+//! against PyTorch's `torch._grouped_mm` (bench/moe.rs). `layers` times
+//! the per-token kernels and the few-row products (bench/layers.rs).
 //! `admission` measures the admission probe's latency while the engine
 //! runs a long prefill plus decodes, and the engine's decode throughput
 //! with and without 100 probes per second.
@@ -34,6 +36,8 @@ use std::time::Instant;
 
 #[path = "bench/attention.rs"]
 mod attention_bench;
+#[path = "bench/layers.rs"]
+mod layers_bench;
 #[path = "bench/model.rs"]
 mod model_bench;
 #[path = "bench/moe.rs"]
@@ -203,6 +207,20 @@ fn moe_args(mut it: impl Iterator<Item = String>) -> Result<moe_bench::Opts, Str
 }
 
 fn main() {
+    if std::env::args().nth(1).as_deref() == Some("layers") {
+        let mut o = layers_bench::Opts { device: "cuda".into() };
+        let mut it = std::env::args().skip(2);
+        while let Some(flag) = it.next() {
+            match (flag.as_str(), it.next()) {
+                ("--device", Some(d)) => o.device = d,
+                _ => {
+                    eprintln!("kvc-bench layers [--device cuda]: unexpected {flag}");
+                    std::process::exit(2);
+                }
+            }
+        }
+        return layers_bench::run(&o);
+    }
     if std::env::args().nth(1).as_deref() == Some("moe") {
         match moe_args(std::env::args().skip(2)) {
             Ok(o) => return moe_bench::run(&o),

@@ -12,9 +12,10 @@
 //! as a copy from freed host memory (the first attempt replayed into
 //! CUDA_ERROR_ILLEGAL_ADDRESS), so rows are gathered by kvc's own kernel.
 //!
-//! Serving ([`DecodeGraphs`]) keeps one captured step per decode batch
-//! size, with input buffers rewritten before each replay and launch shapes
-//! that depend only on the batch size.
+//! Serving ([`DecodeGraphs`]) keeps one captured step per bucket of decode
+//! batch sizes (vLLM's capture sizes: 1, 2, 4, then multiples of 8), a
+//! batch padded up to its bucket, with input buffers rewritten before each
+//! replay and launch shapes that depend only on the bucket.
 
 use candle_core::cuda::cudarc::driver::{sys, CudaGraph};
 use candle_core::cuda::WrapErr;
@@ -25,6 +26,7 @@ use candle_nn::Embedding;
 use kvc_kv_pool::KvStorage;
 
 use super::attention::{fixed_plan_fits, fixed_splits};
+use crate::graph_bucket::graph_bucket;
 use super::cuda_dev;
 use super::model::{GpuModel, GraphInputsHost, StepInputs};
 use super::ptr;
@@ -76,13 +78,14 @@ pub(crate) fn capture(model: &GpuModel, embed: &Embedding, lm_head: &Tensor, inp
     Ok(CapturedStep { logits, graph, inputs })
 }
 
-/// The serving path's CUDA graphs: one decode step per batch size up to
-/// `max_batch`, captured at its first use and replayed after with the
-/// step's inputs copied into the graph's input buffers. Launch shapes must
-/// not depend on the batch's contents, so the attention plan is the fixed
-/// one ([`super::attention::FixedPlanHost`]); the MoE block uses kvc's
-/// kernels (no host round trip). A capture that fails turns graphs off for
-/// the model, with the reason kept.
+/// The serving path's CUDA graphs: one decode step per bucket of batch
+/// sizes up to `max_batch` ([`graph_bucket`]), captured at its first use
+/// and replayed after with the step's inputs (padded to the bucket)
+/// copied into the graph's input buffers. Launch shapes must not depend on
+/// the batch's contents, so the attention plan is the fixed one
+/// ([`super::attention::FixedPlanHost`]); the MoE block never reads back
+/// to the host there (CUTLASS, or kvc's kernels in place of cuBLAS). A
+/// capture that fails turns graphs off for the model, with the reason kept.
 pub(crate) struct DecodeGraphs {
     max_batch: usize,
     steps: HashMap<usize, GraphStep>,
@@ -102,6 +105,11 @@ struct GraphStep {
 // any thread of the process.
 unsafe impl Send for DecodeGraphs {}
 
+/// The block padding decodes read their one (unstored) token's context
+/// from: any block of the pool will do, its contents only reach their
+/// dropped rows.
+const PAD_TABLE: [kvc_kv_pool::BlockId; 1] = [0];
+
 impl DecodeGraphs {
     pub fn new(max_batch: usize) -> Self {
         Self { max_batch, steps: HashMap::new(), disabled: None }
@@ -113,7 +121,7 @@ impl DecodeGraphs {
         let n = batch.seqs.len();
         let (nh, nkv) = model.heads();
         self.disabled.is_none()
-            && (1..=self.max_batch).contains(&n)
+            && graph_bucket(n, self.max_batch).is_some()
             && fixed_plan_fits(nh, nkv)
             && batch.tokens.len() == n
             && batch.logits_rows.iter().copied().eq(0..n)
@@ -129,15 +137,16 @@ impl DecodeGraphs {
         self.disabled.as_deref()
     }
 
-    /// Runs `batch` (see [`Self::takes`]) through its graph; f32 logits
-    /// `[n, vocab]`, a copy that outlives the next replay.
+    /// Runs `batch` (see [`Self::takes`]) through its bucket's graph; f32
+    /// logits `[n, vocab]`, a copy that outlives the next replay.
     pub fn forward(&mut self, model: &GpuModel, embed: &Embedding, lm_head: &Tensor, batch: &BatchInput, kv: &KvStorage) -> Result<Tensor> {
         let n = batch.seqs.len();
+        let Some(rows) = graph_bucket(n, self.max_batch) else { candle_core::bail!("{n} decodes: no CUDA graph bucket") };
         let (nh, nkv) = model.heads();
         let Some(cache) = kv.device_tensor() else { candle_core::bail!("CUDA graphs need a KV pool on the device") };
         let cache_base = ptr(cache)?;
-        let host = GraphInputsHost::new(batch, kv.layout().block_size, fixed_splits(n, nkv))?;
-        let step = match self.steps.get(&n) {
+        let host = GraphInputsHost::padded(batch, kv.layout().block_size, fixed_splits(rows, nkv), rows, &PAD_TABLE)?;
+        let step = match self.steps.get(&rows) {
             Some(g) if g.cache_base == cache_base && g.table_capacity >= host.table_len() => {
                 g.step.inputs.write(&host)?;
                 g.step.replay()?;
@@ -150,9 +159,14 @@ impl DecodeGraphs {
                 let inputs = StepInputs::from_graph_host(&host, nh, nkv, table_capacity, embed.embeddings().device())?;
                 // The capture's one launch is this step's pass.
                 let step = capture(model, embed, lm_head, inputs, kv)?;
-                &self.steps.entry(n).insert_entry(GraphStep { step, cache_base, table_capacity }).into_mut().step
+                tracing::info!(batch = rows, decodes = n, graphs = self.steps.len() + 1, "captured a decode step as a CUDA graph");
+                &self.steps.entry(rows).insert_entry(GraphStep { step, cache_base, table_capacity }).into_mut().step
             }
         };
-        step.logits().copy()
+        if rows == n {
+            step.logits().copy()
+        } else {
+            step.logits().narrow(0, 0, n)?.copy()
+        }
     }
 }

@@ -5,8 +5,10 @@
 
 mod attention;
 mod cudnn_attention;
+mod gemv;
 mod graph;
 mod host_arena;
+mod layers;
 mod model;
 mod moe;
 mod moe_cublas;
@@ -14,9 +16,11 @@ mod moe_gemm;
 
 pub use attention::{set_decode_kernel_v1, AttentionPlan, PagedAttention};
 pub use cudnn_attention::{CudnnAttention, PrefillBackend, PrefillContext};
+pub use gemv::{small_m_linear, SMALL_M_ROWS};
 pub use graph::CapturedStep;
 pub(crate) use graph::DecodeGraphs;
 pub use host_arena::PinnedArena;
+pub use layers::{moe_sum, silu_mul, Form, RopeStore};
 pub(crate) use model::GpuModel;
 pub use moe::{set_moe_small_pairs, GpuMoe, SMALL_PAIRS, SMALL_PAIRS_CUTLASS};
 pub use moe_gemm::{cutlass_tiling, grouped_projection, moe_gemm, parse_moe_gemm, set_moe_gemm, CutlassTiling, MoeGemm, SWAP_BELOW_ROWS};
@@ -32,6 +36,7 @@ use half::bf16;
 pub(crate) const PTX_LAYERS: &str = include_str!(concat!(env!("OUT_DIR"), "/layers.ptx"));
 pub(crate) const PTX_ATTENTION: &str = include_str!(concat!(env!("OUT_DIR"), "/attention.ptx"));
 pub(crate) const PTX_MOE: &str = include_str!(concat!(env!("OUT_DIR"), "/moe.ptx"));
+pub(crate) const PTX_GEMV: &str = include_str!(concat!(env!("OUT_DIR"), "/gemv.ptx"));
 
 /// Launches `$f` with `$cfg` and the listed arguments (u64 device
 /// pointers, i32, f32), in order.
@@ -63,7 +68,10 @@ pub struct Kernels {
     pub rmsnorm: CudaFunc,
     pub add_rmsnorm: CudaFunc,
     pub qk_norm_rope_store: CudaFunc,
+    /// `qk_norm_rope_store` with vector accesses, by head dim (64, 128, 256).
+    pub qk_norm_rope_store_vec: Vec<(usize, CudaFunc)>,
     pub silu_mul: CudaFunc,
+    pub silu_mul_scalar: CudaFunc,
     pub gather_rows: CudaFunc,
     pub kv_gather: CudaFunc,
     pub attention: Vec<(usize, CudaFunc)>,
@@ -74,8 +82,13 @@ pub struct Kernels {
     pub moe_align: CudaFunc,
     pub moe_route: CudaFunc,
     pub moe_gemm_small: CudaFunc,
+    /// gemv.cu: products of a few rows (gemv.rs).
+    pub small_m_gemm: CudaFunc,
+    /// Its launch grid: blocks resident on the whole device at once.
+    pub small_m_blocks: u32,
     pub moe_gemm_tc: CudaFunc,
     pub moe_sum: CudaFunc,
+    pub moe_sum_scalar: CudaFunc,
 }
 
 impl Kernels {
@@ -105,11 +118,17 @@ impl Kernels {
             f.1.func.set_attribute(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100).w()?;
             decode2.push(f);
         }
+        let small_m_gemm = get("small_m_gemm", "kvc_gemv", PTX_GEMV)?;
+        let sms = stream.context().attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).w()? as u32;
+        let per_sm = small_m_gemm.func.occupancy_max_active_blocks_per_multiprocessor(gemv::BLOCK, 0, None).w()?;
+        let small_m_blocks = sms * per_sm.max(1);
         Ok(Self {
             rmsnorm: l("rmsnorm")?,
             add_rmsnorm: l("add_rmsnorm")?,
             qk_norm_rope_store: l("qk_norm_rope_store")?,
+            qk_norm_rope_store_vec: [2usize, 4, 8].iter().map(|&v| Ok((32 * v, l(&format!("qk_norm_rope_store_v{v}"))?))).collect::<Result<_>>()?,
             silu_mul: l("silu_mul")?,
+            silu_mul_scalar: l("silu_mul_scalar")?,
             gather_rows: l("gather_rows")?,
             kv_gather: l("kv_gather")?,
             attention,
@@ -120,8 +139,11 @@ impl Kernels {
             moe_align: m("moe_align")?,
             moe_route: m("moe_route")?,
             moe_gemm_small: m("moe_gemm_small")?,
+            small_m_gemm,
+            small_m_blocks,
             moe_gemm_tc: m("moe_gemm_tc")?,
             moe_sum: m("moe_sum")?,
+            moe_sum_scalar: m("moe_sum_scalar")?,
         })
     }
 }
@@ -265,4 +287,19 @@ pub fn prepare_device(device: &Device) -> Result<()> {
 pub fn memory_info(device: &Device) -> Result<(usize, usize)> {
     let dev = cuda_dev(device)?;
     dev.cuda_stream().context().mem_get_info().w()
+}
+
+/// Starts (`on`) or stops the profiler's collection on `device`'s context
+/// (`cuProfilerStart`/`Stop`): `ncu --profile-from-start off` then
+/// profiles only the kernels launched in between (kvc-bench's
+/// `KVC_BENCH_PROFILE`).
+pub fn profiler(device: &Device, on: bool) -> Result<()> {
+    let dev = cuda_dev(device)?;
+    dev.cuda_stream().context().bind_to_thread().w()?;
+    // SAFETY: plain driver calls on the bound context.
+    let r = unsafe { if on { sys::cuProfilerStart() } else { sys::cuProfilerStop() } };
+    if r != sys::CUresult::CUDA_SUCCESS {
+        bail!("cuProfiler{}: {r:?}", if on { "Start" } else { "Stop" });
+    }
+    Ok(())
 }

@@ -8,7 +8,8 @@ use candle_nn::{Embedding, VarBuilder};
 use kvc_kv_pool::KvStorage;
 
 use super::attention::FixedPlanHost;
-use super::moe::{silu_mul, GpuMoe};
+use super::layers::{silu_mul, Form, RopeStore};
+use super::moe::GpuMoe;
 use super::{
     cuda_dev, empty, gather_rows, launch, overwrite_u32, ptr, upload_u32, AttentionPlan, CudnnAttention, Kernels, PagedAttention,
     PrefillBackend, PrefillContext,
@@ -50,6 +51,27 @@ pub(crate) struct GraphInputsHost {
 impl GraphInputsHost {
     pub fn new(batch: &BatchInput, block_size: usize, splits: usize) -> Result<Self> {
         Ok(Self { tokens: TokenInputs::new(batch, block_size), plan: FixedPlanHost::new(batch, splits)? })
+    }
+
+    /// `batch`'s decodes followed by `rows - n` padding decodes (a graph
+    /// captured for a larger batch): each of one token at position 0 with
+    /// a context of itself in `pad_block`, its K/V not stored (slot -1).
+    /// Their rows are computed and dropped.
+    pub fn padded(batch: &BatchInput, block_size: usize, splits: usize, rows: usize, pad_block: &[kvc_kv_pool::BlockId]) -> Result<Self> {
+        let n = batch.seqs.len();
+        if rows <= n {
+            return Self::new(batch, block_size, splits);
+        }
+        let mut seqs = batch.seqs.clone();
+        seqs.extend((n..rows).map(|i| crate::batch::SeqChunk { start: i, len: 1, context_len: 1, block_table: pad_block }));
+        let mut tokens = batch.tokens.clone();
+        tokens.resize(rows, 0);
+        let padded = BatchInput { tokens, seqs, logits_rows: (0..rows).collect() };
+        let mut host = Self::new(&padded, block_size, splits)?;
+        for s in &mut host.tokens.slots[n..] {
+            *s = u32::MAX;
+        }
+        Ok(host)
     }
 
     /// Block-table entries of the batch.
@@ -125,7 +147,10 @@ pub(crate) struct GpuModel {
     num_kv_heads: usize,
     head_dim: usize,
     eps: f32,
-    theta: f32,
+    /// RoPE's frequencies `[hd / 2]` f32 (default, linear or YaRN: rope.rs).
+    inv_freq: Tensor,
+    /// cos and sin are multiplied by it (YaRN's attention factor; else 1).
+    rope_scale: f32,
 }
 
 fn experts(cfg: &Qwen3Config, ev: &VarBuilder, e: usize, i: usize) -> Result<(Tensor, Tensor)> {
@@ -148,15 +173,10 @@ impl GpuModel {
         if vb.dtype() != DType::BF16 {
             bail!("the CUDA path runs in bf16 (got {:?}); pass --dtype bf16", vb.dtype());
         }
-        // qk_norm_rope_store derives the default frequencies from theta in
-        // the kernel; scaled RoPE runs on the CPU path only until the kernel
-        // takes the scaled table and is checked against transformers on a GPU.
-        if cfg.rope_scaling != crate::RopeScaling::None {
-            bail!(
-                "rope_scaling \"{}\" is implemented on the CPU path only for now; the CUDA path would ignore it and answer wrongly past the original context",
-                cfg.rope_scaling.name()
-            );
-        }
+        // The frequencies as the CPU path computes them (transformers'
+        // formulas, scaled RoPE included); the kernel takes the table.
+        let rope = crate::rope::Rope::new(cfg.head_dim, cfg.rope_theta, &cfg.rope_scaling);
+        let inv_freq = Tensor::from_slice(rope.inv_freq(), cfg.head_dim / 2, vb.device())?;
         let kernels = Kernels::load(cuda_dev(vb.device())?)?;
         let cudnn = CudnnAttention::open(PrefillBackend::from_env()?, vb.device());
         let (h, nh, nkv, hd) = (cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim);
@@ -216,7 +236,8 @@ impl GpuModel {
             num_kv_heads: nkv,
             head_dim: hd,
             eps: cfg.rms_norm_eps as f32,
-            theta: cfg.rope_theta as f32,
+            inv_freq,
+            rope_scale: rope.scale(),
         })
     }
 
@@ -237,7 +258,7 @@ impl GpuModel {
         Ok(out)
     }
 
-    fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
+    fn linear(&self, x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
         let y = x.matmul(&w.t()?)?;
         match b {
             Some(b) => y.broadcast_add(b),
@@ -304,37 +325,36 @@ impl GpuModel {
         let (nh, nkv, hd) = (self.num_heads, self.num_kv_heads, self.head_dim);
         let (pos, slots, plan) = (&inputs.pos, &inputs.slots, &inputs.plan);
         let x = gather_rows(&self.kernels, embed.embeddings(), &inputs.ids, 1, t)?;
-        let rope_cfg = LaunchConfig { grid_dim: (t as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
         let mut h = self.rmsnorm(&x, &self.layers.first().map(|l| &l.input_norm).unwrap_or(&self.final_norm).clone())?;
         for (l, layer) in self.layers.iter().enumerate() {
-            let qkv = Self::linear(&h, &layer.qkv, layer.qkv_bias.as_ref())?;
+            let qkv = self.linear(&h, &layer.qkv, layer.qkv_bias.as_ref())?;
             let q = empty(dev, (t, nh * hd), DType::BF16)?;
             let layer_ptr = cache_base + l as u64 * layer_bytes;
-            launch!(
-                self.kernels.qk_norm_rope_store,
-                rope_cfg,
-                ptr(&qkv)?,
-                ptr(&layer.q_norm)?,
-                ptr(&layer.k_norm)?,
-                ptr(pos)?,
-                ptr(slots)?,
-                ptr(&q)?,
+            RopeStore {
+                qkv: &qkv,
+                q_norm: &layer.q_norm,
+                k_norm: &layer.k_norm,
+                pos,
+                slots,
+                q_out: &q,
                 layer_ptr,
-                nh as i32,
-                nkv as i32,
-                hd as i32,
-                layout.block_size as i32,
-                self.eps,
-                self.theta
-            )?;
+                num_heads: nh,
+                num_kv_heads: nkv,
+                head_dim: hd,
+                block_size: layout.block_size,
+                eps: self.eps,
+                inv_freq: &self.inv_freq,
+                attn_scale: self.rope_scale,
+            }
+            .launch(&self.kernels, Form::Auto)?;
             let attn = PagedAttention { layer_ptr, block_size: layout.block_size, head_dim: hd, scale: 1.0 / (hd as f32).sqrt() };
             let a = attn.forward(&self.kernels, &q, plan)?;
-            let o = Self::linear(&a, &layer.o_proj, layer.o_bias.as_ref())?;
+            let o = self.linear(&a, &layer.o_proj, layer.o_bias.as_ref())?;
             let hn = self.add_rmsnorm(&x, &o, &layer.post_norm)?;
             let f = match &layer.ffn {
                 Ffn::Dense { gate_up, down } => {
-                    let act = silu_mul(&self.kernels, &hn.matmul(&gate_up.t()?)?)?;
-                    act.matmul(&down.t()?)?
+                    let act = silu_mul(&self.kernels, &self.linear(&hn, gate_up, None)?, Form::Auto)?;
+                    self.linear(&act, down, None)?
                 }
                 Ffn::Moe(moe) => moe.forward(&self.kernels, &hn, !capturing)?,
             };

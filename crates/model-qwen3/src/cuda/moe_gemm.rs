@@ -26,8 +26,8 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use candle_core::{bail, CudaDevice, DType, Result, Tensor};
 pub use cutlass_sys::Variant as CutlassTiling;
 
-use super::moe::silu_mul;
-use super::{empty, launch, ptr, Kernels};
+use super::layers::{moe_sum, silu_mul, Form};
+use super::{empty, ptr, Kernels};
 
 /// The expert GEMM for prefill-sized batches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -143,11 +143,11 @@ pub(crate) fn gathered_experts(
     let xs = super::gather_rows(k, x, sorted, top_k, tk)?;
     let gu = empty(dev, (tk, i2), DType::BF16)?;
     gemm(&xs, gate_up, &gu)?;
-    let act = silu_mul(k, &gu)?;
+    let act = silu_mul(k, &gu, Form::Auto)?;
     let dn = empty(dev, (tk, h), DType::BF16)?;
     gemm(&act, down, &dn)?;
     let y = empty(dev, (t, h), DType::BF16)?;
-    launch!(k.moe_sum, super::grid1(t * h, 256), ptr(&dn)?, ptr(w)?, ptr(inv)?, ptr(&y)?, t as i32, top_k as i32, h as i32)?;
+    moe_sum(k, &dn, w, Some(inv), &y, top_k, Form::Auto)?;
     Ok(y)
 }
 

@@ -18,7 +18,7 @@ pub use gpu::gpu;
 pub const FIXTURES: &[&str] =
     &["dense", "dense-tied-hub", "dense-bf16", "moe-norm", "moe-nonorm-hub", "moe-mlp-only-sharded", "moe-sparse-step"];
 /// Fixtures with scaled RoPE (yarn, linear; an original window of 12
-/// positions, the cases running to 43): CPU path only for now.
+/// positions, the cases running to 43).
 #[allow(dead_code)]
 pub const ROPE_FIXTURES: &[&str] = &["dense-yarn", "moe-yarn-hub", "dense-linear"];
 /// The block size the fixture tests page KV with.

@@ -101,6 +101,27 @@ fn sync(device: &Device) {
     device.synchronize().expect("synchronize");
 }
 
+/// Runs `f` inside the profiler's range when `KVC_BENCH_PROFILE` names
+/// `tag` (`ncu --profile-from-start off` then sees only its kernels), else
+/// plainly. Tags: `mixed-chunk`, `mixed-decodes`, `mixed-both`,
+/// `prefill-LEN`, `decode-B`, `graph-B`.
+fn profiled<T>(device: &Device, tag: &str, f: impl FnOnce() -> T) -> T {
+    let on = std::env::var("KVC_BENCH_PROFILE").is_ok_and(|v| v.split(',').any(|t| t == tag));
+    if !on {
+        return f();
+    }
+    sync(device);
+    // Marks where this range's kernels start in ncu's progress lines.
+    eprintln!("KVC_PROFILE_RANGE {tag}");
+    #[cfg(feature = "cuda")]
+    kvc_model_qwen3::cuda::profiler(device, true).expect("profiler start");
+    let r = f();
+    sync(device);
+    #[cfg(feature = "cuda")]
+    kvc_model_qwen3::cuda::profiler(device, false).expect("profiler stop");
+    r
+}
+
 /// Fills the pool with random bf16 values (timing on zeros flatters kernels).
 fn randomize_pool(pool: &KvPool) -> candle_core::Result<()> {
     let Some(t) = pool.storage.device_tensor() else {
@@ -151,7 +172,8 @@ fn greedy(logits: &Tensor) -> Vec<u32> {
 fn graph_step_time(model: &Qwen3Model, batch: &BatchInput, pool: &mut KvPool, steps: usize) -> Result<(f64, bool), String> {
     let step = model.capture_step(batch, &pool.storage).map_err(|e| e.to_string())?;
     let eager = greedy(&model.forward(batch, &mut pool.storage).map_err(|e| e.to_string())?);
-    step.replay().map_err(|e| e.to_string())?;
+    let device = step.logits().device().clone();
+    profiled(&device, &format!("graph-{}", batch.seqs.len()), || step.replay()).map_err(|e| e.to_string())?;
     let same = greedy(step.logits()) == eager;
     let mut times = Vec::new();
     for _ in 0..steps.max(1) {
@@ -257,19 +279,30 @@ fn mixed_step(model: &Qwen3Model, pool: &mut KvPool, device: &Device, (n, depth,
     ];
     println!("\nmixed step: a {n}-token chunk after {depth} tokens of context beside {b} decodes at context {ctx} (median of 5)");
     let mut ms = Vec::new();
-    for (name, batch) in &cases {
-        let mut times = Vec::new();
+    let tags = ["mixed-chunk", "mixed-decodes", "mixed-both"];
+    for ((name, batch), tag) in cases.iter().zip(tags) {
+        let (mut times, mut enqueue) = (Vec::new(), Vec::new());
         for i in 0..7 {
             sync(device);
             let t = Instant::now();
-            greedy(&model.forward(batch, &mut pool.storage).expect("mixed step"));
+            let logits = if i == 6 {
+                profiled(device, tag, || model.forward(batch, &mut pool.storage))
+            } else {
+                model.forward(batch, &mut pool.storage)
+            };
+            let queued = t.elapsed().as_secs_f64();
+            greedy(&logits.expect("mixed step"));
             if i >= 2 {
                 times.push(t.elapsed().as_secs_f64());
+                enqueue.push(queued);
             }
         }
         times.sort_by(|a, b| a.total_cmp(b));
+        enqueue.sort_by(|a, b| a.total_cmp(b));
         ms.push(times[2] * 1e3);
-        println!("{name:>16} {:>9.2} ms", times[2] * 1e3);
+        // The host's time to launch the step, against the step: near 1, the
+        // GPU waits for the host (launch-bound); well under, for its kernels.
+        println!("{name:>16} {:>9.2} ms (host launches in {:.2} ms)", times[2] * 1e3, enqueue[2] * 1e3);
     }
     let kv = (b * (ctx + 1)) as f64 * model.kv_layout(bs).bytes_per_block() as f64 / bs as f64;
     println!(
@@ -368,10 +401,11 @@ pub fn run(o: &Opts) {
             logits_rows: vec![len - 1],
         };
         let mut times = Vec::new();
-        for _ in 0..3 {
+        for i in 0..3 {
             sync(&device);
             let t = Instant::now();
-            greedy(&model.forward(&batch, &mut pool.storage).expect("prefill"));
+            let tag = if i == 2 { format!("prefill-{len}") } else { String::new() };
+            greedy(&profiled(&device, &tag, || model.forward(&batch, &mut pool.storage)).expect("prefill"));
             times.push(t.elapsed().as_secs_f64());
         }
         times.sort_by(|a, b| a.total_cmp(b));
@@ -408,7 +442,12 @@ pub fn run(o: &Opts) {
             ctx += 1;
             let batch = decode_batch(tokens.clone(), &tables, ctx);
             let t = Instant::now();
-            tokens = greedy(&model.forward(&batch, &mut pool.storage).expect("decode"));
+            let logits = if step == 2 {
+                profiled(&device, &format!("decode-{b}"), || model.forward(&batch, &mut pool.storage))
+            } else {
+                model.forward(&batch, &mut pool.storage)
+            };
+            tokens = greedy(&logits.expect("decode"));
             if step >= 2 {
                 step_times.push(t.elapsed().as_secs_f64());
             }

@@ -115,12 +115,14 @@ fn measure(device: &candle_core::Device, tokens: usize) -> Vec<(String, f64)> {
     let kernels = Kernels::load(dev).unwrap();
     let moe = GpuMoe { router: randn(&[E, H], 0.02), gate_up, down, num_experts: E, intermediate: I, top_k: TOP_K, norm_topk_prob: true };
     let x = randn(&[tokens, H], 1.0);
-    let blocks = [
+    // Every pair on the few-row kernel (small_m_gemm) where that can pay.
+    let all_small = (tokens <= 512).then_some(("kvc few-row kernel", Some(usize::MAX), MoeGemm::Kvc));
+    let blocks = all_small.into_iter().chain([
         ("kvc kernels", None, MoeGemm::Kvc),
         ("cublas", None, MoeGemm::Cublas),
         ("cutlass", None, MoeGemm::Cutlass(None)),
         ("cutlass, no CUDA-core", Some(0), MoeGemm::Cutlass(None)),
-    ];
+    ]);
     for (name, small, g) in blocks {
         set_moe_small_pairs(small);
         set_moe_gemm(g);

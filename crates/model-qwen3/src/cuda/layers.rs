@@ -1,0 +1,118 @@
+//! Launchers of the per-token kernels (kernels/layers.cu, moe.cu) that come
+//! in two forms: a vector kernel (16-byte accesses, registers instead of
+//! shared staging) where the shape allows, a scalar one for any shape.
+//! [`Form::Scalar`] forces the latter (the GPU tests hold the two against
+//! each other at production shapes).
+
+use candle_core::cuda::cudarc::driver::LaunchConfig;
+use candle_core::{DType, Result, Tensor};
+
+use super::{cuda_dev, empty, grid1, launch, ptr, Kernels};
+
+/// Which kernel runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Form {
+    /// The vector kernel where the shape allows, else the scalar one.
+    Auto,
+    Scalar,
+}
+
+/// The vector kernels index in 32 bits over 8-element vectors.
+const VECTOR_ELEMS_BELOW: usize = 1 << 35;
+
+fn vectorizable(form: Form, rows: usize, cols: usize) -> bool {
+    form == Form::Auto && cols % 8 == 0 && rows * cols < VECTOR_ELEMS_BELOW
+}
+
+/// `gu: [R, 2I]` (gate | up) -> `[R, I]` = bf16(silu(gate)) * up.
+pub fn silu_mul(k: &Kernels, gu: &Tensor, form: Form) -> Result<Tensor> {
+    let (r, i2) = gu.dims2()?;
+    let i = i2 / 2;
+    let out = empty(cuda_dev(gu.device())?, (r, i), DType::BF16)?;
+    if vectorizable(form, r, i) {
+        launch!(k.silu_mul, grid1(r * i / 8, 256), ptr(gu)?, ptr(&out)?, r as i32, i as i32)?;
+    } else {
+        launch!(k.silu_mul_scalar, grid1(r * i, 256), ptr(gu)?, ptr(&out)?, r as i32, i as i32)?;
+    }
+    Ok(out)
+}
+
+/// `y[t] = sum_k w[t, k] * rows[pos(t, k)]` for `y: [T, H]`, `pos` =
+/// `inv[t * K + k]`, or the pair itself without `inv`.
+pub fn moe_sum(k: &Kernels, rows: &Tensor, w: &Tensor, inv: Option<&Tensor>, y: &Tensor, top_k: usize, form: Form) -> Result<()> {
+    let (t, h) = y.dims2()?;
+    let inv = match inv {
+        Some(i) => ptr(i)?,
+        None => 0u64,
+    };
+    let (ti, ki, hi) = (t as i32, top_k as i32, h as i32);
+    if vectorizable(form, t, h) {
+        launch!(k.moe_sum, grid1(t * h / 8, 256), ptr(rows)?, ptr(w)?, inv, ptr(y)?, ti, ki, hi)
+    } else {
+        launch!(k.moe_sum_scalar, grid1(t * h, 256), ptr(rows)?, ptr(w)?, inv, ptr(y)?, ti, ki, hi)
+    }
+}
+
+/// One layer's q/k RMSNorm + RoPE + paged K/V store (`qk_norm_rope_store`):
+/// q heads to `q_out`, K and V heads into the layer's cache at each token's
+/// slot (negative: not stored).
+pub struct RopeStore<'a> {
+    /// `[T, (nh + 2 nkv) * hd]` bf16
+    pub qkv: &'a Tensor,
+    pub q_norm: &'a Tensor,
+    pub k_norm: &'a Tensor,
+    /// `[T]` u32 positions and slots.
+    pub pos: &'a Tensor,
+    pub slots: &'a Tensor,
+    /// `[T, nh * hd]` bf16
+    pub q_out: &'a Tensor,
+    /// The layer's first K/V byte in the pool.
+    pub layer_ptr: u64,
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    pub block_size: usize,
+    pub eps: f32,
+    /// `[hd / 2]` f32 (rope.rs: default, linear or YaRN).
+    pub inv_freq: &'a Tensor,
+    /// cos and sin are multiplied by it (YaRN's attention factor).
+    pub attn_scale: f32,
+}
+
+impl RopeStore<'_> {
+    pub fn launch(&self, k: &Kernels, form: Form) -> Result<()> {
+        let t = self.qkv.dim(0)?;
+        // 8 warps a block, a head a warp: few tokens spread their heads over
+        // several blocks (a decode's 40 heads in 5), many tokens keep one
+        // block each (each block computes its token's cos/sin once).
+        let heads = self.num_heads + 2 * self.num_kv_heads;
+        let groups = heads.div_ceil(8).min((1024 / t.max(1)).max(1));
+        let cfg = LaunchConfig { grid_dim: (t as u32, groups as u32, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let (nh, nkv, hd, bs) = (self.num_heads as i32, self.num_kv_heads as i32, self.head_dim as i32, self.block_size as i32);
+        let (qkv, qw, kw, pos, slots, q) =
+            (ptr(self.qkv)?, ptr(self.q_norm)?, ptr(self.k_norm)?, ptr(self.pos)?, ptr(self.slots)?, ptr(self.q_out)?);
+        let inv_freq = ptr(self.inv_freq)?;
+        let vector = k.qk_norm_rope_store_vec.iter().find(|(d, _)| *d == self.head_dim).map(|(_, f)| f);
+        match vector.filter(|_| form == Form::Auto) {
+            Some(f) => launch!(f, cfg, qkv, qw, kw, pos, slots, q, self.layer_ptr, nh, nkv, bs, self.eps, inv_freq, self.attn_scale),
+            None => launch!(
+                k.qk_norm_rope_store,
+                cfg,
+                qkv,
+                qw,
+                kw,
+                pos,
+                slots,
+                q,
+                self.layer_ptr,
+                nh,
+                nkv,
+                hd,
+                bs,
+                self.eps,
+                inv_freq,
+                self.attn_scale
+            ),
+        }
+    }
+}

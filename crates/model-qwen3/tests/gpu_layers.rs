@@ -1,0 +1,266 @@
+//! The per-token kernels on a real GPU at production shapes: each vector
+//! kernel against its scalar form and a host reference (SiLU-and-multiply,
+//! the MoE weighted sum, q/k RMSNorm + RoPE + paged K/V store with default
+//! and YaRN frequencies far past the original window). Ignored by default
+//! (CI has no GPU): `scripts/gpu_run.sh tests` runs them on the lent H200.
+#![cfg(feature = "cuda")]
+
+mod common;
+
+use candle_core::{DType, Device, Tensor};
+use common::gpu;
+use half::bf16;
+use kvc_model_qwen3::cuda::{moe_sum, ptr, silu_mul, Form, Kernels, RopeStore};
+use kvc_model_qwen3::{Rope, RopeScaling};
+use rand::{Rng, SeedableRng};
+
+fn bf(v: f32) -> f32 {
+    bf16::from_f32(v).to_f32()
+}
+
+fn randn(rng: &mut rand::rngs::StdRng, n: usize, scale: f32) -> Vec<f32> {
+    (0..n).map(|_| bf((rng.random::<f32>() * 2.0 - 1.0) * scale)).collect()
+}
+
+fn upload_bf16(v: &[f32], shape: &[usize], dev: &Device) -> Tensor {
+    Tensor::from_slice(v, shape, dev).unwrap().to_dtype(DType::BF16).unwrap()
+}
+
+fn host(t: &Tensor) -> Vec<f32> {
+    t.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1().unwrap()
+}
+
+fn kernels(dev: &Device) -> Kernels {
+    Kernels::load(dev.as_cuda_device().unwrap()).unwrap()
+}
+
+#[test]
+#[ignore = "needs a CUDA device: run with scripts/gpu_run.sh"]
+fn silu_mul_vector_kernel_equals_the_scalar_one_and_the_host() {
+    let dev = gpu();
+    let k = kernels(&dev);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    // Qwen3-30B-A3B's expert width, and a row count no block size divides.
+    for (rows, inter) in [(4099usize, 768usize), (3, 6144), (77, 8)] {
+        let gu = randn(&mut rng, rows * 2 * inter, 6.0);
+        let t = upload_bf16(&gu, &[rows, 2 * inter], &dev);
+        let v = host(&silu_mul(&k, &t, Form::Auto).unwrap());
+        let s = host(&silu_mul(&k, &t, Form::Scalar).unwrap());
+        assert!(v.iter().zip(&s).all(|(a, b)| a.to_bits() == b.to_bits()), "{rows}x{inter}: vector and scalar differ");
+        // The host with its own exp: within one bf16 step of the kernel's
+        // (the kernel's __expf is an approximation).
+        let mut off = 0;
+        for r in 0..rows {
+            for c in 0..inter {
+                let (g, u) = (gu[r * 2 * inter + c], gu[r * 2 * inter + inter + c]);
+                let want = bf(bf(g / (1.0 + (-g).exp())) * u);
+                let got = v[r * inter + c];
+                if (got - want).abs() > want.abs() * 2f32.powi(-7) + 1e-30 {
+                    off += 1;
+                }
+            }
+        }
+        assert_eq!(off, 0, "{rows}x{inter}: {off} values more than one bf16 step from the host");
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA device: run with scripts/gpu_run.sh"]
+fn moe_sum_vector_kernel_equals_the_scalar_one_and_the_host_bit_for_bit() {
+    let dev = gpu();
+    let k = kernels(&dev);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+    for (t, top_k, h, permuted) in [(1037usize, 8usize, 2048usize, true), (5, 8, 4096, false), (9, 2, 24, true)] {
+        let pairs = t * top_k;
+        let rows = randn(&mut rng, pairs * h, 4.0);
+        let w: Vec<f32> = (0..pairs).map(|_| bf(rng.random::<f32>())).collect();
+        // inv: pair -> its row, a permutation (rows in expert order).
+        let mut inv: Vec<u32> = (0..pairs as u32).collect();
+        if permuted {
+            for i in (1..pairs).rev() {
+                inv.swap(i, rng.random_range(0..=i));
+            }
+        }
+        let rows_t = upload_bf16(&rows, &[pairs, h], &dev);
+        let w_t = Tensor::from_slice(&w, pairs, &dev).unwrap();
+        let inv_t = Tensor::from_slice(&inv, pairs, &dev).unwrap();
+        let inv_arg = permuted.then_some(&inv_t);
+        let mut outs = Vec::new();
+        for form in [Form::Auto, Form::Scalar] {
+            let y = Tensor::zeros((t, h), DType::BF16, &dev).unwrap();
+            moe_sum(&k, &rows_t, &w_t, inv_arg, &y, top_k, form).unwrap();
+            outs.push(host(&y));
+        }
+        let want: Vec<f32> = (0..t * h)
+            .map(|i| {
+                let (tok, c) = (i / h, i % h);
+                let mut acc = 0f32;
+                for kk in 0..top_k {
+                    let p = tok * top_k + kk;
+                    let r = if permuted { inv[p] as usize } else { p };
+                    acc += bf(rows[r * h + c] * w[p]);
+                }
+                bf(acc)
+            })
+            .collect();
+        for (name, got) in ["vector", "scalar"].iter().zip(&outs) {
+            let bad = got.iter().zip(&want).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+            assert_eq!(bad, 0, "{name} moe_sum {t}x{h} top-{top_k}: {bad} values differ from the host");
+        }
+    }
+}
+
+/// The host's q/k norm + rotation of one head (`x`: hd values), cos/sin in
+/// f64 of the f32 angle.
+fn host_norm_rope(x: &[f32], w: &[f32], pos: u32, inv_freq: &[f32], scale: f64, eps: f32) -> Vec<f32> {
+    let hd = x.len();
+    let half = hd / 2;
+    let ms = x.iter().map(|v| (v * v) as f64).sum::<f64>() / hd as f64;
+    let r = (1.0 / (ms + eps as f64).sqrt()) as f32;
+    let n: Vec<f32> = x.iter().zip(w).map(|(v, w)| bf(bf(v * r) * w)).collect();
+    (0..hd)
+        .map(|i| {
+            let f = i % half;
+            // The angle in f32 as transformers (and the kernel) forms it.
+            let a = (pos as f32 * inv_freq[f]) as f64;
+            let (c, s) = (a.cos() * scale, a.sin() * scale);
+            let y = if i < half { n[i] as f64 * c - n[i + half] as f64 * s } else { n[i] as f64 * c + n[i - half] as f64 * s };
+            bf(y as f32)
+        })
+        .collect()
+}
+
+#[test]
+#[ignore = "needs a CUDA device: run with scripts/gpu_run.sh"]
+fn rope_store_vector_kernels_match_the_scalar_one_and_the_host_with_default_and_yarn_frequencies() {
+    let dev = gpu();
+    let k = kernels(&dev);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(13);
+    let yarn =
+        RopeScaling::Yarn { factor: 4.0, original_max_position_embeddings: 32768, beta_fast: 32.0, beta_slow: 1.0, attention_factor: 0.1 * 4f64.ln() + 1.0, truncate: true };
+    let (nh, nkv, bs, eps) = (32usize, 4usize, 16usize, 1e-6f32);
+    for hd in [64usize, 128, 256, 16] {
+        // A decode-sized batch spreads each token's heads over 5 blocks; a
+        // prefill-sized one keeps one block per token.
+        let tokens = if hd == 128 { 1500 } else { 41 };
+        for scaling in [RopeScaling::None, yarn.clone()] {
+            let rope = Rope::new(hd, 1e6, &scaling);
+            let heads = nh + 2 * nkv;
+            let qkv = randn(&mut rng, tokens * heads * hd, 3.0);
+            let qw = randn(&mut rng, hd, 2.0);
+            let kw = randn(&mut rng, hd, 2.0);
+            // Positions up to YaRN's whole window (4 x 32K); every fifth
+            // token not stored (slot -1); the others in shuffled slots.
+            let pos: Vec<u32> = (0..tokens).map(|i| if i == 0 { 131071 } else { rng.random_range(0..131072) }).collect();
+            let blocks = tokens.div_ceil(bs) + 1;
+            let mut free: Vec<u32> = (0..(blocks * bs) as u32).collect();
+            for i in (1..free.len()).rev() {
+                free.swap(i, rng.random_range(0..=i));
+            }
+            let slots: Vec<u32> = (0..tokens).map(|i| if i % 5 == 4 { u32::MAX } else { free[i] }).collect();
+            let block_elems = 2 * bs * nkv * hd;
+            let mut outs = Vec::new();
+            for form in [Form::Auto, Form::Scalar] {
+                let cache = Tensor::zeros(blocks * block_elems, DType::BF16, &dev).unwrap();
+                let q = Tensor::zeros((tokens, nh * hd), DType::BF16, &dev).unwrap();
+                let qkv_t = upload_bf16(&qkv, &[tokens, heads * hd], &dev);
+                let (qw_t, kw_t) = (upload_bf16(&qw, &[hd], &dev), upload_bf16(&kw, &[hd], &dev));
+                let pos_t = Tensor::from_slice(&pos, tokens, &dev).unwrap();
+                let slots_t = Tensor::from_slice(&slots, tokens, &dev).unwrap();
+                let inv_freq = Tensor::from_slice(rope.inv_freq(), hd / 2, &dev).unwrap();
+                RopeStore {
+                    qkv: &qkv_t,
+                    q_norm: &qw_t,
+                    k_norm: &kw_t,
+                    pos: &pos_t,
+                    slots: &slots_t,
+                    q_out: &q,
+                    layer_ptr: ptr(&cache).unwrap(),
+                    num_heads: nh,
+                    num_kv_heads: nkv,
+                    head_dim: hd,
+                    block_size: bs,
+                    eps,
+                    inv_freq: &inv_freq,
+                    attn_scale: rope.scale(),
+                }
+                .launch(&k, form)
+                .unwrap();
+                outs.push((host(&q), host(&cache)));
+            }
+            let what = format!("hd {hd}, {}", scaling.name());
+            // Host reference: q rows, and the cache rows of stored tokens
+            // (the rest of the cache untouched: zero).
+            let mut want_q = vec![0f32; tokens * nh * hd];
+            let mut want_cache = vec![0f32; blocks * block_elems];
+            for t in 0..tokens {
+                for j in 0..heads {
+                    let x = &qkv[(t * heads + j) * hd..(t * heads + j + 1) * hd];
+                    let y = match j {
+                        j if j < nh => host_norm_rope(x, &qw, pos[t], rope.inv_freq(), rope.scale() as f64, eps),
+                        j if j < nh + nkv => host_norm_rope(x, &kw, pos[t], rope.inv_freq(), rope.scale() as f64, eps),
+                        _ => x.to_vec(),
+                    };
+                    if j < nh {
+                        want_q[(t * nh + j) * hd..(t * nh + j + 1) * hd].copy_from_slice(&y);
+                    } else if slots[t] != u32::MAX {
+                        let (b, off) = (slots[t] as usize / bs, slots[t] as usize % bs);
+                        let (is_v, kvh) = if j >= nh + nkv { (1, j - nh - nkv) } else { (0, j - nh) };
+                        let at = b * block_elems + is_v * bs * nkv * hd + (off * nkv + kvh) * hd;
+                        want_cache[at..at + hd].copy_from_slice(&y);
+                    }
+                }
+            }
+            // The forms may differ where the RMS sum's order flips a bf16
+            // rounding: by a step of the normed values, |y| <= 2 |x|.
+            let close = |a: &[f32], b: &[f32], name: &str| {
+                let worst = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+                assert!(worst <= 0.08, "{what}: {name} off by {worst}");
+            };
+            let (vq, vc) = &outs[0];
+            let (sq, sc) = &outs[1];
+            close(vq, sq, "vector q vs scalar q");
+            close(vc, sc, "vector cache vs scalar cache");
+            close(vq, &want_q, "q vs host");
+            close(vc, &want_cache, "cache vs host");
+            // V heads are copied, unstored tokens left alone: exactly.
+            assert!(vc.iter().zip(&want_cache).filter(|(_, w)| **w == 0.0).all(|(v, _)| *v == 0.0), "{what}: cache written outside stored slots");
+            if let RopeScaling::Yarn { .. } = scaling {
+                // The check can tell the tables apart: default frequencies
+                // miss YaRN's answer by far at these positions.
+                let plain = Rope::new(hd, 1e6, &RopeScaling::None);
+                let t0 = &qkv[0..hd];
+                let other = host_norm_rope(t0, &qw, pos[0], plain.inv_freq(), 1.0, eps);
+                let worst = other.iter().zip(&want_q[0..hd]).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+                assert!(worst > 0.5, "{what}: default and YaRN frequencies agree ({worst}); the test would not see a wrong table");
+            }
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA device: run with scripts/gpu_run.sh"]
+fn few_row_products_match_an_f64_host_reference() {
+    use kvc_model_qwen3::cuda::small_m_linear;
+    let dev = gpu();
+    let k = kernels(&dev);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(17);
+    // Decode shapes (q/k/v, o, router) and odd ones: K not a multiple of
+    // 256 (a partial stretch), more rows than one pass takes (9, 17).
+    for (m, n, kd) in [(1usize, 5120usize, 2048usize), (8, 2048, 4096), (3, 128, 2048), (9, 64, 24), (17, 6, 1032), (1, 2, 8)] {
+        let x = randn(&mut rng, m * kd, 2.0);
+        let w = randn(&mut rng, n * kd, 0.5);
+        let got = host(&small_m_linear(&k, &upload_bf16(&x, &[m, kd], &dev), &upload_bf16(&w, &[n, kd], &dev)).unwrap());
+        let mut worst = 0f64;
+        for r in 0..m {
+            for c in 0..n {
+                let exact: f64 = (0..kd).map(|i| x[r * kd + i] as f64 * w[c * kd + i] as f64).sum();
+                // f32 sums in another order, then one bf16 rounding.
+                let scale: f64 = (0..kd).map(|i| (x[r * kd + i] as f64 * w[c * kd + i] as f64).abs()).sum();
+                let err = (got[r * n + c] as f64 - exact).abs() / (exact.abs() * 2f64.powi(-8) + scale * 2e-5 + 1e-30);
+                worst = worst.max(err);
+            }
+        }
+        assert!(worst <= 1.0, "{m}x{n}x{kd}: off by {worst:.2} of the allowed error");
+    }
+}
