@@ -80,7 +80,11 @@ def encode_pair(context, continuation):
 requests = []
 for line in open(samples_path):
     s = json.loads(line)
-    for (context, continuation), resp in zip(s["arguments"], s["resps"]):
+    # arguments: {"gen_args_i": {"arg_0": context, "arg_1": continuation}}
+    # in request order; resps: [[[loglikelihood, is_greedy]]] as strings.
+    args = [s["arguments"][f"gen_args_{i}"] for i in range(len(s["arguments"]))]
+    for a, resp in zip(args, s["resps"], strict=True):
+        context, continuation = a["arg_0"], a["arg_1"]
         ll, greedy = resp[0]
         ctx, cont = encode_pair(context, continuation)
         requests.append({"doc_id": s["doc_id"], "context": context, "continuation": continuation,

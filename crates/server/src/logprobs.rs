@@ -126,7 +126,9 @@ pub fn chat_entry(tokenizer: &TextTokenizer, lp: &Logprobs) -> ChatTokenLogprob 
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct CompletionLogprobs {
     pub tokens: Vec<String>,
-    pub token_logprobs: Vec<Option<f32>>,
+    /// f64 of the f32, as in `top_logprobs` (JSON then prints both alike,
+    /// so a client may compare them exactly: lm-eval's `is_greedy`).
+    pub token_logprobs: Vec<Option<f64>>,
     /// The top alternatives and the chosen token, by text (as vLLM).
     pub top_logprobs: Vec<Option<Map<String, Value>>>,
     /// Character offset of each token in the choice's text.
@@ -145,7 +147,7 @@ impl CompletionLogprobs {
         }
         let len = chosen.token.chars().count();
         self.tokens.push(chosen.token);
-        self.token_logprobs.push(Some(chosen.logprob));
+        self.token_logprobs.push(Some(f64::from(chosen.logprob)));
         self.top_logprobs.push(Some(alternatives));
         self.text_offset.push(offset);
         len
@@ -250,6 +252,12 @@ mod tests {
         assert_eq!(c.token_logprobs.len(), ids.len());
         // The chosen token is always in its top_logprobs dict.
         assert_eq!(c.top_logprobs[0].as_ref().unwrap().get("Hi"), Some(&Value::from(-1.0f32)));
+        // The chosen logprob reads the same in both lists (exact compare).
+        let lp = Logprobs { chosen: TokenLogprob { token_id: ids[0], logprob: -9.374_518 }, top: vec![] };
+        let mut e = CompletionLogprobs::default();
+        e.push(tok, &lp, 0);
+        let v = serde_json::to_value(&e).unwrap();
+        assert_eq!(v["token_logprobs"][0], v["top_logprobs"][0]["Hi"]);
         // A prompt's first token: no logprob, serialized as null.
         let mut p = CompletionLogprobs::default();
         assert_eq!(p.push_unscored(tok, ids[0], 0), "Hi".len());

@@ -149,7 +149,7 @@ mod tests {
         // Preempted after token 5 was scored: the recompute from 0 scores
         // from position 5 on.
         let s = PromptScoring { top: 0, next: 6 };
-        assert_eq!(s.positions(0, 4, prompt_len), 4..4);
+        assert!(s.positions(0, 4, prompt_len).is_empty());
         assert_eq!(s.positions(4, 4, prompt_len), 5..8);
         // Decodes after the prompt (position >= prompt_len) score nothing.
         assert!(PromptScoring::new(0).positions(12, 1, prompt_len).is_empty());

@@ -150,12 +150,13 @@ impl EngineLoop {
         for (id, logprobs) in prompt {
             self.send_prompt_logprobs(id, logprobs);
         }
-        // Prompts scored without generating (max_tokens 0) end here.
+        // Row i of `logits` is sampled[i]'s: both lists before anything ends.
+        let sampled: Vec<SeqId> = plan.chunks.iter().filter(|c| self.samples(c)).map(|c| c.seq_id).collect();
         let scored_only: Vec<SeqId> = plan.chunks.iter().filter(|c| c.sample && !self.samples(c)).map(|c| c.seq_id).collect();
+        // Prompts scored without generating (max_tokens 0) end here.
         for id in scored_only {
             self.finish(id, FinishReason::Length, None);
         }
-        let sampled: Vec<SeqId> = plan.chunks.iter().filter(|c| self.samples(c)).map(|c| c.seq_id).collect();
         let mut failed = Vec::new();
         let masks: HashMap<SeqId, SimpleVob> = masks
             .into_iter()
