@@ -341,8 +341,12 @@ mod tests {
         let seqs = [(vec![a], -3.0), (vec![a], -0.1), (vec![a, a], -0.5), (vec![a], -0.2), (vec![a], -0.3), (vec![a], -0.05)];
         let deltas: Vec<_> = seqs.iter().enumerate().map(|(i, (ids, l))| run(&mut e, i, ids, *l)).collect();
         let body = serde_json::to_value(e.body(deltas, Usage::default())).unwrap();
-        let texts: Vec<(u64, String)> =
-            body["choices"].as_array().unwrap().iter().map(|c| (c["index"].as_u64().unwrap(), c["text"].as_str().unwrap().into())).collect();
+        let texts: Vec<(u64, String)> = body["choices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| (c["index"].as_u64().unwrap(), c["text"].as_str().unwrap().into()))
+            .collect();
         assert_eq!(texts, vec![(0, " a".into()), (1, " a a".into()), (2, " a".into()), (3, " a".into())]);
         assert!(body["choices"][0]["logprobs"].is_null(), "logprobs were only used to rank");
         // Ranked: prompt 0 -> candidates 1, 2; prompt 1 -> 5, 3.

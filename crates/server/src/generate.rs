@@ -256,9 +256,23 @@ struct ChoiceTiming {
 #[derive(Debug)]
 pub enum ChoiceEvent {
     /// Some of the prompt's logprobs (`prompt_logprobs`), before any token.
-    PromptLogprobs { index: usize, logprobs: Vec<Logprobs> },
-    Token { index: usize, token_id: u32, text: String, logprobs: Option<Logprobs> },
-    Finished { index: usize, reason: FinishReason, text: String, matched_stop: Option<MatchedStop>, usage: Usage },
+    PromptLogprobs {
+        index: usize,
+        logprobs: Vec<Logprobs>,
+    },
+    Token {
+        index: usize,
+        token_id: u32,
+        text: String,
+        logprobs: Option<Logprobs>,
+    },
+    Finished {
+        index: usize,
+        reason: FinishReason,
+        text: String,
+        matched_stop: Option<MatchedStop>,
+        usage: Usage,
+    },
 }
 
 /// The running engine work of one request. Dropping it cancels whatever is
@@ -439,7 +453,12 @@ mod tests {
 
     #[test]
     fn usage_of_several_prompts_counts_each_prompt_once() {
-        let u = |prompt, completion, cached| Usage { prompt_tokens: prompt, completion_tokens: completion, cached_tokens: cached, ..Default::default() };
+        let u = |prompt, completion, cached| Usage {
+            prompt_tokens: prompt,
+            completion_tokens: completion,
+            cached_tokens: cached,
+            ..Default::default()
+        };
         // Two prompts of 10 and 4 tokens, two choices each.
         let total = total_usage(&[u(10, 3, 0), u(10, 5, 8), u(4, 1, 4), u(4, 2, 4)], &[0, 0, 1, 1]);
         assert_eq!((total.prompt_tokens, total.completion_tokens, total.cached_tokens), (14, 11, 4));
