@@ -384,3 +384,23 @@ def test_several_choices_on_a_decode_worker_are_computed_there_and_say_so(start_
     # One choice still goes the usual way (another prompt: this one is in
     # D's prefix cache now).
     assert complete(d, ids(78, 200))["kvc"]["path"] == "remote_prefill"
+
+
+def test_scoring_on_a_decode_worker_is_computed_there_and_says_so(start_server, both):
+    """Issue 33: echo + logprobs needs the prompt's logits, which a remote
+    prefill (KV only) cannot return: computed here, `kvc.reason`
+    `prompt_logprobs`, counted; the same scores as a colocated worker's."""
+    p = start_server(*prefill_flags())
+    d = start_decode(start_server, p)
+    body = {"prompt": ids(79, 200), "max_tokens": 1, "temperature": 0, "echo": True, "logprobs": 1}
+    key = 'kvc_prefill_path_decisions_total{path="local",reason="prompt_logprobs"}'
+    before = d.metrics().get(key, 0.0)
+    r = httpx.post(f"{d.base_url}/v1/completions", json=body, timeout=300)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert out["kvc"]["path"] == "local" and out["kvc"]["reason"] == "prompt_logprobs", out["kvc"]
+    want = httpx.post(f"{both.base_url}/v1/completions", json=body, timeout=300).json()
+    got_lp, want_lp = out["choices"][0]["logprobs"]["token_logprobs"], want["choices"][0]["logprobs"]["token_logprobs"]
+    assert len(got_lp) == 201 and got_lp[0] is None
+    assert all(abs(a - b) < 1e-4 for a, b in zip(got_lp[1:], want_lp[1:]))
+    assert d.metrics()[key] == before + 1

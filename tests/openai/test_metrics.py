@@ -122,8 +122,8 @@ def test_latency_histograms_and_request_counters_move(server, client, model):
 
 
 # Every (path, reason) that kvc_policy::prefill_path::decide can return, and
-# the decode worker's own no_room_to_reserve and multiple_choices
-# (PathReason::pairs).
+# the decode worker's own no_room_to_reserve, multiple_choices and
+# prompt_logprobs (PathReason::pairs).
 HERE = ("direct_append", "local")
 PATH_DECISIONS = {
     *((p, r) for r in ("no_prefill_peer", "prefill_peer_unhealthy", "suffix_below_threshold", "local_cheaper") for p in HERE),
@@ -131,6 +131,7 @@ PATH_DECISIONS = {
                                       "remote_cheaper")),
     ("local", "no_room_to_reserve"),
     ("local", "multiple_choices"),
+    ("local", "prompt_logprobs"),
 }
 
 

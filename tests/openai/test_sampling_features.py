@@ -2,7 +2,6 @@
 not), n > 1 with per-choice seeds, echo, logit_bias, stop strings held back
 correctly in streams, max_completion_tokens, user, response_format."""
 
-import openai
 import pytest
 
 HELLO = [{"role": "user", "content": "Hello! Tell me a story about a fox."}]
@@ -114,13 +113,6 @@ def test_completion_n_and_echo(client, model):
     # Token-id prompts are echoed as their text.
     ids = client.completions.create(model=model, prompt=[9707, 11, 1879], max_tokens=1, echo=True, temperature=0)
     assert ids.choices[0].text.startswith("Hello, world")
-
-
-def test_echo_with_logprobs_is_refused_naming_echo(client, model):
-    with pytest.raises(openai.BadRequestError) as e:
-        client.completions.create(model=model, prompt="x", max_tokens=1, echo=True, logprobs=1)
-    assert e.value.body["param"] == "echo"
-    assert "logprobs" in e.value.message
 
 
 def test_logit_bias_forces_and_bans_tokens(client, model):

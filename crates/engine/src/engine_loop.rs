@@ -29,6 +29,7 @@ use crate::kv_handoff::SnapshotJob;
 mod cache_hooks;
 mod handoff_commands;
 mod prefill_snapshots;
+mod prompt_logprobs;
 mod role_parts;
 mod snapshot_pushes;
 mod step;
@@ -84,6 +85,9 @@ struct Active {
     prefill_wait: Duration,
     /// Structured outputs: the grammar's state (None: unconstrained).
     constraint: Option<ConstraintState>,
+    /// `prompt_logprobs`: the prompt tokens scored so far
+    /// (prompt_logprobs.rs).
+    scoring: Option<prompt_logprobs::PromptScoring>,
 }
 
 impl Active {
@@ -356,6 +360,7 @@ impl EngineLoop {
         let export = matches!(kv, SubmitKv::Export);
         let constraint = req.grammar.take().map(ConstraintState::new);
         let max_new = req.sampling.max_tokens.min(self.max_model_len.saturating_sub(req.prompt_tokens.len()));
+        let scoring = req.sampling.prompt_logprobs.map(prompt_logprobs::PromptScoring::new);
         let mut active = Active {
             tx,
             decoder: IncrementalDecoder::new(req.sampling.skip_special_tokens),
@@ -382,6 +387,7 @@ impl EngineLoop {
             admission_wait: Duration::ZERO,
             prefill_wait: Duration::ZERO,
             constraint,
+            scoring,
         };
         tracing::debug!(request_id = %req.request_id, seq_id, prompt_tokens = active.prompt_len, "admitted");
         match kv {
@@ -395,6 +401,7 @@ impl EngineLoop {
                     let _ = active.tx.send(StreamEvent::Error(format!("KV reservation {id} was released before use")));
                     return;
                 };
+
                 active.turn_open = r.session.is_some();
                 active.cache_answer = Some((r.reason, r.held));
                 active.cached_tokens = r.held;

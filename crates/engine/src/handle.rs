@@ -243,6 +243,13 @@ impl EngineHandle {
         computed: usize,
         first: Option<(u32, Option<Logprobs>)>,
     ) -> Result<RequestStream, EngineError> {
+        if req.sampling.prompt_logprobs.is_some() {
+            // Reserved KV (held here or computed elsewhere) has no logits.
+            return Err(EngineError::InvalidParam {
+                param: "prompt_logprobs".into(),
+                message: "prompt logprobs need the whole prompt computed by this engine, not a reservation".into(),
+            });
+        }
         let kv = SubmitKv::Reserved { id: reservation.id, computed, first };
         let stream = self.submit_kv(req, kv)?;
         // The loop owns the reservation now.

@@ -29,6 +29,7 @@ mod inbox;
 mod kv_handoff;
 pub mod model_source;
 pub mod progress;
+pub mod reference_score;
 pub mod request;
 pub mod sampler;
 mod stats;

@@ -81,8 +81,8 @@ impl Usage {
     }
 }
 
-/// What the engine sends back, in order: any number of `Token`s, then
-/// exactly one `Finished` or `Error`.
+/// What the engine sends back, in order: the prompt's logprobs when asked
+/// for, any number of `Token`s, then exactly one `Finished` or `Error`.
 #[derive(Debug, Clone, PartialEq)]
 pub enum StreamEvent {
     Token {
@@ -103,6 +103,10 @@ pub enum StreamEvent {
         /// the prompt's blocks, held until the lease is dropped.
         export: Option<crate::KvLease>,
     },
+    /// `prompt_logprobs`: the logprobs of the next prompt tokens, in
+    /// prompt order from the second token (the first has none), in one or
+    /// more events (one per prefill chunk) before any `Token`.
+    PromptLogprobs(Vec<Logprobs>),
     Error(String),
     /// The request's structured-output grammar failed while generating
     /// (it allows no continuation, or its matcher hit one of its limits):

@@ -200,14 +200,13 @@ pub fn logprobs_of(logits: &[f32], token: u32, top: usize) -> Logprobs {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let lse = max + logits.iter().map(|&x| (x - max).exp()).sum::<f32>().ln();
     let lp = |t: u32| TokenLogprob { token_id: t, logprob: logits[t as usize] - lse };
-    let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
-    let top = top.min(idx.len());
+    let top = top.min(logits.len());
+    let mut idx: Vec<u32> = Vec::new();
     if top > 0 {
+        idx = (0..logits.len() as u32).collect();
         idx.select_nth_unstable_by(top - 1, |&a, &b| logits[b as usize].total_cmp(&logits[a as usize]));
         idx.truncate(top);
         idx.sort_by(|&a, &b| logits[b as usize].total_cmp(&logits[a as usize]).then(a.cmp(&b)));
-    } else {
-        idx.clear();
     }
     Logprobs { chosen: lp(token), top: idx.into_iter().map(lp).collect() }
 }

@@ -186,8 +186,6 @@ impl Qwen3Model {
     /// `[batch.logits_rows.len(), vocab]`.
     pub fn forward(&self, batch: &BatchInput, kv: &mut KvStorage) -> Result<Tensor, ModelError> {
         check_batch(batch, kv, self.config.vocab_size)?;
-        let t = batch.tokens.len();
-        let bs = kv.layout().block_size;
         #[cfg(feature = "cuda")]
         if let Some(gpu) = &self.gpu {
             let mut graphs = self.graphs.lock().unwrap_or_else(|e| e.into_inner());
@@ -203,6 +201,32 @@ impl Qwen3Model {
             }
             return Ok(gpu.forward(&self.embed_tokens, &self.lm_head, batch, kv)?);
         }
+        self.project_logits(&self.cpu_hidden(batch, kv)?)
+    }
+
+    /// The forward pass of [`Self::forward`] without the LM head: the final
+    /// (normed) hidden states of `batch.logits_rows`, `[rows, hidden]`. A
+    /// caller that needs many rows' logits (prompt logprobs) projects them
+    /// a slice at a time ([`Self::project_logits`]), so that no
+    /// `[rows, vocab]` tensor of a whole prefill chunk is ever built.
+    pub fn forward_hidden(&self, batch: &BatchInput, kv: &mut KvStorage) -> Result<Tensor, ModelError> {
+        check_batch(batch, kv, self.config.vocab_size)?;
+        #[cfg(feature = "cuda")]
+        if let Some(gpu) = &self.gpu {
+            return Ok(gpu.forward_hidden(&self.embed_tokens, batch, kv)?);
+        }
+        self.cpu_hidden(batch, kv)
+    }
+
+    /// f32 logits `[rows, vocab]` of final hidden states `[rows, hidden]`
+    /// (what [`Self::forward_hidden`] returns, or a slice of it).
+    pub fn project_logits(&self, hidden: &Tensor) -> Result<Tensor, ModelError> {
+        Ok(hidden.matmul(&self.lm_head.t()?)?.to_dtype(DType::F32)?)
+    }
+
+    fn cpu_hidden(&self, batch: &BatchInput, kv: &mut KvStorage) -> Result<Tensor, ModelError> {
+        let t = batch.tokens.len();
+        let bs = kv.layout().block_size;
         let positions = batch.positions();
         let slots = batch.slots(bs);
         let cos_sin = self.rope.cos_sin(&positions, &self.device)?;
@@ -217,9 +241,7 @@ impl Qwen3Model {
         }
         let rows =
             Tensor::from_vec(batch.logits_rows.iter().map(|&r| r as u32).collect::<Vec<_>>(), batch.logits_rows.len(), &self.device)?;
-        let x = self.norm.forward(&x.index_select(&rows, 0)?)?;
-        let logits = x.matmul(&self.lm_head.t()?)?;
-        Ok(logits.to_dtype(DType::F32)?)
+        Ok(self.norm.forward(&x.index_select(&rows, 0)?)?)
     }
 }
 

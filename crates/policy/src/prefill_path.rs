@@ -93,10 +93,14 @@ pub enum PathReason {
     /// 1) is computed here, once for all of them (they share the prompt's
     /// blocks); a remote prefill fills one sequence.
     MultipleChoices,
+    /// The caller's, not [`decide`]'s: a request for the prompt's logprobs
+    /// (scoring) is computed here: a remote prefill returns the prompt's KV,
+    /// not its logits.
+    PromptLogprobs,
 }
 
 impl PathReason {
-    pub const ALL: [PathReason; 10] = [
+    pub const ALL: [PathReason; 11] = [
         PathReason::NoPrefillPeer,
         PathReason::PrefillPeerUnhealthy,
         PathReason::SuffixBelowThreshold,
@@ -107,6 +111,7 @@ impl PathReason {
         PathReason::LocalCheaper,
         PathReason::NoRoomToReserve,
         PathReason::MultipleChoices,
+        PathReason::PromptLogprobs,
     ];
 
     /// The `reason` label (and log field).
@@ -122,6 +127,7 @@ impl PathReason {
             PathReason::LocalCheaper => "local_cheaper",
             PathReason::NoRoomToReserve => "no_room_to_reserve",
             PathReason::MultipleChoices => "multiple_choices",
+            PathReason::PromptLogprobs => "prompt_logprobs",
         }
     }
 
@@ -140,7 +146,7 @@ impl PathReason {
             | PathReason::SnapshotBypassCheaper
             | PathReason::RemoteCheaper => &[PrefillPath::Remote],
             // Without a reservation nothing is held: never a direct append.
-            PathReason::NoRoomToReserve | PathReason::MultipleChoices => &[PrefillPath::Local],
+            PathReason::NoRoomToReserve | PathReason::MultipleChoices | PathReason::PromptLogprobs => &[PrefillPath::Local],
         }
     }
 
@@ -450,7 +456,11 @@ mod tests {
         let unreached: HashSet<_> = table.difference(&returned).copied().collect();
         assert_eq!(
             unreached,
-            HashSet::from([(PrefillPath::Local, PathReason::NoRoomToReserve), (PrefillPath::Local, PathReason::MultipleChoices)])
+            HashSet::from([
+                (PrefillPath::Local, PathReason::NoRoomToReserve),
+                (PrefillPath::Local, PathReason::MultipleChoices),
+                (PrefillPath::Local, PathReason::PromptLogprobs)
+            ])
         );
     }
 
@@ -468,7 +478,8 @@ mod tests {
                 | PathReason::RemoteCheaper
                 | PathReason::LocalCheaper
                 | PathReason::NoRoomToReserve
-                | PathReason::MultipleChoices => {}
+                | PathReason::MultipleChoices
+                | PathReason::PromptLogprobs => {}
             }
         }
         for p in PrefillPath::ALL {
@@ -490,6 +501,7 @@ mod tests {
                 "local_cheaper",
                 "no_room_to_reserve",
                 "multiple_choices",
+                "prompt_logprobs",
             ]
         );
         assert_eq!(HashSet::<_>::from_iter(PrefillPath::ALL.map(PrefillPath::as_str)).len(), 3);

@@ -113,14 +113,38 @@ pub struct Submission {
 ///
 /// On a decode worker a single-choice request goes through
 /// [`crate::pd::decode::start`] (local, direct append or remote prefill);
-/// several choices are computed here together
-/// ([`crate::pd::decode::several_choices`] says so).
+/// several choices, and prompt logprobs, are computed here
+/// ([`crate::pd::decode::computed_here`] says so).
 pub async fn submit(state: &AppState, admitted: Admitted, s: Submission) -> Result<Generation, ApiError> {
+    submit_prompts(state, admitted, vec![s]).await
+}
+
+/// Why a request must be computed here on a decode worker (None: one
+/// sequence that may go to a prefill worker).
+fn local_only(subs: &[Submission]) -> Option<kvc_disagg::prefill_path::PathReason> {
+    if subs.iter().any(|s| s.sampling.prompt_logprobs.is_some()) {
+        // A remote prefill returns the prompt's KV, not its logits.
+        Some(kvc_disagg::prefill_path::PathReason::PromptLogprobs)
+    } else if subs.iter().map(|s| s.n).sum::<usize>() > 1 {
+        Some(kvc_disagg::prefill_path::PathReason::MultipleChoices)
+    } else {
+        None
+    }
+}
+
+/// [`submit`] for several prompts (a completions batch), all sequences in
+/// one engine submission: prompt `p`'s choice `i` is choice
+/// `sum(n of the prompts before p) + i` of the generation.
+pub async fn submit_prompts(state: &AppState, admitted: Admitted, subs: Vec<Submission>) -> Result<Generation, ApiError> {
     let Admitted { request_id, arrival, deadline, slot } = admitted;
-    let prompt_len = s.prompt_tokens.len();
+    let map_err = subs.first().map_or(ApiError::completion_engine as fn(EngineError) -> ApiError, |s| s.map_err);
+    let prompt_lens: Vec<usize> = subs.iter().map(|s| s.prompt_tokens.len()).collect();
+    let prompt_of: Vec<usize> = subs.iter().enumerate().flat_map(|(p, s)| std::iter::repeat_n(p, s.n)).collect();
+    let total = prompt_of.len();
     let mut streams = SelectAll::new();
     let mut route = Route::default();
-    if let (Some(pd), crate::args::Role::Decode, 1) = (state.pd.as_deref(), state.role, s.n) {
+    let local_reason = local_only(&subs);
+    if let (Some(pd), crate::args::Role::Decode, None, [s]) = (state.pd.as_deref(), state.role, local_reason, subs.as_slice()) {
         let req = GenerateRequest {
             request_id: request_id.clone(),
             prompt_tokens: s.prompt_tokens.clone(),
@@ -138,44 +162,45 @@ pub async fn submit(state: &AppState, admitted: Admitted, s: Submission) -> Resu
         tracing::info!(
             request_id,
             seq_id = stream.id(),
-            prompt_tokens = prompt_len,
+            prompt_tokens = s.prompt_tokens.len(),
             path = route.path.as_str(),
             reason = route.reason,
             "request submitted"
         );
         streams.push(events(0, stream));
     }
-    if let (Some(pd), crate::args::Role::Decode, true) = (state.pd.as_deref(), state.role, s.n > 1) {
-        route = crate::pd::decode::several_choices(pd, &request_id, s.n, prompt_len);
+    if let (Some(pd), crate::args::Role::Decode, Some(reason)) = (state.pd.as_deref(), state.role, local_reason) {
+        route = crate::pd::decode::computed_here(pd, &request_id, reason, total, prompt_lens.iter().sum());
     }
     let remote_started = !streams.is_empty();
-    let reqs: Vec<GenerateRequest> = (0..s.n)
-        .filter(|_| !remote_started)
-        .map(|index| {
+    let mut reqs: Vec<GenerateRequest> = Vec::new();
+    for (p, s) in subs.iter().enumerate().filter(|_| !remote_started) {
+        for index in 0..s.n {
             let mut sampling = s.sampling.clone();
             sampling.seed = choice_seed(sampling.seed, index);
-            GenerateRequest {
-                request_id: if s.n == 1 { request_id.clone() } else { format!("{request_id}-{index}") },
+            reqs.push(GenerateRequest {
+                request_id: if total == 1 { request_id.clone() } else { format!("{request_id}-{}", reqs.len()) },
                 prompt_tokens: s.prompt_tokens.clone(),
                 sampling,
                 // Only the first choice continues the session; the others are
                 // alternatives the client has not chosen yet.
-                session_id: if index == 0 { s.session_id.clone() } else { None },
+                session_id: if p == 0 && index == 0 { s.session_id.clone() } else { None },
                 cache_salt: s.cache_salt.clone(),
                 grammar: s.grammar.clone(),
-            }
-        })
-        .collect();
+            });
+        }
+    }
     // One submission for all choices: they enter the scheduler in the same
     // step, so a seeded request's batches (and sampled text) reproduce.
-    let group = if reqs.is_empty() { Vec::new() } else { state.engine.submit_group(reqs).map_err(s.map_err)? };
+    let group = if reqs.is_empty() { Vec::new() } else { state.engine.submit_group(reqs).map_err(map_err)? };
     for (index, stream) in group.into_iter().enumerate() {
         state.metrics.local_requests.inc();
+        let s = &subs[prompt_of[index]];
         tracing::info!(
             request_id,
             index,
             seq_id = stream.id(),
-            prompt_tokens = prompt_len,
+            prompt_tokens = s.prompt_tokens.len(),
             max_tokens = s.sampling.max_tokens,
             path = kvc_engine::ServePath::Local.as_str(),
             "request submitted"
@@ -186,12 +211,13 @@ pub async fn submit(state: &AppState, admitted: Admitted, s: Submission) -> Resu
     Ok(Generation {
         state: state.clone(),
         route,
-        prompt_len,
+        prompt_lens,
+        prompt_of,
         request_id,
         arrival,
         deadline,
         streams,
-        choices: vec![ChoiceTiming::default(); s.n],
+        choices: vec![ChoiceTiming::default(); total],
         first_token: false,
         cancelled: Box::pin(state.lifecycle.cancelled()),
         _slot: slot,
@@ -211,7 +237,7 @@ fn events(index: usize, stream: RequestStream) -> BoxStream<'static, (usize, Opt
         let mut stream = stream?;
         match stream.recv().await {
             Some(event) => {
-                let last = !matches!(event, StreamEvent::Token { .. });
+                let last = !matches!(event, StreamEvent::Token { .. } | StreamEvent::PromptLogprobs(_));
                 Some(((index, Some(event)), (!last).then_some(stream)))
             }
             None => Some(((index, None), None)),
@@ -229,8 +255,24 @@ struct ChoiceTiming {
 /// An event of one choice.
 #[derive(Debug)]
 pub enum ChoiceEvent {
-    Token { index: usize, token_id: u32, text: String, logprobs: Option<Logprobs> },
-    Finished { index: usize, reason: FinishReason, text: String, matched_stop: Option<MatchedStop>, usage: Usage },
+    /// Some of the prompt's logprobs (`prompt_logprobs`), before any token.
+    PromptLogprobs {
+        index: usize,
+        logprobs: Vec<Logprobs>,
+    },
+    Token {
+        index: usize,
+        token_id: u32,
+        text: String,
+        logprobs: Option<Logprobs>,
+    },
+    Finished {
+        index: usize,
+        reason: FinishReason,
+        text: String,
+        matched_stop: Option<MatchedStop>,
+        usage: Usage,
+    },
 }
 
 /// The running engine work of one request. Dropping it cancels whatever is
@@ -238,7 +280,9 @@ pub enum ChoiceEvent {
 pub struct Generation {
     state: AppState,
     route: Route,
-    prompt_len: usize,
+    /// Each prompt's length, and the prompt of each choice.
+    prompt_lens: Vec<usize>,
+    prompt_of: Vec<usize>,
     request_id: String,
     arrival: Instant,
     deadline: Option<Instant>,
@@ -258,9 +302,14 @@ impl Generation {
         self.choices.len()
     }
 
-    /// The prompt's length in tokens.
+    /// The prompts' length in tokens (all of them).
     pub fn prompt_len(&self) -> usize {
-        self.prompt_len
+        self.prompt_lens.iter().sum()
+    }
+
+    /// The request's usage from every choice's: [`total_usage`].
+    pub fn total_usage(&self, usages: &[Usage]) -> Usage {
+        total_usage(usages, &self.prompt_of)
     }
 
     /// How the prompt was served (`x-kvc-path`).
@@ -287,6 +336,7 @@ impl Generation {
         let now = Instant::now();
         match event {
             None => Ok(None),
+            Some((index, Some(StreamEvent::PromptLogprobs(logprobs)))) => Ok(Some(ChoiceEvent::PromptLogprobs { index, logprobs })),
             Some((index, Some(StreamEvent::Token { token_id, text, logprobs }))) => {
                 if !self.first_token {
                     self.first_token = true;
@@ -305,7 +355,7 @@ impl Generation {
                     usage.transferred_tokens = self.route.transferred_tokens;
                     if let Some(c) = self.route.remote_computed_tokens {
                         // Prompt tokens nobody computed for this request.
-                        usage.cached_tokens = self.prompt_len.saturating_sub(c);
+                        usage.cached_tokens = self.prompt_len().saturating_sub(c);
                     }
                 }
                 self.choices[index].finished = true;
@@ -351,17 +401,22 @@ impl Drop for Generation {
     }
 }
 
-/// Sums the choices' usage: the prompt once, every choice's completion,
-/// and the cached prompt tokens of the choice that reused the least.
-pub fn total_usage(usages: &[Usage]) -> Usage {
+/// Sums the choices' usage: each prompt once (`prompt_of[i]`: choice i's
+/// prompt), every choice's completion, and per prompt the cached tokens of
+/// the choice that reused the least.
+pub fn total_usage(usages: &[Usage], prompt_of: &[usize]) -> Usage {
     let Some(first) = usages.first() else {
         return Usage::default();
     };
-    Usage {
-        completion_tokens: usages.iter().map(|u| u.completion_tokens).sum(),
-        cached_tokens: usages.iter().map(|u| u.cached_tokens).min().unwrap_or(0),
-        ..*first
+    let mut prompt_tokens = 0;
+    let mut cached_tokens = 0;
+    let prompts = prompt_of.iter().copied().max().map_or(1, |p| p + 1);
+    for p in 0..prompts {
+        let of_p = || usages.iter().enumerate().filter(move |(i, _)| prompt_of.get(*i).copied().unwrap_or(0) == p).map(|(_, u)| u);
+        prompt_tokens += of_p().map(|u| u.prompt_tokens).max().unwrap_or(0);
+        cached_tokens += of_p().map(|u| u.cached_tokens).min().unwrap_or(0);
     }
+    Usage { prompt_tokens, completion_tokens: usages.iter().map(|u| u.completion_tokens).sum(), cached_tokens, ..*first }
 }
 
 pub fn log_finished(request_id: &str, index: usize, reason: &str, usage: &Usage) {
@@ -391,8 +446,21 @@ mod tests {
     fn usage_of_n_choices_counts_the_prompt_once() {
         let u =
             |completion, cached| Usage { prompt_tokens: 10, completion_tokens: completion, cached_tokens: cached, ..Default::default() };
-        let total = total_usage(&[u(3, 0), u(5, 8), u(1, 8)]);
+        let total = total_usage(&[u(3, 0), u(5, 8), u(1, 8)], &[0, 0, 0]);
         assert_eq!((total.prompt_tokens, total.completion_tokens, total.cached_tokens), (10, 9, 0));
-        assert_eq!(total_usage(&[]).prompt_tokens, 0);
+        assert_eq!(total_usage(&[], &[]).prompt_tokens, 0);
+    }
+
+    #[test]
+    fn usage_of_several_prompts_counts_each_prompt_once() {
+        let u = |prompt, completion, cached| Usage {
+            prompt_tokens: prompt,
+            completion_tokens: completion,
+            cached_tokens: cached,
+            ..Default::default()
+        };
+        // Two prompts of 10 and 4 tokens, two choices each.
+        let total = total_usage(&[u(10, 3, 0), u(10, 5, 8), u(4, 1, 4), u(4, 2, 4)], &[0, 0, 1, 1]);
+        assert_eq!((total.prompt_tokens, total.completion_tokens, total.cached_tokens), (14, 11, 4));
     }
 }

@@ -33,6 +33,8 @@ pub mod auth;
 pub mod chat;
 pub mod chat_messages;
 pub mod chat_output;
+pub mod completion_endpoint;
+pub mod completion_prompts;
 pub mod completions;
 pub mod config_reference;
 pub mod error;

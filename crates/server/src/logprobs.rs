@@ -121,12 +121,16 @@ pub fn chat_entry(tokenizer: &TextTokenizer, lp: &Logprobs) -> ChatTokenLogprob 
 }
 
 /// A completion choice's `logprobs` (parallel lists, one entry per token).
+/// With `echo` they cover the prompt's tokens first, the first of which has
+/// no logprob (`null` in `token_logprobs` and `top_logprobs`, as vLLM).
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct CompletionLogprobs {
     pub tokens: Vec<String>,
-    pub token_logprobs: Vec<f32>,
+    /// f64 of the f32, as in `top_logprobs` (JSON then prints both alike,
+    /// so a client may compare them exactly: lm-eval's `is_greedy`).
+    pub token_logprobs: Vec<Option<f64>>,
     /// The top alternatives and the chosen token, by text (as vLLM).
-    pub top_logprobs: Vec<Map<String, Value>>,
+    pub top_logprobs: Vec<Option<Map<String, Value>>>,
     /// Character offset of each token in the choice's text.
     pub text_offset: Vec<usize>,
 }
@@ -143,8 +147,20 @@ impl CompletionLogprobs {
         }
         let len = chosen.token.chars().count();
         self.tokens.push(chosen.token);
-        self.token_logprobs.push(chosen.logprob);
-        self.top_logprobs.push(alternatives);
+        self.token_logprobs.push(Some(f64::from(chosen.logprob)));
+        self.top_logprobs.push(Some(alternatives));
+        self.text_offset.push(offset);
+        len
+    }
+
+    /// Appends a token without a logprob (a prompt's first), at character
+    /// `offset`; returns its length in characters.
+    pub fn push_unscored(&mut self, tokenizer: &TextTokenizer, token_id: u32, offset: usize) -> usize {
+        let token = String::from_utf8_lossy(&token_bytes(tokenizer, token_id)).into_owned();
+        let len = token.chars().count();
+        self.tokens.push(token);
+        self.token_logprobs.push(None);
+        self.top_logprobs.push(None);
         self.text_offset.push(offset);
         len
     }
@@ -235,6 +251,19 @@ mod tests {
         assert_eq!(offset, 3 + "Hi there".len());
         assert_eq!(c.token_logprobs.len(), ids.len());
         // The chosen token is always in its top_logprobs dict.
-        assert_eq!(c.top_logprobs[0].get("Hi"), Some(&Value::from(-1.0f32)));
+        assert_eq!(c.top_logprobs[0].as_ref().unwrap().get("Hi"), Some(&Value::from(-1.0f32)));
+        // The chosen logprob reads the same in both lists (exact compare).
+        let lp = Logprobs { chosen: TokenLogprob { token_id: ids[0], logprob: -9.374_518 }, top: vec![] };
+        let mut e = CompletionLogprobs::default();
+        e.push(tok, &lp, 0);
+        let v = serde_json::to_value(&e).unwrap();
+        assert_eq!(v["token_logprobs"][0], v["top_logprobs"][0]["Hi"]);
+        // A prompt's first token: no logprob, serialized as null.
+        let mut p = CompletionLogprobs::default();
+        assert_eq!(p.push_unscored(tok, ids[0], 0), "Hi".len());
+        let v = serde_json::to_value(&p).unwrap();
+        assert_eq!(v["token_logprobs"], serde_json::json!([null]));
+        assert_eq!(v["top_logprobs"], serde_json::json!([null]));
+        assert_eq!(v["tokens"], serde_json::json!(["Hi"]));
     }
 }

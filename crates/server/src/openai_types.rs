@@ -180,7 +180,8 @@ pub struct FunctionCall {
 #[derive(Debug, Clone, Deserialize)]
 pub struct CompletionRequest {
     pub model: Option<String>,
-    /// A string, a list of token ids, or a one-element list of either.
+    /// A string, a list of strings, a list of token ids, or a list of lists
+    /// of token ids ([`crate::completion_prompts`]).
     pub prompt: Value,
     /// Read from the same body in a second pass ([`JsonBody`]).
     #[serde(skip)]

@@ -7,7 +7,7 @@ use kvc_engine::{FinishReason, Logprobs, MatchedStop, Usage};
 use serde::Serialize;
 
 use crate::error::ApiError;
-use crate::generate::{log_finished, total_usage, ChoiceEvent, Generation};
+use crate::generate::{log_finished, ChoiceEvent, Generation};
 use crate::openai_types::{ChunkUsage, KvcInfo};
 
 pub trait Endpoint: Send + 'static {
@@ -18,6 +18,11 @@ pub trait Endpoint: Send + 'static {
 
     /// Deltas before any token (chat's role, an echoed prompt).
     fn start(&mut self, index: usize) -> Vec<Self::Delta>;
+    /// Some of the prompt's logprobs arrived (requests that ask for them);
+    /// deltas to send now.
+    fn prompt_logprobs(&mut self, _index: usize, _logprobs: &[Logprobs]) -> Vec<Self::Delta> {
+        Vec::new()
+    }
     /// A token arrived; `None` while there is nothing to say yet.
     fn token(&mut self, index: usize, token_id: u32, text: &str, logprobs: Option<&Logprobs>) -> Option<Self::Delta>;
     /// The choice ended; the last deltas and the `finish_reason` reported.
@@ -36,6 +41,9 @@ pub async fn collect<E: Endpoint>(mut generation: Generation, mut endpoint: E) -
     let mut usages = vec![Usage::default(); n];
     while let Some(event) = generation.next().await? {
         match event {
+            ChoiceEvent::PromptLogprobs { index, logprobs } => {
+                deltas[index].extend(endpoint.prompt_logprobs(index, &logprobs));
+            }
             ChoiceEvent::Token { index, token_id, text, logprobs } => {
                 deltas[index].extend(endpoint.token(index, token_id, &text, logprobs.as_ref()));
             }
@@ -48,5 +56,5 @@ pub async fn collect<E: Endpoint>(mut generation: Generation, mut endpoint: E) -
             }
         }
     }
-    Ok(endpoint.body(deltas, total_usage(&usages)))
+    Ok(endpoint.body(deltas, generation.total_usage(&usages)))
 }

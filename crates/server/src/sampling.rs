@@ -113,6 +113,7 @@ impl SamplingPlan {
             stop,
             ignore_eos: f.ignore_eos.unwrap_or(false),
             logprobs: None,
+            prompt_logprobs: None,
             logit_bias,
             skip_special_tokens: f.skip_special_tokens.unwrap_or(true),
             constraint: None,
@@ -124,6 +125,12 @@ impl SamplingPlan {
     /// Asks the engine for logprobs with `top` alternatives per token.
     pub fn set_logprobs(&mut self, top: Option<usize>) {
         self.params.logprobs = top;
+    }
+
+    /// `max_tokens: 0` (completions with `echo`): the prompt is computed
+    /// and scored, nothing generated. The caller has checked the field.
+    pub fn set_score_only(&mut self) {
+        self.max_tokens = Some(0);
     }
 
     /// The engine's parameters for a prompt of `prompt_len` tokens. Without

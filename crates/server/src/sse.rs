@@ -16,7 +16,7 @@ use kvc_engine::Usage;
 
 use crate::app::AppState;
 use crate::error::{error_response, ApiError};
-use crate::generate::{log_finished, serving_headers, total_usage, ChoiceEvent, Generation};
+use crate::generate::{log_finished, serving_headers, ChoiceEvent, Generation};
 use crate::openai_types::{ChunkUsage, KvcInfo, UsageInfo};
 use crate::response::Endpoint;
 
@@ -85,6 +85,11 @@ impl<E: Endpoint> Driver<E> {
 
     fn on_event(&mut self, event: Result<Option<ChoiceEvent>, ApiError>) {
         match event {
+            Ok(Some(ChoiceEvent::PromptLogprobs { index, logprobs })) => {
+                for delta in self.endpoint.prompt_logprobs(index, &logprobs) {
+                    self.push(vec![delta], None);
+                }
+            }
             Ok(Some(ChoiceEvent::Token { index, token_id, text, logprobs })) => {
                 self.generated[index] += 1;
                 if let Some(delta) = self.endpoint.token(index, token_id, &text, logprobs.as_ref()) {
@@ -105,7 +110,7 @@ impl<E: Endpoint> Driver<E> {
             }
             Ok(None) => {
                 if self.include_usage != StreamUsage::Off {
-                    let usage = total_usage(&self.usages);
+                    let usage = self.generation.total_usage(&self.usages);
                     let chunk = self.endpoint.chunk(vec![], Some(Some(usage.into())), None);
                     match serde_json::to_string(&chunk) {
                         Ok(s) => self.queue.push_back(s),

@@ -249,7 +249,22 @@ impl SessionAwareCache {
         alloc: &mut BlockAllocator,
         storage: &mut KvStorage,
     ) -> Acquired {
-        let max_reuse = prompt.len().saturating_sub(1);
+        self.acquire_at_most(session, prompt, usize::MAX, root, alloc, storage)
+    }
+
+    /// [`Self::acquire`], reusing at most `limit` leading tokens (a request
+    /// that needs the logits of the positions after them computes those).
+    /// The session's turn is opened all the same.
+    pub fn acquire_at_most(
+        &mut self,
+        session: Option<&str>,
+        prompt: &[u32],
+        limit: usize,
+        root: Option<BlockHash>,
+        alloc: &mut BlockAllocator,
+        storage: &mut KvStorage,
+    ) -> Acquired {
+        let max_reuse = prompt.len().saturating_sub(1).min(limit);
         let mut out = Acquired { blocks: Vec::new(), tokens: 0, source: ReusePath::Cold, restored_blocks: 0, ready_after: None };
         if let Some(id) = session {
             if !self.sessions.contains_key(id) {

@@ -37,7 +37,8 @@ pub struct SamplingParams {
     pub presence_penalty: f32,
     /// 1.0 disables it.
     pub repetition_penalty: f32,
-    /// Maximum number of generated tokens.
+    /// Maximum number of generated tokens; 0 computes the prompt (and its
+    /// `prompt_logprobs`) without generating.
     pub max_tokens: usize,
     /// Tokens generated before a stop token or stop string may end the
     /// output (vLLM's `min_tokens`; 0: none). Until then the stop tokens
@@ -53,6 +54,11 @@ pub struct SamplingParams {
     /// Number of top alternatives to report per generated token
     /// (`Some(0)` = only the chosen token's logprob).
     pub logprobs: Option<usize>,
+    /// vLLM's `prompt_logprobs`: the logprob of every prompt token after
+    /// the first (which has none), with this many top alternatives each,
+    /// sent before any generated token.
+    #[serde(default)]
+    pub prompt_logprobs: Option<usize>,
     /// Additive biases on logits, by token id.
     pub logit_bias: Vec<(u32, f32)>,
     /// Do not produce text for special tokens (default true, like vLLM).
@@ -79,6 +85,7 @@ impl Default for SamplingParams {
             stop: Vec::new(),
             ignore_eos: false,
             logprobs: None,
+            prompt_logprobs: None,
             logit_bias: Vec::new(),
             skip_special_tokens: true,
             constraint: None,
@@ -107,9 +114,6 @@ impl SamplingParams {
         }
         if !(self.repetition_penalty > 0.0 && self.repetition_penalty.is_finite()) {
             return bad("repetition_penalty", format!("repetition_penalty must be > 0, got {}", self.repetition_penalty));
-        }
-        if self.max_tokens == 0 {
-            return bad("max_tokens", "max_tokens must be at least 1".to_string());
         }
         if self.min_tokens > self.max_tokens {
             return bad("min_tokens", format!("min_tokens must be at most max_tokens ({}), got {}", self.max_tokens, self.min_tokens));

@@ -402,6 +402,7 @@ fn run(
                     done += 1;
                 }
                 Some(StreamEvent::Error(e) | StreamEvent::InvalidGrammar(e)) => panic!("{e}"),
+                Some(StreamEvent::PromptLogprobs(_)) => {}
             }
         }
     }

@@ -7,6 +7,7 @@ use kvc_kv_pool::{BlockAllocator, BlockId, KvStorage};
 use kvc_scheduler::{SchedulerHooks, SeqId, Sequence};
 use kvc_session_cache::{ReusePath, SessionAwareCache};
 
+use super::prompt_logprobs::reuse_limit;
 use super::role_parts::RoleParts;
 use super::Active;
 
@@ -32,7 +33,11 @@ impl SchedulerHooks for CacheHooks<'_> {
     fn acquire(&mut self, seq: &Sequence, alloc: &mut BlockAllocator) -> Option<(Vec<BlockId>, usize)> {
         let a = self.active.get_mut(&seq.id)?;
         let session = if a.turn_open { None } else { a.session_id.clone() };
-        let mut got = self.cache.acquire(session.as_deref(), &seq.tokens, a.cache_root, alloc, self.storage);
+        let (limit, why) = reuse_limit(a.scoring.as_ref(), seq.prompt_len);
+        if limit < seq.tokens.len() {
+            tracing::debug!(event = "reuse_limit", seq_id = seq.id, limit, reason = why);
+        }
+        let mut got = self.cache.acquire_at_most(session.as_deref(), &seq.tokens, limit, a.cache_root, alloc, self.storage);
         a.turn_open |= session.is_some();
         a.cache_answer = Some((got.source, got.tokens));
         a.reuse_reason = got.source;
@@ -40,7 +45,7 @@ impl SchedulerHooks for CacheHooks<'_> {
         // covers at least what the prefix cache does (ties go to the
         // snapshot: the same KV, and the session's own), restored from the
         // host tier if it was demoted (prefill bypass).
-        if let Some(s) = a.snapshot_session.as_deref() {
+        if let Some(s) = a.snapshot_session.as_deref().filter(|_| limit == usize::MAX) {
             if let Some((blocks, tokens)) = self.parts.reuse(s, &seq.tokens, got.tokens, alloc, self.storage) {
                 alloc.free_all(&got.blocks);
                 got.blocks = blocks;
@@ -73,7 +78,10 @@ impl SchedulerHooks for CacheHooks<'_> {
     fn resident_blocks(&mut self, seq: &Sequence, _alloc: &BlockAllocator) -> usize {
         let Some(a) = self.active.get(&seq.id) else { return 0 };
         let session = if a.turn_open { None } else { a.session_id.as_deref() };
-        self.cache.resident_blocks(session, &seq.tokens, a.cache_root)
+        // What acquire_at_most would hand over: at most `limit` tokens.
+        let limit = reuse_limit(a.scoring.as_ref(), seq.prompt_len).0;
+        let upto = seq.tokens.len().min(limit.saturating_add(1));
+        self.cache.resident_blocks(session, &seq.tokens[..upto], a.cache_root)
     }
 
     fn reclaimable(&mut self, alloc: &BlockAllocator) -> usize {

@@ -9,6 +9,7 @@ use std::collections::HashMap;
 use kvc_scheduler::{ScheduledChunk, SeqId, Wait};
 use rayon::prelude::*;
 
+use super::prompt_logprobs::{reduce_rows, RowUse, StepLogits};
 use super::{CacheHooks, EngineLoop};
 use crate::constrained::ConstraintState;
 use crate::sampler::Sampler;
@@ -145,7 +146,17 @@ impl EngineLoop {
             let seq_prompt = self.scheduler.get(c.seq_id).map(|s| s.prompt_len).unwrap_or(0);
             self.local.prompt_tokens_computed += c.len.min(seq_prompt.saturating_sub(c.start)) as u64;
         }
-        let sampled: Vec<SeqId> = plan.chunks.iter().filter(|c| c.sample).map(|c| c.seq_id).collect();
+        let StepLogits { sampled: logits, prompt } = logits;
+        for (id, logprobs) in prompt {
+            self.send_prompt_logprobs(id, logprobs);
+        }
+        // Row i of `logits` is sampled[i]'s: both lists before anything ends.
+        let sampled: Vec<SeqId> = plan.chunks.iter().filter(|c| self.samples(c)).map(|c| c.seq_id).collect();
+        let scored_only: Vec<SeqId> = plan.chunks.iter().filter(|c| c.sample && !self.samples(c)).map(|c| c.seq_id).collect();
+        // Prompts scored without generating (max_tokens 0) end here.
+        for id in scored_only {
+            self.finish(id, FinishReason::Length, None);
+        }
         let mut failed = Vec::new();
         let masks: HashMap<SeqId, SimpleVob> = masks
             .into_iter()
@@ -169,6 +180,16 @@ impl EngineLoop {
             self.accept_token(id, token, logprobs);
         }
         Stepped::Ran
+    }
+
+    /// Sends a scoring sequence's new prompt logprobs (the next ones in
+    /// prompt order) before any of its tokens.
+    fn send_prompt_logprobs(&mut self, id: SeqId, logprobs: Vec<Logprobs>) {
+        let Some(a) = self.active.get_mut(&id) else { return };
+        if let Some(s) = a.scoring.as_mut() {
+            s.next += logprobs.len();
+        }
+        let _ = a.tx.send(StreamEvent::PromptLogprobs(logprobs));
     }
 
     /// The pool as a stall warning reports it.
@@ -224,16 +245,35 @@ impl EngineLoop {
         *r = kvc_policy::Ewma::from_value(*r).update(rate);
     }
 
-    fn forward(&mut self, chunks: &[ScheduledChunk]) -> Result<Vec<Vec<f32>>, EngineError> {
+    /// Whether chunk `c` draws a token: it ends its sequence's tokens, and
+    /// the request generates (`max_tokens: 0` only scores its prompt).
+    pub(super) fn samples(&self, c: &ScheduledChunk) -> bool {
+        c.sample && self.active.get(&c.seq_id).is_none_or(|a| a.sampler.params().max_tokens > 0)
+    }
+
+    fn forward(&mut self, chunks: &[ScheduledChunk]) -> Result<StepLogits, EngineError> {
         let mut batch = BatchInput::default();
+        let mut uses = Vec::new();
         for c in chunks {
             let seq = self.scheduler.get(c.seq_id).expect("scheduled sequence exists");
             let start = batch.tokens.len();
             batch.tokens.extend_from_slice(&seq.tokens[c.start..c.start + c.len]);
             batch.seqs.push(SeqChunk { start, len: c.len, context_len: c.start + c.len, block_table: &seq.block_table });
-            if c.sample {
-                batch.logits_rows.push(start + c.len - 1);
+            if let Some(s) = self.active.get(&c.seq_id).and_then(|a| a.scoring.as_ref()) {
+                for p in s.positions(c.start, c.len, seq.prompt_len) {
+                    batch.logits_rows.push(start + p - c.start);
+                    uses.push(RowUse::Score { seq: c.seq_id, target: seq.tokens[p + 1], top: s.top });
+                }
             }
+            if self.samples(c) {
+                batch.logits_rows.push(start + c.len - 1);
+                uses.push(RowUse::Sample);
+            }
+        }
+        if uses.iter().any(|u| matches!(u, RowUse::Score { .. })) {
+            // Prompt rows: the LM head a slice at a time (prompt_logprobs.rs).
+            let hidden = self.model.forward_hidden(&batch, &mut self.storage).map_err(|e| EngineError::Model(e.to_string()))?;
+            return reduce_rows(&self.model, &hidden, &uses);
         }
         let mid_prompt_only = batch.logits_rows.is_empty();
         if mid_prompt_only {
@@ -248,9 +288,9 @@ impl EngineLoop {
             // mid-prompt chunk of 8K tokens "took" a millisecond, and the
             // next step paid for it.
             logits.device().synchronize()?;
-            return Ok(Vec::new());
+            return Ok(StepLogits::default());
         }
-        Ok(logits.to_vec2::<f32>()?)
+        Ok(StepLogits { sampled: logits.to_vec2::<f32>()?, prompt: Vec::new() })
     }
 }
 

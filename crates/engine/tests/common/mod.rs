@@ -31,6 +31,12 @@ pub struct Done {
     pub reason: FinishReason,
     pub usage: Usage,
     pub first_logprobs: Option<Logprobs>,
+    /// Every generated token's logprobs (when asked for).
+    pub logprobs: Vec<Logprobs>,
+    /// The prompt's logprobs (`prompt_logprobs`), from its second token.
+    pub prompt_logprobs: Vec<Logprobs>,
+    /// Prompt-logprob events received (one per scored prefill chunk).
+    pub prompt_events: usize,
     /// A prefill worker's export: the prompt's KV, leased.
     pub export: Option<KvLease>,
 }
@@ -43,14 +49,18 @@ pub fn collect(s: &mut RequestStream) -> Done {
         reason: FinishReason::Abort,
         usage: Usage::default(),
         first_logprobs: None,
+        logprobs: vec![],
+        prompt_logprobs: vec![],
+        prompt_events: 0,
         export: None,
     };
     while let Some(ev) = s.blocking_recv() {
         match ev {
             StreamEvent::Token { token_id, text, logprobs, .. } => {
                 if out.tokens.is_empty() {
-                    out.first_logprobs = logprobs;
+                    out.first_logprobs = logprobs.clone();
                 }
+                out.logprobs.extend(logprobs);
                 out.tokens.push(token_id);
                 out.text.push_str(&text);
             }
@@ -58,6 +68,11 @@ pub fn collect(s: &mut RequestStream) -> Done {
                 out.text.push_str(&text);
                 (out.reason, out.usage, out.export) = (reason, usage, export);
                 return out;
+            }
+            StreamEvent::PromptLogprobs(lps) => {
+                assert!(out.tokens.is_empty(), "prompt logprobs after a token");
+                out.prompt_logprobs.extend(lps);
+                out.prompt_events += 1;
             }
             StreamEvent::Error(e) | StreamEvent::InvalidGrammar(e) => panic!("engine error: {e}"),
         }

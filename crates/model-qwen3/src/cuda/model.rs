@@ -289,6 +289,13 @@ impl GpuModel {
         self.run(embed, lm_head, &inputs, kv, false)
     }
 
+    /// The eager pass without the LM head; same contract as
+    /// `Qwen3Model::forward_hidden` (bf16 `[rows, hidden]`).
+    pub fn forward_hidden(&self, embed: &Embedding, batch: &BatchInput, kv: &KvStorage) -> Result<Tensor> {
+        let inputs = self.prepare(embed, batch, kv)?;
+        self.run_hidden(embed, &inputs, kv, false)
+    }
+
     /// Copies a batch's inputs to the device: everything [`Self::run`]
     /// reads from the host side.
     pub fn prepare(&self, embed: &Embedding, batch: &BatchInput, kv: &KvStorage) -> Result<StepInputs> {
@@ -312,6 +319,12 @@ impl GpuModel {
     /// may wait for the host either (the cuBLAS expert path reads its
     /// offsets back; kvc's kernels take its place then).
     pub fn run(&self, embed: &Embedding, lm_head: &Tensor, inputs: &StepInputs, kv: &KvStorage, capturing: bool) -> Result<Tensor> {
+        self.run_hidden(embed, inputs, kv, capturing)?.matmul(&lm_head.t()?)?.to_dtype(DType::F32)
+    }
+
+    /// [`Self::run`] up to the LM head: the final hidden states of the
+    /// logits rows.
+    fn run_hidden(&self, embed: &Embedding, inputs: &StepInputs, kv: &KvStorage, capturing: bool) -> Result<Tensor> {
         let device = embed.embeddings().device().clone();
         let dev = cuda_dev(&device)?;
         let t = inputs.tokens;
@@ -361,7 +374,6 @@ impl GpuModel {
             let next = self.layers.get(l + 1).map(|n| &n.input_norm).unwrap_or(&self.final_norm);
             h = self.add_rmsnorm(&x, &f, next)?;
         }
-        let hs = gather_rows(&self.kernels, &h, &inputs.rows, 1, inputs.rows.dim(0)?)?;
-        hs.matmul(&lm_head.t()?)?.to_dtype(DType::F32)
+        gather_rows(&self.kernels, &h, &inputs.rows, 1, inputs.rows.dim(0)?)
     }
 }

@@ -152,12 +152,12 @@ pub async fn start(state: &AppState, pd: &PdState, mut req: GenerateRequest) -> 
     }
 }
 
-/// A request for several choices on this decode worker: computed here,
-/// once for all choices (the caller submits them together), and said so
-/// (`kvc.reason` `multiple_choices`, logged and counted as the decision
-/// it is).
-pub fn several_choices(pd: &PdState, request_id: &str, choices: usize, prompt_tokens: usize) -> Route {
-    let (path, reason) = (PrefillPath::Local, PathReason::MultipleChoices);
+/// A request computed here whatever the policy would say (`reason`:
+/// several choices or prompts, computed once for all of them, or prompt
+/// logprobs, which a remote prefill cannot return): counted and logged like
+/// a decision.
+pub fn computed_here(pd: &PdState, request_id: &str, reason: PathReason, choices: usize, prompt_tokens: usize) -> Route {
+    let path = PrefillPath::Local;
     pd.metrics.path_decisions.with_label_values(&[path.as_str(), reason.as_str()]).inc();
     tracing::info!(event = "prefill_path", request_id, path = path.as_str(), reason = reason.as_str(), choices, prompt_tokens);
     Route { path: path.serve_path(), reason: reason.as_str(), ..Default::default() }

@@ -113,6 +113,8 @@ async fn serve_prefill(
                 }
                 StreamEvent::Error(e) => return Err(ApiError::Internal(format!("prefill failed: {e}"))),
                 StreamEvent::InvalidGrammar(e) => return Err(ApiError::bad_request(e, None)),
+                // A remote prefill is never asked for them (decode.rs).
+                StreamEvent::PromptLogprobs(_) => {}
             }
         }
         Ok(())

@@ -254,3 +254,29 @@ fn resident_blocks_predict_acquire_and_give_back_undoes_it() {
     assert_eq!(cache.resident_blocks(Some("s"), &next, None), 0);
     assert_eq!(cache.session_info("s").unwrap().tier, crate::Tier::Host);
 }
+
+/// A request that needs the logits of its whole prompt (prompt logprobs)
+/// reuses nothing, though the prefix index holds its blocks, and counts the
+/// whole prompt as computed; with a limit of one block it reuses that one.
+#[test]
+fn acquire_at_most_reuses_no_more_than_its_limit() {
+    let (mut cache, mut alloc, mut storage) = setup(8, 0);
+    let tokens: Vec<u32> = (0..(3 * BS as u32)).collect();
+    let blocks = alloc.allocate(3).unwrap();
+    let mut parent = None;
+    for (j, &b) in blocks.iter().enumerate() {
+        parent = Some(cache.register_block(parent, &tokens[j * BS..(j + 1) * BS], b, &mut alloc));
+    }
+    alloc.free_all(&blocks);
+    let computed = cache.stats.computed_tokens;
+    let got = cache.acquire_at_most(None, &tokens, 0, None, &mut alloc, &mut storage);
+    assert_eq!((got.tokens, got.blocks.len(), got.source), (0, 0, ReusePath::Cold));
+    assert_eq!(cache.stats.computed_tokens - computed, tokens.len() as u64);
+    let got = cache.acquire_at_most(None, &tokens, BS + 1, None, &mut alloc, &mut storage);
+    assert_eq!((got.tokens, got.source), (BS, ReusePath::PrefixHit));
+    alloc.free_all(&got.blocks);
+    // Without a limit: the prompt less one token, two whole blocks.
+    let got = cache.acquire(None, &tokens, None, &mut alloc, &mut storage);
+    assert_eq!(got.tokens, 2 * BS);
+    alloc.free_all(&got.blocks);
+}
