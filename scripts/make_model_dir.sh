@@ -15,13 +15,12 @@
 #                           merges.txt, whichever are present (tokenizer.json
 #                           is required)
 #
-# max_position_embeddings is 131072, not the checkpoint's 40960: the agentic
-# workload's sessions reach ~100K tokens, and Qwen3-30B-A3B serves 131072
-# tokens with YaRN rope scaling (factor 4 over 32768). YaRN changes the RoPE
-# frequencies, not the cost of a forward pass, and the weights here are random
-# anyway, so the performance of a 131072-token context is that of the real
-# model. No `rope_scaling` key is written: kvc implements only default RoPE
-# and refuses a config that asks for YaRN (crates/model-qwen3/src/config.rs).
+# max_position_embeddings is the checkpoint's 40960, and rope_scaling is
+# the YaRN entry Qwen3's model card documents for long contexts (factor 4
+# over the original 32768): kvc then serves 32768 x 4 = 131072 tokens, as
+# vLLM derives it, with the scaled frequencies on the CPU and CUDA paths
+# alike. The agentic workload's sessions reach ~100K tokens; YaRN changes
+# the RoPE frequencies, not the cost of a forward pass.
 set -euo pipefail
 
 if [ $# -ne 1 ] || [ "${1:0:1}" = - ]; then
@@ -38,7 +37,7 @@ fi
 mkdir -p "$DIR"
 
 # Keep in sync with QWEN3_30B_A3B (crates/model-qwen3/src/config.rs);
-# only max_position_embeddings differs (40960 -> 131072, see above).
+# rope_scaling is added (see above).
 cat > "$DIR/config.json" <<'EOF'
 {
   "architectures": ["Qwen3MoeForCausalLM"],
@@ -56,9 +55,10 @@ cat > "$DIR/config.json" <<'EOF'
   "norm_topk_prob": true,
   "decoder_sparse_step": 1,
   "mlp_only_layers": [],
-  "max_position_embeddings": 131072,
+  "max_position_embeddings": 40960,
   "rms_norm_eps": 1e-06,
   "rope_theta": 1000000.0,
+  "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768},
   "tie_word_embeddings": false,
   "torch_dtype": "bfloat16",
   "bos_token_id": 151643,

@@ -11,7 +11,7 @@ use crate::ModelError;
 
 /// config.json of Qwen/Qwen3-30B-A3B (the fields kvc reads): the shape the
 /// GPU benchmark (kvc-bench) and GPU tests run with dummy weights
-/// (scripts/make_model_dir.sh writes the same, with a longer context).
+/// (scripts/make_model_dir.sh writes the same, with YaRN for a longer context).
 pub const QWEN3_30B_A3B: &str = r#"{
   "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
   "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 6144,

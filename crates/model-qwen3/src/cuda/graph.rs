@@ -159,8 +159,9 @@ impl DecodeGraphs {
                 let inputs = StepInputs::from_graph_host(&host, nh, nkv, table_capacity, embed.embeddings().device())?;
                 // The capture's one launch is this step's pass.
                 let step = capture(model, embed, lm_head, inputs, kv)?;
-                tracing::info!(batch = rows, decodes = n, graphs = self.steps.len() + 1, "captured a decode step as a CUDA graph");
-                &self.steps.entry(rows).insert_entry(GraphStep { step, cache_base, table_capacity }).into_mut().step
+                let again = self.steps.insert(rows, GraphStep { step, cache_base, table_capacity }).is_some();
+                tracing::info!(batch = rows, decodes = n, graphs = self.steps.len(), table_capacity, recapture = again, "captured a decode step as a CUDA graph");
+                &self.steps[&rows].step
             }
         };
         if rows == n {
