@@ -259,16 +259,11 @@ pub fn open_assistant_turn(prompt: &str) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::error::error_response;
+    use crate::error::status_and_param;
     use crate::openai_types::ChatCompletionRequest;
 
     fn request(v: Value) -> ChatCompletionRequest {
         crate::extract::JsonBody::parse(v.to_string().as_bytes()).unwrap()
-    }
-
-    fn status_and_param(err: ApiError) -> (u16, Option<String>) {
-        let (status, body) = error_response(&err);
-        (status.as_u16(), body.error.param)
     }
 
     fn weather_tool() -> Value {

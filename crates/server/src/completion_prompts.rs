@@ -66,13 +66,8 @@ fn token_ids(items: &[Value], vocab_size: usize) -> Result<Vec<u32>, ApiError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::error::error_response;
+    use crate::error::status_and_param;
     use serde_json::json;
-
-    fn status_and_param(err: ApiError) -> (u16, Option<String>) {
-        let (status, body) = error_response(&err);
-        (status.as_u16(), body.error.param)
-    }
 
     #[test]
     fn prompt_accepts_text_ids_and_lists_of_either() {

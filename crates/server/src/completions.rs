@@ -216,13 +216,8 @@ fn check_sequences(prompts: usize, best_of: usize) -> Result<(), ApiError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::error::error_response;
+    use crate::error::status_and_param;
     use serde_json::{json, Value};
-
-    fn status_and_param(err: ApiError) -> (u16, Option<String>) {
-        let (status, body) = error_response(&err);
-        (status.as_u16(), body.error.param)
-    }
 
     #[test]
     fn missing_prompt_is_a_parse_error() {

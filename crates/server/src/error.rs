@@ -184,6 +184,14 @@ impl IntoResponse for ApiError {
     }
 }
 
+/// A refusal's HTTP status and the `param` its error JSON names (the
+/// request-parsing tests' one check).
+#[cfg(test)]
+pub(crate) fn status_and_param(err: ApiError) -> (u16, Option<String>) {
+    let (status, body) = error_response(&err);
+    (status.as_u16(), body.error.param)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
