@@ -55,6 +55,8 @@ pub struct Qwen3Config {
     pub eos_token_ids: Vec<u32>,
     /// Present for Qwen3-MoE.
     pub moe: Option<MoeConfig>,
+    /// A block-FP8 checkpoint's `quantization_config` (fp8.rs).
+    pub fp8: Option<crate::fp8::BlockFp8>,
 }
 
 /// Raw file, every spelling optional; [`Qwen3Config::from_json`] resolves it.
@@ -92,7 +94,7 @@ struct RawConfig {
     norm_topk_prob: Option<bool>,
     /// A quantized checkpoint's description (transformers'
     /// `quantization_config`, compressed-tensors' `compression_config`):
-    /// kvc implements none, so any is refused.
+    /// kvc implements block FP8 (fp8.rs); any other is refused.
     quantization_config: Option<Value>,
     compression_config: Option<Value>,
 }
@@ -195,12 +197,18 @@ impl Qwen3Config {
                 raw.architectures, raw.model_type
             )));
         }
+        let mut fp8 = None;
         for (key, q) in [("quantization_config", &raw.quantization_config), ("compression_config", &raw.compression_config)] {
             if let Some(q) = q.as_ref().filter(|q| !q.is_null()) {
                 let method = q.get("quant_method").or_else(|| q.get("format")).and_then(|m| m.as_str()).unwrap_or("unknown");
+                if key == "quantization_config" && method == "fp8" {
+                    fp8 = Some(crate::fp8::BlockFp8::from_config(q)?);
+                    continue;
+                }
                 return Err(ModelError::Config(format!(
-                    "a quantized checkpoint ({key} with quant_method \"{method}\"): kvc loads only unquantized f32 / bf16 / f16 \
-                     weights, and would answer wrongly with these (their scales would be ignored)"
+                    "a quantized checkpoint ({key} with quant_method \"{method}\"): kvc loads unquantized f32 / bf16 / f16 \
+                     weights and block-FP8 ones (quant_method \"fp8\"), and would answer wrongly with these (their scales \
+                     would be ignored)"
                 )));
             }
         }
@@ -290,6 +298,7 @@ impl Qwen3Config {
             bos_token_id: token_ids(&raw.bos_token_id).first().copied(),
             eos_token_ids: token_ids(&raw.eos_token_id),
             moe,
+            fp8,
         })
     }
 
@@ -358,13 +367,15 @@ mod tests {
     }
 
     #[test]
-    fn a_quantized_checkpoint_is_refused_by_name() {
+    fn a_quantized_checkpoint_is_refused_by_name_unless_block_fp8() {
         let fp8 = HUB.replace(
             r#""rope_scaling":null"#,
             r#""rope_scaling":null,"quantization_config":{"quant_method":"fp8","fmt":"e4m3","weight_block_size":[128,128]}"#,
         );
-        let err = Qwen3Config::from_json(&fp8).unwrap_err().to_string();
-        assert!(err.contains("quantization_config") && err.contains("\"fp8\""), "{err}");
+        assert_eq!(Qwen3Config::from_json(&fp8).unwrap().fp8.map(|f| f.block), Some((128, 128)));
+        let gptq = HUB.replace(r#""rope_scaling":null"#, r#""rope_scaling":null,"quantization_config":{"quant_method":"gptq","bits":4}"#);
+        let err = Qwen3Config::from_json(&gptq).unwrap_err().to_string();
+        assert!(err.contains("quantization_config") && err.contains("\"gptq\""), "{err}");
         let ct = HUB.replace(r#""rope_scaling":null"#, r#""rope_scaling":null,"compression_config":{"format":"pack-quantized"}"#);
         assert!(Qwen3Config::from_json(&ct).unwrap_err().to_string().contains("pack-quantized"));
         let none = HUB.replace(r#""rope_scaling":null"#, r#""rope_scaling":null,"quantization_config":null"#);

@@ -7,6 +7,7 @@
 mod attention;
 mod batch;
 mod config;
+pub mod fp8;
 mod graph_bucket;
 #[cfg(feature = "cuda")]
 pub mod cuda;

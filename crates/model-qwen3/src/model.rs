@@ -109,7 +109,15 @@ impl Qwen3Model {
     /// does not read, or in dtypes it does not load, is refused by name.
     pub fn load_observed(dir: &Path, dtype: DType, device: &Device, on_tensor: weights::OnTensor) -> Result<Self, ModelError> {
         let config = Qwen3Config::from_json(&read_config(dir)?)?;
-        let checkpoint = weights::Checkpoint::open(dir, dtype, device, on_tensor)?;
+        if let Some(fp8) = config.fp8 {
+            tracing::warn!(
+                block = ?fp8.block,
+                ?dtype,
+                "a block-FP8 checkpoint: its FP8 weights are dequantized at load to the compute dtype (FP8 GEMMs are not \
+                 implemented yet), so they take that dtype's memory"
+            );
+        }
+        let checkpoint = weights::Checkpoint::open(dir, dtype, device, config.fp8, on_tensor)?;
         let tied = config.tie_word_embeddings;
         let model = Self::new(config, checkpoint.vb.clone())?;
         // Rotary tables some exporters save (recomputed here), and a tied

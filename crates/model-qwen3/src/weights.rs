@@ -13,6 +13,7 @@ use candle_nn::var_builder::SimpleBackend;
 use candle_nn::{Init, VarBuilder};
 use rand::{Rng, SeedableRng};
 
+use crate::fp8::BlockFp8;
 use crate::ModelError;
 
 /// The safetensors files of a checkpoint directory: the shards listed in
@@ -66,7 +67,9 @@ impl Checkpoint {
     /// Opens `dir`'s safetensors, reporting every tensor read to
     /// `on_tensor`. Refuses, before reading any, a checkpoint with a
     /// tensor in a dtype kvc does not load as it is.
-    pub fn open(dir: &Path, dtype: DType, device: &Device, on_tensor: OnTensor) -> Result<Self, ModelError> {
+    /// With `fp8` (a block-FP8 `quantization_config`), FP8 weights are
+    /// taken too, each dequantized at load with its `weight_scale_inv`.
+    pub fn open(dir: &Path, dtype: DType, device: &Device, fp8: Option<BlockFp8>, on_tensor: OnTensor) -> Result<Self, ModelError> {
         let files = safetensors_files(dir)?;
         // SAFETY: the files are memory-mapped read-only; modifying them while
         // the server runs is undefined, as with every mmap-based loader.
@@ -75,7 +78,8 @@ impl Checkpoint {
         let mut names = Vec::new();
         let mut odd: Vec<String> = Vec::new();
         for (name, view) in inner.tensors() {
-            if !PLAIN_DTYPES.contains(&view.dtype()) {
+            let fp8_weight = fp8.is_some() && view.dtype() == safetensors::Dtype::F8_E4M3;
+            if !PLAIN_DTYPES.contains(&view.dtype()) && !fp8_weight {
                 odd.push(format!("{name} ({:?})", view.dtype()));
             }
             names.push(name);
@@ -83,13 +87,14 @@ impl Checkpoint {
         if !odd.is_empty() {
             odd.sort();
             return Err(ModelError::Weights(format!(
-                "the checkpoint holds {} tensor(s) in dtypes kvc does not load (it loads f32 / bf16 / f16 weights, unquantized): {}",
+                "the checkpoint holds {} tensor(s) in dtypes kvc does not load (it loads f32 / bf16 / f16 weights, and \
+                 F8_E4M3 ones where config.json's quantization_config says block fp8): {}",
                 odd.len(),
                 sample(&odd)
             )));
         }
         let read = Arc::new(Mutex::new(HashSet::new()));
-        let backend: Box<dyn SimpleBackend> = Box::new(Observed { inner, on_tensor, read: read.clone() });
+        let backend: Box<dyn SimpleBackend> = Box::new(Observed { inner, on_tensor, read: read.clone(), fp8 });
         Ok(Self { vb: VarBuilder::from_backend(backend, dtype, device.clone()), names, read })
     }
 
@@ -129,6 +134,7 @@ struct Observed {
     inner: candle_core::safetensors::MmapedSafetensors,
     on_tensor: OnTensor,
     read: Arc<Mutex<HashSet<String>>>,
+    fp8: Option<BlockFp8>,
 }
 
 impl Observed {
@@ -140,14 +146,44 @@ impl Observed {
     }
 }
 
+impl Observed {
+    /// `name` dequantized (fp8.rs) if it is stored in FP8 under a block-FP8
+    /// config: its scales are read (and reported) with it.
+    fn fp8_weight(&self, name: &str, dtype: DType, dev: &Device) -> candle_core::Result<Option<Tensor>> {
+        let Some(fp8) = self.fp8 else { return Ok(None) };
+        if self.inner.get(name)?.dtype() != safetensors::Dtype::F8_E4M3 {
+            return Ok(None);
+        }
+        let scale_name = BlockFp8::scale_name(name);
+        if !SimpleBackend::contains_tensor(&self.inner, &scale_name) {
+            candle_core::bail!("{name} is stored in FP8 without {scale_name}: its scales are missing from the checkpoint");
+        }
+        let q = self.inner.load(name, &Device::Cpu)?;
+        let scale = self.inner.load(&scale_name, &Device::Cpu)?;
+        let w = fp8.dequantize(name, &q, &scale).map_err(|e| candle_core::Error::Msg(e.to_string()))?;
+        self.report(name);
+        self.report(&scale_name);
+        Ok(Some(w.to_dtype(dtype)?.to_device(dev)?))
+    }
+}
+
 impl SimpleBackend for Observed {
     fn get(&self, s: Shape, name: &str, h: Init, dtype: DType, dev: &Device) -> candle_core::Result<Tensor> {
+        if let Some(t) = self.fp8_weight(name, dtype, dev)? {
+            if t.shape() != &s {
+                candle_core::bail!("shape mismatch for {name}, expected {s:?}, got {:?}", t.shape());
+            }
+            return Ok(t);
+        }
         let t = SimpleBackend::get(&self.inner, s, name, h, dtype, dev)?;
         self.report(name);
         Ok(t)
     }
 
     fn get_unchecked(&self, name: &str, dtype: DType, dev: &Device) -> candle_core::Result<Tensor> {
+        if let Some(t) = self.fp8_weight(name, dtype, dev)? {
+            return Ok(t);
+        }
         let t = SimpleBackend::get_unchecked(&self.inner, name, dtype, dev)?;
         self.report(name);
         Ok(t)

@@ -187,8 +187,9 @@ fn edited_fixture(
 
 /// Issue 31, item 5: a quantized checkpoint (FineGrainedFP8-style: a
 /// `quantization_config`, `weight_scale_inv` beside each weight, FP8
-/// weights) loaded without a word before and answered wrongly. Each of its
-/// marks is now refused by name; the unedited copy still loads.
+/// weights) loaded without a word before and answered wrongly. Block FP8 is
+/// now implemented (tests/fp8.rs); each mark that does not make a whole
+/// block-FP8 checkpoint is refused by name; the unedited copy still loads.
 #[test]
 fn a_quantized_checkpoint_is_refused_by_name_not_served_wrong() {
     let scale = "model.layers.0.mlp.gate_proj.weight_scale_inv";
@@ -200,28 +201,36 @@ fn a_quantized_checkpoint_is_refused_by_name_not_served_wrong() {
         std::fs::remove_dir_all(dir).ok();
         e
     };
-    // The config says so.
-    let dir = edited_fixture("fp8-config", add_scale, |c| {
-        c["quantization_config"] = serde_json::json!({"quant_method": "fp8", "weight_block_size": [128, 128]})
+    // The config asks for what kvc does not implement: another method, or
+    // fp8 with static activation scales.
+    let dir = edited_fixture("awq-config", add_scale, |c| c["quantization_config"] = serde_json::json!({"quant_method": "awq", "bits": 4}));
+    let e = err(&dir).expect("refused");
+    assert!(e.contains("quantization_config") && e.contains("awq"), "{e}");
+    let dir = edited_fixture("fp8-static", add_scale, |c| {
+        c["quantization_config"] =
+            serde_json::json!({"quant_method": "fp8", "activation_scheme": "static", "weight_block_size": [128, 128]})
     });
     let e = err(&dir).expect("refused");
-    assert!(e.contains("quantization_config") && e.contains("fp8"), "{e}");
+    assert!(e.contains("activation_scheme") && e.contains("static"), "{e}");
     // The config does not, the tensors do: a scale kvc would not read.
     let dir = edited_fixture("fp8-scales", add_scale, |_| {});
     let e = err(&dir).expect("refused");
     assert!(e.contains(scale) && e.contains("does not read"), "{e}");
-    // A weight stored in FP8.
+    // A weight stored in FP8, without the config that says how to read it...
     let weight = "model.layers.0.mlp.up_proj.weight";
-    let dir = edited_fixture(
-        "fp8-weight",
-        |t| {
-            let w = t[weight].to_dtype(DType::F8E4M3).unwrap();
-            t.insert(weight.into(), w);
-        },
-        |_| {},
-    );
+    let to_fp8 = |t: &mut std::collections::HashMap<String, candle_core::Tensor>| {
+        let w = t[weight].to_dtype(DType::F8E4M3).unwrap();
+        t.insert(weight.into(), w);
+    };
+    let dir = edited_fixture("fp8-weight", to_fp8, |_| {});
     let e = err(&dir).expect("refused");
     assert!(e.contains(weight) && e.contains("F8_E4M3"), "{e}");
+    // ... or with it but without its scales.
+    let dir = edited_fixture("fp8-no-scale", to_fp8, |c| {
+        c["quantization_config"] = serde_json::json!({"quant_method": "fp8", "weight_block_size": [128, 128]})
+    });
+    let e = err(&dir).expect("refused");
+    assert!(e.contains(weight) && e.contains("_scale_inv"), "{e}");
     // Untouched, the copy loads.
     let dir = edited_fixture("plain", |_| {}, |_| {});
     assert_eq!(err(&dir), None);
