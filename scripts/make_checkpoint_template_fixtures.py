@@ -5,7 +5,7 @@ under the chat templates the Qwen3 agent checkpoints ship
 there) and writes the results as reference fixtures for kvc's renderer.
 
     python3 -m venv /tmp/refvenv
-    /tmp/refvenv/bin/pip install transformers==5.24.0 jinja2==3.1.6
+    /tmp/refvenv/bin/pip install -r scripts/requirements-chat-templates.txt
     /tmp/refvenv/bin/python scripts/make_checkpoint_template_fixtures.py \
         [--tokenizer /work/shared/data/qwen3-tokenizer] \
         [--out crates/engine/tests/fixtures/checkpoint_template_cases.json]
