@@ -12,6 +12,10 @@
 //!   escaping; `indent`, `separators`, `sort_keys` and `ensure_ascii` are
 //!   accepted as HF's filter accepts them (positionally only the first two,
 //!   `ensure_ascii` and `indent`; the others as keyword arguments);
+//! * `{{ x }}` and `x | string` write numbers, lists and dicts as Python's
+//!   `str()` does (`1e-05`, `['integer', 'null']`, `{'a': True}`;
+//!   [`crate::template_python`]): Qwen3-Coder's templates print tool
+//!   schemas and tool-call arguments that way;
 //! * `raise_exception(msg)` aborts rendering; the result is
 //!   `EngineError::Template(msg)`;
 //! * `strftime_now(fmt)` formats the current time (UTC);
@@ -77,6 +81,8 @@ impl ChatTemplate {
         );
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_filter("tojson", crate::template_json::tojson_filter);
+        env.add_filter("string", crate::template_python::string_filter);
+        env.set_formatter(crate::template_python::formatter);
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
         env.add_template_owned(TEMPLATE_NAME, source.to_string()).map_err(template_error)?;

@@ -36,6 +36,7 @@ mod stats;
 pub mod step_budget;
 pub mod stop;
 mod template_json;
+mod template_python;
 pub mod tokenizer;
 
 pub use admission::{decide_admission, AdmissionDecision, AdmissionQuery};

@@ -177,7 +177,7 @@ fn write_json_str(out: &mut String, s: &str, ensure_ascii: bool) {
 
 /// Python's `repr(float)` (what `json.dumps` prints for floats): shortest
 /// round-trip digits, exponent form below 1e-4 and from 1e16 on.
-fn py_float_repr(f: f64) -> String {
+pub(crate) fn py_float_repr(f: f64) -> String {
     if f.is_nan() {
         return "NaN".to_string();
     }

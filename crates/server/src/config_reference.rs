@@ -45,6 +45,31 @@ Flags follow vLLM's spelling where vLLM has the same setting. `kvc-server
 | `HF_HUB_CACHE`, `HF_HOME` | the hub cache: `$HF_HUB_CACHE`, else `$HF_HOME/hub`, else `~/.cache/huggingface/hub` (`--download-dir` overrides) |
 | `RUST_LOG` | log filter (default `info`), e.g. `info,kvc_server=debug` |
 | `KVC_API_KEY`, `KVC_CLUSTER_TOKEN` | as `--api-key` and `--cluster-token` (kept out of `ps` and shell history) |
+
+## Serving Qwen3-Coder-30B-A3B-Instruct for an agent
+
+```sh
+kvc-server --model Qwen/Qwen3-Coder-30B-A3B-Instruct --served-model-name qwen3-coder \\
+  --tool-call-parser qwen3_coder --max-model-len 131072
+```
+
+- `--tool-call-parser qwen3_coder`: the checkpoint writes calls as
+  `<function=...><parameter=...>`; `auto` (the default) reads that off its
+  chat template too. Tool calls are parsed whenever a request has tools and
+  `tool_choice` is not `\"none\"`: vLLM's `--enable-auto-tool-choice` has no
+  kvc counterpart (drop it from a vLLM command line; unknown flags are
+  refused).
+- `--max-model-len`: the checkpoint's window is 262,144 tokens; its KV is
+  96 KiB a token (12 GiB for a 131,072-token sequence), so size
+  `--kv-cache-memory` / `--num-kv-blocks` for the sessions to keep.
+- Up to 1,048,576 tokens with YaRN, from the checkpoint's config as Qwen
+  documents it: add `\"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4.0,
+  \"original_max_position_embeddings\": 262144}` to a local copy's
+  `config.json` and serve that directory with `--max-model-len 1048576`
+  (CPU and CUDA).
+- Sessions (`session_id` / `x-session-id`): the Coder template re-renders no
+  earlier turn, so each turn computes only its new messages (README, \"Chat
+  templates, tools and reasoning\").
 ";
 
 fn flag_line(arg: &Arg) -> String {
