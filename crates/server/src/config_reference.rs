@@ -56,9 +56,8 @@ kvc-server --model Qwen/Qwen3-Coder-30B-A3B-Instruct --served-model-name qwen3-c
 - `--tool-call-parser qwen3_coder`: the checkpoint writes calls as
   `<function=...><parameter=...>`; `auto` (the default) reads that off its
   chat template too. Tool calls are parsed whenever a request has tools and
-  `tool_choice` is not `\"none\"`: vLLM's `--enable-auto-tool-choice` has no
-  kvc counterpart (drop it from a vLLM command line; unknown flags are
-  refused).
+  `tool_choice` is not `\"none\"`: vLLM's `--enable-auto-tool-choice` is
+  accepted, so vLLM command lines carry over, and changes nothing.
 - `--max-model-len`: the checkpoint's window is 262,144 tokens; its KV is
   96 KiB a token (12 GiB for a 131,072-token sequence), so size
   `--kv-cache-memory` / `--num-kv-blocks` for the sessions to keep.

@@ -81,6 +81,13 @@ pub struct ServingArgs {
     /// else `hermes`.
     #[arg(long, value_enum, default_value_t = ToolCallParserArg::Auto)]
     pub tool_call_parser: ToolCallParserArg,
+
+    /// Accepted so that vLLM command lines carry over, and changes nothing:
+    /// kvc always returns the model's tool calls as `tool_calls` when a
+    /// request has tools and `tool_choice` is not "none" (vLLM needs this
+    /// flag for `tool_choice: "auto"`).
+    #[arg(long)]
+    pub enable_auto_tool_choice: bool,
 }
 
 /// `--tool-call-parser`.
@@ -179,6 +186,15 @@ mod tests {
 
     fn parse_default_config() -> ServerConfig {
         crate::args::Args::try_parse_from(["kvc-server"]).unwrap().serving.server_config()
+    }
+
+    #[test]
+    fn vllms_auto_tool_choice_flag_is_accepted_and_changes_nothing() {
+        let with = crate::args::Args::try_parse_from(["kvc-server", "--enable-auto-tool-choice", "--tool-call-parser", "qwen3_coder"]).unwrap();
+        assert!(with.serving.enable_auto_tool_choice);
+        assert_eq!(with.serving.tool_call_parser, ToolCallParserArg::Qwen3Coder);
+        let without = crate::args::Args::try_parse_from(["kvc-server", "--tool-call-parser", "qwen3_coder"]).unwrap();
+        assert!(with.serving.server_config() == without.serving.server_config());
     }
 
     #[test]
