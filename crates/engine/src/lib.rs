@@ -46,13 +46,13 @@ pub use engine_loop::stall_reasons;
 pub use error::EngineError;
 pub use grammar::{CompiledGrammar, GrammarCompiler};
 pub use handle::{CancelGuard, EngineHandle, ModelInfo};
-pub use stats::EngineStats;
 pub use kv_handoff::{KvLease, Reservation, SnapshotJob};
-pub use kvc_session_cache::{CacheStats, ReusePath, SessionInfo, SnapshotInfo, SnapshotStats, Tier};
 /// How a client's session id is scoped by tenant and salt (the server's
 /// handlers and its router use these; the cache keys sessions by them).
 pub use kvc_session_cache::{client_session_id, is_valid_client_part, scoped_session_id};
+pub use kvc_session_cache::{CacheStats, ReusePath, SessionInfo, SnapshotInfo, SnapshotStats, Tier};
 pub use kvc_wire::{Constraint, Grammar, ReasoningGate};
 pub use request::{
     FinishReason, GenerateRequest, Logprobs, MatchedStop, RequestStream, SamplingParams, ServePath, StreamEvent, TokenLogprob, Usage,
 };
+pub use stats::EngineStats;

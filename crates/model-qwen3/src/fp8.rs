@@ -74,7 +74,8 @@ impl BlockFp8 {
     /// `scale: [ceil(N / bn), ceil(K / bk)]`: f32 `[N, K]` on the CPU.
     pub fn dequantize(&self, name: &str, q: &Tensor, scale: &Tensor) -> Result<Tensor, ModelError> {
         let err = |m: String| ModelError::Weights(format!("{name}: {m}"));
-        let (rows, cols) = q.dims2().map_err(|_| err(format!("an FP8 weight of shape {:?}: only 2-D weights are implemented", q.shape())))?;
+        let (rows, cols) =
+            q.dims2().map_err(|_| err(format!("an FP8 weight of shape {:?}: only 2-D weights are implemented", q.shape())))?;
         let (br, bc) = self.block;
         let want = (rows.div_ceil(br), cols.div_ceil(bc));
         if scale.dims2().ok() != Some(want) {

@@ -7,10 +7,10 @@
 mod attention;
 mod batch;
 mod config;
-pub mod fp8;
-mod graph_bucket;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod fp8;
+mod graph_bucket;
 mod mlp;
 mod model;
 mod rope;

@@ -342,67 +342,67 @@ fn decode_steps_through_cuda_graphs_match_the_eager_pass_and_the_reference() {
     // CUDA-core kernel), once with every pair on CUTLASS's grouped GEMM,
     // which reads its row counts on the device and so is captured too.
     for (label, small_pairs) in [("default expert path", None), ("CUTLASS experts", Some(0))] {
-    kvc_model_qwen3::cuda::set_moe_small_pairs(small_pairs);
-    kvc_model_qwen3::cuda::set_moe_gemm(MoeGemm::Cutlass(None));
-    for name in FIXTURES {
-        let eager = Qwen3Model::load(&fixture_dir(name), Some(DType::BF16), &dev).unwrap();
-        let graphed = Qwen3Model::load(&fixture_dir(name), Some(DType::BF16), &dev).unwrap();
-        graphed.set_cuda_graphs(16);
-        let cases = cases(name);
-        // Sequences: case 0, case 1, and case 0 again joining two steps late.
-        let seqs: Vec<(&Case, usize)> = vec![(&cases[0], 0), (&cases[1], 0), (&cases[0], 2)];
-        let per_seq = 16;
-        let nb = per_seq * seqs.len();
-        let tables: Vec<Vec<BlockId>> =
-            (0..seqs.len()).map(|j| (0..per_seq).rev().map(|i| (j * per_seq + i) as BlockId).collect()).collect();
-        let mut kv_e = KvStorage::new_on(eager.kv_layout(BLOCK_SIZE), nb, &dev).unwrap();
-        let mut kv_g = KvStorage::new_on(graphed.kv_layout(BLOCK_SIZE), nb, &dev).unwrap();
-        let mut toks: Vec<Vec<u32>> = seqs.iter().map(|(c, _)| c.prompt.clone()).collect();
-        for (j, t) in toks.iter().enumerate() {
-            run_chunk(&eager, &mut kv_e, &tables[j], t, 0, t.len());
-            run_chunk(&graphed, &mut kv_g, &tables[j], t, 0, t.len());
-        }
-        let mut sizes = Vec::new();
-        let mut worst = 0f64;
-        for step in 0..8usize {
-            // (sequence, its decode step) taking part in this step.
-            let part: Vec<(usize, usize)> = seqs
-                .iter()
-                .enumerate()
-                .filter_map(|(j, (c, late))| step.checked_sub(*late).filter(|&k| k < c.greedy.len()).map(|k| (j, k)))
-                .collect();
-            if part.is_empty() {
-                break;
+        kvc_model_qwen3::cuda::set_moe_small_pairs(small_pairs);
+        kvc_model_qwen3::cuda::set_moe_gemm(MoeGemm::Cutlass(None));
+        for name in FIXTURES {
+            let eager = Qwen3Model::load(&fixture_dir(name), Some(DType::BF16), &dev).unwrap();
+            let graphed = Qwen3Model::load(&fixture_dir(name), Some(DType::BF16), &dev).unwrap();
+            graphed.set_cuda_graphs(16);
+            let cases = cases(name);
+            // Sequences: case 0, case 1, and case 0 again joining two steps late.
+            let seqs: Vec<(&Case, usize)> = vec![(&cases[0], 0), (&cases[1], 0), (&cases[0], 2)];
+            let per_seq = 16;
+            let nb = per_seq * seqs.len();
+            let tables: Vec<Vec<BlockId>> =
+                (0..seqs.len()).map(|j| (0..per_seq).rev().map(|i| (j * per_seq + i) as BlockId).collect()).collect();
+            let mut kv_e = KvStorage::new_on(eager.kv_layout(BLOCK_SIZE), nb, &dev).unwrap();
+            let mut kv_g = KvStorage::new_on(graphed.kv_layout(BLOCK_SIZE), nb, &dev).unwrap();
+            let mut toks: Vec<Vec<u32>> = seqs.iter().map(|(c, _)| c.prompt.clone()).collect();
+            for (j, t) in toks.iter().enumerate() {
+                run_chunk(&eager, &mut kv_e, &tables[j], t, 0, t.len());
+                run_chunk(&graphed, &mut kv_g, &tables[j], t, 0, t.len());
             }
-            sizes.push(part.len());
-            for &(j, k) in &part {
-                toks[j].push(seqs[j].0.greedy[k]);
-            }
-            let batch = BatchInput {
-                tokens: part.iter().map(|&(j, _)| *toks[j].last().unwrap()).collect(),
-                seqs: part
+            let mut sizes = Vec::new();
+            let mut worst = 0f64;
+            for step in 0..8usize {
+                // (sequence, its decode step) taking part in this step.
+                let part: Vec<(usize, usize)> = seqs
                     .iter()
                     .enumerate()
-                    .map(|(i, &(j, _))| SeqChunk { start: i, len: 1, context_len: toks[j].len(), block_table: &tables[j] })
-                    .collect(),
-                logits_rows: (0..part.len()).collect(),
-            };
-            let want = eager.forward(&batch, &mut kv_e).unwrap().to_vec2::<f32>().unwrap();
-            let got = graphed.forward(&batch, &mut kv_g).unwrap().to_vec2::<f32>().unwrap();
-            for (i, &(j, k)) in part.iter().enumerate() {
-                let d = rel_err(&got[i], &want[i]);
-                worst = worst.max(d);
-                assert!(d < 1e-3, "{name} step {step} sequence {j}: graph vs eager relative difference {d:.2e}");
-                // The reference's logits at step k follow the prompt plus k greedy tokens.
-                if k + 1 < seqs[j].0.logits.len() {
-                    let e = rel_err(&got[i], &seqs[j].0.logits[k + 1]);
-                    assert!(e < BF16_REL_TOL, "{name} step {step} sequence {j}: relative error {e:.4} against transformers");
+                    .filter_map(|(j, (c, late))| step.checked_sub(*late).filter(|&k| k < c.greedy.len()).map(|k| (j, k)))
+                    .collect();
+                if part.is_empty() {
+                    break;
+                }
+                sizes.push(part.len());
+                for &(j, k) in &part {
+                    toks[j].push(seqs[j].0.greedy[k]);
+                }
+                let batch = BatchInput {
+                    tokens: part.iter().map(|&(j, _)| *toks[j].last().unwrap()).collect(),
+                    seqs: part
+                        .iter()
+                        .enumerate()
+                        .map(|(i, &(j, _))| SeqChunk { start: i, len: 1, context_len: toks[j].len(), block_table: &tables[j] })
+                        .collect(),
+                    logits_rows: (0..part.len()).collect(),
+                };
+                let want = eager.forward(&batch, &mut kv_e).unwrap().to_vec2::<f32>().unwrap();
+                let got = graphed.forward(&batch, &mut kv_g).unwrap().to_vec2::<f32>().unwrap();
+                for (i, &(j, k)) in part.iter().enumerate() {
+                    let d = rel_err(&got[i], &want[i]);
+                    worst = worst.max(d);
+                    assert!(d < 1e-3, "{name} step {step} sequence {j}: graph vs eager relative difference {d:.2e}");
+                    // The reference's logits at step k follow the prompt plus k greedy tokens.
+                    if k + 1 < seqs[j].0.logits.len() {
+                        let e = rel_err(&got[i], &seqs[j].0.logits[k + 1]);
+                        assert!(e < BF16_REL_TOL, "{name} step {step} sequence {j}: relative error {e:.4} against transformers");
+                    }
                 }
             }
+            assert_eq!(graphed.cuda_graphs_disabled(), None, "{name}: graphs were turned off");
+            println!("{name} ({label}): decode batches {sizes:?} through CUDA graphs match the eager pass (worst difference {worst:.2e})");
         }
-        assert_eq!(graphed.cuda_graphs_disabled(), None, "{name}: graphs were turned off");
-        println!("{name} ({label}): decode batches {sizes:?} through CUDA graphs match the eager pass (worst difference {worst:.2e})");
-    }
     }
     reset_expert_path();
 }

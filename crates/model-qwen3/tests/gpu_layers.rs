@@ -136,8 +136,14 @@ fn rope_store_vector_kernels_match_the_scalar_one_and_the_host_with_default_and_
     let dev = gpu();
     let k = kernels(&dev);
     let mut rng = rand::rngs::StdRng::seed_from_u64(13);
-    let yarn =
-        RopeScaling::Yarn { factor: 4.0, original_max_position_embeddings: 32768, beta_fast: 32.0, beta_slow: 1.0, attention_factor: 0.1 * 4f64.ln() + 1.0, truncate: true };
+    let yarn = RopeScaling::Yarn {
+        factor: 4.0,
+        original_max_position_embeddings: 32768,
+        beta_fast: 32.0,
+        beta_slow: 1.0,
+        attention_factor: 0.1 * 4f64.ln() + 1.0,
+        truncate: true,
+    };
     let (nh, nkv, bs, eps) = (32usize, 4usize, 16usize, 1e-6f32);
     for hd in [64usize, 128, 256, 16] {
         // A decode-sized batch spreads each token's heads over 5 blocks; a
@@ -224,7 +230,10 @@ fn rope_store_vector_kernels_match_the_scalar_one_and_the_host_with_default_and_
             close(vq, &want_q, "q vs host");
             close(vc, &want_cache, "cache vs host");
             // V heads are copied, unstored tokens left alone: exactly.
-            assert!(vc.iter().zip(&want_cache).filter(|(_, w)| **w == 0.0).all(|(v, _)| *v == 0.0), "{what}: cache written outside stored slots");
+            assert!(
+                vc.iter().zip(&want_cache).filter(|(_, w)| **w == 0.0).all(|(v, _)| *v == 0.0),
+                "{what}: cache written outside stored slots"
+            );
             if let RopeScaling::Yarn { .. } = scaling {
                 // The check can tell the tables apart: default frequencies
                 // miss YaRN's answer by far at these positions.

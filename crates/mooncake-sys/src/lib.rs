@@ -25,9 +25,9 @@
 pub mod accept_guard;
 #[cfg(target_os = "linux")]
 pub mod bind_scope;
+mod error;
 #[cfg(target_os = "linux")]
 mod sock_diag;
-mod error;
 mod types;
 mod verified;
 

@@ -25,6 +25,7 @@ pub use host_tier::{HostBlockId, HostTier};
 pub use namespace::{client_session_id, is_valid_client_part, scoped_session_id, session_key};
 pub use session::{common_prefix, SessionInfo, Tier};
 pub use snapshot_store::{
-    decide_spill, SnapshotError, SnapshotInfo, SnapshotReservation, SnapshotStats, SnapshotStore, SpillAction, SpillDecision, SpillInputs, SpillReason,
+    decide_spill, SnapshotError, SnapshotInfo, SnapshotReservation, SnapshotStats, SnapshotStore, SpillAction, SpillDecision, SpillInputs,
+    SpillReason,
 };
 pub use stats::{CacheStats, WriteBackCounts};

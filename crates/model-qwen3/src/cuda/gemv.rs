@@ -46,21 +46,7 @@ pub fn small_m_linear(k: &Kernels, x: &Tensor, w: &Tensor) -> Result<Tensor> {
     }
     let out = empty(cuda_dev(x.device())?, (m, n), DType::BF16)?;
     let (null, groups) = (0u64, 1i32);
-    launch!(
-        k.small_m_gemm,
-        grid(k, n / 2),
-        ptr(x)?,
-        ptr(w)?,
-        ptr(&out)?,
-        null,
-        null,
-        null,
-        1i32,
-        m as i32,
-        groups,
-        n as i32,
-        kd as i32
-    )?;
+    launch!(k.small_m_gemm, grid(k, n / 2), ptr(x)?, ptr(w)?, ptr(&out)?, null, null, null, 1i32, m as i32, groups, n as i32, kd as i32)?;
     Ok(out)
 }
 
@@ -100,4 +86,3 @@ pub(crate) fn small_m_grouped(
         kd as i32
     )
 }
-

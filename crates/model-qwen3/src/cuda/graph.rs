@@ -26,11 +26,11 @@ use candle_nn::Embedding;
 use kvc_kv_pool::KvStorage;
 
 use super::attention::{fixed_plan_fits, fixed_splits};
-use crate::graph_bucket::graph_bucket;
 use super::cuda_dev;
 use super::model::{GpuModel, GraphInputsHost, StepInputs};
 use super::ptr;
 use crate::batch::BatchInput;
+use crate::graph_bucket::graph_bucket;
 
 /// A captured forward pass. Fields drop in order: the output allocation
 /// first (live from the last replay), then the graph, then the inputs it
@@ -160,7 +160,14 @@ impl DecodeGraphs {
                 // The capture's one launch is this step's pass.
                 let step = capture(model, embed, lm_head, inputs, kv)?;
                 let again = self.steps.insert(rows, GraphStep { step, cache_base, table_capacity }).is_some();
-                tracing::info!(batch = rows, decodes = n, graphs = self.steps.len(), table_capacity, recapture = again, "captured a decode step as a CUDA graph");
+                tracing::info!(
+                    batch = rows,
+                    decodes = n,
+                    graphs = self.steps.len(),
+                    table_capacity,
+                    recapture = again,
+                    "captured a decode step as a CUDA graph"
+                );
                 &self.steps[&rows].step
             }
         };

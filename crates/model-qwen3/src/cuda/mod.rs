@@ -126,7 +126,10 @@ impl Kernels {
             rmsnorm: l("rmsnorm")?,
             add_rmsnorm: l("add_rmsnorm")?,
             qk_norm_rope_store: l("qk_norm_rope_store")?,
-            qk_norm_rope_store_vec: [2usize, 4, 8].iter().map(|&v| Ok((32 * v, l(&format!("qk_norm_rope_store_v{v}"))?))).collect::<Result<_>>()?,
+            qk_norm_rope_store_vec: [2usize, 4, 8]
+                .iter()
+                .map(|&v| Ok((32 * v, l(&format!("qk_norm_rope_store_v{v}"))?)))
+                .collect::<Result<_>>()?,
             silu_mul: l("silu_mul")?,
             silu_mul_scalar: l("silu_mul_scalar")?,
             gather_rows: l("gather_rows")?,
@@ -297,7 +300,13 @@ pub fn profiler(device: &Device, on: bool) -> Result<()> {
     let dev = cuda_dev(device)?;
     dev.cuda_stream().context().bind_to_thread().w()?;
     // SAFETY: plain driver calls on the bound context.
-    let r = unsafe { if on { sys::cuProfilerStart() } else { sys::cuProfilerStop() } };
+    let r = unsafe {
+        if on {
+            sys::cuProfilerStart()
+        } else {
+            sys::cuProfilerStop()
+        }
+    };
     if r != sys::CUresult::CUDA_SUCCESS {
         bail!("cuProfiler{}: {r:?}", if on { "Start" } else { "Stop" });
     }

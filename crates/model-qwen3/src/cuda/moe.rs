@@ -11,10 +11,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use candle_core::cuda::cudarc::driver::LaunchConfig;
 use candle_core::{DType, Result, Tensor};
 
-use super::moe_cublas::{cublas_grouped, host_offsets};
-use super::moe_gemm::{cutlass_grouped, cutlass_tiling, gathered_experts, moe_gemm, MoeGemm};
 use super::gemv::small_m_grouped;
 use super::layers::{moe_sum, silu_mul, Form};
+use super::moe_cublas::{cublas_grouped, host_offsets};
+use super::moe_gemm::{cutlass_grouped, cutlass_tiling, gathered_experts, moe_gemm, MoeGemm};
 use super::{cuda_dev, empty, grid1, launch, ptr, Kernels};
 
 /// Pairs (token x chosen expert) up to which the CUDA-core grouped kernel

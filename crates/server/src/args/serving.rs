@@ -190,7 +190,8 @@ mod tests {
 
     #[test]
     fn vllms_auto_tool_choice_flag_is_accepted_and_changes_nothing() {
-        let with = crate::args::Args::try_parse_from(["kvc-server", "--enable-auto-tool-choice", "--tool-call-parser", "qwen3_coder"]).unwrap();
+        let with =
+            crate::args::Args::try_parse_from(["kvc-server", "--enable-auto-tool-choice", "--tool-call-parser", "qwen3_coder"]).unwrap();
         assert!(with.serving.enable_auto_tool_choice);
         assert_eq!(with.serving.tool_call_parser, ToolCallParserArg::Qwen3Coder);
         let without = crate::args::Args::try_parse_from(["kvc-server", "--tool-call-parser", "qwen3_coder"]).unwrap();

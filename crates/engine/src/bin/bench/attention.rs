@@ -218,10 +218,8 @@ fn rate(case: &Case, secs: f64) -> f64 {
 
 /// Runs the peer script: lines `case backend ms` (or `case backend error ...`).
 fn peer(script: &str, cases: &[Case]) -> Result<Vec<(String, String, Result<f64, String>)>, String> {
-    let mut args: Vec<String> = ["--heads", &NH.to_string(), "--kv-heads", &NKV.to_string(), "--head-dim", &HD.to_string()]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+    let mut args: Vec<String> =
+        ["--heads", &NH.to_string(), "--kv-heads", &NKV.to_string(), "--head-dim", &HD.to_string()].iter().map(|s| s.to_string()).collect();
     args.extend(cases.iter().map(Case::spec));
     run_peer(script, &args)
 }

@@ -116,7 +116,9 @@ mod gpu {
 
         println!("\nfew-row products x [M, K] @ W [N, K]^T (decode), one CUDA graph of 50 calls each; GB/s of W");
         println!("{:<34} {:<10} {:>9} {:>9}", "product", "route", "us", "GB/s");
-        for (name, n, kd) in [("q/k/v [5120, 2048]", 5120usize, 2048usize), ("o [2048, 4096]", 2048, 4096), ("router [128, 2048]", 128, 2048)] {
+        for (name, n, kd) in
+            [("q/k/v [5120, 2048]", 5120usize, 2048usize), ("o [2048, 4096]", 2048, 4096), ("router [128, 2048]", 128, 2048)]
+        {
             let wt = randn(device, &[n, kd], 0.02);
             for m in [1usize, 4, 8] {
                 let x = randn(device, &[m, kd], 1.0);
