@@ -8,7 +8,10 @@
 
 use kvc_engine::chat_template::ChatTemplate;
 use kvc_engine::tokenizer::TextTokenizer;
-use serde_json::{Map, Value};
+use serde_json::Value;
+
+mod template_case;
+use template_case::render_case;
 
 const FIXTURES: &str = include_str!("fixtures/chat_template_cases.json");
 
@@ -22,15 +25,8 @@ fn embedded_qwen3_template_matches_hf_apply_chat_template() {
     let mut failures = Vec::new();
     for case in &cases {
         let name = case["name"].as_str().expect("name");
-        let tools = match &case["tools"] {
-            Value::Null => None,
-            t => Some(t),
-        };
-        let add_generation_prompt = case["add_generation_prompt"].as_bool().expect("add_generation_prompt");
-        let empty = Map::new();
-        let kwargs = case["kwargs"].as_object().unwrap_or(&empty);
         let expected = case["expected"].as_str().expect("expected");
-        match template.render(&case["messages"], tools, add_generation_prompt, kwargs) {
+        match render_case(&template, case) {
             Ok(got) if got == expected => {}
             Ok(got) => failures.push(format!("case {name}:\n--- expected ---\n{expected}\n--- got ---\n{got}\n")),
             Err(e) => failures.push(format!("case {name}: render failed: {e}")),

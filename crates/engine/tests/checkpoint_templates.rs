@@ -11,8 +11,11 @@ use std::path::PathBuf;
 
 use kvc_engine::chat_template::ChatTemplate;
 use kvc_engine::EngineError;
-use serde_json::{Map, Value};
+use serde_json::Value;
+
+mod template_case;
 use sha2::{Digest, Sha256};
+use template_case::render_case;
 
 const FIXTURES: &str = include_str!("fixtures/checkpoint_template_cases.json");
 
@@ -51,14 +54,7 @@ fn checkpoint_templates_render_as_transformers_does() {
         *seen.entry(file).or_default() += 1;
         let template = ChatTemplate::new(&template_source(file)).unwrap_or_else(|e| panic!("{file} compiles: {e}"));
         let name = case["name"].as_str().expect("name");
-        let tools = match &case["tools"] {
-            Value::Null => None,
-            t => Some(t),
-        };
-        let add_generation_prompt = case["add_generation_prompt"].as_bool().expect("add_generation_prompt");
-        let empty = Map::new();
-        let kwargs = case["kwargs"].as_object().unwrap_or(&empty);
-        let got = template.render(&case["messages"], tools, add_generation_prompt, kwargs);
+        let got = render_case(&template, case);
         match (&case["expected"], got) {
             (Value::String(expected), Ok(got)) if &got == expected => {}
             (Value::String(expected), Ok(got)) => {

@@ -20,9 +20,6 @@ use super::{cuda_dev, empty, launch, ptr, Kernels};
 /// Threads of a block (8 warps).
 pub(crate) const BLOCK: u32 = 256;
 
-/// Rows the kernel takes per pass over the weights (any number in all).
-pub const SMALL_M_ROWS: usize = 8;
-
 /// Whether the kernel takes a `[N, K]` weight: N even, K a multiple of 8.
 pub(crate) fn fits(n: usize, k: usize) -> bool {
     n % 2 == 0 && k % 8 == 0 && n > 0 && k > 0

@@ -16,7 +16,7 @@ mod moe_gemm;
 
 pub use attention::{set_decode_kernel_v1, AttentionPlan, PagedAttention};
 pub use cudnn_attention::{CudnnAttention, PrefillBackend, PrefillContext};
-pub use gemv::{small_m_linear, SMALL_M_ROWS};
+pub use gemv::small_m_linear;
 pub use graph::CapturedStep;
 pub(crate) use graph::DecodeGraphs;
 pub use host_arena::PinnedArena;
