@@ -14,7 +14,8 @@
 # (the capacity's chunk, default 8192: pass the same --max-num-batched-tokens
 # to the server), CAP_FROM=16k (capacity of one 16K prompt instead), SBL=1 to also
 # time a short prompt behind a long one (scripts/short_behind_long.py),
-# PACK=1 to leave only OUT.tgz (the device returns few files).
+# PACK=1 to leave only OUT.tgz (the device returns few files), AFTER=cmd
+# to run cmd against the same server after the runs (below).
 # OUT gets trace.txt, prefill-mix.txt, capacity.txt, for each fraction F run-F.tgz (kvc-replay's directory),
 # metrics-F-{before,after}.txt and report-F.json / .md (scripts/load_report.py).
 set -euo pipefail
@@ -92,6 +93,11 @@ for F in $FRACS; do
     tar czf "$OUT/run-$F.tgz" -C "$OUT" "run-$F" && rm -rf "$OUT/run-$F"
     seed=$((seed + 1))
 done
+# AFTER: a command run against the same server once the runs are done
+# (its URL in $URL), output in OUT/after.txt.
+if [ -n "${AFTER:-}" ]; then
+    URL="http://127.0.0.1:$PORT" bash -c "$AFTER" 2>&1 | tee "$OUT/after.txt" || true
+fi
 python3 "$ROOT/scripts/step_log_stats.py" "$OUT/server.log" | tee "$OUT/steps.txt"
 # Few files come back from the device: everything in one archive.
 if [ "${PACK:-0}" = 1 ]; then

@@ -149,6 +149,11 @@ def test_decision_and_fallback_counters_list_every_reason_at_0_on_a_fresh_worker
         f'{{action="{a}",reason="{r}"}}': 0.0 for a, r in (
             ("demote", "host_room"), ("drop_host_entry", "host_full"), ("drop", "no_host_tier"), ("drop", "larger_than_host"),
             ("drop", "host_held_by_newer"))}
+    assert series(both, "kvc_step_kind_decisions_total") == {
+        f'{{kind="{k}",reason="{r}"}}': 0.0 for k, r in (
+            ("mixed", "no_target"), ("mixed", "no_decodes"), ("mixed", "no_prefill"), ("mixed", "mixed_within_target"),
+            ("mixed", "decode_only_over_target"), ("mixed", "backlog"), ("mixed", "interleaved"),
+            ("decode_only", "interleave"))}
     d = disagg.start_decode(start_server, start_server(*disagg.prefill_flags()))
     assert series(d, "kvc_prefill_path_decisions_total") == {
         f'{{path="{p}",reason="{r}"}}': 0.0 for p, r in PATH_DECISIONS}

@@ -60,8 +60,12 @@ def test_another_keys_session_is_a_404_and_stays_intact(two_keys):
     r = httpx.get(f"{s}/v1/sessions/conv", headers=auth(K2))
     assert r.status_code == 404 and r.json()["error"]["code"] == "session_not_found"
     assert httpx.delete(f"{s}/v1/sessions/conv", headers=auth(K2)).status_code == 404
-    probe = httpx.post(f"{s}/v1/admission", json={"session_id": "conv", "prompt_tokens": 100}, headers=auth(K2)).json()
-    assert probe["resident_tokens"] == 0
+    # The probe answers another key's session as a session nobody holds: 404.
+    for sid in ("conv", "nobody-has-this"):
+        r = httpx.post(f"{s}/v1/admission", json={"session_id": sid, "prompt_tokens": 100}, headers=auth(K2))
+        assert r.status_code == 404 and r.json()["error"]["code"] == "session_not_found", r.text
+    fresh = httpx.post(f"{s}/v1/admission", json={"prompt_tokens": 100}, headers=auth(K2)).json()
+    assert fresh["can_admit"] is True and fresh["resident_tokens"] == 0
     probe = httpx.post(f"{s}/v1/admission", json={"session_id": "conv", "prompt_tokens": 100}, headers=auth(K1)).json()
     assert probe["resident_tokens"] >= 64
     # K2's own "conv" is another session: its first turn starts cold (by

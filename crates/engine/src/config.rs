@@ -91,6 +91,10 @@ pub struct EngineConfig {
     /// stays within this, beside its decodes or alone, from measured rates
     /// (None: no cap beyond `max_num_batched_tokens`).
     pub max_step_ms: Option<f64>,
+    /// Target gap between a decode's tokens: when a step with prefill
+    /// took longer, the next steps run the decodes alone while prefill has
+    /// slack (`kvc_policy::step_kind`; None: never).
+    pub itl_target_ms: Option<f64>,
     /// KV growth, in tokens, reserved at admission for each running
     /// sequence (see kvc-scheduler).
     pub growth_reserve_tokens: usize,
@@ -153,6 +157,7 @@ impl Default for EngineConfig {
             max_long_partial_prefills: 1,
             long_prefill_token_threshold: None,
             max_step_ms: Some(DEFAULT_MAX_STEP_MS),
+            itl_target_ms: None,
             growth_reserve_tokens: kvc_scheduler::DEFAULT_GROWTH_RESERVE_TOKENS,
             max_head_of_line_steps: kvc_scheduler::DEFAULT_MAX_HEAD_OF_LINE_STEPS,
             max_model_len: None,

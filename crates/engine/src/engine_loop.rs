@@ -33,6 +33,7 @@ mod prompt_logprobs;
 mod role_parts;
 mod snapshot_pushes;
 mod step;
+mod step_kinds;
 mod watchdog;
 
 use cache_hooks::CacheHooks;
@@ -126,6 +127,8 @@ pub(crate) struct EngineLoop {
     drained_tokens: usize,
     /// The decode-latency budget (prefill tokens beside decodes).
     step_budget: StepBudget,
+    /// Mixed or decode-only, step by step (`--itl-target-ms`).
+    step_kinds: step_kinds::StepKinds,
     /// Blocks under which free plus written-back blocks start write-back
     /// of idle sessions to the host tier (0: never).
     write_back_watermark: usize,
@@ -228,6 +231,7 @@ impl EngineLoop {
             inbox,
             drained_tokens: 0,
             step_budget,
+            step_kinds: step_kinds::StepKinds::new(config.itl_target_ms),
             write_back_watermark,
             watchdog: Watchdog::default(),
             stalled: false,

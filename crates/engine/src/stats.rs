@@ -53,6 +53,8 @@ pub struct EngineStats {
     /// Seconds of prefill the next step may carry alone and beside
     /// decodes (None: no target, or not measured yet).
     pub step_budget: Option<(f64, f64)>,
+    /// Step-kind decisions by (kind, reason) (`kvc_policy::step_kind`).
+    pub step_kinds: Vec<((&'static str, &'static str), u64)>,
     /// Running sequences mid-prefill.
     pub partial_prefills: usize,
     /// Tokens computed again after preemption lost their KV.

@@ -206,3 +206,76 @@ fn submitted_prompts_count_in_the_backlog_until_computed() {
         assert_eq!(e.pending_prefill_tokens(), 0, "nothing left once the request finished");
     }
 }
+
+/// `--itl-target-ms` between a decode-only step and a step with a prefill
+/// chunk (both timed here first, on this machine): decode-only steps are
+/// interleaved after the long steps while the prompts behind have slack,
+/// every request finishes, and greedy outputs are those of each prompt
+/// alone; every step's decision is counted.
+#[test]
+fn decode_only_steps_interleave_without_changing_outputs() {
+    use std::time::Instant;
+    // Steps cut by tokens only (512), so that a step with a chunk takes a
+    // 512-token chunk's time whatever this machine's speed.
+    let config = |c: &mut kvc_engine::EngineConfig| {
+        c.max_num_batched_tokens = 512;
+        c.max_step_ms = None;
+    };
+    let long: Vec<Vec<u32>> = (0..2).map(|i| common::tokens(40 + i, 600)).collect();
+    let short = prompts();
+    let probe = engine(config);
+    // The quickest of three 512-token steps alone, after a warm-up...
+    collect(&mut submit(&probe, &short[0], greedy(2)));
+    let chunk_s = (0..3)
+        .map(|i| {
+            let t = Instant::now();
+            collect(&mut submit(&probe, &common::tokens(90 + i, 512), greedy(1)));
+            t.elapsed().as_secs_f64()
+        })
+        .fold(f64::INFINITY, f64::min);
+    // ... and the decode-only steps of the eight short prompts together.
+    let mut streams: Vec<_> = short.iter().map(|p| submit(&probe, p, greedy(21))).collect();
+    for s in &mut streams {
+        assert!(matches!(s.blocking_recv(), Some(StreamEvent::Token { .. })));
+    }
+    let t = Instant::now();
+    streams.iter_mut().for_each(|s| drop(collect(s)));
+    let decode_s = t.elapsed().as_secs_f64() / 20.0;
+    assert!(decode_s < chunk_s, "a decode step ({decode_s} s) should be quicker than a 512-token chunk ({chunk_s} s)");
+    let target_ms = (decode_s * chunk_s).sqrt() * 1e3;
+
+    // The short prompts decode 40 tokens, through the long prompts' prefill.
+    let work: Vec<(&Vec<u32>, usize)> = short.iter().map(|p| (p, 40)).chain(long.iter().map(|p| (p, 8))).collect();
+    let reference: Vec<Vec<u32>> = work.iter().map(|(p, n)| collect(&mut submit(&probe, p, greedy(*n))).tokens).collect();
+    let e = engine(|c| {
+        config(c);
+        c.itl_target_ms = Some(target_ms);
+    });
+    // Decodes first, then the long prompts arrive behind them.
+    let mut streams: Vec<_> = work[..short.len()].iter().map(|(p, n)| submit(&e, p, greedy(*n))).collect();
+    let mut first = Vec::new();
+    for s in &mut streams {
+        match s.blocking_recv() {
+            Some(StreamEvent::Token { token_id, .. }) => first.push(token_id),
+            other => panic!("expected a first token, got {other:?}"),
+        }
+    }
+    streams.extend(work[short.len()..].iter().map(|(p, n)| submit(&e, p, greedy(*n))));
+    let got: Vec<Vec<u32>> = streams
+        .into_iter()
+        .enumerate()
+        .map(|(i, mut s)| {
+            let mut tokens = first.get(i).map(|t| vec![*t]).unwrap_or_default();
+            tokens.extend(collect(&mut s).tokens);
+            tokens
+        })
+        .collect();
+    assert_eq!(got, reference);
+    let s = wait_for(&e, |s| s.running == 0 && s.waiting == 0);
+    let count = |kind: &str, reason: &str| s.step_kinds.iter().find(|(k, _)| *k == (kind, reason)).map_or(0, |(_, n)| *n);
+    let why = format!("target {target_ms:.2} ms (decode step {decode_s:.4} s, chunk {chunk_s:.4} s): {:?}", s.step_kinds);
+    assert!(count("decode_only", "interleave") > 0, "no decode-only step; {why}");
+    assert!(count("mixed", "interleaved") > 0, "prefill did not resume after the decode-only steps; {why}");
+    let decided: u64 = s.step_kinds.iter().map(|(_, n)| n).sum();
+    assert!(decided >= s.steps, "every step is decided ({decided} decisions, {} steps)", s.steps);
+}

@@ -13,6 +13,9 @@
 //!   [`prefill_peer::choose_peer`];
 //! - [`spill`]: how a prefill worker's snapshot store makes room (demote,
 //!   drop colder host KV, drop), by [`spill::decide_spill`];
+//! - [`step_kind`]: whether an engine step carries prefill beside its
+//!   decodes or runs them alone (`--itl-target-ms`), by
+//!   [`step_kind::decide_step_kind`];
 //! - [`reusable_tokens`]: how much of a prompt a worker's resident KV spares
 //!   (engine admission, router placement, the prefill-path cost function);
 //! - [`Ewma`]: the moving average of measured rates and costs (prefill
@@ -25,6 +28,7 @@ pub mod prefill_path;
 pub mod prefill_peer;
 mod reusable_tokens;
 pub mod spill;
+pub mod step_kind;
 
 pub use ewma::Ewma;
 pub use reusable_tokens::reusable_tokens;

@@ -46,7 +46,11 @@
 //!    beside decodes, priced per chunk by the context it attends to). A
 //!    step with no decodes while the queue waits for memory takes the
 //!    token cap alone: the prefills in flight hold what the queue waits
-//!    for, and a shorter step would serve nobody.
+//!    for, and a shorter step would serve nobody. A step the engine
+//!    makes decode-only ([`Scheduler::set_decode_only`]; at most a few in
+//!    a row, then a step with prefill: `kvc_policy::step_kind`) plans no
+//!    chunk while anything decodes; the bounds below count the steps
+//!    that carry prefill.
 //!
 //! **Progress bound for long prompts.** The oldest running long prefill
 //! is given, before short prefills take the rest, the tokens that fit in
@@ -189,6 +193,9 @@ pub struct Scheduler {
     next_arrival: u64,
     /// Seconds of prefill a step may carry (None: tokens only).
     time_budget: Option<TimeBudget>,
+    /// The next step runs its decodes alone (the engine's step-kind
+    /// decision); a step without decodes plans prefill regardless.
+    decode_only: bool,
     /// The last step gave the long prefills nothing for a short prompt's
     /// first token (so this one gives them their quarter).
     long_skipped: bool,
@@ -202,6 +209,7 @@ impl Scheduler {
     pub fn new(config: SchedulerConfig) -> Self {
         Self {
             time_budget: None,
+            decode_only: false,
             long_skipped: false,
             head_wait: None,
             config,
@@ -225,6 +233,12 @@ impl Scheduler {
     /// `max_num_batched_tokens` limits them).
     pub fn set_time_budget(&mut self, budget: Option<TimeBudget>) {
         self.time_budget = budget;
+    }
+
+    /// Whether the next steps run their decodes alone, planning no prefill
+    /// chunk (steps with nothing to decode plan prefill all the same).
+    pub fn set_decode_only(&mut self, decode_only: bool) {
+        self.decode_only = decode_only;
     }
 
     pub fn add(&mut self, id: SeqId, prompt: Vec<u32>) {
@@ -501,8 +515,13 @@ impl Scheduler {
         // at the token cap, not the step-time budget.
         let memory_bound = out.decodes == 0 && out.admission_blocked == Some(AdmitReason::KvWatermark);
         let budget = if memory_bound { None } else { self.time_budget };
-        let (planned, long_skipped) = self.plan_prefill_chunks(token_cap, out.decodes > 0, &out.copying, budget);
-        self.long_skipped = long_skipped;
+        let planned = if self.decode_only && out.decodes > 0 {
+            Vec::new()
+        } else {
+            let (planned, long_skipped) = self.plan_prefill_chunks(token_cap, out.decodes > 0, &out.copying, budget);
+            self.long_skipped = long_skipped;
+            planned
+        };
         for (id, len) in planned {
             let start = self.seqs[&id].num_computed;
             // Admission reserved the whole token list; this only guards it.

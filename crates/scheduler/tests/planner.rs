@@ -265,6 +265,28 @@ fn decodes_are_scheduled_every_step() {
     }
 }
 
+/// A decode-only step (the engine's step-kind decision) gives every decode
+/// its token and no prefill its chunk; prefill takes up where it stopped in
+/// the next step, and a step with nothing to decode still plans prefill.
+#[test]
+fn a_decode_only_step_plans_decodes_alone() {
+    let mut d = Driver::new(config(64, 256, 16), 10_000);
+    d.s.set_decode_only(true);
+    d.add(0, 10, 40);
+    let first = d.step();
+    assert_eq!(chunk_of(&first, 0).map(|c| c.len), Some(10), "nothing decodes yet: prefill goes ahead");
+    d.add(1, 3_000, 3);
+    for _ in 0..3 {
+        let p = d.step();
+        assert_eq!(p.chunks, vec![ScheduledChunk { seq_id: 0, start: p.chunks[0].start, len: 1, sample: true }]);
+        assert_eq!(d.s.get(1).unwrap().num_computed, 0);
+    }
+    d.s.set_decode_only(false);
+    let p = d.step();
+    assert!(chunk_of(&p, 0).is_some_and(|c| c.len == 1));
+    assert_eq!(chunk_of(&p, 1).map(|c| (c.start, c.len)), Some((0, 255)));
+}
+
 /// A long prompt waiting for the long slot is passed by a short one, and
 /// admitted as soon as the long one ahead finishes.
 #[test]

@@ -139,6 +139,14 @@ pub struct Args {
     #[arg(long, default_value_t = kvc_engine::config::DEFAULT_MAX_STEP_MS)]
     pub max_step_ms: f64,
 
+    /// Target gap between an answer's tokens: after a step with prefill
+    /// that took longer, the next two steps run the decodes alone, as
+    /// long as the prompt tokens waiting would be computed within 0.5 s at
+    /// the measured rate (a longer queue gets every step's prefill). 0
+    /// turns it off.
+    #[arg(long, default_value_t = 0.0, value_parser = parse_nonneg_f64)]
+    pub itl_target_ms: f64,
+
     /// Context cap (prompt + completion); default: the model's maximum.
     #[arg(long)]
     pub max_model_len: Option<usize>,
@@ -359,6 +367,7 @@ impl Args {
             long_prefill_token_threshold: self.long_prefill_token_threshold,
             max_head_of_line_steps: self.max_head_of_line_steps,
             max_step_ms: (self.max_step_ms > 0.0).then_some(self.max_step_ms),
+            itl_target_ms: (self.itl_target_ms > 0.0).then_some(self.itl_target_ms),
             max_model_len: self.max_model_len,
             seed: self.seed,
             enable_prefix_caching: !self.no_enable_prefix_caching,

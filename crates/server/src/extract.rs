@@ -79,10 +79,30 @@ impl<S: Send + Sync, T: JsonBody + Send + 'static> FromRequest<S> for OpenAiJson
         // Large parses one at a time per two cores: eight 8 MB bodies at
         // once would otherwise take every core from the runtime's threads.
         let _permit = large_parses().acquire().await.map_err(|e| ApiError::Internal(e.to_string()))?;
-        tokio::task::spawn_blocking(move || T::parse(&bytes))
-            .await
-            .map_err(|e| ApiError::Internal(format!("parsing the request body failed: {e}")))?
-            .map(OpenAiJson)
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        std::thread::Builder::new()
+            .name("kvc-parse".into())
+            .spawn(move || {
+                lower_this_threads_priority();
+                let _ = tx.send(T::parse(&bytes));
+            })
+            .map_err(|e| ApiError::Internal(format!("parsing the request body failed: {e}")))?;
+        rx.await.map_err(|e| ApiError::Internal(format!("parsing the request body failed: {e}")))?.map(OpenAiJson)
+    }
+}
+
+/// A large body is parsed on a thread of its own at a lower priority (nice
+/// +10), so that where cores are few the runtime's threads (`/health`,
+/// streams in flight) still get them first. A thread of its own because a
+/// thread cannot raise its priority back without privileges, and the
+/// blocking pool's threads are reused.
+fn lower_this_threads_priority() {
+    // SAFETY: setpriority on the calling thread's own id (Linux keeps nice
+    // values per thread); no memory is passed.
+    #[cfg(target_os = "linux")]
+    unsafe {
+        let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
+        libc::setpriority(libc::PRIO_PROCESS, tid, 10);
     }
 }
 

@@ -106,6 +106,11 @@ const ENGINE: &[Family] = &[
     Family::counter("kvc_sessions_expired_total", "Idle sessions deleted by the TTL.", &[]),
     Family::counter("kvc_sessions_capped_total", "Idle sessions dropped to keep their API key under --max-sessions-per-key.", &[]),
     Family::counter("kvc_evicted_blocks_total", "KV blocks evicted from the device, by destination tier and reason.", &["tier", "reason"]),
+    Family::counter(
+        "kvc_step_kind_decisions_total",
+        "Engine steps planned mixed (prefill beside decodes) or decode-only (--itl-target-ms), by reason.",
+        &["kind", "reason"],
+    ),
     Family::gauge(
         "kvc_scheduler_prefill_budget_seconds",
         "Seconds of prefill the next step may carry (--max-step-ms less the measured decodes).",
@@ -180,6 +185,11 @@ fn read_engine(s: &EngineStats, out: &mut Scrape) {
     for (action, reason) in kvc_policy::spill::SpillReason::pairs() {
         let n = s.snapshot_stats.spills.get(&(action.as_str().to_string(), reason.as_str().to_string())).copied().unwrap_or(0);
         out.sample("kvc_snapshot_spill_decisions_total", &[action.as_str(), reason.as_str()], n as f64);
+    }
+    for (kind, reason) in kvc_policy::step_kind::StepKindReason::pairs() {
+        let key = (kind.as_str(), reason.as_str());
+        let n = s.step_kinds.iter().find(|(k, _)| *k == key).map_or(0, |(_, n)| *n);
+        out.sample("kvc_step_kind_decisions_total", &[key.0, key.1], n as f64);
     }
     if let Some((alone, mixed)) = s.step_budget {
         out.sample("kvc_scheduler_prefill_budget_seconds", &["alone"], alone);

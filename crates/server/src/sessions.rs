@@ -157,6 +157,15 @@ pub async fn admission(
     if prompt_tokens == 0 {
         return Err(ApiError::bad_request("the prompt must have at least one token", Some("prompt_tokens")));
     }
+    // A session the caller's key does not hold is a 404, as to GET: the
+    // same answer whether another key holds that id or nobody does, so the
+    // probe reveals no other tenant's session. A first turn is probed
+    // without `session_id` (nothing of it is resident yet).
+    if let (Some(key), Some(id)) = (session.as_deref(), req.session_id.as_deref()) {
+        if !state.engine.snapshot().sessions.contains_key(key) {
+            return Err(not_found(id));
+        }
+    }
     let decision = state.engine.admission(&AdmissionQuery { session_id: session.as_deref(), prompt_tokens });
     state.metrics.admission_decisions.with_label_values(&[decision.reason.as_str()]).inc();
     tracing::info!(event = "admission", session = ?req.session_id, prompt_tokens, can_admit = decision.can_admit, reason = decision.reason.as_str());

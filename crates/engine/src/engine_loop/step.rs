@@ -36,6 +36,14 @@ impl EngineLoop {
         let (decodes_next, decode_context) = self.scheduler.decode_load();
         let budget = self.step_budget.decide(decodes_next, decode_context);
         self.scheduler.set_time_budget(budget);
+        // Prefill's rate beside these decodes; without a step-time target,
+        // the measured rate of steps with a sizeable prefill.
+        let rate = Some(self.step_budget.mixed_prefill_tokens_per_s(decodes_next, decode_context))
+            .filter(|r| *r > 0.0)
+            .unwrap_or(self.local.prefill_tokens_per_s);
+        let kind = self.step_kinds.decide(&self.scheduler, &self.step_budget, rate);
+        self.scheduler.set_decode_only(kind.kind == kvc_policy::step_kind::StepKind::DecodeOnly);
+        self.local.step_kinds = self.step_kinds.counts();
         let mut plan = self.scheduler.schedule(&mut self.allocator, &mut hooks);
         self.local.preemptions += plan.preempted.len() as u64;
         self.local.step_budget = budget.map(|b| (b.alone_s, b.mixed_s));
@@ -128,6 +136,7 @@ impl EngineLoop {
             budget_ms = budget.map_or(0.0, |b| if shape.decodes > 0 { b.mixed_s } else { b.alone_s } * 1e3),
         );
         self.step_budget.observe(&shape, took);
+        self.step_kinds.observe(!shape.prefill.is_empty(), shape.decodes > 0, took.as_secs_f64());
         self.local.mixed_prefill_tokens_per_s = self.step_budget.mixed_prefill_tokens_per_s(shape.decodes, shape.decode_context);
         for &(id, wait) in &plan.stalled {
             if let Some(a) = self.active.get_mut(&id) {
