@@ -29,6 +29,8 @@ pub struct ModelInfo {
     pub eos_token_ids: Vec<u32>,
     /// Unix seconds when the engine started.
     pub created: u64,
+    /// `system_fingerprint`: this build, model and device (crate::fingerprint).
+    pub fingerprint: String,
     pub block_size: usize,
     pub num_kv_blocks: usize,
     pub max_num_seqs: usize,
@@ -116,6 +118,7 @@ impl EngineHandle {
             vocab_size: loaded.vocab_size,
             eos_token_ids: loaded.eos_token_ids,
             created: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
+            fingerprint: loaded.fingerprint,
             block_size: engine_loop.block_size(),
             num_kv_blocks: engine_loop.num_blocks(),
             max_num_seqs: config.max_num_seqs,

@@ -21,6 +21,7 @@ pub mod detokenizer;
 pub mod device;
 mod engine_loop;
 pub mod error;
+mod fingerprint;
 pub mod grammar;
 mod handle;
 pub mod hub;

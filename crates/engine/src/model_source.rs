@@ -51,6 +51,8 @@ pub(crate) struct Loaded {
     pub eos_token_ids: Vec<u32>,
     pub vocab_size: usize,
     pub served_name: String,
+    /// `system_fingerprint` (crate::fingerprint).
+    pub fingerprint: String,
 }
 
 fn load_err(e: impl std::fmt::Display) -> EngineError {
@@ -119,10 +121,14 @@ pub(crate) fn load(config: &EngineConfig) -> Result<Loaded, EngineError> {
     };
     let model_config = Qwen3Config::from_json(&config_text).map_err(load_err)?;
     let dtype = compute_dtype(config.dtype.as_deref(), &model_config, &device)?;
+    let real_weights = dir.is_some() && config.load_format == LoadFormat::Auto;
     let model = match (&dir, config.load_format) {
         (Some(d), LoadFormat::Auto) => load_weights(d, dtype, &device)?,
         _ => Qwen3Model::dummy(model_config.clone(), config.seed, dtype, &device).map_err(load_err)?,
     };
+    let weights = if real_weights { "checkpoint".to_string() } else { format!("dummy seed {}", config.seed) };
+    let checkpoint = dir.as_deref().map_or_else(|| "embedded".to_string(), crate::fingerprint::checkpoint_identity);
+    let fingerprint = crate::fingerprint::system_fingerprint(&format!("{weights} dtype {dtype:?}\n{checkpoint}"), &format!("{device:?}"));
     #[cfg(feature = "cuda")]
     if !config.enforce_eager {
         model.set_cuda_graphs(crate::config::CUDA_GRAPH_MAX_BATCH.min(config.max_num_seqs));
@@ -160,6 +166,7 @@ pub(crate) fn load(config: &EngineConfig) -> Result<Loaded, EngineError> {
     tracing::info!(
         model = %served_default,
         params = model_config.num_parameters(),
+        %fingerprint,
         ?dtype,
         ?device,
         kv_blocks = num_blocks,
@@ -175,5 +182,6 @@ pub(crate) fn load(config: &EngineConfig) -> Result<Loaded, EngineError> {
         template,
         eos_token_ids,
         served_name: config.served_model_name.clone().unwrap_or(served_default),
+        fingerprint,
     })
 }

@@ -2,14 +2,12 @@
 //! grammar's mask, the stop tokens masked before `min_tokens`, then
 //! greedy or temperature / top-k / top-p / min-p sampling with the
 //! request's own random stream (so a seed reproduces, whatever else is
-//! batched). The draw for the i-th generated token comes from a generator
-//! keyed by (seed, i), so a token sampled on another worker (a remote
-//! prefill's first token) leaves the rest of the stream unchanged.
+//! batched). The noise of the i-th generated token is keyed by (seed, i),
+//! so a token sampled on another worker (a remote prefill's first token)
+//! leaves the rest of the stream unchanged; how it draws is in
+//! [`Sampler::draw`].
 
 use std::collections::HashMap;
-
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
 
 use llguidance::toktrie::SimpleVob;
 
@@ -48,13 +46,9 @@ impl Sampler {
         self.step += 1;
     }
 
-    /// The generator of the current position.
-    fn rng(&self) -> StdRng {
-        // SplitMix64 finaliser over (seed, step): distinct, well-mixed keys.
-        let mut z = self.seed ^ self.step.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        StdRng::seed_from_u64(z ^ (z >> 31))
+    /// The key of the current position's noise: (seed, step), mixed.
+    fn key(&self) -> u64 {
+        mix64(self.seed ^ self.step.wrapping_mul(GOLDEN))
     }
 
     pub fn params(&self) -> &SamplingParams {
@@ -103,18 +97,31 @@ impl Sampler {
             mask_stop_tokens(&mut l, &self.stop_tokens);
         }
         let greedy = p.temperature == 0.0;
-        let token = if greedy { argmax(&l) } else { self.draw(&mut l) };
+        let token = if greedy { argmax(&l) } else { self.draw(&l) };
         self.observe(token);
         let logprobs = self.params.logprobs.map(|top| logprobs_of(logits, token, top));
         (token, logprobs)
     }
 
-    /// Draws from softmax(l / T) restricted by top_k, min_p and top_p.
-    /// Nothing sorts the whole vocabulary (152K entries for Qwen3, some
-    /// milliseconds a token: at 40 decodes a step it was most of a GPU
-    /// step): top_k selects, min_p filters, and top_p sorts only as many of
-    /// the best candidates as its nucleus needs.
-    fn draw(&mut self, l: &mut [f32]) -> u32 {
+    /// Draws from softmax(l / T) restricted by top_k, min_p and top_p (the
+    /// nucleus is taken over what top_k and min_p kept, renormalised, as
+    /// vLLM does). Nothing sorts the whole vocabulary (152K entries for
+    /// Qwen3, some milliseconds a token: at 40 decodes a step it was most
+    /// of a GPU step): top_k selects, min_p filters, and top_p sorts only
+    /// as many of the best candidates as its nucleus needs. Ranks break
+    /// ties by the lower token id, so what is kept is a function of the
+    /// logits alone.
+    ///
+    /// The draw is an exponential race (vLLM's sampler draws the same
+    /// way): kept token `t` of weight `w` gets the noise `E = -ln(u)`,
+    /// `u` uniform from (seed, step, t) alone, and the largest `w / E`
+    /// wins (ties: the lower id), which picks `t` with probability
+    /// `w / sum(w)`. The winner does not depend on the order the
+    /// candidates are visited in, and a tiny change in the logits (from
+    /// another batch shape on a GPU) changes it only if it swaps the two
+    /// best scores; a draw by cumulative sum over a flat 152K distribution
+    /// moved with almost any change (issue 33).
+    fn draw(&self, l: &[f32]) -> u32 {
         let p = &self.params;
         let inv_t = 1.0 / p.temperature;
         let max = l.iter().copied().fold(f32::NEG_INFINITY, f32::max);
@@ -129,14 +136,15 @@ impl Sampler {
             cand.select_nth_unstable_by(p.top_k - 1, better);
             cand.truncate(p.top_k);
         }
-        let total: f32 = cand.iter().map(|c| c.1).sum();
         if p.min_p > 0.0 {
             let best = cand.iter().map(|c| c.1).fold(0.0f32, f32::max);
             let threshold = p.min_p * best;
             cand.retain(|c| c.1 >= threshold);
         }
         if p.top_p < 1.0 {
-            // Sort the best m, doubling m until their mass reaches top_p.
+            // Summed in the order top_k's selection left (deterministic).
+            let total: f32 = cand.iter().map(|c| c.1).sum();
+            // Sort the best m, growing m until their mass reaches top_p.
             let mut m = 256.min(cand.len());
             loop {
                 if m < cand.len() {
@@ -158,16 +166,48 @@ impl Sampler {
                 }
             }
         }
-        let sum: f32 = cand.iter().map(|c| c.1).sum();
-        let mut r = self.rng().random::<f32>() * sum;
-        for &(t, w) in &cand {
-            if r < w {
-                return t;
-            }
-            r -= w;
-        }
-        cand.last().map(|c| c.0).unwrap_or(0)
+        race(&cand, self.key())
     }
+}
+
+/// The exponential race of [`Sampler::draw`] over `cand` (token, weight),
+/// with the noise of `key`. `-ln(u) >= 1 - u`, so `w / (1 - u)` bounds a
+/// score from above: a token whose bound is below the best score so far
+/// is passed without its logarithm (all but a few dozen of 152K).
+fn race(cand: &[(u32, f32)], key: u64) -> u32 {
+    let mut best: Option<(f64, u32)> = None;
+    for &(t, w) in cand {
+        let u = uniform(key, t);
+        let w = w as f64;
+        if let Some((b, _)) = best {
+            // The margin covers the rounding of ln against the bound.
+            if w / (1.0 - u) * (1.0 + 1e-9) < b {
+                continue;
+            }
+        }
+        let score = w / -u.ln();
+        if best.is_none_or(|(b, bt)| score > b || (score == b && t < bt)) {
+            best = Some((score, t));
+        }
+    }
+    best.map_or(0, |b| b.1)
+}
+
+const GOLDEN: u64 = 0x9E37_79B9_7F4A_7C15;
+
+/// SplitMix64's finaliser: a well-mixed 64-bit value of `z`.
+fn mix64(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// Token `t`'s uniform in (0, 1) under `key`: the (t + 1)-th output of
+/// SplitMix64 started at `key`, its top 52 bits centred in their interval
+/// (exact in an f64, never 0 or 1).
+fn uniform(key: u64, t: u32) -> f64 {
+    let h = mix64(key.wrapping_add((t as u64 + 1).wrapping_mul(GOLDEN)));
+    ((h >> 12) as f64 + 0.5) / (1u64 << 52) as f64
 }
 
 /// Sets the stop tokens' logits to -inf (vLLM's `min_tokens`), unless
@@ -369,6 +409,47 @@ mod tests {
         assert!((f[0] - 0.5 / 0.9).abs() < 0.02 && (f[2] + f[3] - 0.1 / 0.9).abs() < 0.02 && f[2] * f[3] == 0.0, "{f:?}");
         let f = freq(|_| {});
         assert!(f.iter().zip([0.5, 0.3, 0.1, 0.1]).all(|(a, b)| (a - b).abs() < 0.02), "{f:?}");
+    }
+
+    /// The race's winner is the largest `w / -ln(u)` (ties: the lower id)
+    /// computed for every candidate, in whatever order the candidates
+    /// come: the bound that skips most logarithms never skips the winner.
+    #[test]
+    fn the_race_picks_the_best_score_in_any_order() {
+        use rand::seq::SliceRandom;
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(1);
+        for key in 0..300u64 {
+            let mut cand: Vec<(u32, f32)> = (0..400).map(|t| (t, rng.random::<f32>().powi(6))).collect();
+            let score = |&(t, w): &(u32, f32)| (w as f64 / -uniform(key, t).ln(), t);
+            let expect = cand.iter().map(score).max_by(|a, b| a.0.total_cmp(&b.0).then(b.1.cmp(&a.1))).unwrap().1;
+            assert_eq!(race(&cand, key), expect);
+            cand.shuffle(&mut rng);
+            assert_eq!(race(&cand, key), expect);
+            cand.sort_by(|a, b| a.1.total_cmp(&b.1));
+            assert_eq!(race(&cand, key), expect);
+        }
+    }
+
+    /// Logits that differ by ~1e-6 (what another batch shape can do to a
+    /// GPU's sums) leave a seeded stream's tokens unchanged over a flat
+    /// 152K vocabulary, the case where a draw by cumulative sum moved with
+    /// almost any change (issue 33): with top_p, top_k or neither.
+    #[test]
+    fn logits_that_differ_in_the_sixth_decimal_draw_the_same_tokens() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+        let a: Vec<f32> = (0..151_936).map(|_| rng.random::<f32>()).collect();
+        let b: Vec<f32> = a.iter().map(|x| x + (rng.random::<f32>() - 0.5) * 2e-6).collect();
+        assert!(a.iter().zip(&b).filter(|(x, y)| x != y).count() > 100_000);
+        let filters: [fn(&mut SamplingParams); 3] = [|_| {}, |p| p.top_p = 0.9, |p| p.top_k = 50];
+        for f in filters {
+            let run = |l: &[f32]| {
+                let mut s = Sampler::new(params(f), 7);
+                (0..40).map(|_| s.sample(l, &[]).0).collect::<Vec<_>>()
+            };
+            assert_eq!(run(&a), run(&b));
+        }
     }
 
     /// A Qwen3-sized vocabulary with top_p: the nucleus of a peaked

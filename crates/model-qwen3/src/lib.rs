@@ -14,6 +14,7 @@ mod graph_bucket;
 mod mlp;
 mod model;
 mod rope;
+pub mod row_invariant;
 pub mod weights;
 
 pub use batch::{BatchInput, SeqChunk};

@@ -4,6 +4,7 @@ use candle_core::{DType, Module, Result, Tensor, D};
 use candle_nn::{Linear, VarBuilder};
 
 use crate::config::{MoeConfig, Qwen3Config};
+use crate::row_invariant::{linear_rows, matmul_rows};
 
 /// `down(silu(gate(x)) * up(x))`.
 pub struct DenseMlp {
@@ -24,8 +25,8 @@ impl DenseMlp {
 
 impl Module for DenseMlp {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let g = candle_nn::ops::silu(&self.gate_proj.forward(x)?)?;
-        self.down_proj.forward(&(g * self.up_proj.forward(x)?)?)
+        let g = candle_nn::ops::silu(&linear_rows(&self.gate_proj, x)?)?;
+        linear_rows(&self.down_proj, &(g * linear_rows(&self.up_proj, x)?)?)
     }
 }
 
@@ -67,7 +68,7 @@ impl MoeBlock {
 
     /// Per token: the chosen experts and their weights.
     fn route(&self, x: &Tensor) -> Result<Vec<Vec<(usize, f32)>>> {
-        let logits = self.router.forward(x)?;
+        let logits = linear_rows(&self.router, x)?;
         let probs = candle_nn::ops::softmax(&logits.to_dtype(DType::F32)?, D::Minus1)?.to_vec2::<f32>()?;
         Ok(probs
             .into_iter()
@@ -105,10 +106,10 @@ impl Module for MoeBlock {
             let n = toks.len();
             let idx = Tensor::from_vec(toks, n, x.device())?;
             let xs = x.index_select(&idx, 0)?;
-            let gu = xs.matmul(&self.gate_up.get(e)?.t()?)?; // [n, 2I]
+            let gu = matmul_rows(&xs, &self.gate_up.get(e)?.t()?)?; // [n, 2I]
             let g = candle_nn::ops::silu(&gu.narrow(1, 0, self.intermediate)?)?;
             let u = gu.narrow(1, self.intermediate, self.intermediate)?;
-            let y = (g * u)?.matmul(&self.down.get(e)?.t()?)?; // [n, H]
+            let y = matmul_rows(&(g * u)?, &self.down.get(e)?.t()?)?; // [n, H]
             let w = Tensor::from_vec(ws, (n, 1), x.device())?.to_dtype(x.dtype())?;
             out = out.index_add(&idx, &y.broadcast_mul(&w)?, 0)?;
         }

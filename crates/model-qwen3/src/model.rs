@@ -229,7 +229,7 @@ impl Qwen3Model {
     /// f32 logits `[rows, vocab]` of final hidden states `[rows, hidden]`
     /// (what [`Self::forward_hidden`] returns, or a slice of it).
     pub fn project_logits(&self, hidden: &Tensor) -> Result<Tensor, ModelError> {
-        Ok(hidden.matmul(&self.lm_head.t()?)?.to_dtype(DType::F32)?)
+        Ok(crate::row_invariant::matmul_rows(hidden, &self.lm_head.t()?)?.to_dtype(DType::F32)?)
     }
 
     fn cpu_hidden(&self, batch: &BatchInput, kv: &mut KvStorage) -> Result<Tensor, ModelError> {

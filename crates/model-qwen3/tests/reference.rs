@@ -87,8 +87,10 @@ fn match_transformers(name: &str, model: &Qwen3Model) {
     }
 }
 
+/// Every position's logits are bitwise those of the single pass, whatever
+/// the chunking (a cached prefix is one): crate::row_invariant.
 #[test]
-fn chunked_prefill_matches_single_pass() {
+fn chunked_prefill_matches_single_pass_bitwise() {
     for name in ["dense", "moe-norm"] {
         let model = load(name);
         let case = &cases(name)[1];
@@ -97,15 +99,14 @@ fn chunked_prefill_matches_single_pass() {
         let table = scattered_table(n, num_blocks);
         let mut kv = KvStorage::new(model.kv_layout(BLOCK_SIZE), num_blocks).unwrap();
         let single = run_chunk(&model, &mut kv, &table, &case.prompt, 0, n);
-        for chunk in [1usize, 3, 16] {
+        for chunk in [1usize, 2, 3, 5, 16] {
             let mut kv = KvStorage::new(model.kv_layout(BLOCK_SIZE), num_blocks).unwrap();
             let mut from = 0;
             while from < n {
                 let to = (from + chunk).min(n);
                 let rows = run_chunk(&model, &mut kv, &table, &case.prompt, from, to);
                 for (i, row) in rows.iter().enumerate() {
-                    let d = max_abs_diff(row, &single[from + i]);
-                    assert!(d < 1e-5, "{name} chunk {chunk}: position {} differs by {d}", from + i);
+                    assert!(bitwise_eq(row, &single[from + i]), "{name} chunk {chunk}: position {} differs", from + i);
                 }
                 from = to;
             }
@@ -114,13 +115,54 @@ fn chunked_prefill_matches_single_pass() {
 }
 
 #[test]
-fn sequences_batched_together_match_each_alone() {
+fn sequences_batched_together_match_each_alone_bitwise() {
     let model = load("moe-norm");
     let cs = cases("moe-norm");
     let (a, b) = (&cs[0].prompt, &cs[1].prompt);
     let ([alone_a, alone_b], both) = alone_and_batched(&model, a, b, || KvStorage::new(model.kv_layout(BLOCK_SIZE), 64).unwrap());
-    assert!(max_abs_diff(&both[0], &alone_a) < 1e-5);
-    assert!(max_abs_diff(&both[1], &alone_b) < 1e-5);
+    assert!(bitwise_eq(&both[0], &alone_a));
+    assert!(bitwise_eq(&both[1], &alone_b));
+}
+
+/// A decode step's logits are bitwise the same alone, beside another
+/// sequence's decode, and beside another's prefill chunk (every row count
+/// of the products changes between these).
+#[test]
+fn a_decode_beside_other_sequences_matches_it_alone_bitwise() {
+    for name in ["dense", "moe-norm"] {
+        let model = load(name);
+        let cs = cases(name);
+        let (a, b) = (&cs[0].prompt, &cs[1].prompt);
+        let ta: Vec<u32> = (0..a.len().div_ceil(BLOCK_SIZE) as u32).collect();
+        let tb: Vec<u32> = (32..32 + b.len().div_ceil(BLOCK_SIZE) as u32).collect();
+        let la = a.len();
+        // `a` decodes its last token; `b` brings a prefill chunk or a decode.
+        let step = |b_from: Option<usize>| {
+            let mut kv = KvStorage::new(model.kv_layout(BLOCK_SIZE), 64).unwrap();
+            run_chunk(&model, &mut kv, &ta, a, 0, la - 1);
+            let mut batch = BatchInput {
+                tokens: vec![a[la - 1]],
+                seqs: vec![SeqChunk { start: 0, len: 1, context_len: la, block_table: &ta }],
+                logits_rows: vec![0],
+            };
+            if let Some(from) = b_from {
+                if from > 0 {
+                    run_chunk(&model, &mut kv, &tb, b, 0, from);
+                }
+                batch.tokens.extend_from_slice(&b[from..]);
+                batch.seqs.push(SeqChunk { start: 1, len: b.len() - from, context_len: b.len(), block_table: &tb });
+                batch.logits_rows.push(b.len() - from);
+            }
+            model.forward(&batch, &mut kv).unwrap().to_vec2::<f32>().unwrap().swap_remove(0)
+        };
+        let alone = step(None);
+        assert!(bitwise_eq(&step(Some(b.len() - 1)), &alone), "{name}: beside a decode");
+        assert!(bitwise_eq(&step(Some(0)), &alone), "{name}: beside a prefill");
+    }
+}
+
+fn bitwise_eq(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
 }
 
 #[test]

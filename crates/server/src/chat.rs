@@ -117,6 +117,7 @@ pub async fn chat_completions(
     let spec = ChatSpec {
         id: generation.request_id().to_string(),
         model: info.id,
+        system_fingerprint: info.fingerprint,
         n,
         prefix: open_assistant_turn(&prompt).to_string(),
         tools: tool_parser,

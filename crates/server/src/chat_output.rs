@@ -102,6 +102,8 @@ struct ChoiceState {
 pub struct ChatSpec {
     pub id: String,
     pub model: String,
+    /// The engine's `system_fingerprint` (build, model, device).
+    pub system_fingerprint: String,
     /// Choices.
     pub n: usize,
     /// The open assistant turn at the end of the prompt (parsers start there).
@@ -123,6 +125,7 @@ pub struct ChatEndpoint {
     pub id: String,
     pub created: u64,
     pub model: String,
+    system_fingerprint: String,
     tokens: Arc<dyn HasTokenizer>,
     logprobs: bool,
     choices: Vec<ChoiceState>,
@@ -131,7 +134,7 @@ pub struct ChatEndpoint {
 
 impl ChatEndpoint {
     pub fn new(spec: ChatSpec, tokens: Arc<dyn HasTokenizer>) -> Self {
-        let ChatSpec { id, model, n, prefix, tools, calls_finish, echo, logprobs } = spec;
+        let ChatSpec { id, model, system_fingerprint, n, prefix, tools, calls_finish, echo, logprobs } = spec;
         let prefix = prefix.as_str();
         let choices = (0..n)
             .map(|_| {
@@ -139,7 +142,7 @@ impl ChatEndpoint {
                 ChoiceState { parser, echo: echo.then_some(echoed), pending_logprobs: Vec::new(), calls: 0 }
             })
             .collect();
-        Self { id, created: crate::generate::unix_now(), model, tokens, logprobs, choices, calls_finish }
+        Self { id, created: crate::generate::unix_now(), model, system_fingerprint, tokens, logprobs, choices, calls_finish }
     }
 
     fn delta(&mut self, index: usize, parsed: Parsed) -> ChatDelta {
@@ -234,6 +237,7 @@ impl Endpoint for ChatEndpoint {
             object: "chat.completion.chunk",
             created: self.created,
             model: self.model.clone(),
+            system_fingerprint: self.system_fingerprint.clone(),
             choices: deltas,
             usage,
             kvc,
@@ -247,6 +251,7 @@ impl Endpoint for ChatEndpoint {
             object: "chat.completion",
             created: self.created,
             model: self.model.clone(),
+            system_fingerprint: self.system_fingerprint.clone(),
             choices,
             usage: usage.into(),
             kvc: KvcInfo::local(&usage),
@@ -309,6 +314,7 @@ mod tests {
         ChatSpec {
             id: "chatcmpl-t".into(),
             model: "m".into(),
+            system_fingerprint: "fp_t".into(),
             n: 1,
             prefix: prefix.into(),
             tools: tools.then(|| ToolParser::new(ToolCallFormat::Hermes, &[], true)),

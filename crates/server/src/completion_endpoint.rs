@@ -69,14 +69,22 @@ pub struct CompletionEndpoint {
     id: String,
     created: u64,
     model: String,
+    system_fingerprint: String,
     shape: CompletionShape,
     tokens: Arc<dyn HasTokenizer>,
     choices: Vec<ChoiceState>,
 }
 
 impl CompletionEndpoint {
-    /// `prompts` prompts of `shape.best_of` sequences each.
-    pub fn new(id: String, model: String, prompts: usize, shape: CompletionShape, tokens: Arc<dyn HasTokenizer>) -> Self {
+    /// `prompts` prompts of `shape.best_of` sequences each, answered as
+    /// `model` with the engine's `system_fingerprint`.
+    pub fn new(
+        id: String,
+        (model, system_fingerprint): (String, String),
+        prompts: usize,
+        shape: CompletionShape,
+        tokens: Arc<dyn HasTokenizer>,
+    ) -> Self {
         let choices = (0..prompts * shape.best_of)
             .map(|i| {
                 let mut c = ChoiceState::default();
@@ -92,7 +100,7 @@ impl CompletionEndpoint {
                 c
             })
             .collect();
-        Self { id, created: crate::generate::unix_now(), model, shape, tokens, choices }
+        Self { id, created: crate::generate::unix_now(), model, system_fingerprint, shape, tokens, choices }
     }
 
     fn take_logprobs(&mut self, index: usize) -> Option<CompletionLogprobs> {
@@ -194,6 +202,7 @@ impl Endpoint for CompletionEndpoint {
             object: "text_completion",
             created: self.created,
             model: self.model.clone(),
+            system_fingerprint: self.system_fingerprint.clone(),
             choices: deltas,
             usage,
             kvc,
@@ -271,7 +280,7 @@ mod tests {
     fn echo_comes_first_and_offsets_count_from_it() {
         let t = tok();
         let echo = EchoedPrompt { text: "Say: ".into(), tokens: t.encode("Say: ", false).unwrap() };
-        let mut e = CompletionEndpoint::new("cmpl-x".into(), "m".into(), 1, shape(1, 1, vec![echo], false), t.clone());
+        let mut e = CompletionEndpoint::new("cmpl-x".into(), ("m".into(), "fp_t".into()), 1, shape(1, 1, vec![echo], false), t.clone());
         let ids = t.encode("hello world", false).unwrap();
         let deltas = run(&mut e, 0, &ids, -1.0);
         assert_eq!(deltas[0].text, "Say: ");
@@ -288,7 +297,7 @@ mod tests {
         let t = tok();
         let prompt = t.encode("Say: hi", false).unwrap();
         let echo = EchoedPrompt { text: "Say: hi".into(), tokens: prompt.clone() };
-        let mut e = CompletionEndpoint::new("cmpl-x".into(), "m".into(), 1, shape(1, 1, vec![echo], true), t.clone());
+        let mut e = CompletionEndpoint::new("cmpl-x".into(), ("m".into(), "fp_t".into()), 1, shape(1, 1, vec![echo], true), t.clone());
         assert!(e.start(0).is_empty(), "the echo waits for the prompt's logprobs");
         // The prompt's logprobs arrive in two chunks.
         let scored: Vec<Logprobs> = prompt[1..].iter().map(|&id| lp(id, -2.0)).collect();
@@ -319,7 +328,7 @@ mod tests {
         let t = tok();
         let prompt = t.encode("a b c", false).unwrap();
         let echo = EchoedPrompt { text: "a b c".into(), tokens: prompt.clone() };
-        let mut e = CompletionEndpoint::new("cmpl-x".into(), "m".into(), 1, shape(1, 1, vec![echo], true), t.clone());
+        let mut e = CompletionEndpoint::new("cmpl-x".into(), ("m".into(), "fp_t".into()), 1, shape(1, 1, vec![echo], true), t.clone());
         let scored: Vec<Logprobs> = prompt[1..].iter().map(|&id| lp(id, -1.0)).collect();
         e.prompt_logprobs(0, &scored);
         let (deltas, reason) = e.finish(0, "", FinishReason::Length, None);
@@ -335,7 +344,7 @@ mod tests {
     fn best_of_returns_the_n_best_by_mean_logprob_per_prompt() {
         let t = tok();
         // Two prompts, best_of 3, n 2; logprobs not asked for.
-        let mut e = CompletionEndpoint::new("cmpl-x".into(), "m".into(), 2, shape(2, 3, vec![], false), t.clone());
+        let mut e = CompletionEndpoint::new("cmpl-x".into(), ("m".into(), "fp_t".into()), 2, shape(2, 3, vec![], false), t.clone());
         let a = t.encode(" a", false).unwrap()[0];
         // Prompt 0: candidate 1 is best (mean -0.1), then 2 (-0.5: two tokens), then 0.
         let seqs = [(vec![a], -3.0), (vec![a], -0.1), (vec![a, a], -0.5), (vec![a], -0.2), (vec![a], -0.3), (vec![a], -0.05)];
@@ -356,7 +365,7 @@ mod tests {
 
     #[test]
     fn stream_chunks_carry_text_then_finish_reason() {
-        let mut e = CompletionEndpoint::new("cmpl-x".into(), "m".into(), 1, shape(1, 1, vec![], false), tok());
+        let mut e = CompletionEndpoint::new("cmpl-x".into(), ("m".into(), "fp_t".into()), 1, shape(1, 1, vec![], false), tok());
         assert!(e.start(0).is_empty());
         let delta = e.token(0, 1, "ab", None).unwrap();
         let t = serde_json::to_value(e.chunk(vec![delta], None, None)).unwrap();

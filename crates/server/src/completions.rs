@@ -140,8 +140,13 @@ pub async fn completions(
     let prompt_count = subs.len();
     let generation = submit_prompts(&state, admitted, subs).await?;
     let shape = CompletionShape { n, best_of: plan.best_of, echo: echoed, logprobs: plan.logprobs.is_some() };
-    let endpoint =
-        CompletionEndpoint::new(generation.request_id().to_string(), info.id, prompt_count, shape, Arc::new(state.engine.clone()));
+    let endpoint = CompletionEndpoint::new(
+        generation.request_id().to_string(),
+        (info.id, info.fingerprint),
+        prompt_count,
+        shape,
+        Arc::new(state.engine.clone()),
+    );
     if plan.sampling.stream {
         return Ok(stream_response(&state, generation, endpoint, plan.sampling.include_usage));
     }

@@ -357,6 +357,7 @@ pub struct ChatCompletion {
     pub object: &'static str,
     pub created: u64,
     pub model: String,
+    pub system_fingerprint: String,
     pub choices: Vec<ChatChoice>,
     pub usage: UsageInfo,
     pub kvc: KvcInfo,
@@ -401,6 +402,7 @@ pub struct ChatCompletionChunk {
     pub object: &'static str,
     pub created: u64,
     pub model: String,
+    pub system_fingerprint: String,
     pub choices: Vec<ChatChunkChoice>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub usage: ChunkUsage,
@@ -426,6 +428,7 @@ pub struct Completion {
     pub object: &'static str,
     pub created: u64,
     pub model: String,
+    pub system_fingerprint: String,
     pub choices: Vec<CompletionChoice>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub usage: ChunkUsage,
@@ -517,6 +520,7 @@ mod tests {
                 object: "text_completion",
                 created: 0,
                 model: "m".into(),
+                system_fingerprint: "fp_t".into(),
                 choices: vec![],
                 usage,
                 kvc: None,
