@@ -40,10 +40,11 @@ def _normalize(messages):
     return out
 
 
-def render(messages, tools=None, add_generation_prompt=True, **kwargs) -> str:
+def render(messages, tools=None, add_generation_prompt=True, source=None, **kwargs) -> str:
+    """Renders with Qwen3's template, or with `source` (another template's text)."""
     config = json.loads(CONFIG.read_text())
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
     env.filters["tojson"] = _tojson
-    template = env.from_string(config["chat_template"])
+    template = env.from_string(source if source is not None else config["chat_template"])
     return template.render(messages=_normalize(messages), tools=tools, add_generation_prompt=add_generation_prompt,
                            bos_token=None, eos_token=config.get("eos_token"), **kwargs)

@@ -13,6 +13,8 @@ short.
 
 import json
 
+import jsonschema
+import openai
 import pytest
 
 from conftest import collect_stream
@@ -125,3 +127,62 @@ def test_a_whole_tool_loop_renders_and_answers(coder, model):
                                           extra_body=NO_THINKING)
     assert reply.choices[0].finish_reason in ("stop", "length", "tool_calls")
     assert reply.usage.prompt_tokens > 0
+
+
+# Parameters of every shape the format types: listed values (strings raw,
+# others as JSON; an Optional[Literal] as pydantic writes it), an object and
+# an array (through $defs/$ref), nullable and bounded integers, a boolean.
+# Free text is left out: the random model would write it until max_tokens.
+CONFIGURE_PARAMETERS = {
+    "$defs": {
+        "Limit": {"type": "object", "properties": {"max": {"type": "integer", "minimum": 1, "maximum": 9},
+                                                   "unit": {"enum": ["s", "ms"]}},
+                  "required": ["max", "unit"], "additionalProperties": False},
+    },
+    "type": "object",
+    "properties": {
+        "mode": {"enum": ["fast", "slow", 3]},
+        "level": {"anyOf": [{"enum": ["low", "high"]}, {"type": "null"}]},
+        "limit": {"$ref": "#/$defs/Limit"},
+        "tags": {"type": "array", "items": {"type": "string", "maxLength": 6}, "maxItems": 3},
+        "retries": {"type": ["integer", "null"], "minimum": 0, "maximum": 5},
+        "dry_run": {"type": "boolean"},
+    },
+    "required": ["mode", "level", "limit", "tags", "retries"],
+    "additionalProperties": False,
+}
+CONFIGURE_TOOL = {"type": "function", "function": {"name": "configure", "parameters": CONFIGURE_PARAMETERS}}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "configure"}}])
+def test_forced_xml_calls_follow_the_schema_for_listed_object_array_and_nullable_values(coder, model, stream, tool_choice):
+    validator = jsonschema.Draft202012Validator(CONFIGURE_PARAMETERS)
+    seen = {}
+    for seed in range(4):
+        kw = dict(model=model, messages=QUESTION, tools=[CONFIGURE_TOOL], tool_choice=tool_choice, parallel_tool_calls=False,
+                  max_tokens=400, temperature=1.0, seed=seed, extra_body=NO_THINKING)
+        if stream:
+            content, _, calls, finish = collect_stream(coder.chat.completions.create(stream=True, **kw))
+        else:
+            choice = coder.chat.completions.create(**kw).choices[0]
+            content, finish = choice.message.content, choice.finish_reason
+            calls = [{"name": c.function.name, "arguments": c.function.arguments} for c in choice.message.tool_calls or []]
+        assert [c["name"] for c in calls] == ["configure"], (seed, content, calls, finish)
+        arguments = json.loads(calls[0]["arguments"])
+        # The independent validator: every value, typed back by the parser,
+        # is what the schema allows.
+        errors = [e.message for e in validator.iter_errors(arguments)]
+        assert not errors, (seed, arguments, errors)
+        for key, value in arguments.items():
+            seen.setdefault(key, set()).add(json.dumps(value))
+    # The random model's samples vary: the grammar, not luck, made them valid.
+    assert any(len(values) > 1 for values in seen.values()), seen
+
+
+def test_a_listed_value_the_format_cannot_write_is_refused_naming_tools(coder, model):
+    tool = {"type": "function", "function": {"name": "close", "parameters": {
+        "type": "object", "properties": {"tag": {"enum": ["</parameter>"]}}}}}
+    with pytest.raises(openai.BadRequestError) as e:
+        coder.chat.completions.create(model=model, messages=QUESTION, tools=[tool], tool_choice="required", max_tokens=5)
+    assert e.value.body["param"] == "tools" and "tag" in e.value.body["message"], e.value.body

@@ -55,6 +55,9 @@ pub const HALF_THE_POOL: usize = usize::MAX;
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
     pub model: ModelSource,
+    /// A chat template that replaces the model's (`--chat-template`: its
+    /// source text).
+    pub chat_template: Option<String>,
     pub load_format: LoadFormat,
     /// Name reported by `/v1/models` and accepted in requests; defaults to the
     /// model path / hub id, or `kvc-default` for the embedded model.
@@ -141,6 +144,7 @@ impl Default for EngineConfig {
     fn default() -> Self {
         Self {
             model: ModelSource::Embedded,
+            chat_template: None,
             load_format: LoadFormat::Auto,
             served_model_name: None,
             revision: None,

@@ -135,10 +135,14 @@ pub(crate) fn load(config: &EngineConfig) -> Result<Loaded, EngineError> {
     }
     #[cfg(feature = "cuda")]
     model.warm_up_attention(config.max_num_batched_tokens);
-    let tokenizer = match &dir {
+    let mut tokenizer = match &dir {
         None => TextTokenizer::embedded_qwen3()?,
         Some(d) => TextTokenizer::from_dir(d)?,
     };
+    if let Some(source) = &config.chat_template {
+        tokenizer = tokenizer.with_chat_template(source.clone());
+        tracing::info!(bytes = source.len(), "chat template: the --chat-template one replaces the model's");
+    }
     let template = tokenizer.chat_template_source().map(ChatTemplate::new).transpose()?;
     let mut eos_token_ids = tokenizer.eos_token_ids();
     for id in &model_config.eos_token_ids {

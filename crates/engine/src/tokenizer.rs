@@ -197,9 +197,17 @@ impl TextTokenizer {
         self.eos_ids.clone()
     }
 
-    /// The `chat_template` from tokenizer_config.json (or chat_template.jinja).
+    /// The `chat_template` from tokenizer_config.json (or chat_template.jinja),
+    /// or the one that replaced it ([`Self::with_chat_template`]).
     pub fn chat_template_source(&self) -> Option<&str> {
         self.chat_template.as_deref()
+    }
+
+    /// This tokenizer with `source` as its chat template instead of the
+    /// model's (`--chat-template`).
+    pub fn with_chat_template(mut self, source: String) -> Self {
+        self.chat_template = Some(source);
+        self
     }
 
     /// tokenizer_config.json's `bos_token` (None for Qwen3).

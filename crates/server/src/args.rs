@@ -5,7 +5,7 @@ use clap::{Parser, ValueEnum};
 use kvc_engine::{EngineConfig, LoadFormat, ModelSource};
 
 mod serving;
-pub use serving::{KeyFile, ServingArgs, ToolCallParserArg};
+pub use serving::{ChatTemplateArg, KeyFile, ServingArgs, ToolCallParserArg};
 
 /// Which part a `kvc-server` process plays (README, "Disaggregated serving").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -329,6 +329,9 @@ impl Args {
                 Err("--role router needs at least one --decode-peer URL (a decode or both worker)".into())
             }
             Role::Decode if d.prefill_peers.is_empty() => Err("--role decode needs at least one --prefill-peer URL".into()),
+            Role::Router if self.serving.chat_template.is_some() => {
+                Err("--role router takes no --chat-template: the workers render the prompts (give it to each of them)".into())
+            }
             Role::Prefill | Role::Decode | Role::Router if self.serving.cluster_token.as_deref().unwrap_or("").is_empty() => Err(format!(
                 "--role {} needs --cluster-token (or KVC_CLUSTER_TOKEN): worker-to-worker calls are authenticated",
                 self.role_name()
@@ -344,6 +347,7 @@ impl Args {
     pub fn engine_config(&self) -> EngineConfig {
         EngineConfig {
             model: ModelSource::parse(self.model.as_deref()),
+            chat_template: self.serving.chat_template.as_ref().map(|t| t.0.clone()),
             load_format: match self.load_format {
                 LoadFormatArg::Auto => LoadFormat::Auto,
                 LoadFormatArg::Dummy => LoadFormat::Dummy,

@@ -58,6 +58,9 @@ kvc-server --model Qwen/Qwen3-Coder-30B-A3B-Instruct --served-model-name qwen3-c
   chat template too. Tool calls are parsed whenever a request has tools and
   `tool_choice` is not `\"none\"`: vLLM's `--enable-auto-tool-choice` is
   accepted, so vLLM command lines carry over, and changes nothing.
+- `--chat-template FILE` (vLLM's flag) serves another template than the
+  checkpoint's, e.g. the July 2025 revision that GGUF conversions embed;
+  `--tool-call-parser auto` then reads the format off that file.
 - `--max-model-len`: the checkpoint's window is 262,144 tokens; its KV is
   96 KiB a token (12 GiB for a 131,072-token sequence), so size
   `--kv-cache-memory` / `--num-kv-blocks` for the sessions to keep.

@@ -67,4 +67,5 @@ pub mod tenant;
 pub mod tool_grammar_qwen3_coder;
 pub mod tool_parser;
 pub mod tool_parser_qwen3_coder;
+pub mod tool_schema_qwen3_coder;
 pub mod worker_state;

@@ -259,7 +259,7 @@ const ARGUMENTS_AT: &str = "#/properties/arguments";
 /// (`properties`, `$defs`, ...) are schemas whatever their names (a
 /// property may be called `default`). Other references (remote, anchors)
 /// are kept: llguidance refuses them as it would unwrapped.
-fn rebase_refs(schema: &mut Value, base: &str) {
+pub(crate) fn rebase_refs(schema: &mut Value, base: &str) {
     let Value::Object(keywords) = schema else { return };
     for (key, value) in keywords.iter_mut() {
         match (key.as_str(), value) {

@@ -33,14 +33,20 @@
 //! - names and keys run to `>` and are trimmed; an empty one, or one with
 //!   `<` or a newline (a lost `>`), makes the block malformed;
 //! - values are typed by the tool's JSON schema,
-//!   `parameters.properties[KEY].type` (for a list of types, the first that
-//!   is not `"null"`), with vLLM's type names: the text `null` (any case)
-//!   is `null` for every key; string types keep the text; integer and
+//!   `parameters.properties[KEY]`, read through local `$ref`s, `anyOf` /
+//!   `oneOf` and type lists as [`crate::tool_schema_qwen3_coder`] reads
+//!   them for the grammar of forced calls: a value the schema lists
+//!   (`enum`, `const`) is read back as that value (a string member as its
+//!   text, another as its JSON); then the text `null` (any case) is `null`
+//!   for every key; then the type decides, with vLLM's type names (a list
+//!   of types: [`conversion_type`]): string types keep the text; integer and
 //!   number types parse (a number with no fraction is an integer) and keep
 //!   the text when they do not; booleans are `true`/`false` in any case,
 //!   else the text (vLLM gives `false`); object, array and unknown types
 //!   parse as JSON, else the text (vLLM also tries Python literals); a key
-//!   not in the schema, or a tool not in `tools`, keeps the text;
+//!   not in the schema, or a tool not in `tools`, keeps the text. vLLM
+//!   reads only `type`; the `$ref`, `anyOf` and `enum` readings are kvc's,
+//!   so that forced calls come back as the values their grammar allowed;
 //! - `arguments` is a JSON object in the order the keys came (a repeated
 //!   key keeps its first place and its last value, as a Python dict);
 //! - a block with no function, or malformed, comes back as the text it
@@ -60,6 +66,7 @@ use std::collections::HashMap;
 use serde_json::{Map, Value};
 
 use crate::tool_parser::{ParsedToolCall, ToolOutput, TOOL_CALL_END, TOOL_CALL_START};
+use crate::tool_schema_qwen3_coder::{choices, conversion_type, listed_value, resolve, types};
 
 pub const FUNCTION_START: &str = "<function=";
 pub const FUNCTION_END: &str = "</function>";
@@ -95,8 +102,8 @@ struct RawCall {
 
 #[derive(Debug, Clone, Default)]
 pub struct Qwen3CoderParser {
-    /// Tool name -> its `parameters.properties`.
-    schemas: HashMap<String, Map<String, Value>>,
+    /// Tool name -> its schema.
+    schemas: HashMap<String, ToolSchema>,
     scan: Scan,
     /// Outside: text that may start a block. Inside: the block so far,
     /// after `<tool_call>`.
@@ -291,7 +298,10 @@ impl Qwen3CoderParser {
         let schema = self.schemas.get(&raw.name);
         let mut args: Vec<(String, Value)> = Vec::new();
         for (key, text) in raw.params {
-            let value = typed_value(&text, schema.and_then(|s| s.get(&key)));
+            let value = match schema {
+                Some(s) => typed_value(&text, s.properties.get(&key), &s.parameters),
+                None => typed_value(&text, None, &Value::Null),
+            };
             match args.iter_mut().find(|(k, _)| *k == key) {
                 Some(slot) => slot.1 = value,
                 None => args.push((key, value)),
@@ -310,9 +320,17 @@ const _: () = assert!(
         && LONGEST_TAG >= TOOL_CALL_END.len()
 );
 
-/// Tool name -> `parameters.properties` (or `parameters` itself when it
-/// has no `properties`, as vLLM reads it); the first tool of a name wins.
-fn schemas(tools: &[Value]) -> HashMap<String, Map<String, Value>> {
+/// A tool's `parameters` (the root its `$ref`s resolve in) and its
+/// `properties` (or `parameters` itself when it has no `properties`, as
+/// vLLM reads it).
+#[derive(Debug, Clone)]
+struct ToolSchema {
+    parameters: Value,
+    properties: Map<String, Value>,
+}
+
+/// Tool name -> its schema; the first tool of a name wins.
+fn schemas(tools: &[Value]) -> HashMap<String, ToolSchema> {
     let mut out = HashMap::new();
     for tool in tools {
         if tool.get("type").is_some_and(|t| t != "function") {
@@ -320,28 +338,32 @@ fn schemas(tools: &[Value]) -> HashMap<String, Map<String, Value>> {
         }
         let Some(function) = tool.get("function") else { continue };
         let Some(name) = function.get("name").and_then(Value::as_str) else { continue };
-        let properties = match function.get("parameters") {
-            Some(Value::Object(params)) => params.get("properties").and_then(Value::as_object).unwrap_or(params).clone(),
+        let parameters = function.get("parameters").filter(|p| p.is_object()).cloned().unwrap_or(Value::Null);
+        let properties = match &parameters {
+            Value::Object(params) => params.get("properties").and_then(Value::as_object).unwrap_or(params).clone(),
             _ => Map::new(),
         };
-        out.entry(name.to_string()).or_insert(properties);
+        out.entry(name.to_string()).or_insert(ToolSchema { parameters, properties });
     }
     out
 }
 
-/// A value's text typed by its property schema (`None`: not in the schema).
-fn typed_value(text: &str, schema: Option<&Value>) -> Value {
+/// A value's text typed by its property schema (`None`: not in the
+/// schema); `root` is the tool's `parameters`, where `$ref`s resolve.
+fn typed_value(text: &str, schema: Option<&Value>, root: &Value) -> Value {
     let as_text = || Value::String(text.to_string());
+    if let Some(v) = schema.and_then(|s| choices(s, root)).and_then(|members| listed_value(text, &members)) {
+        return v;
+    }
     if text.eq_ignore_ascii_case("null") {
         return Value::Null;
     }
     let Some(schema) = schema else { return as_text() };
+    let schema = resolve(schema, root).unwrap_or(schema);
     let ty = match schema.get("type") {
-        Some(Value::String(t)) => t.trim().to_ascii_lowercase(),
-        Some(Value::Array(ts)) => {
-            ts.iter().filter_map(Value::as_str).find(|t| *t != "null").unwrap_or("string").trim().to_ascii_lowercase()
-        }
-        _ => "string".to_string(),
+        Some(Value::String(t)) => conversion_type(&[t.as_str()]),
+        Some(Value::Array(ts)) => conversion_type(&ts.iter().filter_map(Value::as_str).collect::<Vec<_>>()),
+        _ => conversion_type(&types(schema, root).unwrap_or_default()),
     };
     let trimmed = text.trim();
     match ty.as_str() {

@@ -82,6 +82,15 @@ pub struct ServingArgs {
     #[arg(long, value_enum, default_value_t = ToolCallParserArg::Auto)]
     pub tool_call_parser: ToolCallParserArg,
 
+    /// The chat template that renders chat requests instead of the model's
+    /// (vLLM's flag): a path to a Jinja file, or the template itself (an
+    /// argument holding `{`, `}` or a newline that is not a readable file;
+    /// its backslash escapes such as `\n` are decoded, as vLLM decodes
+    /// them). `--tool-call-parser auto` reads this template. A path that
+    /// cannot be read, or a template that does not compile, stops the start.
+    #[arg(long, value_parser = parse_chat_template)]
+    pub chat_template: Option<ChatTemplateArg>,
+
     /// Accepted so that vLLM command lines carry over, and changes nothing:
     /// kvc always returns the model's tool calls as `tool_calls` when a
     /// request has tools and `tool_choice` is not "none" (vLLM needs this
@@ -109,6 +118,90 @@ impl ToolCallParserArg {
             Self::Auto => ToolCallFormat::of_template(template),
         }
     }
+}
+
+/// A `--chat-template`: the template's source text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChatTemplateArg(pub String);
+
+/// vLLM's reading of `--chat-template`: the file at that path; if it
+/// cannot be read, an argument with none of `{`, `}` and a newline is a
+/// path that failed (refused), any other is the template itself, its
+/// escapes decoded ([`decode_escapes`]). The template must compile.
+fn parse_chat_template(arg: &str) -> Result<ChatTemplateArg, String> {
+    let source = match std::fs::read_to_string(arg) {
+        Ok(text) => text,
+        Err(e) if !arg.contains(['{', '}', '\n']) => {
+            return Err(format!("{arg:?} looks like a file path, but it cannot be read: {e}"));
+        }
+        Err(_) => decode_escapes(arg)?,
+    };
+    kvc_engine::chat_template::ChatTemplate::new(&source).map_err(|e| format!("the chat template does not compile: {e}"))?;
+    Ok(ChatTemplateArg(source))
+}
+
+/// Python's `unicode_escape` decoding, which vLLM applies to an inline
+/// template: `\\`, `\'`, `\"`, `\a`, `\b`, `\f`, `\n`, `\r`, `\t`, `\v`,
+/// octal `\ooo`, `\xhh`, `\uhhhh`, `\Uhhhhhhhh`, and a backslash before a
+/// newline drops both; any other escape is kept as written. Unlike Python,
+/// characters beyond ASCII are kept as they are (Python reads their UTF-8
+/// bytes as Latin-1).
+fn decode_escapes(s: &str) -> Result<String, String> {
+    let mut out = String::with_capacity(s.len());
+    let mut chars = s.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c != '\\' {
+            out.push(c);
+            continue;
+        }
+        let Some(e) = chars.next() else {
+            return Err("the inline chat template ends with a lone backslash".into());
+        };
+        let simple = match e {
+            '\\' | '\'' | '"' => Some(e),
+            'a' => Some('\u{7}'),
+            'b' => Some('\u{8}'),
+            'f' => Some('\u{c}'),
+            'n' => Some('\n'),
+            'r' => Some('\r'),
+            't' => Some('\t'),
+            'v' => Some('\u{b}'),
+            _ => None,
+        };
+        if let Some(ch) = simple {
+            out.push(ch);
+            continue;
+        }
+        let hex = |chars: &mut std::iter::Peekable<std::str::Chars>, n: usize| -> Result<char, String> {
+            let digits: String = (0..n).filter_map(|_| chars.next_if(char::is_ascii_hexdigit)).collect();
+            u32::from_str_radix(&digits, 16)
+                .ok()
+                .filter(|_| digits.len() == n)
+                .and_then(char::from_u32)
+                .ok_or_else(|| format!("the inline chat template has a malformed \\{e} escape"))
+        };
+        match e {
+            '\n' => {}
+            'x' => out.push(hex(&mut chars, 2)?),
+            'u' => out.push(hex(&mut chars, 4)?),
+            'U' => out.push(hex(&mut chars, 8)?),
+            '0'..='7' => {
+                let mut value = e.to_digit(8).unwrap_or(0);
+                for _ in 0..2 {
+                    match chars.next_if(|d| d.is_digit(8)) {
+                        Some(d) => value = value * 8 + d.to_digit(8).unwrap_or(0),
+                        None => break,
+                    }
+                }
+                out.push(char::from_u32(value).unwrap_or('\u{fffd}'));
+            }
+            other => {
+                out.push('\\');
+                out.push(other);
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// The keys of an `--api-key-file`.
@@ -196,6 +289,43 @@ mod tests {
         assert_eq!(with.serving.tool_call_parser, ToolCallParserArg::Qwen3Coder);
         let without = crate::args::Args::try_parse_from(["kvc-server", "--tool-call-parser", "qwen3_coder"]).unwrap();
         assert!(with.serving.server_config() == without.serving.server_config());
+    }
+
+    fn chat_template(args: &[&str]) -> Result<Option<String>, String> {
+        let argv = ["kvc-server"].iter().chain(args).copied();
+        crate::args::Args::try_parse_from(argv).map(|a| a.serving.chat_template.map(|t| t.0)).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn chat_template_reads_a_file_or_takes_an_inline_template_as_vllm_does() {
+        let dir = std::env::temp_dir().join(format!("kvc-chat-template-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("t.jinja");
+        // A file's text is taken as it is: no escapes decoded.
+        std::fs::write(&file, "{% for m in messages %}{{ m.content }}\\n{% endfor %}").unwrap();
+        let path = file.to_str().unwrap();
+        assert_eq!(
+            chat_template(&["--chat-template", path]).unwrap().as_deref(),
+            Some("{% for m in messages %}{{ m.content }}\\n{% endfor %}")
+        );
+        // Inline: Python's unicode_escape (vLLM's codecs.decode).
+        let inline = r"{{ messages[0].content }}\n\t\x41\u00e9\101\q\\";
+        assert_eq!(chat_template(&["--chat-template", inline]).unwrap().as_deref(), Some("{{ messages[0].content }}\n\tA\u{e9}A\\q\\"));
+        assert_eq!(chat_template(&[]).unwrap(), None);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn an_unreadable_or_broken_chat_template_is_refused_naming_the_flag() {
+        for (arg, why) in [
+            ("/no/such/template.jinja", "looks like a file path"),
+            ("/", "looks like a file path"),
+            ("{% if %}", "does not compile"),
+            ("{{ x }}\\xZZ", "malformed"),
+        ] {
+            let e = chat_template(&["--chat-template", arg]).unwrap_err();
+            assert!(e.contains("--chat-template") && e.contains(why), "{arg}: {e}");
+        }
     }
 
     #[test]
