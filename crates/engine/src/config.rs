@@ -98,6 +98,9 @@ pub struct EngineConfig {
     /// took longer, the next steps run the decodes alone while prefill has
     /// slack (`kvc_policy::step_kind`; None: never).
     pub itl_target_ms: Option<f64>,
+    /// Seconds of waiting prefill (at the measured rate) up to which those
+    /// decode-only steps are taken (`kvc_policy::step_kind::BACKLOG_SLACK_S`).
+    pub itl_backlog_slack_s: f64,
     /// KV growth, in tokens, reserved at admission for each running
     /// sequence (see kvc-scheduler).
     pub growth_reserve_tokens: usize,
@@ -162,6 +165,7 @@ impl Default for EngineConfig {
             long_prefill_token_threshold: None,
             max_step_ms: Some(DEFAULT_MAX_STEP_MS),
             itl_target_ms: None,
+            itl_backlog_slack_s: kvc_policy::step_kind::BACKLOG_SLACK_S,
             growth_reserve_tokens: kvc_scheduler::DEFAULT_GROWTH_RESERVE_TOKENS,
             max_head_of_line_steps: kvc_scheduler::DEFAULT_MAX_HEAD_OF_LINE_STEPS,
             max_model_len: None,

@@ -231,7 +231,7 @@ impl EngineLoop {
             inbox,
             drained_tokens: 0,
             step_budget,
-            step_kinds: step_kinds::StepKinds::new(config.itl_target_ms),
+            step_kinds: step_kinds::StepKinds::new(config.itl_target_ms, config.itl_backlog_slack_s),
             write_back_watermark,
             watchdog: Watchdog::default(),
             stalled: false,

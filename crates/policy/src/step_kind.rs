@@ -24,8 +24,9 @@
 /// Decode-only steps after each mixed step that went over the target.
 pub const DECODE_ONLY_PER_MIXED: usize = 2;
 
-/// Seconds of waiting prefill (at the measured rate beside decodes) up to
-/// which decode-only steps are interleaved: a prompt arriving then waits
+/// Default seconds of waiting prefill (at the measured rate beside
+/// decodes) up to which decode-only steps are interleaved
+/// ([`StepKindInputs::backlog_slack_s`]): a prompt arriving then waits
 /// about this long for its first token, stretched by the decode-only steps
 /// (a third at [`DECODE_ONLY_PER_MIXED`] = 2 beside 100 ms mixed steps).
 pub const BACKLOG_SLACK_S: f64 = 0.5;
@@ -48,6 +49,9 @@ pub struct StepKindInputs {
     pub decode_only_s: f64,
     /// Decode-only steps taken since the last mixed step.
     pub decode_only_since_mixed: usize,
+    /// Seconds of waiting prefill up to which decode-only steps are taken
+    /// ([`BACKLOG_SLACK_S`] by default).
+    pub backlog_slack_s: f64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -81,7 +85,7 @@ pub enum StepKindReason {
     MixedWithinTarget,
     /// A decode-only step would not meet the target either.
     DecodeOnlyOverTarget,
-    /// The waiting prefill exceeds [`BACKLOG_SLACK_S`] (or its rate is not
+    /// The waiting prefill exceeds the backlog slack (or its rate is not
     /// measured yet).
     Backlog,
     /// [`DECODE_ONLY_PER_MIXED`] decode-only steps ran since the last mixed one.
@@ -138,8 +142,8 @@ pub struct StepKindDecision {
 
 /// Mixed unless the last mixed step went over the ITL target, a
 /// decode-only step meets it, fewer than [`DECODE_ONLY_PER_MIXED`]
-/// decode-only steps ran since, and the waiting prefill fits in
-/// [`BACKLOG_SLACK_S`] at the measured rate (module doc).
+/// decode-only steps ran since, and the waiting prefill fits in the
+/// backlog slack at the measured rate (module doc).
 pub fn decide_step_kind(i: &StepKindInputs) -> StepKindDecision {
     let reason = match i.itl_target_s {
         None => StepKindReason::NoTarget,
@@ -148,7 +152,7 @@ pub fn decide_step_kind(i: &StepKindInputs) -> StepKindDecision {
         Some(t) if i.last_mixed_s.is_none_or(|s| s <= t) => StepKindReason::MixedWithinTarget,
         Some(t) if i.decode_only_s > t => StepKindReason::DecodeOnlyOverTarget,
         Some(_) if i.decode_only_since_mixed >= DECODE_ONLY_PER_MIXED => StepKindReason::Interleaved,
-        Some(_) if !(i.prefill_tokens_per_s > 0.0 && i.prefill_tokens as f64 / i.prefill_tokens_per_s <= BACKLOG_SLACK_S) => {
+        Some(_) if !(i.prefill_tokens_per_s > 0.0 && i.prefill_tokens as f64 / i.prefill_tokens_per_s <= i.backlog_slack_s) => {
             StepKindReason::Backlog
         }
         Some(_) => StepKindReason::Interleave,
@@ -172,6 +176,7 @@ mod tests {
             last_mixed_s: Some(0.1),
             decode_only_s: 0.018,
             decode_only_since_mixed: 0,
+            backlog_slack_s: BACKLOG_SLACK_S,
         }
     }
 
@@ -236,6 +241,7 @@ mod tests {
                                         last_mixed_s: last,
                                         decode_only_s,
                                         decode_only_since_mixed: since,
+                                        backlog_slack_s: BACKLOG_SLACK_S,
                                     };
                                     let d = decide_step_kind(&i);
                                     assert!(table.contains(&(d.kind, d.reason)), "{d:?}");

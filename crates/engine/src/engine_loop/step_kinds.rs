@@ -14,14 +14,15 @@ use crate::step_budget::{StepBudget, StepShape};
 pub(super) struct StepKinds {
     /// `--itl-target-ms` in seconds (None: off).
     itl_target_s: Option<f64>,
+    backlog_slack_s: f64,
     last_mixed_s: Option<f64>,
     decode_only_since_mixed: usize,
     counts: HashMap<StepKindReason, u64>,
 }
 
 impl StepKinds {
-    pub(super) fn new(itl_target_ms: Option<f64>) -> Self {
-        Self { itl_target_s: itl_target_ms.filter(|ms| *ms > 0.0).map(|ms| ms / 1e3), ..Default::default() }
+    pub(super) fn new(itl_target_ms: Option<f64>, backlog_slack_s: f64) -> Self {
+        Self { itl_target_s: itl_target_ms.filter(|ms| *ms > 0.0).map(|ms| ms / 1e3), backlog_slack_s, ..Default::default() }
     }
 
     /// Decides the next step's kind, logs and counts it.
@@ -35,6 +36,7 @@ impl StepKinds {
             last_mixed_s: self.last_mixed_s,
             decode_only_s: budget.predict(&StepShape { decodes, decode_context, prefill: Vec::new() }),
             decode_only_since_mixed: self.decode_only_since_mixed,
+            backlog_slack_s: self.backlog_slack_s,
         };
         let d = decide_step_kind(&inputs);
         *self.counts.entry(d.reason).or_default() += 1;
