@@ -276,8 +276,8 @@ impl GrammarCompiler {
             .factory
             .create_parser_from_init_ext(GrammarInit::Serialized(top), Logger::new(0, 0), InferenceCapabilities::default(), limits(bytes))
             .map_err(|e| bad(keyword_error(budget_error(&e.to_string(), fuel, bytes))))?;
-        // What llguidance relaxed (`lenient`, `coerce_one_of`): logged, as
-        // vLLM logs its matcher's warnings.
+        // What llguidance relaxed (`lenient`, `coerce_one_of`): its
+        // warnings, logged with kvc's own (unknown formats).
         relaxed.extend(parser.parser.grammar_warnings());
         for r in &relaxed {
             tracing::warn!(event = "schema_relaxed", relaxed = %r, "structured output: not enforced");
