@@ -177,6 +177,40 @@ def test_strict_refuses_keywords_it_cannot_enforce(client, model):
     assert isinstance(items, list) and len(items) <= 2 and set(items) <= {1, 2, 3}
 
 
+SHAPES = {"oneOf": [
+    {"type": "object", "properties": {"kind": {"const": "circle"}, "r": {"type": "integer", "minimum": 1, "format": "int64"}},
+     "required": ["kind", "r"], "additionalProperties": False},
+    {"type": "object", "properties": {"kind": {"const": "square"}, "side": {"type": "integer", "minimum": 1}},
+     "required": ["kind", "side"], "additionalProperties": False},
+    {"type": "string", "format": "my-own-format", "maxLength": 8},
+]}
+
+
+def test_one_of_that_cannot_overlap_and_unknown_formats_are_accepted_under_strict(client, model):
+    """llguidance proves the branches disjoint (so `oneOf` is `anyOf`
+    exactly); the unknown formats are dropped. Every answer validates,
+    `oneOf` included (jsonschema, formats unasserted as by default)."""
+    fmt = {"type": "json_schema", "json_schema": {"name": "shape", "strict": True, "schema": SHAPES}}
+    for seed in range(6):
+        r = chat(client, model, seed, response_format=fmt)
+        assert r.choices[0].finish_reason == "stop", r.choices[0].message.content
+        jsonschema.validate(json.loads(r.choices[0].message.content), SHAPES)
+
+
+def test_an_overlapping_one_of_is_refused_under_strict_and_taken_as_any_of_without(client, model):
+    # 3 to 5 match both branches: only `anyOf` can be enforced.
+    schema = {"oneOf": [{"type": "integer", "minimum": 0, "maximum": 5}, {"type": "integer", "minimum": 3, "maximum": 9}]}
+    fmt = lambda strict: {"type": "json_schema", "json_schema": {"name": "n", "strict": strict, "schema": schema}}  # noqa: E731
+    with pytest.raises(openai.BadRequestError) as e:
+        chat(client, model, 0, response_format=fmt(True))
+    assert e.value.status_code == 400 and e.value.body["param"] == "response_format"
+    assert "oneOf" in e.value.message and "anyOf" in e.value.message
+    for seed in range(3):
+        r = chat(client, model, seed, response_format=fmt(False), max_tokens=30)
+        assert r.choices[0].finish_reason == "stop", r.choices[0].message.content
+        jsonschema.validate(json.loads(r.choices[0].message.content), {"anyOf": schema["oneOf"]})
+
+
 def test_masks_are_counted_in_metrics(server, client, model):
     before = server.metrics()
     r = chat(client, model, 0, extra_body={"guided_choice": ["alpha", "beta"]})

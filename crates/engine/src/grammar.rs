@@ -30,23 +30,90 @@ use kvc_wire::{Constraint, Grammar, ReasoningGate};
 /// Free whitespace lets a model pad forever (vLLM grew
 /// `disable_any_whitespace` for that); this layout is also the one Qwen3's
 /// tool calls use.
+///
+/// Without `strict`, what llguidance cannot enforce exactly is relaxed
+/// (`lenient`: unimplemented keywords ignored; `coerce_one_of`: a `oneOf`
+/// whose branches may overlap taken as `anyOf`) and logged
+/// ([`CompiledGrammar::relaxed`]); with it, that is a compile error. A
+/// `oneOf` whose branches cannot overlap is `anyOf` either way (llguidance
+/// proves it), and an unknown `format` is dropped either way
+/// ([`with_json_options`]).
 pub fn json_options(strict: bool) -> JsonCompileOptions {
     JsonCompileOptions {
         item_separator: ", ".into(),
         key_separator: ": ".into(),
         whitespace_flexible: false,
+        coerce_one_of: !strict,
         lenient: !strict,
         ..Default::default()
     }
 }
 
+/// The string `format`s llguidance enforces (its `lookup_format`, not
+/// public); `schema_formats_llguidance_knows_compile_under_strict` fails
+/// if an upgrade drops one.
+pub const LLGUIDANCE_FORMATS: &[&str] =
+    &["date-time", "time", "date", "duration", "email", "hostname", "ipv4", "ipv6", "uuid", "uri", "unknown"];
+
 /// Puts the default JSON options into a schema (kept if the schema has its
 /// own `x-guidance`). For schemas embedded in a Lark grammar (`%json`).
-pub fn with_json_options(mut schema: Value, strict: bool) -> Value {
-    if schema.is_object() && schema.get("x-guidance").is_none() {
-        json_options(strict).apply_to(&mut schema);
+/// A `format` llguidance does not know is removed, strict or not, and
+/// logged: JSON Schema makes `format` an annotation unless a validator
+/// opts in to asserting it, so the answer still validates (llguidance's
+/// `lenient` does the same, but also ignores every other keyword).
+pub fn with_json_options(schema: Value, strict: bool) -> Value {
+    let (schema, dropped) = prepare_schema(schema, strict);
+    for d in &dropped {
+        tracing::warn!(event = "schema_relaxed", relaxed = %d, "structured output: not enforced");
     }
     schema
+}
+
+/// [`with_json_options`] without the log: the schema and what was dropped
+/// from it (`unknown format "int32" ignored`, ...).
+fn prepare_schema(mut schema: Value, strict: bool) -> (Value, Vec<String>) {
+    let mut dropped = Vec::new();
+    if schema.is_object() && schema.get("x-guidance").is_none() {
+        drop_unknown_formats(&mut schema, &mut dropped);
+        json_options(strict).apply_to(&mut schema);
+    }
+    (schema, dropped)
+}
+
+/// Removes `format` keywords whose (string) value llguidance does not
+/// know, from every subschema; data (`const`, `enum`, `default`,
+/// `examples`) is left alone, and the members of name maps (`properties`,
+/// `$defs`, ...) are schemas whatever their names.
+fn drop_unknown_formats(schema: &mut Value, dropped: &mut Vec<String>) {
+    let Value::Object(keywords) = schema else { return };
+    if let Some(Value::String(f)) = keywords.get("format") {
+        if !LLGUIDANCE_FORMATS.contains(&f.as_str()) {
+            dropped.push(format!("unknown format {f:?} ignored"));
+            keywords.remove("format");
+        }
+    }
+    for (key, value) in keywords.iter_mut() {
+        match (key.as_str(), value) {
+            ("const" | "enum" | "default" | "examples" | "x-guidance", _) => {}
+            ("properties" | "patternProperties" | "$defs" | "definitions" | "dependentSchemas" | "dependencies", Value::Object(named)) => {
+                named.values_mut().for_each(|s| drop_unknown_formats(s, dropped));
+            }
+            (_, Value::Array(items)) => items.iter_mut().for_each(|s| drop_unknown_formats(s, dropped)),
+            (_, other) => drop_unknown_formats(other, dropped),
+        }
+    }
+}
+
+/// A compile error in the words of a client who sent `strict: true`: which
+/// keyword could not be enforced, and that without `strict` it is relaxed.
+fn keyword_error(e: String) -> String {
+    if e.contains("oneOf constraints are not supported") {
+        "`oneOf` whose branches may overlap cannot be enforced exactly (strict); without strict it is treated as `anyOf`".into()
+    } else if e.contains("Unimplemented keys") || e.contains("min/maxProperties") {
+        format!("{e}: these keywords cannot be enforced exactly (strict); without strict they are ignored")
+    } else {
+        e
+    }
 }
 
 /// The tokenizer as llguidance sees it: token bytes in a trie, and our own
@@ -189,13 +256,16 @@ impl GrammarCompiler {
         if bytes > MAX_GRAMMAR_BYTES {
             return Err(bad(format!("it is {bytes} bytes, more than the {} KiB this server compiles", MAX_GRAMMAR_BYTES / 1024)));
         }
+        let mut relaxed = Vec::new();
         let top = match &c.grammar {
             Grammar::JsonSchema { schema, strict } => {
                 let schema: Value = serde_json::from_str(schema).map_err(|e| bad(format!("the JSON schema is not JSON: {e}")))?;
                 if !schema.is_object() && !schema.is_boolean() {
                     return Err(bad("a JSON schema must be an object".into()));
                 }
-                TopLevelGrammar::from_json_schema(with_json_options(schema, *strict))
+                let (schema, formats) = prepare_schema(schema, *strict);
+                relaxed.extend(formats);
+                TopLevelGrammar::from_json_schema(schema)
             }
             Grammar::Lark(text) => TopLevelGrammar::from_lark(text.clone()),
             Grammar::Regex(rx) => TopLevelGrammar::from_regex(rx),
@@ -205,7 +275,13 @@ impl GrammarCompiler {
         let mut parser = self
             .factory
             .create_parser_from_init_ext(GrammarInit::Serialized(top), Logger::new(0, 0), InferenceCapabilities::default(), limits(bytes))
-            .map_err(|e| over_budget(&e.to_string()))?;
+            .map_err(|e| bad(keyword_error(budget_error(&e.to_string(), fuel, bytes))))?;
+        // What llguidance relaxed (`lenient`, `coerce_one_of`): its
+        // warnings, logged with kvc's own (unknown formats).
+        relaxed.extend(parser.parser.grammar_warnings());
+        for r in &relaxed {
+            tracing::warn!(event = "schema_relaxed", relaxed = %r, "structured output: not enforced");
+        }
         parser.start_without_prompt();
         // The first mask, now: a grammar that can match nothing (a regex
         // like `[^\s\S]`, a rule that only recurses) fails here, as a 400
@@ -229,7 +305,7 @@ impl GrammarCompiler {
             ReasoningGate::Off => None,
             _ => self.think,
         };
-        Ok(CompiledGrammar { matcher, reasoning: if think.is_some() { c.reasoning } else { ReasoningGate::Off }, think })
+        Ok(CompiledGrammar { matcher, reasoning: if think.is_some() { c.reasoning } else { ReasoningGate::Off }, think, relaxed })
     }
 
     /// Number of tokens the masks cover (the tokenizer's vocabulary; logits
@@ -246,11 +322,21 @@ pub struct CompiledGrammar {
     pub(crate) reasoning: ReasoningGate,
     /// `<think>` / `</think>` ids when the grammar waits for reasoning.
     pub(crate) think: Option<(u32, u32)>,
+    relaxed: Vec<String>,
+}
+
+impl CompiledGrammar {
+    /// What of the grammar is not enforced (one line each, as logged):
+    /// unknown `format`s, and without `strict` llguidance's warnings
+    /// (`Unimplemented keys: ["uniqueItems"]`, `oneOf` taken as `anyOf`).
+    pub fn relaxed(&self) -> &[String] {
+        &self.relaxed
+    }
 }
 
 impl Clone for CompiledGrammar {
     fn clone(&self) -> Self {
-        Self { matcher: self.matcher.deep_clone(), reasoning: self.reasoning, think: self.think }
+        Self { matcher: self.matcher.deep_clone(), reasoning: self.reasoning, think: self.think, relaxed: self.relaxed.clone() }
     }
 }
 

@@ -363,3 +363,132 @@ fn a_long_forced_string_comes_out_exactly() {
     }
     assert_eq!(tok.decode(&out, false).unwrap(), json!(text).to_string());
 }
+
+/// `text` is a complete answer of `g` (token by token, then EOS allowed).
+fn accepts(c: &GrammarCompiler, tok: &TextTokenizer, g: &Grammar, text: &str) -> bool {
+    let compiled = c.compile(&constraint(g.clone())).expect("the grammar compiles");
+    let mut state = kvc_engine::constrained::ConstraintState::new(compiled);
+    for id in tok.encode(text, false).unwrap() {
+        if state.is_finished() || state.advance(id).is_err() {
+            return false;
+        }
+    }
+    state.mask().unwrap().is_some_and(|m| m.is_allowed(tok.eos_token_ids()[0]))
+}
+
+fn strict_schema(schema: Value) -> Grammar {
+    Grammar::JsonSchema { schema: schema.to_string(), strict: true }
+}
+
+/// Two shapes told apart by `kind`: llguidance proves the branches
+/// disjoint, so `oneOf` is `anyOf` exactly, strict or not.
+fn shapes() -> Value {
+    let shape = |kind: &str, size: &str| {
+        json!({"type": "object", "properties": {"kind": {"const": kind}, size: {"type": "integer", "minimum": 1}},
+               "required": ["kind", size], "additionalProperties": false})
+    };
+    json!({"oneOf": [shape("circle", "r"), shape("square", "side"), {"type": "string", "maxLength": 5}]})
+}
+
+#[test]
+fn a_one_of_whose_branches_cannot_overlap_is_enforced_under_strict() {
+    let (c, tok) = compiler();
+    let g = strict_schema(shapes());
+    assert!(c.compile(&constraint(g.clone())).unwrap().relaxed().is_empty());
+    assert!(accepts(&c, &tok, &g, r#"{"kind": "circle", "r": 2}"#));
+    assert!(accepts(&c, &tok, &g, r#"{"kind": "square", "side": 7}"#));
+    assert!(accepts(&c, &tok, &g, r#""abc""#));
+    assert!(!accepts(&c, &tok, &g, r#"{"kind": "circle", "side": 2}"#), "each branch is enforced");
+    assert!(!accepts(&c, &tok, &g, r#"{"kind": "square", "side": 0}"#));
+    assert!(!accepts(&c, &tok, &g, "3"));
+}
+
+#[test]
+fn an_unknown_format_is_ignored_with_or_without_strict_and_reported() {
+    let (c, tok) = compiler();
+    let schema = json!({
+        "type": "object",
+        "properties": {
+            "n": {"type": "integer", "format": "int32"},
+            "s": {"type": "string", "format": "my-id", "maxLength": 4},
+            "format": {"type": "string", "format": "email"},
+            "k": {"enum": [{"format": "my-id"}]}
+        },
+        "required": ["n", "s", "format", "k"],
+        "additionalProperties": false
+    });
+    for strict in [true, false] {
+        let g = Grammar::JsonSchema { schema: schema.to_string(), strict };
+        let compiled = c.compile(&constraint(g.clone())).unwrap_or_else(|e| panic!("strict {strict}: {e}"));
+        let mut relaxed = compiled.relaxed().to_vec();
+        relaxed.sort();
+        assert_eq!(relaxed, ["unknown format \"int32\" ignored", "unknown format \"my-id\" ignored"], "strict {strict}");
+        let answer = |n: &str, s: &str, mail: &str| format!(r#"{{"n": {n}, "s": "{s}", "format": "{mail}", "k": {{"format": "my-id"}}}}"#);
+        assert!(accepts(&c, &tok, &g, &answer("7", "ab", "a@b.io")));
+        // The rest of the schema still holds: a known format (in a
+        // property named `format`), `maxLength`, the type.
+        assert!(!accepts(&c, &tok, &g, &answer("7", "ab", "not a mail")));
+        assert!(!accepts(&c, &tok, &g, &answer("7", "abcdef", "a@b.io")));
+        assert!(!accepts(&c, &tok, &g, &answer("7.5", "ab", "a@b.io")));
+    }
+}
+
+#[test]
+fn schema_formats_llguidance_knows_compile_under_strict() {
+    let (c, _) = compiler();
+    for f in kvc_engine::grammar::LLGUIDANCE_FORMATS {
+        let compiled = c.compile(&constraint(strict_schema(json!({"type": "string", "format": f}))));
+        let compiled = compiled.unwrap_or_else(|e| panic!("{f}: {e}"));
+        assert!(compiled.relaxed().is_empty(), "{f}: {:?}", compiled.relaxed());
+    }
+}
+
+#[test]
+fn what_cannot_be_enforced_exactly_is_refused_under_strict_naming_the_keyword_and_relaxed_without() {
+    let (c, tok) = compiler();
+    let cases = [
+        // Integers are numbers: the branches may overlap.
+        (json!({"oneOf": [{"type": "integer"}, {"type": "number", "maximum": 10}]}), "oneOf", "1.5"),
+        (json!({"type": "array", "items": {"type": "integer"}, "uniqueItems": true, "maxItems": 3}), "uniqueItems", "[1, 2]"),
+        (json!({"type": "object", "properties": {"a": {"type": "integer"}}, "not": {"required": ["b"]}}), "not", r#"{"a": 1}"#),
+    ];
+    for (schema, keyword, answer) in cases {
+        let err = c.compile(&constraint(strict_schema(schema.clone()))).expect_err(&format!("{schema} compiled under strict"));
+        assert!(matches!(err, EngineError::InvalidGrammar(_)), "{err:?}");
+        assert!(err.to_string().contains(keyword), "{keyword}: {err}");
+        let lenient = Grammar::JsonSchema { schema: schema.to_string(), strict: false };
+        let compiled = c.compile(&constraint(lenient.clone())).unwrap_or_else(|e| panic!("{keyword}: {e}"));
+        assert!(compiled.relaxed().iter().any(|r| r.contains(keyword)), "{keyword}: {:?}", compiled.relaxed());
+        assert!(accepts(&c, &tok, &lenient, answer), "{keyword}");
+    }
+}
+
+#[test]
+fn relaxed_schemas_generate_answers_that_still_follow_the_rest() {
+    let e = engine(|_| {});
+    let mut schema = shapes();
+    schema["oneOf"][0]["properties"]["r"]["format"] = json!("int64");
+    let c = constraint(strict_schema(schema));
+    for seed in 0..6 {
+        let req = GenerateRequest {
+            request_id: format!("o{seed}"),
+            prompt_tokens: common::tokens(seed as u32, 9),
+            sampling: sampling(seed, c.clone()),
+            ..Default::default()
+        };
+        let out = collect(&mut e.submit(req).unwrap());
+        assert_eq!(out.reason, FinishReason::Stop, "seed {seed}: {:?}", out.text);
+        let v: Value = serde_json::from_str(&out.text).unwrap_or_else(|err| panic!("seed {seed}: {err}: {:?}", out.text));
+        let ok = match &v {
+            Value::String(s) => s.chars().count() <= 5,
+            Value::Object(o) if o.get("kind") == Some(&json!("circle")) => {
+                o.len() == 2 && o.get("r").and_then(Value::as_i64).is_some_and(|r| r >= 1)
+            }
+            Value::Object(o) if o.get("kind") == Some(&json!("square")) => {
+                o.len() == 2 && o.get("side").and_then(Value::as_i64).is_some_and(|r| r >= 1)
+            }
+            _ => false,
+        };
+        assert!(ok, "seed {seed}: {}", out.text);
+    }
+}
