@@ -57,8 +57,11 @@ PATCH="patch.crates-io.candle-core.path=\"$PATCHED\""
 nice -n 19 cargo build --release --features cuda -p kvc-engine -p kvc-server \
     --config "$PATCH" --target-dir "$ROOT/target/cuda" "$@"
 # The GPU tests (#[ignore]d; scripts/gpu_run.sh tests runs them there).
+# KVC_GPU_TESTS=0 skips them (a load run needs only the binaries).
+if [ "${KVC_GPU_TESTS:-1}" != 0 ]; then
 nice -n 19 cargo test --release --features cuda -p kvc-model-qwen3 --test gpu --test gpu_attention --test gpu_layers --no-run \
     --config "$PATCH" --target-dir "$ROOT/target/cuda" "$@"
+fi
 mkdir -p "$ROOT/.gpu"
 for b in kvc-bench kvc-server; do
     cp "$ROOT/target/cuda/release/$b" "$ROOT/.gpu/$b"
@@ -73,5 +76,5 @@ for b in kvc-bench kvc-server; do
     strip --strip-debug "$ROOT/.gpu/$b"
     gzip -9 -f "$ROOT/.gpu/$b"
 done
-"$ROOT/scripts/gpu_run.sh" stage
+[ "${KVC_GPU_TESTS:-1}" = 0 ] || "$ROOT/scripts/gpu_run.sh" stage
 echo "GPU binaries, tests and fixtures in .gpu/ (run them with scripts/gpu_run.sh)"

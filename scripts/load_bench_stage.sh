@@ -4,9 +4,10 @@
 #
 #   scripts/load_bench_stage.sh          # here, then: run with carry [".gpu"]
 #
-# - the CUDA binaries (scripts/cuda_setup.sh), fully stripped; the GPU test
-#   binaries and fixtures are set aside (target/gpu-stash/) since the load
-#   run does not use them;
+# - the CUDA binaries (scripts/cuda_setup.sh with KVC_GPU_TESTS=0: the GPU
+#   test binaries are not built), fully stripped; GPU test binaries and
+#   fixtures of an earlier staging are set aside (target/gpu-stash/) since
+#   the load run does not use them;
 # - Mooncake's CUDA runtime (scripts/mooncake_cuda_stage.sh): kvc-server
 #   needs engine.so to start;
 # - kvc-replay (host build) and the public trace, gzip'd.
@@ -14,7 +15,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 G=$ROOT/.gpu
 TRACE=${MOONCAKE_TRACE:-/work/shared/traces/mooncake_synthetic_trace.jsonl}
-bash "$ROOT/scripts/cuda_setup.sh"
+KVC_GPU_TESTS=0 bash "$ROOT/scripts/cuda_setup.sh"
 [ -f "$G/mooncake.tgz" ] || bash "$ROOT/scripts/mooncake_cuda_stage.sh"
 mkdir -p "$ROOT/target/gpu-stash"
 rm -rf "$ROOT/target/gpu-stash/fixtures"

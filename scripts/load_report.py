@@ -17,7 +17,10 @@ Prints a JSON object and a markdown row:
   kvc_prompt_tokens_computed_total);
 - completed prompt tokens/s: prompt tokens computed for finished requests
   over the time from the first request sent to the last one finished, and
-  that over the capacity.
+  that over the capacity; beside it, every prompt token the engine computed
+  over that time and the share lost to requests that did not finish;
+- unfinished requests by cause: 429 (refused at the door), another status,
+  none (the client's timeout).
 """
 import argparse
 import json
@@ -89,6 +92,12 @@ def main():
         "finished": len(ok),
         "errors": len(rows) - len(ok),
         "statuses": sorted({r.get("status") for r in rows if not r.get("ok")} - {None}),
+        # Unfinished requests by cause: refused at the door (429, e.g.
+        # --max-queue-delay-s), another HTTP status, or no status (the
+        # client's timeout or a broken stream).
+        "refused_429": sum(1 for r in rows if not r.get("ok") and r.get("status") == 429),
+        "other_status": sum(1 for r in rows if not r.get("ok") and r.get("status") not in (None, 200, 429)),
+        "no_status": sum(1 for r in rows if not r.get("ok") and r.get("status") in (None, 200)),
         "ttft_p50_s": pct([r["ttft_s"] for r in ok if r.get("ttft_s") is not None], 0.5),
         "ttft_p99_s": pct([r["ttft_s"] for r in ok if r.get("ttft_s") is not None], 0.99),
         "itl_p50_s": quantile(buckets, 0.5) if buckets else None,
@@ -101,6 +110,10 @@ def main():
         "recompute_share": recomputed / computed_all if computed_all else None,
         "duration_s": end - start,
         "completed_prompt_tok_per_s": computed_ok / (end - start) if end > start else None,
+        # Prompt tokens the engine computed over that time, and the share of
+        # them spent on requests that did not finish (e.g. timed out queued).
+        "computed_prompt_tok_per_s": computed_all / (end - start) if end > start else None,
+        "lost_prefill_share": max(0.0, 1 - computed_ok / computed_all) if computed_all else None,
         # Step-kind decisions (--itl-target-ms), by kind/reason, where counted.
         "step_kinds": {
             f"{m.group(1)}/{m.group(2)}": float(m.group(3)) - (value(before, m.group(0).rsplit(" ", 1)[0]) or 0.0)

@@ -26,6 +26,7 @@ use crate::detokenizer::IncrementalDecoder;
 use crate::inbox::{tokens_to_compute, Inbox};
 use crate::kv_handoff::SnapshotJob;
 
+mod backlog_drain;
 mod cache_hooks;
 mod handoff_commands;
 mod prefill_snapshots;
@@ -132,6 +133,8 @@ pub(crate) struct EngineLoop {
     /// Blocks under which free plus written-back blocks start write-back
     /// of idle sessions to the host tier (0: never).
     write_back_watermark: usize,
+    /// How fast the prefill backlog drains (`--max-queue-delay-s`).
+    backlog_drain: backlog_drain::BacklogDrain,
     /// Steps in which requests waited and nothing ran.
     watchdog: Watchdog,
     /// The last step could schedule nothing with requests waiting: the
@@ -233,6 +236,7 @@ impl EngineLoop {
             step_budget,
             step_kinds: step_kinds::StepKinds::new(config.itl_target_ms, config.itl_backlog_slack_s),
             write_back_watermark,
+            backlog_drain: Default::default(),
             watchdog: Watchdog::default(),
             stalled: false,
         })
@@ -290,7 +294,10 @@ impl EngineLoop {
                 self.inbox.remove(std::mem::take(&mut self.drained_tokens));
             }
             self.cancel_disconnected();
+            let (started, before) = (Instant::now(), self.scheduler.pending_prefill_tokens());
             self.stalled = !self.scheduler.is_idle() && self.step() == step::Stepped::Stalled;
+            let after = self.scheduler.pending_prefill_tokens();
+            self.local.backlog_drain_tokens_per_s = self.backlog_drain.observe(started, Instant::now(), before, after);
             self.publish();
         }
         // Shutting down: everything still in flight is aborted.

@@ -50,6 +50,11 @@ pub struct EngineStats {
     /// Prompt tokens per second a prefill gets while decodes run (the
     /// decode-latency budget at its modelled step time; 0 until measured).
     pub mixed_prefill_tokens_per_s: f64,
+    /// Prompt tokens per second the backlog has drained at while there was
+    /// one (computed or found cached; decodes, waits and host work
+    /// included: `kvc_policy::DrainRate`; 0 until measured). What a new
+    /// prompt's wait is estimated from (`--max-queue-delay-s`).
+    pub backlog_drain_tokens_per_s: f64,
     /// Seconds of prefill the next step may carry alone and beside
     /// decodes (None: no target, or not measured yet).
     pub step_budget: Option<(f64, f64)>,

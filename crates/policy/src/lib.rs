@@ -16,6 +16,10 @@
 //! - [`step_kind`]: whether an engine step carries prefill beside its
 //!   decodes or runs them alone (`--itl-target-ms`), by
 //!   [`step_kind::decide_step_kind`];
+//! - [`queue_delay`]: whether a worker takes a new prompt or answers 429
+//!   because it would wait past `--max-queue-delay-s` behind the queued
+//!   prefill, by [`queue_delay::decide_queue_delay`], over the backlog's
+//!   [`DrainRate`];
 //! - [`reusable_tokens`]: how much of a prompt a worker's resident KV spares
 //!   (engine admission, router placement, the prefill-path cost function);
 //! - [`Ewma`]: the moving average of measured rates and costs (prefill
@@ -23,12 +27,15 @@
 //!
 //! More decisions move here later.
 
+mod drain_rate;
 mod ewma;
 pub mod prefill_path;
 pub mod prefill_peer;
+pub mod queue_delay;
 mod reusable_tokens;
 pub mod spill;
 pub mod step_kind;
 
+pub use drain_rate::DrainRate;
 pub use ewma::Ewma;
 pub use reusable_tokens::reusable_tokens;

@@ -38,6 +38,8 @@ pub struct ServerConfig {
     pub max_concurrent_requests: usize,
     pub max_queued_requests: usize,
     pub request_timeout: Option<Duration>,
+    /// `--max-queue-delay-s` (None: no bound).
+    pub max_queue_delay_s: Option<f64>,
     pub shutdown_timeout: Duration,
     /// Client connections at once, and the time a connection has to send
     /// a request's headers.
@@ -64,6 +66,7 @@ impl std::fmt::Debug for ServerConfig {
             .field("max_concurrent_requests", &self.max_concurrent_requests)
             .field("max_queued_requests", &self.max_queued_requests)
             .field("request_timeout", &self.request_timeout)
+            .field("max_queue_delay_s", &self.max_queue_delay_s)
             .field("shutdown_timeout", &self.shutdown_timeout)
             .field("conn_limits", &self.conn_limits)
             .field("body_read_timeout", &self.body_read_timeout)
@@ -84,6 +87,7 @@ impl Default for ServerConfig {
             max_concurrent_requests: 1024,
             max_queued_requests: 1024,
             request_timeout: None,
+            max_queue_delay_s: None,
             shutdown_timeout: Duration::from_secs(30),
             body_read_timeout: Duration::from_secs(30),
             conn_limits: crate::shutdown::ConnLimits::default(),

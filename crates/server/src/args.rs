@@ -329,6 +329,9 @@ impl Args {
                 Err("--role router needs at least one --decode-peer URL (a decode or both worker)".into())
             }
             Role::Decode if d.prefill_peers.is_empty() => Err("--role decode needs at least one --prefill-peer URL".into()),
+            Role::Router if self.serving.max_queue_delay_s.is_some() => {
+                Err("--role router takes no --max-queue-delay-s: each worker bounds its own prefill queue (give it to each of them)".into())
+            }
             Role::Router if self.serving.chat_template.is_some() => {
                 Err("--role router takes no --chat-template: the workers render the prompts (give it to each of them)".into())
             }

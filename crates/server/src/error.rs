@@ -53,6 +53,10 @@ pub enum ApiError {
     /// Every concurrency slot and queue place is taken (429).
     #[error("the server is at capacity ({running} requests running, {queued} queued); retry after {retry_after_s} s")]
     Busy { running: usize, queued: usize, retry_after_s: u64 },
+    /// The prompt would wait longer than `--max-queue-delay-s` behind the
+    /// prefill already queued (429; `kvc_policy::queue_delay`).
+    #[error("the server's prefill queue would delay this request about {wait_s:.1} s, over --max-queue-delay-s {bound_s} s; retry after {retry_after_s} s")]
+    QueueDelay { wait_s: f64, bound_s: f64, retry_after_s: u64 },
     /// The prompt has more tokens than `--max-prompt-tokens` allows (400).
     /// `qualifier` is "" for a counted prompt and "at least " for one
     /// refused before tokenizing, by a bound from its size.
@@ -135,6 +139,7 @@ pub fn error_response(err: &ApiError) -> (StatusCode, ErrorBody) {
         ApiError::Unauthorized { code, .. } => invalid(StatusCode::UNAUTHORIZED, None, Some(*code)),
         ApiError::Forbidden(_) => (StatusCode::FORBIDDEN, "permission_error", None, Some("forbidden".into())),
         ApiError::Busy { .. } => (StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", None, Some("server_busy".into())),
+        ApiError::QueueDelay { .. } => (StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", None, Some("queue_delay_exceeded".into())),
         ApiError::PromptTooLarge { param, .. } => {
             invalid(StatusCode::BAD_REQUEST, Some(param.to_string()), Some("context_length_exceeded"))
         }
@@ -157,7 +162,7 @@ pub fn error_headers(err: &ApiError) -> Vec<(HeaderName, HeaderValue)> {
         ApiError::Unauthorized { .. } => {
             vec![(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"))]
         }
-        ApiError::Busy { retry_after_s, .. } => {
+        ApiError::Busy { retry_after_s, .. } | ApiError::QueueDelay { retry_after_s, .. } => {
             vec![(header::RETRY_AFTER, HeaderValue::from(*retry_after_s))]
         }
         ApiError::Timeout { .. } => vec![(HeaderName::from_static("x-should-retry"), HeaderValue::from_static("false"))],

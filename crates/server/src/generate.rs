@@ -192,6 +192,9 @@ pub async fn submit_prompts(state: &AppState, admitted: Admitted, subs: Vec<Subm
     }
     // One submission for all choices: they enter the scheduler in the same
     // step, so a seeded request's batches (and sampled text) reproduce.
+    if !reqs.is_empty() {
+        crate::queue_delay::check(state, &request_id)?;
+    }
     let group = if reqs.is_empty() { Vec::new() } else { state.engine.submit_group(reqs).map_err(map_err)? };
     for (index, stream) in group.into_iter().enumerate() {
         state.metrics.local_requests.inc();

@@ -52,6 +52,7 @@ pub mod pd;
 pub mod peer_poll;
 pub mod prom;
 pub mod protocol_errors;
+pub mod queue_delay;
 pub mod reasoning_parser;
 pub mod request_fields;
 pub mod request_slots;

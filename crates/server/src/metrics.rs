@@ -26,6 +26,12 @@ const ENGINE: &[Family] = &[
     Family::gauge("kvc_kv_blocks_evictable", "KV blocks held only by caches (prefix index, idle sessions): reclaimable.", &[]),
     Family::gauge("kvc_requests_running", "Requests being prefilled or decoded.", &[]),
     Family::gauge("kvc_requests_waiting", "Requests queued for admission.", &[]),
+    Family::gauge("kvc_prefill_backlog_tokens", "Prompt tokens queued or mid-prefill, not yet computed.", &[]),
+    Family::gauge(
+        "kvc_prefill_backlog_drain_tokens_per_second",
+        "Prompt tokens per second the prefill backlog drained at while there was one (what --max-queue-delay-s estimates waits from).",
+        &[],
+    ),
     Family::counter("kvc_engine_steps_total", "Engine steps run.", &[]),
     Family::counter("kvc_preemptions_total", "Requests preempted for lack of KV blocks.", &[]),
     Family::counter("kvc_preempted_tokens_recomputed_total", "Tokens computed again because preemption lost their KV.", &[]),
@@ -126,6 +132,8 @@ fn read_engine(s: &EngineStats, out: &mut Scrape) {
     one("kvc_kv_blocks_evictable", s.evictable_blocks as f64);
     one("kvc_requests_running", s.running as f64);
     one("kvc_requests_waiting", s.waiting as f64);
+    one("kvc_prefill_backlog_tokens", s.pending_prefill_tokens as f64);
+    one("kvc_prefill_backlog_drain_tokens_per_second", s.backlog_drain_tokens_per_s);
     one("kvc_engine_steps_total", s.steps as f64);
     one("kvc_preemptions_total", s.preemptions as f64);
     one("kvc_preempted_tokens_recomputed_total", s.preempted_tokens_recomputed as f64);

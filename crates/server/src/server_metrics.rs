@@ -23,6 +23,9 @@
 //!   shutdown, error.
 //! - `kvc_admission_decisions_total{reason}`: admission probe answers
 //!   (`POST /admission`), by [`AdmissionProbeReason`].
+//! - `kvc_queue_delay_decisions_total{decision,reason}`: prompts taken or
+//!   refused (429) by `--max-queue-delay-s`, by
+//!   [`kvc_policy::queue_delay::QueueDelayReason`].
 //!
 //! Closed label sets are exported at 0 from the start.
 
@@ -104,6 +107,8 @@ pub struct ServerMetrics {
     pub streams_cancelled: IntCounter,
     /// Admission probe answers, by reason ([`AdmissionProbeReason`]).
     pub admission_decisions: IntCounterVec,
+    /// `--max-queue-delay-s` decisions, by (decision, reason).
+    pub queue_delay_decisions: IntCounterVec,
 }
 
 impl Default for ServerMetrics {
@@ -127,6 +132,15 @@ impl ServerMetrics {
         let admission_decisions = prom::counter_vec(r, "kvc_admission_decisions_total", "Admission probe answers, by reason.", &["reason"]);
         for reason in AdmissionProbeReason::ALL {
             admission_decisions.with_label_values(&[reason.as_str()]);
+        }
+        let queue_delay_decisions = prom::counter_vec(
+            r,
+            "kvc_queue_delay_decisions_total",
+            "Prompts taken, or refused with 429, by their estimated wait behind the queued prefill (--max-queue-delay-s), by reason.",
+            &["decision", "reason"],
+        );
+        for (decision, reason) in kvc_policy::queue_delay::QueueDelayReason::pairs() {
+            queue_delay_decisions.with_label_values(&[decision, reason.as_str()]);
         }
         let served = prom::counter_vec(r, "kvc_served_requests_total", "Requests handed to the engine, by serving path.", &["path"]);
         Self {
@@ -160,6 +174,7 @@ impl ServerMetrics {
                 "Streaming responses whose client went away before the end.",
             ),
             admission_decisions,
+            queue_delay_decisions,
             registry,
         }
     }

@@ -48,6 +48,15 @@ pub struct ServingArgs {
     #[arg(long, default_value_t = 1024)]
     pub max_queued_requests: usize,
 
+    /// Refuse a prompt with 429 (and `Retry-After`) when it would wait
+    /// longer than this many seconds behind the prefill already queued:
+    /// the prompt tokens ahead over the rate the backlog has drained at
+    /// (`kvc_queue_delay_decisions_total`). Past capacity this keeps the
+    /// engine on prompts that will be answered instead of ones whose
+    /// clients time out in the queue. Default: no bound.
+    #[arg(long, value_parser = parse_positive_f64)]
+    pub max_queue_delay_s: Option<f64>,
+
     /// Per-request deadline in seconds, queueing included (0: none). A
     /// request past it is cancelled: 504, or a final error event in a stream.
     #[arg(long, default_value_t = 0)]
@@ -241,6 +250,7 @@ impl ServingArgs {
             max_concurrent_requests: self.max_concurrent_requests,
             max_queued_requests: self.max_queued_requests,
             request_timeout: secs(self.request_timeout_s),
+            max_queue_delay_s: self.max_queue_delay_s,
             shutdown_timeout: Duration::from_secs(self.shutdown_timeout_s),
             conn_limits: crate::shutdown::ConnLimits {
                 max_connections: self.max_connections.unwrap_or_else(crate::shutdown::default_max_connections).max(1),
