@@ -151,7 +151,8 @@ def roles(start_server, tmp_path_factory):
     tiny = start_server("--num-kv-blocks", "24")
     for i in range(3):
         disagg.complete(tiny, disagg.ids(10 + i, 160), session=f"evict-{i}")
-    wait_for(lambda: any(k.startswith("kvc_evicted_blocks_total") for k in tiny.metrics()), 30, "an eviction")
+    # (Its label sets are exported at 0 from the start: wait for a count.)
+    wait_for(lambda: any(k.startswith("kvc_evicted_blocks_total") and v > 0 for k, v in tiny.metrics().items()), 30, "an eviction")
     # A session moved by the router: its worker dies between two turns.
     pair = [start_server("--cluster-token", disagg.TOKEN) for _ in range(2)]
     mover = start_server("--role", "router", "--cluster-token", disagg.TOKEN, "--peer-poll-interval-s", "0.1",

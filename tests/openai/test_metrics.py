@@ -43,6 +43,13 @@ def test_metrics_expose_engine_stats_in_prometheus_text(server):
     stalled = [line for line in r.text.splitlines() if line.startswith("kvc_engine_stalled_steps_total{")]
     assert {line.split('reason="')[1].split('"')[0] for line in stalled} >= {"kv_watermark", "max_num_seqs", "unknown"}
     assert all(line.endswith(" 0") for line in stalled), stalled
+    # So are the typed decisions' label sets: the scheduler's admission
+    # reasons and the eviction decision's (tier, reason) pairs.
+    for reason in ["admitted", "max_num_seqs", "kv_watermark", "partial_prefills", "long_partial_prefills", "token_budget"]:
+        assert f'kvc_scheduler_admission_decisions_total{{reason="{reason}"}}' in m, reason
+    for tier in ["host", "dropped"]:
+        for reason in ["idle", "size", "few_turns"]:
+            assert f'kvc_evicted_blocks_total{{tier="{tier}",reason="{reason}"}}' in m, (tier, reason)
 
 
 def test_generation_moves_the_counters(server, client, model):

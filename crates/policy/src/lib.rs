@@ -7,6 +7,15 @@
 //! writing it again.
 //!
 //! It holds:
+//! - [`seq_admission`]: whether the scheduler admits the next waiting
+//!   sequence in a step, by [`seq_admission::decide_seq_admission`];
+//! - [`preemption`]: which running sequence the scheduler preempts when one
+//!   needs a block and no cache is left to reclaim, by
+//!   [`preemption::decide_preemption`];
+//! - [`eviction`]: which idle session loses its device blocks, offloaded to
+//!   the host tier or dropped, by [`eviction::decide_eviction`];
+//! - [`write_back`]: whether (and how many) idle sessions' blocks are copied
+//!   to the host tier ahead of pressure, by [`write_back::decide_write_back`];
 //! - [`prefill_path`]: where a decode worker computes a prompt suffix
 //!   (here, or on a prefill worker), by [`prefill_path::decide`];
 //! - [`prefill_peer`]: which prefill worker a decode worker asks, by
@@ -28,13 +37,17 @@
 //! More decisions move here later.
 
 mod drain_rate;
+pub mod eviction;
 mod ewma;
+pub mod preemption;
 pub mod prefill_path;
 pub mod prefill_peer;
 pub mod queue_delay;
 mod reusable_tokens;
+pub mod seq_admission;
 pub mod spill;
 pub mod step_kind;
+pub mod write_back;
 
 pub use drain_rate::DrainRate;
 pub use ewma::Ewma;

@@ -7,9 +7,11 @@
 //!    caches reclaimed (prefix index, idle sessions: demoted to the host
 //!    tier where there is one), then releases blocks held by waiting
 //!    sequences, and only then preempts the running sequence whose loss
-//!    wastes least ([`choose_victim`]); that one is recomputed later.
-//! 2. **Admission** ([`decide_admission`](crate::decide_admission)), in arrival order: a waiting
-//!    sequence is admitted when a sequence slot and a prefill slot are
+//!    wastes least ([`decide_preemption`], in kvc-policy); that one is
+//!    recomputed later.
+//! 2. **Admission**
+//!    ([`decide_seq_admission`](kvc_policy::seq_admission::decide_seq_admission),
+//!    in kvc-policy), in arrival order: a waiting sequence is admitted when a sequence slot and a prefill slot are
 //!    free and the blocks for its *whole* token list fit beside a reserve
 //!    for the running sequences' growth. Admitted prompts hold all their
 //!    blocks, so prefill chunks never need memory and never preempt:
@@ -80,8 +82,9 @@ use kvc_kv_pool::{BlockAllocator, BlockId};
 
 use crate::budget::TimeBudget;
 use crate::config::SchedulerConfig;
-use crate::policy::{choose_victim, AdmitReason, VictimCandidate, Wait};
 use crate::sequence::{SeqId, SeqStatus, Sequence};
+use kvc_policy::preemption::{decide_preemption, PreemptionCandidate};
+use kvc_policy::seq_admission::{AdmitReason, Wait};
 
 mod admit;
 mod prefill_plan;
@@ -385,16 +388,23 @@ impl Scheduler {
             if self.release_one_waiting(None, 0, alloc, hooks) {
                 continue;
             }
-            let candidates: Vec<VictimCandidate> = self
+            let candidates: Vec<PreemptionCandidate> = self
                 .running
                 .iter()
                 .map(|r| {
                     let s = &self.seqs[r];
-                    VictimCandidate { id: *r, computed: s.num_computed, arrival: s.arrival }
+                    PreemptionCandidate { id: *r, computed: s.num_computed, arrival: s.arrival }
                 })
                 .collect();
-            let (victim, reason) = choose_victim(&candidates).expect("`id` itself is running");
-            tracing::debug!(event = "preempt", seq_id = victim, reason, for_seq = id, "preempted sequence for recompute");
+            let decision = decide_preemption(&candidates).expect("`id` itself is running");
+            let victim = decision.victim;
+            tracing::debug!(
+                event = "preempt",
+                seq_id = victim,
+                reason = decision.reason.as_str(),
+                for_seq = id,
+                "preempted sequence for recompute"
+            );
             self.preempt(victim, alloc, hooks);
             out.preempted.push(victim);
             if victim == id {

@@ -166,8 +166,10 @@ fn read_engine(s: &EngineStats, out: &mut Scrape) {
     one("kvc_host_restores_total", k.host_restores as f64);
     one("kvc_sessions_expired_total", k.sessions_expired as f64);
     one("kvc_sessions_capped_total", k.sessions_capped as f64);
-    for (reason, n) in &s.admission_decisions {
-        out.sample("kvc_scheduler_admission_decisions_total", &[reason], *n as f64);
+    // Every reason the scheduler's admission can give, at 0 until counted.
+    for reason in kvc_policy::seq_admission::AdmitReason::ALL.map(|r| r.as_str()) {
+        let n = s.admission_decisions.iter().find(|(r, _)| *r == reason).map_or(0, |(_, n)| *n);
+        out.sample("kvc_scheduler_admission_decisions_total", &[reason], n as f64);
     }
     out.sample("kvc_scheduler_head_of_line_passed_total", &[], s.passed_head as f64);
     for reason in kvc_engine::stall_reasons() {
@@ -182,8 +184,18 @@ fn read_engine(s: &EngineStats, out: &mut Scrape) {
     for (outcome, n) in [("copied", wb.copied), ("used", wb.used), ("discarded", wb.discarded)] {
         out.sample("kvc_host_tier_write_back_blocks_total", &[outcome], n as f64);
     }
+    // Every (tier, reason) the eviction decision can give, at 0 until
+    // counted, then the evictions made without it (prefix LRU, host room,
+    // the per-key session cap) as they occur.
+    let decided: Vec<(&str, &str)> = kvc_policy::eviction::EvictionReason::pairs().map(|(a, r)| (a.tier(), r.as_str())).collect();
+    for &(tier, reason) in &decided {
+        let n = k.evictions.iter().find(|((t, r), _)| (t.as_str(), r.as_str()) == (tier, reason)).map_or(0, |(_, n)| *n);
+        out.sample("kvc_evicted_blocks_total", &[tier, reason], n as f64);
+    }
     for ((tier, reason), n) in &k.evictions {
-        out.sample("kvc_evicted_blocks_total", &[tier, reason], *n as f64);
+        if !decided.contains(&(tier.as_str(), reason.as_str())) {
+            out.sample("kvc_evicted_blocks_total", &[tier, reason], *n as f64);
+        }
     }
     out.sample("kvc_snapshot_store_blocks", &["device"], s.snapshot_used_blocks as f64);
     out.sample("kvc_snapshot_store_blocks", &["host"], s.snapshot_host_blocks as f64);
@@ -269,6 +281,17 @@ mod tests {
             "# TYPE kvc_kv_blocks_free gauge",
         ] {
             assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
+        }
+        // The now-typed decisions' label sets, at 0 before any is counted.
+        for reason in ["admitted", "max_num_seqs", "kv_watermark", "partial_prefills", "long_partial_prefills", "token_budget"] {
+            let line = format!("kvc_scheduler_admission_decisions_total{{reason=\"{reason}\"}} 0");
+            assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
+        }
+        for tier in ["host", "dropped"] {
+            for reason in ["idle", "size", "few_turns"] {
+                let line = format!("kvc_evicted_blocks_total{{tier=\"{tier}\",reason=\"{reason}\"}} 0");
+                assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
+            }
         }
         let helps = text.lines().filter(|l| l.starts_with("# HELP")).count();
         let types = text.lines().filter(|l| l.starts_with("# TYPE")).count();

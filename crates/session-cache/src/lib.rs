@@ -6,7 +6,6 @@
 
 mod block_hash;
 mod cache;
-mod eviction;
 mod host_tier;
 mod namespace;
 mod prefix_index;
@@ -18,10 +17,14 @@ mod test_arena;
 
 pub use block_hash::{hash_block, hash_blocks, salt_root, BlockHash};
 pub use cache::{Acquired, CacheConfig, ReusePath, SessionAwareCache};
-pub use eviction::{
-    choose_victim, decide_write_back, EvictionAction, EvictionDecision, VictimCandidate, WriteBack, WriteBackInputs, WriteBackSkip,
-};
+// The eviction and write-back decisions live in kvc-policy (issue 32);
+// re-exported under their old names so callers keep compiling.
 pub use host_tier::{HostBlockId, HostTier};
+pub use kvc_policy::eviction::{
+    decide_eviction as choose_victim, EvictionAction, EvictionCandidate, EvictionCandidate as VictimCandidate, EvictionDecision,
+    EvictionReason,
+};
+pub use kvc_policy::write_back::{decide_write_back, WriteBack, WriteBackInputs, WriteBackSkip};
 pub use namespace::{client_session_id, is_valid_client_part, scoped_session_id, session_key};
 pub use session::{common_prefix, SessionInfo, Tier};
 pub use snapshot_store::{

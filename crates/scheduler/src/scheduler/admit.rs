@@ -13,9 +13,9 @@
 //! use, and KV is never evicted for a sequence that could not be admitted.
 
 use kvc_kv_pool::BlockAllocator;
+use kvc_policy::seq_admission::{decide_seq_admission, AdmitInputs, AdmitReason};
 
 use super::{Schedule, Scheduler, SchedulerHooks};
-use crate::policy::{decide_admission, AdmitInputs, AdmitReason};
 use crate::sequence::{SeqId, SeqStatus};
 
 impl Scheduler {
@@ -51,7 +51,7 @@ impl Scheduler {
                 free_blocks: usize::MAX,
                 reserve_blocks: 0,
             };
-            let reason = decide_admission(&inputs);
+            let reason = decide_seq_admission(&inputs);
             if reason != AdmitReason::Admitted {
                 out.admission_blocked.get_or_insert(reason);
                 break;
@@ -85,7 +85,7 @@ impl Scheduler {
             inputs.need_blocks = self.missing_blocks(id, seq.tokens.len());
             inputs.reserve_blocks = self.growth_reserve();
             inputs.free_blocks = alloc.num_free();
-            let mut reason = decide_admission(&inputs);
+            let mut reason = decide_seq_admission(&inputs);
             // Only memory is missing: reclaim caches for it (never for a
             // sequence a slot limit holds back anyway), then blocks that
             // other waiting sequences hold.
@@ -93,7 +93,7 @@ impl Scheduler {
                 hooks.reclaim(inputs.need_blocks + inputs.reserve_blocks, alloc);
                 reclaimable = None;
                 inputs.free_blocks = alloc.num_free();
-                reason = decide_admission(&inputs);
+                reason = decide_seq_admission(&inputs);
                 if reason == AdmitReason::KvWatermark && !self.release_one_waiting(Some(id), release_from, alloc, hooks) {
                     break;
                 }

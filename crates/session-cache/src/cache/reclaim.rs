@@ -1,15 +1,15 @@
 //! The eviction pass of [`SessionAwareCache`]: what [`SessionAwareCache::reclaim`]
 //! frees, in order (unreferenced indexed blocks, then idle sessions to the
-//! host tier, then dropped), the victim chosen by [`choose_victim`]. A
+//! host tier, then dropped), the victim chosen by [`decide_eviction`]. A
 //! block that write-back already copied ([`super::write_back`]) goes to the
 //! host tier with no copy.
 
 use std::time::Instant;
 
 use kvc_kv_pool::{BlockAllocator, BlockId, KvStorage};
+use kvc_policy::eviction::{decide_eviction, EvictionAction, EvictionCandidate, EvictionDecision};
 
 use super::SessionAwareCache;
-use crate::eviction::{choose_victim, EvictionAction, EvictionDecision, VictimCandidate};
 use crate::session::BlockLoc;
 
 impl SessionAwareCache {
@@ -21,7 +21,7 @@ impl SessionAwareCache {
 
     /// Frees device blocks until `need` are free or nothing more can go:
     /// 1. indexed blocks nobody else uses (LRU), 2. idle sessions' blocks to
-    /// the host tier (victim by [`choose_victim`]), 3. drop the victim.
+    /// the host tier (victim by [`decide_eviction`]), 3. drop the victim.
     pub fn reclaim(&mut self, need: usize, alloc: &mut BlockAllocator, storage: &KvStorage) -> usize {
         let start = alloc.num_free();
         while alloc.num_free() < need {
@@ -42,7 +42,7 @@ impl SessionAwareCache {
                 event = "eviction",
                 session = %decision.session,
                 action = ?decision.action,
-                reason = decision.reason,
+                reason = decision.reason.as_str(),
                 score = decision.score,
                 blocks = moved,
                 "evicted idle session KV"
@@ -76,7 +76,7 @@ impl SessionAwareCache {
     /// What the eviction cost function knows of each idle session: its
     /// device blocks that no request uses, and how many of those are
     /// written back already.
-    pub(super) fn idle_candidates(&self, alloc: &BlockAllocator) -> Vec<VictimCandidate> {
+    pub(super) fn idle_candidates(&self, alloc: &BlockAllocator) -> Vec<EvictionCandidate> {
         let now = Instant::now();
         self.sessions
             .iter()
@@ -88,7 +88,7 @@ impl SessionAwareCache {
                 });
                 let (device_blocks, mirrored) =
                     free_later.fold((0, 0), |(n, m), b| (n + 1, m + usize::from(self.mirrors.contains_key(&b))));
-                VictimCandidate {
+                EvictionCandidate {
                     session: id.clone(),
                     idle_s: now.saturating_duration_since(s.last_use).as_secs_f64(),
                     device_blocks,
@@ -100,7 +100,7 @@ impl SessionAwareCache {
     }
 
     fn pick_victim(&self, alloc: &BlockAllocator) -> Option<EvictionDecision> {
-        choose_victim(&self.idle_candidates(alloc), self.host.num_free(), alloc.num_blocks())
+        decide_eviction(&self.idle_candidates(alloc), self.host.num_free(), alloc.num_blocks())
     }
 
     /// Offloads (or drops) a session's device blocks that no request uses.
@@ -143,7 +143,7 @@ impl SessionAwareCache {
                     self.drop_ref(alloc, b);
                     moved += 1;
                 }
-                self.stats.count_eviction("host", d.reason, moved as u64);
+                self.stats.count_eviction(d.action.tier(), d.reason.as_str(), moved as u64);
             }
             EvictionAction::Drop => {
                 let s = self.sessions.get_mut(&d.session).expect("victim exists");
@@ -153,7 +153,7 @@ impl SessionAwareCache {
                 for loc in blocks {
                     self.release_loc(alloc, loc);
                 }
-                self.stats.count_eviction("dropped", d.reason, moved as u64);
+                self.stats.count_eviction(d.action.tier(), d.reason.as_str(), moved as u64);
             }
         }
         moved

@@ -1,6 +1,6 @@
 //! Write-back ahead of pressure: idle sessions' device blocks are copied to
 //! the host tier while they stay on the device ([`decide_write_back`] says
-//! when and how many; [`choose_victim`], the eviction cost function, says
+//! when and how many; [`decide_eviction`], the eviction cost function, says
 //! whose), issued with [`crate::host_tier::HostTier::flush_async`]: no
 //! compute waits for them. When eviction later takes such a block it only frees it: no copy on
 //! any request's critical path. Only for host tiers whose copies run
@@ -8,9 +8,10 @@
 //! happen when asked for, copying ahead would only add work.
 
 use kvc_kv_pool::{BlockAllocator, BlockId, KvStorage};
+use kvc_policy::eviction::decide_eviction;
+use kvc_policy::write_back::{decide_write_back, WriteBack, WriteBackInputs, WriteBackSkip};
 
 use super::SessionAwareCache;
-use crate::eviction::{choose_victim, decide_write_back, WriteBack, WriteBackInputs, WriteBackSkip};
 use crate::session::BlockLoc;
 
 impl SessionAwareCache {
@@ -56,7 +57,7 @@ impl SessionAwareCache {
         };
         let mut copied = 0;
         while copied < want {
-            let Some(victim) = choose_victim(&candidates, usize::MAX, alloc.num_blocks()).map(|d| d.session) else {
+            let Some(victim) = decide_eviction(&candidates, usize::MAX, alloc.num_blocks()).map(|d| d.session) else {
                 break;
             };
             candidates.retain(|c| c.session != victim);

@@ -1,67 +1,8 @@
-//! The one cost function that picks which idle session loses device blocks.
-
-use serde::Serialize;
-
-/// What the policy knows about one idle session.
-#[derive(Debug, Clone)]
-pub struct VictimCandidate {
-    pub session: String,
-    /// Seconds since the session's last turn ended.
-    pub idle_s: f64,
-    /// Device blocks that eviction would actually free (not shared with running requests).
-    pub device_blocks: usize,
-    /// Turns the session has completed (more turns: more likely to return).
-    pub turns: u32,
-    /// Of `device_blocks`, those already copied to the host tier by
-    /// write-back (offloading them needs no copy and no new host slot).
-    pub mirrored: usize,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum EvictionAction {
-    /// Copy to the host tier, free the device blocks.
-    Offload,
-    /// Free without a copy (host tier full or disabled).
-    Drop,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct EvictionDecision {
-    pub session: String,
-    pub action: EvictionAction,
-    pub score: f64,
-    /// The dominant term: "idle", "size" or "few_turns".
-    pub reason: &'static str,
-}
-
-/// Expected cost of losing a session's device KV is low when it has been
-/// idle for long (it may not come back soon), when it is large (freeing it
-/// helps most) and when it has had few turns (agent sessions that have run
-/// many turns keep coming back). Score = idle term + size term + turn term;
-/// the highest score is evicted.
-pub fn choose_victim(candidates: &[VictimCandidate], host_free_blocks: usize, pool_blocks: usize) -> Option<EvictionDecision> {
-    let pool = pool_blocks.max(1) as f64;
-    candidates
-        .iter()
-        .filter(|c| c.device_blocks > 0)
-        .map(|c| {
-            let idle = (c.idle_s / 10.0).min(10.0);
-            let size = c.device_blocks as f64 / pool * 2.0;
-            let few_turns = 1.0 / (1.0 + c.turns as f64);
-            let score = idle + size + few_turns;
-            let reason = if idle >= size && idle >= few_turns {
-                "idle"
-            } else if size >= few_turns {
-                "size"
-            } else {
-                "few_turns"
-            };
-            let action = if host_free_blocks >= c.device_blocks - c.mirrored { EvictionAction::Offload } else { EvictionAction::Drop };
-            EvictionDecision { session: c.session.clone(), action, score, reason }
-        })
-        .max_by(|a, b| a.score.total_cmp(&b.score).then_with(|| b.session.cmp(&a.session)))
-}
+//! Whether the session cache copies idle sessions' device blocks to the
+//! host tier ahead of pressure in a step, and how many, by
+//! [`decide_write_back`] (whose blocks: [`crate::eviction::decide_eviction`]).
+//! Not counted by reason; the blocks copied, used and discarded are
+//! `kvc_host_tier_write_back_blocks_total{outcome}`.
 
 /// What write-back does in a step ([`decide_write_back`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,7 +14,7 @@ pub enum WriteBack {
 }
 
 /// Why write-back copies nothing in a step.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum WriteBackSkip {
     /// No watermark (or no host tier).
     Disabled,
@@ -88,6 +29,15 @@ pub enum WriteBackSkip {
 }
 
 impl WriteBackSkip {
+    pub const ALL: [WriteBackSkip; 5] = [
+        WriteBackSkip::Disabled,
+        WriteBackSkip::AboveWatermark,
+        WriteBackSkip::CopiesRunning,
+        WriteBackSkip::HostFull,
+        WriteBackSkip::NothingIdle,
+    ];
+
+    /// The reason's label (and log field).
     pub fn as_str(self) -> &'static str {
         match self {
             WriteBackSkip::Disabled => "disabled",
@@ -139,39 +89,10 @@ pub fn decide_write_back(i: &WriteBackInputs) -> WriteBack {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::HashSet;
 
-    fn c(s: &str, idle_s: f64, blocks: usize, turns: u32) -> VictimCandidate {
-        VictimCandidate { session: s.into(), idle_s, device_blocks: blocks, turns, mirrored: 0 }
-    }
-
-    #[test]
-    fn the_longest_idle_session_goes_first() {
-        let d = choose_victim(&[c("a", 1.0, 10, 3), c("b", 60.0, 10, 3)], 100, 100).unwrap();
-        assert_eq!((d.session.as_str(), d.reason), ("b", "idle"));
-        assert_eq!(d.action, EvictionAction::Offload);
-    }
-
-    #[test]
-    fn without_host_room_the_victim_is_dropped() {
-        let d = choose_victim(&[c("a", 5.0, 10, 1)], 3, 100).unwrap();
-        assert_eq!(d.action, EvictionAction::Drop);
-    }
-
-    #[test]
-    fn sessions_with_nothing_to_free_are_never_chosen() {
-        assert!(choose_victim(&[c("a", 100.0, 0, 0)], 10, 10).is_none());
-    }
-
-    #[test]
-    fn mirrored_blocks_need_no_host_room_to_offload() {
-        let mut cand = c("a", 5.0, 10, 1);
-        cand.mirrored = 8;
-        assert_eq!(choose_victim(&[cand], 2, 100).unwrap().action, EvictionAction::Offload);
-    }
-
-    #[test]
-    fn write_back_copies_what_the_watermark_lacks_one_batch_at_a_time() {
-        let i = WriteBackInputs {
+    fn inputs() -> WriteBackInputs {
+        WriteBackInputs {
             free: 10,
             mirrored_idle: 5,
             unmirrored_idle: 100,
@@ -179,9 +100,15 @@ mod tests {
             host_free: 1000,
             copies_running: false,
             max_batch: 64,
-        };
+        }
+    }
+
+    #[test]
+    fn write_back_copies_what_the_watermark_lacks_one_batch_at_a_time() {
+        let i = inputs();
         assert_eq!(decide_write_back(&i), WriteBack::Copy(25));
         assert_eq!(decide_write_back(&WriteBackInputs { max_batch: 8, ..i }), WriteBack::Copy(8));
+        assert_eq!(decide_write_back(&WriteBackInputs { max_batch: 0, ..i }), WriteBack::Copy(1));
         assert_eq!(decide_write_back(&WriteBackInputs { host_free: 3, ..i }), WriteBack::Copy(3));
         assert_eq!(decide_write_back(&WriteBackInputs { unmirrored_idle: 2, ..i }), WriteBack::Copy(2));
         let skip = |w| WriteBack::Skip(w);
@@ -190,5 +117,37 @@ mod tests {
         assert_eq!(decide_write_back(&WriteBackInputs { copies_running: true, ..i }), skip(WriteBackSkip::CopiesRunning));
         assert_eq!(decide_write_back(&WriteBackInputs { host_free: 0, ..i }), skip(WriteBackSkip::HostFull));
         assert_eq!(decide_write_back(&WriteBackInputs { unmirrored_idle: 0, ..i }), skip(WriteBackSkip::NothingIdle));
+    }
+
+    /// Every skip reason and a copy are reached over a grid, a copy is
+    /// never more than the watermark lacks, and the labels are today's.
+    #[test]
+    fn every_reason_is_reachable_with_todays_labels() {
+        let mut skips = HashSet::new();
+        let mut copied = false;
+        for watermark in [0, 40] {
+            for free in [0, 10, 40] {
+                for unmirrored_idle in [0, 100] {
+                    for host_free in [0, 1000] {
+                        for copies_running in [false, true] {
+                            let i = WriteBackInputs { watermark, free, unmirrored_idle, host_free, copies_running, ..inputs() };
+                            match decide_write_back(&i) {
+                                WriteBack::Skip(s) => {
+                                    skips.insert(s);
+                                }
+                                WriteBack::Copy(n) => {
+                                    assert!(n >= 1 && n <= watermark - free - i.mirrored_idle, "{i:?} -> {n}");
+                                    copied = true;
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        assert!(copied);
+        assert_eq!(skips, HashSet::from(WriteBackSkip::ALL));
+        let labels: Vec<_> = WriteBackSkip::ALL.iter().map(|s| s.as_str()).collect();
+        assert_eq!(labels, ["disabled", "above_watermark", "copies_running", "host_full", "nothing_idle"]);
     }
 }
