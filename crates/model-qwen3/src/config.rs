@@ -110,10 +110,12 @@ fn token_ids(v: &Option<Value>) -> Vec<u32> {
 /// Reads a `rope_scaling` / `rope_parameters` object as transformers 5
 /// does: `default`, `linear` and `yarn` (its defaults: beta_fast 32,
 /// beta_slow 1, truncate true, original window = `max_position_embeddings`,
-/// attention factor from `factor` and `mscale`/`mscale_all_dim`). Any other
-/// type (`dynamic`, whose frequencies change with each batch's length,
-/// `llama3`, `longrope`, ...) and any key kvc would not read is refused by
-/// name: each changes every logit past the original context.
+/// attention factor from `factor` and `mscale`/`mscale_all_dim`), and
+/// `dynamic` (NTK) as vLLM serves it: one table at `max_position_embeddings`
+/// x `factor` ([`RopeScaling::DynamicNtk`]; transformers recomputes it per
+/// batch length). Any other type (`llama3`, `longrope`, ...) and any key
+/// kvc would not read is refused by name: each changes every logit past
+/// the original context.
 fn parse_rope(v: &Value, key: &str, max_position_embeddings: usize) -> Result<RopeScaling, ModelError> {
     let Some(obj) = v.as_object() else {
         return if v.is_null() { Ok(RopeScaling::None) } else { Err(ModelError::Config(format!("{key} must be an object, got {v}"))) };
@@ -122,7 +124,7 @@ fn parse_rope(v: &Value, key: &str, max_position_embeddings: usize) -> Result<Ro
     let ty = obj.get("rope_type").or_else(|| obj.get("type")).and_then(|t| t.as_str()).unwrap_or("default");
     let known: &[&str] = match ty {
         "default" => &[],
-        "linear" => &["factor"],
+        "linear" | "dynamic" => &["factor"],
         "yarn" => &[
             "factor",
             "original_max_position_embeddings",
@@ -133,7 +135,7 @@ fn parse_rope(v: &Value, key: &str, max_position_embeddings: usize) -> Result<Ro
             "mscale_all_dim",
             "truncate",
         ],
-        other => return Err(bad(format!("rope_type \"{other}\"; kvc implements default, linear and yarn"))),
+        other => return Err(bad(format!("rope_type \"{other}\"; kvc implements default, linear, yarn and dynamic"))),
     };
     for (k, val) in obj {
         let common = matches!(k.as_str(), "rope_type" | "type" | "rope_theta");
@@ -153,6 +155,7 @@ fn parse_rope(v: &Value, key: &str, max_position_embeddings: usize) -> Result<Ro
     Ok(match ty {
         "default" => RopeScaling::None,
         "linear" => RopeScaling::Linear { factor: factor()? },
+        "dynamic" => RopeScaling::DynamicNtk { factor: factor()?, window: max_position_embeddings },
         _ => {
             let factor = factor()?;
             let window = match num("original_max_position_embeddings").transpose()? {
@@ -306,12 +309,13 @@ impl Qwen3Config {
     /// the original window times the factor (Qwen3's documented
     /// `{"factor": 4, "original_max_position_embeddings": 32768}` serves
     /// 131,072 tokens beside `max_position_embeddings` 40,960), with linear
-    /// scaling `max_position_embeddings` times the factor, else
+    /// or dynamic NTK scaling `max_position_embeddings` times the factor, else
     /// `max_position_embeddings`.
     pub fn context_window(&self) -> usize {
         let scaled = match &self.rope_scaling {
             RopeScaling::None => return self.max_position_embeddings,
             RopeScaling::Linear { factor } => self.max_position_embeddings as f64 * factor,
+            RopeScaling::DynamicNtk { factor, window } => *window as f64 * factor,
             RopeScaling::Yarn { factor, original_max_position_embeddings, .. } => *original_max_position_embeddings as f64 * factor,
         };
         (scaled as usize).max(self.max_position_embeddings)
@@ -386,7 +390,8 @@ mod tests {
     fn unsupported_rope_scaling_is_a_clear_error() {
         let with = |scaling: &str| HUB.replace(r#""rope_scaling":null"#, &format!(r#""rope_scaling":{scaling}"#));
         for (scaling, names) in [
-            (r#"{"rope_type":"dynamic","factor":2.0}"#, "dynamic"),
+            (r#"{"rope_type":"dynamic","factor":2.0,"original_max_position_embeddings":4096}"#, "original_max_position_embeddings"),
+            (r#"{"rope_type":"dynamic","alpha":2.0}"#, "alpha"),
             (r#"{"rope_type":"llama3","factor":8.0}"#, "llama3"),
             (r#"{"rope_type":"yarn","factor":4.0,"low_freq_factor":1}"#, "low_freq_factor"),
             (r#"{"rope_type":"yarn"}"#, "factor is required"),
@@ -444,6 +449,23 @@ mod tests {
         let both = v5.replace(r#""rope_parameters""#, r#""rope_scaling":{"rope_type":"linear","factor":2.0},"rope_parameters""#);
         let err = Qwen3Config::from_json(&both).unwrap_err().to_string();
         assert!(err.contains("disagree"), "{err}");
+    }
+
+    #[test]
+    fn dynamic_ntk_serves_the_window_times_the_factor_as_vllm_does() {
+        let dynamic =
+            HUB.replace(r#""rope_scaling":null"#, r#""max_position_embeddings":4096,"rope_scaling":{"rope_type":"dynamic","factor":2.0}"#);
+        let c = Qwen3Config::from_json(&dynamic).unwrap();
+        assert_eq!(c.rope_scaling, RopeScaling::DynamicNtk { factor: 2.0, window: 4096 });
+        assert_eq!(c.context_window(), 8192);
+        // vLLM's base at window x factor: theta * (factor^2 - factor + 1)^(d / (d - 2)).
+        let d = c.head_dim as f64;
+        let base = c.rope_theta * 3f64.powf(d / (d - 2.0));
+        let rope = crate::rope::Rope::new(c.head_dim, c.rope_theta, &c.rope_scaling);
+        for (i, f) in rope.inv_freq().iter().enumerate() {
+            let want = base.powf(-(2.0 * i as f64) / d);
+            assert!(((*f as f64) - want).abs() <= want * 1e-5, "{i}: {f} vs {want}");
+        }
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! Rotary position embedding (rotate-half, as in HF's Qwen3), computed for
 //! arbitrary per-token positions in f32 like transformers does, with the
 //! frequency scalings transformers defines for long contexts that depend
-//! on the checkpoint only ([`RopeScaling`]: `linear`, `yarn`).
+//! on the checkpoint only ([`RopeScaling`]: `linear`, `yarn`), and
+//! `dynamic` NTK as vLLM serves it (one table for the whole scaled window).
 
 use candle_core::{Device, Result, Tensor};
 
@@ -27,6 +28,18 @@ pub enum RopeScaling {
         attention_factor: f64,
         truncate: bool,
     },
+    /// Dynamic NTK as vLLM serves it: transformers raises the base with
+    /// each batch's length `L` (`base * (factor * L / window - (factor -
+    /// 1))^(d / (d - 2))` once `L` passes `window`); vLLM computes that
+    /// table once, at the longest length it serves, `window * factor`, and
+    /// uses it at every position. kvc does as vLLM (a KV cache cannot be
+    /// re-rotated per batch), so its logits equal transformers' for a
+    /// sequence of exactly `window * factor` tokens.
+    DynamicNtk {
+        factor: f64,
+        /// `max_position_embeddings` (transformers' and vLLM's window).
+        window: usize,
+    },
 }
 
 impl RopeScaling {
@@ -36,6 +49,7 @@ impl RopeScaling {
             RopeScaling::None => "default",
             RopeScaling::Linear { .. } => "linear",
             RopeScaling::Yarn { .. } => "yarn",
+            RopeScaling::DynamicNtk { .. } => "dynamic",
         }
     }
 
@@ -65,6 +79,13 @@ impl Rope {
         let pos_freqs: Vec<f32> = (0..head_dim / 2).map(|i| (theta as f32).powf((2 * i) as f32 / head_dim as f32)).collect();
         let inv_freq = match scaling {
             RopeScaling::None => pos_freqs.iter().map(|p| 1.0 / p).collect(),
+            RopeScaling::DynamicNtk { factor, window } => {
+                // At L = window * factor: factor * L / window - (factor - 1).
+                let len = *window as f64 * factor;
+                let dim = head_dim as f64;
+                let base = theta * (factor * len / *window as f64 - (factor - 1.0)).powf(dim / (dim - 2.0));
+                (0..head_dim / 2).map(|i| 1.0 / (base as f32).powf((2 * i) as f32 / head_dim as f32)).collect()
+            }
             RopeScaling::Linear { factor } => pos_freqs.iter().map(|p| 1.0 / p / *factor as f32).collect(),
             RopeScaling::Yarn { factor, original_max_position_embeddings, beta_fast, beta_slow, truncate, .. } => {
                 let mut low = correction_dim(*beta_fast, head_dim, theta, *original_max_position_embeddings);

@@ -17,10 +17,10 @@ pub use gpu::gpu;
 /// (fixtures/README.md says what each covers).
 pub const FIXTURES: &[&str] =
     &["dense", "dense-tied-hub", "dense-bf16", "moe-norm", "moe-nonorm-hub", "moe-mlp-only-sharded", "moe-sparse-step"];
-/// Fixtures with scaled RoPE (yarn, linear; an original window of 12
-/// positions, the cases running to 43).
+/// Fixtures with scaled RoPE (yarn, linear, dynamic; an original window of
+/// 12 positions, the cases running to 43, or exactly to 48 for dynamic).
 #[allow(dead_code)]
-pub const ROPE_FIXTURES: &[&str] = &["dense-yarn", "moe-yarn-hub", "dense-linear"];
+pub const ROPE_FIXTURES: &[&str] = &["dense-yarn", "moe-yarn-hub", "dense-linear", "dense-dynamic"];
 /// The block size the fixture tests page KV with.
 pub const BLOCK_SIZE: usize = 4;
 
