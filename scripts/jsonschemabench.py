@@ -30,7 +30,7 @@ such a file reuses its rows for the schemas of this run's sample.
 The suite is not fetched here and nothing of it lives in this repository:
 pass a directory holding data/<Subset>/*.json, e.g.
 
-    git clone https://github.com/guidance-ai/jsonschemabench /tmp/jsb-repo
+    (a clone of the public repository guidance-ai/jsonschemabench in /tmp/jsb-repo)
     git -C /tmp/jsb-repo archive ba103c73 data | tar x -C /tmp/jsb
 
 The script hashes what it reads: SHA-256 over the files under data/ sorted
@@ -108,7 +108,7 @@ def suite_files(suite: Path) -> dict[str, list[Path]]:
     data = suite / "data"
     if not data.is_dir():
         die(f"--suite {suite}: no data/ directory there. The suite is not in this repository; get it with\n"
-            f"  git clone https://github.com/guidance-ai/jsonschemabench /tmp/jsb-repo && "
+            f"  (a clone of the public repository guidance-ai/jsonschemabench in /tmp/jsb-repo) "
             f"git -C /tmp/jsb-repo archive {SUITE_COMMIT[:8]} data | tar x -C {suite}")
     out = {}
     for sub in sorted(p for p in data.iterdir() if p.is_dir()):
@@ -366,7 +366,7 @@ def main() -> None:
 
     if not args.suite.is_dir():
         die(f"--suite {args.suite} is not a directory. The suite is not in this repository: clone "
-            f"https://github.com/guidance-ai/jsonschemabench at {SUITE_COMMIT[:8]} and pass the directory holding its data/")
+            f"the public repository guidance-ai/jsonschemabench at {SUITE_COMMIT[:8]} and pass the directory holding its data/")
     files = suite_files(args.suite)
     sha, count = digest(args.suite)
     print(f"suite {args.suite}: {count} data files, sha256 {sha}", flush=True)
