@@ -333,8 +333,10 @@ impl EngineLoop {
                 let deleted = self.cache.delete(&id, &mut self.allocator);
                 let snapshot = self.parts.delete_session(&id, &mut self.allocator);
                 self.handoff.leases.revoke_sessions(|s| s == id);
-                let _ = reply.send(deleted || snapshot);
+                // Publish first: a caller that reads the stats once the
+                // answer is in must see the session gone and its KV free.
                 self.publish();
+                let _ = reply.send(deleted || snapshot);
                 true
             }
             cmd @ (Command::Reserve { .. }
@@ -350,12 +352,14 @@ impl EngineLoop {
             Command::ResetPrefixCache(reply) => {
                 let free = self.allocator.num_free();
                 let index_blocks = self.cache.reset_prefix_cache(&mut self.allocator);
-                let _ = reply.send(crate::PrefixCacheReset {
+                let answer = crate::PrefixCacheReset {
                     index_blocks,
                     freed_blocks: self.allocator.num_free() - free,
                     snapshot_blocks: self.parts.held_blocks(),
-                });
+                };
+                // Publish first, as for DeleteSession.
                 self.publish();
+                let _ = reply.send(answer);
                 true
             }
             Command::Shutdown => false,

@@ -88,10 +88,15 @@ fn check_pressure(blocks: usize, host_bytes: usize) {
     assert_eq!(s.preemptions, 0, "admission waited instead of preempting");
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     for sid in 0..SESSIONS {
-        rt.block_on(e.delete_session(&format!("s{sid}"))).unwrap();
+        let id = format!("s{sid}");
+        rt.block_on(e.delete_session(&id)).unwrap();
+        // Once the delete has answered, the published stats show it done.
+        assert!(!e.stats().sessions.contains_key(&id), "{id} still listed after its delete answered");
     }
     rt.block_on(e.reset_prefix_cache()).unwrap();
-    let after = common::wait_for(&e, |s| s.sessions.is_empty() && s.free_blocks == initial.free_blocks);
+    // No waiting: the reset's answer comes after its stats are published.
+    let after = e.stats();
+    assert!(after.sessions.is_empty());
     assert_eq!(after.free_blocks, initial.free_blocks, "blocks leaked");
     assert_eq!(after.host_free_blocks, initial.host_free_blocks, "host slots leaked");
     assert_eq!(after.oldest_waiting_since, None);
