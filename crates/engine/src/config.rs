@@ -133,6 +133,10 @@ pub struct EngineConfig {
     /// On a GPU: never run a step as a CUDA graph (otherwise decode steps
     /// of up to [`CUDA_GRAPH_MAX_BATCH`] sequences are).
     pub enforce_eager: bool,
+    /// The GPU kernels asked for (`kvc_policy::kernel_plan`; the server
+    /// reads them from the environment once, crate::kernel_plan), decided
+    /// against the device when the model loads.
+    pub kernels: kvc_policy::kernel_plan::KernelRequest,
 }
 
 /// Largest decode batch run as a CUDA graph (vLLM's default largest
@@ -178,6 +182,7 @@ impl Default for EngineConfig {
             device: "auto".to_string(),
             gpu_memory_utilization: 0.9,
             enforce_eager: false,
+            kernels: Default::default(),
         }
     }
 }

@@ -27,6 +27,7 @@ mod handle;
 pub mod hub;
 pub mod hub_file;
 mod inbox;
+pub mod kernel_plan;
 mod kv_handoff;
 pub mod model_source;
 pub mod progress;

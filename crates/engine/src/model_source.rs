@@ -110,6 +110,7 @@ fn compute_dtype(flag: Option<&str>, config: &Qwen3Config, device: &Device) -> R
 
 pub(crate) fn load(config: &EngineConfig) -> Result<Loaded, EngineError> {
     let device = crate::device::select(&config.device)?;
+    crate::kernel_plan::apply(&config.kernels, &device)?;
     let (dir, served_default) = match &config.model {
         ModelSource::Embedded => (None, EMBEDDED_MODEL_NAME.to_string()),
         ModelSource::Path(p) => (Some(p.clone()), p.display().to_string()),

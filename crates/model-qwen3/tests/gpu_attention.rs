@@ -169,14 +169,8 @@ fn check_attention(backend: Option<PrefillBackend>, shapes: &[AttentionShape], c
                 }
             }
         }
-        set_decode_kernel_v1(default_decode_v1());
+        set_decode_kernel_v1(false);
     }
-}
-
-/// Whether `KVC_DECODE_KERNEL` picks the v1 decode kernel (what tests that
-/// switch kernels restore).
-fn default_decode_v1() -> bool {
-    std::env::var("KVC_DECODE_KERNEL").is_ok_and(|v| v == "v1")
 }
 
 /// Decode attention at the Qwen3-30B-A3B shape (32 query heads over 4 KV
@@ -243,7 +237,7 @@ fn decode_attention_at_serving_sizes_matches_reference_and_is_timed() {
                 bytes as f64 / us / 1e6
             );
         }
-        set_decode_kernel_v1(default_decode_v1());
+        set_decode_kernel_v1(false);
     }
 }
 

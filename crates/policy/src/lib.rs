@@ -29,6 +29,9 @@
 //!   because it would wait past `--max-queue-delay-s` behind the queued
 //!   prefill, by [`queue_delay::decide_queue_delay`], over the backlog's
 //!   [`DrainRate`];
+//! - [`kernel_plan`]: which GPU kernels run the forward passes (the
+//!   environment's request resolved against the device, once at load), by
+//!   [`kernel_plan::decide_kernel_plan`];
 //! - [`reusable_tokens`]: how much of a prompt a worker's resident KV spares
 //!   (engine admission, router placement, the prefill-path cost function);
 //! - [`Ewma`]: the moving average of measured rates and costs (prefill
@@ -39,6 +42,7 @@
 mod drain_rate;
 pub mod eviction;
 mod ewma;
+pub mod kernel_plan;
 pub mod preemption;
 pub mod prefill_path;
 pub mod prefill_peer;

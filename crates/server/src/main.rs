@@ -27,7 +27,8 @@ fn main() -> anyhow::Result<()> {
         let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
         return runtime.block_on(kvc_server::router::serve(&args));
     }
-    let config = args.engine_config();
+    let mut config = args.engine_config();
+    config.kernels = kvc_engine::kernel_plan::request_from_env()?;
     tracing::info!(?config, role = %args.role_name(), "starting engine");
     // The engine loads on a thread of its own while the port answers probes.
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;

@@ -281,6 +281,10 @@ fn main() {
         max_num_seqs: max_batch.max(1),
         max_num_batched_tokens: (args.prompt_len * max_batch).clamp(512, 8192),
         enforce_eager: args.enforce_eager,
+        kernels: kvc_engine::kernel_plan::request_from_env().unwrap_or_else(|e| {
+            eprintln!("{e}");
+            std::process::exit(2)
+        }),
         ..Default::default()
     };
     let engine = EngineHandle::start(config).unwrap_or_else(|e| {

@@ -43,21 +43,15 @@ static DECODE_KERNEL: AtomicU8 = AtomicU8::new(0);
 
 /// Chooses the decode kernel of the plans made from now on: v1
 /// (`paged_decode` + `attn_combine`) or v2 (`paged_decode2`, the default).
-/// `KVC_DECODE_KERNEL=v1` picks v1 at start-up; tests force each in turn.
+/// The engine's kernel plan sets it at load (`KVC_DECODE_KERNEL=v1`
+/// requests v1); tests force each in turn.
 pub fn set_decode_kernel_v1(on: bool) {
     DECODE_KERNEL.store(if on { 1 } else { 2 }, Ordering::Relaxed);
 }
 
-/// Whether new plans use `paged_decode2` (the environment is read once).
+/// Whether new plans use `paged_decode2` (unset: yes).
 pub(crate) fn decode_v2() -> bool {
-    match DECODE_KERNEL.load(Ordering::Relaxed) {
-        0 => {
-            let v1 = std::env::var("KVC_DECODE_KERNEL").is_ok_and(|v| v == "v1");
-            set_decode_kernel_v1(v1);
-            !v1
-        }
-        v => v == 2,
-    }
+    DECODE_KERNEL.load(Ordering::Relaxed) != 1
 }
 
 /// SMs of an H200. `paged_decode2` at head dims 128 and 256 (the

@@ -8,17 +8,19 @@
 //! bottom-right alignment so a chunk attends to its whole cached context.
 //! Decodes keep kvc's kernels.
 //!
-//! `KVC_ATTENTION_BACKEND` (as vLLM's `VLLM_ATTENTION_BACKEND`) picks the
-//! route: `cudnn` (default), `cudnn-paged`, or `kvc` (kvc's kernels only).
+//! The engine's kernel plan picks the route (`KVC_ATTENTION_BACKEND`, as
+//! vLLM's `VLLM_ATTENTION_BACKEND`, requests it, read once at start):
+//! `cudnn` (default), `cudnn-paged`, or `kvc` (kvc's kernels only).
 //! Where cuDNN cannot be loaded or has no engine for a shape, the step
 //! falls back to kvc's kernels with one warning.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use candle_core::cuda::WrapErr;
-use candle_core::{bail, DType, Device, Result, Tensor};
+use candle_core::{DType, Device, Result, Tensor};
 use cudnn_sys::{Cudnn, SdpaArgs, SdpaDesc, SdpaGraph};
 
 use super::{cuda_dev, empty, grid1, launch, ptr, upload_u32, Kernels};
@@ -35,15 +37,30 @@ pub enum PrefillBackend {
     CudnnPaged,
 }
 
+/// 0: `Cudnn` (the default), 1: `CudnnPaged`, 2: `Kvc`.
+static PREFILL_BACKEND: AtomicU8 = AtomicU8::new(0);
+
 impl PrefillBackend {
-    /// From `KVC_ATTENTION_BACKEND` (unset or empty: `cudnn`).
-    pub fn from_env() -> Result<Self> {
-        match std::env::var("KVC_ATTENTION_BACKEND").as_deref() {
-            Err(_) | Ok("") | Ok("cudnn") => Ok(Self::Cudnn),
-            Ok("cudnn-paged") => Ok(Self::CudnnPaged),
-            Ok("kvc") => Ok(Self::Kvc),
-            Ok(other) => bail!("KVC_ATTENTION_BACKEND={other:?}: expected cudnn, cudnn-paged or kvc"),
+    /// The route models built from now on take (set by the engine's kernel
+    /// plan at load; unset: `Cudnn`).
+    pub fn current() -> Self {
+        match PREFILL_BACKEND.load(Ordering::Relaxed) {
+            1 => Self::CudnnPaged,
+            2 => Self::Kvc,
+            _ => Self::Cudnn,
         }
+    }
+
+    /// Chooses the route of the models built from now on.
+    pub fn set_current(self) {
+        PREFILL_BACKEND.store(
+            match self {
+                Self::Cudnn => 0,
+                Self::CudnnPaged => 1,
+                Self::Kvc => 2,
+            },
+            Ordering::Relaxed,
+        );
     }
 }
 

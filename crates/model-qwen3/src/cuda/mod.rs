@@ -23,7 +23,7 @@ pub use host_arena::PinnedArena;
 pub use layers::{moe_sum, silu_mul, Form, RopeStore};
 pub(crate) use model::GpuModel;
 pub use moe::{set_moe_small_pairs, GpuMoe, SMALL_PAIRS, SMALL_PAIRS_CUTLASS};
-pub use moe_gemm::{cutlass_tiling, grouped_projection, moe_gemm, parse_moe_gemm, set_moe_gemm, CutlassTiling, MoeGemm, SWAP_BELOW_ROWS};
+pub use moe_gemm::{cutlass_runs, cutlass_tiling, grouped_projection, moe_gemm, set_moe_gemm, CutlassTiling, MoeGemm, SWAP_BELOW_ROWS};
 
 use std::sync::Arc;
 

@@ -178,7 +178,7 @@ impl GpuModel {
         let rope = crate::rope::Rope::new(cfg.head_dim, cfg.rope_theta, &cfg.rope_scaling);
         let inv_freq = Tensor::from_slice(rope.inv_freq(), cfg.head_dim / 2, vb.device())?;
         let kernels = Kernels::load(cuda_dev(vb.device())?)?;
-        let cudnn = CudnnAttention::open(PrefillBackend::from_env()?, vb.device());
+        let cudnn = CudnnAttention::open(PrefillBackend::current(), vb.device());
         let (h, nh, nkv, hd) = (cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim);
         let m = vb.pp("model");
         let mut layers = Vec::with_capacity(cfg.num_hidden_layers);

@@ -28,20 +28,19 @@ pub const SMALL_PAIRS_CUTLASS: usize = 8;
 
 /// usize::MAX: no override.
 static SMALL_PAIRS_NOW: AtomicUsize = AtomicUsize::new(usize::MAX);
-static SMALL_PAIRS_ENV: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
 
-/// The CUDA-core kernel's pair limit beside `gemm`: [`set_moe_small_pairs`],
-/// else `KVC_MOE_SMALL_PAIRS`, else the measured default for `gemm`.
+/// The CUDA-core kernel's pair limit beside `gemm`: the one set by
+/// [`set_moe_small_pairs`] (the engine's kernel plan, tests, benchmarks),
+/// else the measured default for `gemm`.
 pub(crate) fn small_pairs(gemm: MoeGemm) -> usize {
     let v = SMALL_PAIRS_NOW.load(Ordering::Relaxed);
     if v != usize::MAX {
         return v;
     }
-    let env = SMALL_PAIRS_ENV.get_or_init(|| std::env::var("KVC_MOE_SMALL_PAIRS").ok().and_then(|v| v.parse().ok()));
-    env.unwrap_or(match gemm {
+    match gemm {
         MoeGemm::Cutlass(_) => SMALL_PAIRS_CUTLASS,
         MoeGemm::Cublas | MoeGemm::Kvc => SMALL_PAIRS,
-    })
+    }
 }
 
 /// Sets the CUDA-core kernel's pair limit (tests and benchmarks force each

@@ -13,9 +13,11 @@
 //!   a graph (there the tensor-core kernel runs instead).
 //! - `kvc`: kvc's own tensor-core kernel (moe.rs).
 //!
-//! `KVC_MOE_GEMM=cutlass|cutlass-rows|cutlass-swap|cublas|kvc` or
-//! [`set_moe_gemm`] choose; an unknown value or an unavailable choice is
-//! an error at the first MoE layer, not a silent fallback.
+//! The engine's kernel plan (kvc-policy's `kernel_plan`, which reads
+//! `KVC_MOE_GEMM` once at start and refuses a CUTLASS route the device
+//! cannot run) chooses through [`set_moe_gemm`]; tests and benchmarks
+//! force each route the same way. Unset, the first MoE layer takes
+//! CUTLASS where it runs, else cuBLAS.
 //!
 //! The library paths gather each pair's input row in expert order
 //! (`gather_rows`), so every expert's rows are one contiguous matrix, run
@@ -68,16 +70,9 @@ fn decode(v: u8) -> Option<MoeGemm> {
     })
 }
 
-/// Parses a `KVC_MOE_GEMM` value.
-pub fn parse_moe_gemm(v: &str) -> Result<MoeGemm> {
-    Ok(match v.trim() {
-        "kvc" => MoeGemm::Kvc,
-        "cublas" => MoeGemm::Cublas,
-        "cutlass" => MoeGemm::Cutlass(None),
-        "cutlass-rows" => MoeGemm::Cutlass(Some(CutlassTiling::Rows)),
-        "cutlass-swap" => MoeGemm::Cutlass(Some(CutlassTiling::Swap)),
-        other => bail!("KVC_MOE_GEMM={other:?}: expected cutlass, cutlass-rows, cutlass-swap, cublas or kvc"),
-    })
+/// Whether CUTLASS's sm90 grouped GEMM runs on this device (Err: why not).
+pub fn cutlass_runs() -> std::result::Result<(), String> {
+    cutlass_sys::check().map_err(|e| e.to_string())
 }
 
 /// Chooses the expert GEMM (tests and benchmarks force each in turn).
@@ -85,27 +80,18 @@ pub fn set_moe_gemm(g: MoeGemm) {
     CHOICE.store(encode(g), Ordering::Relaxed);
 }
 
-/// The current choice: `KVC_MOE_GEMM` on first use, else CUTLASS where it
-/// runs, else cuBLAS. A CUTLASS choice it cannot run is an error.
+/// The current choice: the one set (by the engine's kernel plan, a test
+/// or a benchmark), else CUTLASS where it runs, else cuBLAS.
 pub fn moe_gemm() -> Result<MoeGemm> {
     if let Some(g) = decode(CHOICE.load(Ordering::Relaxed)) {
         return Ok(g);
     }
-    let g = match std::env::var("KVC_MOE_GEMM") {
-        Ok(v) => {
-            let g = parse_moe_gemm(&v)?;
-            if let MoeGemm::Cutlass(_) = g {
-                cutlass_sys::check().map_err(|e| candle_core::Error::Msg(format!("KVC_MOE_GEMM={v}: {e}")))?;
-            }
-            g
+    let g = match cutlass_runs() {
+        Ok(()) => MoeGemm::Cutlass(None),
+        Err(e) => {
+            tracing::info!(reason = %e, "MoE experts on cuBLAS's grouped GEMM");
+            MoeGemm::Cublas
         }
-        Err(_) => match cutlass_sys::check() {
-            Ok(()) => MoeGemm::Cutlass(None),
-            Err(e) => {
-                tracing::info!(reason = %e, "MoE experts on cuBLAS's grouped GEMM");
-                MoeGemm::Cublas
-            }
-        },
     };
     set_moe_gemm(g);
     Ok(g)

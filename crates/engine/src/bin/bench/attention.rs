@@ -202,7 +202,11 @@ fn measure(_: &Case, _: &Device) -> Vec<(String, f64, Option<f64>, f64)> {
 /// Seconds per call of the route serving uses (`KVC_ATTENTION_BACKEND`,
 /// default cuDNN where it loads) for one layer of `case`.
 pub fn serving_route_time(case: &Case, device: &Device) -> Option<(String, f64)> {
-    let want = std::env::var("KVC_ATTENTION_BACKEND").ok().filter(|v| !v.is_empty()).unwrap_or_else(|| "cudnn".into());
+    let request = kvc_engine::kernel_plan::request_from_env().unwrap_or_else(|e| {
+        eprintln!("{e}");
+        std::process::exit(2)
+    });
+    let want = request.prefill_attention.unwrap_or(kvc_policy::kernel_plan::PrefillAttention::Cudnn).as_str().to_string();
     let rows = measure(case, device);
     rows.iter().find(|r| r.0 == want).or_else(|| rows.iter().find(|r| r.0 == "kvc")).map(|r| (r.0.clone(), r.1))
 }

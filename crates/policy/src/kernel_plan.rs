@@ -1,0 +1,311 @@
+//! Which GPU kernels serve a worker's forward passes, by
+//! [`decide_kernel_plan`]: decided once when the model loads, logged once,
+//! and kept in the engine's configuration instead of being read from the
+//! environment by each kernel.
+//!
+//! The request ([`KernelRequest`]) is what the operator asked for: each
+//! choice unset (the measured default) or forced, for A/B runs and for
+//! working around a kernel on a machine where it misbehaves. The four
+//! environment variables that set it are read once, at start, by
+//! [`KernelRequest::from_vars`]; a value kvc does not know is an error
+//! naming the variable, never a silent default. The facts
+//! ([`KernelFacts`]) are what the device can run. The plan is the request
+//! resolved against the facts: CUTLASS's Hopper expert GEMMs where they
+//! run, cuBLAS's grouped GEMM where they do not, and a forced CUTLASS
+//! route on a device without them refused.
+
+/// The route for prefill-shaped attention (`KVC_ATTENTION_BACKEND`, as
+/// vLLM's `VLLM_ATTENTION_BACKEND`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PrefillAttention {
+    /// cuDNN over K/V gathered from the pool into contiguous buffers (the default).
+    Cudnn,
+    /// cuDNN reading K/V in place through page tables.
+    CudnnPaged,
+    /// kvc's own kernels for everything.
+    Kvc,
+}
+
+/// The decode attention kernel (`KVC_DECODE_KERNEL`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DecodeKernel {
+    /// `paged_decode2` (the default).
+    V2,
+    /// The previous kernel, `paged_decode` + `attn_combine`.
+    V1,
+}
+
+/// The grouped GEMM of a mixture of experts (`KVC_MOE_GEMM`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum MoeGemm {
+    /// CUTLASS's sm90 grouped GEMM, its tiling chosen per call.
+    Cutlass,
+    /// CUTLASS, always the rows tiling.
+    CutlassRows,
+    /// CUTLASS, always the swapped (small-batch) tiling.
+    CutlassSwap,
+    /// cuBLAS's grouped GEMM.
+    Cublas,
+    /// kvc's own kernel.
+    Kvc,
+}
+
+impl PrefillAttention {
+    pub const ALL: [PrefillAttention; 3] = [PrefillAttention::Cudnn, PrefillAttention::CudnnPaged, PrefillAttention::Kvc];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PrefillAttention::Cudnn => "cudnn",
+            PrefillAttention::CudnnPaged => "cudnn-paged",
+            PrefillAttention::Kvc => "kvc",
+        }
+    }
+}
+
+impl DecodeKernel {
+    pub const ALL: [DecodeKernel; 2] = [DecodeKernel::V2, DecodeKernel::V1];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DecodeKernel::V2 => "v2",
+            DecodeKernel::V1 => "v1",
+        }
+    }
+}
+
+impl MoeGemm {
+    pub const ALL: [MoeGemm; 5] = [MoeGemm::Cutlass, MoeGemm::CutlassRows, MoeGemm::CutlassSwap, MoeGemm::Cublas, MoeGemm::Kvc];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MoeGemm::Cutlass => "cutlass",
+            MoeGemm::CutlassRows => "cutlass-rows",
+            MoeGemm::CutlassSwap => "cutlass-swap",
+            MoeGemm::Cublas => "cublas",
+            MoeGemm::Kvc => "kvc",
+        }
+    }
+
+    pub fn is_cutlass(self) -> bool {
+        matches!(self, MoeGemm::Cutlass | MoeGemm::CutlassRows | MoeGemm::CutlassSwap)
+    }
+}
+
+/// What the operator asked for; `None`: the measured default.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct KernelRequest {
+    pub prefill_attention: Option<PrefillAttention>,
+    pub decode_kernel: Option<DecodeKernel>,
+    pub moe_gemm: Option<MoeGemm>,
+    /// Most (token, expert) pairs the CUDA-core expert kernel takes before
+    /// the grouped GEMM does (0: always the grouped GEMM).
+    pub moe_small_pairs: Option<usize>,
+}
+
+/// The environment variables [`KernelRequest::from_vars`] reads.
+pub const KERNEL_ENV_VARS: [&str; 4] = ["KVC_ATTENTION_BACKEND", "KVC_DECODE_KERNEL", "KVC_MOE_GEMM", "KVC_MOE_SMALL_PAIRS"];
+
+/// `value` as one of `all` (by [`as_str`](PrefillAttention::as_str)), or
+/// an error naming the variable and what it takes.
+fn parse_choice<T: Copy>(var: &str, value: &str, all: &[T], name: impl Fn(T) -> &'static str) -> Result<T, String> {
+    let v = value.trim();
+    all.iter().copied().find(|c| name(*c) == v).ok_or_else(|| {
+        let names: Vec<&str> = all.iter().map(|c| name(*c)).collect();
+        format!("{var}={value:?}: expected one of {}", names.join(", "))
+    })
+}
+
+impl KernelRequest {
+    /// The request the environment makes, through `get` (a variable's value,
+    /// None when unset; an empty value counts as unset).
+    pub fn from_vars(get: impl Fn(&str) -> Option<String>) -> Result<Self, String> {
+        let var = |name: &str| get(name).filter(|v| !v.trim().is_empty());
+        let [attention, decode, gemm, small] = KERNEL_ENV_VARS;
+        Ok(Self {
+            prefill_attention: var(attention)
+                .map(|v| parse_choice(attention, &v, &PrefillAttention::ALL, PrefillAttention::as_str))
+                .transpose()?,
+            decode_kernel: var(decode).map(|v| parse_choice(decode, &v, &DecodeKernel::ALL, DecodeKernel::as_str)).transpose()?,
+            moe_gemm: var(gemm).map(|v| parse_choice(gemm, &v, &MoeGemm::ALL, MoeGemm::as_str)).transpose()?,
+            moe_small_pairs: var(small)
+                .map(|v| v.trim().parse::<usize>().map_err(|_| format!("{small}={v:?}: expected a number of (token, expert) pairs")))
+                .transpose()?,
+        })
+    }
+}
+
+/// What the device can run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KernelFacts {
+    /// Whether CUTLASS's sm90 kernels run here (Err: why not).
+    pub cutlass: Result<(), String>,
+}
+
+/// The kernels a worker runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KernelPlan {
+    pub prefill_attention: PrefillAttention,
+    pub decode_kernel: DecodeKernel,
+    pub moe_gemm: MoeGemm,
+    /// None: the measured default of `moe_gemm`'s route.
+    pub moe_small_pairs: Option<usize>,
+}
+
+/// Why the plan is what it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum KernelPlanReason {
+    /// Nothing was requested: every measured default runs here.
+    Defaults,
+    /// At least one choice was requested, and the device runs it.
+    Requested,
+    /// Nothing forced the expert GEMM and CUTLASS does not run here: cuBLAS.
+    CutlassUnavailable,
+}
+
+impl KernelPlanReason {
+    pub const ALL: [KernelPlanReason; 3] = [KernelPlanReason::Defaults, KernelPlanReason::Requested, KernelPlanReason::CutlassUnavailable];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KernelPlanReason::Defaults => "defaults",
+            KernelPlanReason::Requested => "requested",
+            KernelPlanReason::CutlassUnavailable => "cutlass_unavailable",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KernelPlanDecision {
+    pub plan: KernelPlan,
+    pub reason: KernelPlanReason,
+}
+
+impl KernelPlanDecision {
+    /// The plan as named fields, for the one log line at start.
+    pub fn terms(&self) -> [(&'static str, String); 4] {
+        let p = &self.plan;
+        let small = p.moe_small_pairs.map_or_else(|| "default".to_string(), |n| n.to_string());
+        [
+            ("prefill_attention", p.prefill_attention.as_str().to_string()),
+            ("decode_kernel", p.decode_kernel.as_str().to_string()),
+            ("moe_gemm", p.moe_gemm.as_str().to_string()),
+            ("moe_small_pairs", small),
+        ]
+    }
+}
+
+/// The request resolved against the device (module doc). Err: a CUTLASS
+/// route was forced on a device that cannot run it.
+pub fn decide_kernel_plan(request: &KernelRequest, facts: &KernelFacts) -> Result<KernelPlanDecision, String> {
+    let (moe_gemm, cutlass_missing) = match (request.moe_gemm, &facts.cutlass) {
+        (Some(g), Err(why)) if g.is_cutlass() => return Err(format!("KVC_MOE_GEMM={}: {why}", g.as_str())),
+        (Some(g), _) => (g, false),
+        (None, Ok(())) => (MoeGemm::Cutlass, false),
+        (None, Err(_)) => (MoeGemm::Cublas, true),
+    };
+    let requested = *request != KernelRequest::default();
+    let reason = match (cutlass_missing, requested) {
+        (true, _) => KernelPlanReason::CutlassUnavailable,
+        (false, true) => KernelPlanReason::Requested,
+        (false, false) => KernelPlanReason::Defaults,
+    };
+    let plan = KernelPlan {
+        prefill_attention: request.prefill_attention.unwrap_or(PrefillAttention::Cudnn),
+        decode_kernel: request.decode_kernel.unwrap_or(DecodeKernel::V2),
+        moe_gemm,
+        moe_small_pairs: request.moe_small_pairs,
+    };
+    Ok(KernelPlanDecision { plan, reason })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+
+    fn vars(pairs: &[(&str, &str)]) -> Result<KernelRequest, String> {
+        let m: HashMap<String, String> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        KernelRequest::from_vars(|k| m.get(k).cloned())
+    }
+
+    const CUTLASS: KernelFacts = KernelFacts { cutlass: Ok(()) };
+
+    fn no_cutlass() -> KernelFacts {
+        KernelFacts { cutlass: Err("not an sm90 device".into()) }
+    }
+
+    #[test]
+    fn every_value_each_variable_names_parses_and_unset_or_empty_is_the_default() {
+        assert_eq!(vars(&[]).unwrap(), KernelRequest::default());
+        assert_eq!(vars(&[("KVC_MOE_GEMM", ""), ("KVC_ATTENTION_BACKEND", " ")]).unwrap(), KernelRequest::default());
+        for a in PrefillAttention::ALL {
+            assert_eq!(vars(&[("KVC_ATTENTION_BACKEND", a.as_str())]).unwrap().prefill_attention, Some(a));
+        }
+        for d in DecodeKernel::ALL {
+            assert_eq!(vars(&[("KVC_DECODE_KERNEL", d.as_str())]).unwrap().decode_kernel, Some(d));
+        }
+        for g in MoeGemm::ALL {
+            assert_eq!(vars(&[("KVC_MOE_GEMM", g.as_str())]).unwrap().moe_gemm, Some(g));
+        }
+        assert_eq!(vars(&[("KVC_MOE_SMALL_PAIRS", "0")]).unwrap().moe_small_pairs, Some(0));
+    }
+
+    #[test]
+    fn an_unknown_value_is_an_error_naming_the_variable_and_the_choices() {
+        for (var, value, choice) in [
+            ("KVC_ATTENTION_BACKEND", "flash", "cudnn-paged"),
+            ("KVC_DECODE_KERNEL", "v3", "v1"),
+            ("KVC_MOE_GEMM", "triton", "cutlass-swap"),
+            ("KVC_MOE_SMALL_PAIRS", "many", "pairs"),
+        ] {
+            let e = vars(&[(var, value)]).unwrap_err();
+            assert!(e.contains(var) && e.contains(value) && e.contains(choice), "{e}");
+        }
+    }
+
+    #[test]
+    fn every_reason_is_reachable() {
+        let d = decide_kernel_plan(&KernelRequest::default(), &CUTLASS).unwrap();
+        assert_eq!(d.reason, KernelPlanReason::Defaults);
+        assert_eq!(
+            d.plan,
+            KernelPlan {
+                prefill_attention: PrefillAttention::Cudnn,
+                decode_kernel: DecodeKernel::V2,
+                moe_gemm: MoeGemm::Cutlass,
+                moe_small_pairs: None
+            }
+        );
+        let v1 = KernelRequest { decode_kernel: Some(DecodeKernel::V1), ..Default::default() };
+        let d = decide_kernel_plan(&v1, &CUTLASS).unwrap();
+        assert_eq!((d.reason, d.plan.decode_kernel, d.plan.moe_gemm), (KernelPlanReason::Requested, DecodeKernel::V1, MoeGemm::Cutlass));
+        let d = decide_kernel_plan(&v1, &no_cutlass()).unwrap();
+        assert_eq!((d.reason, d.plan.moe_gemm), (KernelPlanReason::CutlassUnavailable, MoeGemm::Cublas));
+        let seen: Vec<_> = [KernelPlanReason::Defaults, KernelPlanReason::Requested, KernelPlanReason::CutlassUnavailable].into();
+        assert_eq!(seen, KernelPlanReason::ALL);
+    }
+
+    #[test]
+    fn a_forced_route_is_kept_and_a_forced_cutlass_route_the_device_lacks_is_refused() {
+        for g in MoeGemm::ALL {
+            let r = KernelRequest { moe_gemm: Some(g), ..Default::default() };
+            assert_eq!(decide_kernel_plan(&r, &CUTLASS).unwrap().plan.moe_gemm, g);
+            match decide_kernel_plan(&r, &no_cutlass()) {
+                Ok(d) => assert!(!g.is_cutlass() && d.plan.moe_gemm == g && d.reason == KernelPlanReason::Requested),
+                Err(e) => assert!(g.is_cutlass() && e.contains("KVC_MOE_GEMM") && e.contains("sm90"), "{e}"),
+            }
+        }
+    }
+
+    #[test]
+    fn the_terms_name_every_choice() {
+        let r = KernelRequest { moe_small_pairs: Some(4), prefill_attention: Some(PrefillAttention::Kvc), ..Default::default() };
+        let d = decide_kernel_plan(&r, &CUTLASS).unwrap();
+        let t: HashMap<_, _> = d.terms().into_iter().collect();
+        assert_eq!(t["prefill_attention"], "kvc");
+        assert_eq!(t["decode_kernel"], "v2");
+        assert_eq!(t["moe_gemm"], "cutlass");
+        assert_eq!(t["moe_small_pairs"], "4");
+    }
+}
