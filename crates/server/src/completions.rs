@@ -13,7 +13,6 @@ use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 
-use crate::app::{AppState, Arrival};
 use crate::completion_endpoint::{CompletionEndpoint, CompletionShape, EchoedPrompt};
 use crate::completion_prompts::{parse_prompts, PromptInput, MAX_PROMPTS};
 use crate::error::ApiError;
@@ -24,6 +23,7 @@ use crate::openai_types::CompletionRequest;
 use crate::response::collect;
 use crate::sampling::{DefaultMaxTokens, SamplingPlan, MAX_N};
 use crate::sse::stream_response;
+use crate::state::{AppState, Arrival};
 
 /// OpenAI's and vLLM's default `max_tokens` for completions.
 pub const DEFAULT_MAX_TOKENS: usize = 16;

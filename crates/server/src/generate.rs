@@ -10,11 +10,11 @@ use futures::stream::{BoxStream, SelectAll};
 use futures::StreamExt;
 use kvc_engine::{EngineError, FinishReason, GenerateRequest, Logprobs, MatchedStop, RequestStream, SamplingParams, StreamEvent, Usage};
 
-use crate::app::AppState;
 use crate::error::ApiError;
 use crate::pd::decode::Route;
 use crate::request_slots::Slot;
 use crate::server_metrics::Finish;
+use crate::state::AppState;
 
 /// `chatcmpl-<uuid>` / `cmpl-<uuid>`.
 pub fn new_request_id(prefix: &str) -> String {

@@ -14,7 +14,7 @@ use axum::http::StatusCode;
 use axum::Json;
 use serde_json::{json, Value};
 
-use crate::app::AppState;
+use crate::state::AppState;
 
 /// How long the engine may be stalled (requests waiting, nothing
 /// scheduled) before readiness fails: longer than any KV transfer's

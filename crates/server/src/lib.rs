@@ -27,7 +27,6 @@
 //!
 //! Errors are OpenAI error JSON, produced by [`error::error_response`] only.
 
-pub mod app;
 pub mod args;
 pub mod auth;
 pub mod chat;
@@ -58,11 +57,13 @@ pub mod request_fields;
 pub mod request_slots;
 pub mod response;
 pub mod router;
+pub mod routes;
 pub mod sampling;
 pub mod server_metrics;
 pub mod sessions;
 pub mod shutdown;
 pub mod sse;
+pub mod state;
 pub mod structured;
 pub mod tenant;
 pub mod tool_grammar_qwen3_coder;

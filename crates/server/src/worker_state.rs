@@ -6,7 +6,7 @@ use axum::extract::State;
 use axum::Json;
 use kvc_disagg::protocol::WorkerState;
 
-use crate::app::AppState;
+use crate::state::AppState;
 
 pub fn worker_state(state: &AppState) -> WorkerState {
     let s = state.engine.snapshot();

@@ -13,8 +13,8 @@ use kvc_engine::{GenerateRequest, RequestStream, Reservation, ReusePath, ServePa
 
 use super::metrics::FallbackReason;
 use super::PdState;
-use crate::app::AppState;
 use crate::error::ApiError;
+use crate::state::AppState;
 
 /// How a request's prompt was served (the `kvc` body field and
 /// `x-kvc-path`).

@@ -15,9 +15,9 @@ use kvc_disagg::HandshakeRecord;
 use kvc_engine::{GenerateRequest, StreamEvent};
 use serde_json::{json, Value};
 
-use crate::app::AppState;
 use crate::error::ApiError;
 use crate::extract::{parse_json, JsonBody, OpenAiJson};
+use crate::state::AppState;
 
 macro_rules! json_body {
     ($($t:ty),*) => {$(
