@@ -87,7 +87,7 @@ pub async fn require_cluster_token(State(state): State<AppState>, req: Request, 
         Ok(()) => {
             // A peer that proved the token may connect to this worker's KV
             // transport from the address it called from.
-            if state.pd.is_some() {
+            if state.backend.disagg().is_some() {
                 if let Some(axum::extract::ConnectInfo(addr)) = req.extensions().get::<axum::extract::ConnectInfo<std::net::SocketAddr>>() {
                     kvc_disagg::transport::allow_peer(addr.ip());
                 }

@@ -82,7 +82,6 @@ async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
 /// binds the port at once, answers probes while the engine loads
 /// ([`crate::loading`]), then serves everything on the same socket.
 pub async fn serve_worker(engine_config: kvc_engine::EngineConfig, args: &crate::args::Args) -> anyhow::Result<()> {
-    use crate::args::Role;
     let host = args.host.as_str();
     let listener = std::net::TcpListener::bind((host, args.port)).map_err(|e| anyhow::anyhow!("cannot bind {host}:{}: {e}", args.port))?;
     listener.set_nonblocking(true)?;
@@ -92,13 +91,7 @@ pub async fn serve_worker(engine_config: kvc_engine::EngineConfig, args: &crate:
         return Ok(());
     };
     let mut state = AppState::with_config(engine.clone(), config);
-    state.role = match args.role {
-        Role::Router => Role::Both,
-        r => r,
-    };
-    if matches!(args.role, Role::Prefill | Role::Decode) {
-        state.pd = Some(crate::pd::PdState::start(&engine, args, &state.metrics.registry)?);
-    }
+    state.backend = crate::backend::start(&engine, args, &state.metrics.registry)?;
     serve_state(state, tokio::net::TcpListener::from_std(listener)?).await
 }
 
@@ -114,7 +107,7 @@ async fn serve_state(state: AppState, listener: tokio::net::TcpListener) -> anyh
     let config = (*state.config).clone();
     let info = engine.info();
     tracing::info!(
-        addr = %listener.local_addr()?, role = state.role.as_str(), model = %info.id, max_model_len = info.max_model_len,
+        addr = %listener.local_addr()?, role = state.backend.role().as_str(), model = %info.id, max_model_len = info.max_model_len,
         num_kv_blocks = info.num_kv_blocks, block_size = info.block_size,
         api_key = !config.api_keys.is_empty(), cluster_token = config.cluster_token.is_some(),
         max_concurrent_requests = config.max_concurrent_requests, max_queued_requests = config.max_queued_requests,

@@ -102,10 +102,9 @@ pub struct AppState {
     pub metrics: Arc<ServerMetrics>,
     pub admission: Arc<Admission>,
     pub lifecycle: Arc<Lifecycle>,
-    /// Both, Prefill or Decode (a router has a state of its own).
-    pub role: crate::args::Role,
-    /// Prefill and decode workers: the KV link, peers, counters.
-    pub pd: Option<Arc<crate::pd::PdState>>,
+    /// How generations are served, chosen once at start from the role
+    /// ([`crate::backend::start`]; a router has a state of its own).
+    pub backend: Arc<dyn crate::backend::Backend>,
     /// Tokens every chat message costs at least under this model's
     /// template (measured once: [`crate::chat_messages::message_token_floor`]).
     pub message_floor: Arc<std::sync::OnceLock<usize>>,
@@ -133,8 +132,7 @@ impl AppState {
             admission,
             config: Arc::new(config),
             lifecycle: Arc::new(Lifecycle::default()),
-            role: crate::args::Role::Both,
-            pd: None,
+            backend: Arc::new(crate::backend::Local::colocated()),
             message_floor: Arc::new(std::sync::OnceLock::new()),
             tool_call_format,
         }

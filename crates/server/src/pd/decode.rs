@@ -13,19 +13,9 @@ use kvc_engine::{GenerateRequest, RequestStream, Reservation, ReusePath, ServePa
 
 use super::metrics::FallbackReason;
 use super::PdState;
+use crate::backend::Route;
 use crate::error::ApiError;
 use crate::state::AppState;
-
-/// How a request's prompt was served (the `kvc` body field and
-/// `x-kvc-path`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Route {
-    pub path: ServePath,
-    pub reason: &'static str,
-    /// Prompt tokens computed by a prefill worker (remote paths).
-    pub remote_computed_tokens: Option<usize>,
-    pub transferred_tokens: usize,
-}
 
 /// Starts `req` on this decode worker.
 pub async fn start(state: &AppState, pd: &PdState, mut req: GenerateRequest) -> Result<(RequestStream, Route), ApiError> {
