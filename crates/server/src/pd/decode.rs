@@ -132,7 +132,7 @@ pub async fn start(state: &AppState, pd: &PdState, mut req: GenerateRequest) -> 
         Err(e) => {
             pd.metrics.remote_prefill.with_label_values(&["failed"]).inc();
             pd.metrics.fallbacks.with_label_values(&[FallbackReason::RemotePrefillFailed.as_str()]).inc();
-            pd.peers.mark(&peer.url, false, None, &pd.metrics);
+            pd.peers.mark_failed(&peer.url, &format!("remote prefill failed: {e}"), &pd.metrics);
             tracing::warn!(event = "fallback", reason = FallbackReason::RemotePrefillFailed.as_str(), request_id = %req.request_id, peer = %peer.url, error = %e, "computing locally instead");
             let held = reservation.held_tokens;
             let here = if reservation.reuse_reason == ReusePath::SessionHit { PrefillPath::DirectAppend } else { PrefillPath::Local };
