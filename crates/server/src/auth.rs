@@ -19,8 +19,8 @@ use axum::http::HeaderMap;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
-use crate::app::AppState;
 use crate::error::ApiError;
+use crate::state::AppState;
 use crate::tenant::Tenant;
 
 /// Header carrying the cluster token on worker-to-worker calls.
@@ -87,7 +87,7 @@ pub async fn require_cluster_token(State(state): State<AppState>, req: Request, 
         Ok(()) => {
             // A peer that proved the token may connect to this worker's KV
             // transport from the address it called from.
-            if state.pd.is_some() {
+            if state.backend.disagg().is_some() {
                 if let Some(axum::extract::ConnectInfo(addr)) = req.extensions().get::<axum::extract::ConnectInfo<std::net::SocketAddr>>() {
                     kvc_disagg::transport::allow_peer(addr.ip());
                 }
@@ -96,6 +96,20 @@ pub async fn require_cluster_token(State(state): State<AppState>, req: Request, 
         }
         Err(e) => e.into_response(),
     }
+}
+
+/// The warning a server listening on `addr` without an API key deserves:
+/// on any address but loopback, every route (generation, `DELETE
+/// /v1/sessions/*`, `/reset_prefix_cache`) is open to whoever reaches it.
+/// vLLM binds 0.0.0.0 by default too; the warning is the point.
+pub fn exposure_warning(addr: &std::net::SocketAddr, api_key: bool) -> Option<String> {
+    (!api_key && !addr.ip().is_loopback()).then(|| {
+        format!(
+            "listening on {} without --api-key: anyone who can reach this address can generate, read and delete \
+             sessions and reset the prefix cache; pass --api-key (or KVC_API_KEY) or --host 127.0.0.1",
+            addr.ip()
+        )
+    })
 }
 
 #[cfg(test)]
@@ -157,5 +171,16 @@ mod tests {
         assert!(!constant_time_eq(b"abc", b"abd"));
         assert!(!constant_time_eq(b"abc", b"ab"));
         assert!(constant_time_eq(b"", b""));
+    }
+
+    #[test]
+    fn only_a_non_loopback_address_without_a_key_is_warned_about() {
+        let addr = |s: &str| s.parse::<std::net::SocketAddr>().unwrap();
+        assert!(exposure_warning(&addr("0.0.0.0:8000"), false).is_some_and(|w| w.contains("--api-key")));
+        assert!(exposure_warning(&addr("[::]:8000"), false).is_some());
+        assert!(exposure_warning(&addr("10.1.2.3:8000"), false).is_some());
+        assert!(exposure_warning(&addr("0.0.0.0:8000"), true).is_none());
+        assert!(exposure_warning(&addr("127.0.0.1:8000"), false).is_none());
+        assert!(exposure_warning(&addr("[::1]:8000"), false).is_none());
     }
 }

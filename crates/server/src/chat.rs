@@ -12,19 +12,20 @@ use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use serde_json::Value;
 
-use crate::app::{AppState, Arrival};
+use crate::backend::Submission;
 use crate::chat_messages::{
     cut_after_final_message, final_message_to_continue, open_assistant_turn, template_messages, tool_mode, ToolMode,
 };
 use crate::chat_output::{ChatEndpoint, ChatSpec};
 use crate::error::ApiError;
 use crate::extract::OpenAiJson;
-use crate::generate::{admit, check_prompt_bytes, check_prompt_len, serving_headers, submit, within, Submission};
+use crate::generate::{admit, check_prompt_bytes, check_prompt_len, serving_headers, submit, within};
 use crate::logprobs::MAX_TOP_LOGPROBS;
 use crate::openai_types::ChatCompletionRequest;
 use crate::response::collect;
 use crate::sampling::{DefaultMaxTokens, SamplingPlan};
 use crate::sse::stream_response;
+use crate::state::{AppState, Arrival};
 use crate::structured::{from_guided, from_response_format, one_of, reasoning_gate, tool_call_grammar, GrammarRequest};
 use crate::tool_grammar_qwen3_coder::qwen3_coder_call_grammar;
 use crate::tool_parser::{ToolCallFormat, ToolParser};

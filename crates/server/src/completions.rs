@@ -13,17 +13,18 @@ use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 
-use crate::app::{AppState, Arrival};
+use crate::backend::Submission;
 use crate::completion_endpoint::{CompletionEndpoint, CompletionShape, EchoedPrompt};
 use crate::completion_prompts::{parse_prompts, PromptInput, MAX_PROMPTS};
 use crate::error::ApiError;
 use crate::extract::OpenAiJson;
-use crate::generate::{admit, check_prompt_bytes, check_prompt_len, serving_headers, submit_prompts, within, Submission};
+use crate::generate::{admit, check_prompt_bytes, check_prompt_len, serving_headers, submit_prompts, within};
 use crate::logprobs::MAX_TOP_LOGPROBS;
 use crate::openai_types::CompletionRequest;
 use crate::response::collect;
 use crate::sampling::{DefaultMaxTokens, SamplingPlan, MAX_N};
 use crate::sse::stream_response;
+use crate::state::{AppState, Arrival};
 
 /// OpenAI's and vLLM's default `max_tokens` for completions.
 pub const DEFAULT_MAX_TOKENS: usize = 16;

@@ -12,8 +12,8 @@ use axum::http::StatusCode;
 use axum::Json;
 use serde::de::DeserializeOwned;
 
-use crate::app::{BodyLimit, MAX_BODY_BYTES};
 use crate::error::ApiError;
+use crate::state::{BodyLimit, MAX_BODY_BYTES};
 
 /// A request body type. Bodies that share fields (the sampling fields of
 /// chat and completions) read them in a second pass over the same bytes

@@ -8,13 +8,13 @@ use std::time::Instant;
 use axum::http::{HeaderName, HeaderValue};
 use futures::stream::{BoxStream, SelectAll};
 use futures::StreamExt;
-use kvc_engine::{EngineError, FinishReason, GenerateRequest, Logprobs, MatchedStop, RequestStream, SamplingParams, StreamEvent, Usage};
+use kvc_engine::{FinishReason, Logprobs, MatchedStop, RequestStream, StreamEvent, Usage};
 
-use crate::app::AppState;
+use crate::backend::{Route, Started, Submission};
 use crate::error::ApiError;
-use crate::pd::decode::Route;
 use crate::request_slots::Slot;
 use crate::server_metrics::Finish;
+use crate::state::AppState;
 
 /// `chatcmpl-<uuid>` / `cmpl-<uuid>`.
 pub fn new_request_id(prefix: &str) -> String {
@@ -92,122 +92,25 @@ pub fn check_prompt_bytes(state: &AppState, bytes: usize, param: &'static str) -
     Ok(())
 }
 
-/// What to submit: one prompt, `n` choices.
-pub struct Submission {
-    pub prompt_tokens: Vec<u32>,
-    pub sampling: SamplingParams,
-    pub n: usize,
-    pub session_id: Option<String>,
-    /// The salt the prompt's cached blocks are hashed under
-    /// ([`crate::tenant::Tenant::cache_salt`]).
-    pub cache_salt: Option<String>,
-    /// `sampling.constraint`, compiled.
-    pub grammar: Option<kvc_engine::CompiledGrammar>,
-    /// Attaches the endpoint's prompt name to engine errors.
-    pub map_err: fn(EngineError) -> ApiError,
-}
-
-/// Submits `n` sequences with the same prompt (their prompt KV is shared
-/// through the engine's prefix cache). A `seed` becomes `seed + index` per
-/// choice, as in vLLM, so seeded choices differ yet reproduce.
-///
-/// On a decode worker a single-choice request goes through
-/// [`crate::pd::decode::start`] (local, direct append or remote prefill);
-/// several choices, and prompt logprobs, are computed here
-/// ([`crate::pd::decode::computed_here`] says so).
+/// Submits `n` sequences with the same prompt through the worker's
+/// backend ([`crate::backend::Backend::submit`]: on a `both` worker all
+/// of them here, on a decode worker a single choice perhaps through a
+/// prefill worker).
 pub async fn submit(state: &AppState, admitted: Admitted, s: Submission) -> Result<Generation, ApiError> {
     submit_prompts(state, admitted, vec![s]).await
 }
 
-/// Why a request must be computed here on a decode worker (None: one
-/// sequence that may go to a prefill worker).
-fn local_only(subs: &[Submission]) -> Option<kvc_disagg::prefill_path::PathReason> {
-    if subs.iter().any(|s| s.sampling.prompt_logprobs.is_some()) {
-        // A remote prefill returns the prompt's KV, not its logits.
-        Some(kvc_disagg::prefill_path::PathReason::PromptLogprobs)
-    } else if subs.iter().map(|s| s.n).sum::<usize>() > 1 {
-        Some(kvc_disagg::prefill_path::PathReason::MultipleChoices)
-    } else {
-        None
-    }
-}
-
 /// [`submit`] for several prompts (a completions batch), all sequences in
-/// one engine submission: prompt `p`'s choice `i` is choice
+/// one submission: prompt `p`'s choice `i` is choice
 /// `sum(n of the prompts before p) + i` of the generation.
 pub async fn submit_prompts(state: &AppState, admitted: Admitted, subs: Vec<Submission>) -> Result<Generation, ApiError> {
     let Admitted { request_id, arrival, deadline, slot } = admitted;
-    let map_err = subs.first().map_or(ApiError::completion_engine as fn(EngineError) -> ApiError, |s| s.map_err);
     let prompt_lens: Vec<usize> = subs.iter().map(|s| s.prompt_tokens.len()).collect();
     let prompt_of: Vec<usize> = subs.iter().enumerate().flat_map(|(p, s)| std::iter::repeat_n(p, s.n)).collect();
     let total = prompt_of.len();
+    let Started { streams: started, route } = within(state, deadline, state.backend.submit(state, &request_id, &subs)).await??;
     let mut streams = SelectAll::new();
-    let mut route = Route::default();
-    let local_reason = local_only(&subs);
-    if let (Some(pd), crate::args::Role::Decode, None, [s]) = (state.pd.as_deref(), state.role, local_reason, subs.as_slice()) {
-        let req = GenerateRequest {
-            request_id: request_id.clone(),
-            prompt_tokens: s.prompt_tokens.clone(),
-            sampling: s.sampling.clone(),
-            session_id: s.session_id.clone(),
-            cache_salt: s.cache_salt.clone(),
-            grammar: s.grammar.clone(),
-        };
-        let started = within(state, deadline, crate::pd::decode::start(state, pd, req)).await;
-        let (stream, r) = started?.map_err(|e| match e {
-            ApiError::Engine { source, .. } => (s.map_err)(source),
-            other => other,
-        })?;
-        route = r;
-        tracing::info!(
-            request_id,
-            seq_id = stream.id(),
-            prompt_tokens = s.prompt_tokens.len(),
-            path = route.path.as_str(),
-            reason = route.reason,
-            "request submitted"
-        );
-        streams.push(events(0, stream));
-    }
-    if let (Some(pd), crate::args::Role::Decode, Some(reason)) = (state.pd.as_deref(), state.role, local_reason) {
-        route = crate::pd::decode::computed_here(pd, &request_id, reason, total, prompt_lens.iter().sum());
-    }
-    let remote_started = !streams.is_empty();
-    let mut reqs: Vec<GenerateRequest> = Vec::new();
-    for (p, s) in subs.iter().enumerate().filter(|_| !remote_started) {
-        for index in 0..s.n {
-            let mut sampling = s.sampling.clone();
-            sampling.seed = choice_seed(sampling.seed, index);
-            reqs.push(GenerateRequest {
-                request_id: if total == 1 { request_id.clone() } else { format!("{request_id}-{}", reqs.len()) },
-                prompt_tokens: s.prompt_tokens.clone(),
-                sampling,
-                // Only the first choice continues the session; the others are
-                // alternatives the client has not chosen yet.
-                session_id: if p == 0 && index == 0 { s.session_id.clone() } else { None },
-                cache_salt: s.cache_salt.clone(),
-                grammar: s.grammar.clone(),
-            });
-        }
-    }
-    // One submission for all choices: they enter the scheduler in the same
-    // step, so a seeded request's batches (and sampled text) reproduce.
-    if !reqs.is_empty() {
-        crate::queue_delay::check(state, &request_id)?;
-    }
-    let group = if reqs.is_empty() { Vec::new() } else { state.engine.submit_group(reqs).map_err(map_err)? };
-    for (index, stream) in group.into_iter().enumerate() {
-        state.metrics.local_requests.inc();
-        let s = &subs[prompt_of[index]];
-        tracing::info!(
-            request_id,
-            index,
-            seq_id = stream.id(),
-            prompt_tokens = s.prompt_tokens.len(),
-            max_tokens = s.sampling.max_tokens,
-            path = kvc_engine::ServePath::Local.as_str(),
-            "request submitted"
-        );
+    for (index, stream) in started.into_iter().enumerate() {
         streams.push(events(index, stream));
     }
     state.metrics.queue.observe(arrival.elapsed().as_secs_f64());
@@ -225,12 +128,6 @@ pub async fn submit_prompts(state: &AppState, admitted: Admitted, subs: Vec<Subm
         cancelled: Box::pin(state.lifecycle.cancelled()),
         _slot: slot,
     })
-}
-
-/// The seed of choice `index`: `seed + index` (vLLM's rule), so seeded
-/// choices differ from each other yet each reproduces.
-pub fn choice_seed(seed: Option<u64>, index: usize) -> Option<u64> {
-    seed.map(|s| s.wrapping_add(index as u64))
 }
 
 /// One engine sequence's events, tagged with its choice index; `None`
@@ -437,13 +334,6 @@ pub fn log_finished(request_id: &str, index: usize, reason: &str, usage: &Usage)
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn seeded_choices_get_seed_plus_index_and_unseeded_stay_unseeded() {
-        assert_eq!((0..3).map(|i| choice_seed(Some(100), i)).collect::<Vec<_>>(), vec![Some(100), Some(101), Some(102)]);
-        assert_eq!(choice_seed(Some(u64::MAX), 1), Some(0));
-        assert_eq!(choice_seed(None, 2), None);
-    }
 
     #[test]
     fn usage_of_n_choices_counts_the_prompt_once() {

@@ -14,7 +14,7 @@ use axum::http::StatusCode;
 use axum::Json;
 use serde_json::{json, Value};
 
-use crate::app::AppState;
+use crate::state::AppState;
 
 /// How long the engine may be stalled (requests waiting, nothing
 /// scheduled) before readiness fails: longer than any KV transfer's
@@ -43,7 +43,7 @@ pub fn ready(state: &AppState) -> (StatusCode, Value) {
 }
 
 pub async fn health(State(state): State<AppState>) -> (StatusCode, Json<Value>) {
-    let (status, body) = ready(&state);
+    let (status, body) = state.backend.health(&state);
     (status, Json(body))
 }
 

@@ -20,16 +20,21 @@
 //! - `GET /health` (readiness), `GET /health/live`, `GET /metrics`
 //!   (Prometheus text).
 //! - `/internal/*`: worker-to-worker routes behind `--cluster-token`.
-//! - Roles: [`pd`] (prefill and decode workers), [`router`]; both watch
-//!   their peers through one poller ([`peer_poll`]) and correct the peers'
-//!   lagging reports by what they sent and have not had answered
-//!   ([`in_flight`]).
+//! - Roles: a worker serves generations through one [`backend::Backend`],
+//!   chosen once at start from `--role` ([`backend::Local`] for `both` and
+//!   `prefill`, [`backend::DecodeWorker`] for `decode`); [`pd`] holds the
+//!   prefill and decode workers' KV link, peers and routes; [`router`] is
+//!   an app of its own. Router and decode worker watch their peers through
+//!   one poller ([`peer_poll`]) and correct the peers' lagging reports by
+//!   what they sent and have not had answered ([`in_flight`]).
+//! - Layout: handlers share [`state::AppState`]; the route table and
+//!   serving are [`routes`], which no handler imports.
 //!
 //! Errors are OpenAI error JSON, produced by [`error::error_response`] only.
 
-pub mod app;
 pub mod args;
 pub mod auth;
+pub mod backend;
 pub mod chat;
 pub mod chat_messages;
 pub mod chat_output;
@@ -58,11 +63,13 @@ pub mod request_fields;
 pub mod request_slots;
 pub mod response;
 pub mod router;
+pub mod routes;
 pub mod sampling;
 pub mod server_metrics;
 pub mod sessions;
 pub mod shutdown;
 pub mod sse;
+pub mod state;
 pub mod structured;
 pub mod tenant;
 pub mod tool_grammar_qwen3_coder;

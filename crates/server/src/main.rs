@@ -32,7 +32,7 @@ fn main() -> anyhow::Result<()> {
     tracing::info!(?config, role = %args.role_name(), "starting engine");
     // The engine loads on a thread of its own while the port answers probes.
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    let served = runtime.block_on(kvc_server::app::serve_worker(config, &args));
+    let served = runtime.block_on(kvc_server::routes::serve_worker(config, &args));
     // Tokenizations still running in the blocking pool must not hold the exit.
     runtime.shutdown_timeout(std::time::Duration::from_secs(1));
     served

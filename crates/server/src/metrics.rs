@@ -12,9 +12,9 @@ use axum::response::IntoResponse;
 use kvc_engine::{EngineHandle, EngineStats};
 use prometheus::Registry;
 
-use crate::app::AppState;
 use crate::prom::{Family, Scrape, ScrapeTime};
 use crate::request_slots::Admission;
+use crate::state::AppState;
 
 pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
     ([(header::CONTENT_TYPE, crate::prom::CONTENT_TYPE)], state.metrics.render())

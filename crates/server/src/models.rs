@@ -3,9 +3,9 @@
 use axum::extract::{Path, State};
 use axum::Json;
 
-use crate::app::AppState;
 use crate::error::ApiError;
 use crate::openai_types::{ModelCard, ModelList};
+use crate::state::AppState;
 
 fn card(state: &AppState) -> ModelCard {
     let info = state.engine.info();

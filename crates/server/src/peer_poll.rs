@@ -5,11 +5,15 @@
 //! Each peer has its own task: it polls every `interval` while the peer
 //! answers, and after consecutive failures waits `interval x 2^failures`,
 //! at most [`MAX_BACKOFF`]. What a poll means (health, load corrections) is
-//! the caller's: it gets each outcome through a callback.
+//! the caller's: it gets each outcome through a callback, and records it
+//! in the peer's [`PeerHealth`] (one record of health, backoff failures
+//! and transitions for both roles; each role keeps only its in-flight
+//! corrections, [`crate::in_flight`], and its metrics).
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::time::Duration;
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use kvc_disagg::protocol::WorkerState;
 
@@ -27,6 +31,88 @@ pub const POLL_TIMEOUT: Duration = Duration::from_secs(3);
 pub struct Polled {
     pub state: WorkerState,
     pub remote: Option<SocketAddr>,
+}
+
+/// What is known of one peer: its last published state, whether it takes
+/// work, and its consecutive failures (polls or calls; they set the
+/// backoff, [`next_poll_delay`]).
+#[derive(Debug, Clone, Default)]
+pub struct Health {
+    pub healthy: bool,
+    pub state: Option<WorkerState>,
+    /// When the last poll answered a state.
+    pub polled_at: Option<Instant>,
+    pub failures: u32,
+}
+
+/// A change of a peer's health, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Transition {
+    pub healthy: bool,
+    pub why: String,
+}
+
+/// One peer's [`Health`], as its poller and the calls to it record it
+/// (unhealthy until the first poll succeeds).
+#[derive(Debug, Default)]
+pub struct PeerHealth {
+    inner: Mutex<Health>,
+}
+
+impl PeerHealth {
+    fn lock(&self) -> MutexGuard<'_, Health> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Reads the health under its lock (no poll lands meanwhile).
+    pub fn read<R>(&self, f: impl FnOnce(&Health) -> R) -> R {
+        f(&self.lock())
+    }
+
+    pub fn get(&self) -> Health {
+        self.lock().clone()
+    }
+
+    pub fn is_healthy(&self) -> bool {
+        self.lock().healthy
+    }
+
+    pub fn failures(&self) -> u32 {
+        self.lock().failures
+    }
+
+    /// Records a poll's outcome: a state is kept whatever it says, and the
+    /// peer is healthy if it reports `ready: true` (then `on_ready` runs
+    /// under the lock, so that no reader sees the new report without what
+    /// the caller marks with it). Returns the transition, if any.
+    pub fn record_poll(&self, outcome: Result<WorkerState, String>, on_ready: impl FnOnce()) -> Option<Transition> {
+        let mut h = self.lock();
+        let (healthy, why) = match outcome {
+            Ok(state) => {
+                let ready = state.ready;
+                h.state = Some(state);
+                h.polled_at = Some(Instant::now());
+                if ready {
+                    on_ready();
+                    (true, "poll ok".to_string())
+                } else {
+                    (false, "worker reports ready: false".to_string())
+                }
+            }
+            Err(e) => (false, e),
+        };
+        h.failures = if healthy { 0 } else { h.failures.saturating_add(1) };
+        let changed = std::mem::replace(&mut h.healthy, healthy) != healthy;
+        changed.then_some(Transition { healthy, why })
+    }
+
+    /// A call to the peer failed before any answer: unhealthy until a poll
+    /// succeeds. Returns the transition if it was healthy.
+    pub fn record_failure(&self, why: &str) -> Option<Transition> {
+        let mut h = self.lock();
+        h.failures = h.failures.saturating_add(1);
+        std::mem::replace(&mut h.healthy, false).then(|| Transition { healthy: false, why: why.to_string() })
+    }
 }
 
 /// The wait before the next poll: the interval while polls succeed, then
@@ -95,6 +181,30 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn ready(ready: bool) -> WorkerState {
+        WorkerState { ready, ..Default::default() }
+    }
+
+    #[test]
+    fn health_follows_polls_and_failed_calls_and_reports_only_transitions() {
+        let h = PeerHealth::default();
+        assert!(!h.is_healthy(), "unknown until polled");
+        let mut marked = 0;
+        assert_eq!(h.record_poll(Ok(ready(true)), || marked += 1), Some(Transition { healthy: true, why: "poll ok".into() }));
+        assert_eq!(h.record_poll(Ok(ready(true)), || marked += 1), None, "no transition");
+        assert_eq!(marked, 2, "every ready report is marked");
+        assert_eq!(h.record_failure("refused").map(|t| t.healthy), Some(false));
+        assert_eq!(h.record_failure("refused"), None, "already unhealthy");
+        assert_eq!(h.record_poll(Err("down".into()), || unreachable!()), None);
+        assert_eq!(h.failures(), 3);
+        assert!(h.get().state.is_some(), "a failed poll keeps the last state");
+        assert_eq!(h.record_poll(Ok(ready(false)), || unreachable!()), None);
+        assert!(h.get().state.is_some_and(|s| !s.ready), "a not-ready state is kept");
+        assert_eq!(h.failures(), 4);
+        assert!(h.record_poll(Ok(ready(true)), || {}).is_some_and(|t| t.healthy));
+        assert_eq!(h.failures(), 0);
+    }
 
     #[test]
     fn backoff_doubles_up_to_the_cap() {

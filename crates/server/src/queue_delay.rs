@@ -5,8 +5,8 @@
 
 use kvc_policy::queue_delay::{decide_queue_delay, QueueDelayInputs, QueueDelayReason};
 
-use crate::app::AppState;
 use crate::error::ApiError;
+use crate::state::AppState;
 
 /// Takes the prompts of one request about to be handed to the local engine,
 /// or refuses them when they would wait past the bound.

@@ -11,9 +11,9 @@ use kvc_engine::{AdmissionDecision, AdmissionQuery, SessionInfo};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::app::AppState;
 use crate::error::ApiError;
 use crate::extract::{parse_json, JsonBody, OpenAiJson};
+use crate::state::AppState;
 use crate::tenant::{check_cache_salt, Tenant};
 use kvc_engine::{client_session_id, is_valid_client_part};
 

@@ -6,15 +6,18 @@ use axum::extract::State;
 use axum::Json;
 use kvc_disagg::protocol::WorkerState;
 
-use crate::app::AppState;
+use crate::args::Role;
+use crate::state::AppState;
 
-pub fn worker_state(state: &AppState) -> WorkerState {
+/// The state a worker of `role` publishes (`ready`: its readiness,
+/// [`crate::backend::Backend::health`]).
+pub fn published(state: &AppState, role: Role, ready: bool) -> WorkerState {
     let s = state.engine.snapshot();
     let info = state.engine.info();
     WorkerState {
-        role: state.role.as_str().to_string(),
+        role: role.as_str().to_string(),
         model: info.id.clone(),
-        ready: crate::health::ready(state).0.is_success(),
+        ready,
         block_size: info.block_size,
         total_blocks: s.total_blocks,
         free_blocks: s.free_blocks,
@@ -29,5 +32,5 @@ pub fn worker_state(state: &AppState) -> WorkerState {
 }
 
 pub async fn get_state(State(state): State<AppState>) -> Json<WorkerState> {
-    Json(worker_state(&state))
+    Json(state.backend.worker_state(&state))
 }

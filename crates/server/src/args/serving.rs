@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use super::{parse_bytes, parse_positive_f64};
-use crate::app::ServerConfig;
+use crate::state::ServerConfig;
 use crate::tool_parser::ToolCallFormat;
 
 /// Security, limits and lifecycle of the HTTP front (see [`ServerConfig`]).

@@ -13,19 +13,9 @@ use kvc_engine::{GenerateRequest, RequestStream, Reservation, ReusePath, ServePa
 
 use super::metrics::FallbackReason;
 use super::PdState;
-use crate::app::AppState;
+use crate::backend::Route;
 use crate::error::ApiError;
-
-/// How a request's prompt was served (the `kvc` body field and
-/// `x-kvc-path`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Route {
-    pub path: ServePath,
-    pub reason: &'static str,
-    /// Prompt tokens computed by a prefill worker (remote paths).
-    pub remote_computed_tokens: Option<usize>,
-    pub transferred_tokens: usize,
-}
+use crate::state::AppState;
 
 /// Starts `req` on this decode worker.
 pub async fn start(state: &AppState, pd: &PdState, mut req: GenerateRequest) -> Result<(RequestStream, Route), ApiError> {
@@ -142,7 +132,7 @@ pub async fn start(state: &AppState, pd: &PdState, mut req: GenerateRequest) -> 
         Err(e) => {
             pd.metrics.remote_prefill.with_label_values(&["failed"]).inc();
             pd.metrics.fallbacks.with_label_values(&[FallbackReason::RemotePrefillFailed.as_str()]).inc();
-            pd.peers.mark(&peer.url, false, None, &pd.metrics);
+            pd.peers.mark_failed(&peer.url, &format!("remote prefill failed: {e}"), &pd.metrics);
             tracing::warn!(event = "fallback", reason = FallbackReason::RemotePrefillFailed.as_str(), request_id = %req.request_id, peer = %peer.url, error = %e, "computing locally instead");
             let held = reservation.held_tokens;
             let here = if reservation.reuse_reason == ReusePath::SessionHit { PrefillPath::DirectAppend } else { PrefillPath::Local };

@@ -1,8 +1,9 @@
 //! A decode worker's view of its prefill workers: each one's published
 //! state (`GET /internal/state`), polled every `--peer-poll-interval-s`
-//! with the router's poller ([`crate::peer_poll`]: the same deadline and
-//! backoff). A failed poll or call marks the peer unhealthy until a poll
-//! succeeds.
+//! with the router's poller ([`crate::peer_poll`]: the same deadline,
+//! backoff and health record, [`PeerHealth`]). A failed poll or call marks
+//! the peer unhealthy until a poll succeeds. What is the decode worker's
+//! own: the prompt tokens it has sent each peer and not had answered.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -14,7 +15,7 @@ use kvc_disagg::protocol::WorkerState;
 use super::metrics::PdMetrics;
 use crate::auth::CLUSTER_TOKEN_HEADER;
 use crate::in_flight::{InFlight, Sent};
-use crate::peer_poll::{spawn_pollers, Polled};
+use crate::peer_poll::{spawn_pollers, PeerHealth, Polled, Transition};
 
 #[derive(Debug, Clone, Default)]
 pub struct PeerStatus {
@@ -47,8 +48,14 @@ impl PeerClient {
     }
 }
 
+/// One prefill worker: its base URL and health.
+struct PrefillPeer {
+    url: String,
+    health: PeerHealth,
+}
+
 pub struct PrefillPeers {
-    peers: Mutex<Vec<PeerStatus>>,
+    peers: Vec<PrefillPeer>,
     /// Prompt tokens this worker has asked each peer to compute and whose
     /// answer has not come back (by URL).
     sent: Mutex<HashMap<String, Arc<InFlight>>>,
@@ -56,8 +63,8 @@ pub struct PrefillPeers {
 
 impl PrefillPeers {
     pub fn new(urls: &[String]) -> Self {
-        let peers = urls.iter().map(|u| PeerStatus { url: u.trim_end_matches('/').to_string(), ..Default::default() }).collect();
-        Self { peers: Mutex::new(peers), sent: Mutex::new(HashMap::new()) }
+        let peers = urls.iter().map(|u| PrefillPeer { url: u.trim_end_matches('/').to_string(), health: PeerHealth::default() }).collect();
+        Self { peers, sent: Mutex::new(HashMap::new()) }
     }
 
     fn sent_to(&self, peer: &PeerStatus) -> Arc<InFlight> {
@@ -83,7 +90,13 @@ impl PrefillPeers {
     }
 
     pub fn all(&self) -> Vec<PeerStatus> {
-        self.peers.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.peers
+            .iter()
+            .map(|p| {
+                let h = p.health.get();
+                PeerStatus { url: p.url.clone(), healthy: h.healthy, state: h.state, failures: h.failures }
+            })
+            .collect()
     }
 
     /// The peer for `session` ([`choose_peer`]: its snapshot's holder, its
@@ -110,28 +123,36 @@ impl PrefillPeers {
         Some(peers[i].clone())
     }
 
-    /// Records a poll's (or call's) outcome; returns the peer's consecutive
-    /// failures.
-    pub fn mark(&self, url: &str, healthy: bool, state: Option<WorkerState>, metrics: &PdMetrics) -> u32 {
-        let mut peers = self.peers.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(p) = peers.iter_mut().find(|p| p.url == url) else {
+    /// Records a poll of peer `i` ([`PeerHealth::record_poll`]); returns
+    /// its consecutive failures.
+    pub fn apply_poll(&self, i: usize, outcome: Result<WorkerState, String>, metrics: &PdMetrics) -> u32 {
+        let Some(p) = self.peers.get(i) else {
             return 0;
         };
-        p.failures = if healthy { 0 } else { p.failures.saturating_add(1) };
-        if p.healthy != healthy {
-            tracing::info!(event = "peer_health", peer = url, healthy, "prefill peer health changed");
+        let transition = p.health.record_poll(outcome, || {});
+        self.recorded(p, transition, metrics);
+        p.health.failures()
+    }
+
+    /// A call to the peer at `url` failed: unhealthy until a poll succeeds.
+    pub fn mark_failed(&self, url: &str, why: &str, metrics: &PdMetrics) {
+        if let Some(p) = self.peers.iter().find(|p| p.url == url) {
+            let transition = p.health.record_failure(why);
+            self.recorded(p, transition, metrics);
         }
-        p.healthy = healthy;
-        if state.is_some() {
-            p.state = state;
+    }
+
+    fn recorded(&self, p: &PrefillPeer, transition: Option<Transition>, metrics: &PdMetrics) {
+        let healthy = p.health.is_healthy();
+        if let Some(t) = transition {
+            tracing::info!(event = "peer_health", peer = %p.url, healthy, reason = %t.why, "prefill peer health changed");
         }
-        metrics.peer_healthy.with_label_values(&[url]).set(if healthy { 1.0 } else { 0.0 });
-        p.failures
+        metrics.peer_healthy.with_label_values(&[&p.url]).set(if healthy { 1.0 } else { 0.0 });
     }
 
     /// Polls every peer on its own task, forever.
     pub fn spawn_pollers(self: &Arc<Self>, client: &PeerClient, interval: Duration, metrics: PdMetrics) {
-        let urls: Vec<String> = self.all().into_iter().map(|p| p.url).collect();
+        let urls: Vec<String> = self.peers.iter().map(|p| p.url.clone()).collect();
         let (peers, names) = (self.clone(), Arc::new(urls.clone()));
         // Backlogs are read with `at_least`, which needs no report marks.
         spawn_pollers(
@@ -143,22 +164,21 @@ impl PrefillPeers {
             move |i, outcome: Result<Polled, String>| {
                 let (peers, metrics, url) = (peers.clone(), metrics.clone(), names[i].clone());
                 async move {
-                    let state = match outcome {
+                    let outcome = match outcome {
                         Ok(p) => {
                             // The peer we call with the token may connect to our
                             // KV transport (it writes prefilled KV into our pool).
                             if let Some(a) = p.remote {
                                 kvc_disagg::transport::allow_peer(a.ip());
                             }
-                            Some(p.state)
+                            Ok(p.state)
                         }
                         Err(e) => {
                             tracing::debug!(event = "peer_poll_failed", peer = %url, error = %e);
-                            None
+                            Err(e)
                         }
                     };
-                    let healthy = state.as_ref().is_some_and(|s| s.ready);
-                    peers.mark(&url, healthy, state, &metrics)
+                    peers.apply_poll(i, outcome, &metrics)
                 }
             },
         );
@@ -171,7 +191,7 @@ mod tests {
 
     fn reporting(peers: &PrefillPeers, pending: usize) -> PeerStatus {
         let state = WorkerState { pending_prefill_tokens: pending, ready: true, ..Default::default() };
-        peers.mark("http://p", true, Some(state), &PdMetrics::default());
+        peers.apply_poll(0, Ok(state), &PdMetrics::default());
         peers.all().remove(0)
     }
 

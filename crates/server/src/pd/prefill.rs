@@ -15,9 +15,9 @@ use kvc_disagg::HandshakeRecord;
 use kvc_engine::{GenerateRequest, StreamEvent};
 use serde_json::{json, Value};
 
-use crate::app::AppState;
 use crate::error::ApiError;
 use crate::extract::{parse_json, JsonBody, OpenAiJson};
+use crate::state::AppState;
 
 macro_rules! json_body {
     ($($t:ty),*) => {$(
@@ -33,7 +33,7 @@ json_body!(RemotePrefillRequest, SnapshotReserveRequest, SnapshotFinishRequest);
 use super::PdState;
 
 fn pd(state: &AppState) -> Result<&PdState, ApiError> {
-    state.pd.as_deref().ok_or_else(|| ApiError::bad_request("this worker takes no KV transfers (--role both)", None))
+    state.backend.disagg().ok_or_else(|| ApiError::bad_request("this worker takes no KV transfers (--role both)", None))
 }
 
 pub async fn handshake(State(state): State<AppState>) -> Result<Json<HandshakeRecord>, ApiError> {

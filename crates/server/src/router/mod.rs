@@ -40,12 +40,12 @@ use axum::{Json, Router};
 use kvc_disagg::routing::RouteWeights;
 use serde_json::{json, Value};
 
-use crate::app::ServerConfig;
 use crate::args::Args;
 use crate::auth::check_api_key;
 use crate::error::ApiError;
 use crate::sessions::SaltQuery;
 use crate::shutdown::Lifecycle;
+use crate::state::ServerConfig;
 use crate::tenant::Tenant;
 use metrics::RouterMetrics;
 use peers::Peers;
@@ -298,7 +298,7 @@ pub async fn serve(args: &Args) -> anyhow::Result<()> {
         addr = %listener.local_addr()?, workers = ?urls, poll_interval_s = interval.as_secs_f64(),
         api_key = !state.config.api_keys.is_empty(), "kvc-server router listening"
     );
-    if let Some(w) = crate::app::exposure_warning(&listener.local_addr()?, !state.config.api_keys.is_empty()) {
+    if let Some(w) = crate::auth::exposure_warning(&listener.local_addr()?, !state.config.api_keys.is_empty()) {
         tracing::warn!(addr = %listener.local_addr()?, "{w}");
     }
     let lifecycle = state.lifecycle.clone();

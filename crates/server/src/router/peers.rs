@@ -6,11 +6,13 @@
 //! `ready: false` marks it unhealthy; so does a failed forward (see
 //! [`super::proxy`]). An unhealthy worker is polled again after an
 //! exponential backoff ([`crate::peer_poll`], shared with the decode
-//! worker's poller) and takes requests again once a poll succeeds. Every transition is an
+//! worker's poller, as is the health record [`PeerHealth`]) and takes
+//! requests again once a poll succeeds. Every transition is an
 //! `event="peer_health"` log line and a count in
-//! `kvc_router_peer_health_changes_total{worker,to}`.
+//! `kvc_router_peer_health_changes_total{worker,to}`. What is the router's
+//! own: the requests and blocks it has in flight on each worker.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kvc_disagg::protocol::WorkerState;
@@ -18,40 +20,27 @@ use kvc_disagg::routing::WorkerView;
 
 use super::metrics::RouterMetrics;
 use crate::in_flight::{InFlight, Sent};
-use crate::peer_poll::{spawn_pollers, Polled};
+use crate::peer_poll::{spawn_pollers, PeerHealth, Polled, Transition};
 
 /// One worker behind the router.
 #[derive(Debug)]
 pub struct Peer {
     /// Base URL without a trailing slash (`http://host:port`).
     pub url: String,
-    inner: Mutex<PeerInner>,
+    health: PeerHealth,
     /// Requests the router is forwarding to it now.
     requests: Arc<InFlight>,
     /// The blocks those requests were estimated to need.
     blocks: Arc<InFlight>,
 }
 
-#[derive(Debug, Default)]
-struct PeerInner {
-    healthy: bool,
-    state: Option<WorkerState>,
-    polled_at: Option<Instant>,
-    /// Consecutive failures (poll or forward), for the backoff.
-    failures: u32,
-}
-
 impl Peer {
     pub fn new(url: &str) -> Self {
-        Self { url: url.trim_end_matches('/').to_string(), inner: Mutex::default(), requests: Arc::default(), blocks: Arc::default() }
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, PeerInner> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+        Self { url: url.trim_end_matches('/').to_string(), health: PeerHealth::default(), requests: Arc::default(), blocks: Arc::default() }
     }
 
     pub fn is_healthy(&self) -> bool {
-        self.lock().healthy
+        self.health.is_healthy()
     }
 
     pub fn in_flight(&self) -> usize {
@@ -66,12 +55,12 @@ impl Peer {
 
     /// When the last good poll answered.
     pub fn polled_at(&self) -> Option<Instant> {
-        self.lock().polled_at
+        self.health.read(|h| h.polled_at)
     }
 
     /// Whether the last polled state lists `session` (exact match).
     pub fn holds_session(&self, session: &str) -> bool {
-        self.lock().state.as_ref().is_some_and(|s| s.sessions.contains_key(session))
+        self.health.read(|h| h.state.as_ref().is_some_and(|s| s.sessions.contains_key(session)))
     }
 
     /// The policy's view of this worker for a request of `session`. Load is
@@ -80,15 +69,16 @@ impl Peer {
     /// use, minus the router's requests (and their estimated blocks)
     /// counted in them, plus the router's requests now.
     pub fn view(&self, session: Option<&str>) -> WorkerView {
-        let inner = self.lock();
-        let Some(state) = &inner.state else {
-            return WorkerView::default();
-        };
-        let mut view = WorkerView::from_state(state, inner.healthy, session);
-        view.active = self.requests.correct(view.active);
-        let used = self.blocks.correct(view.total_blocks.saturating_sub(view.available_blocks()));
-        view.free_blocks = view.total_blocks.saturating_sub(view.evictable_blocks).saturating_sub(used);
-        view
+        self.health.read(|h| {
+            let Some(state) = &h.state else {
+                return WorkerView::default();
+            };
+            let mut view = WorkerView::from_state(state, h.healthy, session);
+            view.active = self.requests.correct(view.active);
+            let used = self.blocks.correct(view.total_blocks.saturating_sub(view.available_blocks()));
+            view.free_blocks = view.total_blocks.saturating_sub(view.evictable_blocks).saturating_sub(used);
+            view
+        })
     }
 
     /// A poll of this worker is being sent ([`InFlight::mark_polling`]).
@@ -97,39 +87,18 @@ impl Peer {
         self.blocks.mark_polling();
     }
 
-    /// Records a poll's outcome; returns the health transition, if any.
-    fn record_poll(&self, result: Result<WorkerState, String>) -> Option<(bool, String)> {
-        let mut inner = self.lock();
-        let (healthy, why) = match result {
-            Ok(state) if state.ready => {
-                inner.state = Some(state);
-                inner.polled_at = Some(Instant::now());
-                self.requests.mark_reported();
-                self.blocks.mark_reported();
-                (true, "poll ok".to_string())
-            }
-            Ok(state) => {
-                inner.state = Some(state);
-                inner.polled_at = Some(Instant::now());
-                (false, "worker reports ready: false".to_string())
-            }
-            Err(e) => (false, e),
-        };
-        inner.failures = if healthy { 0 } else { inner.failures.saturating_add(1) };
-        let changed = inner.healthy != healthy;
-        inner.healthy = healthy;
-        changed.then_some((healthy, why))
-    }
-
-    /// A forward to this worker failed before any answer.
-    fn record_failure(&self) -> bool {
-        let mut inner = self.lock();
-        inner.failures = inner.failures.saturating_add(1);
-        std::mem::replace(&mut inner.healthy, false)
+    /// Records a poll's outcome ([`PeerHealth::record_poll`]; a ready
+    /// report also marks what the router had in flight when it came);
+    /// returns the health transition, if any.
+    fn record_poll(&self, result: Result<WorkerState, String>) -> Option<Transition> {
+        self.health.record_poll(result, || {
+            self.requests.mark_reported();
+            self.blocks.mark_reported();
+        })
     }
 
     fn failures(&self) -> u32 {
-        self.lock().failures
+        self.health.failures()
     }
 }
 
@@ -170,20 +139,21 @@ impl Peers {
     /// until a poll succeeds.
     pub fn mark_failed(&self, i: usize, error: &str) {
         let peer = &self.list[i];
-        if peer.record_failure() {
-            self.log_transition(peer, false, &format!("forward failed: {error}"));
+        if let Some(t) = peer.health.record_failure(&format!("forward failed: {error}")) {
+            self.log_transition(peer, &t);
         }
     }
 
     /// Records a poll of worker `i`, logging and counting a transition.
     pub(crate) fn apply_poll(&self, i: usize, result: Result<WorkerState, String>) {
         let peer = &self.list[i];
-        if let Some((healthy, why)) = peer.record_poll(result) {
-            self.log_transition(peer, healthy, &why);
+        if let Some(t) = peer.record_poll(result) {
+            self.log_transition(peer, &t);
         }
     }
 
-    fn log_transition(&self, peer: &Peer, healthy: bool, why: &str) {
+    fn log_transition(&self, peer: &Peer, t: &Transition) {
+        let (healthy, why) = (t.healthy, &t.why);
         let to = if healthy { "healthy" } else { "unhealthy" };
         if healthy {
             tracing::info!(event = "peer_health", worker = %peer.url, to, reason = %why, "worker is healthy");

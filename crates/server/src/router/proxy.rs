@@ -62,7 +62,7 @@ fn path(endpoint: Endpoint) -> &'static str {
 /// ([`crate::extract::read_body`]: 413, 408).
 pub async fn read_body(state: &RouterState, req: Request) -> Result<(HeaderMap, Bytes), ApiError> {
     let headers = req.headers().clone();
-    let limit = crate::app::BodyLimit { bytes: state.config.max_request_body_bytes, read_timeout: state.config.body_read_timeout };
+    let limit = crate::state::BodyLimit { bytes: state.config.max_request_body_bytes, read_timeout: state.config.body_read_timeout };
     Ok((headers, crate::extract::read_body(req, limit).await?))
 }
 
