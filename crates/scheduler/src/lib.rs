@@ -10,6 +10,7 @@
 
 mod budget;
 mod config;
+mod kv_manager;
 mod scheduler;
 mod sequence;
 
@@ -21,5 +22,6 @@ pub use kvc_policy::preemption::{
     decide_preemption as choose_victim, PreemptionCandidate, PreemptionCandidate as VictimCandidate, PreemptionDecision, PreemptionReason,
 };
 pub use kvc_policy::seq_admission::{decide_seq_admission as decide_admission, AdmitInputs, AdmitReason, Wait};
-pub use scheduler::{NoCache, Schedule, ScheduledChunk, Scheduler, SchedulerHooks, SchedulerStats};
+pub use kv_manager::KvManager;
+pub use scheduler::{Schedule, ScheduledChunk, Scheduler, SchedulerStats};
 pub use sequence::{SeqId, SeqStatus, Sequence};

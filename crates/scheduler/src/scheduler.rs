@@ -78,59 +78,17 @@
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
-use kvc_kv_pool::{BlockAllocator, BlockId};
+use kvc_kv_pool::BlockId;
 
 use crate::budget::TimeBudget;
 use crate::config::SchedulerConfig;
+use crate::kv_manager::KvManager;
 use crate::sequence::{SeqId, SeqStatus, Sequence};
 use kvc_policy::preemption::{decide_preemption, PreemptionCandidate};
 use kvc_policy::seq_admission::{AdmitReason, Wait};
 
 mod admit;
 mod prefill_plan;
-
-/// What the scheduler asks of the KV caches around it.
-pub trait SchedulerHooks {
-    /// Frees cached KV that no running sequence uses until `n` blocks are
-    /// free, if it can.
-    fn reclaim(&mut self, n: usize, alloc: &mut BlockAllocator);
-    /// Blocks (one reference each, now owned by the sequence) already
-    /// holding the KV of the first `tokens` tokens of a sequence about to
-    /// be admitted; None when nothing is reusable.
-    fn acquire(&mut self, seq: &Sequence, alloc: &mut BlockAllocator) -> Option<(Vec<BlockId>, usize)>;
-    /// Whether the KV that [`Self::acquire`] handed sequence `id` may be
-    /// read: false while it is still being copied in (a host-tier restore
-    /// running beside other sequences' work). Such a sequence keeps its
-    /// place and computes nothing until it is.
-    fn ready(&mut self, _id: SeqId) -> bool {
-        true
-    }
-    /// The scheduler gave back the blocks [`Self::acquire`] (or seeding)
-    /// handed sequence `seq` (a waiting sequence making room, a
-    /// preemption, an admission that did not fit): whatever acquiring
-    /// marked for it (a session's turn in flight) is released, so that the
-    /// caches may evict that KV and its next admission acquires afresh.
-    fn release(&mut self, _seq: &Sequence) {}
-    /// Leading blocks of `seq`'s tokens that [`Self::acquire`] would hand
-    /// over already on the device (no copy), found without side effects.
-    fn resident_blocks(&mut self, _seq: &Sequence, _alloc: &BlockAllocator) -> usize {
-        0
-    }
-    /// Device blocks [`Self::reclaim`] could free now (an upper bound).
-    fn reclaimable(&mut self, _alloc: &BlockAllocator) -> usize {
-        0
-    }
-}
-
-/// Hooks for a scheduler without caches.
-pub struct NoCache;
-
-impl SchedulerHooks for NoCache {
-    fn reclaim(&mut self, _n: usize, _alloc: &mut BlockAllocator) {}
-    fn acquire(&mut self, _seq: &Sequence, _alloc: &mut BlockAllocator) -> Option<(Vec<BlockId>, usize)> {
-        None
-    }
-}
 
 /// One sequence's work in a step: tokens `start..start + len` of its
 /// token list. `sample` is true when the chunk reaches the end of the
@@ -159,7 +117,7 @@ pub struct Schedule {
     /// Chunks of one token (decodes) among `chunks`.
     pub decodes: usize,
     /// Running sequences left out of this step because their reused KV is
-    /// still being copied in ([`SchedulerHooks::ready`]).
+    /// still being copied in ([`KvManager::ready`]).
     pub copying: Vec<SeqId>,
     /// The oldest waiting sequence held back for memory, and the steps in
     /// a row it has been (younger ones pass it only in the first
@@ -336,9 +294,9 @@ impl Scheduler {
 
     /// Removes a finished or cancelled sequence and frees its blocks.
     /// Returns it (None if unknown).
-    pub fn remove(&mut self, id: SeqId, alloc: &mut BlockAllocator) -> Option<Sequence> {
+    pub fn remove(&mut self, id: SeqId, kv: &mut dyn KvManager) -> Option<Sequence> {
         let seq = self.seqs.remove(&id)?;
-        alloc.free_all(&seq.block_table);
+        kv.free(&seq.block_table);
         self.running.retain(|&r| r != id);
         self.waiting.retain(|&w| w != id);
         Some(seq)
@@ -355,16 +313,13 @@ impl Scheduler {
     }
 
     /// Makes sure `id` has blocks for its first `tokens` tokens, asking
-    /// `reclaim` to free cached KV when the pool is short.
-    fn grow(&mut self, id: SeqId, tokens: usize, alloc: &mut BlockAllocator, hooks: &mut dyn SchedulerHooks) -> bool {
+    /// the caches for cached KV when the pool is short.
+    fn grow(&mut self, id: SeqId, tokens: usize, kv: &mut dyn KvManager) -> bool {
         let need = self.missing_blocks(id, tokens);
         if need == 0 {
             return true;
         }
-        if alloc.num_free() < need {
-            hooks.reclaim(need, alloc);
-        }
-        match alloc.allocate(need) {
+        match kv.allocate(id, need) {
             Some(blocks) => {
                 self.seqs.get_mut(&id).expect("scheduled sequence exists").block_table.extend(blocks);
                 true
@@ -380,12 +335,11 @@ impl Scheduler {
         &mut self,
         id: SeqId,
         tokens: usize,
-        alloc: &mut BlockAllocator,
-        hooks: &mut dyn SchedulerHooks,
+        kv: &mut dyn KvManager,
         out: &mut Schedule,
     ) -> bool {
-        while !self.grow(id, tokens, alloc, hooks) {
-            if self.release_one_waiting(None, 0, alloc, hooks) {
+        while !self.grow(id, tokens, kv) {
+            if self.release_one_waiting(None, 0, kv) {
                 continue;
             }
             let candidates: Vec<PreemptionCandidate> = self
@@ -405,7 +359,7 @@ impl Scheduler {
                 for_seq = id,
                 "preempted sequence for recompute"
             );
-            self.preempt(victim, alloc, hooks);
+            self.preempt(victim, kv);
             out.preempted.push(victim);
             if victim == id {
                 return false;
@@ -414,10 +368,10 @@ impl Scheduler {
         true
     }
 
-    fn preempt(&mut self, id: SeqId, alloc: &mut BlockAllocator, hooks: &mut dyn SchedulerHooks) {
+    fn preempt(&mut self, id: SeqId, kv: &mut dyn KvManager) {
         let seq = self.seqs.get_mut(&id).expect("preempted sequence exists");
         seq.recompute_until = seq.recompute_until.max(seq.num_computed);
-        self.give_back_blocks(id, alloc, hooks);
+        self.give_back_blocks(id, kv);
         let seq = self.seqs.get_mut(&id).expect("preempted sequence exists");
         seq.long_prefill = false;
         seq.status = SeqStatus::Waiting;
@@ -429,14 +383,14 @@ impl Scheduler {
     }
 
     /// Frees `id`'s blocks and forgets what it computed and acquired (the
-    /// hooks release their marks); it acquires again when admitted.
-    fn give_back_blocks(&mut self, id: SeqId, alloc: &mut BlockAllocator, hooks: &mut dyn SchedulerHooks) {
+    /// caches release their marks); it looks them up again when admitted.
+    fn give_back_blocks(&mut self, id: SeqId, kv: &mut dyn KvManager) {
         let seq = self.seqs.get_mut(&id).expect("sequence exists");
-        alloc.free_all(&seq.block_table);
+        kv.free(&seq.block_table);
         seq.block_table.clear();
         seq.num_computed = 0;
         if std::mem::replace(&mut seq.acquired, false) {
-            hooks.release(&self.seqs[&id]);
+            kv.release(&self.seqs[&id]);
         }
     }
 
@@ -447,14 +401,13 @@ impl Scheduler {
         &mut self,
         except: Option<SeqId>,
         from: usize,
-        alloc: &mut BlockAllocator,
-        hooks: &mut dyn SchedulerHooks,
+        kv: &mut dyn KvManager,
     ) -> bool {
         let Some(&id) = self.waiting.iter().skip(from).rev().find(|&&id| Some(id) != except && !self.seqs[&id].block_table.is_empty())
         else {
             return false;
         };
-        self.give_back_blocks(id, alloc, hooks);
+        self.give_back_blocks(id, kv);
         true
     }
 
@@ -480,10 +433,10 @@ impl Scheduler {
     }
 
     /// Plans one step.
-    pub fn schedule(&mut self, alloc: &mut BlockAllocator, hooks: &mut dyn SchedulerHooks) -> Schedule {
+    pub fn schedule(&mut self, kv: &mut dyn KvManager) -> Schedule {
         let mut out = Schedule::default();
         let max_tokens = self.config.max_num_batched_tokens;
-        let capacity_tokens = alloc.num_blocks() * self.config.block_size;
+        let capacity_tokens = kv.num_blocks() * self.config.block_size;
 
         // 1. Decodes, oldest first.
         let decoding: Vec<SeqId> = self.running.iter().copied().filter(|id| self.seqs[id].is_decoding()).collect();
@@ -493,12 +446,12 @@ impl Scheduler {
             }
             let end = self.seqs[&id].num_computed + 1;
             if end > capacity_tokens {
-                self.preempt(id, alloc, hooks);
+                self.preempt(id, kv);
                 self.waiting.retain(|&w| w != id);
                 out.unfittable.push(id);
                 continue;
             }
-            if self.ensure_blocks(id, end, alloc, hooks, &mut out) {
+            if self.ensure_blocks(id, end, kv, &mut out) {
                 out.chunks.push(ScheduledChunk { seq_id: id, start: end - 1, len: 1, sample: true });
             }
         }
@@ -508,7 +461,7 @@ impl Scheduler {
         let token_cap = max_tokens - out.decodes;
         // 2. Admission. None while memory is short: that would only thrash.
         if out.preempted.is_empty() {
-            self.admit(alloc, hooks, token_cap, &mut out);
+            self.admit(kv, token_cap, &mut out);
         } else if !self.waiting.is_empty() {
             out.admission_blocked = Some(AdmitReason::KvWatermark);
         }
@@ -517,7 +470,7 @@ impl Scheduler {
         }
 
         // 3. Prefill chunks, for the sequences whose reused KV is in place.
-        out.copying = self.running.iter().copied().filter(|id| !self.seqs[id].is_decoding() && !hooks.ready(*id)).collect();
+        out.copying = self.running.iter().copied().filter(|id| !self.seqs[id].is_decoding() && !kv.ready(*id)).collect();
         // Nothing decodes and the queue waits for memory: a step shorter
         // than the token cap would serve nobody (no answer's next token;
         // a new prompt could at best pass the one held back), while the
@@ -535,7 +488,7 @@ impl Scheduler {
         for (id, len) in planned {
             let start = self.seqs[&id].num_computed;
             // Admission reserved the whole token list; this only guards it.
-            if !self.ensure_blocks(id, start + len, alloc, hooks, &mut out) {
+            if !self.ensure_blocks(id, start + len, kv, &mut out) {
                 continue;
             }
             let sample = start + len == self.seqs[&id].tokens.len();

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 
 use kvc_kv_pool::BlockAllocator;
 use kvc_scheduler::{
-    AdmitReason, ChunkCost, NoCache, Schedule, ScheduledChunk, Scheduler, SchedulerConfig, SchedulerHooks, SeqId, Sequence, TimeBudget,
+    AdmitReason, ChunkCost, KvManager, Schedule, ScheduledChunk, Scheduler, SchedulerConfig, SeqId, Sequence, TimeBudget,
     Wait,
 };
 
@@ -48,11 +48,19 @@ impl Driver {
     }
 
     fn step(&mut self) -> Schedule {
-        self.step_with(&mut NoCache)
+        let p = self.s.schedule(&mut self.alloc);
+        self.after(p)
     }
 
-    fn step_with(&mut self, hooks: &mut dyn SchedulerHooks) -> Schedule {
-        let p = self.s.schedule(&mut self.alloc, hooks);
+    fn step_with<C>(&mut self, caches: &mut C) -> Schedule
+    where
+        for<'a> Kv<'a, C>: KvManager,
+    {
+        let p = self.s.schedule(&mut Kv { alloc: &mut self.alloc, caches });
+        self.after(p)
+    }
+
+    fn after(&mut self, p: Schedule) -> Schedule {
         for id in &p.unfittable {
             self.s.remove(*id, &mut self.alloc);
         }
@@ -111,7 +119,7 @@ fn seeded_sequences_compute_only_what_they_lack() {
     // A reserved prompt of 12 tokens holding 8: computes tokens 8..12.
     let blocks = alloc.allocate(3).unwrap();
     s.add_seeded(2, vec![2; 12], blocks, 8, false);
-    let p = s.schedule(&mut alloc, &mut NoCache);
+    let p = s.schedule(&mut alloc);
     let got: Vec<(u64, usize, usize, bool)> = p.chunks.iter().map(|c| (c.seq_id, c.start, c.len, c.sample)).collect();
     assert_eq!(got, vec![(1, 10, 1, true), (2, 8, 4, true)]);
     assert_eq!(alloc.num_free(), 94, "no block allocated beyond the seeded ones");
@@ -152,7 +160,7 @@ fn a_sequence_larger_than_the_pool_is_reported_not_looped_on() {
     let mut alloc = BlockAllocator::new(2);
     let mut s = Scheduler::new(config(8, 100, 4));
     s.add(1, vec![1; 9]);
-    let p = s.schedule(&mut alloc, &mut NoCache);
+    let p = s.schedule(&mut alloc);
     assert_eq!(p.unfittable, vec![1]);
     assert!(p.chunks.is_empty());
     s.remove(1, &mut alloc);
@@ -425,16 +433,34 @@ fn blocks_pinned_behind_the_head_give_way_to_it() {
     assert_eq!(d.alloc.num_free(), 10);
 }
 
-/// Hooks whose reused KV for some sequences is still being copied in.
+/// A stand-in for caches beside the pool: the pool and the caches as the
+/// one [`KvManager`] the scheduler sees.
+struct Kv<'a, C> {
+    alloc: &'a mut BlockAllocator,
+    caches: &'a mut C,
+}
+
+/// Caches whose reused KV for some sequences is still being copied in.
 struct Copying(Vec<SeqId>);
 
-impl kvc_scheduler::SchedulerHooks for Copying {
-    fn reclaim(&mut self, _n: usize, _alloc: &mut BlockAllocator) {}
-    fn acquire(&mut self, _seq: &kvc_scheduler::Sequence, _alloc: &mut BlockAllocator) -> Option<(Vec<kvc_kv_pool::BlockId>, usize)> {
+impl KvManager for Kv<'_, Copying> {
+    fn num_blocks(&self) -> usize {
+        self.alloc.num_blocks()
+    }
+    fn num_free(&self) -> usize {
+        self.alloc.num_free()
+    }
+    fn computed_blocks(&mut self, _seq: &Sequence) -> Option<(Vec<kvc_kv_pool::BlockId>, usize)> {
         None
     }
+    fn allocate(&mut self, _seq: SeqId, n: usize) -> Option<Vec<kvc_kv_pool::BlockId>> {
+        self.alloc.allocate(n)
+    }
+    fn free(&mut self, blocks: &[kvc_kv_pool::BlockId]) {
+        self.alloc.free_all(blocks);
+    }
     fn ready(&mut self, id: SeqId) -> bool {
-        !self.0.contains(&id)
+        !self.caches.0.contains(&id)
     }
 }
 
@@ -449,7 +475,7 @@ fn a_sequence_whose_kv_is_being_copied_in_waits_alone() {
     d.add(2, 2_000, 4);
     d.add(3, 300, 4);
     let mut hooks = Copying(vec![2]);
-    let p = d.s.schedule(&mut d.alloc, &mut hooks);
+    let p = d.s.schedule(&mut Kv { alloc: &mut d.alloc, caches: &mut hooks });
     assert_eq!(p.copying, vec![2]);
     assert!(chunk_of(&p, 2).is_none(), "no chunk while copying");
     assert_eq!(chunk_of(&p, 1).map(|c| c.len), Some(1), "the decode goes on");
@@ -463,7 +489,7 @@ fn a_sequence_whose_kv_is_being_copied_in_waits_alone() {
     }
     // Copied: it is scheduled in the next step.
     hooks.0.clear();
-    let p = d.s.schedule(&mut d.alloc, &mut hooks);
+    let p = d.s.schedule(&mut Kv { alloc: &mut d.alloc, caches: &mut hooks });
     assert!(p.copying.is_empty());
     assert_eq!(chunk_of(&p, 2).map(|c| c.start), Some(0));
 }
@@ -489,36 +515,58 @@ impl Sessions {
     }
 }
 
-impl SchedulerHooks for Sessions {
-    fn reclaim(&mut self, n: usize, alloc: &mut BlockAllocator) {
-        while alloc.num_free() < n {
-            let Some(&id) = self.held.keys().filter(|id| !self.busy.contains(id)).min() else { return };
-            let blocks = self.held.remove(&id).unwrap();
-            self.evicted += blocks.len();
-            alloc.free_all(&blocks);
+impl KvManager for Kv<'_, Sessions> {
+    fn num_blocks(&self) -> usize {
+        self.alloc.num_blocks()
+    }
+
+    fn num_free(&self) -> usize {
+        self.alloc.num_free()
+    }
+
+    fn allocate(&mut self, _seq: SeqId, n: usize) -> Option<Vec<kvc_kv_pool::BlockId>> {
+        if self.alloc.num_free() < n {
+            self.reclaim(n);
+        }
+        self.alloc.allocate(n)
+    }
+
+    fn free(&mut self, blocks: &[kvc_kv_pool::BlockId]) {
+        self.alloc.free_all(blocks);
+    }
+
+    fn reclaim(&mut self, n: usize) {
+        let c = &mut *self.caches;
+        while self.alloc.num_free() < n {
+            let Some(&id) = c.held.keys().filter(|id| !c.busy.contains(id)).min() else { return };
+            let blocks = c.held.remove(&id).unwrap();
+            c.evicted += blocks.len();
+            self.alloc.free_all(&blocks);
         }
     }
 
-    fn acquire(&mut self, seq: &Sequence, alloc: &mut BlockAllocator) -> Option<(Vec<kvc_kv_pool::BlockId>, usize)> {
-        self.busy.insert(seq.id);
-        let blocks = self.held.get(&seq.id).filter(|b| !b.is_empty())?.clone();
+    fn computed_blocks(&mut self, seq: &Sequence) -> Option<(Vec<kvc_kv_pool::BlockId>, usize)> {
+        let c = &mut *self.caches;
+        c.busy.insert(seq.id);
+        let blocks = c.held.get(&seq.id).filter(|b| !b.is_empty())?.clone();
         for &b in &blocks {
-            alloc.incref(b);
+            self.alloc.incref(b);
         }
-        let tokens = blocks.len() * self.block_size;
+        let tokens = blocks.len() * c.block_size;
         Some((blocks, tokens))
     }
 
     fn release(&mut self, seq: &Sequence) {
-        assert!(self.busy.remove(&seq.id), "released without an acquire: {}", seq.id);
+        assert!(self.caches.busy.remove(&seq.id), "released without an acquire: {}", seq.id);
     }
 
-    fn resident_blocks(&mut self, seq: &Sequence, _alloc: &BlockAllocator) -> usize {
-        self.held.get(&seq.id).map_or(0, Vec::len)
+    fn resident_blocks(&mut self, seq: &Sequence) -> usize {
+        self.caches.held.get(&seq.id).map_or(0, Vec::len)
     }
 
-    fn reclaimable(&mut self, alloc: &BlockAllocator) -> usize {
-        self.held.iter().filter(|(id, _)| !self.busy.contains(id)).flat_map(|(_, b)| b).filter(|&&b| alloc.refcount(b) == 1).count()
+    fn reclaimable(&mut self) -> usize {
+        let c = &*self.caches;
+        c.held.iter().filter(|(id, _)| !c.busy.contains(id)).flat_map(|(_, b)| b).filter(|&&b| self.alloc.refcount(b) == 1).count()
     }
 }
 

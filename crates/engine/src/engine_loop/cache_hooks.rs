@@ -1,10 +1,11 @@
-//! The scheduler's hooks into the caches during a step (reclaim, reuse at
-//! admission, restores in flight), with the role's parts beside them.
+//! The scheduler's [`KvManager`] during a step: the block pool with the
+//! caches over it (reclaim, reuse at admission, restores in flight), and
+//! the role's parts beside them.
 
 use std::collections::HashMap;
 
 use kvc_kv_pool::{BlockAllocator, BlockId, KvStorage};
-use kvc_scheduler::{SchedulerHooks, SeqId, Sequence};
+use kvc_scheduler::{KvManager, SeqId, Sequence};
 use kvc_session_cache::{ReusePath, SessionAwareCache};
 
 use super::prompt_logprobs::reuse_limit;
@@ -15,14 +16,35 @@ use super::Active;
 /// KV for a sequence at admission (a session's first admission uses the
 /// session; a re-admission after preemption uses the prefix index).
 pub(super) struct CacheHooks<'a> {
+    pub(super) alloc: &'a mut BlockAllocator,
     pub(super) cache: &'a mut SessionAwareCache,
     pub(super) storage: &'a mut KvStorage,
     pub(super) active: &'a mut HashMap<SeqId, Active>,
     pub(super) parts: &'a mut RoleParts,
 }
 
-impl SchedulerHooks for CacheHooks<'_> {
-    fn reclaim(&mut self, n: usize, alloc: &mut BlockAllocator) {
+impl KvManager for CacheHooks<'_> {
+    fn num_blocks(&self) -> usize {
+        self.alloc.num_blocks()
+    }
+
+    fn num_free(&self) -> usize {
+        self.alloc.num_free()
+    }
+
+    fn allocate(&mut self, _seq: SeqId, n: usize) -> Option<Vec<BlockId>> {
+        if self.alloc.num_free() < n {
+            self.reclaim(n);
+        }
+        self.alloc.allocate(n)
+    }
+
+    fn free(&mut self, blocks: &[BlockId]) {
+        self.alloc.free_all(blocks);
+    }
+
+    fn reclaim(&mut self, n: usize) {
+        let alloc = &mut *self.alloc;
         self.cache.reclaim(n, alloc, self.storage);
         if alloc.num_free() < n {
             // The role's parts give way to the prompts it must compute.
@@ -30,7 +52,8 @@ impl SchedulerHooks for CacheHooks<'_> {
         }
     }
 
-    fn acquire(&mut self, seq: &Sequence, alloc: &mut BlockAllocator) -> Option<(Vec<BlockId>, usize)> {
+    fn computed_blocks(&mut self, seq: &Sequence) -> Option<(Vec<BlockId>, usize)> {
+        let alloc = &mut *self.alloc;
         let a = self.active.get_mut(&seq.id)?;
         let session = if a.turn_open { None } else { a.session_id.clone() };
         let (limit, why) = reuse_limit(a.scoring.as_ref(), seq.prompt_len);
@@ -75,7 +98,7 @@ impl SchedulerHooks for CacheHooks<'_> {
         tracing::debug!(event = "give_back", seq_id = seq.id, session = ?a.session_id, reused = tokens, "a waiting request gave its reused KV back");
     }
 
-    fn resident_blocks(&mut self, seq: &Sequence, _alloc: &BlockAllocator) -> usize {
+    fn resident_blocks(&mut self, seq: &Sequence) -> usize {
         let Some(a) = self.active.get(&seq.id) else { return 0 };
         let session = if a.turn_open { None } else { a.session_id.as_deref() };
         // What acquire_at_most would hand over: at most `limit` tokens.
@@ -84,7 +107,8 @@ impl SchedulerHooks for CacheHooks<'_> {
         self.cache.resident_blocks(session, &seq.tokens[..upto], a.cache_root)
     }
 
-    fn reclaimable(&mut self, alloc: &BlockAllocator) -> usize {
+    fn reclaimable(&mut self) -> usize {
+        let alloc = &*self.alloc;
         self.cache.evictable_blocks(alloc) + self.parts.held_blocks()
     }
 

@@ -32,7 +32,9 @@ pub(super) enum Stepped {
 
 impl EngineLoop {
     pub(super) fn step(&mut self) -> Stepped {
-        let mut hooks = CacheHooks { cache: &mut self.cache, storage: &mut self.storage, active: &mut self.active, parts: &mut self.parts };
+        let mut kv = CacheHooks {
+            alloc: &mut self.allocator,
+            cache: &mut self.cache, storage: &mut self.storage, active: &mut self.active, parts: &mut self.parts };
         let (decodes_next, decode_context) = self.scheduler.decode_load();
         let budget = self.step_budget.decide(decodes_next, decode_context);
         self.scheduler.set_time_budget(budget);
@@ -44,7 +46,7 @@ impl EngineLoop {
         let kind = self.step_kinds.decide(&self.scheduler, &self.step_budget, rate);
         self.scheduler.set_decode_only(kind.kind == kvc_policy::step_kind::StepKind::DecodeOnly);
         self.local.step_kinds = self.step_kinds.counts();
-        let mut plan = self.scheduler.schedule(&mut self.allocator, &mut hooks);
+        let mut plan = self.scheduler.schedule(&mut kv);
         self.local.preemptions += plan.preempted.len() as u64;
         self.local.step_budget = budget.map(|b| (b.alone_s, b.mixed_s));
         for id in std::mem::take(&mut plan.unfittable) {

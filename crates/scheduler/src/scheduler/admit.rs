@@ -4,26 +4,26 @@
 //!
 //! A waiting sequence is first judged on what it could have without side
 //! effects: its blocks, less those its caches hold on the device for it
-//! ([`SchedulerHooks::resident_blocks`]), against the free blocks plus all
-//! that could be freed (cached KV, [`SchedulerHooks::reclaimable`], and
+//! ([`KvManager::resident_blocks`]), against the free blocks plus all
+//! that could be freed (cached KV, [`KvManager::reclaimable`], and
 //! the blocks other waiting sequences hold). Only a sequence that can fit
 //! acquires its reusable KV (pinning it, copying host-tier blocks back) and
 //! has caches reclaimed for it; one that then still does not fit gives
 //! everything back at once. So no waiting sequence keeps blocks it cannot
 //! use, and KV is never evicted for a sequence that could not be admitted.
 
-use kvc_kv_pool::BlockAllocator;
 use kvc_policy::seq_admission::{decide_seq_admission, AdmitInputs, AdmitReason};
 
-use super::{Schedule, Scheduler, SchedulerHooks};
+use super::{Schedule, Scheduler};
+use crate::kv_manager::KvManager;
 use crate::sequence::{SeqId, SeqStatus};
 
 impl Scheduler {
     /// Pass 2 of [`Self::schedule`]: admits waiting sequences in order.
     /// Marks those passed over for a long slot with `long_prefill` (so
     /// their wait counts as behind other prefills).
-    pub(super) fn admit(&mut self, alloc: &mut BlockAllocator, hooks: &mut dyn SchedulerHooks, budget: usize, out: &mut Schedule) {
-        let capacity_tokens = alloc.num_blocks() * self.config.block_size;
+    pub(super) fn admit(&mut self, kv: &mut dyn KvManager, budget: usize, out: &mut Schedule) {
+        let capacity_tokens = kv.num_blocks() * self.config.block_size;
         let mut partial = self.running.iter().filter(|id| !self.seqs[id].is_decoding()).count();
         let mut long_partial = self.running.iter().filter(|id| !self.seqs[id].is_decoding() && self.seqs[id].long_prefill).count();
         // The oldest sequence held back for memory in this pass: the head
@@ -62,14 +62,14 @@ impl Scheduler {
             }
             // Younger sequences than a passer keep their blocks for it.
             let release_from = if passing { i + 1 } else { 0 };
-            if !self.seqs[&id].acquired && !self.could_fit(id, release_from, alloc, hooks, &mut reclaimable) {
+            if !self.seqs[&id].acquired && !self.could_fit(id, release_from, kv, &mut reclaimable) {
                 out.admission_blocked.get_or_insert(AdmitReason::KvWatermark);
                 head.get_or_insert(id);
                 i += 1;
                 continue;
             }
             if !self.seqs[&id].acquired {
-                let found = hooks.acquire(&self.seqs[&id], alloc);
+                let found = kv.computed_blocks(&self.seqs[&id]);
                 let seq = self.seqs.get_mut(&id).expect("waiting sequence exists");
                 seq.acquired = true;
                 if let Some((blocks, tokens)) = found {
@@ -84,17 +84,17 @@ impl Scheduler {
             inputs.is_long = seq.remaining() > self.config.long_prefill_token_threshold;
             inputs.need_blocks = self.missing_blocks(id, seq.tokens.len());
             inputs.reserve_blocks = self.growth_reserve();
-            inputs.free_blocks = alloc.num_free();
+            inputs.free_blocks = kv.num_free();
             let mut reason = decide_seq_admission(&inputs);
             // Only memory is missing: reclaim caches for it (never for a
             // sequence a slot limit holds back anyway), then blocks that
             // other waiting sequences hold.
             while reason == AdmitReason::KvWatermark {
-                hooks.reclaim(inputs.need_blocks + inputs.reserve_blocks, alloc);
+                kv.reclaim(inputs.need_blocks + inputs.reserve_blocks);
                 reclaimable = None;
-                inputs.free_blocks = alloc.num_free();
+                inputs.free_blocks = kv.num_free();
                 reason = decide_seq_admission(&inputs);
-                if reason == AdmitReason::KvWatermark && !self.release_one_waiting(Some(id), release_from, alloc, hooks) {
+                if reason == AdmitReason::KvWatermark && !self.release_one_waiting(Some(id), release_from, kv) {
                     break;
                 }
             }
@@ -118,7 +118,7 @@ impl Scheduler {
                 }
                 AdmitReason::KvWatermark => {
                     // It keeps nothing it cannot use while it waits.
-                    self.give_back_blocks(id, alloc, hooks);
+                    self.give_back_blocks(id, kv);
                     out.admission_blocked.get_or_insert(reason);
                     head.get_or_insert(id);
                     i += 1;
@@ -130,7 +130,7 @@ impl Scheduler {
                 }
             }
             let need = inputs.need_blocks;
-            let blocks = alloc.allocate(need).expect("blocks were counted as free");
+            let blocks = kv.allocate(id, need).expect("blocks were counted as free");
             self.waiting.remove(i);
             let seq = self.seqs.get_mut(&id).expect("waiting sequence exists");
             seq.block_table.extend(blocks);
@@ -174,14 +174,13 @@ impl Scheduler {
         &self,
         id: SeqId,
         release_from: usize,
-        alloc: &BlockAllocator,
-        hooks: &mut dyn SchedulerHooks,
+        kv: &mut dyn KvManager,
         reclaimable: &mut Option<usize>,
     ) -> bool {
         let seq = &self.seqs[&id];
-        let need = seq.tokens.len().div_ceil(self.config.block_size).saturating_sub(hooks.resident_blocks(seq, alloc));
+        let need = seq.tokens.len().div_ceil(self.config.block_size).saturating_sub(kv.resident_blocks(seq));
         let others: usize = self.waiting.iter().skip(release_from).filter(|&&w| w != id).map(|w| self.seqs[w].block_table.len()).sum();
-        let freeable = alloc.num_free() + *reclaimable.get_or_insert_with(|| hooks.reclaimable(alloc)) + others;
+        let freeable = kv.num_free() + *reclaimable.get_or_insert_with(|| kv.reclaimable()) + others;
         need + self.growth_reserve() <= freeable
     }
 }
