@@ -79,11 +79,10 @@ impl EngineLoop {
         // copy stream beside this step's forward pass.
         self.cache.write_back(self.write_back_watermark, WRITE_BACK_BATCH, &self.allocator, &self.storage);
         let started = Instant::now();
-        let is_decode = |c: &ScheduledChunk| c.len == 1 && c.sample;
         let shape = StepShape {
-            decodes: plan.chunks.iter().filter(|c| is_decode(c)).count(),
-            decode_context: plan.chunks.iter().filter(|c| is_decode(c)).map(|c| c.start + 1).sum(),
-            prefill: plan.chunks.iter().filter(|c| !is_decode(c)).map(|c| (c.start, c.len)).collect(),
+            decodes: plan.decode_chunks().count(),
+            decode_context: plan.decode_context(),
+            prefill: plan.prefill_chunks().map(|c| (c.start, c.len)).collect(),
         };
         // Grammar masks are computed while the model runs (vLLM and SGLang
         // overlap them with the forward pass the same way): they depend only
