@@ -431,7 +431,9 @@ impl EngineLoop {
                     if let Some(a) = self.active.get_mut(&seq_id) {
                         a.sampler.observe(token);
                     }
-                    self.accept_token(seq_id, token, logprobs);
+                    self.scheduler.append_token(seq_id, token);
+                    let at_limit = self.scheduler.get(seq_id).is_some_and(|s| s.at_token_limit());
+                    self.on_token(seq_id, token, logprobs, at_limit);
                 }
             }
         }
@@ -458,8 +460,9 @@ impl EngineLoop {
         }
     }
 
-    /// Appends a chosen token, streams it and checks stop conditions.
-    fn accept_token(&mut self, id: SeqId, token: u32, logprobs: Option<Logprobs>) {
+    /// Streams a token the scheduler appended and checks stop conditions;
+    /// `at_limit`: the sequence generated all it may.
+    fn on_token(&mut self, id: SeqId, token: u32, logprobs: Option<Logprobs>, at_limit: bool) {
         let Some(a) = self.active.get_mut(&id) else {
             return;
         };
@@ -475,11 +478,8 @@ impl EngineLoop {
                 return;
             }
         }
-        self.scheduler.append_token(id, token);
         self.local.generated_tokens += 1;
-        let seq = self.scheduler.get(id).expect("sequence exists");
-        let generated = seq.generated();
-        let total_len = seq.tokens.len();
+        let generated = self.scheduler.get(id).expect("sequence exists").generated();
 
         if a.stop_token_ids.contains(&token) {
             // The stop token itself produces no text.
@@ -492,7 +492,7 @@ impl EngineLoop {
         let _ = a.tx.send(StreamEvent::Token { token_id: token, text: outcome.emit, logprobs });
         if let Some(s) = outcome.matched {
             self.finish(id, FinishReason::Stop, Some(MatchedStop::Text(s)));
-        } else if generated.len() >= a.sampler.params().max_tokens || total_len >= self.max_model_len {
+        } else if at_limit {
             self.finish(id, FinishReason::Length, None);
         }
     }

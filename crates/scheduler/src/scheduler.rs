@@ -89,6 +89,7 @@ use kvc_policy::seq_admission::{AdmitReason, Wait};
 
 mod admit;
 mod prefill_plan;
+mod update;
 
 /// One sequence's work in a step: tokens `start..start + len` of its
 /// token list. `sample` is true when the chunk reaches the end of the

@@ -150,23 +150,10 @@ impl EngineLoop {
         let st = self.scheduler.stats();
         self.local.preempted_tokens_recomputed = st.recomputed_tokens;
         self.local.admission_decisions = st.admissions.iter().map(|(r, n)| (r.as_str(), *n)).collect();
-        for c in &plan.chunks {
-            self.scheduler.mark_computed(c.seq_id, c.len);
-            self.register_full_blocks(c.seq_id);
-            let seq_prompt = self.scheduler.get(c.seq_id).map(|s| s.prompt_len).unwrap_or(0);
-            self.local.prompt_tokens_computed += c.len.min(seq_prompt.saturating_sub(c.start)) as u64;
-        }
         let StepLogits { sampled: logits, prompt } = logits;
-        for (id, logprobs) in prompt {
-            self.send_prompt_logprobs(id, logprobs);
-        }
         // Row i of `logits` is sampled[i]'s: both lists before anything ends.
         let sampled: Vec<SeqId> = plan.chunks.iter().filter(|c| self.samples(c)).map(|c| c.seq_id).collect();
         let scored_only: Vec<SeqId> = plan.chunks.iter().filter(|c| c.sample && !self.samples(c)).map(|c| c.seq_id).collect();
-        // Prompts scored without generating (max_tokens 0) end here.
-        for id in scored_only {
-            self.finish(id, FinishReason::Length, None);
-        }
         let mut failed = Vec::new();
         let masks: HashMap<SeqId, SimpleVob> = masks
             .into_iter()
@@ -178,6 +165,24 @@ impl EngineLoop {
                 }
             })
             .collect();
+        // Draw before the bookkeeping (a draw reads only its own
+        // sequence's tokens), leaving out those whose grammar failed.
+        let skip: Vec<SeqId> = failed.iter().map(|f| f.0).collect();
+        let drawn = self.sample_all(&sampled, &logits, &masks, &skip);
+        let tokens: Vec<(SeqId, u32)> = drawn.iter().map(|d| (d.0, d.1)).collect();
+        let at_limit = self.scheduler.update(&plan, &tokens);
+        for c in &plan.chunks {
+            self.register_full_blocks(c.seq_id);
+            let seq_prompt = self.scheduler.get(c.seq_id).map(|s| s.prompt_len).unwrap_or(0);
+            self.local.prompt_tokens_computed += c.len.min(seq_prompt.saturating_sub(c.start)) as u64;
+        }
+        for (id, logprobs) in prompt {
+            self.send_prompt_logprobs(id, logprobs);
+        }
+        // Prompts scored without generating (max_tokens 0) end here.
+        for id in scored_only {
+            self.finish(id, FinishReason::Length, None);
+        }
         for (id, e) in failed {
             tracing::warn!(event = "grammar_error", seq_id = id, error = %e);
             self.local.grammar_errors += 1;
@@ -186,8 +191,8 @@ impl EngineLoop {
             }
             self.drop_seq(id);
         }
-        for (id, token, logprobs) in self.sample_all(&sampled, &logits, &masks) {
-            self.accept_token(id, token, logprobs);
+        for (id, token, logprobs) in drawn {
+            self.on_token(id, token, logprobs, at_limit.contains(&id));
         }
         Stepped::Ran
     }
@@ -225,12 +230,20 @@ impl EngineLoop {
     /// Draws the next token of each of `ids` (logits row i for ids[i]) in
     /// parallel: a draw over a 152K vocabulary is ~0.5 ms, dozens of them
     /// a step. Returned in the order of `ids`.
-    fn sample_all(&mut self, ids: &[SeqId], logits: &[Vec<f32>], masks: &HashMap<SeqId, SimpleVob>) -> Vec<(SeqId, u32, Option<Logprobs>)> {
+    /// Those in `skip` draw nothing.
+    fn sample_all(
+        &mut self,
+        ids: &[SeqId],
+        logits: &[Vec<f32>],
+        masks: &HashMap<SeqId, SimpleVob>,
+        skip: &[SeqId],
+    ) -> Vec<(SeqId, u32, Option<Logprobs>)> {
         let row: HashMap<SeqId, usize> = ids.iter().enumerate().map(|(i, &id)| (id, i)).collect();
         let scheduler = &self.scheduler;
         let mut jobs: Vec<(usize, SeqId, &mut Sampler, &[u32])> = self
             .active
             .iter_mut()
+            .filter(|(id, _)| !skip.contains(id))
             .filter_map(|(&id, a)| Some((*row.get(&id)?, id, &mut a.sampler, scheduler.get(id)?.tokens.as_slice())))
             .collect();
         jobs.sort_by_key(|j| j.0);
