@@ -44,7 +44,7 @@ pub use watchdog::stall_reasons;
 use watchdog::Watchdog;
 
 use crate::sampler::Sampler;
-use crate::step_budget::{StepBudget, WeightReads};
+use crate::step_model::{StepModel, WeightReads};
 use crate::stop::{StopMatcher, StopOutcome};
 use crate::tokenizer::TextTokenizer;
 use crate::{EngineConfig, EngineError, EngineStats, FinishReason, GenerateRequest, Logprobs, MatchedStop, StreamEvent, Usage};
@@ -126,8 +126,9 @@ pub(crate) struct EngineLoop {
     /// of them drained from the channel since the last publish.
     inbox: Arc<Inbox>,
     drained_tokens: usize,
-    /// The decode-latency budget (prefill tokens beside decodes).
-    step_budget: StepBudget,
+    /// The step-time model behind the budget (prefill beside decodes) and
+    /// the prefill rates.
+    step_model: StepModel,
     /// Mixed or decode-only, step by step (`--itl-target-ms`).
     step_kinds: step_kinds::StepKinds,
     /// Blocks under which free plus written-back blocks start write-back
@@ -184,7 +185,7 @@ impl EngineLoop {
         let max_step = config.max_step_ms.filter(|ms| *ms > 0.0).map(|ms| Duration::from_secs_f64(ms / 1000.0));
         let weights =
             model.config().moe.as_ref().map_or(WeightReads::dense(), |m| WeightReads::routed(m.num_experts_per_tok, m.num_experts));
-        let step_budget = StepBudget::new(max_step, weights);
+        let step_model = StepModel::new(max_step, weights);
         let KvPool { allocator, storage } = pool;
         let host_blocks = config.swap_space_bytes / storage.layout().bytes_per_block().max(1);
         let mut cache = SessionAwareCache::new(
@@ -233,7 +234,7 @@ impl EngineLoop {
             parts,
             inbox,
             drained_tokens: 0,
-            step_budget,
+            step_model,
             step_kinds: step_kinds::StepKinds::new(config.itl_target_ms, config.itl_backlog_slack_s),
             write_back_watermark,
             backlog_drain: Default::default(),

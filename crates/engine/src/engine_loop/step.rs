@@ -1,5 +1,5 @@
 //! One step of the loop: the scheduler's plan, one forward pass over its
-//! chunks, the sampled tokens handed on, and the measured prefill rate.
+//! chunks, the sampled tokens handed on, and the step-time model fed.
 
 use std::time::{Duration, Instant};
 
@@ -13,7 +13,7 @@ use super::prompt_logprobs::{reduce_rows, RowUse, StepLogits};
 use super::{CacheHooks, EngineLoop};
 use crate::constrained::ConstraintState;
 use crate::sampler::Sampler;
-use crate::step_budget::StepShape;
+use crate::step_model::StepShape;
 use crate::{EngineError, FinishReason, Logprobs, StreamEvent};
 use llguidance::toktrie::SimpleVob;
 
@@ -36,14 +36,13 @@ impl EngineLoop {
             alloc: &mut self.allocator,
             cache: &mut self.cache, storage: &mut self.storage, active: &mut self.active, parts: &mut self.parts };
         let (decodes_next, decode_context) = self.scheduler.decode_load();
-        let budget = self.step_budget.decide(decodes_next, decode_context);
+        let decided = self.step_model.budget(decodes_next, decode_context);
+        let budget = decided.ok();
         self.scheduler.set_time_budget(budget);
-        // Prefill's rate beside these decodes; without a step-time target,
-        // the measured rate of steps with a sizeable prefill.
-        let rate = Some(self.step_budget.mixed_prefill_tokens_per_s(decodes_next, decode_context))
-            .filter(|r| *r > 0.0)
-            .unwrap_or(self.local.prefill_tokens_per_s);
-        let kind = self.step_kinds.decide(&self.scheduler, &self.step_budget, rate);
+        // Prefill's rate beside these decodes; without a budget, the
+        // measured rate of steps with a sizeable prefill.
+        let rate = self.step_model.prefill_tokens_per_s(decodes_next, decode_context);
+        let kind = self.step_kinds.decide(&self.scheduler, &self.step_model, rate);
         self.scheduler.set_decode_only(kind.kind == kvc_policy::step_kind::StepKind::DecodeOnly);
         self.local.step_kinds = self.step_kinds.counts();
         let mut plan = self.scheduler.schedule(&mut kv);
@@ -124,7 +123,6 @@ impl EngineLoop {
         };
         self.local.steps += 1;
         let took = started.elapsed();
-        self.measure_prefill_rate(&plan.chunks, took);
         tracing::debug!(
             event = "step",
             decodes = shape.decodes,
@@ -132,13 +130,15 @@ impl EngineLoop {
             prefill_tokens = shape.prefill.iter().map(|c| c.1).sum::<usize>(),
             decode_context = shape.decode_context,
             prefill_starts = shape.prefill.iter().map(|c| c.0).sum::<usize>(),
-            predicted_ms = self.step_budget.predict(&shape) * 1e3,
+            predicted_ms = self.step_model.predict(&shape) * 1e3,
             took_ms = took.as_secs_f64() * 1e3,
             budget_ms = budget.map_or(0.0, |b| if shape.decodes > 0 { b.mixed_s } else { b.alone_s } * 1e3),
+            budget = decided.err().unwrap_or(kvc_policy::step_budget::StepBudgetReason::Budgeted).as_str(),
         );
-        self.step_budget.observe(&shape, took);
+        self.step_model.observe(&shape, took);
+        self.local.prefill_tokens_per_s = self.step_model.measured_tokens_per_s();
         self.step_kinds.observe(!shape.prefill.is_empty(), shape.decodes > 0, took.as_secs_f64());
-        self.local.mixed_prefill_tokens_per_s = self.step_budget.mixed_prefill_tokens_per_s(shape.decodes, shape.decode_context);
+        self.local.mixed_prefill_tokens_per_s = self.step_model.mixed_prefill_tokens_per_s(shape.decodes, shape.decode_context);
         for &(id, wait) in &plan.stalled {
             if let Some(a) = self.active.get_mut(&id) {
                 match wait {
@@ -253,19 +253,6 @@ impl EngineLoop {
                 (*id, token, logprobs)
             })
             .collect()
-    }
-
-    /// Moving average of tokens per second over steps that are mostly
-    /// prefill (the rate the disaggregation cost function needs).
-    fn measure_prefill_rate(&mut self, chunks: &[ScheduledChunk], took: Duration) {
-        const MIN_TOKENS: usize = 64;
-        let tokens: usize = chunks.iter().map(|c| c.len).sum();
-        if tokens < MIN_TOKENS || took.is_zero() {
-            return;
-        }
-        let rate = tokens as f64 / took.as_secs_f64();
-        let r = &mut self.local.prefill_tokens_per_s;
-        *r = kvc_policy::Ewma::from_value(*r).update(rate);
     }
 
     /// Whether chunk `c` draws a token: it ends its sequence's tokens, and
