@@ -44,7 +44,7 @@ pub use watchdog::stall_reasons;
 use watchdog::Watchdog;
 
 use crate::sampler::Sampler;
-use crate::step_budget::{StepBudget, WeightReads};
+use crate::step_model::{StepModel, WeightReads};
 use crate::stop::{StopMatcher, StopOutcome};
 use crate::tokenizer::TextTokenizer;
 use crate::{EngineConfig, EngineError, EngineStats, FinishReason, GenerateRequest, Logprobs, MatchedStop, StreamEvent, Usage};
@@ -126,8 +126,9 @@ pub(crate) struct EngineLoop {
     /// of them drained from the channel since the last publish.
     inbox: Arc<Inbox>,
     drained_tokens: usize,
-    /// The decode-latency budget (prefill tokens beside decodes).
-    step_budget: StepBudget,
+    /// The step-time model behind the budget (prefill beside decodes) and
+    /// the prefill rates.
+    step_model: StepModel,
     /// Mixed or decode-only, step by step (`--itl-target-ms`).
     step_kinds: step_kinds::StepKinds,
     /// Blocks under which free plus written-back blocks start write-back
@@ -184,7 +185,7 @@ impl EngineLoop {
         let max_step = config.max_step_ms.filter(|ms| *ms > 0.0).map(|ms| Duration::from_secs_f64(ms / 1000.0));
         let weights =
             model.config().moe.as_ref().map_or(WeightReads::dense(), |m| WeightReads::routed(m.num_experts_per_tok, m.num_experts));
-        let step_budget = StepBudget::new(max_step, weights);
+        let step_model = StepModel::new(max_step, weights);
         let KvPool { allocator, storage } = pool;
         let host_blocks = config.swap_space_bytes / storage.layout().bytes_per_block().max(1);
         let mut cache = SessionAwareCache::new(
@@ -233,7 +234,7 @@ impl EngineLoop {
             parts,
             inbox,
             drained_tokens: 0,
-            step_budget,
+            step_model,
             step_kinds: step_kinds::StepKinds::new(config.itl_target_ms, config.itl_backlog_slack_s),
             write_back_watermark,
             backlog_drain: Default::default(),
@@ -431,7 +432,9 @@ impl EngineLoop {
                     if let Some(a) = self.active.get_mut(&seq_id) {
                         a.sampler.observe(token);
                     }
-                    self.accept_token(seq_id, token, logprobs);
+                    self.scheduler.append_token(seq_id, token);
+                    let at_limit = self.scheduler.get(seq_id).is_some_and(|s| s.at_token_limit());
+                    self.on_token(seq_id, token, logprobs, at_limit);
                 }
             }
         }
@@ -458,8 +461,9 @@ impl EngineLoop {
         }
     }
 
-    /// Appends a chosen token, streams it and checks stop conditions.
-    fn accept_token(&mut self, id: SeqId, token: u32, logprobs: Option<Logprobs>) {
+    /// Streams a token the scheduler appended and checks stop conditions;
+    /// `at_limit`: the sequence generated all it may.
+    fn on_token(&mut self, id: SeqId, token: u32, logprobs: Option<Logprobs>, at_limit: bool) {
         let Some(a) = self.active.get_mut(&id) else {
             return;
         };
@@ -475,11 +479,8 @@ impl EngineLoop {
                 return;
             }
         }
-        self.scheduler.append_token(id, token);
         self.local.generated_tokens += 1;
-        let seq = self.scheduler.get(id).expect("sequence exists");
-        let generated = seq.generated();
-        let total_len = seq.tokens.len();
+        let generated = self.scheduler.get(id).expect("sequence exists").generated();
 
         if a.stop_token_ids.contains(&token) {
             // The stop token itself produces no text.
@@ -492,7 +493,7 @@ impl EngineLoop {
         let _ = a.tx.send(StreamEvent::Token { token_id: token, text: outcome.emit, logprobs });
         if let Some(s) = outcome.matched {
             self.finish(id, FinishReason::Stop, Some(MatchedStop::Text(s)));
-        } else if generated.len() >= a.sampler.params().max_tokens || total_len >= self.max_model_len {
+        } else if at_limit {
             self.finish(id, FinishReason::Length, None);
         }
     }

@@ -35,7 +35,7 @@ pub mod reference_score;
 pub mod request;
 pub mod sampler;
 mod stats;
-pub mod step_budget;
+pub mod step_model;
 pub mod stop;
 mod template_json;
 mod template_python;

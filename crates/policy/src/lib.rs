@@ -25,6 +25,9 @@
 //! - [`step_kind`]: whether an engine step carries prefill beside its
 //!   decodes or runs them alone (`--itl-target-ms`), by
 //!   [`step_kind::decide_step_kind`];
+//! - [`step_budget`]: whether an engine step gets a time budget for its
+//!   prefill chunks (`--max-step-ms`), and why not, by
+//!   [`step_budget::decide_step_budget`];
 //! - [`queue_delay`]: whether a worker takes a new prompt or answers 429
 //!   because it would wait past `--max-queue-delay-s` behind the queued
 //!   prefill, by [`queue_delay::decide_queue_delay`], over the backlog's
@@ -50,6 +53,7 @@ pub mod queue_delay;
 mod reusable_tokens;
 pub mod seq_admission;
 pub mod spill;
+pub mod step_budget;
 pub mod step_kind;
 pub mod write_back;
 

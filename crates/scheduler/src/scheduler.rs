@@ -89,6 +89,7 @@ use kvc_policy::seq_admission::{AdmitReason, Wait};
 
 mod admit;
 mod prefill_plan;
+mod update;
 
 /// One sequence's work in a step: tokens `start..start + len` of its
 /// token list. `sample` is true when the chunk reaches the end of the
@@ -99,6 +100,15 @@ pub struct ScheduledChunk {
     pub start: usize,
     pub len: usize,
     pub sample: bool,
+}
+
+impl ScheduledChunk {
+    /// Whether this chunk is a decode: the one token of a sequence that has
+    /// one left to compute ([`Sequence::is_decoding`] when it was planned),
+    /// sampled. The one definition, for the scheduler and the engine alike.
+    pub fn is_decode(&self) -> bool {
+        self.len == 1 && self.sample
+    }
 }
 
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -129,6 +139,21 @@ impl Schedule {
     /// Tokens of prefill chunks (everything but decodes).
     pub fn prefill_tokens(&self) -> usize {
         self.chunks.iter().map(|c| c.len).sum::<usize>() - self.decodes
+    }
+
+    /// The decodes among `chunks` ([`ScheduledChunk::is_decode`]).
+    pub fn decode_chunks(&self) -> impl Iterator<Item = &ScheduledChunk> {
+        self.chunks.iter().filter(|c| c.is_decode())
+    }
+
+    /// The prefill chunks among `chunks` (all but decodes).
+    pub fn prefill_chunks(&self) -> impl Iterator<Item = &ScheduledChunk> {
+        self.chunks.iter().filter(|c| !c.is_decode())
+    }
+
+    /// The decoding sequences' context lengths, summed.
+    pub fn decode_context(&self) -> usize {
+        self.decode_chunks().map(|c| c.start + 1).sum()
     }
 }
 
@@ -495,7 +520,7 @@ impl Scheduler {
             out.chunks.push(ScheduledChunk { seq_id: id, start, len, sample });
         }
         out.chunks.retain(|c| self.seqs[&c.seq_id].status == SeqStatus::Running);
-        out.decodes = out.chunks.iter().filter(|c| self.seqs[&c.seq_id].is_decoding()).count();
+        out.decodes = out.decode_chunks().count();
 
         // Who waits, and for what.
         let scheduled: std::collections::HashSet<SeqId> = out.chunks.iter().map(|c| c.seq_id).collect();

@@ -65,6 +65,12 @@ impl Sequence {
         self.status == SeqStatus::Running && self.remaining() == 1
     }
 
+    /// It generated all it may (`max_new_tokens`: the request's
+    /// `max_tokens`, less where the context cap ends it sooner).
+    pub fn at_token_limit(&self) -> bool {
+        self.num_generated() >= self.max_new_tokens
+    }
+
     pub fn num_generated(&self) -> usize {
         self.tokens.len() - self.prompt_len
     }

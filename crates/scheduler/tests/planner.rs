@@ -64,15 +64,16 @@ impl Driver {
         for id in &p.unfittable {
             self.s.remove(*id, &mut self.alloc);
         }
-        for c in &p.chunks {
-            self.s.mark_computed(c.seq_id, c.len);
-            self.computed_tokens += c.len as u64;
-            if c.sample {
-                self.s.append_token(c.seq_id, 7);
-                if self.s.get(c.seq_id).unwrap().num_generated() >= self.max_new[&c.seq_id] {
-                    self.s.remove(c.seq_id, &mut self.alloc);
-                    self.finished.push(c.seq_id);
-                }
+        self.computed_tokens += p.chunks.iter().map(|c| c.len as u64).sum::<u64>();
+        let sampled: Vec<(SeqId, u32)> = p.chunks.iter().filter(|c| c.sample).map(|c| (c.seq_id, 7)).collect();
+        let at_limit = self.s.update(&p, &sampled);
+        for (id, _) in sampled {
+            let done = self.s.get(id).unwrap().num_generated() >= self.max_new[&id];
+            // Seeded sequences here have no limit of the scheduler's own.
+            assert!(done || !at_limit.contains(&id));
+            if done {
+                self.s.remove(id, &mut self.alloc);
+                self.finished.push(id);
             }
         }
         p

@@ -1,5 +1,5 @@
 //! One step of the loop: the scheduler's plan, one forward pass over its
-//! chunks, the sampled tokens handed on, and the measured prefill rate.
+//! chunks, the sampled tokens handed on, and the step-time model fed.
 
 use std::time::{Duration, Instant};
 
@@ -13,7 +13,7 @@ use super::prompt_logprobs::{reduce_rows, RowUse, StepLogits};
 use super::{CacheHooks, EngineLoop};
 use crate::constrained::ConstraintState;
 use crate::sampler::Sampler;
-use crate::step_budget::StepShape;
+use crate::step_model::StepShape;
 use crate::{EngineError, FinishReason, Logprobs, StreamEvent};
 use llguidance::toktrie::SimpleVob;
 
@@ -36,14 +36,13 @@ impl EngineLoop {
             alloc: &mut self.allocator,
             cache: &mut self.cache, storage: &mut self.storage, active: &mut self.active, parts: &mut self.parts };
         let (decodes_next, decode_context) = self.scheduler.decode_load();
-        let budget = self.step_budget.decide(decodes_next, decode_context);
+        let decided = self.step_model.budget(decodes_next, decode_context);
+        let budget = decided.ok();
         self.scheduler.set_time_budget(budget);
-        // Prefill's rate beside these decodes; without a step-time target,
-        // the measured rate of steps with a sizeable prefill.
-        let rate = Some(self.step_budget.mixed_prefill_tokens_per_s(decodes_next, decode_context))
-            .filter(|r| *r > 0.0)
-            .unwrap_or(self.local.prefill_tokens_per_s);
-        let kind = self.step_kinds.decide(&self.scheduler, &self.step_budget, rate);
+        // Prefill's rate beside these decodes; without a budget, the
+        // measured rate of steps with a sizeable prefill.
+        let rate = self.step_model.prefill_tokens_per_s(decodes_next, decode_context);
+        let kind = self.step_kinds.decide(&self.scheduler, &self.step_model, rate);
         self.scheduler.set_decode_only(kind.kind == kvc_policy::step_kind::StepKind::DecodeOnly);
         self.local.step_kinds = self.step_kinds.counts();
         let mut plan = self.scheduler.schedule(&mut kv);
@@ -79,11 +78,10 @@ impl EngineLoop {
         // copy stream beside this step's forward pass.
         self.cache.write_back(self.write_back_watermark, WRITE_BACK_BATCH, &self.allocator, &self.storage);
         let started = Instant::now();
-        let is_decode = |c: &ScheduledChunk| c.len == 1 && c.sample;
         let shape = StepShape {
-            decodes: plan.chunks.iter().filter(|c| is_decode(c)).count(),
-            decode_context: plan.chunks.iter().filter(|c| is_decode(c)).map(|c| c.start + 1).sum(),
-            prefill: plan.chunks.iter().filter(|c| !is_decode(c)).map(|c| (c.start, c.len)).collect(),
+            decodes: plan.decode_chunks().count(),
+            decode_context: plan.decode_context(),
+            prefill: plan.prefill_chunks().map(|c| (c.start, c.len)).collect(),
         };
         // Grammar masks are computed while the model runs (vLLM and SGLang
         // overlap them with the forward pass the same way): they depend only
@@ -125,7 +123,6 @@ impl EngineLoop {
         };
         self.local.steps += 1;
         let took = started.elapsed();
-        self.measure_prefill_rate(&plan.chunks, took);
         tracing::debug!(
             event = "step",
             decodes = shape.decodes,
@@ -133,13 +130,15 @@ impl EngineLoop {
             prefill_tokens = shape.prefill.iter().map(|c| c.1).sum::<usize>(),
             decode_context = shape.decode_context,
             prefill_starts = shape.prefill.iter().map(|c| c.0).sum::<usize>(),
-            predicted_ms = self.step_budget.predict(&shape) * 1e3,
+            predicted_ms = self.step_model.predict(&shape) * 1e3,
             took_ms = took.as_secs_f64() * 1e3,
             budget_ms = budget.map_or(0.0, |b| if shape.decodes > 0 { b.mixed_s } else { b.alone_s } * 1e3),
+            budget = decided.err().unwrap_or(kvc_policy::step_budget::StepBudgetReason::Budgeted).as_str(),
         );
-        self.step_budget.observe(&shape, took);
+        self.step_model.observe(&shape, took);
+        self.local.prefill_tokens_per_s = self.step_model.measured_tokens_per_s();
         self.step_kinds.observe(!shape.prefill.is_empty(), shape.decodes > 0, took.as_secs_f64());
-        self.local.mixed_prefill_tokens_per_s = self.step_budget.mixed_prefill_tokens_per_s(shape.decodes, shape.decode_context);
+        self.local.mixed_prefill_tokens_per_s = self.step_model.mixed_prefill_tokens_per_s(shape.decodes, shape.decode_context);
         for &(id, wait) in &plan.stalled {
             if let Some(a) = self.active.get_mut(&id) {
                 match wait {
@@ -151,23 +150,10 @@ impl EngineLoop {
         let st = self.scheduler.stats();
         self.local.preempted_tokens_recomputed = st.recomputed_tokens;
         self.local.admission_decisions = st.admissions.iter().map(|(r, n)| (r.as_str(), *n)).collect();
-        for c in &plan.chunks {
-            self.scheduler.mark_computed(c.seq_id, c.len);
-            self.register_full_blocks(c.seq_id);
-            let seq_prompt = self.scheduler.get(c.seq_id).map(|s| s.prompt_len).unwrap_or(0);
-            self.local.prompt_tokens_computed += c.len.min(seq_prompt.saturating_sub(c.start)) as u64;
-        }
         let StepLogits { sampled: logits, prompt } = logits;
-        for (id, logprobs) in prompt {
-            self.send_prompt_logprobs(id, logprobs);
-        }
         // Row i of `logits` is sampled[i]'s: both lists before anything ends.
         let sampled: Vec<SeqId> = plan.chunks.iter().filter(|c| self.samples(c)).map(|c| c.seq_id).collect();
         let scored_only: Vec<SeqId> = plan.chunks.iter().filter(|c| c.sample && !self.samples(c)).map(|c| c.seq_id).collect();
-        // Prompts scored without generating (max_tokens 0) end here.
-        for id in scored_only {
-            self.finish(id, FinishReason::Length, None);
-        }
         let mut failed = Vec::new();
         let masks: HashMap<SeqId, SimpleVob> = masks
             .into_iter()
@@ -179,6 +165,24 @@ impl EngineLoop {
                 }
             })
             .collect();
+        // Draw before the bookkeeping (a draw reads only its own
+        // sequence's tokens), leaving out those whose grammar failed.
+        let skip: Vec<SeqId> = failed.iter().map(|f| f.0).collect();
+        let drawn = self.sample_all(&sampled, &logits, &masks, &skip);
+        let tokens: Vec<(SeqId, u32)> = drawn.iter().map(|d| (d.0, d.1)).collect();
+        let at_limit = self.scheduler.update(&plan, &tokens);
+        for c in &plan.chunks {
+            self.register_full_blocks(c.seq_id);
+            let seq_prompt = self.scheduler.get(c.seq_id).map(|s| s.prompt_len).unwrap_or(0);
+            self.local.prompt_tokens_computed += c.len.min(seq_prompt.saturating_sub(c.start)) as u64;
+        }
+        for (id, logprobs) in prompt {
+            self.send_prompt_logprobs(id, logprobs);
+        }
+        // Prompts scored without generating (max_tokens 0) end here.
+        for id in scored_only {
+            self.finish(id, FinishReason::Length, None);
+        }
         for (id, e) in failed {
             tracing::warn!(event = "grammar_error", seq_id = id, error = %e);
             self.local.grammar_errors += 1;
@@ -187,8 +191,8 @@ impl EngineLoop {
             }
             self.drop_seq(id);
         }
-        for (id, token, logprobs) in self.sample_all(&sampled, &logits, &masks) {
-            self.accept_token(id, token, logprobs);
+        for (id, token, logprobs) in drawn {
+            self.on_token(id, token, logprobs, at_limit.contains(&id));
         }
         Stepped::Ran
     }
@@ -226,12 +230,20 @@ impl EngineLoop {
     /// Draws the next token of each of `ids` (logits row i for ids[i]) in
     /// parallel: a draw over a 152K vocabulary is ~0.5 ms, dozens of them
     /// a step. Returned in the order of `ids`.
-    fn sample_all(&mut self, ids: &[SeqId], logits: &[Vec<f32>], masks: &HashMap<SeqId, SimpleVob>) -> Vec<(SeqId, u32, Option<Logprobs>)> {
+    /// Those in `skip` draw nothing.
+    fn sample_all(
+        &mut self,
+        ids: &[SeqId],
+        logits: &[Vec<f32>],
+        masks: &HashMap<SeqId, SimpleVob>,
+        skip: &[SeqId],
+    ) -> Vec<(SeqId, u32, Option<Logprobs>)> {
         let row: HashMap<SeqId, usize> = ids.iter().enumerate().map(|(i, &id)| (id, i)).collect();
         let scheduler = &self.scheduler;
         let mut jobs: Vec<(usize, SeqId, &mut Sampler, &[u32])> = self
             .active
             .iter_mut()
+            .filter(|(id, _)| !skip.contains(id))
             .filter_map(|(&id, a)| Some((*row.get(&id)?, id, &mut a.sampler, scheduler.get(id)?.tokens.as_slice())))
             .collect();
         jobs.sort_by_key(|j| j.0);
@@ -241,19 +253,6 @@ impl EngineLoop {
                 (*id, token, logprobs)
             })
             .collect()
-    }
-
-    /// Moving average of tokens per second over steps that are mostly
-    /// prefill (the rate the disaggregation cost function needs).
-    fn measure_prefill_rate(&mut self, chunks: &[ScheduledChunk], took: Duration) {
-        const MIN_TOKENS: usize = 64;
-        let tokens: usize = chunks.iter().map(|c| c.len).sum();
-        if tokens < MIN_TOKENS || took.is_zero() {
-            return;
-        }
-        let rate = tokens as f64 / took.as_secs_f64();
-        let r = &mut self.local.prefill_tokens_per_s;
-        *r = kvc_policy::Ewma::from_value(*r).update(rate);
     }
 
     /// Whether chunk `c` draws a token: it ends its sequence's tokens, and

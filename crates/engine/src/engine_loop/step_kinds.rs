@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use kvc_policy::step_kind::{decide_step_kind, StepKind, StepKindDecision, StepKindInputs, StepKindReason};
 use kvc_scheduler::Scheduler;
 
-use crate::step_budget::{StepBudget, StepShape};
+use crate::step_model::{StepModel, StepShape};
 
 #[derive(Debug, Default)]
 pub(super) struct StepKinds {
@@ -26,7 +26,7 @@ impl StepKinds {
     }
 
     /// Decides the next step's kind, logs and counts it.
-    pub(super) fn decide(&mut self, scheduler: &Scheduler, budget: &StepBudget, prefill_tokens_per_s: f64) -> StepKindDecision {
+    pub(super) fn decide(&mut self, scheduler: &Scheduler, model: &StepModel, prefill_tokens_per_s: f64) -> StepKindDecision {
         let (decodes, decode_context) = scheduler.decode_load();
         let inputs = StepKindInputs {
             itl_target_s: self.itl_target_s,
@@ -34,7 +34,7 @@ impl StepKinds {
             prefill_tokens: scheduler.pending_prefill_tokens(),
             prefill_tokens_per_s,
             last_mixed_s: self.last_mixed_s,
-            decode_only_s: budget.predict(&StepShape { decodes, decode_context, prefill: Vec::new() }),
+            decode_only_s: model.predict(&StepShape { decodes, decode_context, prefill: Vec::new() }),
             decode_only_since_mixed: self.decode_only_since_mixed,
             backlog_slack_s: self.backlog_slack_s,
         };

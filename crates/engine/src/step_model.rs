@@ -1,5 +1,8 @@
-//! The step-time budget: how much prefill a step may carry so that it
-//! stays within `--max-step-ms`, beside its decodes or alone.
+//! The step-time model: what a step costs, fitted on the steps this engine
+//! ran, and from it the time budget (how much prefill a step may carry so
+//! that it stays within `--max-step-ms`, beside its decodes or alone) and
+//! the prefill rate the step-kind decision reads. The least squares are
+//! in `lsq.rs`.
 //!
 //! A step's time is modelled as
 //!
@@ -37,22 +40,27 @@
 
 use std::time::Duration;
 
+use kvc_policy::step_budget::{decide_step_budget, StepBudgetInputs, StepBudgetReason};
+use kvc_policy::Ewma;
 use kvc_scheduler::{ChunkCost, TimeBudget};
+
+mod lsq;
+
+use lsq::{solve_nonnegative, N};
 
 /// Prefill tokens a step keeps even when decodes alone take the whole
 /// target (at most `--max-num-batched-tokens`).
 pub const MIN_PREFILL_TOKENS: usize = 256;
 
-/// Steps with prefill seen before the fit is trusted.
-const MIN_PREFILL_SAMPLES: usize = 2;
+/// Tokens (decodes and prefill) of a step that counts towards the measured
+/// prefill rate.
+const MEASURED_MIN_TOKENS: usize = 64;
 
 /// Weight each old step keeps per new one.
 const KEEP: f64 = 0.95;
 
 /// Pull towards the previous fit (in scaled units, where a step's features are ~1).
 const PRIOR: f64 = 1e-3;
-
-const N: usize = 7;
 
 /// Typical magnitudes of the features, so that the normal equations are
 /// well conditioned: 1, weights read, tokens, decodes, decode context
@@ -117,7 +125,7 @@ impl StepShape {
 }
 
 #[derive(Debug, Clone)]
-pub struct StepBudget {
+pub struct StepModel {
     target_s: Option<f64>,
     weights: WeightReads,
     s: [[f64; N]; N],
@@ -125,17 +133,32 @@ pub struct StepBudget {
     /// Coefficients in scaled units (multiply features / SCALE).
     theta: [f64; N],
     prefill_samples: usize,
+    /// Tokens per second over the steps of at least [`MEASURED_MIN_TOKENS`]
+    /// (the rate the disaggregation cost function reads).
+    measured: Ewma,
 }
 
-impl StepBudget {
+impl StepModel {
     /// `max_step`: the step-time target (None: no limit); `weights`: how
     /// much of the model a step reads.
     pub fn new(max_step: Option<Duration>, weights: WeightReads) -> Self {
-        Self { target_s: max_step.map(|d| d.as_secs_f64()), weights, s: [[0.0; N]; N], r: [0.0; N], theta: [0.0; N], prefill_samples: 0 }
+        Self {
+            target_s: max_step.map(|d| d.as_secs_f64()),
+            weights,
+            s: [[0.0; N]; N],
+            r: [0.0; N],
+            theta: [0.0; N],
+            prefill_samples: 0,
+            measured: Ewma::new(),
+        }
     }
 
     /// Records a step and its time.
     pub fn observe(&mut self, shape: &StepShape, took: Duration) {
+        let tokens = shape.decodes + shape.prefill.iter().map(|c| c.1).sum::<usize>();
+        if tokens >= MEASURED_MIN_TOKENS && !took.is_zero() {
+            self.measured.update(tokens as f64 / took.as_secs_f64());
+        }
         let raw = shape.features(self.weights);
         let x: Vec<f64> = raw.iter().zip(SCALE).map(|(v, s)| v / s).collect();
         let y = took.as_secs_f64();
@@ -171,7 +194,7 @@ impl StepBudget {
     }
 
     /// A prefill chunk's own cost: its tokens' compute and attention; the
-    /// weights are the step's ([`Self::decide`]).
+    /// weights are the step's ([`Self::budget`]).
     fn cost(&self) -> ChunkCost {
         ChunkCost { a: self.coef(2), b: self.coef(5), c: self.coef(6) }
     }
@@ -187,30 +210,43 @@ impl StepBudget {
     }
 
     /// The budget for the next step, whose decodes are `decodes` with
-    /// contexts summing to `decode_context`: None without a target or
-    /// before the fit has seen prefill (then only `--max-num-batched-tokens`
-    /// limits).
-    pub fn decide(&self, decodes: usize, decode_context: usize) -> Option<TimeBudget> {
-        let target = self.target_s?;
+    /// contexts summing to `decode_context`; without a target or before the
+    /// fit has seen and priced prefill, none and why
+    /// ([`decide_step_budget`]): then only `--max-num-batched-tokens` limits.
+    pub fn budget(&self, decodes: usize, decode_context: usize) -> Result<TimeBudget, StepBudgetReason> {
         let cost = self.cost();
-        // A chunk must cost something per token, linearly or through its
-        // attention (the non-negative fit may put either at exactly 0).
-        if self.prefill_samples < MIN_PREFILL_SAMPLES || (cost.a <= 0.0 && cost.b <= 0.0) {
-            return None;
+        let inputs =
+            StepBudgetInputs { target_s: self.target_s, prefill_samples: self.prefill_samples, per_token_s: cost.a, per_context_token_s: cost.b };
+        match (decide_step_budget(&inputs), self.target_s) {
+            (StepBudgetReason::Budgeted, Some(target)) => Ok(TimeBudget {
+                alone_s: (target - self.fixed(0, 0)).max(0.0),
+                mixed_s: (target - self.fixed(decodes, decode_context)).max(0.0),
+                cost,
+                min_tokens: MIN_PREFILL_TOKENS,
+            }),
+            (StepBudgetReason::Budgeted, None) => Err(StepBudgetReason::NoTarget),
+            (reason, _) => Err(reason),
         }
-        Some(TimeBudget {
-            alone_s: (target - self.fixed(0, 0)).max(0.0),
-            mixed_s: (target - self.fixed(decodes, decode_context)).max(0.0),
-            cost,
-            min_tokens: MIN_PREFILL_TOKENS,
-        })
+    }
+
+    /// Tokens per second measured over steps of at least
+    /// [`MEASURED_MIN_TOKENS`] (0 until measured).
+    pub fn measured_tokens_per_s(&self) -> f64 {
+        self.measured.get()
+    }
+
+    /// Prompt tokens per second beside `decodes` decodes: the model's
+    /// [`Self::mixed_prefill_tokens_per_s`], or without a budget (no target,
+    /// not measured yet) the measured rate.
+    pub fn prefill_tokens_per_s(&self, decodes: usize, decode_context: usize) -> f64 {
+        Some(self.mixed_prefill_tokens_per_s(decodes, decode_context)).filter(|r| *r > 0.0).unwrap_or(self.measured.get())
     }
 
     /// Prompt tokens per second a prefill from an empty context gets beside
     /// `decodes` decodes (the mixed budget at the modelled step time); 0
     /// until measured.
     pub fn mixed_prefill_tokens_per_s(&self, decodes: usize, decode_context: usize) -> f64 {
-        let Some(b) = self.decide(decodes, decode_context) else {
+        let Ok(b) = self.budget(decodes, decode_context) else {
             return 0.0;
         };
         let n = b.cost.tokens_within(0, b.mixed_s).clamp(b.min_tokens, 1 << 20);
@@ -221,99 +257,6 @@ impl StepBudget {
             0.0
         }
     }
-}
-
-/// The minimum of `x'Mx/2 - v'x` over `x >= 0` (`M` symmetric positive
-/// definite: normal equations), by Lawson and Hanson's active-set method:
-/// coefficients enter while the objective's slope favours them and leave
-/// when the step towards the free subproblem's solution takes them to 0.
-/// Clamping the unconstrained solution instead keeps the other
-/// coefficients as fitted beside a negative one, and with features that
-/// move together (a step's weights and its tokens) the prediction then
-/// overshoots: on an H200 load run's steps (the test
-/// `predictions_of_a_real_h200_run_are_unbiased`), the clamped fit
-/// predicted mixed steps +57 % at the median (+856 % at p90), this one
-/// -2 % (+44 %).
-fn solve_nonnegative(m: &[[f64; N]; N], v: &[f64; N]) -> Option<[f64; N]> {
-    let scale = v.iter().map(|a| a.abs()).fold(0.0, f64::max);
-    if scale == 0.0 {
-        return Some([0.0; N]);
-    }
-    let tol = 1e-12 * scale;
-    let mut x = [0.0; N];
-    let mut free = [false; N];
-    for _ in 0..4 * N {
-        // The objective's slope downhill at x.
-        let w: [f64; N] = std::array::from_fn(|i| v[i] - (0..N).map(|j| m[i][j] * x[j]).sum::<f64>());
-        let Some(enter) = (0..N).filter(|&i| !free[i] && w[i] > tol).max_by(|&a, &b| w[a].total_cmp(&w[b])) else {
-            return Some(x);
-        };
-        free[enter] = true;
-        for _ in 0..N {
-            let z = solve_free(m, v, &free)?;
-            if (0..N).all(|i| !free[i] || z[i] > 0.0) {
-                x = z;
-                break;
-            }
-            // As far towards z as keeps x >= 0; whatever reaches 0 leaves.
-            let (mut alpha, mut leave) = (f64::INFINITY, enter);
-            for i in (0..N).filter(|&i| free[i] && z[i] <= 0.0) {
-                let a = x[i] / (x[i] - z[i]);
-                if a < alpha {
-                    (alpha, leave) = (a, i);
-                }
-            }
-            for i in 0..N {
-                x[i] += alpha * (z[i] - x[i]);
-                if free[i] && (i == leave || x[i] <= 0.0) {
-                    free[i] = false;
-                    x[i] = 0.0;
-                }
-            }
-        }
-    }
-    Some(x)
-}
-
-/// The unconstrained minimum over the `free` coefficients, the others 0.
-fn solve_free(m: &[[f64; N]; N], v: &[f64; N], free: &[bool; N]) -> Option<[f64; N]> {
-    let mut m = *m;
-    let mut v = *v;
-    for i in (0..N).filter(|&i| !free[i]) {
-        for j in 0..N {
-            m[i][j] = 0.0;
-            m[j][i] = 0.0;
-        }
-        m[i][i] = 1.0;
-        v[i] = 0.0;
-    }
-    solve(m, v)
-}
-
-/// Gaussian elimination with partial pivoting; None when singular.
-fn solve(mut m: [[f64; N]; N], mut v: [f64; N]) -> Option<[f64; N]> {
-    for col in 0..N {
-        let p = (col..N).max_by(|&a, &b| m[a][col].abs().total_cmp(&m[b][col].abs()))?;
-        if m[p][col].abs() < 1e-300 {
-            return None;
-        }
-        m.swap(col, p);
-        v.swap(col, p);
-        let pivot = m[col];
-        for row in col + 1..N {
-            let f = m[row][col] / pivot[col];
-            for (x, p) in m[row].iter_mut().zip(pivot).skip(col) {
-                *x -= f * p;
-            }
-            v[row] -= f * v[col];
-        }
-    }
-    let mut x = [0.0; N];
-    for row in (0..N).rev() {
-        let s: f64 = (row + 1..N).map(|k| m[row][k] * x[k]).sum();
-        x[row] = (v[row] - s) / m[row][row];
-    }
-    x.iter().all(|c| c.is_finite()).then_some(x)
 }
 
 #[cfg(test)]
@@ -346,8 +289,8 @@ mod tests {
 
     #[test]
     fn the_fit_predicts_steps_it_has_not_seen() {
-        let mut b = StepBudget::new(Some(Duration::from_millis(100)), WeightReads::routed(8, 128));
-        assert_eq!(b.decide(0, 0), None, "unmeasured");
+        let mut b = StepModel::new(Some(Duration::from_millis(100)), WeightReads::routed(8, 128));
+        assert_eq!(b.budget(0, 0), Err(StepBudgetReason::Unmeasured));
         for s in shapes() {
             b.observe(&s, truth(&s));
         }
@@ -361,7 +304,7 @@ mod tests {
         }
         // The budget is what the target leaves: a mixed step planned to it
         // takes the target.
-        let t = b.decide(20, 20 * 10_000).unwrap();
+        let t = b.budget(20, 20 * 10_000).unwrap();
         let n = t.cost.tokens_within(5_000, t.mixed_s);
         let planned = StepShape { decodes: 20, decode_context: 200_000, prefill: vec![(5_000, n)] };
         assert!((truth(&planned).as_secs_f64() - 0.1).abs() < 0.005, "{:?}", truth(&planned));
@@ -369,7 +312,7 @@ mod tests {
 
     #[test]
     fn decodes_only_stretches_keep_the_prefill_fit_and_no_target_means_no_budget() {
-        let mut b = StepBudget::new(Some(Duration::from_millis(100)), WeightReads::routed(8, 128));
+        let mut b = StepModel::new(Some(Duration::from_millis(100)), WeightReads::routed(8, 128));
         for s in shapes() {
             b.observe(&s, truth(&s));
         }
@@ -380,9 +323,9 @@ mod tests {
         }
         let after = b.cost();
         assert!((after.a - before.a).abs() < 0.05 * before.a, "{before:?} -> {after:?}");
-        let mut free = StepBudget::new(None, WeightReads::dense());
+        let mut free = StepModel::new(None, WeightReads::dense());
         free.observe(&shapes()[1], Duration::from_millis(50));
-        assert_eq!(free.decide(0, 0), None);
+        assert_eq!(free.budget(0, 0), Err(StepBudgetReason::NoTarget));
     }
 
     /// Steps of a mixture of experts timed the way a GPU runs them: 3 ms
@@ -409,13 +352,13 @@ mod tests {
     /// the weights from decode-only steps, plans it short).
     #[test]
     fn a_mixed_step_pays_for_the_weights_once_and_fills_its_target() {
-        let mut b = StepBudget::new(Some(Duration::from_millis(100)), WeightReads::routed(8, 128));
+        let mut b = StepModel::new(Some(Duration::from_millis(100)), WeightReads::routed(8, 128));
         for s in shapes() {
             b.observe(&s, moe_truth(&s));
         }
         for decodes in [1, 8, 25, 64] {
             for ctx in [2_000, 20_000] {
-                let t = b.decide(decodes, decodes * ctx).unwrap();
+                let t = b.budget(decodes, decodes * ctx).unwrap();
                 for start in [0, 5_000, 40_000] {
                     let n = t.cost.tokens_within(start, t.mixed_s);
                     let planned = StepShape { decodes, decode_context: decodes * ctx, prefill: vec![(start, n)] };
@@ -425,7 +368,7 @@ mod tests {
             }
         }
         // Alone, the same.
-        let t = b.decide(0, 0).unwrap();
+        let t = b.budget(0, 0).unwrap();
         let n = t.cost.tokens_within(0, t.alone_s);
         assert!((moe_truth(&StepShape { prefill: vec![(0, n)], ..Default::default() }).as_secs_f64() - 0.1).abs() < 0.003);
         // Few tokens reach few experts: decode-only steps are predicted too.
@@ -447,40 +390,6 @@ mod tests {
         assert_eq!(WeightReads::routed(4, 4), WeightReads::dense());
     }
 
-    /// Deterministic pseudo-random numbers in [0, 1).
-    fn lcg(state: &mut u64) -> f64 {
-        *state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        (*state >> 11) as f64 / (1u64 << 53) as f64
-    }
-
-    /// Optimality (Karush-Kuhn-Tucker) of the non-negative solution on
-    /// random problems: x >= 0, the slope is 0 where x > 0 and uphill
-    /// where x = 0.
-    #[test]
-    fn the_nonnegative_solution_is_optimal() {
-        let mut rng = 7u64;
-        for _ in 0..500 {
-            let a: Vec<[f64; N]> = (0..10).map(|_| std::array::from_fn(|_| lcg(&mut rng) * 2.0 - 1.0)).collect();
-            let mut m = [[0.0; N]; N];
-            for i in 0..N {
-                for j in 0..N {
-                    m[i][j] = a.iter().map(|r| r[i] * r[j]).sum::<f64>() + if i == j { 1e-3 } else { 0.0 };
-                }
-            }
-            let v: [f64; N] = std::array::from_fn(|_| lcg(&mut rng) * 2.0 - 1.0);
-            let x = solve_nonnegative(&m, &v).unwrap();
-            for i in 0..N {
-                let g = (0..N).map(|j| m[i][j] * x[j]).sum::<f64>() - v[i];
-                assert!(x[i] >= 0.0, "{x:?}");
-                if x[i] > 0.0 {
-                    assert!(g.abs() < 1e-9, "slope {g} at a free coefficient: {x:?}");
-                } else {
-                    assert!(g > -1e-9, "slope {g} downhill at a coefficient held at 0: {x:?}");
-                }
-            }
-        }
-    }
-
     /// The steps of a real load run on an H200 (every step's decodes,
     /// prefill tokens and chunks, and time; the contexts were not logged,
     /// so chunks count from position 0), replayed in order: each step is
@@ -488,7 +397,7 @@ mod tests {
     #[test]
     fn predictions_of_a_real_h200_run_are_unbiased() {
         let text = include_str!("../tests/fixtures/h200_load70_steps.csv");
-        let mut b = StepBudget::new(Some(Duration::from_millis(100)), WeightReads::routed(8, 128));
+        let mut b = StepModel::new(Some(Duration::from_millis(100)), WeightReads::routed(8, 128));
         let mut errors = Vec::new();
         for (i, line) in text.lines().filter(|l| !l.starts_with('#')).enumerate() {
             let f: Vec<f64> = line.split(',').map(|v| v.parse().unwrap()).collect();
@@ -515,11 +424,11 @@ mod tests {
             let attention: f64 = s.prefill.iter().map(|&(st, l)| 4e-9 * l as f64 * (st as f64 + l as f64 / 2.0)).sum();
             Duration::from_secs_f64(2e-3 + 25e-9 * s.decode_context as f64 + attention)
         };
-        let mut b = StepBudget::new(Some(Duration::from_millis(100)), WeightReads::dense());
+        let mut b = StepModel::new(Some(Duration::from_millis(100)), WeightReads::dense());
         for s in shapes() {
             b.observe(&s, truth(&s));
         }
-        let t = b.decide(0, 0).expect("a budget");
+        let t = b.budget(0, 0).expect("a budget");
         let n = t.cost.tokens_within(0, t.alone_s);
         let took = truth(&StepShape { prefill: vec![(0, n)], ..Default::default() }).as_secs_f64();
         assert!((took - 0.1).abs() < 0.005, "{n} tokens take {took}");
