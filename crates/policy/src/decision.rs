@@ -100,6 +100,7 @@ fn table() -> &'static Table {
         sets_of::<crate::write_back::WriteBackReason>(&mut sets);
         sets_of::<crate::spill::SpillReason>(&mut sets);
         sets_of::<crate::host_drop::HostDropReason>(&mut sets);
+        sets_of::<crate::session_cap::SessionCapReason>(&mut sets);
         sets_of::<crate::prefill_path::PathReason>(&mut sets);
         sets_of::<crate::prefill_path::FallbackReason>(&mut sets);
         sets_of::<crate::prefill_peer::PeerReason>(&mut sets);
@@ -175,6 +176,7 @@ mod tests {
             "write_back",
             "spill",
             "host_drop",
+            "session_cap",
             "prefill_path",
             "prefill_fallback",
             "prefill_peer",

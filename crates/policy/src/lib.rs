@@ -40,6 +40,9 @@
 //!   tier is full, by [`host_drop::decide_host_drop`];
 //! - [`snapshot_push`]: whether a decode worker pushes a session's
 //!   snapshot after a turn, by [`snapshot_push::decide_snapshot_push`];
+//! - [`session_cap`]: which idle session of a key makes room for its new
+//!   one under `--max-sessions-per-key`, by
+//!   [`session_cap::decide_session_cap`];
 //! - [`route_score`]: where the router places a request, by
 //!   [`route_score::choose_worker`] over one score per worker.
 //!
@@ -62,6 +65,7 @@ pub mod queue_delay;
 mod reusable_tokens;
 pub mod route_score;
 pub mod seq_admission;
+pub mod session_cap;
 pub mod snapshot_push;
 pub mod spill;
 pub mod step_kind;
