@@ -46,11 +46,7 @@ impl Reason for AdmissionProbeReason {
         self.as_str()
     }
     fn outcomes(self) -> &'static [&'static str] {
-        if self.admits() {
-            &["admit"]
-        } else {
-            &["refuse"]
-        }
+        crate::decision::admit_or_refuse(self.admits())
     }
 }
 

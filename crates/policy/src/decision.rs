@@ -62,6 +62,15 @@ impl<R: Reason> Decision<R> {
     }
 }
 
+/// The outcome of a decision that takes a request or refuses it.
+pub fn admit_or_refuse(admits: bool) -> &'static [&'static str] {
+    if admits {
+        &["admit"]
+    } else {
+        &["refuse"]
+    }
+}
+
 /// One label set of `kvc_decisions_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct LabelSet {

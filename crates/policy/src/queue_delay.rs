@@ -122,11 +122,7 @@ impl crate::decision::Reason for QueueDelayReason {
         self.as_str()
     }
     fn outcomes(self) -> &'static [&'static str] {
-        if self.admits() {
-            &["admit"]
-        } else {
-            &["refuse"]
-        }
+        crate::decision::admit_or_refuse(self.admits())
     }
 }
 
