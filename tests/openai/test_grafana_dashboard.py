@@ -7,7 +7,7 @@ eviction, a session moved off a dead worker): series of labelled counters
 exist only once counted. Histograms count with their `_bucket`,
 `_sum` and `_count` series. The dashboard must also cover what an operator
 of a P/D deployment needs (latency, KV pool, host tier, reuse, P/D mix,
-transfers, fallbacks, router moves), and be valid Grafana JSON (unique
+transfers, fallbacks, router moves, every decision by reason), and be valid Grafana JSON (unique
 panel ids, every target on the dashboard's data source variable)."""
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ REQUIRED = {
     "router moves": "kvc_router_session_moves_total",
     "engine stalls": "kvc_engine_stalled_steps_total",
     "oldest waiting request": "kvc_requests_oldest_waiting_seconds",
+    "decisions by outcome and reason": "kvc_decisions_total",
 }
 
 

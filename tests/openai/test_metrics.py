@@ -1,6 +1,8 @@
 """/metrics, and cancellation: a client that leaves mid-stream frees its KV
 blocks."""
 
+import re
+
 import httpx
 import pytest
 
@@ -165,3 +167,47 @@ def test_decision_and_fallback_counters_list_every_reason_at_0_on_a_fresh_worker
     assert series(d, "kvc_prefill_path_decisions_total") == {
         f'{{path="{p}",reason="{r}"}}': 0.0 for p, r in PATH_DECISIONS}
     assert series(d, "kvc_disagg_fallbacks_total") == {'{reason="remote_prefill_failed"}': 0.0}
+
+
+# Every decision of kvc-policy (kvc_decisions_total{decision,outcome,reason}):
+# a worker exports all of them but the router's, the router only its own.
+WORKER_DECISIONS = {"seq_admission", "preemption", "admission_probe", "eviction", "write_back", "spill", "host_drop",
+                    "session_cap", "prefill_path", "prefill_fallback", "prefill_peer", "snapshot_push", "step_kind",
+                    "queue_delay"}
+DECISION = re.compile(r'^\{decision="([a-z_]+)",outcome="([a-z_]+)",reason="([a-z_]+)"\}$')
+
+
+def test_every_decision_label_set_is_exported_at_0_on_a_fresh_server_of_each_role(start_server):
+    """The one family's label sets are closed: all at 0 before any traffic."""
+    import test_disagg as disagg
+
+    def decisions(srv):
+        name = "kvc_decisions_total"
+        out = {}
+        for k, v in srv.metrics().items():
+            if k.startswith(name + "{"):
+                m = DECISION.match(k[len(name):])
+                assert m, k
+                out[m.groups()] = v
+        return out
+
+    both = start_server()
+    p = start_server(*disagg.prefill_flags())
+    d = disagg.start_decode(start_server, p)
+    router = start_server("--role", "router", "--cluster-token", disagg.TOKEN, "--decode-peer", d.base_url)
+    worker_sets = decisions(both)
+    assert {s[0] for s in worker_sets} == WORKER_DECISIONS
+    assert set(worker_sets.values()) == {0.0}
+    # The labels that tests and the dashboard rely on are among them.
+    for s in [("step_kind", "decode_only", "interleave"), ("prefill_path", "remote_prefill", "remote_cheaper"),
+              ("prefill_fallback", "local", "remote_prefill_failed"), ("admission_probe", "refuse", "kv_pool_full"),
+              ("queue_delay", "refuse", "over_bound"), ("seq_admission", "admit", "admitted"),
+              ("eviction", "offload", "idle"), ("write_back", "copy", "below_watermark")]:
+        assert s in worker_sets, s
+    for srv in (p, d):
+        got = decisions(srv)
+        assert set(got) == set(worker_sets) and set(got.values()) == {0.0}
+    routed = decisions(router)
+    assert routed == {("route_score", o, r): 0.0 for o, r in (
+        ("place", "session_resident"), ("place", "least_cost"), ("place", "moved_full"), ("place", "moved_unhealthy"),
+        ("place", "moved_load"), ("queue", "no_room"), ("refuse", "no_healthy_worker"))}

@@ -1,250 +1,29 @@
-//! Where the router sends a request: one explicit score per worker, after
-//! Dynamo's KV router: one explicit cost formula, each term logged.
-//!
-//! ```text
-//! score = prefill_weight * blocks of prompt the worker lacks
-//!       + decode load in blocks (total - free - evictable)
-//!       + active_weight * active requests (running + waiting)
-//! ```
-//!
-//! Units are KV blocks. The worker "lacks" the prompt tokens not covered by
-//! the session's resident tokens on it (any tier), counted in whole blocks
-//! as the engine reuses them. A worker whose free + evictable blocks cannot
-//! hold the whole request (prompt + `max_tokens`: the session's reused
-//! blocks are among its evictable ones, or on the host tier and brought
-//! back) has no room and scores infinite; an unhealthy worker is not a
-//! candidate at all.
-//!
-//! Session ids match exactly: the router looks a session up in each
-//! worker's published map by equality, never by prefix (vLLM router #219
-//! sent `session-12` to `session-1`'s worker).
-//!
-//! The function is pure: the router builds the [`WorkerView`]s from the
-//! workers' polled `/internal/state` plus what it knows more recently
-//! (requests it has in flight, the turn it just placed), and logs the
-//! returned [`RouteDecision`] as it is.
+//! Where the router sends a request: the score and the choice live in
+//! `kvc-policy` ([`kvc_policy::route_score`], issue 32), re-exported here
+//! so callers keep `kvc_disagg::routing::choose_worker`; this adds the view
+//! of a polled worker ([`worker_view`]).
+
+pub use kvc_policy::route_score::*;
 
 use crate::protocol::WorkerState;
 
-/// A request as the router sees it (estimates; the router does not tokenize).
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct RouteRequest {
-    /// Estimated prompt tokens.
-    pub prompt_tokens: usize,
-    /// Tokens the request may add beyond the prompt (`max_tokens` x `n`).
-    pub max_tokens: usize,
-    /// The worker that served the session's last turn (index into the
-    /// views), if the router knows one. Without it, the worker holding most
-    /// of the session's tokens counts as its home.
-    pub home: Option<usize>,
-}
-
-/// One worker's state as the policy needs it.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct WorkerView {
-    pub healthy: bool,
-    pub block_size: usize,
-    pub total_blocks: usize,
-    pub free_blocks: usize,
-    pub evictable_blocks: usize,
-    /// Running + waiting requests.
-    pub active: usize,
-    /// The request's session's tokens resident on this worker (any tier);
-    /// 0 without a session.
-    pub resident_tokens: usize,
-}
-
-impl WorkerView {
-    /// The view of a polled worker for a request of `session` (matched
-    /// exactly).
-    pub fn from_state(state: &WorkerState, healthy: bool, session: Option<&str>) -> Self {
-        Self {
-            healthy: healthy && state.ready,
-            block_size: state.block_size,
-            total_blocks: state.total_blocks,
-            free_blocks: state.free_blocks,
-            evictable_blocks: state.evictable_blocks,
-            active: state.running + state.waiting,
-            resident_tokens: session.and_then(|id| state.sessions.get(id)).copied().unwrap_or(0),
-        }
+/// The view of a polled worker for a request of `session` (matched
+/// exactly).
+pub fn worker_view(state: &WorkerState, healthy: bool, session: Option<&str>) -> WorkerView {
+    WorkerView {
+        healthy: healthy && state.ready,
+        block_size: state.block_size,
+        total_blocks: state.total_blocks,
+        free_blocks: state.free_blocks,
+        evictable_blocks: state.evictable_blocks,
+        active: state.running + state.waiting,
+        resident_tokens: session.and_then(|id| state.sessions.get(id)).copied().unwrap_or(0),
     }
-
-    pub fn available_blocks(&self) -> usize {
-        self.free_blocks + self.evictable_blocks
-    }
-}
-
-/// The knobs of the score, in blocks.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct RouteWeights {
-    /// Cost of one block of prompt to compute (Dynamo's overlap weight).
-    pub prefill_weight: f64,
-    /// Cost of one active request, in blocks: separates workers whose
-    /// queued work is not in their block counts yet.
-    pub active_weight: f64,
-}
-
-impl Default for RouteWeights {
-    fn default() -> Self {
-        Self { prefill_weight: 1.0, active_weight: 1.0 }
-    }
-}
-
-/// The terms of one worker's score, for the log.
-#[derive(Debug, Clone, PartialEq)]
-pub struct WorkerScore {
-    /// Prompt tokens the worker already holds (whole blocks of the session).
-    pub reused_tokens: usize,
-    /// Blocks of prompt to compute there.
-    pub prefill_blocks: usize,
-    pub decode_blocks: usize,
-    pub active: usize,
-    /// Blocks the request would add (prefill + `max_tokens`).
-    pub needed_blocks: usize,
-    pub available_blocks: usize,
-    /// The weighted sum without the room rule.
-    pub cost: f64,
-    /// `cost`, or infinite without room; `None`: not a candidate (unhealthy).
-    pub score: Option<f64>,
-}
-
-impl std::fmt::Display for WorkerScore {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self.score {
-            None => write!(f, "unhealthy"),
-            Some(s) => write!(
-                f,
-                "{s:.1} (prefill {} + decode {} + active {}; reused {} tok, needs {}/{} blocks)",
-                self.prefill_blocks, self.decode_blocks, self.active, self.reused_tokens, self.needed_blocks, self.available_blocks
-            ),
-        }
-    }
-}
-
-/// Why a worker was chosen (or none).
-pub mod reason {
-    /// The session's home worker is the cheapest.
-    pub const SESSION_RESIDENT: &str = "session_resident";
-    /// No session home: the cheapest worker.
-    pub const LEAST_COST: &str = "least_cost";
-    /// The session's home has no room for the request: moved.
-    pub const MOVED_FULL: &str = "moved_full";
-    /// The session's home is unhealthy: moved.
-    pub const MOVED_UNHEALTHY: &str = "moved_unhealthy";
-    /// The home has room but another worker is cheaper even after
-    /// recomputing the session there (the home is loaded).
-    pub const MOVED_LOAD: &str = "moved_load";
-    /// No healthy worker has room now: the cheapest healthy one queues it.
-    pub const NO_ROOM: &str = "no_room";
-    /// No healthy worker at all: the request fails (503).
-    pub const NO_HEALTHY_WORKER: &str = "no_healthy_worker";
-
-    /// Every reason (the label values `/metrics` shows from the start).
-    pub const ALL: [&str; 7] = [SESSION_RESIDENT, LEAST_COST, MOVED_FULL, MOVED_UNHEALTHY, MOVED_LOAD, NO_ROOM, NO_HEALTHY_WORKER];
-    /// The reasons that move a session off its home.
-    pub const MOVES: [&str; 3] = [MOVED_FULL, MOVED_UNHEALTHY, MOVED_LOAD];
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct RouteDecision {
-    /// Index into the views; `None` only for [`reason::NO_HEALTHY_WORKER`].
-    pub worker: Option<usize>,
-    pub reason: &'static str,
-    /// The session's home as the policy saw it.
-    pub home: Option<usize>,
-    /// One per view, in order.
-    pub scores: Vec<WorkerScore>,
-}
-
-impl RouteDecision {
-    /// True when the session leaves its home worker.
-    pub fn is_move(&self) -> bool {
-        matches!((self.home, self.worker), (Some(h), Some(w)) if h != w)
-    }
-
-    /// `w0=… w1=…` for the log line.
-    pub fn scores_text(&self) -> String {
-        self.scores.iter().enumerate().map(|(i, s)| format!("w{i}={s}")).collect::<Vec<_>>().join("; ")
-    }
-}
-
-/// The terms for one worker.
-pub fn score_worker(req: &RouteRequest, w: &WorkerView, weights: &RouteWeights) -> WorkerScore {
-    let bs = w.block_size.max(1);
-    // The engine's admission estimate: whole blocks, the last token computed.
-    let reused_tokens = kvc_policy::reusable_tokens(w.resident_tokens, req.prompt_tokens, bs);
-    let lacking = req.prompt_tokens - reused_tokens;
-    let prefill_blocks = lacking.div_ceil(bs);
-    // The reused blocks stay in use too: the whole request must fit.
-    let needed_blocks = (req.prompt_tokens + req.max_tokens).div_ceil(bs);
-    let decode_blocks = w.total_blocks.saturating_sub(w.available_blocks());
-    let cost = weights.prefill_weight * prefill_blocks as f64 + decode_blocks as f64 + weights.active_weight * w.active as f64;
-    let score = w.healthy.then(|| if needed_blocks > w.available_blocks() { f64::INFINITY } else { cost });
-    WorkerScore {
-        reused_tokens,
-        prefill_blocks,
-        decode_blocks,
-        active: w.active,
-        needed_blocks,
-        available_blocks: w.available_blocks(),
-        cost,
-        score,
-    }
-}
-
-/// The placement policy: the cheapest worker with room; ties go to the
-/// session's home, then to the lower index.
-pub fn choose_worker(req: &RouteRequest, workers: &[WorkerView], weights: &RouteWeights) -> RouteDecision {
-    let scores: Vec<WorkerScore> = workers.iter().map(|w| score_worker(req, w, weights)).collect();
-    let home = req.home.filter(|&h| h < workers.len()).or_else(|| {
-        // The worker holding most of the session (exact id match upstream).
-        (0..workers.len()).filter(|&i| workers[i].resident_tokens > 0).max_by_key(|&i| (workers[i].resident_tokens, std::cmp::Reverse(i)))
-    });
-    let pick = |key: &dyn Fn(&WorkerScore) -> Option<f64>| -> Option<usize> {
-        let mut best: Option<(usize, f64)> = None;
-        for (i, s) in scores.iter().enumerate() {
-            let Some(v) = key(s).filter(|v| v.is_finite()) else {
-                continue;
-            };
-            let better = match best {
-                None => true,
-                Some((b, bv)) => v < bv || (v == bv && Some(i) == home && Some(b) != home),
-            };
-            if better {
-                best = Some((i, v));
-            }
-        }
-        best.map(|(i, _)| i)
-    };
-    let decision = |worker, reason| RouteDecision { worker, reason, home, scores: scores.clone() };
-    if scores.iter().all(|s| s.score.is_none()) {
-        return decision(None, reason::NO_HEALTHY_WORKER);
-    }
-    let Some(best) = pick(&|s| s.score) else {
-        // Nobody has room now: queue on the cheapest healthy worker (its
-        // engine waits or preempts; a request larger than any pool gets the
-        // worker's own error).
-        return decision(pick(&|s| s.score.map(|_| s.cost)), reason::NO_ROOM);
-    };
-    let reason = match home {
-        None => reason::LEAST_COST,
-        Some(h) if h == best => reason::SESSION_RESIDENT,
-        Some(h) => match scores[h].score {
-            None => reason::MOVED_UNHEALTHY,
-            Some(s) if s.is_infinite() => reason::MOVED_FULL,
-            Some(_) => reason::MOVED_LOAD,
-        },
-    };
-    decision(Some(best), reason)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn idle(total: usize) -> WorkerView {
-        WorkerView { healthy: true, block_size: 16, total_blocks: total, free_blocks: total, ..Default::default() }
-    }
 
     fn req(prompt_tokens: usize, max_tokens: usize, home: Option<usize>) -> RouteRequest {
         RouteRequest { prompt_tokens, max_tokens, home }
@@ -255,129 +34,9 @@ mod tests {
     }
 
     #[test]
-    fn a_new_request_goes_to_the_least_loaded_worker() {
-        let mut busy = idle(100);
-        busy.free_blocks = 60; // 40 blocks decoding
-        busy.active = 3;
-        let d = choose(&req(100, 16, None), &[busy, idle(100)]);
-        assert_eq!((d.worker, d.reason), (Some(1), reason::LEAST_COST));
-        assert_eq!(d.scores[0].decode_blocks, 40);
-        assert_eq!(d.scores[0].score, Some(7.0 + 40.0 + 3.0));
-        assert_eq!(d.scores[1].score, Some(7.0));
-        assert!(!d.is_move());
-    }
-
-    #[test]
-    fn ties_go_to_the_lower_index() {
-        let d = choose(&req(10, 10, None), &[idle(100), idle(100)]);
-        assert_eq!((d.worker, d.reason), (Some(0), reason::LEAST_COST));
-    }
-
-    #[test]
-    fn the_session_stays_where_its_tokens_are() {
-        let mut home = idle(100);
-        home.resident_tokens = 300;
-        home.active = 1; // a little busier, but holds 18 blocks of the prompt
-        let d = choose(&req(320, 32, None), &[idle(100), home]);
-        assert_eq!((d.worker, d.reason, d.home), (Some(1), reason::SESSION_RESIDENT, Some(1)));
-        assert_eq!(d.scores[1].reused_tokens, 288);
-        assert_eq!(d.scores[1].prefill_blocks, 2);
-        assert_eq!(d.scores[0].prefill_blocks, 20);
-    }
-
-    #[test]
-    fn a_tie_goes_to_the_sessions_home() {
-        let d = choose(&req(10, 10, Some(1)), &[idle(100), idle(100)]);
-        assert_eq!((d.worker, d.reason), (Some(1), reason::SESSION_RESIDENT));
-    }
-
-    #[test]
-    fn a_full_home_moves_the_session() {
-        let mut home = idle(40);
-        home.free_blocks = 5;
-        home.resident_tokens = 64;
-        let d = choose(&req(80, 200, Some(0)), &[home, idle(100)]);
-        assert_eq!((d.worker, d.reason), (Some(1), reason::MOVED_FULL));
-        assert_eq!(d.scores[0].score, Some(f64::INFINITY));
-        // The whole request must fit: 80 prompt + 200 new tokens.
-        assert_eq!(d.scores[0].needed_blocks, (80 + 200usize).div_ceil(16));
-        assert!(d.is_move());
-    }
-
-    #[test]
-    fn room_counts_evictable_blocks() {
-        let mut w = idle(40);
-        w.free_blocks = 2;
-        w.evictable_blocks = 38; // idle sessions and prefix cache: reclaimable
-        let d = choose(&req(100, 100, None), &[w]);
-        assert_eq!((d.worker, d.reason), (Some(0), reason::LEAST_COST));
-        assert_eq!(d.scores[0].decode_blocks, 0);
-    }
-
-    #[test]
-    fn an_unhealthy_home_moves_the_session() {
-        let mut home = idle(100);
-        home.healthy = false;
-        home.resident_tokens = 500;
-        let d = choose(&req(520, 16, Some(0)), &[home, idle(100)]);
-        assert_eq!((d.worker, d.reason), (Some(1), reason::MOVED_UNHEALTHY));
-        assert_eq!(d.scores[0].score, None);
-        assert!(d.scores_text().contains("w0=unhealthy"), "{}", d.scores_text());
-    }
-
-    #[test]
-    fn a_loaded_home_loses_when_recomputing_elsewhere_is_cheaper() {
-        let mut home = idle(100);
-        home.resident_tokens = 32;
-        home.free_blocks = 20; // 80 blocks decoding
-        let d = choose(&req(48, 16, Some(0)), &[home, idle(100)]);
-        assert_eq!((d.worker, d.reason), (Some(1), reason::MOVED_LOAD));
-    }
-
-    #[test]
-    fn a_higher_overlap_weight_keeps_a_long_session_home_under_load() {
-        // The headline experiment's dp case: the home holds 7.6K of a 7.8K
-        // prompt but decodes 4.9K blocks; the other worker decodes 1.5K.
-        let mut home = idle(40_000);
-        home.resident_tokens = 7_632;
-        home.free_blocks = 40_000 - 4_910;
-        let mut other = idle(40_000);
-        other.free_blocks = 40_000 - 1_514;
-        let r = req(7_793, 46, Some(0));
-        assert_eq!(choose(&r, &[home.clone(), other.clone()]).reason, reason::MOVED_LOAD);
-        let heavy = RouteWeights { prefill_weight: 10.0, ..RouteWeights::default() };
-        let d = choose_worker(&r, &[home, other], &heavy);
-        assert_eq!((d.worker, d.reason), (Some(0), reason::SESSION_RESIDENT));
-    }
-
-    #[test]
-    fn without_room_anywhere_the_cheapest_healthy_worker_queues_it() {
-        let mut a = idle(40);
-        a.free_blocks = 0;
-        a.active = 4;
-        let mut b = idle(40);
-        b.free_blocks = 1;
-        b.active = 2;
-        let mut dead = idle(1000);
-        dead.healthy = false;
-        let d = choose(&req(100, 100, None), &[a, b, dead]);
-        assert_eq!((d.worker, d.reason), (Some(1), reason::NO_ROOM));
-        assert!(d.scores[..2].iter().all(|s| s.score == Some(f64::INFINITY)));
-    }
-
-    #[test]
-    fn no_healthy_worker_means_none() {
-        let mut a = idle(40);
-        a.healthy = false;
-        let d = choose(&req(10, 10, None), &[a]);
-        assert_eq!((d.worker, d.reason), (None, reason::NO_HEALTHY_WORKER));
-        assert_eq!(choose(&req(10, 10, None), &[]).reason, reason::NO_HEALTHY_WORKER);
-    }
-
-    #[test]
     fn a_worker_not_ready_is_unhealthy() {
         let state = WorkerState { ready: false, block_size: 16, total_blocks: 10, free_blocks: 10, ..Default::default() };
-        assert!(!WorkerView::from_state(&state, true, None).healthy);
+        assert!(!worker_view(&state, true, None).healthy);
     }
 
     #[test]
@@ -385,13 +44,13 @@ mod tests {
         let mut a = WorkerState { ready: true, block_size: 16, total_blocks: 100, free_blocks: 100, ..Default::default() };
         a.sessions.insert("session-1".into(), 640);
         let b = WorkerState { ready: true, block_size: 16, total_blocks: 100, free_blocks: 100, ..Default::default() };
-        let views = |id: &str| vec![WorkerView::from_state(&b, true, Some(id)), WorkerView::from_state(&a, true, Some(id))];
+        let views = |id: &str| vec![worker_view(&b, true, Some(id)), worker_view(&a, true, Some(id))];
         // `session-12` is a different session: nothing resident anywhere.
         let d = choose(&req(700, 16, None), &views("session-12"));
-        assert_eq!((d.worker, d.reason, d.home), (Some(0), reason::LEAST_COST, None));
+        assert_eq!((d.worker, d.reason, d.home), (Some(0), RouteReason::LeastCost, None));
         assert_eq!(views("session-12")[1].resident_tokens, 0);
         assert_eq!(views("session-")[1].resident_tokens, 0);
         let d = choose(&req(700, 16, None), &views("session-1"));
-        assert_eq!((d.worker, d.reason, d.home), (Some(1), reason::SESSION_RESIDENT, Some(1)));
+        assert_eq!((d.worker, d.reason, d.home), (Some(1), RouteReason::SessionResident, Some(1)));
     }
 }

@@ -6,39 +6,12 @@ use serde::{Serialize, Serializer};
 
 use crate::EngineStats;
 
-/// Why the probe answers as it does: the `reason` field of its answer and
-/// of `kvc_admission_decisions_total` (every one exported at 0).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum AdmissionProbeReason {
-    /// It can be admitted now.
-    Ok,
-    /// The prompt does not fit the context (`max_model_len`): never.
-    PromptTooLong,
-    /// The blocks for the tokens to compute are neither free nor reclaimable.
-    KvPoolFull,
-    /// As many requests wait as the batch holds.
-    QueueFull,
-}
-
-impl AdmissionProbeReason {
-    pub const ALL: [AdmissionProbeReason; 4] =
-        [AdmissionProbeReason::Ok, AdmissionProbeReason::PromptTooLong, AdmissionProbeReason::KvPoolFull, AdmissionProbeReason::QueueFull];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            AdmissionProbeReason::Ok => "ok",
-            AdmissionProbeReason::PromptTooLong => "prompt_too_long",
-            AdmissionProbeReason::KvPoolFull => "kv_pool_full",
-            AdmissionProbeReason::QueueFull => "queue_full",
-        }
-    }
-}
+pub use kvc_policy::admission_probe::AdmissionProbeReason;
+use kvc_policy::admission_probe::{decide_admission_probe, AdmissionProbeInputs};
 
 /// As its label (the probe's JSON is unchanged: `"reason": "ok"`).
-impl Serialize for AdmissionProbeReason {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(self.as_str())
-    }
+fn reason_label<S: Serializer>(r: &AdmissionProbeReason, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(r.as_str())
 }
 
 /// What a caller (router, client, prefill worker) asks.
@@ -51,6 +24,7 @@ pub struct AdmissionQuery<'a> {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct AdmissionDecision {
     pub can_admit: bool,
+    #[serde(serialize_with = "reason_label")]
     pub reason: AdmissionProbeReason,
     /// Tokens of the session's KV this engine holds (any tier).
     pub resident_tokens: usize,
@@ -60,10 +34,9 @@ pub struct AdmissionDecision {
     pub recommended_pause_ms: u64,
 }
 
-/// One explicit rule: the prompt must fit the context; the blocks for the
-/// tokens to compute must be free or reclaimable; the queue must be shorter
-/// than the batch. Reuse is estimated as the session's resident tokens
-/// (whole blocks), which assumes the new prompt extends the last turn.
+/// The probe's answer: the engine gathers the view from its published
+/// snapshot, [`decide_admission_probe`] decides (the rule, in
+/// `kvc-policy`), and the decision is logged and counted.
 pub fn decide_admission(
     s: &EngineStats,
     q: &AdmissionQuery,
@@ -72,25 +45,26 @@ pub fn decide_admission(
     max_num_seqs: usize,
 ) -> AdmissionDecision {
     let resident = q.session_id.and_then(|id| s.sessions.get(id)).map(|i| i.resident_tokens).unwrap_or(0);
-    let reusable = kvc_policy::reusable_tokens(resident, q.prompt_tokens, block_size);
-    let computed = q.prompt_tokens - reusable;
-    let need_blocks = computed.div_ceil(block_size.max(1)) + 1;
-    let available = s.free_blocks + s.evictable_blocks;
-    let (can_admit, reason) = if q.prompt_tokens >= max_model_len {
-        (false, AdmissionProbeReason::PromptTooLong)
-    } else if need_blocks > available {
-        (false, AdmissionProbeReason::KvPoolFull)
-    } else if s.waiting >= max_num_seqs {
-        (false, AdmissionProbeReason::QueueFull)
-    } else {
-        (true, AdmissionProbeReason::Ok)
-    };
-    let recommended_pause_ms = match reason {
-        AdmissionProbeReason::Ok | AdmissionProbeReason::PromptTooLong => 0,
-        AdmissionProbeReason::KvPoolFull | AdmissionProbeReason::QueueFull => (50 * (s.waiting as u64 + 1)).min(5000),
-    };
+    let d = decide_admission_probe(&AdmissionProbeInputs {
+        prompt_tokens: q.prompt_tokens,
+        resident_tokens: resident,
+        block_size,
+        max_model_len,
+        max_num_seqs,
+        free_blocks: s.free_blocks,
+        evictable_blocks: s.evictable_blocks,
+        waiting: s.waiting,
+    });
+    let (reason, computed, can_admit) = (d.reason, d.computed_tokens, d.reason.admits());
+    kvc_policy::log_decision(&d.decision());
     tracing::debug!(event = "admission", session = ?q.session_id, can_admit, reason = reason.as_str(), resident, computed, "admission probe");
-    AdmissionDecision { can_admit, reason, resident_tokens: resident, estimated_computed_tokens: computed, recommended_pause_ms }
+    AdmissionDecision {
+        can_admit,
+        reason,
+        resident_tokens: resident,
+        estimated_computed_tokens: computed,
+        recommended_pause_ms: d.recommended_pause_ms,
+    }
 }
 
 #[cfg(test)]
@@ -147,8 +121,11 @@ mod tests {
         assert_eq!(json["can_admit"], true);
         let labels: Vec<_> = AdmissionProbeReason::ALL.iter().map(|r| r.as_str()).collect();
         assert_eq!(labels, ["ok", "prompt_too_long", "kv_pool_full", "queue_full"]);
-        for r in AdmissionProbeReason::ALL {
-            assert_eq!(serde_json::to_value(r).unwrap(), r.as_str());
+        for (r, free, prompt_tokens) in
+            [(AdmissionProbeReason::KvPoolFull, 0, 120), (AdmissionProbeReason::PromptTooLong, 3, 1000)]
+        {
+            let d = decide_admission(&snapshot(free, 0, 0), &AdmissionQuery { session_id: None, prompt_tokens }, 16, 1000, 8);
+            assert_eq!(serde_json::to_value(&d).unwrap()["reason"], r.as_str());
         }
     }
 }

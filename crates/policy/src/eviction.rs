@@ -120,6 +120,24 @@ pub fn decide_eviction(candidates: &[EvictionCandidate], host_free_blocks: usize
         .max_by(|a, b| a.score.total_cmp(&b.score).then_with(|| b.session.cmp(&a.session)))
 }
 
+impl crate::decision::Reason for EvictionReason {
+    const DECISION: &'static str = "eviction";
+    const ALL: &'static [Self] = &Self::ALL;
+    fn label(self) -> &'static str {
+        self.as_str()
+    }
+    /// Either action with any reason ([`EvictionAction::as_str`]).
+    fn outcomes(self) -> &'static [&'static str] {
+        &["offload", "drop"]
+    }
+}
+
+impl EvictionDecision {
+    pub fn decision(&self) -> crate::decision::Decision<EvictionReason> {
+        crate::decision::Decision::new(self.action.as_str(), self.reason).term("score", self.score)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

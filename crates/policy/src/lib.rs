@@ -40,23 +40,46 @@
 //! - [`Ewma`]: the moving average of measured rates and costs (prefill
 //!   tokens/s, KV transfer bandwidth, a remote prefill's overhead).
 //!
-//! More decisions move here later.
+//! - [`admission_probe`]: whether the engine can take a turn now (`POST
+//!   /admission`), by [`admission_probe::decide_admission_probe`];
+//! - [`host_drop`]: which idle session loses its host KV when the host
+//!   tier is full, by [`host_drop::decide_host_drop`];
+//! - [`snapshot_push`]: whether a decode worker pushes a session's
+//!   snapshot after a turn, by [`snapshot_push::decide_snapshot_push`];
+//! - [`session_cap`]: which idle session of a key makes room for its new
+//!   one under `--max-sessions-per-key`, by
+//!   [`session_cap::decide_session_cap`];
+//! - [`route_score`]: where the router places a request, by
+//!   [`route_score::choose_worker`] over one score per worker.
+//!
+//! Every reason implements [`decision::Reason`]; callers log what they act
+//! on through [`decision::log_decision`], which counts it in
+//! `kvc_decisions_total{decision,outcome,reason}` (label sets closed:
+//! [`decision::label_sets`]). The step budget and the kernel plan are
+//! still decided where they are.
 
+pub mod admission_probe;
+pub mod decision;
 mod drain_rate;
 pub mod eviction;
 mod ewma;
 pub mod kernel_plan;
+pub mod host_drop;
 pub mod preemption;
 pub mod prefill_path;
 pub mod prefill_peer;
 pub mod queue_delay;
 mod reusable_tokens;
+pub mod route_score;
 pub mod seq_admission;
+pub mod session_cap;
+pub mod snapshot_push;
 pub mod spill;
 pub mod step_budget;
 pub mod step_kind;
 pub mod write_back;
 
+pub use decision::{log_decision, Decision, Reason};
 pub use drain_rate::DrainRate;
 pub use ewma::Ewma;
 pub use reusable_tokens::reusable_tokens;

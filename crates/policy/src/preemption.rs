@@ -53,6 +53,23 @@ pub fn decide_preemption(candidates: &[PreemptionCandidate]) -> Option<Preemptio
     })
 }
 
+impl crate::decision::Reason for PreemptionReason {
+    const DECISION: &'static str = "preemption";
+    const ALL: &'static [Self] = &Self::ALL;
+    fn label(self) -> &'static str {
+        self.as_str()
+    }
+    fn outcomes(self) -> &'static [&'static str] {
+        &["preempt"]
+    }
+}
+
+impl PreemptionDecision {
+    pub fn decision(&self) -> crate::decision::Decision<PreemptionReason> {
+        crate::decision::Decision::new("preempt", self.reason).term("victim", self.victim as f64)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

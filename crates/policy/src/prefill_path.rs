@@ -274,6 +274,108 @@ pub fn decide(i: &PathInputs) -> PathDecision {
     }
 }
 
+impl crate::decision::Reason for PathReason {
+    const DECISION: &'static str = "prefill_path";
+    const ALL: &'static [Self] = &Self::ALL;
+    fn label(self) -> &'static str {
+        self.as_str()
+    }
+    fn outcomes(self) -> &'static [&'static str] {
+        const HERE: &[&str] = &["direct_append", "local"];
+        match self.paths() {
+            [PrefillPath::Remote] => &["remote_prefill"],
+            [PrefillPath::Local] => &["local"],
+            _ => HERE,
+        }
+    }
+}
+
+impl PathDecision {
+    /// A decision taken without the cost model (no estimates).
+    pub fn without_estimates(path: PrefillPath, reason: PathReason, peer_tokens: usize) -> Self {
+        PathDecision { path, reason, local_s: 0.0, remote_s: 0.0, peer_tokens }
+    }
+
+    pub fn decision(&self) -> crate::decision::Decision<PathReason> {
+        crate::decision::Decision::new(self.path.as_str(), self.reason)
+            .term("local_s", self.local_s)
+            .term("remote_s", self.remote_s)
+            .term("peer_tokens", self.peer_tokens as f64)
+    }
+}
+
+/// What a decode worker knows before it reserves a prompt's blocks.
+#[derive(Debug, Clone, Copy)]
+pub struct PreReservationInputs {
+    /// A prefill worker was picked.
+    pub peer: bool,
+    pub prompt_tokens: usize,
+    pub min_remote_tokens: usize,
+    pub has_session: bool,
+}
+
+/// The decision before any reservation: without a peer, or for a prompt
+/// below the threshold without a session (whose snapshot on P could still
+/// make the remote path worth it), the suffix cannot go remote, so no
+/// reservation round trip is made: [`PrefillPath::Local`]. None: reserve,
+/// then [`decide`] (or [`decide_unreserved`] when the reservation fails).
+pub fn decide_before_reservation(i: &PreReservationInputs) -> Option<PathDecision> {
+    let reason = if !i.peer {
+        PathReason::NoPrefillPeer
+    } else if i.prompt_tokens < i.min_remote_tokens && !i.has_session {
+        PathReason::SuffixBelowThreshold
+    } else {
+        return None;
+    };
+    Some(PathDecision::without_estimates(PrefillPath::Local, reason, i.prompt_tokens))
+}
+
+/// The decision when reserving the prompt's blocks failed: nothing is held
+/// and a remote prefill has nowhere to write, so the engine serves it as
+/// it can (it preempts or waits).
+pub fn decide_unreserved(prompt_tokens: usize) -> PathDecision {
+    PathDecision::without_estimates(PrefillPath::Local, PathReason::NoRoomToReserve, prompt_tokens)
+}
+
+/// Why a decode worker computed a prompt itself after choosing a prefill
+/// worker: the `reason` of `kvc_disagg_fallbacks_total` and of
+/// `kvc_decisions_total{decision="prefill_fallback"}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FallbackReason {
+    /// The remote prefill failed (P unreachable, an error, past its budget):
+    /// computed here, into the same reserved blocks.
+    RemotePrefillFailed,
+}
+
+impl FallbackReason {
+    pub const ALL: [FallbackReason; 1] = [FallbackReason::RemotePrefillFailed];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FallbackReason::RemotePrefillFailed => "remote_prefill_failed",
+        }
+    }
+}
+
+impl crate::decision::Reason for FallbackReason {
+    const DECISION: &'static str = "prefill_fallback";
+    const ALL: &'static [Self] = &Self::ALL;
+    fn label(self) -> &'static str {
+        self.as_str()
+    }
+    fn outcomes(self) -> &'static [&'static str] {
+        &["direct_append", "local"]
+    }
+}
+
+/// Where a suffix whose remote prefill failed is computed: here, into the
+/// reservation's blocks, extending them when they are the request's own
+/// session.
+pub fn decide_fallback(session_hit: bool) -> (PrefillPath, crate::decision::Decision<FallbackReason>) {
+    let path = if session_hit { PrefillPath::DirectAppend } else { PrefillPath::Local };
+    (path, crate::decision::Decision::new(path.as_str(), FallbackReason::RemotePrefillFailed))
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::HashSet;
@@ -509,5 +611,28 @@ mod tests {
         // Every path occurs in the table.
         let paths: HashSet<_> = PathReason::pairs().map(|(p, _)| p).collect();
         assert_eq!(paths, HashSet::from(PrefillPath::ALL));
+    }
+
+    #[test]
+    fn the_callers_decisions_before_and_after_the_reservation() {
+        let pre = PreReservationInputs { peer: true, prompt_tokens: 100, min_remote_tokens: 512, has_session: false };
+        let reason = |i: PreReservationInputs| decide_before_reservation(&i).map(|d| (d.path, d.reason));
+        assert_eq!(reason(pre), Some((PrefillPath::Local, PathReason::SuffixBelowThreshold)));
+        assert_eq!(reason(PreReservationInputs { peer: false, ..pre }), Some((PrefillPath::Local, PathReason::NoPrefillPeer)));
+        assert_eq!(reason(PreReservationInputs { has_session: true, ..pre }), None);
+        assert_eq!(reason(PreReservationInputs { prompt_tokens: 512, ..pre }), None);
+        assert_eq!(decide_unreserved(9).reason, PathReason::NoRoomToReserve);
+        let (path, d) = decide_fallback(true);
+        assert_eq!((path, d.outcome, d.reason), (PrefillPath::DirectAppend, "direct_append", FallbackReason::RemotePrefillFailed));
+        assert_eq!(decide_fallback(false).0, PrefillPath::Local);
+    }
+
+    #[test]
+    fn the_outcomes_are_the_paths_labels() {
+        use crate::decision::Reason;
+        for r in PathReason::ALL {
+            let labels: Vec<_> = r.paths().iter().map(|p| p.as_str()).collect();
+            assert_eq!(r.outcomes(), labels.as_slice(), "{r:?}");
+        }
     }
 }

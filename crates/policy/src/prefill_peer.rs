@@ -47,6 +47,24 @@ impl PeerReason {
     }
 }
 
+impl crate::decision::Reason for PeerReason {
+    const DECISION: &'static str = "prefill_peer";
+    const ALL: &'static [Self] = &Self::ALL;
+    fn label(self) -> &'static str {
+        self.as_str()
+    }
+    fn outcomes(self) -> &'static [&'static str] {
+        // Without a healthy one the first is still asked (flagged).
+        &["chosen"]
+    }
+}
+
+impl PeerReason {
+    pub fn decision(self) -> crate::decision::Decision<PeerReason> {
+        crate::decision::Decision::new("chosen", self)
+    }
+}
+
 /// The chosen peer (an index into the candidates) and why; None without
 /// candidates.
 pub fn choose_peer(peers: &[PeerCandidate], session: Option<&str>) -> Option<(usize, PeerReason)> {

@@ -115,6 +115,25 @@ pub fn decide_queue_delay(i: &QueueDelayInputs) -> QueueDelayDecision {
     QueueDelayDecision { admit: reason.admits(), reason, estimated_wait_s: wait, retry_after_s }
 }
 
+impl crate::decision::Reason for QueueDelayReason {
+    const DECISION: &'static str = "queue_delay";
+    const ALL: &'static [Self] = &Self::ALL;
+    fn label(self) -> &'static str {
+        self.as_str()
+    }
+    fn outcomes(self) -> &'static [&'static str] {
+        crate::decision::admit_or_refuse(self.admits())
+    }
+}
+
+impl QueueDelayDecision {
+    pub fn decision(&self) -> crate::decision::Decision<QueueDelayReason> {
+        crate::decision::Decision::new(self.reason.decision(), self.reason)
+            .term("estimated_wait_s", self.estimated_wait_s.unwrap_or(0.0))
+            .term("retry_after_s", self.retry_after_s as f64)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -109,6 +109,33 @@ pub fn decide_seq_admission(i: &AdmitInputs) -> AdmitReason {
     }
 }
 
+impl crate::decision::Reason for AdmitReason {
+    const DECISION: &'static str = "seq_admission";
+    const ALL: &'static [Self] = &Self::ALL;
+    fn label(self) -> &'static str {
+        self.as_str()
+    }
+    fn outcomes(self) -> &'static [&'static str] {
+        match self {
+            AdmitReason::Admitted => &["admit"],
+            _ => &["wait"],
+        }
+    }
+}
+
+impl AdmitReason {
+    /// As a decision (admit or wait) with the inputs' terms.
+    pub fn decision(self, i: &AdmitInputs) -> crate::decision::Decision<AdmitReason> {
+        use crate::decision::Reason;
+        crate::decision::Decision::new(self.outcomes()[0], self)
+            .term("running", i.running as f64)
+            .term("need_blocks", i.need_blocks as f64)
+            .term("free_blocks", i.free_blocks as f64)
+            .term("reserve_blocks", i.reserve_blocks as f64)
+            .term("budget_left", i.budget_left as f64)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -111,6 +111,27 @@ pub fn decide_spill(i: &SpillInputs) -> SpillDecision {
     SpillDecision { action: reason.action(), reason }
 }
 
+impl crate::decision::Reason for SpillReason {
+    const DECISION: &'static str = "spill";
+    const ALL: &'static [Self] = &Self::ALL;
+    fn label(self) -> &'static str {
+        self.as_str()
+    }
+    fn outcomes(self) -> &'static [&'static str] {
+        match self.action() {
+            SpillAction::Demote => &["demote"],
+            SpillAction::DropHostEntry => &["drop_host_entry"],
+            SpillAction::Drop => &["drop"],
+        }
+    }
+}
+
+impl SpillDecision {
+    pub fn decision(&self) -> crate::decision::Decision<SpillReason> {
+        crate::decision::Decision::new(self.action.as_str(), self.reason)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

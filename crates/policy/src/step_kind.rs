@@ -160,6 +160,32 @@ pub fn decide_step_kind(i: &StepKindInputs) -> StepKindDecision {
     StepKindDecision { kind: reason.kind(), reason }
 }
 
+impl crate::decision::Reason for StepKindReason {
+    const DECISION: &'static str = "step_kind";
+    const ALL: &'static [Self] = &Self::ALL;
+    fn label(self) -> &'static str {
+        self.as_str()
+    }
+    fn outcomes(self) -> &'static [&'static str] {
+        match self.kind() {
+            StepKind::Mixed => &["mixed"],
+            StepKind::DecodeOnly => &["decode_only"],
+        }
+    }
+}
+
+impl StepKindDecision {
+    /// As a decision, with the terms it was judged on.
+    pub fn decision(&self, i: &StepKindInputs) -> crate::decision::Decision<StepKindReason> {
+        crate::decision::Decision::new(self.kind.as_str(), self.reason)
+            .term("itl_target_s", i.itl_target_s.unwrap_or(0.0))
+            .term("decodes", i.decodes as f64)
+            .term("prefill_tokens", i.prefill_tokens as f64)
+            .term("last_mixed_s", i.last_mixed_s.unwrap_or(0.0))
+            .term("decode_only_s", i.decode_only_s)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,7 +1,11 @@
 //! Whether the session cache copies idle sessions' device blocks to the
 //! host tier ahead of pressure in a step, and how many, by
 //! [`decide_write_back`] (whose blocks: [`crate::eviction::decide_eviction`]).
-//! Not counted by reason; the blocks copied, used and discarded are
+//! The cheap checks come first, by [`write_back_gate`], so that the common
+//! step (above the watermark, or a batch still copying) is decided without
+//! a pass over the sessions. Counted as
+//! `kvc_decisions_total{decision="write_back"}` ([`WriteBackReason`]); the
+//! blocks copied, used and discarded are
 //! `kvc_host_tier_write_back_blocks_total{outcome}`.
 
 /// What write-back does in a step ([`decide_write_back`]).
@@ -86,6 +90,82 @@ pub fn decide_write_back(i: &WriteBackInputs) -> WriteBack {
     }
 }
 
+/// What write-back knows before a pass over the sessions.
+#[derive(Debug, Clone, Copy)]
+pub struct WriteBackGate {
+    pub watermark: usize,
+    /// Slots of the host tier (0: none).
+    pub host_capacity: usize,
+    /// Its copies run beside the compute work (a GPU pool's pinned arena):
+    /// where copies happen when asked for, copying ahead saves nothing.
+    pub host_asynchronous: bool,
+    pub free: usize,
+    pub copies_running: bool,
+}
+
+/// The decision without a pass over the sessions, when the cheap facts
+/// settle it (None: gather [`WriteBackInputs`] and [`decide_write_back`]).
+pub fn write_back_gate(g: &WriteBackGate) -> Option<WriteBackSkip> {
+    if g.watermark == 0 || g.host_capacity == 0 || !g.host_asynchronous {
+        Some(WriteBackSkip::Disabled)
+    } else if g.free >= g.watermark {
+        Some(WriteBackSkip::AboveWatermark)
+    } else if g.copies_running {
+        // Nothing to decide until the batch in flight is done.
+        Some(WriteBackSkip::CopiesRunning)
+    } else {
+        None
+    }
+}
+
+/// Why write-back copies (or not): the reasons of
+/// `kvc_decisions_total{decision="write_back"}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum WriteBackReason {
+    /// The blocks to be had at no cost are under the watermark: copy.
+    BelowWatermark,
+    Skip(WriteBackSkip),
+}
+
+impl WriteBackReason {
+    pub const ALL: [WriteBackReason; 6] = [
+        WriteBackReason::BelowWatermark,
+        WriteBackReason::Skip(WriteBackSkip::Disabled),
+        WriteBackReason::Skip(WriteBackSkip::AboveWatermark),
+        WriteBackReason::Skip(WriteBackSkip::CopiesRunning),
+        WriteBackReason::Skip(WriteBackSkip::HostFull),
+        WriteBackReason::Skip(WriteBackSkip::NothingIdle),
+    ];
+}
+
+impl crate::decision::Reason for WriteBackReason {
+    const DECISION: &'static str = "write_back";
+    const ALL: &'static [Self] = &Self::ALL;
+    fn label(self) -> &'static str {
+        match self {
+            WriteBackReason::BelowWatermark => "below_watermark",
+            WriteBackReason::Skip(s) => s.as_str(),
+        }
+    }
+    fn outcomes(self) -> &'static [&'static str] {
+        match self {
+            WriteBackReason::BelowWatermark => &["copy"],
+            WriteBackReason::Skip(_) => &["skip"],
+        }
+    }
+}
+
+impl WriteBack {
+    /// As a decision; a copy's term is the blocks it copies.
+    pub fn decision(&self) -> crate::decision::Decision<WriteBackReason> {
+        use crate::decision::Decision;
+        match *self {
+            WriteBack::Copy(n) => Decision::new("copy", WriteBackReason::BelowWatermark).term("blocks", n as f64),
+            WriteBack::Skip(s) => Decision::new("skip", WriteBackReason::Skip(s)),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -149,5 +229,18 @@ mod tests {
         assert_eq!(skips, HashSet::from(WriteBackSkip::ALL));
         let labels: Vec<_> = WriteBackSkip::ALL.iter().map(|s| s.as_str()).collect();
         assert_eq!(labels, ["disabled", "above_watermark", "copies_running", "host_full", "nothing_idle"]);
+    }
+
+    #[test]
+    fn the_gate_settles_the_cheap_cases_without_the_sessions() {
+        let g = WriteBackGate { watermark: 40, host_capacity: 100, host_asynchronous: true, free: 10, copies_running: false };
+        assert_eq!(write_back_gate(&g), None);
+        assert_eq!(write_back_gate(&WriteBackGate { watermark: 0, ..g }), Some(WriteBackSkip::Disabled));
+        assert_eq!(write_back_gate(&WriteBackGate { host_capacity: 0, ..g }), Some(WriteBackSkip::Disabled));
+        assert_eq!(write_back_gate(&WriteBackGate { host_asynchronous: false, ..g }), Some(WriteBackSkip::Disabled));
+        assert_eq!(write_back_gate(&WriteBackGate { free: 40, ..g }), Some(WriteBackSkip::AboveWatermark));
+        assert_eq!(write_back_gate(&WriteBackGate { copies_running: true, ..g }), Some(WriteBackSkip::CopiesRunning));
+        assert_eq!(WriteBack::Copy(3).decision().outcome, "copy");
+        assert_eq!(WriteBack::Skip(WriteBackSkip::HostFull).decision().reason, WriteBackReason::Skip(WriteBackSkip::HostFull));
     }
 }

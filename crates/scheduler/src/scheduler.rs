@@ -377,6 +377,7 @@ impl Scheduler {
                 .collect();
             let decision = decide_preemption(&candidates).expect("`id` itself is running");
             let victim = decision.victim;
+            kvc_policy::log_decision(&decision.decision());
             tracing::debug!(
                 event = "preempt",
                 seq_id = victim,
@@ -492,6 +493,7 @@ impl Scheduler {
         }
         if let Some(reason) = out.admission_blocked {
             *self.stats.admissions.entry(reason).or_default() += 1;
+            kvc_policy::log_decision(&kvc_policy::Decision::new("wait", reason));
         }
 
         // 3. Prefill chunks, for the sequences whose reused KV is in place.

@@ -222,6 +222,26 @@ pub fn register_engine(registry: &Registry, stats: impl Fn() -> EngineStats + Se
     ScrapeTime::register(registry, ENGINE, move |out| read_engine(&stats(), out));
 }
 
+const DECISIONS: &[Family] = &[Family::counter(
+    "kvc_decisions_total",
+    "Decisions taken (kvc-policy), by decision, what it decided (outcome) and why (reason); every label set from the start.",
+    &["decision", "outcome", "reason"],
+)];
+
+/// Registers `kvc_decisions_total`, read at each scrape from the
+/// process-wide counts ([`kvc_policy::decision::counts`]): the router's
+/// decisions on a router, every other decision on a worker, each label set
+/// exported at 0 until counted.
+pub fn register_decisions(registry: &Registry, router: bool) {
+    ScrapeTime::register(registry, DECISIONS, move |out| {
+        for (set, n) in kvc_policy::decision::counts() {
+            if kvc_policy::decision::ROUTER_DECISIONS.contains(&set.decision) == router {
+                out.sample("kvc_decisions_total", &[set.decision, set.outcome, set.reason], n as f64);
+            }
+        }
+    });
+}
+
 const ADMISSION: &[Family] = &[
     Family::gauge("kvc_http_requests_running", "Generation requests holding a concurrency slot.", &[]),
     Family::gauge("kvc_http_requests_queued", "Generation requests waiting for a concurrency slot.", &[]),
@@ -241,6 +261,7 @@ pub fn worker_metrics(engine: &EngineHandle, admission: &Arc<Admission>) -> crat
     let engine = engine.clone();
     register_engine(&metrics.registry, move || engine.stats());
     register_admission(&metrics.registry, admission.clone());
+    register_decisions(&metrics.registry, false);
     metrics
 }
 
@@ -296,5 +317,24 @@ mod tests {
         let helps = text.lines().filter(|l| l.starts_with("# HELP")).count();
         let types = text.lines().filter(|l| l.starts_with("# TYPE")).count();
         assert_eq!(helps, types);
+    }
+
+    #[test]
+    fn a_worker_exports_every_decision_label_set_but_the_routers() {
+        let m = ServerMetrics::default();
+        register_decisions(&m.registry, false);
+        let text = m.render();
+        let sets: Vec<_> = kvc_policy::decision::label_sets()
+            .iter()
+            .filter(|s| !kvc_policy::decision::ROUTER_DECISIONS.contains(&s.decision))
+            .map(|s| format!("kvc_decisions_total{{decision=\"{}\",outcome=\"{}\",reason=\"{}\"}} ", s.decision, s.outcome, s.reason))
+            .collect();
+        for set in &sets {
+            assert!(text.lines().any(|l| l.starts_with(set.as_str())), "missing {set:?} in\n{text}");
+        }
+        let lines = text.lines().filter(|l| l.starts_with("kvc_decisions_total{")).count();
+        assert_eq!(lines, sets.len());
+        assert!(!text.contains("decision=\"route_score\""));
+        assert!(text.contains("# TYPE kvc_decisions_total counter"));
     }
 }

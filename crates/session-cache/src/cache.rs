@@ -13,6 +13,7 @@ use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use kvc_kv_pool::{BlockAllocator, BlockId, CopyTicket, KvStorage};
+use kvc_policy::session_cap::{decide_session_cap, SessionCapCandidate};
 
 use crate::block_hash::{hash_block, BlockHash};
 use crate::host_tier::HostTier;
@@ -512,18 +513,21 @@ impl SessionAwareCache {
     fn make_room_for_session(&mut self, id: &str, alloc: &mut BlockAllocator) {
         let cap = self.config.max_sessions_per_key;
         if cap == 0 {
+            // Decided without gathering the key's sessions.
+            kvc_policy::decision::count(&decide_session_cap(0, &[]).1);
             return;
         }
         let key = crate::session_key(id);
-        let mine = self.sessions.iter().filter(|(s, _)| crate::session_key(s) == key);
-        let (count, victim) = mine.fold((0usize, None::<(&String, Instant)>), |(n, v), (s, sess)| {
-            let older = sess.busy == 0 && v.is_none_or(|(_, t)| sess.last_use < t);
-            (n + 1, if older { Some((s, sess.last_use)) } else { v })
-        });
-        if count < cap {
-            return;
-        }
-        if let Some(victim) = victim.map(|(s, _)| s.clone()) {
+        let mine: Vec<(&String, SessionCapCandidate)> = self
+            .sessions
+            .iter()
+            .filter(|(s, _)| crate::session_key(s) == key)
+            .map(|(s, sess)| (s, SessionCapCandidate { idle: sess.busy == 0, last_use: sess.last_use }))
+            .collect();
+        let candidates: Vec<SessionCapCandidate> = mine.iter().map(|(_, c)| *c).collect();
+        let (victim, decision) = decide_session_cap(cap, &candidates);
+        kvc_policy::log_decision(&decision);
+        if let Some(victim) = victim.map(|i| mine[i].0.clone()) {
             let blocks = self.sessions[&victim].blocks.len() as u64;
             self.delete(&victim, alloc);
             self.stats.sessions_capped += 1;

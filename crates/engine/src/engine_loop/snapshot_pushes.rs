@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 
 use kvc_kv_pool::BlockId;
+use kvc_policy::snapshot_push::{decide_snapshot_push, SnapshotPushInputs, SnapshotPushReason};
 use kvc_session_cache::{hash_blocks, BlockHash};
 use tokio::sync::mpsc;
 
@@ -36,12 +37,18 @@ impl SnapshotPushes {
     /// Of a session's full blocks (their hashes, `block_size` tokens each),
     /// how many its last push already holds; None when no push is due
     /// (one is in flight, or too few tokens are new).
+    /// The view gathered here, the decision [`decide_snapshot_push`]'s.
     fn due(&self, session: &str, hashes: &[BlockHash], block_size: usize) -> Option<usize> {
-        if self.pushing.contains_key(session) {
-            return None;
-        }
         let same = self.pushed.get(session).map_or(0, |p| p.iter().zip(hashes).take_while(|(a, b)| a == b).count());
-        ((hashes.len() - same) * block_size >= self.min_tokens).then_some(same)
+        let d = decide_snapshot_push(&SnapshotPushInputs {
+            in_flight: self.pushing.contains_key(session),
+            blocks: hashes.len(),
+            pushed_blocks: same,
+            block_size,
+            min_tokens: self.min_tokens,
+        });
+        kvc_policy::log_decision(&d);
+        (d.reason == SnapshotPushReason::NewTokens).then_some(same)
     }
 
     /// Hands `job` to the pusher; false if it is gone.

@@ -40,6 +40,7 @@ impl StepKinds {
         };
         let d = decide_step_kind(&inputs);
         *self.counts.entry(d.reason).or_default() += 1;
+        kvc_policy::log_decision(&d.decision(&inputs));
         if d.kind == StepKind::DecodeOnly {
             tracing::debug!(
                 event = "step_kind",

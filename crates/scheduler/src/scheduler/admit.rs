@@ -139,6 +139,7 @@ impl Scheduler {
             self.running.push(id);
             self.running.sort_by_key(|r| self.seqs[r].arrival);
             *self.stats.admissions.entry(AdmitReason::Admitted).or_default() += 1;
+            kvc_policy::log_decision(&AdmitReason::Admitted.decision(&inputs));
             if passing {
                 self.stats.passed_head += 1;
             }

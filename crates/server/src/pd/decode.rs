@@ -7,11 +7,13 @@
 
 use std::time::{Duration, Instant};
 
-use kvc_disagg::prefill_path::{decide, PathInputs, PathReason, PeerView, PrefillPath};
+use kvc_disagg::prefill_path::{
+    decide, decide_before_reservation, decide_fallback, decide_unreserved, PathDecision, PathInputs, PathReason, PeerView,
+    PreReservationInputs, PrefillPath,
+};
 use kvc_disagg::protocol::{RemotePrefillRequest, RemotePrefillResponse};
 use kvc_engine::{GenerateRequest, RequestStream, Reservation, ReusePath, ServePath};
 
-use super::metrics::FallbackReason;
 use super::PdState;
 use crate::backend::Route;
 use crate::error::ApiError;
@@ -25,16 +27,21 @@ pub async fn start(state: &AppState, pd: &PdState, mut req: GenerateRequest) -> 
     let peer = pd.peers.pick(req.session_id.as_deref(), &pd.metrics);
     // Without a session or peer, a prompt below the threshold cannot go
     // remote: skip the reservation round trip.
-    if peer.is_none() || (n < pd.config.min_remote_tokens && req.session_id.is_none()) {
-        let reason = if peer.is_none() { PathReason::NoPrefillPeer } else { PathReason::SuffixBelowThreshold };
-        return local(state, pd, req, PrefillPath::Local, reason);
+    let pre = PreReservationInputs {
+        peer: peer.is_some(),
+        prompt_tokens: n,
+        min_remote_tokens: pd.config.min_remote_tokens,
+        has_session: req.session_id.is_some(),
+    };
+    if let Some(d) = decide_before_reservation(&pre) {
+        return local(state, pd, req, &d);
     }
     let reservation = match engine.reserve(req.session_id.as_deref(), req.cache_salt.as_deref(), &req.prompt_tokens).await {
         Ok(r) => r,
         Err(e) => {
             // The scheduler can still serve it (it preempts or waits).
             tracing::info!(event = "reserve_failed", error = %e);
-            return local(state, pd, req, PrefillPath::Local, PathReason::NoRoomToReserve);
+            return local(state, pd, req, &decide_unreserved(n));
         }
     };
     let snap = engine.snapshot();
@@ -65,7 +72,7 @@ pub async fn start(state: &AppState, pd: &PdState, mut req: GenerateRequest) -> 
         peer: Some(view),
     };
     let d = decide(&inputs);
-    pd.metrics.path_decisions.with_label_values(&[d.path.as_str(), d.reason.as_str()]).inc();
+    count_path(pd, &d);
     tracing::info!(
         event = "prefill_path", request_id = %req.request_id, path = d.path.as_str(), reason = d.reason.as_str(),
         prompt_tokens = n, held_tokens = reservation.held_tokens, snapshot_tokens = view.snapshot_tokens,
@@ -131,11 +138,12 @@ pub async fn start(state: &AppState, pd: &PdState, mut req: GenerateRequest) -> 
         }
         Err(e) => {
             pd.metrics.remote_prefill.with_label_values(&["failed"]).inc();
-            pd.metrics.fallbacks.with_label_values(&[FallbackReason::RemotePrefillFailed.as_str()]).inc();
+            let (here, fallback) = decide_fallback(reservation.reuse_reason == ReusePath::SessionHit);
+            pd.metrics.fallbacks.with_label_values(&[fallback.reason.as_str()]).inc();
+            kvc_policy::log_decision(&fallback);
             pd.peers.mark_failed(&peer.url, &format!("remote prefill failed: {e}"), &pd.metrics);
-            tracing::warn!(event = "fallback", reason = FallbackReason::RemotePrefillFailed.as_str(), request_id = %req.request_id, peer = %peer.url, error = %e, "computing locally instead");
+            tracing::warn!(event = "fallback", reason = fallback.reason.as_str(), request_id = %req.request_id, peer = %peer.url, error = %e, "computing locally instead");
             let held = reservation.held_tokens;
-            let here = if reservation.reuse_reason == ReusePath::SessionHit { PrefillPath::DirectAppend } else { PrefillPath::Local };
             let stream = engine.submit_reserved(req, reservation, held, None).map_err(ApiError::completion_engine)?;
             Ok((stream, Route { path: here.serve_path(), reason: "fallback_remote_prefill_failed", ..Default::default() }))
         }
@@ -148,21 +156,21 @@ pub async fn start(state: &AppState, pd: &PdState, mut req: GenerateRequest) -> 
 /// a decision.
 pub fn computed_here(pd: &PdState, request_id: &str, reason: PathReason, choices: usize, prompt_tokens: usize) -> Route {
     let path = PrefillPath::Local;
-    pd.metrics.path_decisions.with_label_values(&[path.as_str(), reason.as_str()]).inc();
+    count_path(pd, &PathDecision::without_estimates(path, reason, prompt_tokens));
     tracing::info!(event = "prefill_path", request_id, path = path.as_str(), reason = reason.as_str(), choices, prompt_tokens);
     Route { path: path.serve_path(), reason: reason.as_str(), ..Default::default() }
 }
 
-fn local(
-    state: &AppState,
-    pd: &PdState,
-    req: GenerateRequest,
-    path: PrefillPath,
-    reason: PathReason,
-) -> Result<(RequestStream, Route), ApiError> {
-    pd.metrics.path_decisions.with_label_values(&[path.as_str(), reason.as_str()]).inc();
+/// Counts a prefill-path decision in both families and logs it.
+fn count_path(pd: &PdState, d: &PathDecision) {
+    pd.metrics.path_decisions.with_label_values(&[d.path.as_str(), d.reason.as_str()]).inc();
+    kvc_policy::log_decision(&d.decision());
+}
+
+fn local(state: &AppState, pd: &PdState, req: GenerateRequest, d: &PathDecision) -> Result<(RequestStream, Route), ApiError> {
+    count_path(pd, d);
     let stream = state.engine.submit(req).map_err(ApiError::completion_engine)?;
-    Ok((stream, Route { path: path.serve_path(), reason: reason.as_str(), ..Default::default() }))
+    Ok((stream, Route { path: d.path.serve_path(), reason: d.reason.as_str(), ..Default::default() }))
 }
 
 /// Holds a reservation while a prefill worker may write into it. If the

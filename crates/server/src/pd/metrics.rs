@@ -13,23 +13,9 @@ use super::kv_link::KvLink;
 use crate::prom::{self, Family, ScrapeTime};
 
 /// Why a decode worker computed a prompt itself after choosing a prefill
-/// worker: the `reason` of `kvc_disagg_fallbacks_total`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FallbackReason {
-    /// The remote prefill failed (P unreachable, an error, past its budget):
-    /// computed here, into the same reserved blocks.
-    RemotePrefillFailed,
-}
-
-impl FallbackReason {
-    pub const ALL: [FallbackReason; 1] = [FallbackReason::RemotePrefillFailed];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            FallbackReason::RemotePrefillFailed => "remote_prefill_failed",
-        }
-    }
-}
+/// worker: the `reason` of `kvc_disagg_fallbacks_total` (the decision is
+/// [`kvc_disagg::prefill_path::decide_fallback`]).
+pub use kvc_disagg::prefill_path::FallbackReason;
 
 #[derive(Clone)]
 pub struct PdMetrics {

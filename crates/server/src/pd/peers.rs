@@ -119,6 +119,7 @@ impl PrefillPeers {
             .collect();
         let (i, reason) = choose_peer(&candidates, session)?;
         metrics.peer_choices.with_label_values(&[reason.as_str()]).inc();
+        kvc_policy::log_decision(&reason.decision());
         tracing::debug!(event = "prefill_peer", peer = %peers[i].url, reason = reason.as_str());
         Some(peers[i].clone())
     }

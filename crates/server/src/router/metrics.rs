@@ -3,6 +3,8 @@
 //! - `kvc_router_requests_total{worker,status}`: answers, by the worker that
 //!   gave them (`none` when the router answered itself) and HTTP status.
 //! - `kvc_router_decisions_total{reason}`: placement decisions.
+//! - `kvc_decisions_total{decision,outcome,reason}`: the router's
+//!   decisions (`route_score`), every label set at 0 from the start.
 //! - `kvc_router_session_moves_total{reason}`: sessions placed on a worker
 //!   other than the one that served their last turn.
 //! - `kvc_router_retries_total`: forwards retried on another worker.
@@ -58,12 +60,13 @@ impl Default for RouterMetrics {
             registry: r,
         };
         // Closed label sets start at 0 (dashboards expect every series).
-        for reason in kvc_disagg::routing::reason::ALL {
-            m.decisions.with_label_values(&[reason]);
+        for reason in kvc_disagg::routing::RouteReason::ALL {
+            m.decisions.with_label_values(&[reason.as_str()]);
         }
-        for reason in kvc_disagg::routing::reason::MOVES {
-            m.moves.with_label_values(&[reason]);
+        for reason in kvc_disagg::routing::RouteReason::MOVES {
+            m.moves.with_label_values(&[reason.as_str()]);
         }
+        crate::metrics::register_decisions(&m.registry, true);
         m
     }
 }
@@ -96,8 +99,10 @@ impl RouterMetrics {
         self.requests.with_label_values(&[worker, &status.to_string()]).inc();
     }
 
-    pub fn count_decision(&self, reason: &'static str) {
-        self.decisions.with_label_values(&[reason]).inc();
+    /// Counts a placement (and logs it as a `route_score` decision).
+    pub fn count_decision(&self, decision: &kvc_disagg::routing::RouteDecision) {
+        self.decisions.with_label_values(&[decision.reason.as_str()]).inc();
+        kvc_policy::log_decision(&decision.decision());
     }
 
     pub fn count_move(&self, reason: &'static str) {
@@ -141,7 +146,13 @@ mod tests {
         m.count_request("http://a:1", 200);
         m.count_request("http://a:1", 200);
         m.count_request("none", 503);
-        m.count_decision("least_cost");
+        let d = kvc_disagg::routing::RouteDecision {
+            worker: None,
+            reason: kvc_disagg::routing::RouteReason::LeastCost,
+            home: None,
+            scores: Vec::new(),
+        };
+        m.count_decision(&d);
         m.count_move("moved_full");
         m.count_retry();
         m.count_health_change("http://a:1", "unhealthy");
@@ -159,5 +170,10 @@ mod tests {
         ] {
             assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
         }
+        // Every route decision's label set (counted process-wide), no worker's.
+        let decisions: Vec<_> = text.lines().filter(|l| l.starts_with("kvc_decisions_total{")).collect();
+        assert_eq!(decisions.len(), 7, "{decisions:?}");
+        assert!(decisions.iter().all(|l| l.starts_with("kvc_decisions_total{decision=\"route_score\",")), "{decisions:?}");
+        assert!(text.contains("kvc_decisions_total{decision=\"route_score\",outcome=\"refuse\",reason=\"no_healthy_worker\"} "));
     }
 }

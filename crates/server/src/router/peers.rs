@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kvc_disagg::protocol::WorkerState;
-use kvc_disagg::routing::WorkerView;
+use kvc_disagg::routing::{worker_view, WorkerView};
 
 use super::metrics::RouterMetrics;
 use crate::in_flight::{InFlight, Sent};
@@ -73,7 +73,7 @@ impl Peer {
             let Some(state) = &h.state else {
                 return WorkerView::default();
             };
-            let mut view = WorkerView::from_state(state, h.healthy, session);
+            let mut view = worker_view(state, h.healthy, session);
             view.active = self.requests.correct(view.active);
             let used = self.blocks.correct(view.total_blocks.saturating_sub(view.available_blocks()));
             view.free_blocks = view.total_blocks.saturating_sub(view.evictable_blocks).saturating_sub(used);

@@ -94,12 +94,12 @@ async fn forward_generation(state: RouterState, endpoint: Endpoint, req: Request
         let worker_url = decision.worker.map(|i| state.peers.list[i].url.as_str()).unwrap_or("none");
         tracing::info!(
             event = "route", route_id = %route_id, session = session.as_ref().map_or("", |s| s.id.as_str()), endpoint = path(endpoint),
-            worker = worker_url, reason = decision.reason, attempt,
+            worker = worker_url, reason = decision.reason.as_str(), attempt,
             home = ?decision.home.map(|h| state.peers.list[h].url.as_str()),
             prompt_tokens = est.prompt_tokens, max_tokens = est.max_tokens, scores = %decision.scores_text(),
             "route decision"
         );
-        state.metrics.count_decision(decision.reason);
+        state.metrics.count_decision(&decision);
         let Some(i) = decision.worker else {
             return answer_error(&state, ApiError::Unavailable("no healthy worker can take the request; retry later".into()));
         };
@@ -167,10 +167,10 @@ fn settle_session(state: &RouterState, s: &RoutedSession, i: usize, decision: &R
     };
     let old_peer = state.peers.list[old].clone();
     tracing::info!(
-        event = "session_move", session, from = %old_peer.url, to = %state.peers.list[i].url, reason = decision.reason,
+        event = "session_move", session, from = %old_peer.url, to = %state.peers.list[i].url, reason = decision.reason.as_str(),
         "session moved to another worker"
     );
-    state.metrics.count_move(decision.reason);
+    state.metrics.count_move(decision.reason.as_str());
     if !old_peer.is_healthy() {
         return;
     }

@@ -8,6 +8,7 @@ use std::time::Instant;
 
 use kvc_kv_pool::{BlockAllocator, BlockId, KvStorage};
 use kvc_policy::eviction::{decide_eviction, EvictionAction, EvictionCandidate, EvictionDecision};
+use kvc_policy::host_drop::{decide_host_drop, HostDropCandidate};
 
 use super::SessionAwareCache;
 use crate::session::BlockLoc;
@@ -107,6 +108,7 @@ impl SessionAwareCache {
     fn evict_session(&mut self, d: &EvictionDecision, alloc: &mut BlockAllocator, storage: &KvStorage) -> usize {
         let locs = self.sessions[&d.session].blocks.clone();
         self.changed.insert(d.session.clone());
+        kvc_policy::log_decision(&d.decision());
         let mut moved = 0;
         match d.action {
             EvictionAction::Offload => {
@@ -162,13 +164,22 @@ impl SessionAwareCache {
     /// Drops the KV of the idle session with host blocks that has been idle
     /// longest (other than `except`). False if there is none.
     fn drop_coldest_host_session(&mut self, except: &str, alloc: &mut BlockAllocator) -> bool {
-        let victim = self
-            .sessions
+        let ids: Vec<&String> = self.sessions.keys().collect();
+        let candidates: Vec<HostDropCandidate> = ids
             .iter()
-            .filter(|(id, s)| s.busy == 0 && id.as_str() != except && s.blocks.iter().any(|l| matches!(l, BlockLoc::Host(_))))
-            .min_by_key(|(_, s)| s.last_use)
-            .map(|(id, _)| id.clone());
-        let Some(id) = victim else { return false };
+            .map(|id| {
+                let s = &self.sessions[*id];
+                HostDropCandidate {
+                    idle: s.busy == 0,
+                    is_requester: id.as_str() == except,
+                    on_host: s.blocks.iter().any(|l| matches!(l, BlockLoc::Host(_))),
+                    last_use: s.last_use,
+                }
+            })
+            .collect();
+        let (victim, decision) = decide_host_drop(&candidates);
+        kvc_policy::log_decision(&decision);
+        let Some(id) = victim.map(|i| ids[i].clone()) else { return false };
         self.changed.insert(id.clone());
         let s = self.sessions.get_mut(&id).expect("victim exists");
         let blocks = std::mem::take(&mut s.blocks);

@@ -9,7 +9,7 @@
 
 use kvc_kv_pool::{BlockAllocator, BlockId, KvStorage};
 use kvc_policy::eviction::decide_eviction;
-use kvc_policy::write_back::{decide_write_back, WriteBack, WriteBackInputs, WriteBackSkip};
+use kvc_policy::write_back::{decide_write_back, write_back_gate, WriteBack, WriteBackGate, WriteBackInputs};
 
 use super::SessionAwareCache;
 use crate::session::BlockLoc;
@@ -21,19 +21,19 @@ impl SessionAwareCache {
     /// order) to the host tier, keeping them on the device. Returns the
     /// decision; copies are issued before it returns.
     pub fn write_back(&mut self, watermark: usize, max_batch: usize, alloc: &BlockAllocator, storage: &KvStorage) -> WriteBack {
-        // Where copies happen when asked for, copying ahead saves nothing.
-        if watermark == 0 || self.host.capacity() == 0 || !self.host.asynchronous() {
-            return WriteBack::Skip(WriteBackSkip::Disabled);
-        }
-        if alloc.num_free() >= watermark {
-            // The common case, decided without a pass over the sessions.
-            return WriteBack::Skip(WriteBackSkip::AboveWatermark);
-        }
+        // The common cases, decided without a pass over the sessions.
         let copies_running = self.write_back_ticket.is_some_and(|t| !self.host.done(t));
-        if copies_running {
-            // Nothing to decide until the batch in flight is done: no pass
-            // over the sessions on every step meanwhile.
-            return WriteBack::Skip(WriteBackSkip::CopiesRunning);
+        let gate = WriteBackGate {
+            watermark,
+            host_capacity: self.host.capacity(),
+            host_asynchronous: self.host.asynchronous(),
+            free: alloc.num_free(),
+            copies_running,
+        };
+        if let Some(skip) = write_back_gate(&gate) {
+            let decision = WriteBack::Skip(skip);
+            kvc_policy::decision::count(&decision.decision());
+            return decision;
         }
         // The eviction cost function's view, counting only blocks not yet
         // written back: whose blocks go first.
@@ -53,6 +53,7 @@ impl SessionAwareCache {
         };
         let decision = decide_write_back(&inputs);
         let WriteBack::Copy(want) = decision else {
+            kvc_policy::log_decision(&decision.decision());
             return decision;
         };
         let mut copied = 0;
@@ -80,6 +81,7 @@ impl SessionAwareCache {
         }
         self.write_back_ticket = Some(self.host.flush_async());
         self.stats.write_back_blocks.copied += copied as u64;
+        kvc_policy::decision::count(&WriteBack::Copy(copied).decision());
         tracing::debug!(
             event = "write_back",
             blocks = copied,
@@ -96,6 +98,8 @@ impl SessionAwareCache {
 mod tests {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
+
+    use kvc_policy::write_back::WriteBackSkip;
 
     use super::super::tests::{fill, setup, BS};
     use super::*;

@@ -45,6 +45,7 @@ impl SnapshotStore {
             SpillAction::DropHostEntry | SpillAction::Drop => self.drop_entry(&target, alloc),
         };
         *self.stats.spills.entry((decision.action.as_str().to_string(), decision.reason.as_str().to_string())).or_insert(0) += 1;
+        kvc_policy::log_decision(&decision.decision().term("blocks", blocks as f64));
         tracing::info!(
             event = "snapshot_spill",
             session = %target,
