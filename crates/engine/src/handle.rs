@@ -8,13 +8,13 @@ use kvc_kv_pool::{KvLayout, MemoryRegion};
 
 use tokio::sync::mpsc;
 
-use crate::chat_template::ChatTemplate;
 use crate::command::{Command, PrefixCacheReset, SnapshotSlot, SubmitKv};
 use crate::engine_loop::EngineLoop;
 use crate::inbox::{tokens_to_compute, Inbox};
 use crate::kv_handoff::{ReleaseOnDrop, Reservation, SnapshotJob};
-use crate::tokenizer::TextTokenizer;
 use crate::{EngineConfig, EngineError, EngineStats, GenerateRequest, Logprobs, RequestStream, StreamEvent};
+use kvc_text_front::chat_template::ChatTemplate;
+use kvc_text_front::tokenizer::TextTokenizer;
 
 /// Static facts about the served model.
 #[derive(Debug, Clone)]
@@ -352,7 +352,7 @@ impl EngineHandle {
     /// grammar compiler rejects it). Milliseconds for a typical schema: call
     /// it off the async runtime; submission compiles what is not compiled.
     pub fn compile_grammar(&self, c: &crate::Constraint) -> Result<crate::CompiledGrammar, EngineError> {
-        self.grammar_compiler()?.compile(c)
+        Ok(self.grammar_compiler()?.compile(c)?)
     }
 
     /// Builds the grammar compiler on a thread of its own (the first

@@ -8,10 +8,10 @@ use candle_core::{DType, Device};
 use kvc_kv_pool::KvPool;
 use kvc_model_qwen3::{parse_dtype, read_config, Qwen3Config, Qwen3Model};
 
-use crate::chat_template::ChatTemplate;
 use crate::progress::Progress;
-use crate::tokenizer::TextTokenizer;
 use crate::{EngineConfig, EngineError, LoadFormat, ModelSource};
+use kvc_text_front::chat_template::ChatTemplate;
+use kvc_text_front::tokenizer::TextTokenizer;
 
 /// Name served for the embedded model.
 pub const EMBEDDED_MODEL_NAME: &str = "kvc-default";
