@@ -85,6 +85,14 @@ impl From<kvc_text_front::TextFrontError> for EngineError {
     }
 }
 
+impl From<kvc_model_loading::LoadError> for EngineError {
+    fn from(e: kvc_model_loading::LoadError) -> Self {
+        match e {
+            kvc_model_loading::LoadError::Download(m) => EngineError::Download(m),
+        }
+    }
+}
+
 impl From<candle_core::Error> for EngineError {
     fn from(e: candle_core::Error) -> Self {
         EngineError::Model(e.to_string())
