@@ -12,7 +12,7 @@ use crate::command::{Command, PrefixCacheReset, SnapshotSlot, SubmitKv};
 use crate::engine_loop::EngineLoop;
 use crate::inbox::{tokens_to_compute, Inbox};
 use crate::kv_handoff::{ReleaseOnDrop, Reservation, SnapshotJob};
-use crate::{EngineConfig, EngineError, EngineStats, GenerateRequest, Logprobs, RequestStream, StreamEvent};
+use crate::{EngineConfig, EngineError, EngineStats, GenerateRequest, Logprobs, StreamEvent};
 use kvc_text_front::chat_template::ChatTemplate;
 use kvc_text_front::tokenizer::TextTokenizer;
 
@@ -70,6 +70,34 @@ impl Drop for Inner {
 #[derive(Clone)]
 pub struct EngineHandle {
     inner: Arc<Inner>,
+}
+
+/// Receiving end of a request. Dropping it cancels the request.
+pub struct RequestStream {
+    pub(crate) rx: mpsc::UnboundedReceiver<StreamEvent>,
+    pub(crate) cancel: CancelGuard,
+}
+
+impl RequestStream {
+    /// Next event, or `None` after the final event.
+    pub async fn recv(&mut self) -> Option<StreamEvent> {
+        self.rx.recv().await
+    }
+
+    /// Blocking variant for tests and non-async callers.
+    pub fn blocking_recv(&mut self) -> Option<StreamEvent> {
+        self.rx.blocking_recv()
+    }
+
+    /// The next event if one has arrived; never waits.
+    pub fn try_recv(&mut self) -> Option<StreamEvent> {
+        self.rx.try_recv().ok()
+    }
+
+    /// The engine's id of this request.
+    pub fn id(&self) -> u64 {
+        self.cancel.seq_id
+    }
 }
 
 /// Sends a cancel for its request when dropped (a no-op for finished ones).

@@ -34,7 +34,7 @@ pub use command::{PrefixCacheReset, SnapshotSlot};
 pub use config::{EngineConfig, LoadFormat, ModelSource};
 pub use engine_loop::stall_reasons;
 pub use error::EngineError;
-pub use handle::{CancelGuard, EngineHandle, ModelInfo};
+pub use handle::{CancelGuard, EngineHandle, ModelInfo, RequestStream};
 pub use kv_handoff::{KvLease, Reservation, SnapshotJob};
 /// How a client's session id is scoped by tenant and salt (the server's
 /// handlers and its router use these; the cache keys sessions by them).
@@ -42,7 +42,5 @@ pub use kvc_session_cache::{client_session_id, is_valid_client_part, scoped_sess
 pub use kvc_session_cache::{CacheStats, ReusePath, SessionInfo, SnapshotInfo, SnapshotStats, Tier};
 pub use kvc_text_front::{CompiledGrammar, GrammarCompiler};
 pub use kvc_wire::{Constraint, Grammar, ReasoningGate};
-pub use request::{
-    FinishReason, GenerateRequest, Logprobs, MatchedStop, RequestStream, SamplingParams, ServePath, StreamEvent, TokenLogprob, Usage,
-};
+pub use request::{FinishReason, GenerateRequest, Logprobs, MatchedStop, SamplingParams, ServePath, StreamEvent, TokenLogprob, Usage};
 pub use stats::EngineStats;
