@@ -35,8 +35,8 @@ cargo build -q -p kvc-server -p kvc-engine --bin kvc-server --bin kvc-score
 # (lm-eval tokenizes contexts and continuations itself).
 TOK="$OUT/tokenizer"
 mkdir -p "$TOK"
-gzip -dc crates/engine/assets/qwen3/tokenizer.json.gz > "$TOK/tokenizer.json"
-cp crates/engine/assets/qwen3/tokenizer_config.json "$TOK/"
+gzip -dc crates/text-front/assets/qwen3/tokenizer.json.gz > "$TOK/tokenizer.json"
+cp crates/text-front/assets/qwen3/tokenizer_config.json "$TOK/"
 
 PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 "$TARGET/debug/kvc-server" --host 127.0.0.1 --port "$PORT" --seed "$SEED" > "$OUT/kvc-server.log" 2>&1 &

@@ -5,10 +5,10 @@ reference fixtures for kvc's minijinja renderer.
 
     /tmp/refvenv/bin/python scripts/make_chat_template_fixtures.py \
         [--tokenizer /work/shared/data/qwen3-tokenizer] \
-        [--out crates/engine/tests/fixtures/chat_template_cases.json]
+        [--out crates/text-front/tests/fixtures/chat_template_cases.json]
 
 Each case: {name, messages, tools|null, add_generation_prompt, kwargs, expected}.
-`crates/engine/tests/chat_template_reference.rs` renders every case with the
+`crates/text-front/tests/chat_template_reference.rs` renders every case with the
 template embedded in kvc and asserts byte equality with `expected`.
 """
 
@@ -217,7 +217,7 @@ def cases():
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokenizer", default="/work/shared/data/qwen3-tokenizer")
-    ap.add_argument("--out", default=str(ROOT / "crates/engine/tests/fixtures/chat_template_cases.json"))
+    ap.add_argument("--out", default=str(ROOT / "crates/text-front/tests/fixtures/chat_template_cases.json"))
     args = ap.parse_args()
 
     tok = AutoTokenizer.from_pretrained(args.tokenizer)

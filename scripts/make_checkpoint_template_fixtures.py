@@ -1,14 +1,14 @@
 #!/usr/bin/env python3
 """Renders conversations with Hugging Face transformers' `apply_chat_template`
 under the chat templates the Qwen3 agent checkpoints ship
-(crates/engine/tests/fixtures/templates/*.jinja, provenance in the README
+(crates/text-front/tests/fixtures/templates/*.jinja, provenance in the README
 there) and writes the results as reference fixtures for kvc's renderer.
 
     python3 -m venv /tmp/refvenv
     /tmp/refvenv/bin/pip install -r scripts/requirements-chat-templates.txt
     /tmp/refvenv/bin/python scripts/make_checkpoint_template_fixtures.py \
         [--tokenizer /work/shared/data/qwen3-tokenizer] \
-        [--out crates/engine/tests/fixtures/checkpoint_template_cases.json]
+        [--out crates/text-front/tests/fixtures/checkpoint_template_cases.json]
 
 The tokenizer only supplies transformers' environment (its special tokens);
 every case passes the checkpoint's template as `chat_template=`.
@@ -22,7 +22,7 @@ messages, tools|null, add_generation_prompt, kwargs, expected}; where
 transformers raises (a template that cannot render the input, e.g. the July
 2025 Coder template on a tool without `parameters`), `expected` is null and
 `error` holds its message.
-`crates/engine/tests/checkpoint_templates.rs` renders every case with kvc and
+`crates/text-front/tests/checkpoint_templates.rs` renders every case with kvc and
 asserts byte equality with `expected`.
 """
 
@@ -38,7 +38,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 from transformers import AutoTokenizer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-TEMPLATES = ROOT / "crates/engine/tests/fixtures/templates"
+TEMPLATES = ROOT / "crates/text-front/tests/fixtures/templates"
 
 READ_FILE = {
     "type": "function",
@@ -301,7 +301,7 @@ def as_template_input(messages):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokenizer", default="/work/shared/data/qwen3-tokenizer")
-    ap.add_argument("--out", default=str(ROOT / "crates/engine/tests/fixtures/checkpoint_template_cases.json"))
+    ap.add_argument("--out", default=str(ROOT / "crates/text-front/tests/fixtures/checkpoint_template_cases.json"))
     args = ap.parse_args()
 
     tok = AutoTokenizer.from_pretrained(args.tokenizer)

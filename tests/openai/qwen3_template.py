@@ -9,7 +9,7 @@ from pathlib import Path
 
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-CONFIG = Path(__file__).resolve().parents[2] / "crates/engine/assets/qwen3/tokenizer_config.json"
+CONFIG = Path(__file__).resolve().parents[2] / "crates/text-front/assets/qwen3/tokenizer_config.json"
 
 
 def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):

@@ -62,6 +62,12 @@ impl std::fmt::Debug for Command {
     }
 }
 
+impl From<crate::kv_handoff::LeaseReleased> for Command {
+    fn from(l: crate::kv_handoff::LeaseReleased) -> Self {
+        Command::ReleaseLease(l.0)
+    }
+}
+
 /// Where a submitted sequence's prompt KV comes from.
 #[derive(Debug)]
 pub(crate) enum SubmitKv {

@@ -21,10 +21,10 @@ use kvc_session_cache::{salt_root, BlockHash, CacheConfig, ReusePath, SessionAwa
 use tokio::sync::mpsc;
 
 use crate::command::{Command, SubmitKv};
-use crate::constrained::ConstraintState;
-use crate::detokenizer::IncrementalDecoder;
 use crate::inbox::{tokens_to_compute, Inbox};
 use crate::kv_handoff::SnapshotJob;
+use kvc_text_front::constrained::ConstraintState;
+use kvc_text_front::detokenizer::IncrementalDecoder;
 
 mod backlog_drain;
 mod cache_hooks;
@@ -45,10 +45,10 @@ use watchdog::Watchdog;
 
 use crate::sampler::Sampler;
 use crate::step_model::{StepModel, WeightReads};
-use crate::stop::{StopMatcher, StopOutcome};
-use crate::tokenizer::TextTokenizer;
 use crate::{EngineConfig, EngineError, EngineStats, FinishReason, GenerateRequest, Logprobs, MatchedStop, StreamEvent, Usage};
 use handoff_commands::Handoff;
+use kvc_text_front::stop::{StopMatcher, StopOutcome};
+use kvc_text_front::tokenizer::TextTokenizer;
 
 /// Per-request state the scheduler does not know about.
 struct Active {
@@ -474,7 +474,7 @@ impl EngineLoop {
                 // on a token its own mask allowed (`(a{1000}){1000}`).
                 tracing::warn!(event = "grammar_violation", seq_id = id, error = %e);
                 self.local.grammar_errors += 1;
-                let _ = a.tx.send(StreamEvent::InvalidGrammar(format!("structured output: {}", crate::grammar::short_error(&e))));
+                let _ = a.tx.send(StreamEvent::InvalidGrammar(format!("structured output: {}", kvc_text_front::grammar::short_error(&e))));
                 self.drop_seq(id);
                 return;
             }

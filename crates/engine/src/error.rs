@@ -72,6 +72,27 @@ impl EngineError {
     }
 }
 
+impl From<kvc_text_front::TextFrontError> for EngineError {
+    fn from(e: kvc_text_front::TextFrontError) -> Self {
+        use kvc_text_front::TextFrontError as T;
+        match e {
+            T::InvalidParam { param, message } => EngineError::InvalidParam { param, message },
+            T::Template(m) => EngineError::Template(m),
+            T::Tokenizer(m) => EngineError::Tokenizer(m),
+            T::Load(m) => EngineError::Load(m),
+            T::InvalidGrammar(m) => EngineError::InvalidGrammar(m),
+        }
+    }
+}
+
+impl From<kvc_model_loading::LoadError> for EngineError {
+    fn from(e: kvc_model_loading::LoadError) -> Self {
+        match e {
+            kvc_model_loading::LoadError::Download(m) => EngineError::Download(m),
+        }
+    }
+}
+
 impl From<candle_core::Error> for EngineError {
     fn from(e: candle_core::Error) -> Self {
         EngineError::Model(e.to_string())

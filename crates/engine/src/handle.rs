@@ -8,13 +8,13 @@ use kvc_kv_pool::{KvLayout, MemoryRegion};
 
 use tokio::sync::mpsc;
 
-use crate::chat_template::ChatTemplate;
 use crate::command::{Command, PrefixCacheReset, SnapshotSlot, SubmitKv};
 use crate::engine_loop::EngineLoop;
 use crate::inbox::{tokens_to_compute, Inbox};
 use crate::kv_handoff::{ReleaseOnDrop, Reservation, SnapshotJob};
-use crate::tokenizer::TextTokenizer;
-use crate::{EngineConfig, EngineError, EngineStats, GenerateRequest, Logprobs, RequestStream, StreamEvent};
+use crate::{EngineConfig, EngineError, EngineStats, GenerateRequest, Logprobs, StreamEvent};
+use kvc_text_front::chat_template::ChatTemplate;
+use kvc_text_front::tokenizer::TextTokenizer;
 
 /// Static facts about the served model.
 #[derive(Debug, Clone)]
@@ -70,6 +70,34 @@ impl Drop for Inner {
 #[derive(Clone)]
 pub struct EngineHandle {
     inner: Arc<Inner>,
+}
+
+/// Receiving end of a request. Dropping it cancels the request.
+pub struct RequestStream {
+    pub(crate) rx: mpsc::UnboundedReceiver<StreamEvent>,
+    pub(crate) cancel: CancelGuard,
+}
+
+impl RequestStream {
+    /// Next event, or `None` after the final event.
+    pub async fn recv(&mut self) -> Option<StreamEvent> {
+        self.rx.recv().await
+    }
+
+    /// Blocking variant for tests and non-async callers.
+    pub fn blocking_recv(&mut self) -> Option<StreamEvent> {
+        self.rx.blocking_recv()
+    }
+
+    /// The next event if one has arrived; never waits.
+    pub fn try_recv(&mut self) -> Option<StreamEvent> {
+        self.rx.try_recv().ok()
+    }
+
+    /// The engine's id of this request.
+    pub fn id(&self) -> u64 {
+        self.cancel.seq_id
+    }
 }
 
 /// Sends a cancel for its request when dropped (a no-op for finished ones).
@@ -352,7 +380,7 @@ impl EngineHandle {
     /// grammar compiler rejects it). Milliseconds for a typical schema: call
     /// it off the async runtime; submission compiles what is not compiled.
     pub fn compile_grammar(&self, c: &crate::Constraint) -> Result<crate::CompiledGrammar, EngineError> {
-        self.grammar_compiler()?.compile(c)
+        Ok(self.grammar_compiler()?.compile(c)?)
     }
 
     /// Builds the grammar compiler on a thread of its own (the first

@@ -19,8 +19,6 @@ use std::sync::{mpsc as std_mpsc, Arc};
 
 use kvc_kv_pool::BlockId;
 
-use crate::command::Command;
-
 /// Blocks reserved for a prompt on a decode worker.
 #[derive(Debug)]
 pub struct Reservation {
@@ -43,15 +41,33 @@ impl Reservation {
     }
 }
 
-/// Sends a release command when dropped, unless disarmed.
+/// Sends a release command when dropped, unless disarmed. Generic over
+/// the command type (the loop's `Command`), so this file does not import
+/// the command vocabulary that carries its leases.
 #[derive(Debug)]
 pub(crate) struct ReleaseOnDrop {
-    pub(crate) command: Option<(std_mpsc::Sender<Command>, Command)>,
+    pub(crate) command: Option<Box<dyn Release>>,
 }
 
+/// A command and the channel it goes to, sent once.
+pub(crate) trait Release: std::fmt::Debug + Send + Sync {
+    fn send(self: Box<Self>);
+}
+
+impl<C: std::fmt::Debug + Send + Sync + 'static> Release for (std_mpsc::Sender<C>, C) {
+    fn send(self: Box<Self>) {
+        let (tx, cmd) = *self;
+        let _ = tx.send(cmd);
+    }
+}
+
+/// The release of lease `.0`, as the command the lease's channel carries
+/// (`Command::ReleaseLease`).
+pub(crate) struct LeaseReleased(pub(crate) u64);
+
 impl ReleaseOnDrop {
-    pub(crate) fn new(commands: std_mpsc::Sender<Command>, command: Command) -> Self {
-        Self { command: Some((commands, command)) }
+    pub(crate) fn new<C: std::fmt::Debug + Send + Sync + 'static>(commands: std_mpsc::Sender<C>, command: C) -> Self {
+        Self { command: Some(Box::new((commands, command))) }
     }
 
     pub(crate) fn disarm(&mut self) {
@@ -61,8 +77,8 @@ impl ReleaseOnDrop {
 
 impl Drop for ReleaseOnDrop {
     fn drop(&mut self) {
-        if let Some((tx, cmd)) = self.command.take() {
-            let _ = tx.send(cmd);
+        if let Some(release) = self.command.take() {
+            release.send();
         }
     }
 }
@@ -82,8 +98,11 @@ struct LeaseInner {
 }
 
 impl KvLease {
-    pub(crate) fn new(id: u64, blocks: Vec<BlockId>, revoked: Arc<AtomicBool>, commands: std_mpsc::Sender<Command>) -> Self {
-        let release = ReleaseOnDrop::new(commands, Command::ReleaseLease(id));
+    pub(crate) fn new<C>(id: u64, blocks: Vec<BlockId>, revoked: Arc<AtomicBool>, commands: std_mpsc::Sender<C>) -> Self
+    where
+        C: From<LeaseReleased> + std::fmt::Debug + Send + Sync + 'static,
+    {
+        let release = ReleaseOnDrop::new(commands, C::from(LeaseReleased(id)));
         Self { inner: Arc::new(LeaseInner { id, blocks, revoked, _release: release }) }
     }
 

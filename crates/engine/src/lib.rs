@@ -13,48 +13,35 @@
 //! `snapshot_min_tokens`), whose hooks the loop calls at fixed points.
 
 pub mod admission;
-pub mod chat_template;
 mod command;
 pub mod config;
-pub mod constrained;
-pub mod detokenizer;
 pub mod device;
 mod engine_loop;
 pub mod error;
 mod fingerprint;
-pub mod grammar;
 mod handle;
-pub mod hub;
-pub mod hub_file;
 mod inbox;
 pub mod kernel_plan;
 mod kv_handoff;
 pub mod model_source;
-pub mod progress;
 pub mod reference_score;
 pub mod request;
 pub mod sampler;
 mod stats;
 pub mod step_model;
-pub mod stop;
-mod template_json;
-mod template_python;
-pub mod tokenizer;
 
 pub use admission::{decide_admission, AdmissionDecision, AdmissionQuery};
 pub use command::{PrefixCacheReset, SnapshotSlot};
 pub use config::{EngineConfig, LoadFormat, ModelSource};
 pub use engine_loop::stall_reasons;
 pub use error::EngineError;
-pub use grammar::{CompiledGrammar, GrammarCompiler};
-pub use handle::{CancelGuard, EngineHandle, ModelInfo};
+pub use handle::{CancelGuard, EngineHandle, ModelInfo, RequestStream};
 pub use kv_handoff::{KvLease, Reservation, SnapshotJob};
 /// How a client's session id is scoped by tenant and salt (the server's
 /// handlers and its router use these; the cache keys sessions by them).
 pub use kvc_session_cache::{client_session_id, is_valid_client_part, scoped_session_id};
 pub use kvc_session_cache::{CacheStats, ReusePath, SessionInfo, SnapshotInfo, SnapshotStats, Tier};
+pub use kvc_text_front::{CompiledGrammar, GrammarCompiler};
 pub use kvc_wire::{Constraint, Grammar, ReasoningGate};
-pub use request::{
-    FinishReason, GenerateRequest, Logprobs, MatchedStop, RequestStream, SamplingParams, ServePath, StreamEvent, TokenLogprob, Usage,
-};
+pub use request::{FinishReason, GenerateRequest, Logprobs, MatchedStop, SamplingParams, ServePath, StreamEvent, TokenLogprob, Usage};
 pub use stats::EngineStats;

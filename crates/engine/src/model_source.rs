@@ -8,10 +8,10 @@ use candle_core::{DType, Device};
 use kvc_kv_pool::KvPool;
 use kvc_model_qwen3::{parse_dtype, read_config, Qwen3Config, Qwen3Model};
 
-use crate::chat_template::ChatTemplate;
-use crate::progress::Progress;
-use crate::tokenizer::TextTokenizer;
 use crate::{EngineConfig, EngineError, LoadFormat, ModelSource};
+use kvc_model_loading::progress::Progress;
+use kvc_text_front::chat_template::ChatTemplate;
+use kvc_text_front::tokenizer::TextTokenizer;
 
 /// Name served for the embedded model.
 pub const EMBEDDED_MODEL_NAME: &str = "kvc-default";
@@ -60,14 +60,14 @@ fn load_err(e: impl std::fmt::Display) -> EngineError {
 }
 
 /// A hub id's snapshot directory: from the hub cache, downloaded first when
-/// missing (crate::hub; offline with `HF_HUB_OFFLINE`).
+/// missing (kvc_model_loading::hub; offline with `HF_HUB_OFFLINE`).
 fn resolve_hub_id(id: &str, config: &EngineConfig) -> Result<PathBuf, EngineError> {
-    let options = crate::hub::HubOptions {
+    let options = kvc_model_loading::hub::HubOptions {
         revision: config.revision.clone(),
         cache_dir: config.download_dir.clone(),
         weights: config.load_format == LoadFormat::Auto,
     };
-    crate::hub::resolve(id, &options, &crate::hub::HubEnv::from_env())
+    Ok(kvc_model_loading::hub::resolve(id, &options, &kvc_model_loading::hub::HubEnv::from_env())?)
 }
 
 /// Reads the checkpoint's weights with a progress bar (or log lines) and

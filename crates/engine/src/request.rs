@@ -6,7 +6,6 @@
 //! request: the engine notices the closed channel and frees its blocks.
 
 use serde::Serialize;
-use tokio::sync::mpsc;
 
 pub use kvc_wire::{Logprobs, SamplingParams, ServePath, TokenLogprob};
 
@@ -120,32 +119,4 @@ pub enum StreamEvent {
 pub enum MatchedStop {
     TokenId(u32),
     Text(String),
-}
-
-/// Receiving end of a request. Dropping it cancels the request.
-pub struct RequestStream {
-    pub(crate) rx: mpsc::UnboundedReceiver<StreamEvent>,
-    pub(crate) cancel: crate::CancelGuard,
-}
-
-impl RequestStream {
-    /// Next event, or `None` after the final event.
-    pub async fn recv(&mut self) -> Option<StreamEvent> {
-        self.rx.recv().await
-    }
-
-    /// Blocking variant for tests and non-async callers.
-    pub fn blocking_recv(&mut self) -> Option<StreamEvent> {
-        self.rx.blocking_recv()
-    }
-
-    /// The next event if one has arrived; never waits.
-    pub fn try_recv(&mut self) -> Option<StreamEvent> {
-        self.rx.try_recv().ok()
-    }
-
-    /// The engine's id of this request.
-    pub fn id(&self) -> u64 {
-        self.cancel.seq_id
-    }
 }

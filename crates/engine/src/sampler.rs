@@ -11,8 +11,8 @@ use std::collections::HashMap;
 
 use llguidance::toktrie::SimpleVob;
 
-use crate::constrained::apply_mask;
 use crate::{Logprobs, SamplingParams, TokenLogprob};
+use kvc_text_front::constrained::apply_mask;
 
 /// Per-request sampling state.
 pub struct Sampler {

@@ -8,8 +8,8 @@ mod common;
 use std::sync::Arc;
 
 use common::{collect, engine};
-use kvc_engine::tokenizer::TextTokenizer;
 use kvc_engine::{Constraint, EngineError, FinishReason, GenerateRequest, Grammar, GrammarCompiler, ReasoningGate, SamplingParams};
+use kvc_text_front::tokenizer::TextTokenizer;
 use serde_json::{json, Value};
 
 fn constraint(grammar: Grammar) -> Constraint {
@@ -145,7 +145,7 @@ fn schemas_that_cannot_be_compiled_are_client_errors() {
         Grammar::Lark("start: undefined_rule\n".into()),
     ];
     for g in bad {
-        let err = c.compile(&constraint(g.clone())).expect_err(&format!("{g:?} compiled"));
+        let err = EngineError::from(c.compile(&constraint(g.clone())).expect_err(&format!("{g:?} compiled")));
         assert!(matches!(err, EngineError::InvalidGrammar(_)), "{err:?}");
         assert!(err.is_client_error());
     }
@@ -159,7 +159,7 @@ fn the_reasoning_gate_frees_the_think_block_only() {
     let brace = tok.encode("{", false).unwrap()[0];
     let g = Grammar::JsonSchema { schema: json!({"type": "object"}).to_string(), strict: false };
     // MayOpen: the first token is `<think>` or the grammar's.
-    let mut s = kvc_engine::constrained::ConstraintState::new(
+    let mut s = kvc_text_front::constrained::ConstraintState::new(
         c.compile(&Constraint { grammar: g.clone(), reasoning: ReasoningGate::MayOpen }).unwrap(),
     );
     let m = s.mask().unwrap().unwrap();
@@ -171,7 +171,7 @@ fn the_reasoning_gate_frees_the_think_block_only() {
     let m = s.mask().unwrap().unwrap();
     assert!(m.is_allowed(brace) && !m.is_allowed(open));
     // Off: `<think>` is just text the grammar does not allow.
-    let mut s = kvc_engine::constrained::ConstraintState::new(c.compile(&constraint(g)).unwrap());
+    let mut s = kvc_text_front::constrained::ConstraintState::new(c.compile(&constraint(g)).unwrap());
     assert!(!s.mask().unwrap().unwrap().is_allowed(open));
     assert!(s.advance(open).is_err());
 }
@@ -222,16 +222,16 @@ fn grammars_that_blow_up_are_cut_off_at_compile_by_the_lexer_budget() {
     ];
     for g in blow_ups {
         let t = std::time::Instant::now();
-        let err = c.compile(&constraint(g.clone())).expect_err(&format!("{g:?} compiled"));
+        let err = EngineError::from(c.compile(&constraint(g.clone())).expect_err(&format!("{g:?} compiled")));
         eprintln!("{g:?}: refused in {:?}", t.elapsed());
         let EngineError::InvalidGrammar(msg) = &err else { panic!("{err:?}") };
         assert!(msg.contains("lexer budget") && msg.contains("fuel"), "{msg}");
         assert!(!msg.contains('<') && !msg.contains("limits."), "{msg}");
     }
     // Over the size limit: refused before compiling.
-    let huge = Grammar::Regex(format!("({})", vec!["abc"; kvc_engine::grammar::MAX_GRAMMAR_BYTES / 4 + 1].join("|")));
+    let huge = Grammar::Regex(format!("({})", vec!["abc"; kvc_text_front::grammar::MAX_GRAMMAR_BYTES / 4 + 1].join("|")));
     let err = c.compile(&constraint(huge)).unwrap_err();
-    assert!(err.to_string().contains(&format!("{} KiB", kvc_engine::grammar::MAX_GRAMMAR_BYTES / 1024)), "{err}");
+    assert!(err.to_string().contains(&format!("{} KiB", kvc_text_front::grammar::MAX_GRAMMAR_BYTES / 1024)), "{err}");
 }
 
 /// An OpenAI SDK / pydantic-style schema: `$defs`, `$ref`, `anyOf` with
@@ -282,7 +282,7 @@ fn tools_grammar(n: usize) -> String {
             "required": ["query", "limit", "mode", "filters", "date"]});
         let call = json!({"type": "object", "properties": {"name": {"const": format!("tool_number_{i}")}, "arguments": params},
             "required": ["name", "arguments"], "additionalProperties": false});
-        rules.push(format!("call_{i}: %json {}", kvc_engine::grammar::with_json_options(call, true)));
+        rules.push(format!("call_{i}: %json {}", kvc_text_front::grammar::with_json_options(call, true)));
     }
     let alternatives: Vec<String> = (0..n).map(|i| format!("call_{i}")).collect();
     format!(
@@ -295,7 +295,7 @@ fn tools_grammar(n: usize) -> String {
 /// Walks `steps` tokens through `g`, each a pseudo-random one of those its
 /// mask allows; every mask and token must be accepted.
 fn walk(c: &GrammarCompiler, g: Grammar, steps: usize) {
-    let mut s = kvc_engine::constrained::ConstraintState::new(c.compile(&constraint(g)).unwrap());
+    let mut s = kvc_text_front::constrained::ConstraintState::new(c.compile(&constraint(g)).unwrap());
     let mut rng = 12345u64;
     for step in 0..steps {
         let m = s.mask().unwrap_or_else(|e| panic!("step {step}: {e}")).unwrap();
@@ -336,7 +336,7 @@ fn large_real_grammars_compile_within_the_budget() {
         Grammar::Regex("(a{100}){100}".into()),
     ];
     for g in grammars {
-        let bytes = kvc_engine::grammar::grammar_bytes(&g);
+        let bytes = kvc_text_front::grammar::grammar_bytes(&g);
         let t = std::time::Instant::now();
         c.compile(&constraint(g.clone())).unwrap_or_else(|e| panic!("{bytes} bytes: {e}"));
         eprintln!("{bytes} bytes: compiled in {:?}", t.elapsed());
@@ -351,7 +351,7 @@ fn a_long_forced_string_comes_out_exactly() {
     let (c, tok) = compiler();
     let text: String = (0..300).map(|i| format!("word{i} ")).collect();
     let g = Grammar::JsonSchema { schema: json!({"const": text}).to_string(), strict: true };
-    let mut s = kvc_engine::constrained::ConstraintState::new(c.compile(&constraint(g)).unwrap());
+    let mut s = kvc_text_front::constrained::ConstraintState::new(c.compile(&constraint(g)).unwrap());
     let mut out = Vec::new();
     while !s.is_finished() {
         let m = s.mask().unwrap().unwrap();
@@ -367,7 +367,7 @@ fn a_long_forced_string_comes_out_exactly() {
 /// `text` is a complete answer of `g` (token by token, then EOS allowed).
 fn accepts(c: &GrammarCompiler, tok: &TextTokenizer, g: &Grammar, text: &str) -> bool {
     let compiled = c.compile(&constraint(g.clone())).expect("the grammar compiles");
-    let mut state = kvc_engine::constrained::ConstraintState::new(compiled);
+    let mut state = kvc_text_front::constrained::ConstraintState::new(compiled);
     for id in tok.encode(text, false).unwrap() {
         if state.is_finished() || state.advance(id).is_err() {
             return false;
@@ -436,7 +436,7 @@ fn an_unknown_format_is_ignored_with_or_without_strict_and_reported() {
 #[test]
 fn schema_formats_llguidance_knows_compile_under_strict() {
     let (c, _) = compiler();
-    for f in kvc_engine::grammar::LLGUIDANCE_FORMATS {
+    for f in kvc_text_front::grammar::LLGUIDANCE_FORMATS {
         let compiled = c.compile(&constraint(strict_schema(json!({"type": "string", "format": f}))));
         let compiled = compiled.unwrap_or_else(|e| panic!("{f}: {e}"));
         assert!(compiled.relaxed().is_empty(), "{f}: {:?}", compiled.relaxed());
@@ -453,7 +453,8 @@ fn what_cannot_be_enforced_exactly_is_refused_under_strict_naming_the_keyword_an
         (json!({"type": "object", "properties": {"a": {"type": "integer"}}, "not": {"required": ["b"]}}), "not", r#"{"a": 1}"#),
     ];
     for (schema, keyword, answer) in cases {
-        let err = c.compile(&constraint(strict_schema(schema.clone()))).expect_err(&format!("{schema} compiled under strict"));
+        let err =
+            EngineError::from(c.compile(&constraint(strict_schema(schema.clone()))).expect_err(&format!("{schema} compiled under strict")));
         assert!(matches!(err, EngineError::InvalidGrammar(_)), "{err:?}");
         assert!(err.to_string().contains(keyword), "{keyword}: {err}");
         let lenient = Grammar::JsonSchema { schema: schema.to_string(), strict: false };

@@ -299,9 +299,9 @@ impl ChatEndpoint {
 mod tests {
     use super::*;
     use crate::tool_parser::ToolCallFormat;
-    use kvc_engine::detokenizer::IncrementalDecoder;
-    use kvc_engine::tokenizer::TextTokenizer;
     use kvc_engine::TokenLogprob;
+    use kvc_text_front::detokenizer::IncrementalDecoder;
+    use kvc_text_front::tokenizer::TextTokenizer;
     use serde_json::{json, Value};
     use std::sync::OnceLock;
 

@@ -248,8 +248,8 @@ impl Endpoint for CompletionEndpoint {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kvc_engine::tokenizer::TextTokenizer;
     use kvc_engine::TokenLogprob;
+    use kvc_text_front::tokenizer::TextTokenizer;
     use serde_json::json;
 
     fn tok() -> Arc<TextTokenizer> {

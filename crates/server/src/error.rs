@@ -83,12 +83,14 @@ impl ApiError {
         ApiError::Unsupported { feature: feature.into(), param: Some(param.to_string()) }
     }
 
-    pub fn chat_engine(source: EngineError) -> Self {
-        ApiError::Engine { source, prompt_param: "messages" }
+    /// An engine error, or a text front's (tokenizer, chat template) as the
+    /// engine converts it.
+    pub fn chat_engine(source: impl Into<EngineError>) -> Self {
+        ApiError::Engine { source: source.into(), prompt_param: "messages" }
     }
 
-    pub fn completion_engine(source: EngineError) -> Self {
-        ApiError::Engine { source, prompt_param: "prompt" }
+    pub fn completion_engine(source: impl Into<EngineError>) -> Self {
+        ApiError::Engine { source: source.into(), prompt_param: "prompt" }
     }
 }
 

@@ -10,8 +10,8 @@
 use std::collections::HashMap;
 use std::sync::OnceLock;
 
-use kvc_engine::tokenizer::TextTokenizer;
 use kvc_engine::Logprobs;
+use kvc_text_front::tokenizer::TextTokenizer;
 use serde::Serialize;
 use serde_json::{Map, Value};
 

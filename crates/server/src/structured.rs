@@ -20,13 +20,13 @@
 //! so is one whose text is over [`MAX_GRAMMAR_BYTES`] (checked before it is
 //! compiled; for tools, the tool-call grammar holding all their
 //! `parameters`). Compiling has its own budget too
-//! ([`kvc_engine::grammar::compile_fuel`]); the handlers compile on tokio's
+//! ([`kvc_text_front::grammar::compile_fuel`]); the handlers compile on tokio's
 //! blocking pool, never in an engine step.
 
 use serde_json::{json, Map, Value};
 
-use kvc_engine::grammar::{grammar_bytes, MAX_GRAMMAR_BYTES};
 use kvc_engine::{Constraint, Grammar, ReasoningGate};
+use kvc_text_front::grammar::{grammar_bytes, MAX_GRAMMAR_BYTES};
 
 use crate::error::ApiError;
 
@@ -237,7 +237,7 @@ pub fn tool_call_grammar(tools: &[Value], name: Option<&str>, parallel: bool) ->
             "required": ["name", "arguments"],
             "additionalProperties": false,
         });
-        let call = kvc_engine::grammar::with_json_options(call, strict);
+        let call = kvc_text_front::grammar::with_json_options(call, strict);
         rules.push(format!("call_{i}: %json {call}"));
     }
     let alternatives: Vec<String> = (0..chosen.len()).map(|i| format!("call_{i}")).collect();
@@ -327,8 +327,8 @@ pub fn reasoning_gate(assistant_prefix: &str) -> ReasoningGate {
 mod tests {
     use super::*;
     use crate::error::error_response;
-    use kvc_engine::tokenizer::TextTokenizer;
     use kvc_engine::GrammarCompiler;
+    use kvc_text_front::tokenizer::TextTokenizer;
     use std::sync::{Arc, OnceLock};
 
     fn param(e: ApiError) -> (u16, Option<String>) {
@@ -419,7 +419,7 @@ mod tests {
     fn accepts(g: &GrammarRequest, text: &str) -> bool {
         let (compiler, tok) = compiler();
         let compiled = compiler.compile(&g.constraint(ReasoningGate::Off)).expect("the grammar compiles");
-        let mut state = kvc_engine::constrained::ConstraintState::new(compiled);
+        let mut state = kvc_text_front::constrained::ConstraintState::new(compiled);
         for id in tok.encode(text, false).unwrap() {
             if state.is_finished() || state.advance(id).is_err() {
                 return false;

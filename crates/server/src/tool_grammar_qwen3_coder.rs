@@ -81,7 +81,7 @@ fn embedded_schema(property: &Value, parameters: &Value, strict: bool) -> Value 
             }
         }
     }
-    kvc_engine::grammar::with_json_options(schema, strict)
+    kvc_text_front::grammar::with_json_options(schema, strict)
 }
 
 /// The rule a value of `property` follows (`rule` names it; rules it
@@ -156,9 +156,9 @@ pub fn qwen3_coder_call_grammar(tools: &[Value], name: Option<&str>, parallel: b
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kvc_engine::grammar::GrammarCompiler;
-    use kvc_engine::tokenizer::TextTokenizer;
     use kvc_engine::ReasoningGate;
+    use kvc_text_front::grammar::GrammarCompiler;
+    use kvc_text_front::tokenizer::TextTokenizer;
     use serde_json::json;
     use std::sync::{Arc, OnceLock};
 
@@ -175,7 +175,7 @@ mod tests {
     fn accepts(g: &GrammarRequest, text: &str) -> bool {
         let (compiler, tok) = compiler();
         let compiled = compiler.compile(&g.constraint(ReasoningGate::Off)).expect("the grammar compiles");
-        let mut state = kvc_engine::constrained::ConstraintState::new(compiled);
+        let mut state = kvc_text_front::constrained::ConstraintState::new(compiled);
         for id in tok.encode(text, false).unwrap() {
             if state.is_finished() || state.advance(id).is_err() {
                 return false;

@@ -22,19 +22,19 @@
 
 use std::path::PathBuf;
 
-use kvc_engine::chat_template::ChatTemplate;
-use kvc_engine::tokenizer::TextTokenizer;
 use kvc_engine::{EngineConfig, EngineHandle, GenerateRequest, SamplingParams, StreamEvent};
 use kvc_server::chat_messages::{open_assistant_turn, template_messages};
 use kvc_server::chat_output::ChatParser;
 use kvc_server::openai_types::ChatMessage;
 use kvc_server::tool_parser::{ToolCallFormat, ToolParser};
+use kvc_text_front::chat_template::ChatTemplate;
+use kvc_text_front::tokenizer::TextTokenizer;
 use serde_json::{json, Map, Value};
 
 const BS: usize = 16;
 
 fn template(file: &str) -> (ChatTemplate, ToolCallFormat) {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../engine/tests/fixtures/templates").join(file);
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../text-front/tests/fixtures/templates").join(file);
     let source = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     (ChatTemplate::new(&source).expect("template compiles"), ToolCallFormat::of_template(Some(&source)))
 }

@@ -11,10 +11,10 @@ use rayon::prelude::*;
 
 use super::prompt_logprobs::{reduce_rows, RowUse, StepLogits};
 use super::{CacheHooks, EngineLoop};
-use crate::constrained::ConstraintState;
 use crate::sampler::Sampler;
 use crate::step_model::StepShape;
 use crate::{EngineError, FinishReason, Logprobs, StreamEvent};
+use kvc_text_front::constrained::ConstraintState;
 use llguidance::toktrie::SimpleVob;
 
 /// Most blocks one write-back batch copies (at 16 tokens of Qwen3-30B-A3B,
@@ -187,7 +187,7 @@ impl EngineLoop {
             tracing::warn!(event = "grammar_error", seq_id = id, error = %e);
             self.local.grammar_errors += 1;
             if let Some(a) = self.active.get(&id) {
-                let _ = a.tx.send(StreamEvent::InvalidGrammar(format!("structured output: {}", crate::grammar::short_error(&e))));
+                let _ = a.tx.send(StreamEvent::InvalidGrammar(format!("structured output: {}", kvc_text_front::grammar::short_error(&e))));
             }
             self.drop_seq(id);
         }

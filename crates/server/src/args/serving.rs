@@ -145,7 +145,7 @@ fn parse_chat_template(arg: &str) -> Result<ChatTemplateArg, String> {
         }
         Err(_) => decode_escapes(arg)?,
     };
-    kvc_engine::chat_template::ChatTemplate::new(&source).map_err(|e| format!("the chat template does not compile: {e}"))?;
+    kvc_text_front::chat_template::ChatTemplate::new(&source).map_err(|e| format!("the chat template does not compile: {e}"))?;
     Ok(ChatTemplateArg(source))
 }
 

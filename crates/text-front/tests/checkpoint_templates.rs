@@ -9,8 +9,8 @@
 
 use std::path::PathBuf;
 
-use kvc_engine::chat_template::ChatTemplate;
-use kvc_engine::EngineError;
+use kvc_text_front::chat_template::ChatTemplate;
+use kvc_text_front::TextFrontError;
 use serde_json::Value;
 
 mod template_case;
@@ -62,7 +62,7 @@ fn checkpoint_templates_render_as_transformers_does() {
                 failures.push(format!("{file} / {name}: differs at byte {at:?}\n--- expected ---\n{expected}\n--- got ---\n{got}\n"))
             }
             (Value::String(_), Err(e)) => failures.push(format!("{file} / {name}: render failed: {e}")),
-            (Value::Null, Err(EngineError::Template(_))) => {}
+            (Value::Null, Err(TextFrontError::Template(_))) => {}
             (Value::Null, other) => failures
                 .push(format!("{file} / {name}: transformers failed ({}), kvc gave {other:?}", case["error"].as_str().unwrap_or_default())),
             (other, _) => panic!("bad fixture {file} / {name}: expected = {other}"),

@@ -22,7 +22,7 @@ use llguidance::{JsonCompileOptions, Logger, Matcher, ParserFactory};
 use serde_json::Value;
 
 use crate::tokenizer::TextTokenizer;
-use crate::EngineError;
+use crate::TextFrontError;
 use kvc_wire::{Constraint, Grammar, ReasoningGate};
 
 /// JSON layout the grammars impose unless a schema says otherwise (its
@@ -231,16 +231,16 @@ impl GrammarCompiler {
     /// Builds the token trie (some hundreds of milliseconds for a 150K
     /// vocabulary): once per engine. `eos` are the ids that end generation
     /// (the grammar allows them where the output may end).
-    pub fn new(tokenizer: Arc<TextTokenizer>, eos: &[u32]) -> Result<Self, EngineError> {
+    pub fn new(tokenizer: Arc<TextTokenizer>, eos: &[u32]) -> Result<Self, TextFrontError> {
         let json = tokenizer.to_json()?;
         let words = llguidance::token_bytes_from_tokenizer_json(&json)
-            .map_err(|e| EngineError::Load(format!("grammar compiler: cannot read the vocabulary: {e}")))?;
-        let &first_eos = eos.first().ok_or_else(|| EngineError::Load("grammar compiler: the model has no EOS token".into()))?;
+            .map_err(|e| TextFrontError::Load(format!("grammar compiler: cannot read the vocabulary: {e}")))?;
+        let &first_eos = eos.first().ok_or_else(|| TextFrontError::Load("grammar compiler: the model has no EOS token".into()))?;
         let info = TokRxInfo::new(words.len() as u32, first_eos);
         let trie = TokTrie::from(&info, &words).with_eos_tokens(eos);
         let think = tokenizer.token_to_id("<think>").zip(tokenizer.token_to_id("</think>"));
         let env: TokEnv = Arc::new(KvcTokEnv { trie, tokenizer });
-        let mut factory = ParserFactory::new_simple(&env).map_err(|e| EngineError::Load(format!("grammar compiler: {e}")))?;
+        let mut factory = ParserFactory::new_simple(&env).map_err(|e| TextFrontError::Load(format!("grammar compiler: {e}")))?;
         factory.quiet();
         // Each compile passes its own limits (`limits`); these are for
         // anything made from the factory's.
@@ -250,8 +250,8 @@ impl GrammarCompiler {
 
     /// Compiles `c` and computes its first mask; an error names what the
     /// library could not compile, or the limit it hit (a client error).
-    pub fn compile(&self, c: &Constraint) -> Result<CompiledGrammar, EngineError> {
-        let bad = |e: String| EngineError::InvalidGrammar(e);
+    pub fn compile(&self, c: &Constraint) -> Result<CompiledGrammar, TextFrontError> {
+        let bad = |e: String| TextFrontError::InvalidGrammar(e);
         let bytes = grammar_bytes(&c.grammar);
         if bytes > MAX_GRAMMAR_BYTES {
             return Err(bad(format!("it is {bytes} bytes, more than the {} KiB this server compiles", MAX_GRAMMAR_BYTES / 1024)));

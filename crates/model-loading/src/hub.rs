@@ -25,7 +25,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::hub_file::{self, FileMeta};
-use crate::EngineError;
+use crate::LoadError;
 
 pub const DEFAULT_ENDPOINT: &str = "https://huggingface.co";
 
@@ -154,14 +154,14 @@ pub fn cached_snapshot(cache_dir: &Path, id: &str, revision: &str) -> Option<Pat
     snapshot.join("config.json").is_file().then_some(snapshot)
 }
 
-fn dl_err(msg: impl Into<String>) -> EngineError {
-    EngineError::Download(msg.into())
+fn dl_err(msg: impl Into<String>) -> LoadError {
+    LoadError::Download(msg.into())
 }
 
 /// Resolves `id` to a local snapshot directory, downloading what is missing
 /// (unless offline). Blocks: runs its own small async runtime, so call it
 /// from a plain thread, not from inside a tokio runtime.
-pub fn resolve(id: &str, options: &HubOptions, env: &HubEnv) -> Result<PathBuf, EngineError> {
+pub fn resolve(id: &str, options: &HubOptions, env: &HubEnv) -> Result<PathBuf, LoadError> {
     if !is_repo_id(id) {
         return Err(dl_err(format!(
             "model {id:?} is neither an existing directory nor a Hugging Face hub id (ORG/NAME of letters, digits, '-', '_', '.')"
@@ -185,7 +185,7 @@ pub fn resolve(id: &str, options: &HubOptions, env: &HubEnv) -> Result<PathBuf, 
     runtime.block_on(download(id, revision, &cache_dir, options.weights, env))
 }
 
-fn client(env: &HubEnv) -> Result<reqwest::Client, EngineError> {
+fn client(env: &HubEnv) -> Result<reqwest::Client, LoadError> {
     let mut headers = reqwest::header::HeaderMap::new();
     if let Some(token) = &env.token {
         let value = reqwest::header::HeaderValue::from_str(&format!("Bearer {token}"))
@@ -232,7 +232,7 @@ pub(crate) fn header(resp: &reqwest::Response, name: &str) -> Option<String> {
     resp.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_string)
 }
 
-async fn repo_info(client: &reqwest::Client, env: &HubEnv, id: &str, revision: &str) -> Result<RepoInfo, EngineError> {
+async fn repo_info(client: &reqwest::Client, env: &HubEnv, id: &str, revision: &str) -> Result<RepoInfo, LoadError> {
     let url = format!("{}/api/models/{id}/revision/{}?blobs=true", env.endpoint, revision.replace('/', "%2F"));
     let resp = client.get(&url).send().await.map_err(|e| unreachable_hub(env, &e))?;
     let status = resp.status().as_u16();
@@ -243,7 +243,7 @@ async fn repo_info(client: &reqwest::Client, env: &HubEnv, id: &str, revision: &
     resp.json::<RepoInfo>().await.map_err(|e| dl_err(format!("the hub's file listing for {id} at {url} is not what kvc expects: {e}")))
 }
 
-pub(crate) fn unreachable_hub(env: &HubEnv, e: &reqwest::Error) -> EngineError {
+pub(crate) fn unreachable_hub(env: &HubEnv, e: &reqwest::Error) -> LoadError {
     let mut cause = e.to_string();
     let mut source = std::error::Error::source(e);
     while let Some(s) = source {
@@ -257,12 +257,12 @@ pub(crate) fn unreachable_hub(env: &HubEnv, e: &reqwest::Error) -> EngineError {
     ))
 }
 
-async fn download(id: &str, revision: &str, cache_dir: &Path, weights: bool, env: &HubEnv) -> Result<PathBuf, EngineError> {
+async fn download(id: &str, revision: &str, cache_dir: &Path, weights: bool, env: &HubEnv) -> Result<PathBuf, LoadError> {
     let client = client(env)?;
     let info = match repo_info(&client, env, id, revision).await {
         Ok(info) => info,
         // No network, but the revision is cached: use it (as huggingface_hub does).
-        Err(e) if matches!(&e, EngineError::Download(m) if m.starts_with("cannot reach")) => {
+        Err(e) if matches!(&e, LoadError::Download(m) if m.starts_with("cannot reach")) => {
             if let Some(snapshot) = cached_snapshot(cache_dir, id, revision) {
                 tracing::warn!(model = id, revision, error = %e, snapshot = %snapshot.display(), "hub unreachable: using the cached snapshot");
                 return Ok(snapshot);

@@ -17,7 +17,7 @@
 //!   [`crate::template_python`]): Qwen3-Coder's templates print tool
 //!   schemas and tool-call arguments that way;
 //! * `raise_exception(msg)` aborts rendering; the result is
-//!   `EngineError::Template(msg)`;
+//!   `TextFrontError::Template(msg)`;
 //! * `strftime_now(fmt)` formats the current time (UTC);
 //! * variables: `messages`, `tools` (only when given and non-empty),
 //!   `add_generation_prompt`, `bos_token` / `eos_token` when known, and every
@@ -46,7 +46,7 @@ use minijinja::{Environment, ErrorKind};
 use serde_json::{Map, Value};
 
 use crate::tokenizer::TextTokenizer;
-use crate::EngineError;
+use crate::TextFrontError;
 
 const TEMPLATE_NAME: &str = "chat_template";
 
@@ -68,8 +68,8 @@ impl std::fmt::Debug for ChatTemplate {
 }
 
 impl ChatTemplate {
-    /// Compiles `source` once; a syntax error is `EngineError::Template`.
-    pub fn new(source: &str) -> Result<Self, EngineError> {
+    /// Compiles `source` once; a syntax error is `TextFrontError::Template`.
+    pub fn new(source: &str) -> Result<Self, TextFrontError> {
         let mut env = Environment::new();
         env.set_syntax(
             minijinja::syntax::SyntaxConfig::builder()
@@ -77,7 +77,7 @@ impl ChatTemplate {
                 .lstrip_blocks(true)
                 .keep_trailing_newline(false)
                 .build()
-                .map_err(|e| EngineError::Template(e.to_string()))?,
+                .map_err(|e| TextFrontError::Template(e.to_string()))?,
         );
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_filter("tojson", crate::template_json::tojson_filter);
@@ -98,7 +98,7 @@ impl ChatTemplate {
 
     /// The tokenizer's chat template (None when it has none), with its BOS /
     /// EOS tokens.
-    pub fn from_tokenizer(tokenizer: &TextTokenizer) -> Result<Option<Self>, EngineError> {
+    pub fn from_tokenizer(tokenizer: &TextTokenizer) -> Result<Option<Self>, TextFrontError> {
         let Some(source) = tokenizer.chat_template_source() else {
             return Ok(None);
         };
@@ -121,7 +121,7 @@ impl ChatTemplate {
         tools: Option<&Value>,
         add_generation_prompt: bool,
         kwargs: &Map<String, Value>,
-    ) -> Result<String, EngineError> {
+    ) -> Result<String, TextFrontError> {
         let messages = normalize_messages(messages)?;
 
         let mut ctx = JsonMap::default();
@@ -150,11 +150,11 @@ impl ChatTemplate {
 // ---------------------------------------------------------------------------
 // Message normalisation
 
-fn invalid_messages(message: String) -> EngineError {
-    EngineError::InvalidParam { param: "messages".to_string(), message }
+fn invalid_messages(message: String) -> TextFrontError {
+    TextFrontError::InvalidParam { param: "messages".to_string(), message }
 }
 
-fn normalize_messages(messages: &Value) -> Result<Value, EngineError> {
+fn normalize_messages(messages: &Value) -> Result<Value, TextFrontError> {
     let Value::Array(list) = messages else {
         return Err(invalid_messages("'messages' must be an array of message objects".to_string()));
     };
@@ -187,7 +187,7 @@ fn normalize_messages(messages: &Value) -> Result<Value, EngineError> {
     Ok(Value::Array(out))
 }
 
-fn flatten_parts(i: usize, parts: &[Value]) -> Result<String, EngineError> {
+fn flatten_parts(i: usize, parts: &[Value]) -> Result<String, TextFrontError> {
     let mut texts = Vec::with_capacity(parts.len());
     for part in parts {
         match part {
@@ -295,11 +295,11 @@ fn raise_exception(msg: String) -> Result<minijinja::Value, minijinja::Error> {
 
 /// `raise_exception` messages come back as they were raised; other errors
 /// carry minijinja's description (with the template line).
-fn template_error(e: minijinja::Error) -> EngineError {
+fn template_error(e: minijinja::Error) -> TextFrontError {
     let mut src: Option<&(dyn std::error::Error + 'static)> = Some(&e);
     while let Some(err) = src {
         if let Some(raised) = err.downcast_ref::<RaisedException>() {
-            return EngineError::Template(raised.0.clone());
+            return TextFrontError::Template(raised.0.clone());
         }
         src = err.source();
     }
@@ -310,7 +310,7 @@ fn template_error(e: minijinja::Error) -> EngineError {
         msg.push_str(&err.to_string());
         src = err.source();
     }
-    EngineError::Template(msg)
+    TextFrontError::Template(msg)
 }
 
 // ---------------------------------------------------------------------------
@@ -416,14 +416,14 @@ mod tests {
         ChatTemplate::from_tokenizer(&tok).unwrap().expect("Qwen3 has a template")
     }
 
-    fn render_simple(t: &ChatTemplate, messages: Value) -> Result<String, EngineError> {
+    fn render_simple(t: &ChatTemplate, messages: Value) -> Result<String, TextFrontError> {
         t.render(&messages, None, true, &Map::new())
     }
 
     #[test]
     fn syntax_error_is_a_template_error_at_construction() {
-        assert!(matches!(ChatTemplate::new("{% if %}"), Err(EngineError::Template(_))));
-        assert!(matches!(ChatTemplate::new("{{ x "), Err(EngineError::Template(_))));
+        assert!(matches!(ChatTemplate::new("{% if %}"), Err(TextFrontError::Template(_))));
+        assert!(matches!(ChatTemplate::new("{{ x "), Err(TextFrontError::Template(_))));
     }
 
     #[test]
@@ -435,7 +435,7 @@ mod tests {
         let t = ChatTemplate::new(src).unwrap();
         let err = render_simple(&t, json!([{"role": "system", "content": "s"}])).unwrap_err();
         match err {
-            EngineError::Template(msg) => assert_eq!(msg, "No user query found in messages."),
+            TextFrontError::Template(msg) => assert_eq!(msg, "No user query found in messages."),
             other => panic!("expected a template error, got {other:?}"),
         }
         assert_eq!(render_simple(&t, json!([{"role": "user", "content": "u"}])).unwrap(), "ok");
@@ -447,14 +447,14 @@ mod tests {
         // `messages[0].role` — an error, not a panic.
         let t = qwen3();
         let err = render_simple(&t, json!([])).unwrap_err();
-        assert!(matches!(err, EngineError::Template(_)), "{err:?}");
+        assert!(matches!(err, TextFrontError::Template(_)), "{err:?}");
     }
 
     #[test]
     fn runtime_errors_are_template_errors() {
         let t = ChatTemplate::new("{{ messages[0].content.nosuchmethod() }}").unwrap();
         let err = render_simple(&t, json!([{"role": "user", "content": "x"}])).unwrap_err();
-        assert!(matches!(err, EngineError::Template(_)), "{err:?}");
+        assert!(matches!(err, TextFrontError::Template(_)), "{err:?}");
     }
 
     #[test]
@@ -493,7 +493,7 @@ mod tests {
         let flat = json!([{"role": "user", "content": "a\nb"}]);
         assert_eq!(render_simple(&t, parts).unwrap(), render_simple(&t, flat).unwrap());
         let image = json!([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]);
-        assert!(matches!(render_simple(&t, image), Err(EngineError::InvalidParam { .. })));
+        assert!(matches!(render_simple(&t, image), Err(TextFrontError::InvalidParam { .. })));
     }
 
     #[test]

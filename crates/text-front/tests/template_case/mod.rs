@@ -2,13 +2,13 @@
 //! make_checkpoint_template_fixtures.py: what transformers'
 //! `apply_chat_template` was given), rendered by kvc with the same inputs.
 
-use kvc_engine::chat_template::ChatTemplate;
-use kvc_engine::EngineError;
+use kvc_text_front::chat_template::ChatTemplate;
+use kvc_text_front::TextFrontError;
 use serde_json::{Map, Value};
 
 /// `template` over the case's `messages`, `tools` (null: none),
 /// `add_generation_prompt` and `kwargs`.
-pub fn render_case(template: &ChatTemplate, case: &Value) -> Result<String, EngineError> {
+pub fn render_case(template: &ChatTemplate, case: &Value) -> Result<String, TextFrontError> {
     let tools = match &case["tools"] {
         Value::Null => None,
         t => Some(t),

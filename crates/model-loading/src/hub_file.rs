@@ -12,7 +12,7 @@ use sha1::Digest as _;
 
 use crate::hub::{header, refusal, unreachable_hub, HubEnv, Sibling};
 use crate::progress::Progress;
-use crate::EngineError;
+use crate::LoadError;
 
 /// Tries of one file before giving up (each resumes where the last stopped).
 pub const ATTEMPTS: u32 = 5;
@@ -52,8 +52,8 @@ impl FileMeta {
     }
 }
 
-fn dl_err(msg: impl Into<String>) -> EngineError {
-    EngineError::Download(msg.into())
+fn dl_err(msg: impl Into<String>) -> LoadError {
+    LoadError::Download(msg.into())
 }
 
 /// The snapshot already links this file (whole, when its size is known).
@@ -83,7 +83,7 @@ fn gb(bytes: u64) -> String {
 }
 
 /// Refuses up front a download that cannot fit on the cache's disk.
-pub fn check_free_space(dir: &Path, needed: u64) -> Result<(), EngineError> {
+pub fn check_free_space(dir: &Path, needed: u64) -> Result<(), LoadError> {
     match free_bytes(dir) {
         Some(free) if free < needed => Err(dl_err(format!(
             "disk full: the model needs {} more but only {} are free in {}; free space, or pass --download-dir on a larger disk",
@@ -100,7 +100,7 @@ pub fn check_free_space(dir: &Path, needed: u64) -> Result<(), EngineError> {
 struct BlobLock(std::fs::File);
 
 impl BlobLock {
-    fn acquire(path: &Path, name: &str) -> Result<Self, EngineError> {
+    fn acquire(path: &Path, name: &str) -> Result<Self, LoadError> {
         use std::os::fd::AsRawFd;
         let f = std::fs::File::create(path).map_err(|e| dl_err(format!("cannot create the lock {}: {e}", path.display())))?;
         // SAFETY: flock on a file descriptor this function owns.
@@ -132,7 +132,7 @@ pub async fn fetch(
     file: &FileMeta,
     blobs: &Path,
     snapshot: &Path,
-) -> Result<(), EngineError> {
+) -> Result<(), LoadError> {
     let key = file.blob_key();
     let blob = blobs.join(&key);
     let _lock = BlobLock::acquire(&blobs.join(format!("{key}.lock")), &file.name)?;
@@ -163,7 +163,7 @@ pub async fn fetch(
 
 /// Points `at` to the blob: a relative link made beside it, then renamed
 /// over it, so that a reader never finds the name missing.
-fn link(blob: &Path, at: &Path) -> Result<(), EngineError> {
+fn link(blob: &Path, at: &Path) -> Result<(), LoadError> {
     let target = Path::new("../../blobs").join(blob.file_name().unwrap_or_default());
     let fresh = at.with_extension(format!("link-{}", std::process::id()));
     let _ = std::fs::remove_file(&fresh);
@@ -177,9 +177,9 @@ fn link(blob: &Path, at: &Path) -> Result<(), EngineError> {
 
 enum Failure {
     /// Worth resuming (connection lost, stalled, server error).
-    Transient(EngineError),
+    Transient(LoadError),
     /// Not (refused, corrupt, disk full).
-    Fatal(EngineError),
+    Fatal(LoadError),
 }
 
 /// The content hash the hub reported, computed as bytes arrive.

@@ -19,7 +19,7 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use crate::EngineError;
+use crate::TextFrontError;
 
 /// gzip -9 of Qwen3's `tokenizer.json`.
 static QWEN3_TOKENIZER_JSON_GZ: &[u8] = include_bytes!("../assets/qwen3/tokenizer.json.gz");
@@ -54,11 +54,11 @@ impl std::fmt::Debug for TextTokenizer {
     }
 }
 
-fn tok_err(what: &str, e: impl std::fmt::Display) -> EngineError {
-    EngineError::Tokenizer(format!("{what}: {e}"))
+fn tok_err(what: &str, e: impl std::fmt::Display) -> TextFrontError {
+    TextFrontError::Tokenizer(format!("{what}: {e}"))
 }
 
-fn read_optional(path: &Path) -> Result<Option<String>, EngineError> {
+fn read_optional(path: &Path) -> Result<Option<String>, TextFrontError> {
     match std::fs::read_to_string(path) {
         Ok(s) => Ok(Some(s)),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
@@ -102,7 +102,7 @@ impl TextTokenizer {
     /// Loads `tokenizer.json` (and `tokenizer_config.json` /
     /// `chat_template.jinja` / `generation_config.json` when present) from a
     /// model directory.
-    pub fn from_dir(dir: &Path) -> Result<Self, EngineError> {
+    pub fn from_dir(dir: &Path) -> Result<Self, TextFrontError> {
         let path = dir.join("tokenizer.json");
         let inner = tokenizers::Tokenizer::from_file(&path).map_err(|e| tok_err(&path.display().to_string(), e))?;
         let tokenizer_config = read_optional(&dir.join("tokenizer_config.json"))?;
@@ -114,7 +114,7 @@ impl TextTokenizer {
     /// The real Qwen3 tokenizer shipped inside the binary (with its
     /// tokenizer_config.json, so chat template and EOS tokens too; the EOS
     /// ids are those of Qwen3's generation_config.json: [151645, 151643]).
-    pub fn embedded_qwen3() -> Result<Self, EngineError> {
+    pub fn embedded_qwen3() -> Result<Self, TextFrontError> {
         let mut json = Vec::with_capacity(12 << 20);
         flate2::read::GzDecoder::new(QWEN3_TOKENIZER_JSON_GZ)
             .read_to_end(&mut json)
@@ -131,7 +131,7 @@ impl TextTokenizer {
         tokenizer_config: Option<&str>,
         chat_template_jinja: Option<String>,
         generation_config: Option<&str>,
-    ) -> Result<Self, EngineError> {
+    ) -> Result<Self, TextFrontError> {
         let tokenizer_config: Option<Value> =
             tokenizer_config.map(serde_json::from_str).transpose().map_err(|e| tok_err("tokenizer_config.json", e))?;
         let generation_config: Option<Value> =
@@ -157,18 +157,18 @@ impl TextTokenizer {
 
     /// The tokenizer as `tokenizer.json` text would parse (for libraries
     /// that read the vocabulary from it, such as the grammar compiler).
-    pub fn to_json(&self) -> Result<Value, EngineError> {
-        let text = self.inner.to_string(false).map_err(|e| EngineError::Tokenizer(e.to_string()))?;
-        serde_json::from_str(&text).map_err(|e| EngineError::Tokenizer(e.to_string()))
+    pub fn to_json(&self) -> Result<Value, TextFrontError> {
+        let text = self.inner.to_string(false).map_err(|e| TextFrontError::Tokenizer(e.to_string()))?;
+        serde_json::from_str(&text).map_err(|e| TextFrontError::Tokenizer(e.to_string()))
     }
 
-    pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, EngineError> {
-        let enc = self.inner.encode(text, add_special_tokens).map_err(|e| EngineError::Tokenizer(e.to_string()))?;
+    pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, TextFrontError> {
+        let enc = self.inner.encode(text, add_special_tokens).map_err(|e| TextFrontError::Tokenizer(e.to_string()))?;
         Ok(enc.get_ids().to_vec())
     }
 
-    pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, EngineError> {
-        self.inner.decode(ids, skip_special_tokens).map_err(|e| EngineError::Tokenizer(e.to_string()))
+    pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, TextFrontError> {
+        self.inner.decode(ids, skip_special_tokens).map_err(|e| TextFrontError::Tokenizer(e.to_string()))
     }
 
     /// Number of ids the tokenizer knows (including added tokens).
@@ -364,6 +364,6 @@ mod tests {
     fn from_dir_malformed_side_file_is_an_error() {
         let dir = TempDir::new("bad");
         dir.write("generation_config.json", "{not json");
-        assert!(matches!(TextTokenizer::from_dir(&dir.0), Err(EngineError::Tokenizer(_))));
+        assert!(matches!(TextTokenizer::from_dir(&dir.0), Err(TextFrontError::Tokenizer(_))));
     }
 }

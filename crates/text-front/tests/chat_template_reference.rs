@@ -6,8 +6,8 @@
 //! with the template of the tokenizer embedded in kvc and must match HF's
 //! output byte for byte.
 
-use kvc_engine::chat_template::ChatTemplate;
-use kvc_engine::tokenizer::TextTokenizer;
+use kvc_text_front::chat_template::ChatTemplate;
+use kvc_text_front::tokenizer::TextTokenizer;
 use serde_json::Value;
 
 mod template_case;

@@ -1,0 +1,12 @@
+//! The model-loading crate's one error type; the engine converts it into
+//! its own (`kvc_engine::EngineError::Download`).
+
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum LoadError {
+    /// Fetching the model from the Hugging Face hub failed (the message
+    /// says why and what to do).
+    #[error("cannot get the model from the Hugging Face hub: {0}")]
+    Download(String),
+}
