@@ -121,9 +121,7 @@ mod tests {
         assert_eq!(json["can_admit"], true);
         let labels: Vec<_> = AdmissionProbeReason::ALL.iter().map(|r| r.as_str()).collect();
         assert_eq!(labels, ["ok", "prompt_too_long", "kv_pool_full", "queue_full"]);
-        for (r, free, prompt_tokens) in
-            [(AdmissionProbeReason::KvPoolFull, 0, 120), (AdmissionProbeReason::PromptTooLong, 3, 1000)]
-        {
+        for (r, free, prompt_tokens) in [(AdmissionProbeReason::KvPoolFull, 0, 120), (AdmissionProbeReason::PromptTooLong, 3, 1000)] {
             let d = decide_admission(&snapshot(free, 0, 0), &AdmissionQuery { session_id: None, prompt_tokens }, 16, 1000, 8);
             assert_eq!(serde_json::to_value(&d).unwrap()["reason"], r.as_str());
         }

@@ -38,6 +38,7 @@ fn apply_gpu(request: &KernelRequest) -> Result<(), EngineError> {
     let d = decide_kernel_plan(request, &facts).map_err(EngineError::Load)?;
     let p = d.plan;
     let [(_, attention), (_, decode), (_, gemm), (_, small)] = d.terms();
+    kvc_policy::log_decision(&d.decision());
     tracing::info!(reason = d.reason.as_str(), prefill_attention = %attention, decode_kernel = %decode, moe_gemm = %gemm, moe_small_pairs = %small, "kernel plan");
     match p.prefill_attention {
         PrefillAttention::Cudnn => k::PrefillBackend::Cudnn,

@@ -215,8 +215,12 @@ impl StepModel {
     /// ([`decide_step_budget`]): then only `--max-num-batched-tokens` limits.
     pub fn budget(&self, decodes: usize, decode_context: usize) -> Result<TimeBudget, StepBudgetReason> {
         let cost = self.cost();
-        let inputs =
-            StepBudgetInputs { target_s: self.target_s, prefill_samples: self.prefill_samples, per_token_s: cost.a, per_context_token_s: cost.b };
+        let inputs = StepBudgetInputs {
+            target_s: self.target_s,
+            prefill_samples: self.prefill_samples,
+            per_token_s: cost.a,
+            per_context_token_s: cost.b,
+        };
         match (decide_step_budget(&inputs), self.target_s) {
             (StepBudgetReason::Budgeted, Some(target)) => Ok(TimeBudget {
                 alone_s: (target - self.fixed(0, 0)).max(0.0),

@@ -117,6 +117,8 @@ fn table() -> &'static Table {
         sets_of::<crate::snapshot_push::SnapshotPushReason>(&mut sets);
         sets_of::<crate::step_kind::StepKindReason>(&mut sets);
         sets_of::<crate::queue_delay::QueueDelayReason>(&mut sets);
+        sets_of::<crate::step_budget::StepBudgetReason>(&mut sets);
+        sets_of::<crate::kernel_plan::KernelPlanReason>(&mut sets);
         let index = sets.iter().enumerate().map(|(i, s)| (*s, i)).collect();
         let counts = sets.iter().map(|_| AtomicU64::new(0)).collect();
         (sets, index, counts)
@@ -193,6 +195,8 @@ mod tests {
             "snapshot_push",
             "step_kind",
             "queue_delay",
+            "step_budget",
+            "kernel_plan",
         ] {
             assert!(decisions.contains(d), "{d}");
         }

@@ -73,8 +73,19 @@ mod tests {
     #[test]
     fn the_least_recently_used_idle_host_session_is_dropped_never_the_requester() {
         let t = Instant::now();
-        let c = |idle, is_requester, on_host, age: u64| HostDropCandidate { idle, is_requester, on_host, last_use: t - Duration::from_secs(age) };
-        let all = [c(true, false, true, 5), c(true, false, true, 9), c(false, false, true, 20), c(true, true, true, 30), c(true, false, false, 40)];
+        let c = |idle, is_requester, on_host, age: u64| HostDropCandidate {
+            idle,
+            is_requester,
+            on_host,
+            last_use: t - Duration::from_secs(age),
+        };
+        let all = [
+            c(true, false, true, 5),
+            c(true, false, true, 9),
+            c(false, false, true, 20),
+            c(true, true, true, 30),
+            c(true, false, false, 40),
+        ];
         let (v, d) = decide_host_drop(&all);
         assert_eq!((v, d.outcome, d.reason), (Some(1), "drop", HostDropReason::HostFull));
         let (v, d) = decide_host_drop(&all[2..]);

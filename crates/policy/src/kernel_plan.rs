@@ -174,6 +174,35 @@ impl KernelPlanReason {
     }
 }
 
+impl crate::decision::Reason for KernelPlanReason {
+    const DECISION: &'static str = "kernel_plan";
+    const ALL: &'static [Self] = &Self::ALL;
+    fn label(self) -> &'static str {
+        self.as_str()
+    }
+    /// The outcome is the expert GEMM's route (the one choice the device decides).
+    fn outcomes(self) -> &'static [&'static str] {
+        match self {
+            KernelPlanReason::Defaults => &["cutlass"],
+            KernelPlanReason::Requested => &["cutlass", "cutlass_rows", "cutlass_swap", "cublas", "kvc"],
+            KernelPlanReason::CutlassUnavailable => &["cublas"],
+        }
+    }
+}
+
+impl MoeGemm {
+    /// The `outcome` label of the kernel plan's decision.
+    pub fn label(self) -> &'static str {
+        match self {
+            MoeGemm::Cutlass => "cutlass",
+            MoeGemm::CutlassRows => "cutlass_rows",
+            MoeGemm::CutlassSwap => "cutlass_swap",
+            MoeGemm::Cublas => "cublas",
+            MoeGemm::Kvc => "kvc",
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KernelPlanDecision {
     pub plan: KernelPlan,
@@ -181,6 +210,11 @@ pub struct KernelPlanDecision {
 }
 
 impl KernelPlanDecision {
+    /// The decision to log and count (its terms are in [`Self::terms`]).
+    pub fn decision(&self) -> crate::decision::Decision<KernelPlanReason> {
+        crate::decision::Decision::new(self.plan.moe_gemm.label(), self.reason)
+    }
+
     /// The plan as named fields, for the one log line at start.
     pub fn terms(&self) -> [(&'static str, String); 4] {
         let p = &self.plan;
@@ -294,6 +328,19 @@ mod tests {
             match decide_kernel_plan(&r, &no_cutlass()) {
                 Ok(d) => assert!(!g.is_cutlass() && d.plan.moe_gemm == g && d.reason == KernelPlanReason::Requested),
                 Err(e) => assert!(g.is_cutlass() && e.contains("KVC_MOE_GEMM") && e.contains("sm90"), "{e}"),
+            }
+        }
+    }
+
+    #[test]
+    fn every_decided_plan_counts_under_a_closed_label_set() {
+        let sets = crate::decision::label_sets_of::<KernelPlanReason>();
+        let requests = MoeGemm::ALL.map(|g| KernelRequest { moe_gemm: Some(g), ..Default::default() });
+        for r in requests.iter().chain([&KernelRequest::default()]) {
+            for facts in [CUTLASS, no_cutlass()] {
+                let Ok(d) = decide_kernel_plan(r, &facts) else { continue };
+                let dec = d.decision();
+                assert!(sets.iter().any(|s| s.outcome == dec.outcome && s.reason == d.reason.as_str()), "{d:?}");
             }
         }
     }

@@ -50,6 +50,28 @@ impl StepBudgetReason {
     }
 }
 
+impl crate::decision::Reason for StepBudgetReason {
+    const DECISION: &'static str = "step_budget";
+    const ALL: &'static [Self] = &Self::ALL;
+    fn label(self) -> &'static str {
+        self.as_str()
+    }
+    fn outcomes(self) -> &'static [&'static str] {
+        match self {
+            StepBudgetReason::Budgeted => &["budget"],
+            _ => &["no_budget"],
+        }
+    }
+}
+
+impl StepBudgetReason {
+    /// The decision to log and count.
+    pub fn decision(self) -> crate::decision::Decision<StepBudgetReason> {
+        use crate::decision::Reason;
+        crate::decision::Decision::new(self.outcomes()[0], self)
+    }
+}
+
 /// Whether the next step gets a time budget, and why not when it does not.
 pub fn decide_step_budget(i: &StepBudgetInputs) -> StepBudgetReason {
     if i.target_s.is_none() {

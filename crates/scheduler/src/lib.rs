@@ -18,10 +18,10 @@ pub use budget::{ChunkCost, TimeBudget};
 pub use config::{SchedulerConfig, DEFAULT_GROWTH_RESERVE_TOKENS, DEFAULT_MAX_HEAD_OF_LINE_STEPS};
 // The scheduler's decisions live in kvc-policy (issue 32); re-exported
 // under their old names so callers keep compiling.
+pub use kv_manager::KvManager;
 pub use kvc_policy::preemption::{
     decide_preemption as choose_victim, PreemptionCandidate, PreemptionCandidate as VictimCandidate, PreemptionDecision, PreemptionReason,
 };
 pub use kvc_policy::seq_admission::{decide_seq_admission as decide_admission, AdmitInputs, AdmitReason, Wait};
-pub use kv_manager::KvManager;
 pub use scheduler::{Schedule, ScheduledChunk, Scheduler, SchedulerStats};
 pub use sequence::{SeqId, SeqStatus, Sequence};

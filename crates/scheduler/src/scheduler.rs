@@ -356,13 +356,7 @@ impl Scheduler {
     /// Blocks for `id`'s first `tokens` tokens, by reclaiming caches, then
     /// releasing waiting sequences' blocks, then preempting. False when
     /// `id` itself was preempted.
-    fn ensure_blocks(
-        &mut self,
-        id: SeqId,
-        tokens: usize,
-        kv: &mut dyn KvManager,
-        out: &mut Schedule,
-    ) -> bool {
+    fn ensure_blocks(&mut self, id: SeqId, tokens: usize, kv: &mut dyn KvManager, out: &mut Schedule) -> bool {
         while !self.grow(id, tokens, kv) {
             if self.release_one_waiting(None, 0, kv) {
                 continue;
@@ -423,12 +417,7 @@ impl Scheduler {
     /// Releases the blocks of one waiting sequence other than `except`,
     /// among those at queue position `from` or later, the last in the
     /// queue first (it acquires again when admitted). True if one had any.
-    fn release_one_waiting(
-        &mut self,
-        except: Option<SeqId>,
-        from: usize,
-        kv: &mut dyn KvManager,
-    ) -> bool {
+    fn release_one_waiting(&mut self, except: Option<SeqId>, from: usize, kv: &mut dyn KvManager) -> bool {
         let Some(&id) = self.waiting.iter().skip(from).rev().find(|&&id| Some(id) != except && !self.seqs[&id].block_table.is_empty())
         else {
             return false;

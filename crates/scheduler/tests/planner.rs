@@ -7,8 +7,7 @@ use std::collections::HashMap;
 
 use kvc_kv_pool::BlockAllocator;
 use kvc_scheduler::{
-    AdmitReason, ChunkCost, KvManager, Schedule, ScheduledChunk, Scheduler, SchedulerConfig, SeqId, Sequence, TimeBudget,
-    Wait,
+    AdmitReason, ChunkCost, KvManager, Schedule, ScheduledChunk, Scheduler, SchedulerConfig, SeqId, Sequence, TimeBudget, Wait,
 };
 
 fn config(max_num_seqs: usize, max_num_batched_tokens: usize, block_size: usize) -> SchedulerConfig {

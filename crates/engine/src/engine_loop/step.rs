@@ -34,9 +34,14 @@ impl EngineLoop {
     pub(super) fn step(&mut self) -> Stepped {
         let mut kv = CacheHooks {
             alloc: &mut self.allocator,
-            cache: &mut self.cache, storage: &mut self.storage, active: &mut self.active, parts: &mut self.parts };
+            cache: &mut self.cache,
+            storage: &mut self.storage,
+            active: &mut self.active,
+            parts: &mut self.parts,
+        };
         let (decodes_next, decode_context) = self.scheduler.decode_load();
         let decided = self.step_model.budget(decodes_next, decode_context);
+        kvc_policy::log_decision(&decided.err().unwrap_or(kvc_policy::step_budget::StepBudgetReason::Budgeted).decision());
         let budget = decided.ok();
         self.scheduler.set_time_budget(budget);
         // Prefill's rate beside these decodes; without a budget, the

@@ -171,13 +171,7 @@ impl Scheduler {
     /// caches change), and the blocks of waiting sequences from position
     /// `release_from` on. Counts the blocks its caches hold on the device
     /// as its own. No side effects.
-    fn could_fit(
-        &self,
-        id: SeqId,
-        release_from: usize,
-        kv: &mut dyn KvManager,
-        reclaimable: &mut Option<usize>,
-    ) -> bool {
+    fn could_fit(&self, id: SeqId, release_from: usize, kv: &mut dyn KvManager, reclaimable: &mut Option<usize>) -> bool {
         let seq = &self.seqs[&id];
         let need = seq.tokens.len().div_ceil(self.config.block_size).saturating_sub(kv.resident_blocks(seq));
         let others: usize = self.waiting.iter().skip(release_from).filter(|&&w| w != id).map(|w| self.seqs[w].block_table.len()).sum();
