@@ -23,7 +23,7 @@ import pytest
 from conftest import ROOT
 from qwen3_template import render
 
-CODER_TEMPLATE = ROOT / "crates/engine/tests/fixtures/templates/qwen3-coder-30b-a3b-instruct.jinja"
+CODER_TEMPLATE = ROOT / "crates/text-front/tests/fixtures/templates/qwen3-coder-30b-a3b-instruct.jinja"
 BLOCK = 16
 
 

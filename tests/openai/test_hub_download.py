@@ -39,7 +39,7 @@ from fake_hub import FakeHub, Repo
 
 REPO_ID = "kvc-test/tiny-qwen3"
 FIXTURE = ROOT / "crates" / "model-qwen3" / "tests" / "fixtures" / "dense"
-ASSETS = ROOT / "crates" / "engine" / "assets" / "qwen3"
+ASSETS = ROOT / "crates" / "text-front" / "assets" / "qwen3"
 PROMPT = [3, 17, 42, 99, 7, 1, 250, 12]
 
 

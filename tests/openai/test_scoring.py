@@ -40,7 +40,7 @@ ITEMS = [
 def vocab() -> dict[str, int]:
     """The embedded model's vocabulary (the tokenizer.json the server
     embeds): byte-level BPE piece -> id, added tokens included."""
-    path = ROOT / "crates" / "engine" / "assets" / "qwen3" / "tokenizer.json.gz"
+    path = ROOT / "crates" / "text-front" / "assets" / "qwen3" / "tokenizer.json.gz"
     t = json.loads(gzip.decompress(path.read_bytes()))
     return {**t["model"]["vocab"], **{a["content"]: a["id"] for a in t["added_tokens"]}}
 
