@@ -77,5 +77,5 @@ fn main() {
 }
 
 fn none(why: &str) {
-    println!("cargo:warning=kvc-cutlass-sys: built without CUTLASS ({why}); run scripts/cutlass_setup.sh for the Hopper expert and FP8 GEMMs");
+    println!("cargo:warning=kvc-cutlass-sys: built without CUTLASS ({why}); run scripts/cutlass_setup.sh for the Hopper GEMMs");
 }

@@ -111,29 +111,12 @@ mod ffi {
     use super::*;
     extern "C" {
         pub fn kvc_fp8_gemm_check(err: *mut c_char, n: usize) -> i32;
-        pub fn kvc_fp8_quant_rows(
-            x: u64,
-            q: u64,
-            s: u64,
-            m: i32,
-            k: i32,
-            stream: *mut c_void,
-            err: *mut c_char,
-            n: usize,
-        ) -> i32;
+        pub fn kvc_fp8_quant_rows(x: u64, q: u64, s: u64, m: i32, k: i32, stream: *mut c_void, err: *mut c_char, n: usize) -> i32;
         pub fn kvc_fp8_gemm_workspace(m: i32, n: i32, k: i32, bytes: *mut u64, err: *mut c_char, len: usize) -> i32;
         pub fn kvc_fp8_gemm_run(args: *const DenseArgs, stream: *mut c_void, err: *mut c_char, len: usize) -> i32;
         pub fn kvc_fp8_grouped_workspace(experts: i32, bytes: *mut u64, err: *mut c_char, len: usize) -> i32;
         pub fn kvc_fp8_grouped_run(args: *const GroupedArgs, stream: *mut c_void, err: *mut c_char, len: usize) -> i32;
-        pub fn kvc_fp8_gemm_selftest_ex(
-            m: i32,
-            n: i32,
-            k: i32,
-            iters: i32,
-            out: *mut SelfTest,
-            err: *mut c_char,
-            len: usize,
-        ) -> i32;
+        pub fn kvc_fp8_gemm_selftest_ex(m: i32, n: i32, k: i32, iters: i32, out: *mut SelfTest, err: *mut c_char, len: usize) -> i32;
         pub fn kvc_fp8_grouped_selftest(
             experts: i32,
             tokens: i32,
@@ -285,24 +268,14 @@ pub fn selftest_dense(m: usize, n: usize, k: usize, iters: usize) -> Result<Self
 /// distinct experts of `experts` (deterministic pseudo-random routing),
 /// expert weights `[n, k]`; otherwise as [`selftest_dense`] (the bf16
 /// baseline is [`crate::run`] over the same expert offsets).
-pub fn selftest_grouped(
-    experts: usize,
-    tokens: usize,
-    topk: usize,
-    n: usize,
-    k: usize,
-    iters: usize,
-) -> Result<SelfTest, Error> {
+pub fn selftest_grouped(experts: usize, tokens: usize, topk: usize, n: usize, k: usize, iters: usize) -> Result<SelfTest, Error> {
     #[cfg(kvc_cutlass)]
     {
         let (experts, tokens, topk) = (int(experts, "experts")?, int(tokens, "tokens")?, int(topk, "topk")?);
         let (n, k, iters) = (int(n, "n")?, int(k, "k")?, int(iters, "iters")?);
         let mut out = SelfTest::default();
         // SAFETY: out and err are valid for writes; the shim owns its device memory.
-        call(
-            |e| unsafe { ffi::kvc_fp8_grouped_selftest(experts, tokens, topk, n, k, iters, &mut out, e, ERR_LEN) },
-            Error::Cutlass,
-        )?;
+        call(|e| unsafe { ffi::kvc_fp8_grouped_selftest(experts, tokens, topk, n, k, iters, &mut out, e, ERR_LEN) }, Error::Cutlass)?;
         Ok(out)
     }
     #[cfg(not(kvc_cutlass))]

@@ -4,6 +4,8 @@
 //!
 //! Run on the GPU machine (CUDA build, see build.rs):
 //! `cargo test --release -p kvc-cutlass-sys --test fp8_gemm -- --ignored --nocapture`
+//! `KVC_FP8_TEST_ONLY=qkv,down` runs only the named GEMMs (qkv, o_proj,
+//! lm_head, gate_up, down); `KVC_FP8_TEST_LM_HEAD=0` skips the lm_head.
 //!
 //! Tolerance: the reference reads the very same e4m3 values and f32 scales
 //! the GEMM reads and accumulates each 128-wide K block in f32 before
@@ -42,6 +44,14 @@ fn row(name: &str, shape: &str, flops: f64, r: &fp8::SelfTest) {
     );
 }
 
+/// Whether `KVC_FP8_TEST_ONLY` (comma-separated names) lets `name` run.
+fn wanted(name: &str) -> bool {
+    match std::env::var("KVC_FP8_TEST_ONLY") {
+        Ok(v) if !v.trim().is_empty() => v.split(',').any(|s| s.trim() == name),
+        _ => true,
+    }
+}
+
 fn header() {
     println!(
         "{:<10} {:<28} {:>10} {:>10} {:>9} {:>9} {:>9} {:>8} {:>10} {:>8}",
@@ -60,7 +70,7 @@ fn fp8_block_scaled_gemms_match_the_reference_and_are_timed() {
     }
     let mut failures = Vec::new();
     header();
-    for &(name, n, k) in &dense {
+    for &(name, n, k) in dense.iter().filter(|d| wanted(d.0)) {
         for m in [1usize, 16, 128, 2048, 8192] {
             let flops = 2.0 * (m * n * k) as f64;
             let shape = format!("m={m} n={n} k={k}");
@@ -78,7 +88,7 @@ fn fp8_block_scaled_gemms_match_the_reference_and_are_timed() {
     // The experts: 128 experts, top-8; gate_up [1536, 2048] and down
     // [2048, 768] (K = 768: six 128-blocks).
     let (experts, topk) = (128usize, 8usize);
-    for &(name, n, k) in &[("gate_up", 1536usize, 2048usize), ("down", 2048, 768)] {
+    for &(name, n, k) in [("gate_up", 1536usize, 2048usize), ("down", 2048, 768)].iter().filter(|d| wanted(d.0)) {
         for tokens in [1usize, 16, 128, 2048, 8192] {
             let flops = 2.0 * (tokens * topk * n * k) as f64;
             let shape = format!("t={tokens}x{topk} n={n} k={k}");
