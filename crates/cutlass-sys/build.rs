@@ -1,13 +1,19 @@
-//! Compiles cpp/moe_gemm.cu with nvcc against CUTLASS's headers when they
-//! are there: `KVC_CUTLASS_INCLUDE`, else
+//! Compiles cpp/moe_gemm.cu (the bf16 grouped GEMM for the MoE experts)
+//! and cpp/fp8_gemm.cu (the block-scaled FP8 GEMMs, dense and grouped,
+//! their activation quantization and self-tests) with nvcc against
+//! CUTLASS's headers when they are there: `KVC_CUTLASS_INCLUDE`, else
 //! `<workspace>/.cuda-build/cutlass/include` (filled by
 //! scripts/cutlass_setup.sh from the pinned, hash-checked `nvidia-cutlass`
-//! wheel), for sm90a, linking the CUDA runtime dynamically. The object
-//! takes nvcc about 2 minutes on 2 cores; only the `cuda` build needs it.
+//! wheel), for sm90a, into one static library, linking the CUDA runtime
+//! dynamically. The two nvcc runs go in parallel; moe_gemm.o takes nvcc
+//! about 2 minutes on 2 cores, fp8_gemm.o (two CUTLASS FP8 kernels plus
+//! the quantization and test kernels) about 75 s of CPU, 5 minutes of wall
+//! time on a 2-core machine shared with other builds (load 9); only the
+//! `cuda` build needs them.
 //!
 //! Without nvcc (`CUDA_ROOT`) it builds the "none" variant silently (CPU
 //! builds, CI); with nvcc but without the headers it says so, and
-//! `check()` fails naming the setup script.
+//! `check()` / `fp8::check()` fail naming the setup script.
 
 use std::env;
 use std::path::{Path, PathBuf};
@@ -16,6 +22,8 @@ fn main() {
     println!("cargo::rustc-check-cfg=cfg(kvc_cutlass)");
     println!("cargo:rerun-if-changed=cpp/moe_gemm.cu");
     println!("cargo:rerun-if-changed=cpp/moe_gemm.h");
+    println!("cargo:rerun-if-changed=cpp/fp8_gemm.cu");
+    println!("cargo:rerun-if-changed=cpp/fp8_gemm.h");
     println!("cargo:rerun-if-env-changed=KVC_CUTLASS_INCLUDE");
     println!("cargo:rerun-if-env-changed=CUDA_ROOT");
     let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
@@ -34,22 +42,33 @@ fn main() {
     }
     println!("cargo:rerun-if-changed={}", include.join(".pins").display());
     // nvcc itself (cc's CUDA mode passes host flags to nvcc unwrapped),
-    // then cc archives the object.
+    // both sources at once, then cc archives the objects.
     let out = PathBuf::from(env::var("OUT_DIR").unwrap());
-    let obj = out.join("moe_gemm.o");
-    let status = std::process::Command::new(&nvcc)
-        .args(["-std=c++17", "-O3", "-arch=sm_90a", "--expt-relaxed-constexpr", "-w", "-DNDEBUG", "-Xcompiler", "-fPIC"])
-        .arg(format!("-I{}", include.display()))
-        .arg(format!("-I{}", root.join("include").display()))
-        .arg(format!("-I{}", manifest.join("cpp").display()))
-        .arg("-c")
-        .arg(manifest.join("cpp/moe_gemm.cu"))
-        .arg("-o")
-        .arg(&obj)
-        .status()
-        .unwrap_or_else(|e| panic!("running {}: {e}", nvcc.display()));
-    assert!(status.success(), "nvcc failed on cpp/moe_gemm.cu");
-    cc::Build::new().object(&obj).compile("kvc_cutlass_moe_gemm");
+    let units = ["moe_gemm", "fp8_gemm"];
+    let children: Vec<_> = units
+        .iter()
+        .map(|unit| {
+            let child = std::process::Command::new(&nvcc)
+                .args(["-std=c++17", "-O3", "-arch=sm_90a", "--expt-relaxed-constexpr", "-w", "-DNDEBUG", "-Xcompiler", "-fPIC"])
+                .arg(format!("-I{}", include.display()))
+                .arg(format!("-I{}", root.join("include").display()))
+                .arg(format!("-I{}", manifest.join("cpp").display()))
+                .arg("-c")
+                .arg(manifest.join(format!("cpp/{unit}.cu")))
+                .arg("-o")
+                .arg(out.join(format!("{unit}.o")))
+                .spawn()
+                .unwrap_or_else(|e| panic!("running {}: {e}", nvcc.display()));
+            (unit, child)
+        })
+        .collect();
+    let mut build = cc::Build::new();
+    for (unit, mut child) in children {
+        let status = child.wait().unwrap_or_else(|e| panic!("waiting for nvcc on cpp/{unit}.cu: {e}"));
+        assert!(status.success(), "nvcc failed on cpp/{unit}.cu");
+        build.object(out.join(format!("{unit}.o")));
+    }
+    build.compile("kvc_cutlass_moe_gemm");
     // The CUDA runtime, as candle's own build links it (scripts/cuda_setup.sh
     // puts an unversioned libcudart.so on LIBRARY_PATH).
     println!("cargo:rustc-link-lib=dylib=cudart");
@@ -58,5 +77,5 @@ fn main() {
 }
 
 fn none(why: &str) {
-    println!("cargo:warning=kvc-cutlass-sys: built without CUTLASS ({why}); run scripts/cutlass_setup.sh for the Hopper expert GEMMs");
+    println!("cargo:warning=kvc-cutlass-sys: built without CUTLASS ({why}); run scripts/cutlass_setup.sh for the Hopper GEMMs");
 }

@@ -6,8 +6,13 @@
 //!
 //! Built only where nvcc and CUTLASS's headers are (scripts/cuda_setup.sh,
 //! scripts/cutlass_setup.sh); elsewhere [`check`] says what is missing.
+//!
+//! [`fp8`] holds the block-scaled FP8 GEMMs (dense and grouped) of the
+//! same library (cpp/fp8_gemm.h).
 
 use std::ffi::{c_char, c_void, CStr};
+
+pub mod fp8;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

@@ -1,0 +1,844 @@
+// FP8 GEMMs with block scales on CUTLASS 3's sm90 blockwise-scaled
+// collectives (TMA + wgmma, warp-specialized cooperative persistent
+// kernels, the scales promoted into the f32 accumulators once per 128-wide
+// K block), plus the activation quantization and a self-test. See
+// fp8_gemm.h for the operand layouts.
+//
+// Scale layout: both operands' scales are K-major (Sm90BlockwiseScaleConfig
+// <1, 128, 128, K, K>): sa[m * Kb + kb] per token, sw[nb * Kb + kb] per
+// 128x128 weight block, which is the checkpoint's own weight_scale_inv
+// layout, so weights need no conversion at load. The sm90 collective
+// loads K-major scales with cp.async (M-major SFA would go through TMA but
+// needs 16-byte aligned per-group bases, which the grouped call cannot
+// promise for arbitrary expert offsets); with one scale row per token the
+// scale traffic is 1/128 of A's.
+//
+// Tiles: 128x128x128 (K must be a whole 128-block per k-tile for the
+// per-block promotion; N 128 = the weight scale granularity), 1x1 cluster.
+#include "fp8_gemm.h"
+#include "moe_gemm.h"
+
+#include <cstdio>
+#include <cstring>
+#include <vector>
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include "cute/tensor.hpp"
+#include "cutlass/cutlass.h"
+#include "cutlass/detail/blockwise_scale_layout.hpp"
+#include "cutlass/epilogue/collective/collective_builder.hpp"
+#include "cutlass/gemm/collective/collective_builder.hpp"
+#include "cutlass/gemm/device/gemm_universal_adapter.h"
+#include "cutlass/gemm/dispatch_policy.hpp"
+#include "cutlass/gemm/group_array_problem_shape.hpp"
+#include "cutlass/gemm/kernel/gemm_universal.hpp"
+#include "cutlass/util/packed_stride.hpp"
+
+using namespace cute;
+
+namespace kvc_fp8 {
+
+using E4m3 = cutlass::float_e4m3_t;
+using Bf16 = cutlass::bfloat16_t;
+constexpr int kBlock = 128;  // scale granularity along K (and N for weights)
+constexpr float kE4m3Max = 448.0f;
+
+using ScaleConfig = cutlass::detail::Sm90BlockwiseScaleConfig<1, kBlock, kBlock, cute::GMMA::Major::K, cute::GMMA::Major::K>;
+using LayoutSFA = decltype(ScaleConfig::deduce_layoutSFA());
+using LayoutSFB = decltype(ScaleConfig::deduce_layoutSFB());
+
+using Tile = Shape<_128, _128, _128>;
+using Cluster = Shape<_1, _1, _1>;
+using LayoutA = cutlass::layout::RowMajor;     // activations [M, K]
+using LayoutB = cutlass::layout::ColumnMajor;  // weights [N, K] row-major = K x N column-major
+using LayoutD = cutlass::layout::RowMajor;
+constexpr int kAlignAB = 16;  // 16 bytes of e4m3
+constexpr int kAlignD = 8;    // 16 bytes of bf16
+
+struct Dense {
+    using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+        cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Tile, Cluster,
+        cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, LayoutD, kAlignD, Bf16, LayoutD, kAlignD,
+        cutlass::epilogue::TmaWarpSpecializedCooperative,
+        cutlass::epilogue::fusion::LinearCombination<Bf16, float, void, float>>::CollectiveOp;
+    using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+        cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, E4m3, cute::tuple<LayoutA, LayoutSFA>, kAlignAB, E4m3,
+        cute::tuple<LayoutB, LayoutSFB>, kAlignAB, float, Tile, Cluster,
+        cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
+        cutlass::gemm::KernelTmaWarpSpecializedCooperativeFP8BlockScaledAccum>::CollectiveOp;
+    using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop, Epilogue>;
+    using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+    using StrideA = typename Kernel::StrideA;
+    using StrideB = typename Kernel::StrideB;
+    using StrideC = typename Kernel::StrideC;
+    using StrideD = typename Kernel::StrideD;
+};
+
+using ProblemShape = cutlass::gemm::GroupProblemShape<Shape<int, int, int>>;
+using Problem = ProblemShape::UnderlyingProblemShape;
+
+struct Grouped {
+    using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+        cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Tile, Cluster,
+        cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, LayoutD*, kAlignD, Bf16, LayoutD*,
+        kAlignD, cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative,
+        cutlass::epilogue::fusion::LinearCombination<Bf16, float, void, float>>::CollectiveOp;
+    using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+        cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, E4m3, cute::tuple<LayoutA*, LayoutSFA*>, kAlignAB, E4m3,
+        cute::tuple<LayoutB*, LayoutSFB*>, kAlignAB, float, Tile, Cluster,
+        cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
+        cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8BlockScaledAccum>::CollectiveOp;
+    using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, Mainloop, Epilogue>;
+    using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+    using StrideA = typename Kernel::InternalStrideA;
+    using StrideB = typename Kernel::InternalStrideB;
+    using StrideD = typename Kernel::InternalStrideD;
+};
+
+constexpr uint64_t kAlignBytes = 256;
+uint64_t up(uint64_t x) { return (x + kAlignBytes - 1) / kAlignBytes * kAlignBytes; }
+int ceil_div(int a, int b) { return (a + b - 1) / b; }
+
+int fail(char* err, size_t n, const char* what, const char* detail) {
+    if (err && n) snprintf(err, n, "%s: %s", what, detail);
+    return 1;
+}
+
+int sm_count() {
+    static int count[64] = {0};
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return 0;
+    if (count[dev] == 0) cudaDeviceGetAttribute(&count[dev], cudaDevAttrMultiProcessorCount, dev);
+    return count[dev];
+}
+
+cutlass::KernelHardwareInfo hardware() {
+    cutlass::KernelHardwareInfo hw;
+    cudaGetDevice(&hw.device_id);
+    hw.sm_count = sm_count();
+    return hw;
+}
+
+// ---------------------------------------------------------------------------
+// Activation quantization: one warp per (row, 128-group); lane i holds
+// elements i, i + 32, i + 64, i + 96 of the group (coalesced loads).
+
+__global__ void quant_rows_kernel(const __nv_bfloat16* __restrict__ x, __nv_fp8_storage_t* __restrict__ q,
+                                  float* __restrict__ s, int m, int k) {
+    int groups = (k + kBlock - 1) / kBlock;
+    int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+    int lane = threadIdx.x % 32;
+    if (warp >= static_cast<int64_t>(m) * groups) return;
+    int row = static_cast<int>(warp / groups), g = static_cast<int>(warp % groups);
+    const __nv_bfloat16* xr = x + static_cast<int64_t>(row) * k;
+    float v[4];
+    float amax = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        int c = g * kBlock + lane + 32 * i;
+        v[i] = c < k ? __bfloat162float(xr[c]) : 0.0f;
+        amax = fmaxf(amax, fabsf(v[i]));
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    float scale = amax > 0.0f ? amax / kE4m3Max : 1.0f;
+    __nv_fp8_storage_t* qr = q + static_cast<int64_t>(row) * k;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        int c = g * kBlock + lane + 32 * i;
+        if (c < k) qr[c] = __nv_cvt_float_to_fp8(v[i] / scale, __NV_SATFINITE, __NV_E4M3);
+    }
+    if (lane == 0) s[static_cast<int64_t>(row) * groups + g] = scale;
+}
+
+int quant_rows(const void* x, void* q, void* s, int m, int k, cudaStream_t stream) {
+    int groups = ceil_div(k, kBlock);
+    int64_t threads = static_cast<int64_t>(m) * groups * 32;
+    int per = 256;
+    quant_rows_kernel<<<static_cast<unsigned>((threads + per - 1) / per), per, 0, stream>>>(
+        static_cast<const __nv_bfloat16*>(x), static_cast<__nv_fp8_storage_t*>(q), static_cast<float*>(s), m, k);
+    return 0;
+}
+
+// ---------------------------------------------------------------------------
+// Dense GEMM.
+
+typename Dense::Gemm::Arguments dense_arguments(const kvc_fp8_gemm_args& a) {
+    int m = a.m, n = a.n, k = a.k;
+    auto stride_a = cutlass::make_cute_packed_stride(typename Dense::StrideA{}, make_shape(m, k, 1));
+    auto stride_b = cutlass::make_cute_packed_stride(typename Dense::StrideB{}, make_shape(n, k, 1));
+    auto stride_d = cutlass::make_cute_packed_stride(typename Dense::StrideD{}, make_shape(m, n, 1));
+    auto layout_sfa = ScaleConfig::tile_atom_to_shape_SFA(make_shape(m, n, k, 1));
+    auto layout_sfb = ScaleConfig::tile_atom_to_shape_SFB(make_shape(m, n, k, 1));
+    typename Dense::Gemm::Arguments args{
+        cutlass::gemm::GemmUniversalMode::kGemm,
+        {m, n, k, 1},
+        {reinterpret_cast<const E4m3*>(a.a), stride_a, reinterpret_cast<const E4m3*>(a.w), stride_b,
+         reinterpret_cast<const float*>(a.sa), layout_sfa, reinterpret_cast<const float*>(a.sw), layout_sfb},
+        {{}, nullptr, stride_d, reinterpret_cast<Bf16*>(a.d), stride_d},
+        hardware()};
+    args.epilogue.thread.alpha = 1.0f;
+    args.epilogue.thread.beta = 0.0f;
+    return args;
+}
+
+int dense_shape_ok(int m, int n, int k, char* err, size_t errlen) {
+    if (m <= 0 || n <= 0 || k <= 0) return fail(err, errlen, "kvc_fp8_gemm", "empty problem");
+    if (n % 16) return fail(err, errlen, "kvc_fp8_gemm", "n must be a multiple of 16");
+    if (k % kBlock) return fail(err, errlen, "kvc_fp8_gemm", "k must be a multiple of 128");
+    return 0;
+}
+
+int dense_run(const kvc_fp8_gemm_args* a, cudaStream_t stream, char* err, size_t errlen) {
+    if (dense_shape_ok(a->m, a->n, a->k, err, errlen)) return 1;
+    if ((a->a | a->w | a->d) % 16 || (a->sa | a->sw) % 4)
+        return fail(err, errlen, "kvc_fp8_gemm_run", "a, w, d must be 16-byte aligned, the scales 4-byte");
+    auto args = dense_arguments(*a);
+    typename Dense::Gemm gemm;
+    size_t need = Dense::Gemm::get_workspace_size(args);
+    if (a->workspace_bytes < need) return fail(err, errlen, "kvc_fp8_gemm_run", "workspace too small");
+    cutlass::Status s = gemm.can_implement(args);
+    if (s != cutlass::Status::kSuccess) return fail(err, errlen, "CUTLASS can_implement", cutlassGetStatusString(s));
+    s = gemm.initialize(args, reinterpret_cast<void*>(a->workspace), stream);
+    if (s != cutlass::Status::kSuccess) return fail(err, errlen, "CUTLASS initialize", cutlassGetStatusString(s));
+    s = gemm.run(stream);
+    if (s != cutlass::Status::kSuccess) return fail(err, errlen, "CUTLASS run", cutlassGetStatusString(s));
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return fail(err, errlen, "CUTLASS launch", cudaGetErrorString(e));
+    return 0;
+}
+
+// ---------------------------------------------------------------------------
+// Grouped GEMM: the per-expert arrays at the start of the workspace, then
+// CUTLASS's own.
+
+struct GroupedLayout {
+    uint64_t problems, pa, pb, psa, psb, pd, sa, sb, sd, lsa, lsb, cutlass;
+    explicit GroupedLayout(int e) {
+        problems = 0;
+        pa = up(problems + e * sizeof(Problem));
+        pb = up(pa + e * sizeof(void*));
+        psa = up(pb + e * sizeof(void*));
+        psb = up(psa + e * sizeof(void*));
+        pd = up(psb + e * sizeof(void*));
+        sa = up(pd + e * sizeof(void*));
+        sb = up(sa + e * sizeof(Grouped::StrideA));
+        sd = up(sb + e * sizeof(Grouped::StrideB));
+        lsa = up(sd + e * sizeof(Grouped::StrideD));
+        lsb = up(lsa + e * sizeof(LayoutSFA));
+        cutlass = up(lsb + e * sizeof(LayoutSFB));
+    }
+};
+
+__global__ void fill_groups(int experts, int n, int k, const uint32_t* offsets, const E4m3* a, const float* sa,
+                            const E4m3* w, const float* sw, Bf16* d, char* base, GroupedLayout l) {
+    int e = blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= experts) return;
+    int r0 = static_cast<int>(offsets[e]);
+    int m = static_cast<int>(offsets[e + 1]) - r0;
+    int kb = (k + kBlock - 1) / kBlock, nb = (n + kBlock - 1) / kBlock;
+    reinterpret_cast<Problem*>(base + l.problems)[e] = Problem{m, n, k};
+    reinterpret_cast<const E4m3**>(base + l.pa)[e] = a + static_cast<int64_t>(r0) * k;
+    reinterpret_cast<const E4m3**>(base + l.pb)[e] = w + static_cast<int64_t>(e) * n * k;
+    reinterpret_cast<const float**>(base + l.psa)[e] = sa + static_cast<int64_t>(r0) * kb;
+    reinterpret_cast<const float**>(base + l.psb)[e] = sw + static_cast<int64_t>(e) * nb * kb;
+    reinterpret_cast<Bf16**>(base + l.pd)[e] = d + static_cast<int64_t>(r0) * n;
+    reinterpret_cast<Grouped::StrideA*>(base + l.sa)[e] =
+        cutlass::make_cute_packed_stride(Grouped::StrideA{}, make_shape(m, k, 1));
+    reinterpret_cast<Grouped::StrideB*>(base + l.sb)[e] =
+        cutlass::make_cute_packed_stride(Grouped::StrideB{}, make_shape(n, k, 1));
+    reinterpret_cast<Grouped::StrideD*>(base + l.sd)[e] =
+        cutlass::make_cute_packed_stride(Grouped::StrideD{}, make_shape(m, n, 1));
+    reinterpret_cast<LayoutSFA*>(base + l.lsa)[e] = ScaleConfig::tile_atom_to_shape_SFA(make_shape(m, n, k, 1));
+    reinterpret_cast<LayoutSFB*>(base + l.lsb)[e] = ScaleConfig::tile_atom_to_shape_SFB(make_shape(m, n, k, 1));
+}
+
+typename Grouped::Gemm::Arguments grouped_arguments(int experts, char* base) {
+    GroupedLayout l(experts);
+    typename Grouped::Gemm::Arguments args;
+    decltype(args.epilogue.thread) fusion;
+    fusion.alpha = 1.0f;
+    fusion.beta = 0.0f;
+    fusion.alpha_ptr = nullptr;
+    fusion.beta_ptr = nullptr;
+    fusion.alpha_ptr_array = nullptr;
+    fusion.beta_ptr_array = nullptr;
+    fusion.dAlpha = {_0{}, _0{}, 0};
+    fusion.dBeta = {_0{}, _0{}, 0};
+    args = typename Grouped::Gemm::Arguments{
+        cutlass::gemm::GemmUniversalMode::kGrouped,
+        {experts, reinterpret_cast<Problem*>(base + l.problems), nullptr},
+        {reinterpret_cast<const E4m3**>(base + l.pa), reinterpret_cast<Grouped::StrideA*>(base + l.sa),
+         reinterpret_cast<const E4m3**>(base + l.pb), reinterpret_cast<Grouped::StrideB*>(base + l.sb),
+         reinterpret_cast<const float**>(base + l.psa), reinterpret_cast<LayoutSFA*>(base + l.lsa),
+         reinterpret_cast<const float**>(base + l.psb), reinterpret_cast<LayoutSFB*>(base + l.lsb)},
+        {fusion, nullptr, nullptr, reinterpret_cast<Bf16**>(base + l.pd),
+         reinterpret_cast<Grouped::StrideD*>(base + l.sd)},
+        hardware()};
+    return args;
+}
+
+uint64_t grouped_workspace_bytes(int experts) {
+    GroupedLayout l(experts);
+    auto args = grouped_arguments(experts, nullptr);
+    return l.cutlass + up(Grouped::Gemm::get_workspace_size(args));
+}
+
+int grouped_run(const kvc_fp8_grouped_args* a, cudaStream_t stream, char* err, size_t errlen) {
+    if (a->experts <= 0 || a->n <= 0 || a->k <= 0) return fail(err, errlen, "kvc_fp8_grouped_run", "empty problem");
+    if (a->n % 16) return fail(err, errlen, "kvc_fp8_grouped_run", "n must be a multiple of 16");
+    if (a->k % kBlock) return fail(err, errlen, "kvc_fp8_grouped_run", "k must be a multiple of 128");
+    if ((a->a | a->w | a->d | a->workspace) % 16 || (a->sa | a->sw) % 4)
+        return fail(err, errlen, "kvc_fp8_grouped_run", "a, w, d, workspace must be 16-byte aligned, the scales 4-byte");
+    if (a->workspace_bytes < grouped_workspace_bytes(a->experts))
+        return fail(err, errlen, "kvc_fp8_grouped_run", "workspace too small");
+    GroupedLayout l(a->experts);
+    char* base = reinterpret_cast<char*>(a->workspace);
+    int threads = 128;
+    fill_groups<<<(a->experts + threads - 1) / threads, threads, 0, stream>>>(
+        a->experts, a->n, a->k, reinterpret_cast<const uint32_t*>(a->offsets), reinterpret_cast<const E4m3*>(a->a),
+        reinterpret_cast<const float*>(a->sa), reinterpret_cast<const E4m3*>(a->w),
+        reinterpret_cast<const float*>(a->sw), reinterpret_cast<Bf16*>(a->d), base, l);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return fail(err, errlen, "fill_groups launch", cudaGetErrorString(e));
+    auto args = grouped_arguments(a->experts, base);
+    typename Grouped::Gemm gemm;
+    cutlass::Status s = gemm.can_implement(args);
+    if (s != cutlass::Status::kSuccess) return fail(err, errlen, "CUTLASS can_implement", cutlassGetStatusString(s));
+    s = gemm.initialize(args, base + l.cutlass, stream);
+    if (s != cutlass::Status::kSuccess) return fail(err, errlen, "CUTLASS initialize", cutlassGetStatusString(s));
+    s = gemm.run(stream);
+    if (s != cutlass::Status::kSuccess) return fail(err, errlen, "CUTLASS run", cutlassGetStatusString(s));
+    e = cudaGetLastError();
+    if (e != cudaSuccess) return fail(err, errlen, "CUTLASS launch", cudaGetErrorString(e));
+    return 0;
+}
+
+// ---------------------------------------------------------------------------
+// Self-test helpers.
+
+__host__ __device__ inline uint32_t mix(uint64_t x) {
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdULL;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ULL;
+    x ^= x >> 33;
+    return static_cast<uint32_t>(x);
+}
+
+__device__ inline float uniform(uint64_t seed, uint64_t i) {
+    return (mix(seed * 0x9e3779b97f4a7c15ULL + i) >> 8) * (2.0f / 16777216.0f) - 1.0f;
+}
+
+// Activations: per-row magnitudes over 2^-3 .. 2^3 and per-group factors,
+// so the per-token, per-group scales differ everywhere.
+__global__ void fill_activations(__nv_bfloat16* x, int64_t m, int k, uint64_t seed) {
+    int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= m * k) return;
+    int64_t row = i / k;
+    int col = static_cast<int>(i % k);
+    float v = uniform(seed, i) * exp2f(static_cast<float>(row % 7) - 3.0f) * (1.0f + (col / kBlock) % 3);
+    x[i] = __float2bfloat16(v);
+}
+
+// Weights: a per-128x128-block magnitude, as real checkpoints have.
+__global__ void fill_weights(__nv_bfloat16* w, int64_t rows, int k, uint64_t seed) {
+    int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= rows * k) return;
+    int64_t row = i / k;
+    int col = static_cast<int>(i % k);
+    float v = 0.05f * uniform(seed, i) * exp2f(static_cast<float>((row / kBlock + col / kBlock) % 5) - 2.0f);
+    w[i] = __float2bfloat16(v);
+}
+
+// Checkpoint-style weight quantization: one CTA per 128x128 block of
+// expert blockIdx.z's [n, k] weight; sw[e][nb][kb] = amax / 448.
+__global__ void quant_weight_blocks(const __nv_bfloat16* __restrict__ w, __nv_fp8_storage_t* __restrict__ q,
+                                    float* __restrict__ sw, int n, int k) {
+    int nb = blockIdx.x, kb = blockIdx.y, e = blockIdx.z;
+    int nbs = gridDim.x, kbs = gridDim.y;
+    const __nv_bfloat16* we = w + static_cast<int64_t>(e) * n * k;
+    __nv_fp8_storage_t* qe = q + static_cast<int64_t>(e) * n * k;
+    __shared__ float red[32];
+    float amax = 0.0f;
+    for (int i = threadIdx.x; i < kBlock * kBlock; i += blockDim.x) {
+        int r = nb * kBlock + i / kBlock, c = kb * kBlock + i % kBlock;
+        if (r < n && c < k) amax = fmaxf(amax, fabsf(__bfloat162float(we[static_cast<int64_t>(r) * k + c])));
+    }
+    for (int o = 16; o > 0; o /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = amax;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        amax = threadIdx.x < blockDim.x / 32 ? red[threadIdx.x] : 0.0f;
+        for (int o = 16; o > 0; o /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+        if (threadIdx.x == 0) red[0] = amax;
+    }
+    __syncthreads();
+    amax = red[0];
+    float scale = amax > 0.0f ? amax / kE4m3Max : 1.0f;
+    for (int i = threadIdx.x; i < kBlock * kBlock; i += blockDim.x) {
+        int r = nb * kBlock + i / kBlock, c = kb * kBlock + i % kBlock;
+        if (r < n && c < k) {
+            int64_t j = static_cast<int64_t>(r) * k + c;
+            qe[j] = __nv_cvt_float_to_fp8(__bfloat162float(we[j]) / scale, __NV_SATFINITE, __NV_E4M3);
+        }
+    }
+    if (threadIdx.x == 0) sw[(static_cast<int64_t>(e) * nbs + nb) * kbs + kb] = scale;
+}
+
+__device__ inline float fp8_to_float(__nv_fp8_storage_t v) {
+    __half_raw h = __nv_cvt_fp8_to_halfraw(v, __NV_E4M3);
+    return __half2float(__half(h));
+}
+
+__device__ inline void atomic_max_nonneg(float* p, float v) {
+    atomicMax(reinterpret_cast<unsigned int*>(p), __float_as_uint(v));
+}
+
+// How far dequant(q) is from x, relative to the amax of x's group (one
+// atomic per warp).
+__global__ void quant_error(const __nv_bfloat16* x, const __nv_fp8_storage_t* q, const float* s, int64_t m, int k,
+                            float* out) {
+    int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    float r = 0.0f;
+    if (i < m * k) {
+        int64_t row = i / k;
+        int g = static_cast<int>(i % k) / kBlock;
+        int groups = (k + kBlock - 1) / kBlock;
+        float scale = s[row * groups + g];
+        float amax = scale * kE4m3Max;
+        float d = fabsf(fp8_to_float(q[i]) * scale - __bfloat162float(x[i]));
+        r = amax > 0.0f ? d / amax : d;
+        if (!(r == r)) r = 3.0e38f;
+    }
+    for (int o = 16; o > 0; o /= 2) r = fmaxf(r, __shfl_xor_sync(0xffffffffu, r, o));
+    if (threadIdx.x % 32 == 0) atomic_max_nonneg(out, r);
+}
+
+// Reference: out[m, n] = sum_kb (sum_{k in kb} a_q * w_q) * sa[m, kb] *
+// sw[n / 128, kb] in f32, one 32x32 output tile per CTA, K in 128-blocks
+// through shared memory (the same quantized values the GEMM reads).
+constexpr int kRefTile = 32;
+__global__ void __launch_bounds__(256) reference_gemm(const __nv_fp8_storage_t* __restrict__ a,
+                                                      const float* __restrict__ sa,
+                                                      const __nv_fp8_storage_t* __restrict__ w,
+                                                      const float* __restrict__ sw, float* __restrict__ out, int m,
+                                                      int n, int k) {
+    __shared__ float ta[kRefTile][kBlock + 1];
+    __shared__ float tw[kRefTile][kBlock + 1];
+    int m0 = blockIdx.y * kRefTile, n0 = blockIdx.x * kRefTile;
+    int tx = threadIdx.x % 32, ty = threadIdx.x / 32;  // ty in 0..7
+    int kbs = k / kBlock;
+    float acc[4] = {0, 0, 0, 0};
+    for (int kb = 0; kb < kbs; ++kb) {
+        for (int i = threadIdx.x; i < kRefTile * kBlock; i += blockDim.x) {
+            int r = i / kBlock, c = i % kBlock;
+            int64_t col = static_cast<int64_t>(kb) * kBlock + c;
+            ta[r][c] = m0 + r < m ? fp8_to_float(a[static_cast<int64_t>(m0 + r) * k + col]) : 0.0f;
+            tw[r][c] = n0 + r < n ? fp8_to_float(w[static_cast<int64_t>(n0 + r) * k + col]) : 0.0f;
+        }
+        __syncthreads();
+        float part[4] = {0, 0, 0, 0};
+        for (int c = 0; c < kBlock; ++c) {
+            float wv = tw[tx][c];
+#pragma unroll
+            for (int j = 0; j < 4; ++j) part[j] += ta[ty + 8 * j][c] * wv;
+        }
+        int col = n0 + tx;
+        float swv = col < n ? sw[static_cast<int64_t>(col / kBlock) * kbs + kb] : 0.0f;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            int row = m0 + ty + 8 * j;
+            if (row < m) acc[j] += part[j] * sa[static_cast<int64_t>(row) * kbs + kb] * swv;
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        int row = m0 + ty + 8 * j, col = n0 + tx;
+        if (row < m && col < n) out[static_cast<int64_t>(row) * n + col] = acc[j];
+    }
+}
+
+// stats[0] = max |ref|, stats[1] = max |d - ref|.
+__global__ void compare(const __nv_bfloat16* d, const float* ref, int64_t count, float* stats) {
+    int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    float r = 0.0f, e = 0.0f;
+    if (i < count) {
+        r = fabsf(ref[i]);
+        e = fabsf(__bfloat162float(d[i]) - ref[i]);
+        if (!(e == e)) e = 3.0e38f;  // NaN: as bad as it gets
+    }
+    for (int o = 16; o > 0; o /= 2) {
+        r = fmaxf(r, __shfl_xor_sync(0xffffffffu, r, o));
+        e = fmaxf(e, __shfl_xor_sync(0xffffffffu, e, o));
+    }
+    if (threadIdx.x % 32 == 0) {
+        atomic_max_nonneg(stats, r);
+        atomic_max_nonneg(stats + 1, e);
+    }
+}
+
+unsigned blocks(int64_t count, int per) { return static_cast<unsigned>((count + per - 1) / per); }
+
+// Device allocations freed on every return path.
+struct Arena {
+    std::vector<void*> ptrs;
+    cudaStream_t stream = nullptr;
+    cudaEvent_t start = nullptr, stop = nullptr;
+    ~Arena() {
+        if (stream) cudaStreamSynchronize(stream);
+        for (void* p : ptrs) cudaFree(p);
+        if (start) cudaEventDestroy(start);
+        if (stop) cudaEventDestroy(stop);
+        if (stream) cudaStreamDestroy(stream);
+    }
+    template <class T>
+    cudaError_t alloc(T** p, size_t bytes) {
+        void* v = nullptr;
+        cudaError_t e = cudaMalloc(&v, bytes < 256 ? 256 : bytes);
+        if (e == cudaSuccess) ptrs.push_back(v);
+        *p = static_cast<T*>(v);
+        return e;
+    }
+};
+
+#define KVC_CK(call)                                                                   \
+    do {                                                                               \
+        cudaError_t kvc_e = (call);                                                    \
+        if (kvc_e != cudaSuccess) return fail(err, errlen, #call, cudaGetErrorString(kvc_e)); \
+    } while (0)
+
+// Mean microseconds of device time per call of `f` over `iters` calls,
+// after 3 warm-up calls: the calls are captured into a CUDA graph and the
+// graph's launch is timed, so the host's per-call work (CUTLASS's
+// initialize encodes the TMA descriptors) does not hide the kernels of
+// small problems, as in a decode step run from a graph. If the capture
+// fails, the calls are timed as launched. f returns nonzero (with err
+// filled) on failure.
+template <class F>
+int time_us(Arena& ar, int iters, double* us, char* err, size_t errlen, F f) {
+    if (iters < 1) iters = 1;
+    for (int i = 0; i < 3; ++i)
+        if (f()) return 1;
+    KVC_CK(cudaStreamSynchronize(ar.stream));
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    bool captured = cudaStreamBeginCapture(ar.stream, cudaStreamCaptureModeRelaxed) == cudaSuccess;
+    if (captured) {
+        int rc = 0;
+        for (int i = 0; i < iters && rc == 0; ++i) rc = f();
+        captured = cudaStreamEndCapture(ar.stream, &graph) == cudaSuccess && rc == 0 &&
+                   cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess;
+        if (graph) cudaGraphDestroy(graph);
+        if (!captured) {
+            if (exec) cudaGraphExecDestroy(exec);
+            exec = nullptr;
+            cudaGetLastError();  // clear the failed capture's error
+        }
+    }
+    if (captured) {
+        cudaError_t e = cudaGraphLaunch(exec, ar.stream);  // warm
+        if (e == cudaSuccess) e = cudaEventRecord(ar.start, ar.stream);
+        if (e == cudaSuccess) e = cudaGraphLaunch(exec, ar.stream);
+        if (e == cudaSuccess) e = cudaEventRecord(ar.stop, ar.stream);
+        if (e == cudaSuccess) e = cudaEventSynchronize(ar.stop);
+        cudaGraphExecDestroy(exec);
+        if (e != cudaSuccess) return fail(err, errlen, "timing graph", cudaGetErrorString(e));
+    } else {
+        KVC_CK(cudaEventRecord(ar.start, ar.stream));
+        for (int i = 0; i < iters; ++i)
+            if (f()) return 1;
+        KVC_CK(cudaEventRecord(ar.stop, ar.stream));
+        KVC_CK(cudaEventSynchronize(ar.stop));
+    }
+    float ms = 0.0f;
+    KVC_CK(cudaEventElapsedTime(&ms, ar.start, ar.stop));
+    *us = 1000.0 * ms / iters;
+    return 0;
+}
+
+int setup(Arena& ar, char* err, size_t errlen) {
+    if (kvc_fp8_gemm_check(err, errlen)) return 1;
+    KVC_CK(cudaStreamCreateWithFlags(&ar.stream, cudaStreamNonBlocking));
+    KVC_CK(cudaEventCreate(&ar.start));
+    KVC_CK(cudaEventCreate(&ar.stop));
+    return 0;
+}
+
+// Quantizes x ([rows, k] bf16) into q and s, checks the quantization, and
+// times it.
+int quantize_and_check(Arena& ar, const __nv_bfloat16* x, __nv_fp8_storage_t* q, float* s, int rows, int k,
+                       int iters, kvc_fp8_selftest_result* out, char* err, size_t errlen) {
+    float* qerr;
+    KVC_CK(ar.alloc(&qerr, sizeof(float)));
+    KVC_CK(cudaMemsetAsync(qerr, 0, sizeof(float), ar.stream));
+    quant_rows(x, q, s, rows, k, ar.stream);
+    KVC_CK(cudaGetLastError());
+    int64_t count = static_cast<int64_t>(rows) * k;
+    quant_error<<<blocks(count, 256), 256, 0, ar.stream>>>(x, q, s, rows, k, qerr);
+    KVC_CK(cudaGetLastError());
+    float h = 0.0f;
+    KVC_CK(cudaMemcpyAsync(&h, qerr, sizeof(float), cudaMemcpyDeviceToHost, ar.stream));
+    KVC_CK(cudaStreamSynchronize(ar.stream));
+    out->quant_err = h;
+    return time_us(ar, iters, &out->quant_us, err, errlen, [&]() {
+        quant_rows(x, q, s, rows, k, ar.stream);
+        return 0;
+    });
+}
+
+int finish_compare(Arena& ar, const __nv_bfloat16* d, const float* ref, int64_t count, kvc_fp8_selftest_result* out,
+                   char* err, size_t errlen) {
+    float* stats;
+    KVC_CK(ar.alloc(&stats, 2 * sizeof(float)));
+    KVC_CK(cudaMemsetAsync(stats, 0, 2 * sizeof(float), ar.stream));
+    compare<<<blocks(count, 256), 256, 0, ar.stream>>>(d, ref, count, stats);
+    KVC_CK(cudaGetLastError());
+    float h[2] = {0, 0};
+    KVC_CK(cudaMemcpyAsync(h, stats, sizeof h, cudaMemcpyDeviceToHost, ar.stream));
+    KVC_CK(cudaStreamSynchronize(ar.stream));
+    out->max_rel_err = h[0] > 0.0f ? static_cast<double>(h[1]) / h[0] : static_cast<double>(h[1]);
+    return 0;
+}
+
+// The bf16 baseline: moe_gemm.cu's grouped GEMM over the same offsets,
+// both tilings, the faster one reported.
+int time_bf16(Arena& ar, int experts, int n, int k, const uint32_t* offsets, const __nv_bfloat16* x,
+              const __nv_bfloat16* w, __nv_bfloat16* d, int iters, double* us, char* err, size_t errlen) {
+    uint64_t ws_rows = 0, ws_swap = 0;
+    if (kvc_moe_gemm_workspace(experts, KVC_MOE_GEMM_ROWS, &ws_rows, err, errlen)) return 1;
+    if (kvc_moe_gemm_workspace(experts, KVC_MOE_GEMM_SWAP, &ws_swap, err, errlen)) return 1;
+    uint64_t ws_bytes = ws_rows > ws_swap ? ws_rows : ws_swap;
+    char* ws;
+    KVC_CK(ar.alloc(&ws, ws_bytes));
+    double best = -1.0;
+    for (int variant = 0; variant < KVC_MOE_GEMM_VARIANTS; ++variant) {
+        kvc_moe_gemm_args a{};
+        a.experts = experts;
+        a.n = n;
+        a.k = k;
+        a.variant = variant;
+        a.offsets = reinterpret_cast<uint64_t>(offsets);
+        a.a = reinterpret_cast<uint64_t>(x);
+        a.w = reinterpret_cast<uint64_t>(w);
+        a.d = reinterpret_cast<uint64_t>(d);
+        a.workspace = reinterpret_cast<uint64_t>(ws);
+        a.workspace_bytes = ws_bytes;
+        double t = 0.0;
+        if (time_us(ar, iters, &t, err, errlen, [&]() { return kvc_moe_gemm_run(&a, ar.stream, err, errlen); }))
+            return 1;
+        if (best < 0.0 || t < best) best = t;
+    }
+    *us = best;
+    return 0;
+}
+
+int dense_selftest(int m, int n, int k, int iters, kvc_fp8_selftest_result* out, char* err, size_t errlen) {
+    memset(out, 0, sizeof *out);
+    if (dense_shape_ok(m, n, k, err, errlen)) return 1;
+    Arena ar;
+    if (setup(ar, err, errlen)) return 1;
+    int kb = k / kBlock, nb = ceil_div(n, kBlock);
+    int64_t mk = static_cast<int64_t>(m) * k, nk = static_cast<int64_t>(n) * k, mn = static_cast<int64_t>(m) * n;
+    __nv_bfloat16 *x, *w, *d, *d16;
+    __nv_fp8_storage_t *q, *wq;
+    float *s, *sw, *ref;
+    uint32_t* offsets;
+    char* ws;
+    KVC_CK(ar.alloc(&x, mk * 2));
+    KVC_CK(ar.alloc(&w, nk * 2));
+    KVC_CK(ar.alloc(&d, mn * 2));
+    KVC_CK(ar.alloc(&d16, mn * 2));
+    KVC_CK(ar.alloc(&q, mk));
+    KVC_CK(ar.alloc(&wq, nk));
+    KVC_CK(ar.alloc(&s, static_cast<size_t>(m) * kb * 4));
+    KVC_CK(ar.alloc(&sw, static_cast<size_t>(nb) * kb * 4));
+    KVC_CK(ar.alloc(&ref, mn * 4));
+    KVC_CK(ar.alloc(&offsets, 2 * sizeof(uint32_t)));
+    fill_activations<<<blocks(mk, 256), 256, 0, ar.stream>>>(x, m, k, 1);
+    fill_weights<<<blocks(nk, 256), 256, 0, ar.stream>>>(w, n, k, 2);
+    quant_weight_blocks<<<dim3(nb, kb, 1), 256, 0, ar.stream>>>(w, wq, sw, n, k);
+    KVC_CK(cudaGetLastError());
+    uint32_t h_off[2] = {0, static_cast<uint32_t>(m)};
+    KVC_CK(cudaMemcpyAsync(offsets, h_off, sizeof h_off, cudaMemcpyHostToDevice, ar.stream));
+    if (quantize_and_check(ar, x, q, s, m, k, iters, out, err, errlen)) return 1;
+
+    kvc_fp8_gemm_args a{};
+    a.m = m;
+    a.n = n;
+    a.k = k;
+    a.a = reinterpret_cast<uint64_t>(q);
+    a.sa = reinterpret_cast<uint64_t>(s);
+    a.w = reinterpret_cast<uint64_t>(wq);
+    a.sw = reinterpret_cast<uint64_t>(sw);
+    a.d = reinterpret_cast<uint64_t>(d);
+    uint64_t ws_bytes = 0;
+    if (kvc_fp8_gemm_workspace(m, n, k, &ws_bytes, err, errlen)) return 1;
+    KVC_CK(ar.alloc(&ws, ws_bytes));
+    a.workspace = reinterpret_cast<uint64_t>(ws);
+    a.workspace_bytes = ws_bytes;
+    if (dense_run(&a, ar.stream, err, errlen)) return 1;
+    reference_gemm<<<dim3(ceil_div(n, kRefTile), ceil_div(m, kRefTile)), 256, 0, ar.stream>>>(q, s, wq, sw, ref, m, n, k);
+    KVC_CK(cudaGetLastError());
+    if (finish_compare(ar, d, ref, mn, out, err, errlen)) return 1;
+    if (time_us(ar, iters, &out->fp8_us, err, errlen, [&]() { return dense_run(&a, ar.stream, err, errlen); })) return 1;
+    if (time_bf16(ar, 1, n, k, offsets, x, w, d16, iters, &out->bf16_us, err, errlen)) return 1;
+    KVC_CK(cudaStreamSynchronize(ar.stream));
+    return 0;
+}
+
+int grouped_selftest(int experts, int tokens, int topk, int n, int k, int iters, kvc_fp8_selftest_result* out,
+                     char* err, size_t errlen) {
+    memset(out, 0, sizeof *out);
+    if (experts <= 0 || tokens <= 0 || topk <= 0 || topk > experts)
+        return fail(err, errlen, "kvc_fp8_grouped_selftest", "need experts > 0, tokens > 0, 0 < topk <= experts");
+    if (n <= 0 || n % 16 || k <= 0 || k % kBlock)
+        return fail(err, errlen, "kvc_fp8_grouped_selftest", "n must be a multiple of 16 and k of 128");
+    Arena ar;
+    if (setup(ar, err, errlen)) return 1;
+    // Deterministic routing: each token picks topk distinct experts.
+    std::vector<uint32_t> counts(experts, 0), off(experts + 1, 0);
+    std::vector<int> picked;
+    for (int t = 0; t < tokens; ++t) {
+        picked.clear();
+        for (uint64_t j = 0; static_cast<int>(picked.size()) < topk; ++j) {
+            int e = static_cast<int>(mix((static_cast<uint64_t>(t) << 20) + j + 7) % static_cast<uint32_t>(experts));
+            bool dup = false;
+            for (int p : picked) dup = dup || p == e;
+            if (!dup) picked.push_back(e);
+        }
+        for (int e : picked) ++counts[e];
+    }
+    for (int e = 0; e < experts; ++e) off[e + 1] = off[e] + counts[e];
+    int rows = static_cast<int>(off[experts]);
+    int kb = k / kBlock, nb = ceil_div(n, kBlock);
+    int64_t mk = static_cast<int64_t>(rows) * k, enk = static_cast<int64_t>(experts) * n * k,
+            mn = static_cast<int64_t>(rows) * n;
+    __nv_bfloat16 *x, *w, *d, *d16;
+    __nv_fp8_storage_t *q, *wq;
+    float *s, *sw, *ref;
+    uint32_t* offsets;
+    char* ws;
+    KVC_CK(ar.alloc(&x, mk * 2));
+    KVC_CK(ar.alloc(&w, enk * 2));
+    KVC_CK(ar.alloc(&d, mn * 2));
+    KVC_CK(ar.alloc(&d16, mn * 2));
+    KVC_CK(ar.alloc(&q, mk));
+    KVC_CK(ar.alloc(&wq, enk));
+    KVC_CK(ar.alloc(&s, static_cast<size_t>(rows) * kb * 4));
+    KVC_CK(ar.alloc(&sw, static_cast<size_t>(experts) * nb * kb * 4));
+    KVC_CK(ar.alloc(&ref, mn * 4));
+    KVC_CK(ar.alloc(&offsets, (experts + 1) * sizeof(uint32_t)));
+    KVC_CK(cudaMemcpyAsync(offsets, off.data(), (experts + 1) * sizeof(uint32_t), cudaMemcpyHostToDevice, ar.stream));
+    fill_activations<<<blocks(mk, 256), 256, 0, ar.stream>>>(x, rows, k, 3);
+    fill_weights<<<blocks(enk, 256), 256, 0, ar.stream>>>(w, static_cast<int64_t>(experts) * n, k, 4);
+    quant_weight_blocks<<<dim3(nb, kb, experts), 256, 0, ar.stream>>>(w, wq, sw, n, k);
+    KVC_CK(cudaGetLastError());
+    if (quantize_and_check(ar, x, q, s, rows, k, iters, out, err, errlen)) return 1;
+
+    kvc_fp8_grouped_args a{};
+    a.experts = experts;
+    a.n = n;
+    a.k = k;
+    a.offsets = reinterpret_cast<uint64_t>(offsets);
+    a.a = reinterpret_cast<uint64_t>(q);
+    a.sa = reinterpret_cast<uint64_t>(s);
+    a.w = reinterpret_cast<uint64_t>(wq);
+    a.sw = reinterpret_cast<uint64_t>(sw);
+    a.d = reinterpret_cast<uint64_t>(d);
+    uint64_t ws_bytes = grouped_workspace_bytes(experts);
+    KVC_CK(ar.alloc(&ws, ws_bytes));
+    a.workspace = reinterpret_cast<uint64_t>(ws);
+    a.workspace_bytes = ws_bytes;
+    if (grouped_run(&a, ar.stream, err, errlen)) return 1;
+    for (int e = 0; e < experts; ++e) {
+        int m = static_cast<int>(counts[e]);
+        if (m == 0) continue;
+        int64_t r0 = off[e];
+        reference_gemm<<<dim3(ceil_div(n, kRefTile), ceil_div(m, kRefTile)), 256, 0, ar.stream>>>(
+            q + r0 * k, s + r0 * kb, wq + static_cast<int64_t>(e) * n * k, sw + static_cast<int64_t>(e) * nb * kb,
+            ref + r0 * n, m, n, k);
+    }
+    KVC_CK(cudaGetLastError());
+    if (finish_compare(ar, d, ref, mn, out, err, errlen)) return 1;
+    if (time_us(ar, iters, &out->fp8_us, err, errlen, [&]() { return grouped_run(&a, ar.stream, err, errlen); }))
+        return 1;
+    if (time_bf16(ar, experts, n, k, offsets, x, w, d16, iters, &out->bf16_us, err, errlen)) return 1;
+    KVC_CK(cudaStreamSynchronize(ar.stream));
+    return 0;
+}
+
+}  // namespace kvc_fp8
+
+using namespace kvc_fp8;
+
+extern "C" int kvc_fp8_gemm_check(char* err, size_t n) {
+    int dev = 0, major = 0, minor = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+    if (e != cudaSuccess) return fail(err, n, "CUDA device query", cudaGetErrorString(e));
+    if (major != 9 || minor != 0) {
+        char what[64];
+        snprintf(what, sizeof what, "compute capability %d.%d", major, minor);
+        return fail(err, n, what, "the CUTLASS FP8 block-scaled GEMMs are built for sm90a (Hopper) only");
+    }
+    return 0;
+}
+
+extern "C" int kvc_fp8_quant_rows(uint64_t x, uint64_t q, uint64_t s, int32_t m, int32_t k, void* stream, char* err,
+                                  size_t n) {
+    if (m <= 0 || k <= 0) return fail(err, n, "kvc_fp8_quant_rows", "empty input");
+    quant_rows(reinterpret_cast<const void*>(x), reinterpret_cast<void*>(q), reinterpret_cast<void*>(s), m, k,
+               static_cast<cudaStream_t>(stream));
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return fail(err, n, "kvc_fp8_quant_rows launch", cudaGetErrorString(e));
+    return 0;
+}
+
+extern "C" int kvc_fp8_gemm_workspace(int32_t m, int32_t n, int32_t k, uint64_t* bytes, char* err, size_t errlen) {
+    if (dense_shape_ok(m, n, k, err, errlen)) return 1;
+    kvc_fp8_gemm_args a{};
+    a.m = m;
+    a.n = n;
+    a.k = k;
+    *bytes = up(Dense::Gemm::get_workspace_size(dense_arguments(a)));
+    return 0;
+}
+
+extern "C" int kvc_fp8_gemm_run(const kvc_fp8_gemm_args* args, void* stream, char* err, size_t errlen) {
+    return dense_run(args, static_cast<cudaStream_t>(stream), err, errlen);
+}
+
+extern "C" int kvc_fp8_grouped_workspace(int32_t experts, uint64_t* bytes, char* err, size_t errlen) {
+    if (experts <= 0) return fail(err, errlen, "kvc_fp8_grouped_workspace", "no experts");
+    *bytes = grouped_workspace_bytes(experts);
+    return 0;
+}
+
+extern "C" int kvc_fp8_grouped_run(const kvc_fp8_grouped_args* args, void* stream, char* err, size_t errlen) {
+    return grouped_run(args, static_cast<cudaStream_t>(stream), err, errlen);
+}
+
+extern "C" int kvc_fp8_gemm_selftest_ex(int m, int n, int k, int iters, kvc_fp8_selftest_result* out, char* err,
+                                        size_t errlen) {
+    return dense_selftest(m, n, k, iters, out, err, errlen);
+}
+
+extern "C" int kvc_fp8_gemm_selftest(int m, int n, int k, int iters, double* max_rel_err, double* fp8_us,
+                                     double* bf16_us, char* err, size_t errlen) {
+    kvc_fp8_selftest_result r;
+    int rc = dense_selftest(m, n, k, iters, &r, err, errlen);
+    if (max_rel_err) *max_rel_err = r.max_rel_err;
+    if (fp8_us) *fp8_us = r.fp8_us;
+    if (bf16_us) *bf16_us = r.bf16_us;
+    return rc;
+}
+
+extern "C" int kvc_fp8_grouped_selftest(int experts, int tokens, int topk, int n, int k, int iters,
+                                        kvc_fp8_selftest_result* out, char* err, size_t errlen) {
+    return grouped_selftest(experts, tokens, topk, n, k, iters, out, err, errlen);
+}

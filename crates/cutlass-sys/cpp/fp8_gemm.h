@@ -1,0 +1,106 @@
+// kvc's C interface to CUTLASS's Hopper FP8 GEMMs with block scales
+// (fp8_gemm.cu), the DeepSeek-V3 / Qwen3-FP8 recipe:
+//   weights   e4m3 [N, K] row-major with f32 `weight_scale_inv` per 128x128
+//             block, [ceil(N/128), ceil(K/128)] row-major, exactly as the
+//             checkpoint stores it (no conversion at load);
+//   activations quantized on the fly per token and per 128-wide K group:
+//             e4m3 [M, K] row-major with f32 scales [M, ceil(K/128)]
+//             row-major (kvc_fp8_quant_rows);
+//   D[m, n] = sum over K-blocks kb of (A_q . W_q^T over kb) * sa[m, kb] *
+//             sw[n / 128, kb], f32 accumulation (the scales applied per
+//             K-block on promotion out of the tensor cores), bf16 out.
+// Both scale tensors are K-major, the layout CUTLASS's sm90 blockwise
+// collective loads with cp.async (1x128x128 granularity), so the grouped
+// call can point each expert's scales at its rows in one [rows, K/128]
+// array. Every call only queues kernels: nothing is read back to the
+// host, so calls can be captured in a CUDA graph.
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// 0 when the FP8 GEMMs can run on the current device (sm90), else a
+// message in err.
+int kvc_fp8_gemm_check(char* err, size_t n);
+
+// q[m, k] = e4m3(x[m, k] / s[m, k / 128]) with saturation,
+// s[m, g] = max |x[m, 128 g .. 128 g + 127]| / 448 (1 for an all-zero group).
+// x: [m, k] bf16 row-major; q: [m, k] e4m3; s: [m, ceil(k / 128)] f32 (any k;
+// the GEMMs below want k a multiple of 128).
+int kvc_fp8_quant_rows(uint64_t x, uint64_t q, uint64_t s, int32_t m, int32_t k, void* stream, char* err, size_t n);
+
+// Dense: d[m, n] = a_q . w_q^T with the block scales (see above).
+// m >= 1; n a multiple of 16; k a multiple of 128.
+typedef struct {
+    int32_t m;
+    int32_t n;
+    int32_t k;
+    int32_t reserved;
+    uint64_t a;   // [m, k] e4m3
+    uint64_t sa;  // [m, k / 128] f32
+    uint64_t w;   // [n, k] e4m3
+    uint64_t sw;  // [ceil(n / 128), k / 128] f32
+    uint64_t d;   // [m, n] bf16
+    // Device scratch of kvc_fp8_gemm_workspace() bytes, 256-aligned.
+    uint64_t workspace;
+    uint64_t workspace_bytes;
+} kvc_fp8_gemm_args;
+
+int kvc_fp8_gemm_workspace(int32_t m, int32_t n, int32_t k, uint64_t* bytes, char* err, size_t errlen);
+int kvc_fp8_gemm_run(const kvc_fp8_gemm_args* args, void* stream, char* err, size_t errlen);
+
+// Grouped (MoE experts), the calling convention of kvc_moe_gemm_run: for
+// every expert e with rows r in offsets[e] .. offsets[e + 1],
+//   d[r, :] = a_q[r, :] . w_q[e]^T with sa[r, :] and sw[e] applied per block.
+// offsets: experts + 1 u32 on the device (offsets[0] = 0); the problem
+// sizes, pointers and strides are written on the device.
+typedef struct {
+    int32_t experts;
+    int32_t n;
+    int32_t k;
+    int32_t reserved;
+    uint64_t offsets;
+    uint64_t a;   // [rows, k] e4m3
+    uint64_t sa;  // [rows, k / 128] f32
+    uint64_t w;   // [experts, n, k] e4m3
+    uint64_t sw;  // [experts, ceil(n / 128), k / 128] f32
+    uint64_t d;   // [rows, n] bf16
+    uint64_t workspace;
+    uint64_t workspace_bytes;
+} kvc_fp8_grouped_args;
+
+int kvc_fp8_grouped_workspace(int32_t experts, uint64_t* bytes, char* err, size_t errlen);
+int kvc_fp8_grouped_run(const kvc_fp8_grouped_args* args, void* stream, char* err, size_t errlen);
+
+// Self-tests (allocate, fill deterministic pseudo-random inputs, quantize
+// with the kernels above, run the CUTLASS FP8 GEMM, compare against a
+// plain CUDA reference over the SAME quantized values with f32
+// accumulation, and time it against CUTLASS's bf16 GEMM of the same shape
+// (moe_gemm.cu with one group, the faster of its two tilings)).
+//   max_rel_err: max |d - ref| / max |ref|
+//   quant_err:   max |dequant(q) - x| / amax of x's 128-group (<= 1/16 for e4m3)
+//   fp8_us, bf16_us, quant_us: mean microseconds per call over `iters`
+//                 after a warm-up (quant_us: kvc_fp8_quant_rows of a).
+typedef struct {
+    double max_rel_err;
+    double quant_err;
+    double fp8_us;
+    double bf16_us;
+    double quant_us;
+} kvc_fp8_selftest_result;
+
+// The brief's entry: dense m x n x k.
+int kvc_fp8_gemm_selftest(int m, int n, int k, int iters, double* max_rel_err, double* fp8_us, double* bf16_us,
+                          char* err, size_t errlen);
+int kvc_fp8_gemm_selftest_ex(int m, int n, int k, int iters, kvc_fp8_selftest_result* out, char* err, size_t errlen);
+// Grouped: `tokens` tokens each routed to `topk` distinct experts of
+// `experts` (deterministic pseudo-random routing), expert weights [n, k].
+int kvc_fp8_grouped_selftest(int experts, int tokens, int topk, int n, int k, int iters, kvc_fp8_selftest_result* out,
+                             char* err, size_t errlen);
+
+#ifdef __cplusplus
+}
+#endif
