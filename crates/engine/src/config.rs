@@ -2,40 +2,7 @@
 
 use std::path::PathBuf;
 
-/// Where the model comes from.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ModelSource {
-    /// The small built-in Qwen3-MoE with dummy weights and the real Qwen3
-    /// tokenizer; needs no files.
-    Embedded,
-    /// A local directory holding `config.json`, safetensors and tokenizer files.
-    Path(PathBuf),
-    /// A Hugging Face hub id: taken from the hub cache, downloaded into it
-    /// first when missing (crate::hub).
-    HubId(String),
-}
-
-impl ModelSource {
-    /// `None` or an empty string -> embedded; an existing directory -> path;
-    /// otherwise a hub id.
-    pub fn parse(model: Option<&str>) -> Self {
-        match model {
-            None | Some("") => ModelSource::Embedded,
-            Some(m) if std::path::Path::new(m).exists() => ModelSource::Path(PathBuf::from(m)),
-            Some(m) => ModelSource::HubId(m.to_string()),
-        }
-    }
-}
-
-/// How to obtain weights.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum LoadFormat {
-    /// Read safetensors.
-    #[default]
-    Auto,
-    /// Random weights from a fixed seed, for any config.
-    Dummy,
-}
+use kvc_model_loading::model_source::{LoadFormat, ModelSource};
 
 /// Default `host_write_back_watermark`: a tenth of the pool kept free or
 /// free to take.

@@ -99,7 +99,7 @@ pub fn host_arena(storage: &KvStorage, slots: usize) -> Result<Option<Box<dyn kv
     {
         let bytes = slots * storage.layout().bytes_per_block();
         let started = std::time::Instant::now();
-        let arena = kvc_model_qwen3::cuda::PinnedArena::new(storage, slots)
+        let arena = kvc_kv_pool::PinnedArena::new(storage, slots)
             .map_err(|e| EngineError::Load(format!("--swap-space: {bytes} bytes of pinned host memory: {e}")))?;
         tracing::info!(event = "host_tier", slots, bytes, secs = started.elapsed().as_secs_f64(), "pinned host tier allocated");
         Ok(Some(Box::new(arena)))
@@ -111,19 +111,7 @@ pub fn host_arena(storage: &KvStorage, slots: usize) -> Result<Option<Box<dyn kv
 /// The KV pool's memory, for registration with a KV transport: its host
 /// region, or on a GPU its device allocation (`MemoryLocation::Cuda`).
 pub fn kv_region(storage: &KvStorage) -> Option<MemoryRegion> {
-    if let Some(r) = storage.regions().first() {
-        return Some(*r);
-    }
-    #[cfg(feature = "cuda")]
-    if let Some(t) = storage.device_tensor() {
-        let candle_core::DeviceLocation::Cuda { gpu_id } = t.device().location() else {
-            return None;
-        };
-        let addr = kvc_model_qwen3::cuda::ptr(t).ok()?;
-        let len = t.elem_count() * t.dtype().size_in_bytes();
-        return Some(MemoryRegion { addr: addr as usize, len, location: kvc_kv_pool::MemoryLocation::Cuda(gpu_id) });
-    }
-    None
+    storage.regions().first().copied()
 }
 
 #[cfg(test)]

@@ -89,6 +89,7 @@ impl From<kvc_model_loading::LoadError> for EngineError {
     fn from(e: kvc_model_loading::LoadError) -> Self {
         match e {
             kvc_model_loading::LoadError::Download(m) => EngineError::Download(m),
+            kvc_model_loading::LoadError::Read(m) => EngineError::Load(m),
         }
     }
 }

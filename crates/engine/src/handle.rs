@@ -115,7 +115,7 @@ impl Drop for CancelGuard {
 impl EngineHandle {
     /// Loads model and tokenizer, allocates the KV pool, starts the loop.
     pub fn start(config: EngineConfig) -> Result<Self, EngineError> {
-        let loaded = crate::model_source::load(&config)?;
+        let loaded = crate::loaded::load(&config)?;
         let stats = Arc::new(ArcSwap::from_pointee(EngineStats::default()));
         let (tx, rx) = std_mpsc::channel();
         let tokenizer = Arc::new(loaded.tokenizer);

@@ -23,7 +23,7 @@ mod handle;
 mod inbox;
 pub mod kernel_plan;
 mod kv_handoff;
-pub mod model_source;
+mod loaded;
 pub mod reference_score;
 pub mod request;
 pub mod sampler;
@@ -32,11 +32,12 @@ pub mod step_model;
 
 pub use admission::{decide_admission, AdmissionDecision, AdmissionQuery};
 pub use command::{PrefixCacheReset, SnapshotSlot};
-pub use config::{EngineConfig, LoadFormat, ModelSource};
+pub use config::EngineConfig;
 pub use engine_loop::stall_reasons;
 pub use error::EngineError;
 pub use handle::{CancelGuard, EngineHandle, ModelInfo, RequestStream};
 pub use kv_handoff::{KvLease, Reservation, SnapshotJob};
+pub use kvc_model_loading::model_source::{LoadFormat, ModelSource, EMBEDDED_CONFIG, EMBEDDED_MODEL_NAME};
 /// How a client's session id is scoped by tenant and salt (the server's
 /// handlers and its router use these; the cache keys sessions by them).
 pub use kvc_session_cache::{client_session_id, is_valid_client_part, scoped_session_id};

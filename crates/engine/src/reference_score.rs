@@ -9,8 +9,8 @@ use candle_core::{DType, Device, Tensor, D};
 use kvc_kv_pool::KvStorage;
 use kvc_model_qwen3::{BatchInput, Qwen3Config, Qwen3Model, SeqChunk};
 
-use crate::model_source::EMBEDDED_CONFIG;
 use crate::EngineError;
+use kvc_model_loading::model_source::EMBEDDED_CONFIG;
 
 const BLOCK: usize = 16;
 

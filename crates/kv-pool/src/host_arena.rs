@@ -2,9 +2,9 @@
 //! one slot holds one block of every layer (its K and V).
 //!
 //! Two kinds: [`VecArena`] for pools in host memory (copies happen at
-//! once), and a pinned arena for GPU pools (kvc_model_qwen3's
-//! `cuda::PinnedArena`), which queues the copies and issues them on a copy
-//! stream of its own at [`HostArena::flush`].
+//! once), and a pinned arena for GPU pools (`PinnedArena`, pinned_arena.rs,
+//! built with the `cuda` feature), which queues the copies and issues them
+//! on a copy stream of its own at [`HostArena::flush`].
 
 use crate::{BlockId, KvStorage};
 

@@ -8,15 +8,21 @@
 //! into few large ranges.
 
 mod allocator;
+#[cfg(feature = "cuda")]
+mod device_memory;
 mod error;
 mod host_arena;
 mod layout;
+#[cfg(feature = "cuda")]
+mod pinned_arena;
 mod storage;
 
 pub use allocator::BlockAllocator;
 pub use error::KvPoolError;
 pub use host_arena::{block_runs, CopyTicket, HostArena, HostSlot, VecArena};
 pub use layout::KvLayout;
+#[cfg(feature = "cuda")]
+pub use pinned_arena::PinnedArena;
 pub use storage::{KvStorage, MemoryLocation, MemoryRegion};
 
 /// Index of a block in the pool.

@@ -127,14 +127,22 @@ impl KvStorage {
         self.num_blocks
     }
 
-    /// The raw host memory of the storage (one region; none for device
-    /// storage, whose address only the CUDA code can read: see
-    /// `kvc_engine`'s `device::kv_region`).
+    /// The raw memory of the storage: one region, in host memory or (CUDA
+    /// builds) on the GPU; none for device storage in a build without CUDA.
     pub fn regions(&self) -> Vec<MemoryRegion> {
         if self.device.is_some() {
-            return Vec::new();
+            return self.device_region().into_iter().collect();
         }
         with_data!(&self.data, v => vec![MemoryRegion::host(v.as_ptr() as usize, std::mem::size_of_val(v.as_slice()))])
+    }
+
+    /// The device memory of a GPU storage (CUDA builds; None otherwise).
+    pub fn device_region(&self) -> Option<MemoryRegion> {
+        #[cfg(feature = "cuda")]
+        if let Some(t) = &self.device {
+            return crate::device_memory::region(t);
+        }
+        None
     }
 
     /// Byte offset of (layer, block) from the start of the storage region.

@@ -9,4 +9,7 @@ pub enum LoadError {
     /// says why and what to do).
     #[error("cannot get the model from the Hugging Face hub: {0}")]
     Download(String),
+    /// A checkpoint file could not be read (the path and the error).
+    #[error("{0}")]
+    Read(String),
 }

@@ -5,12 +5,15 @@
 //! byte-exact resume, size and hash checks, a lock per blob), and the
 //! progress of long start-up work ([`progress::Progress`]: a bar on a
 //! terminal, log lines otherwise) that the download and the engine's
-//! weight loading report through. No model and no KV here: `kvc-engine`'s
-//! model source resolves a hub id with it, then reads the snapshot.
+//! weight loading report through; and where a model comes from
+//! ([`model_source`]: embedded, a directory or a hub id, resolved into a
+//! checkpoint directory and its config.json). No model weights and no KV
+//! here: `kvc-engine` reads the checkpoint it resolves.
 
 pub mod error;
 pub mod hub;
 pub mod hub_file;
+pub mod model_source;
 pub mod progress;
 
 pub use error::LoadError;

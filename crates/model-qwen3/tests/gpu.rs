@@ -418,7 +418,7 @@ fn decode_steps_through_cuda_graphs_match_the_eager_pass_and_the_reference() {
 #[ignore = "needs a CUDA device: run with scripts/gpu_run.sh"]
 fn pinned_host_tier_round_trips_blocks_bit_exact_and_reports_bandwidth() {
     use kvc_kv_pool::{HostArena, KvLayout};
-    use kvc_model_qwen3::cuda::PinnedArena;
+    use kvc_kv_pool::PinnedArena;
     use rand::seq::SliceRandom;
     let dev = gpu();
     let layout = KvLayout { num_layers: 48, num_kv_heads: 4, head_dim: 128, block_size: 16, dtype: DType::BF16 };

@@ -27,7 +27,8 @@ use std::sync::Arc;
 use candle_core::cuda::cudarc::driver::{result, sys, CudaContext, CudaStream};
 use candle_core::cuda::WrapErr;
 use candle_core::{bail, Result};
-use kvc_kv_pool::{block_runs, BlockId, CopyTicket, HostArena, HostSlot, KvStorage};
+
+use crate::{block_runs, BlockId, CopyTicket, HostArena, HostSlot, KvStorage};
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Dir {
@@ -78,9 +79,10 @@ unsafe impl Send for PinnedArena {}
 impl PinnedArena {
     /// An arena of `capacity` slots for the GPU pool `storage`.
     pub fn new(storage: &KvStorage, capacity: usize) -> Result<Self> {
-        let Some(t) = storage.device_tensor() else { bail!("PinnedArena: the KV pool is not on a GPU") };
-        let dev = super::cuda_dev(t.device())?;
-        let compute = dev.cuda_stream();
+        let (Some(t), Some(region)) = (storage.device_tensor(), storage.device_region()) else {
+            bail!("PinnedArena: the KV pool is not on a GPU")
+        };
+        let compute = t.device().as_cuda_device()?.cuda_stream();
         let ctx = compute.context().clone();
         ctx.bind_to_thread().w()?;
         let layout = storage.layout();
@@ -93,7 +95,7 @@ impl PinnedArena {
         Ok(Self {
             host,
             capacity,
-            pool: super::ptr(t)?,
+            pool: region.addr as u64,
             num_blocks: storage.num_blocks(),
             num_layers: layout.num_layers,
             layer_block_bytes: layout.layer_block_bytes(),
@@ -253,7 +255,7 @@ impl PinnedArena {
 }
 
 /// Maximal runs of `ops`, in order: consecutive operations of one direction
-/// whose blocks and slots both step by one ([`kvc_kv_pool::block_runs`]).
+/// whose blocks and slots both step by one ([`block_runs`]).
 fn runs(ops: &[Op]) -> Vec<(Op, usize)> {
     let mut out = Vec::new();
     for seg in ops.chunk_by(|a, b| a.dir == b.dir) {

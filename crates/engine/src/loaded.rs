@@ -1,47 +1,20 @@
-//! Resolves a [`ModelSource`] into a model, tokenizer, chat template and KV pool.
+//! Loads what the engine serves: the model (from the source that
+//! kvc_model_loading's `model_source` resolved), tokenizer, chat template
+//! and KV pool.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use candle_core::{DType, Device};
 use kvc_kv_pool::KvPool;
-use kvc_model_qwen3::{parse_dtype, read_config, Qwen3Config, Qwen3Model};
-
-use crate::{EngineConfig, EngineError, LoadFormat, ModelSource};
+use kvc_model_loading::model_source::{self, HubSettings, LoadFormat, ResolvedSource};
 use kvc_model_loading::progress::Progress;
+use kvc_model_qwen3::{parse_dtype, Qwen3Config, Qwen3Model};
+
+use crate::{EngineConfig, EngineError};
 use kvc_text_front::chat_template::ChatTemplate;
 use kvc_text_front::tokenizer::TextTokenizer;
-
-/// Name served for the embedded model.
-pub const EMBEDDED_MODEL_NAME: &str = "kvc-default";
-
-/// The built-in model: a small Qwen3-MoE (8 experts, top-2) with the real
-/// Qwen3 vocabulary, filled with dummy weights. Quick on two CPU cores.
-pub const EMBEDDED_CONFIG: &str = r#"{
-  "architectures": ["Qwen3MoeForCausalLM"],
-  "model_type": "qwen3_moe",
-  "vocab_size": 151936,
-  "hidden_size": 128,
-  "intermediate_size": 512,
-  "moe_intermediate_size": 128,
-  "num_hidden_layers": 4,
-  "num_attention_heads": 4,
-  "num_key_value_heads": 2,
-  "head_dim": 32,
-  "num_experts": 8,
-  "num_experts_per_tok": 2,
-  "norm_topk_prob": true,
-  "decoder_sparse_step": 1,
-  "mlp_only_layers": [],
-  "max_position_embeddings": 32768,
-  "rms_norm_eps": 1e-6,
-  "rope_theta": 1000000.0,
-  "tie_word_embeddings": true,
-  "torch_dtype": "float32",
-  "bos_token_id": 151643,
-  "eos_token_id": 151645
-}"#;
 
 pub(crate) struct Loaded {
     pub model: Qwen3Model,
@@ -57,17 +30,6 @@ pub(crate) struct Loaded {
 
 fn load_err(e: impl std::fmt::Display) -> EngineError {
     EngineError::Load(e.to_string())
-}
-
-/// A hub id's snapshot directory: from the hub cache, downloaded first when
-/// missing (kvc_model_loading::hub; offline with `HF_HUB_OFFLINE`).
-fn resolve_hub_id(id: &str, config: &EngineConfig) -> Result<PathBuf, EngineError> {
-    let options = kvc_model_loading::hub::HubOptions {
-        revision: config.revision.clone(),
-        cache_dir: config.download_dir.clone(),
-        weights: config.load_format == LoadFormat::Auto,
-    };
-    Ok(kvc_model_loading::hub::resolve(id, &options, &kvc_model_loading::hub::HubEnv::from_env())?)
 }
 
 /// Reads the checkpoint's weights with a progress bar (or log lines) and
@@ -111,16 +73,9 @@ fn compute_dtype(flag: Option<&str>, config: &Qwen3Config, device: &Device) -> R
 pub(crate) fn load(config: &EngineConfig) -> Result<Loaded, EngineError> {
     let device = crate::device::select(&config.device)?;
     crate::kernel_plan::apply(&config.kernels, &device)?;
-    let (dir, served_default) = match &config.model {
-        ModelSource::Embedded => (None, EMBEDDED_MODEL_NAME.to_string()),
-        ModelSource::Path(p) => (Some(p.clone()), p.display().to_string()),
-        ModelSource::HubId(id) => (Some(resolve_hub_id(id, config)?), id.clone()),
-    };
-    let config_text = match &dir {
-        None => EMBEDDED_CONFIG.to_string(),
-        Some(d) => read_config(d).map_err(load_err)?,
-    };
-    let model_config = Qwen3Config::from_json(&config_text).map_err(load_err)?;
+    let hub = HubSettings { revision: config.revision.clone(), cache_dir: config.download_dir.clone() };
+    let ResolvedSource { dir, served_default, config_json } = model_source::resolve(&config.model, config.load_format, hub)?;
+    let model_config = Qwen3Config::from_json(&config_json).map_err(load_err)?;
     let dtype = compute_dtype(config.dtype.as_deref(), &model_config, &device)?;
     let real_weights = dir.is_some() && config.load_format == LoadFormat::Auto;
     let model = match (&dir, config.load_format) {
