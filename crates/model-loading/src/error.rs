@@ -13,3 +13,10 @@ pub enum LoadError {
     #[error("{0}")]
     Read(String),
 }
+
+impl LoadError {
+    /// A [`LoadError::Download`] with this message.
+    pub fn download(msg: impl Into<String>) -> Self {
+        LoadError::Download(msg.into())
+    }
+}

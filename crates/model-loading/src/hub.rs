@@ -20,14 +20,15 @@
 //! start on the same model at once.
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
-use serde::Deserialize;
-
+use crate::hub_api::{client, header, unreachable_hub, RepoInfo};
+pub use crate::hub_api::{refusal, HubEnv, LfsInfo, Sibling, DEFAULT_ENDPOINT};
 use crate::hub_file::{self, FileMeta};
 use crate::LoadError;
 
-pub const DEFAULT_ENDPOINT: &str = "https://huggingface.co";
+fn dl_err(msg: impl Into<String>) -> LoadError {
+    LoadError::download(msg)
+}
 
 /// What to fetch, beside the repository id.
 #[derive(Debug, Clone, Default)]
@@ -38,49 +39,6 @@ pub struct HubOptions {
     pub cache_dir: Option<PathBuf>,
     /// False (`--load-format dummy`): config and tokenizer only, no weights.
     pub weights: bool,
-}
-
-/// The environment variables of the Python hub client.
-#[derive(Clone, Default)]
-pub struct HubEnv {
-    pub endpoint: String,
-    pub token: Option<String>,
-    pub offline: bool,
-    pub cache_dir: PathBuf,
-}
-
-impl std::fmt::Debug for HubEnv {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("HubEnv")
-            .field("endpoint", &self.endpoint)
-            .field("token", &self.token.as_ref().map(|_| "<set>"))
-            .field("offline", &self.offline)
-            .field("cache_dir", &self.cache_dir)
-            .finish()
-    }
-}
-
-fn env(name: &str) -> Option<String> {
-    std::env::var(name).ok().map(|v| v.trim().to_string()).filter(|v| !v.is_empty())
-}
-
-/// huggingface_hub's truthy spellings of a boolean variable.
-fn truthy(v: Option<String>) -> bool {
-    v.is_some_and(|v| matches!(v.to_ascii_uppercase().as_str(), "1" | "ON" | "YES" | "TRUE"))
-}
-
-impl HubEnv {
-    pub fn from_env() -> Self {
-        let hf = hf_hub::Cache::from_env();
-        let cache_dir =
-            env("HF_HUB_CACHE").or_else(|| env("HUGGINGFACE_HUB_CACHE")).map(PathBuf::from).unwrap_or_else(|| hf.path().clone());
-        Self {
-            endpoint: env("HF_ENDPOINT").unwrap_or_else(|| DEFAULT_ENDPOINT.to_string()).trim_end_matches('/').to_string(),
-            token: env("HF_TOKEN").or_else(|| env("HUGGING_FACE_HUB_TOKEN")).or_else(|| hf.token()),
-            offline: truthy(env("HF_HUB_OFFLINE")),
-            cache_dir,
-        }
-    }
 }
 
 /// A hub repository id: `NAME` or `ORG/NAME`, letters, digits, `-`, `_`, `.`.
@@ -95,32 +53,6 @@ pub fn is_repo_id(id: &str) -> bool {
             && p.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
     };
     (1..=2).contains(&parts.len()) && parts.iter().all(part_ok)
-}
-
-/// One file of the repository listing (`/api/models/ID/revision/REV?blobs=true`).
-#[derive(Debug, Clone, Deserialize)]
-pub struct Sibling {
-    pub rfilename: String,
-    #[serde(default)]
-    pub size: Option<u64>,
-    /// Git blob sha1 of the file (of its LFS pointer for LFS files).
-    #[serde(default, rename = "blobId")]
-    pub blob_id: Option<String>,
-    #[serde(default)]
-    pub lfs: Option<LfsInfo>,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-pub struct LfsInfo {
-    pub sha256: String,
-    pub size: u64,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-pub struct RepoInfo {
-    pub sha: String,
-    #[serde(default)]
-    pub siblings: Vec<Sibling>,
 }
 
 /// The files kvc needs from a repository: at its top level, the configs
@@ -154,10 +86,6 @@ pub fn cached_snapshot(cache_dir: &Path, id: &str, revision: &str) -> Option<Pat
     snapshot.join("config.json").is_file().then_some(snapshot)
 }
 
-fn dl_err(msg: impl Into<String>) -> LoadError {
-    LoadError::Download(msg.into())
-}
-
 /// Resolves `id` to a local snapshot directory, downloading what is missing
 /// (unless offline). Blocks: runs its own small async runtime, so call it
 /// from a plain thread, not from inside a tokio runtime.
@@ -185,53 +113,6 @@ pub fn resolve(id: &str, options: &HubOptions, env: &HubEnv) -> Result<PathBuf, 
     runtime.block_on(download(id, revision, &cache_dir, options.weights, env))
 }
 
-fn client(env: &HubEnv) -> Result<reqwest::Client, LoadError> {
-    let mut headers = reqwest::header::HeaderMap::new();
-    if let Some(token) = &env.token {
-        let value = reqwest::header::HeaderValue::from_str(&format!("Bearer {token}"))
-            .map_err(|_| dl_err("HF_TOKEN holds characters that cannot go in an HTTP header"))?;
-        headers.insert(reqwest::header::AUTHORIZATION, value);
-    }
-    reqwest::Client::builder()
-        .user_agent(concat!("kvc/", env!("CARGO_PKG_VERSION"), "; hf_hub/compatible"))
-        .default_headers(headers)
-        .connect_timeout(Duration::from_secs(15))
-        .build()
-        .map_err(|e| dl_err(format!("cannot build the HTTP client: {e}")))
-}
-
-/// Why the hub refused: huggingface_hub's reading of `X-Error-Code` and the
-/// status, as one message naming what to do.
-pub fn refusal(id: &str, revision: &str, status: u16, error_code: Option<&str>, hub_message: Option<&str>, has_token: bool) -> String {
-    let detail = hub_message.map(|m| format!(" (hub: {m})")).unwrap_or_default();
-    match (error_code, status) {
-        (Some("GatedRepo"), _) if has_token => format!(
-            "{id} is a gated repository and your HF_TOKEN has no access to it: accept its conditions on its hub page with \
-             the account of that token{detail}"
-        ),
-        (Some("GatedRepo"), _) => format!(
-            "{id} is a gated repository: accept its conditions on its hub page, then set HF_TOKEN to a token of that account \
-             (or run `huggingface-cli login`){detail}"
-        ),
-        (Some("EntryNotFound"), _) => format!("{id} is not in the repository{detail}"),
-        (Some("RevisionNotFound"), _) => format!("revision {revision:?} of {id} does not exist on the hub{detail}"),
-        (Some("RepoNotFound"), _) | (_, 404) | (None, 401) if !has_token => {
-            format!("repository {id} was not found on the hub (a typo, or a private repository: set HF_TOKEN){detail}")
-        }
-        (Some("RepoNotFound"), _) | (_, 404) => {
-            format!("repository {id} was not found on the hub, or your HF_TOKEN cannot see it{detail}")
-        }
-        (_, 401) => format!("the hub rejected HF_TOKEN (401): check the token{detail}"),
-        (_, 403) => format!("the hub refused access to {id} (403): your HF_TOKEN lacks the permission{detail}"),
-        (_, 429) => format!("the hub is rate-limiting this host (429): retry later, or set HF_TOKEN{detail}"),
-        _ => format!("the hub answered HTTP {status} for {id}{detail}"),
-    }
-}
-
-pub(crate) fn header(resp: &reqwest::Response, name: &str) -> Option<String> {
-    resp.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_string)
-}
-
 async fn repo_info(client: &reqwest::Client, env: &HubEnv, id: &str, revision: &str) -> Result<RepoInfo, LoadError> {
     let url = format!("{}/api/models/{id}/revision/{}?blobs=true", env.endpoint, revision.replace('/', "%2F"));
     let resp = client.get(&url).send().await.map_err(|e| unreachable_hub(env, &e))?;
@@ -241,20 +122,6 @@ async fn repo_info(client: &reqwest::Client, env: &HubEnv, id: &str, revision: &
         return Err(dl_err(refusal(id, revision, status, code.as_deref(), msg.as_deref(), env.token.is_some())));
     }
     resp.json::<RepoInfo>().await.map_err(|e| dl_err(format!("the hub's file listing for {id} at {url} is not what kvc expects: {e}")))
-}
-
-pub(crate) fn unreachable_hub(env: &HubEnv, e: &reqwest::Error) -> LoadError {
-    let mut cause = e.to_string();
-    let mut source = std::error::Error::source(e);
-    while let Some(s) = source {
-        cause = format!("{cause}: {s}");
-        source = s.source();
-    }
-    dl_err(format!(
-        "cannot reach the hub at {} ({cause}); check the network, proxy or HF_ENDPOINT, \
-         or set HF_HUB_OFFLINE=1 to use only models already in the cache",
-        env.endpoint
-    ))
 }
 
 async fn download(id: &str, revision: &str, cache_dir: &Path, weights: bool, env: &HubEnv) -> Result<PathBuf, LoadError> {

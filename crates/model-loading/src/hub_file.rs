@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use sha1::Digest as _;
 
-use crate::hub::{header, refusal, unreachable_hub, HubEnv, Sibling};
+use crate::hub_api::{header, refusal, unreachable_hub, HubEnv, Sibling};
 use crate::progress::Progress;
 use crate::LoadError;
 
@@ -53,7 +53,7 @@ impl FileMeta {
 }
 
 fn dl_err(msg: impl Into<String>) -> LoadError {
-    LoadError::Download(msg.into())
+    LoadError::download(msg)
 }
 
 /// The snapshot already links this file (whole, when its size is known).

@@ -12,6 +12,7 @@
 
 pub mod error;
 pub mod hub;
+pub mod hub_api;
 pub mod hub_file;
 pub mod model_source;
 pub mod progress;

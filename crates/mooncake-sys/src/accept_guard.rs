@@ -29,7 +29,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::RwLock;
 
-use crate::bind_scope::{proc_tcp_entries, read_addr};
+use crate::socket_table::{proc_tcp_entries, read_addr};
 
 static GUARDED: RwLock<Option<HashSet<(libc::c_int, SocketAddr)>>> = RwLock::new(None);
 static ALLOWED: RwLock<Option<HashSet<IpAddr>>> = RwLock::new(None);

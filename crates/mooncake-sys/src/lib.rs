@@ -28,6 +28,8 @@ pub mod bind_scope;
 mod error;
 #[cfg(target_os = "linux")]
 mod sock_diag;
+#[cfg(target_os = "linux")]
+mod socket_table;
 mod types;
 mod verified;
 
