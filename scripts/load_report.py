@@ -117,7 +117,7 @@ def main():
         # Step-kind decisions (--itl-target-ms), by kind/reason, where counted.
         "step_kinds": {
             f"{m.group(1)}/{m.group(2)}": float(m.group(3)) - (value(before, m.group(0).rsplit(" ", 1)[0]) or 0.0)
-            for m in re.finditer(r'^kvc_step_kind_decisions_total\{kind="([^"]+)",reason="([^"]+)"\} ([0-9.e+-]+)$', text, re.M)
+            for m in re.finditer(r'^kvc_decisions_total\{decision="step_kind",outcome="([^"]+)",reason="([^"]+)"\} ([0-9.e+-]+)$', text, re.M)
         },
         "capacity_tok_per_s": a.capacity,
         "offered_tok_per_s": a.offered,

@@ -73,6 +73,15 @@ def start_decode(start_server, p, *extra, min_remote: int = MIN_REMOTE, blocks: 
     return d
 
 
+def decided(m: dict[str, float], decision: str, reason: str, outcome: str | None = None) -> float:
+    """A /metrics' count of `decision` with `reason` (kvc_decisions_total),
+    of one outcome, or of all when none is given."""
+    head = f'kvc_decisions_total{{decision="{decision}",outcome="'
+    tail = f'",reason="{reason}"}}'
+    return sum(v for k, v in m.items() if k.startswith(head) and k.endswith(tail)
+               and (outcome is None or k == f"{head}{outcome}{tail}"))
+
+
 def snapshot(p, session) -> dict:
     return httpx.get(f"{p.base_url}/v1/sessions/{session}/snapshot", timeout=10).json()
 
@@ -119,8 +128,8 @@ def test_1p1d_twenty_sessions_match_a_colocated_worker(start_server, both):
                 assert k["computed_tokens"] == len(prompt) - held, "only the new suffix (and its partial block) is computed"
                 assert out["usage"]["prompt_tokens_details"]["cached_tokens"] == held
     m = d.metrics()
-    assert m['kvc_prefill_path_decisions_total{path="remote_prefill",reason="suffix_above_threshold"}'] == 20
-    assert m['kvc_prefill_path_decisions_total{path="direct_append",reason="suffix_below_threshold"}'] == 40
+    assert decided(m, "prefill_path", "suffix_above_threshold", "remote_prefill") == 20
+    assert decided(m, "prefill_path", "suffix_below_threshold", "direct_append") == 40
     assert m['kvc_remote_prefill_total{outcome="ok"}'] == 20
     # Every turn's commit pushed (or offered) the session's new blocks.
     wait_for(lambda: d.metrics().get("kvc_snapshot_push_sent_total", 0) >= 20, 60, "snapshot pushes")
@@ -187,7 +196,7 @@ def test_a_snapshot_store_smaller_than_its_sessions_serves_bypass_from_the_host_
     assert tiers == {"spill-0": "host", "spill-1": "host", "spill-2": "device", "spill-3": "device"}, tiers
     m = p.metrics()
     assert (m['kvc_snapshot_store_blocks{tier="device"}'], m['kvc_snapshot_store_blocks{tier="host"}']) == (16, 16)
-    assert m['kvc_snapshot_spill_decisions_total{action="demote",reason="host_room"}'] == 2
+    assert decided(m, "spill", "host_room", "demote") == 2
     assert m["kvc_snapshot_evicted_total"] == 0, "nothing was dropped"
 
     # The oldest session's next turn lands on D2, which holds nothing.
@@ -225,7 +234,7 @@ def test_prefill_worker_killed_mid_transfer_falls_back_without_changing_answers(
     assert text(out) == text(complete(both, prompt))
     assert out["kvc"]["reason"] == "fallback_remote_prefill_failed"
     m = d.metrics()
-    assert m['kvc_disagg_fallbacks_total{reason="remote_prefill_failed"}'] == 1
+    assert decided(m, "prefill_fallback", "remote_prefill_failed") == 1
     assert m['kvc_remote_prefill_total{outcome="failed"}'] == 1
     # With P gone, D serves alone: later turns are direct appends, answers unchanged.
     wait_for(lambda: d.metrics().get(f'kvc_prefill_peer_healthy{{peer="{p.base_url}"}}') == 0.0, 30, "P marked unhealthy")
@@ -372,7 +381,7 @@ def test_several_choices_on_a_decode_worker_are_computed_there_and_say_so(start_
     d = start_decode(start_server, p)
     prompt = ids(77, 200)
     body = {"prompt": prompt, "max_tokens": 6, "temperature": 0, "ignore_eos": True, "n": 2}
-    before = d.metrics().get('kvc_prefill_path_decisions_total{path="local",reason="multiple_choices"}', 0.0)
+    before = decided(d.metrics(), "prefill_path", "multiple_choices", "local")
     r = httpx.post(f"{d.base_url}/v1/completions", json=body, timeout=300)
     assert r.status_code == 200, r.text
     out = r.json()
@@ -380,7 +389,7 @@ def test_several_choices_on_a_decode_worker_are_computed_there_and_say_so(start_
     assert r.headers["x-kvc-path"] == "local"
     want = httpx.post(f"{both.base_url}/v1/completions", json=body, timeout=300).json()
     assert [c["text"] for c in out["choices"]] == [c["text"] for c in want["choices"]]
-    assert d.metrics()['kvc_prefill_path_decisions_total{path="local",reason="multiple_choices"}'] == before + 1
+    assert decided(d.metrics(), "prefill_path", "multiple_choices", "local") == before + 1
     # One choice still goes the usual way (another prompt: this one is in
     # D's prefix cache now).
     assert complete(d, ids(78, 200))["kvc"]["path"] == "remote_prefill"
@@ -393,8 +402,7 @@ def test_scoring_on_a_decode_worker_is_computed_there_and_says_so(start_server, 
     p = start_server(*prefill_flags())
     d = start_decode(start_server, p)
     body = {"prompt": ids(79, 200), "max_tokens": 1, "temperature": 0, "echo": True, "logprobs": 1}
-    key = 'kvc_prefill_path_decisions_total{path="local",reason="prompt_logprobs"}'
-    before = d.metrics().get(key, 0.0)
+    before = decided(d.metrics(), "prefill_path", "prompt_logprobs", "local")
     r = httpx.post(f"{d.base_url}/v1/completions", json=body, timeout=300)
     assert r.status_code == 200, r.text
     out = r.json()
@@ -403,4 +411,4 @@ def test_scoring_on_a_decode_worker_is_computed_there_and_says_so(start_server, 
     got_lp, want_lp = out["choices"][0]["logprobs"]["token_logprobs"], want["choices"][0]["logprobs"]["token_logprobs"]
     assert len(got_lp) == 201 and got_lp[0] is None
     assert all(abs(a - b) < 1e-4 for a, b in zip(got_lp[1:], want_lp[1:]))
-    assert d.metrics()[key] == before + 1
+    assert decided(d.metrics(), "prefill_path", "prompt_logprobs", "local") == before + 1

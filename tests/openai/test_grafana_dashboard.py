@@ -28,6 +28,9 @@ DASHBOARD = ROOT / "deploy" / "grafana" / "kvc.json"
 NAME = re.compile(r"\bkvc_[a-zA-Z0-9_]+")
 TYPE = re.compile(r"^# (?:TYPE|HELP) (kvc_[a-zA-Z0-9_]+)")
 SAMPLE = re.compile(r"^(kvc_[a-zA-Z0-9_]+)[{ ]")
+# A query of one decision of the family, and an exported sample's decision.
+DECISION_QUERY = re.compile(r'kvc_decisions_total\{[^}]*\bdecision="([a-z_]+)"')
+DECISION_SAMPLE = re.compile(r'^kvc_decisions_total\{decision="([a-z_]+)",')
 
 # What the issue asks the dashboard to show, by the metric that shows it.
 REQUIRED = {
@@ -42,10 +45,12 @@ REQUIRED = {
     "session hits": "kvc_session_hits_total",
     "prefix hits": "kvc_prefix_cache_hits_total",
     "cold (served - hits)": "kvc_served_requests_total",
-    "remote prefill / direct append mix": "kvc_prefill_path_decisions_total",
+    "remote prefill / direct append mix": 'kvc_decisions_total{decision="prefill_path"}',
     "bypass": "kvc_bypass_total",
     "transfer GB/s": "kvc_kv_transfer_bytes_total",
-    "fallbacks by reason": "kvc_disagg_fallbacks_total",
+    "fallbacks by reason": 'kvc_decisions_total{decision="prefill_fallback"}',
+    "router placements by reason": 'kvc_decisions_total{decision="route_score"}',
+    "429s for the queue delay": 'kvc_decisions_total{decision="queue_delay"}',
     "router moves": "kvc_router_session_moves_total",
     "engine stalls": "kvc_engine_stalled_steps_total",
     "oldest waiting request": "kvc_requests_oldest_waiting_seconds",
@@ -64,12 +69,16 @@ def panels(d: dict):
 
 
 def queried(d: dict) -> dict[str, list[str]]:
-    """Metric name -> titles of the panels that query it."""
+    """Metric name -> titles of the panels that query it; a query of
+    kvc_decisions_total that selects one decision also counts as
+    `kvc_decisions_total{decision="..."}`."""
     out: dict[str, list[str]] = {}
     for p in panels(d):
         for t in p.get("targets", []):
             for name in NAME.findall(t["expr"]):
                 out.setdefault(name, []).append(p["title"])
+            for decision in DECISION_QUERY.findall(t["expr"]):
+                out.setdefault(f'kvc_decisions_total{{decision="{decision}"}}', []).append(p["title"])
     return out
 
 
@@ -81,6 +90,9 @@ def exported(text: str) -> set[str]:
         m = TYPE.match(line) or SAMPLE.match(line)
         if m:
             names.add(m.group(1))
+        m = DECISION_SAMPLE.match(line)
+        if m:
+            names.add(f'kvc_decisions_total{{decision="{m.group(1)}"}}')
         if line.startswith("# TYPE ") and line.endswith(" histogram"):
             base = line.split()[2]
             names |= {base + "_bucket", base + "_sum", base + "_count"}

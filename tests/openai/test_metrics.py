@@ -46,9 +46,11 @@ def test_metrics_expose_engine_stats_in_prometheus_text(server):
     assert {line.split('reason="')[1].split('"')[0] for line in stalled} >= {"kv_watermark", "max_num_seqs", "unknown"}
     assert all(line.endswith(" 0") for line in stalled), stalled
     # So are the typed decisions' label sets: the scheduler's admission
-    # reasons and the eviction decision's (tier, reason) pairs.
+    # reasons (kvc_decisions_total{decision="seq_admission"}) and the
+    # eviction decision's (tier, reason) pairs.
+    admission = {k.rsplit('reason="', 1)[1][:-2] for k in m if k.startswith('kvc_decisions_total{decision="seq_admission",')}
     for reason in ["admitted", "max_num_seqs", "kv_watermark", "partial_prefills", "long_partial_prefills", "token_budget"]:
-        assert f'kvc_scheduler_admission_decisions_total{{reason="{reason}"}}' in m, reason
+        assert reason in admission, reason
     for tier in ["host", "dropped"]:
         for reason in ["idle", "size", "few_turns"]:
             assert f'kvc_evicted_blocks_total{{tier="{tier}",reason="{reason}"}}' in m, (tier, reason)
@@ -148,25 +150,31 @@ def test_decision_and_fallback_counters_list_every_reason_at_0_on_a_fresh_worker
     """Closed label sets exist from the start (no empty dashboard panels)."""
     import test_disagg as disagg
 
-    def series(srv, name):
-        return {k[len(name):]: v for k, v in srv.metrics().items() if k.startswith(name + "{")}
+    def series(srv, decision):
+        """kvc_decisions_total{decision=...} by (outcome, reason)."""
+        out = {}
+        for k, v in srv.metrics().items():
+            m = DECISION.match(k[len("kvc_decisions_total"):]) if k.startswith("kvc_decisions_total{") else None
+            if m and m.group(1) == decision:
+                out[(m.group(2), m.group(3))] = v
+        return out
 
     both = start_server()
-    assert series(both, "kvc_admission_decisions_total") == {
-        f'{{reason="{r}"}}': 0.0 for r in ("ok", "prompt_too_long", "kv_pool_full", "queue_full")}
-    assert series(both, "kvc_snapshot_spill_decisions_total") == {
-        f'{{action="{a}",reason="{r}"}}': 0.0 for a, r in (
+    assert series(both, "admission_probe") == {
+        ("admit" if r == "ok" else "refuse", r): 0.0 for r in ("ok", "prompt_too_long", "kv_pool_full", "queue_full")}
+    assert series(both, "spill") == {
+        (a, r): 0.0 for a, r in (
             ("demote", "host_room"), ("drop_host_entry", "host_full"), ("drop", "no_host_tier"), ("drop", "larger_than_host"),
             ("drop", "host_held_by_newer"))}
-    assert series(both, "kvc_step_kind_decisions_total") == {
-        f'{{kind="{k}",reason="{r}"}}': 0.0 for k, r in (
+    assert series(both, "step_kind") == {
+        (k, r): 0.0 for k, r in (
             ("mixed", "no_target"), ("mixed", "no_decodes"), ("mixed", "no_prefill"), ("mixed", "mixed_within_target"),
             ("mixed", "decode_only_over_target"), ("mixed", "backlog"), ("mixed", "interleaved"),
             ("decode_only", "interleave"))}
     d = disagg.start_decode(start_server, start_server(*disagg.prefill_flags()))
-    assert series(d, "kvc_prefill_path_decisions_total") == {
-        f'{{path="{p}",reason="{r}"}}': 0.0 for p, r in PATH_DECISIONS}
-    assert series(d, "kvc_disagg_fallbacks_total") == {'{reason="remote_prefill_failed"}': 0.0}
+    assert series(d, "prefill_path") == {pr: 0.0 for pr in PATH_DECISIONS}
+    fallbacks = series(d, "prefill_fallback")
+    assert {r for _, r in fallbacks} == {"remote_prefill_failed"} and set(fallbacks.values()) == {0.0}, fallbacks
 
 
 # Every decision of kvc-policy (kvc_decisions_total{decision,outcome,reason}):

@@ -2,8 +2,8 @@
 behind the prefill already queued is refused at once with 429 in OpenAI's
 rate-limit shape (the `openai` client's RateLimitError) with Retry-After;
 what was taken completes; an idle server takes everything; every decision
-is counted in kvc_queue_delay_decisions_total, whose label sets are
-exported at 0."""
+is counted in kvc_decisions_total{decision="queue_delay"}, whose label
+sets are exported at 0."""
 
 import os
 import subprocess
@@ -29,11 +29,13 @@ def bounded(start_server):
 
 
 def decisions(server) -> dict[tuple[str, str], float]:
+    """The queue-delay decisions counted, by (outcome, reason)."""
     out = {}
     for k, v in server.metrics().items():
-        if k.startswith("kvc_queue_delay_decisions_total{"):
+        if k.startswith("kvc_decisions_total{"):
             labels = dict(p.split("=", 1) for p in k[k.index("{") + 1:-1].split(","))
-            out[(labels["decision"].strip('"'), labels["reason"].strip('"'))] = v
+            if labels["decision"] == '"queue_delay"':
+                out[(labels["outcome"].strip('"'), labels["reason"].strip('"'))] = v
     return out
 
 

@@ -249,9 +249,9 @@ impl Generation {
                 Ok(Some(ChoiceEvent::Token { index, token_id, text, logprobs }))
             }
             Some((index, Some(StreamEvent::Finished { reason, text, matched_stop, mut usage, .. }))) => {
-                if index == 0 && !self.route.reason.is_empty() {
+                if let (0, Some(path_reason)) = (index, self.route.reason) {
                     usage.path = self.route.path;
-                    usage.path_reason = self.route.reason;
+                    usage.path_reason = path_reason.as_str();
                     usage.transferred_tokens = self.route.transferred_tokens;
                     if let Some(c) = self.route.remote_computed_tokens {
                         // Prompt tokens nobody computed for this request.

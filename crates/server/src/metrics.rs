@@ -37,11 +37,6 @@ const ENGINE: &[Family] = &[
     Family::counter("kvc_preempted_tokens_recomputed_total", "Tokens computed again because preemption lost their KV.", &[]),
     Family::gauge("kvc_scheduler_partial_prefills", "Running sequences mid-prefill.", &[]),
     Family::counter(
-        "kvc_scheduler_admission_decisions_total",
-        "Scheduler admissions (reason=admitted) and, per step, why the queue's head still waits.",
-        &["reason"],
-    ),
-    Family::counter(
         "kvc_scheduler_head_of_line_passed_total",
         "Requests admitted past an older one held back for KV memory (within --max-head-of-line-steps).",
         &[],
@@ -83,11 +78,6 @@ const ENGINE: &[Family] = &[
         "Remote prefills served from a snapshot, by the tier they came from (host: blocks were copied back first).",
         &["tier"],
     ),
-    Family::counter(
-        "kvc_snapshot_spill_decisions_total",
-        "Snapshot store decisions to free device blocks: demote to the host tier, drop a colder host entry, or drop.",
-        &["action", "reason"],
-    ),
     Family::counter("kvc_snapshot_demoted_blocks_total", "Snapshot store blocks copied to the host tier.", &[]),
     Family::counter("kvc_snapshot_restored_blocks_total", "Snapshot store blocks copied back from the host tier for a bypass.", &[]),
     Family::gauge("kvc_kv_blocks_cached", "KV blocks in the prefix index.", &[]),
@@ -112,11 +102,6 @@ const ENGINE: &[Family] = &[
     Family::counter("kvc_sessions_expired_total", "Idle sessions deleted by the TTL.", &[]),
     Family::counter("kvc_sessions_capped_total", "Idle sessions dropped to keep their API key under --max-sessions-per-key.", &[]),
     Family::counter("kvc_evicted_blocks_total", "KV blocks evicted from the device, by destination tier and reason.", &["tier", "reason"]),
-    Family::counter(
-        "kvc_step_kind_decisions_total",
-        "Engine steps planned mixed (prefill beside decodes) or decode-only (--itl-target-ms), by reason.",
-        &["kind", "reason"],
-    ),
     Family::gauge(
         "kvc_scheduler_prefill_budget_seconds",
         "Seconds of prefill the next step may carry (--max-step-ms less the measured decodes).",
@@ -166,11 +151,6 @@ fn read_engine(s: &EngineStats, out: &mut Scrape) {
     one("kvc_host_restores_total", k.host_restores as f64);
     one("kvc_sessions_expired_total", k.sessions_expired as f64);
     one("kvc_sessions_capped_total", k.sessions_capped as f64);
-    // Every reason the scheduler's admission can give, at 0 until counted.
-    for reason in kvc_policy::seq_admission::AdmitReason::ALL.map(|r| r.as_str()) {
-        let n = s.admission_decisions.iter().find(|(r, _)| *r == reason).map_or(0, |(_, n)| *n);
-        out.sample("kvc_scheduler_admission_decisions_total", &[reason], n as f64);
-    }
     out.sample("kvc_scheduler_head_of_line_passed_total", &[], s.passed_head as f64);
     for reason in kvc_engine::stall_reasons() {
         let n = s.stalled_steps.iter().find(|(r, _)| *r == reason).map_or(0, |(_, n)| *n);
@@ -201,16 +181,6 @@ fn read_engine(s: &EngineStats, out: &mut Scrape) {
     out.sample("kvc_snapshot_store_blocks", &["host"], s.snapshot_host_blocks as f64);
     out.sample("kvc_snapshot_bypass_hits_total", &["device"], (s.snapshot_stats.bypass_hits - s.snapshot_stats.bypass_hits_host) as f64);
     out.sample("kvc_snapshot_bypass_hits_total", &["host"], s.snapshot_stats.bypass_hits_host as f64);
-    // Every (action, reason) the decision can take, at 0 until counted.
-    for (action, reason) in kvc_policy::spill::SpillReason::pairs() {
-        let n = s.snapshot_stats.spills.get(&(action.as_str().to_string(), reason.as_str().to_string())).copied().unwrap_or(0);
-        out.sample("kvc_snapshot_spill_decisions_total", &[action.as_str(), reason.as_str()], n as f64);
-    }
-    for (kind, reason) in kvc_policy::step_kind::StepKindReason::pairs() {
-        let key = (kind.as_str(), reason.as_str());
-        let n = s.step_kinds.iter().find(|(k, _)| *k == key).map_or(0, |(_, n)| *n);
-        out.sample("kvc_step_kind_decisions_total", &[key.0, key.1], n as f64);
-    }
     if let Some((alone, mixed)) = s.step_budget {
         out.sample("kvc_scheduler_prefill_budget_seconds", &["alone"], alone);
         out.sample("kvc_scheduler_prefill_budget_seconds", &["with_decodes"], mixed);
@@ -303,11 +273,8 @@ mod tests {
         ] {
             assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
         }
-        // The now-typed decisions' label sets, at 0 before any is counted.
-        for reason in ["admitted", "max_num_seqs", "kv_watermark", "partial_prefills", "long_partial_prefills", "token_budget"] {
-            let line = format!("kvc_scheduler_admission_decisions_total{{reason=\"{reason}\"}} 0");
-            assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
-        }
+        // The eviction decision's (tier, reason) pairs, at 0 before any is
+        // counted.
         for tier in ["host", "dropped"] {
             for reason in ["idle", "size", "few_turns"] {
                 let line = format!("kvc_evicted_blocks_total{{tier=\"{tier}\",reason=\"{reason}\"}} 0");
@@ -336,5 +303,71 @@ mod tests {
         assert_eq!(lines, sets.len());
         assert!(!text.contains("decision=\"route_score\""));
         assert!(text.contains("# TYPE kvc_decisions_total counter"));
+    }
+
+    /// The label sets of the per-decision counters this family replaced
+    /// (each from the typed reasons they were exported from), as
+    /// (decision, outcome or None where the old counter had no such label,
+    /// reason).
+    fn retired_label_sets() -> Vec<(&'static str, Option<&'static str>, &'static str)> {
+        use kvc_policy::{admission_probe, prefill_path, prefill_peer, queue_delay, seq_admission, spill, step_kind};
+        let mut out = Vec::new();
+        // The admission probe's, by reason.
+        out.extend(admission_probe::AdmissionProbeReason::ALL.map(|r| ("admission_probe", None, r.as_str())));
+        // --max-queue-delay-s's, by decision and reason.
+        out.extend(queue_delay::QueueDelayReason::pairs().map(|(d, r)| ("queue_delay", Some(d), r.as_str())));
+        // The prefill path's, by path and reason.
+        out.extend(prefill_path::PathReason::pairs().map(|(p, r)| ("prefill_path", Some(p.as_str()), r.as_str())));
+        // The fallbacks to local recomputation, by reason.
+        out.extend(prefill_path::FallbackReason::ALL.map(|r| ("prefill_fallback", None, r.as_str())));
+        // The prefill peer's, by reason.
+        out.extend(prefill_peer::PeerReason::ALL.map(|r| ("prefill_peer", None, r.as_str())));
+        // The scheduler's admission, by reason.
+        out.extend(seq_admission::AdmitReason::ALL.map(|r| ("seq_admission", None, r.as_str())));
+        // The snapshot store's spill, by action and reason.
+        out.extend(spill::SpillReason::pairs().map(|(a, r)| ("spill", Some(a.as_str()), r.as_str())));
+        // The step kind, by kind and reason.
+        out.extend(step_kind::StepKindReason::pairs().map(|(k, r)| ("step_kind", Some(k.as_str()), r.as_str())));
+        out
+    }
+
+    #[test]
+    fn every_label_set_of_the_retired_decision_counters_is_one_of_the_familys() {
+        let m = ServerMetrics::default();
+        register_engine(&m.registry, EngineStats::default);
+        register_decisions(&m.registry, false);
+        let text = m.render();
+        let family: Vec<(&str, &str, &str)> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("kvc_decisions_total{decision=\"")?.split_once("\"} "))
+            .filter_map(|(labels, _)| {
+                let (decision, rest) = labels.split_once("\",outcome=\"")?;
+                let (outcome, reason) = rest.split_once("\",reason=\"")?;
+                Some((decision, outcome, reason))
+            })
+            .collect();
+        for (decision, outcome, reason) in retired_label_sets() {
+            let found = family.iter().any(|&(d, o, r)| d == decision && r == reason && outcome.is_none_or(|want| o == want));
+            assert!(found, "{decision} {outcome:?} {reason}: not in\n{text}");
+        }
+        // Nothing but the family counts decisions.
+        let others = text
+            .lines()
+            .filter(|l| !l.starts_with('#') && l.contains("_decisions_total"))
+            .filter(|l| !l.starts_with("kvc_decisions_total{"));
+        assert_eq!(others.count(), 0, "{text}");
+    }
+
+    #[test]
+    fn the_router_exports_every_placement_reason() {
+        let m = ServerMetrics::default();
+        register_decisions(&m.registry, true);
+        let text = m.render();
+        // Every placement reason, each under decision="route_score".
+        for r in kvc_disagg::routing::RouteReason::ALL {
+            let reason = format!(",reason=\"{}\"}} ", r.as_str());
+            let found = text.lines().any(|l| l.starts_with("kvc_decisions_total{decision=\"route_score\",") && l.contains(&reason));
+            assert!(found, "{r:?} not in\n{text}");
+        }
     }
 }

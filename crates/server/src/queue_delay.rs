@@ -21,7 +21,6 @@ pub fn check(state: &AppState, request_id: &str) -> Result<(), ApiError> {
         },
     };
     let d = decide_queue_delay(&inputs);
-    state.metrics.queue_delay_decisions.with_label_values(&[d.reason.decision(), d.reason.as_str()]).inc();
     kvc_policy::log_decision(&d.decision());
     if d.reason == QueueDelayReason::NoBound {
         return Ok(());

@@ -21,15 +21,11 @@
 //! - `kvc_request_finishes_total{reason}`: generated choices by how they
 //!   ended: stop, length, tool_calls, abort (client gone), timeout,
 //!   shutdown, error.
-//! - `kvc_admission_decisions_total{reason}`: admission probe answers
-//!   (`POST /admission`), by [`AdmissionProbeReason`].
-//! - `kvc_queue_delay_decisions_total{decision,reason}`: prompts taken or
-//!   refused (429) by `--max-queue-delay-s`, by
-//!   [`kvc_policy::queue_delay::QueueDelayReason`].
 //!
-//! Closed label sets are exported at 0 from the start.
+//! Closed label sets are exported at 0 from the start. Decisions (the
+//! admission probe's answers, `--max-queue-delay-s`'s) are counted in
+//! `kvc_decisions_total` ([`crate::metrics::register_decisions`]).
 
-use kvc_engine::admission::AdmissionProbeReason;
 use prometheus::{Histogram, IntCounter, IntCounterVec, Registry};
 
 use crate::prom;
@@ -105,10 +101,6 @@ pub struct ServerMetrics {
     pub local_requests: IntCounter,
     /// Streams whose client went away before the end (cancelled).
     pub streams_cancelled: IntCounter,
-    /// Admission probe answers, by reason ([`AdmissionProbeReason`]).
-    pub admission_decisions: IntCounterVec,
-    /// `--max-queue-delay-s` decisions, by (decision, reason).
-    pub queue_delay_decisions: IntCounterVec,
 }
 
 impl Default for ServerMetrics {
@@ -128,19 +120,6 @@ impl ServerMetrics {
         let finishes = prom::counter_vec(r, "kvc_request_finishes_total", "Generated choices, by how they ended.", &["reason"]);
         for f in Finish::ALL {
             finishes.with_label_values(&[f.as_str()]);
-        }
-        let admission_decisions = prom::counter_vec(r, "kvc_admission_decisions_total", "Admission probe answers, by reason.", &["reason"]);
-        for reason in AdmissionProbeReason::ALL {
-            admission_decisions.with_label_values(&[reason.as_str()]);
-        }
-        let queue_delay_decisions = prom::counter_vec(
-            r,
-            "kvc_queue_delay_decisions_total",
-            "Prompts taken, or refused with 429, by their estimated wait behind the queued prefill (--max-queue-delay-s), by reason.",
-            &["decision", "reason"],
-        );
-        for (decision, reason) in kvc_policy::queue_delay::QueueDelayReason::pairs() {
-            queue_delay_decisions.with_label_values(&[decision, reason.as_str()]);
         }
         let served = prom::counter_vec(r, "kvc_served_requests_total", "Requests handed to the engine, by serving path.", &["path"]);
         Self {
@@ -173,8 +152,6 @@ impl ServerMetrics {
                 "kvc_streams_cancelled_total",
                 "Streaming responses whose client went away before the end.",
             ),
-            admission_decisions,
-            queue_delay_decisions,
             registry,
         }
     }
@@ -238,9 +215,6 @@ mod tests {
                 assert!(listed.contains(&line.as_str()), "missing {line:?} in\n{text}");
             }
         };
-        let reasons: Vec<_> = AdmissionProbeReason::ALL.iter().map(|r| r.as_str()).collect();
-        assert_eq!(reasons, ["ok", "prompt_too_long", "kv_pool_full", "queue_full"]);
-        at_0("kvc_admission_decisions_total", "reason", &reasons);
         at_0("kvc_request_finishes_total", "reason", &Finish::ALL.map(Finish::as_str));
         at_0("kvc_requests_total", "status", &["1xx", "2xx", "3xx", "4xx", "5xx"]);
         at_0("kvc_served_requests_total", "path", &["local"]);

@@ -167,7 +167,6 @@ pub async fn admission(
         }
     }
     let decision = state.engine.admission(&AdmissionQuery { session_id: session.as_deref(), prompt_tokens });
-    state.metrics.admission_decisions.with_label_values(&[decision.reason.as_str()]).inc();
     tracing::info!(event = "admission", session = ?req.session_id, prompt_tokens, can_admit = decision.can_admit, reason = decision.reason.as_str());
     Ok(Json(decision))
 }

@@ -1,7 +1,9 @@
 //! The engine's side of the step-kind decision (`kvc_policy::step_kind`):
 //! the inputs it gathers before each step, what it remembers between
 //! steps (the last mixed step's time, the decode-only steps since), and
-//! the decisions counted for `kvc_step_kind_decisions_total`.
+//! this engine's own count of the decisions ([`crate::EngineStats`]'s
+//! `step_kinds`; `/metrics` counts them in
+//! `kvc_decisions_total{decision="step_kind"}`).
 
 use std::collections::HashMap;
 

@@ -51,9 +51,9 @@ pub struct ServingArgs {
     /// Refuse a prompt with 429 (and `Retry-After`) when it would wait
     /// longer than this many seconds behind the prefill already queued:
     /// the prompt tokens ahead over the rate the backlog has drained at
-    /// (`kvc_queue_delay_decisions_total`). Past capacity this keeps the
-    /// engine on prompts that will be answered instead of ones whose
-    /// clients time out in the queue. Default: no bound.
+    /// (`kvc_decisions_total{decision="queue_delay"}`). Past capacity this
+    /// keeps the engine on prompts that will be answered instead of ones
+    /// whose clients time out in the queue. Default: no bound.
     #[arg(long, value_parser = parse_positive_f64)]
     pub max_queue_delay_s: Option<f64>,
 

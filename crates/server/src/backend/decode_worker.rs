@@ -12,7 +12,7 @@ use kvc_disagg::prefill_path::PathReason;
 use kvc_engine::GenerateRequest;
 
 use super::local::submit_here;
-use super::{Backend, Route, Started, Submission};
+use super::{Backend, Route, RouteReason, Started, Submission};
 use crate::args::Role;
 use crate::error::ApiError;
 use crate::pd::PdState;
@@ -68,7 +68,7 @@ impl Backend for DecodeWorker {
                         seq_id = stream.id(),
                         prompt_tokens = s.prompt_tokens.len(),
                         path = route.path.as_str(),
-                        reason = route.reason,
+                        reason = route.reason.map_or("", RouteReason::as_str),
                         "request submitted"
                     );
                     Ok(Started { streams: vec![stream], route })
@@ -76,7 +76,7 @@ impl Backend for DecodeWorker {
                 (Some(reason), _) => {
                     let choices = subs.iter().map(|s| s.n).sum();
                     let prompt_tokens = subs.iter().map(|s| s.prompt_tokens.len()).sum();
-                    let route = crate::pd::decode::computed_here(pd, request_id, reason, choices, prompt_tokens);
+                    let route = crate::pd::decode::computed_here(request_id, reason, choices, prompt_tokens);
                     Ok(Started { streams: submit_here(state, request_id, subs)?, route })
                 }
                 // No prompt at all: nothing to decide.

@@ -15,7 +15,7 @@ use kvc_disagg::protocol::{RemotePrefillRequest, RemotePrefillResponse};
 use kvc_engine::{GenerateRequest, RequestStream, Reservation, ReusePath, ServePath};
 
 use super::PdState;
-use crate::backend::Route;
+use crate::backend::{Route, RouteReason};
 use crate::error::ApiError;
 use crate::state::AppState;
 
@@ -24,7 +24,7 @@ pub async fn start(state: &AppState, pd: &PdState, mut req: GenerateRequest) -> 
     let engine = &state.engine;
     let info = engine.info();
     let n = req.prompt_tokens.len();
-    let peer = pd.peers.pick(req.session_id.as_deref(), &pd.metrics);
+    let peer = pd.peers.pick(req.session_id.as_deref());
     // Without a session or peer, a prompt below the threshold cannot go
     // remote: skip the reservation round trip.
     let pre = PreReservationInputs {
@@ -34,14 +34,14 @@ pub async fn start(state: &AppState, pd: &PdState, mut req: GenerateRequest) -> 
         has_session: req.session_id.is_some(),
     };
     if let Some(d) = decide_before_reservation(&pre) {
-        return local(state, pd, req, &d);
+        return local(state, req, &d);
     }
     let reservation = match engine.reserve(req.session_id.as_deref(), req.cache_salt.as_deref(), &req.prompt_tokens).await {
         Ok(r) => r,
         Err(e) => {
             // The scheduler can still serve it (it preempts or waits).
             tracing::info!(event = "reserve_failed", error = %e);
-            return local(state, pd, req, &decide_unreserved(n));
+            return local(state, req, &decide_unreserved(n));
         }
     };
     let snap = engine.snapshot();
@@ -72,7 +72,7 @@ pub async fn start(state: &AppState, pd: &PdState, mut req: GenerateRequest) -> 
         peer: Some(view),
     };
     let d = decide(&inputs);
-    count_path(pd, &d);
+    count_path(&d);
     tracing::info!(
         event = "prefill_path", request_id = %req.request_id, path = d.path.as_str(), reason = d.reason.as_str(),
         prompt_tokens = n, held_tokens = reservation.held_tokens, snapshot_tokens = view.snapshot_tokens,
@@ -81,7 +81,7 @@ pub async fn start(state: &AppState, pd: &PdState, mut req: GenerateRequest) -> 
     if d.path != PrefillPath::Remote {
         let held = reservation.held_tokens;
         let stream = engine.submit_reserved(req, reservation, held, None).map_err(ApiError::completion_engine)?;
-        return Ok((stream, Route { path: d.path.serve_path(), reason: d.reason.as_str(), ..Default::default() }));
+        return Ok((stream, Route { path: d.path.serve_path(), reason: Some(RouteReason::Path(d.reason)), ..Default::default() }));
     }
     // The first token is sampled on P: give it the seed D continues with.
     if req.sampling.seed.is_none() {
@@ -128,7 +128,7 @@ pub async fn start(state: &AppState, pd: &PdState, mut req: GenerateRequest) -> 
             );
             let route = Route {
                 path,
-                reason: d.reason.as_str(),
+                reason: Some(RouteReason::Path(d.reason)),
                 remote_computed_tokens: Some(a.computed_tokens),
                 transferred_tokens: a.transferred_tokens,
             };
@@ -139,13 +139,12 @@ pub async fn start(state: &AppState, pd: &PdState, mut req: GenerateRequest) -> 
         Err(e) => {
             pd.metrics.remote_prefill.with_label_values(&["failed"]).inc();
             let (here, fallback) = decide_fallback(reservation.reuse_reason == ReusePath::SessionHit);
-            pd.metrics.fallbacks.with_label_values(&[fallback.reason.as_str()]).inc();
             kvc_policy::log_decision(&fallback);
             pd.peers.mark_failed(&peer.url, &format!("remote prefill failed: {e}"), &pd.metrics);
             tracing::warn!(event = "fallback", reason = fallback.reason.as_str(), request_id = %req.request_id, peer = %peer.url, error = %e, "computing locally instead");
             let held = reservation.held_tokens;
             let stream = engine.submit_reserved(req, reservation, held, None).map_err(ApiError::completion_engine)?;
-            Ok((stream, Route { path: here.serve_path(), reason: "fallback_remote_prefill_failed", ..Default::default() }))
+            Ok((stream, Route { path: here.serve_path(), reason: Some(RouteReason::Fallback(fallback.reason)), ..Default::default() }))
         }
     }
 }
@@ -154,23 +153,22 @@ pub async fn start(state: &AppState, pd: &PdState, mut req: GenerateRequest) -> 
 /// several choices or prompts, computed once for all of them, or prompt
 /// logprobs, which a remote prefill cannot return): counted and logged like
 /// a decision.
-pub fn computed_here(pd: &PdState, request_id: &str, reason: PathReason, choices: usize, prompt_tokens: usize) -> Route {
+pub fn computed_here(request_id: &str, reason: PathReason, choices: usize, prompt_tokens: usize) -> Route {
     let path = PrefillPath::Local;
-    count_path(pd, &PathDecision::without_estimates(path, reason, prompt_tokens));
+    count_path(&PathDecision::without_estimates(path, reason, prompt_tokens));
     tracing::info!(event = "prefill_path", request_id, path = path.as_str(), reason = reason.as_str(), choices, prompt_tokens);
-    Route { path: path.serve_path(), reason: reason.as_str(), ..Default::default() }
+    Route { path: path.serve_path(), reason: Some(RouteReason::Path(reason)), ..Default::default() }
 }
 
-/// Counts a prefill-path decision in both families and logs it.
-fn count_path(pd: &PdState, d: &PathDecision) {
-    pd.metrics.path_decisions.with_label_values(&[d.path.as_str(), d.reason.as_str()]).inc();
+/// Counts a prefill-path decision (`kvc_decisions_total`) and logs it.
+fn count_path(d: &PathDecision) {
     kvc_policy::log_decision(&d.decision());
 }
 
-fn local(state: &AppState, pd: &PdState, req: GenerateRequest, d: &PathDecision) -> Result<(RequestStream, Route), ApiError> {
-    count_path(pd, d);
+fn local(state: &AppState, req: GenerateRequest, d: &PathDecision) -> Result<(RequestStream, Route), ApiError> {
+    count_path(d);
     let stream = state.engine.submit(req).map_err(ApiError::completion_engine)?;
-    Ok((stream, Route { path: d.path.serve_path(), reason: d.reason.as_str(), ..Default::default() }))
+    Ok((stream, Route { path: d.path.serve_path(), reason: Some(RouteReason::Path(d.reason)), ..Default::default() }))
 }
 
 /// Holds a reservation while a prefill worker may write into it. If the

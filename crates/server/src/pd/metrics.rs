@@ -1,35 +1,25 @@
 //! Metrics of the disaggregation paths, in the worker's registry
-//! ([`crate::prom`]): every decision, fallback and transfer outcome is a
-//! named, counted event. The closed label sets (decisions, fallbacks,
-//! outcomes) are exported at 0 from the start.
+//! ([`crate::prom`]): every transfer outcome is a named, counted event,
+//! its closed label sets exported at 0 from the start. The decisions (the
+//! prefill path, the fallback to local recomputation, the prefill peer)
+//! are counted in `kvc_decisions_total`
+//! ([`crate::metrics::register_decisions`]).
 
 use std::sync::Arc;
 
-use kvc_disagg::prefill_path::PathReason;
-use kvc_disagg::prefill_peer::PeerReason;
 use prometheus::{GaugeVec, IntCounter, IntCounterVec, Registry};
 
 use super::kv_link::KvLink;
 use crate::prom::{self, Family, ScrapeTime};
 
-/// Why a decode worker computed a prompt itself after choosing a prefill
-/// worker: the `reason` of `kvc_disagg_fallbacks_total` (the decision is
-/// [`kvc_disagg::prefill_path::decide_fallback`]).
-pub use kvc_disagg::prefill_path::FallbackReason;
-
 #[derive(Clone)]
 pub struct PdMetrics {
-    /// `{path, reason}`: where decode workers computed prompt suffixes
-    /// ([`PathReason::pairs`]).
-    pub path_decisions: IntCounterVec,
     /// `{outcome}`: remote prefills asked of prefill workers.
     pub remote_prefill: IntCounterVec,
     /// `{outcome}`: remote prefills this prefill worker served.
     pub remote_prefill_served: IntCounterVec,
     /// `{result}`: hit or miss of a session's snapshot.
     pub bypass: IntCounterVec,
-    /// `{reason}` ([`FallbackReason`]).
-    pub fallbacks: IntCounterVec,
     pub push_sent: IntCounter,
     /// `{reason}`.
     pub push_failed: IntCounterVec,
@@ -37,8 +27,6 @@ pub struct PdMetrics {
     pub transfer_bytes: IntCounterVec,
     /// `{peer}`: 1 healthy, 0 not.
     pub peer_healthy: GaugeVec,
-    /// `{reason}`.
-    pub peer_choices: IntCounterVec,
     /// `{exposure, bound}`: the KV transport's listening ports.
     pub transport_listeners: GaugeVec,
 }
@@ -62,12 +50,6 @@ impl PdMetrics {
             out.sample("kvc_kv_transport_connections_refused_total", &[], kvc_disagg::transport::refused_connections() as f64)
         });
         let m = Self {
-            path_decisions: prom::counter_vec(
-                r,
-                "kvc_prefill_path_decisions_total",
-                "Where decode workers computed prompt suffixes, by path and reason.",
-                &["path", "reason"],
-            ),
             remote_prefill: prom::counter_vec(
                 r,
                 "kvc_remote_prefill_total",
@@ -86,12 +68,6 @@ impl PdMetrics {
                 "Remote prefills of a session: its snapshot covered a prefix (hit) or not (miss).",
                 &["result"],
             ),
-            fallbacks: prom::counter_vec(
-                r,
-                "kvc_disagg_fallbacks_total",
-                "Transfers or peers that failed and were replaced by local recomputation, by reason.",
-                &["reason"],
-            ),
             push_sent: prom::counter(r, "kvc_snapshot_push_sent_total", "Session snapshot pushes committed at the prefill worker."),
             push_failed: prom::counter_vec(r, "kvc_snapshot_push_failed_total", "Session snapshot pushes abandoned, by reason.", &["reason"]),
             transfer_bytes: prom::counter_vec(
@@ -101,12 +77,6 @@ impl PdMetrics {
                 &["kind"],
             ),
             peer_healthy: prom::gauge_vec(r, "kvc_prefill_peer_healthy", "1 while a prefill peer answers its state polls.", &["peer"]),
-            peer_choices: prom::counter_vec(
-                r,
-                "kvc_prefill_peer_choices_total",
-                "Prefill workers chosen by decode workers, by reason (snapshot_holder, session_home, least_loaded, none_healthy).",
-                &["reason"],
-            ),
             transport_listeners: prom::gauge_vec(
                 r,
                 "kvc_kv_transport_listeners",
@@ -124,15 +94,6 @@ impl PdMetrics {
         }
         for kind in ["remote_prefill", "remote_prefill_received", "snapshot"] {
             m.transfer_bytes.with_label_values(&[kind]);
-        }
-        for reason in PeerReason::ALL {
-            m.peer_choices.with_label_values(&[reason.as_str()]);
-        }
-        for (path, reason) in PathReason::pairs() {
-            m.path_decisions.with_label_values(&[path.as_str(), reason.as_str()]);
-        }
-        for reason in FallbackReason::ALL {
-            m.fallbacks.with_label_values(&[reason.as_str()]);
         }
         m
     }
@@ -154,19 +115,17 @@ mod tests {
     fn counters_render_with_help_type_and_escaped_labels() {
         let r = Registry::new();
         let c = PdMetrics::new(&r);
-        c.fallbacks.with_label_values(&[FallbackReason::RemotePrefillFailed.as_str()]).inc();
-        c.fallbacks.with_label_values(&[FallbackReason::RemotePrefillFailed.as_str()]).inc();
+        c.remote_prefill.with_label_values(&["failed"]).inc();
+        c.remote_prefill.with_label_values(&["failed"]).inc();
         c.peer_healthy.with_label_values(&["http://a\"b"]).set(1.0);
-        c.path_decisions.with_label_values(&["remote_prefill", "suffix_above_threshold"]).inc();
         c.transport_listeners.with_label_values(&["loopback", "restricted"]).set(2.0);
         let out = prom::encode(&r);
-        assert!(out.contains("# TYPE kvc_disagg_fallbacks_total counter"));
-        assert!(out.contains("kvc_disagg_fallbacks_total{reason=\"remote_prefill_failed\"} 2"));
+        assert!(out.contains("# TYPE kvc_remote_prefill_total counter"));
+        assert!(out.contains("kvc_remote_prefill_total{outcome=\"failed\"} 2"));
         assert!(out.contains("kvc_prefill_peer_healthy{peer=\"http://a\\\"b\"} 1"));
-        assert!(out.contains("kvc_prefill_path_decisions_total{path=\"remote_prefill\",reason=\"suffix_above_threshold\"} 1"));
         assert!(out.contains("kvc_kv_transport_listeners{exposure=\"loopback\",bound=\"restricted\"} 2"), "{out}");
         assert!(out.contains("kvc_kv_transport_connections_refused_total "), "{out}");
-        assert_eq!(c.fallbacks.with_label_values(&["remote_prefill_failed"]).get(), 2);
+        assert_eq!(c.remote_prefill.with_label_values(&["failed"]).get(), 2);
     }
 
     /// Samples of `name` in an exposition: label part -> value.
@@ -179,26 +138,6 @@ mod tests {
         let r = Registry::new();
         let _m = PdMetrics::new(&r);
         let out = prom::encode(&r);
-        let decisions = samples(&out, "kvc_prefill_path_decisions_total");
-        let want: Vec<String> = PathReason::pairs().map(|(p, r)| format!("path=\"{}\",reason=\"{}\"", p.as_str(), r.as_str())).collect();
-        assert_eq!(decisions.len(), want.len(), "{out}");
-        for labels in &want {
-            assert!(decisions.contains(&(labels.as_str(), "0")), "missing {labels} at 0 in\n{out}");
-        }
-        // Today's labels, among them the pairs the integration tests count.
-        for labels in [
-            "path=\"remote_prefill\",reason=\"suffix_above_threshold\"",
-            "path=\"direct_append\",reason=\"suffix_below_threshold\"",
-            "path=\"direct_append\",reason=\"local_cheaper\"",
-            "path=\"local\",reason=\"prefill_peer_unhealthy\"",
-            "path=\"local\",reason=\"no_room_to_reserve\"",
-            "path=\"remote_prefill\",reason=\"snapshot_bypass_cheaper\"",
-        ] {
-            assert!(decisions.contains(&(labels, "0")), "missing {labels} in\n{out}");
-        }
-        assert_eq!(samples(&out, "kvc_disagg_fallbacks_total"), [("reason=\"remote_prefill_failed\"", "0")]);
-        let choices = samples(&out, "kvc_prefill_peer_choices_total");
-        assert_eq!(choices.len(), PeerReason::ALL.len());
         for (name, n) in [
             ("kvc_remote_prefill_total", 2),
             ("kvc_remote_prefill_served_total", 2),
@@ -209,6 +148,5 @@ mod tests {
             assert_eq!(s.len(), n, "{name}: {s:?}");
             assert!(s.iter().all(|(_, v)| *v == "0"), "{name}: {s:?}");
         }
-        assert!(choices.iter().all(|(_, v)| *v == "0"), "{choices:?}");
     }
 }

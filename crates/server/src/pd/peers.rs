@@ -102,8 +102,8 @@ impl PrefillPeers {
     /// The peer for `session` ([`choose_peer`]: its snapshot's holder, its
     /// stable home, else the least loaded healthy one; an unhealthy peer
     /// only if none is healthy, and the caller then falls back). The choice
-    /// is counted in `kvc_prefill_peer_choices_total{reason}`.
-    pub fn pick(&self, session: Option<&str>, metrics: &PdMetrics) -> Option<PeerStatus> {
+    /// is counted in `kvc_decisions_total{decision="prefill_peer"}`.
+    pub fn pick(&self, session: Option<&str>) -> Option<PeerStatus> {
         let peers = self.all();
         let candidates: Vec<PeerCandidate> = peers
             .iter()
@@ -118,7 +118,6 @@ impl PrefillPeers {
             })
             .collect();
         let (i, reason) = choose_peer(&candidates, session)?;
-        metrics.peer_choices.with_label_values(&[reason.as_str()]).inc();
         kvc_policy::log_decision(&reason.decision());
         tracing::debug!(event = "prefill_peer", peer = %peers[i].url, reason = reason.as_str());
         Some(peers[i].clone())

@@ -36,8 +36,7 @@ async fn push(pd: &PdState, job: SnapshotJob) -> Result<usize, Failed> {
     if job.lease.is_revoked() {
         return Err(Failed("session_released", String::new()));
     }
-    let peer =
-        pd.peers.pick(Some(&job.session_id), &pd.metrics).filter(|p| p.healthy).ok_or(Failed("no_healthy_prefill_peer", String::new()))?;
+    let peer = pd.peers.pick(Some(&job.session_id)).filter(|p| p.healthy).ok_or(Failed("no_healthy_prefill_peer", String::new()))?;
     let offer = SnapshotReserveRequest { session_id: job.session_id.clone(), tokens: job.tokens.clone(), src: pd.link.record().clone() };
     let slot: SnapshotReserveResponse =
         call(pd, &format!("{}/internal/snapshot/reserve", peer.url), &offer).await.map_err(|e| Failed("reserve_failed", e))?;

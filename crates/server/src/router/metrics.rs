@@ -2,9 +2,9 @@
 //!
 //! - `kvc_router_requests_total{worker,status}`: answers, by the worker that
 //!   gave them (`none` when the router answered itself) and HTTP status.
-//! - `kvc_router_decisions_total{reason}`: placement decisions.
 //! - `kvc_decisions_total{decision,outcome,reason}`: the router's
-//!   decisions (`route_score`), every label set at 0 from the start.
+//!   decisions (`route_score`: placements), every label set at 0 from the
+//!   start.
 //! - `kvc_router_session_moves_total{reason}`: sessions placed on a worker
 //!   other than the one that served their last turn.
 //! - `kvc_router_retries_total`: forwards retried on another worker.
@@ -16,6 +16,8 @@ use std::sync::{Arc, Weak};
 
 use prometheus::{IntCounter, IntCounterVec, Registry};
 
+use kvc_disagg::routing::{RouteDecision, RouteReason};
+
 use super::peers::Peers;
 use crate::prom::{self, Family, ScrapeTime};
 
@@ -23,7 +25,6 @@ use crate::prom::{self, Family, ScrapeTime};
 pub struct RouterMetrics {
     registry: Registry,
     requests: IntCounterVec,
-    decisions: IntCounterVec,
     moves: IntCounterVec,
     health_changes: IntCounterVec,
     retries: IntCounter,
@@ -39,7 +40,6 @@ impl Default for RouterMetrics {
                 "Answers to generation requests, by worker (none: the router's own) and HTTP status.",
                 &["worker", "status"],
             ),
-            decisions: prom::counter_vec(&r, "kvc_router_decisions_total", "Placement decisions, by reason.", &["reason"]),
             moves: prom::counter_vec(
                 &r,
                 "kvc_router_session_moves_total",
@@ -60,10 +60,7 @@ impl Default for RouterMetrics {
             registry: r,
         };
         // Closed label sets start at 0 (dashboards expect every series).
-        for reason in kvc_disagg::routing::RouteReason::ALL {
-            m.decisions.with_label_values(&[reason.as_str()]);
-        }
-        for reason in kvc_disagg::routing::RouteReason::MOVES {
+        for reason in RouteReason::MOVES {
             m.moves.with_label_values(&[reason.as_str()]);
         }
         crate::metrics::register_decisions(&m.registry, true);
@@ -99,14 +96,15 @@ impl RouterMetrics {
         self.requests.with_label_values(&[worker, &status.to_string()]).inc();
     }
 
-    /// Counts a placement (and logs it as a `route_score` decision).
-    pub fn count_decision(&self, decision: &kvc_disagg::routing::RouteDecision) {
-        self.decisions.with_label_values(&[decision.reason.as_str()]).inc();
+    /// Counts a placement and logs it: a `route_score` decision
+    /// (`kvc_decisions_total`, process-wide: a router is one process).
+    pub fn count_decision(&self, decision: &RouteDecision) {
         kvc_policy::log_decision(&decision.decision());
     }
 
-    pub fn count_move(&self, reason: &'static str) {
-        self.moves.with_label_values(&[reason]).inc();
+    /// Counts a session moved off its home, by the placement's reason.
+    pub fn count_move(&self, reason: RouteReason) {
+        self.moves.with_label_values(&[reason.as_str()]).inc();
     }
 
     pub fn count_retry(&self) {
@@ -134,33 +132,60 @@ impl RouterMetrics {
     }
 }
 
+/// Test support: placements are counted process-wide
+/// (`kvc_decisions_total`), so the tests that place requests take turns
+/// ([`turn`]) and read a count before and after.
+#[cfg(test)]
+pub(crate) mod counted {
+    use super::RouteReason;
+    use kvc_policy::decision::Reason;
+
+    static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+    /// Held by each test that places requests, for the whole test.
+    pub(crate) async fn turn() -> tokio::sync::MutexGuard<'static, ()> {
+        TURN.lock().await
+    }
+
+    /// [`turn`], outside a runtime.
+    pub(crate) fn blocking_turn() -> tokio::sync::MutexGuard<'static, ()> {
+        TURN.blocking_lock()
+    }
+
+    /// Placements with `reason` in this process so far.
+    pub(crate) fn placements(reason: RouteReason) -> u64 {
+        kvc_policy::decision::counts()
+            .into_iter()
+            .filter(|(s, _)| s.decision == RouteReason::DECISION && s.reason == reason.label())
+            .map(|(_, n)| n)
+            .sum()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn renders_every_router_metric_with_labels() {
+        let _turn = counted::blocking_turn();
         let m = Arc::new(RouterMetrics::default());
         let peers = Arc::new(Peers::new(&["http://a:1".to_string()], m.clone()));
         m.watch(&peers);
         m.count_request("http://a:1", 200);
         m.count_request("http://a:1", 200);
         m.count_request("none", 503);
-        let d = kvc_disagg::routing::RouteDecision {
-            worker: None,
-            reason: kvc_disagg::routing::RouteReason::LeastCost,
-            home: None,
-            scores: Vec::new(),
-        };
+        let d = RouteDecision { worker: None, reason: RouteReason::LeastCost, home: None, scores: Vec::new() };
+        let placed = counted::placements(RouteReason::LeastCost);
         m.count_decision(&d);
-        m.count_move("moved_full");
+        assert_eq!(counted::placements(RouteReason::LeastCost), placed + 1);
+        m.count_move(RouteReason::MovedFull);
         m.count_retry();
         m.count_health_change("http://a:1", "unhealthy");
         let text = m.render();
         for line in [
             "kvc_router_requests_total{worker=\"http://a:1\",status=\"200\"} 2",
             "kvc_router_requests_total{worker=\"none\",status=\"503\"} 1",
-            "kvc_router_decisions_total{reason=\"least_cost\"} 1",
             "kvc_router_session_moves_total{reason=\"moved_full\"} 1",
             "kvc_router_retries_total 1",
             "kvc_router_peer_healthy{worker=\"http://a:1\"} 0",
@@ -175,5 +200,7 @@ mod tests {
         assert_eq!(decisions.len(), 7, "{decisions:?}");
         assert!(decisions.iter().all(|l| l.starts_with("kvc_decisions_total{decision=\"route_score\",")), "{decisions:?}");
         assert!(text.contains("kvc_decisions_total{decision=\"route_score\",outcome=\"refuse\",reason=\"no_healthy_worker\"} "));
+        let least_cost = format!("kvc_decisions_total{{decision=\"route_score\",outcome=\"place\",reason=\"least_cost\"}} {}", placed + 1);
+        assert!(text.lines().any(|l| l == least_cost), "missing {least_cost:?} in\n{text}");
     }
 }

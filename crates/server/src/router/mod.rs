@@ -312,7 +312,9 @@ mod tests {
 
     use axum::routing::delete;
     use kvc_disagg::protocol::WorkerState;
+    use kvc_disagg::routing::RouteReason;
 
+    use super::metrics::counted::placements;
     use super::*;
 
     /// A stand-in worker: publishes a state, answers completions with its
@@ -367,6 +369,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_worker_that_cannot_be_reached_is_skipped_retried_elsewhere_and_marked_unhealthy() {
+        let _turn = metrics::counted::turn().await;
         let deleted = Arc::new(Mutex::new(Vec::new()));
         let (dead, alive) = (dead_url().await, fake_worker("a", deleted.clone()).await);
         let state = RouterState::new(&[dead.clone(), alive.clone()], ServerConfig::default()).unwrap();
@@ -374,6 +377,7 @@ mod tests {
         state.peers.apply_poll(0, Ok(ready()));
         state.peers.apply_poll(1, Ok(ready()));
         let router = spawn_app(app(state.clone())).await;
+        let resident = placements(RouteReason::SessionResident);
 
         let r = post_completion(&router, "s-1").await;
         assert_eq!(r.status(), 200);
@@ -391,7 +395,7 @@ mod tests {
         state.peers.apply_poll(0, Ok(ready()));
         let r = post_completion(&router, "s-1").await;
         assert_eq!(r.headers()["x-kvc-worker"], alive.as_str());
-        assert!(state.metrics.render().contains("kvc_router_decisions_total{reason=\"session_resident\"} 1"));
+        assert_eq!(placements(RouteReason::SessionResident), resident + 1);
         assert!(deleted.lock().unwrap().is_empty());
     }
 
@@ -401,11 +405,13 @@ mod tests {
     /// later poll would correct it).
     #[tokio::test]
     async fn a_report_read_after_the_answer_it_counts_does_not_move_the_session() {
+        let _turn = metrics::counted::turn().await;
         let (a, b) = (fake_worker("a", Arc::default()).await, fake_worker("b", Arc::default()).await);
         let state = RouterState::new(&[a, b], ServerConfig::default()).unwrap();
         state.peers.apply_poll(0, Ok(ready()));
         state.peers.apply_poll(1, Ok(ready()));
         let router = spawn_app(app(state.clone())).await;
+        let resident = placements(RouteReason::SessionResident);
         // The poll of a goes out, the turn runs and is answered, the report
         // (taken with the turn running: one request, its block in use) comes.
         state.peers.list[0].mark_polling();
@@ -417,13 +423,14 @@ mod tests {
         }
         state.peers.apply_poll(0, Ok(WorkerState { running: 1, free_blocks: 99, ..ready() }));
         assert_eq!(post_completion(&router, "s-2").await.json::<Value>().await.unwrap()["worker"], "a");
+        assert_eq!(placements(RouteReason::SessionResident), resident + 1);
         let text = state.metrics.render();
-        assert!(text.contains("kvc_router_decisions_total{reason=\"session_resident\"} 1"), "{text}");
         assert!(text.contains("kvc_router_session_moves_total{reason=\"moved_load\"} 0"), "{text}");
     }
 
     #[tokio::test]
     async fn a_moved_session_is_counted_and_dropped_from_its_old_worker() {
+        let _turn = metrics::counted::turn().await;
         let (deleted_a, deleted_b) = (Arc::new(Mutex::new(Vec::new())), Arc::new(Mutex::new(Vec::new())));
         let a = fake_worker("a", deleted_a.clone()).await;
         let b = fake_worker("b", deleted_b.clone()).await;
@@ -449,8 +456,10 @@ mod tests {
 
     #[tokio::test]
     async fn without_a_healthy_worker_the_router_is_unready_and_answers_503_json() {
+        let _turn = metrics::counted::turn().await;
         let state = RouterState::new(&[dead_url().await], ServerConfig::default()).unwrap();
         let router = spawn_app(app(state.clone())).await;
+        let refused = placements(RouteReason::NoHealthyWorker);
         let r = post_completion(&router, "s").await;
         assert_eq!(r.status(), 503);
         let body: Value = r.json().await.unwrap();
@@ -458,7 +467,7 @@ mod tests {
         let h = reqwest::get(format!("{router}/health")).await.unwrap();
         assert_eq!(h.status(), 503);
         let text = state.metrics.render();
-        assert!(text.contains("kvc_router_decisions_total{reason=\"no_healthy_worker\"} 1"), "{text}");
+        assert_eq!(placements(RouteReason::NoHealthyWorker), refused + 1);
         assert!(text.contains("kvc_router_requests_total{worker=\"none\",status=\"503\"} 1"), "{text}");
     }
 
@@ -467,6 +476,7 @@ mod tests {
     #[tokio::test]
     async fn a_stream_cut_by_its_worker_ends_with_an_error_event_and_done() {
         use futures::StreamExt;
+        let _turn = metrics::counted::turn().await;
         // The worker sends one event, then dies when the test says so (once
         // the client has that event).
         let (die, died) = tokio::sync::oneshot::channel::<()>();
@@ -512,6 +522,7 @@ mod tests {
     /// 503 from the router carries Retry-After.
     #[tokio::test]
     async fn no_healthy_worker_answers_503_with_retry_after() {
+        let _turn = metrics::counted::turn().await;
         let state = RouterState::new(&[dead_url().await], ServerConfig::default()).unwrap();
         let router = spawn_app(app(state)).await;
         let r = post_completion(&router, "s").await;

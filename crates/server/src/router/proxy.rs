@@ -170,7 +170,7 @@ fn settle_session(state: &RouterState, s: &RoutedSession, i: usize, decision: &R
         event = "session_move", session, from = %old_peer.url, to = %state.peers.list[i].url, reason = decision.reason.as_str(),
         "session moved to another worker"
     );
-    state.metrics.count_move(decision.reason.as_str());
+    state.metrics.count_move(decision.reason);
     if !old_peer.is_healthy() {
         return;
     }
