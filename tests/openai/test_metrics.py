@@ -181,7 +181,7 @@ def test_decision_and_fallback_counters_list_every_reason_at_0_on_a_fresh_worker
 # a worker exports all of them but the router's, the router only its own.
 WORKER_DECISIONS = {"seq_admission", "preemption", "admission_probe", "eviction", "write_back", "spill", "host_drop",
                     "session_cap", "prefill_path", "prefill_fallback", "prefill_peer", "snapshot_push", "step_kind",
-                    "queue_delay", "step_budget", "kernel_plan"}
+                    "queue_delay", "step_budget", "kernel_plan", "kv_reuse"}
 DECISION = re.compile(r'^\{decision="([a-z_]+)",outcome="([a-z_]+)",reason="([a-z_]+)"\}$')
 
 

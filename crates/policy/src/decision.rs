@@ -119,6 +119,7 @@ fn table() -> &'static Table {
         sets_of::<crate::queue_delay::QueueDelayReason>(&mut sets);
         sets_of::<crate::step_budget::StepBudgetReason>(&mut sets);
         sets_of::<crate::kernel_plan::KernelPlanReason>(&mut sets);
+        sets_of::<crate::reuse::ReuseReason>(&mut sets);
         let index = sets.iter().enumerate().map(|(i, s)| (*s, i)).collect();
         let counts = sets.iter().map(|_| AtomicU64::new(0)).collect();
         (sets, index, counts)
@@ -197,6 +198,7 @@ mod tests {
             "queue_delay",
             "step_budget",
             "kernel_plan",
+            "kv_reuse",
         ] {
             assert!(decisions.contains(d), "{d}");
         }

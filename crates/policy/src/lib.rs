@@ -51,6 +51,8 @@
 //!   [`session_cap::decide_session_cap`];
 //! - [`route_score`]: where the router places a request, by
 //!   [`route_score::choose_worker`] over one score per worker.
+//! - [`reuse`]: where a request's reused KV comes from at admission (the
+//!   session cache's answer, a snapshot, nothing), by [`reuse::decide_reuse`].
 //!
 //! Every reason implements [`decision::Reason`]; callers log what they act
 //! on through [`decision::log_decision`], which counts it in
@@ -70,6 +72,7 @@ pub mod prefill_path;
 pub mod prefill_peer;
 pub mod queue_delay;
 mod reusable_tokens;
+pub mod reuse;
 pub mod route_score;
 pub mod seq_admission;
 pub mod session_cap;

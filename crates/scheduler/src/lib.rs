@@ -8,13 +8,12 @@
 //! and none is left after reclaiming caches, the running sequence whose
 //! loss wastes least is preempted and recomputed later.
 
-mod budget;
 mod config;
 mod kv_manager;
 mod scheduler;
 mod sequence;
+mod step_budget;
 
-pub use budget::{ChunkCost, TimeBudget};
 pub use config::{SchedulerConfig, DEFAULT_GROWTH_RESERVE_TOKENS, DEFAULT_MAX_HEAD_OF_LINE_STEPS};
 // The scheduler's decisions live in kvc-policy (issue 32); re-exported
 // under their old names so callers keep compiling.
@@ -25,3 +24,4 @@ pub use kvc_policy::preemption::{
 pub use kvc_policy::seq_admission::{decide_seq_admission as decide_admission, AdmitInputs, AdmitReason, Wait};
 pub use scheduler::{Schedule, ScheduledChunk, Scheduler, SchedulerStats};
 pub use sequence::{SeqId, SeqStatus, Sequence};
+pub use step_budget::{ChunkCost, StepBudget, TimeBudget};

@@ -42,10 +42,11 @@
 //! the sequences running at step `K` need to finish (each at most its
 //! remaining prefill steps plus `max_new_tokens` decodes).
 //! 3. **Prefill chunks.** Short prefills first (oldest first), then long
-//!    ones (at most `max_long_partial_prefills`), within
-//!    `max_num_batched_tokens` and the engine's step-time budget
-//!    ([`TimeBudget`]: seconds of prefill, more when nothing decodes than
-//!    beside decodes, priced per chunk by the context it attends to). A
+//!    ones (at most `max_long_partial_prefills`), within the step's
+//!    [`StepBudget`]: what the decodes leave of `max_num_batched_tokens`,
+//!    and the engine's step-time budget ([`TimeBudget`]: seconds of
+//!    prefill, more when nothing decodes than beside decodes, priced per
+//!    chunk by the context it attends to). A
 //!    step with no decodes while the queue waits for memory takes the
 //!    token cap alone: the prefills in flight hold what the queue waits
 //!    for, and a shorter step would serve nobody. A step the engine
@@ -58,7 +59,8 @@
 //! is given, before short prefills take the rest, the tokens that fit in
 //! a quarter of the step's prefill budget, of its tokens (`ceil(B / 4)`,
 //! `B` = `max_num_batched_tokens` less the step's decodes) and of its time
-//! budget, and never fewer than 1 (or what it has left); it is given that
+//! budget, and never fewer than 1 (or what it has left, or none in a step
+//! whose decodes take all of `max_num_batched_tokens`); it is given that
 //! in every step but one kind: a step in which a short prompt's prefill
 //! finishes gives the long prefills nothing, unless the step before gave
 //! them nothing too. So the oldest long prefill gets its quarter in at
@@ -80,10 +82,10 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use kvc_kv_pool::BlockId;
 
-use crate::budget::TimeBudget;
 use crate::config::SchedulerConfig;
 use crate::kv_manager::KvManager;
 use crate::sequence::{SeqId, SeqStatus, Sequence};
+use crate::step_budget::{StepBudget, TimeBudget};
 use kvc_policy::preemption::{decide_preemption, PreemptionCandidate};
 use kvc_policy::seq_admission::{AdmitReason, Wait};
 
@@ -177,8 +179,9 @@ pub struct Scheduler {
     /// In arrival order.
     running: Vec<SeqId>,
     next_arrival: u64,
-    /// Seconds of prefill a step may carry (None: tokens only).
-    time_budget: Option<TimeBudget>,
+    /// Each step's budget as the engine set it: `max_num_batched_tokens`
+    /// and the seconds of prefill a step may carry (none: tokens only).
+    budget: StepBudget,
     /// The next step runs its decodes alone (the engine's step-kind
     /// decision); a step without decodes plans prefill regardless.
     decode_only: bool,
@@ -194,7 +197,7 @@ pub struct Scheduler {
 impl Scheduler {
     pub fn new(config: SchedulerConfig) -> Self {
         Self {
-            time_budget: None,
+            budget: StepBudget::new(config.max_num_batched_tokens, None),
             decode_only: false,
             long_skipped: false,
             head_wait: None,
@@ -215,10 +218,17 @@ impl Scheduler {
         &self.stats
     }
 
-    /// The engine's step-time budget for prefill chunks (None: only
-    /// `max_num_batched_tokens` limits them).
+    /// The budget of the next steps, the engine's (built once per step
+    /// from its step-budget decision); each step spends a copy.
+    pub fn set_step_budget(&mut self, budget: StepBudget) {
+        self.budget = budget;
+    }
+
+    /// [`Self::set_step_budget`] with `max_num_batched_tokens` and this
+    /// step-time budget for prefill chunks (None: only the token cap
+    /// limits them).
     pub fn set_time_budget(&mut self, budget: Option<TimeBudget>) {
-        self.time_budget = budget;
+        self.set_step_budget(StepBudget::new(self.config.max_num_batched_tokens, budget));
     }
 
     /// Whether the next steps run their decodes alone, planning no prefill
@@ -450,13 +460,13 @@ impl Scheduler {
     /// Plans one step.
     pub fn schedule(&mut self, kv: &mut dyn KvManager) -> Schedule {
         let mut out = Schedule::default();
-        let max_tokens = self.config.max_num_batched_tokens;
+        let mut budget = self.budget;
         let capacity_tokens = kv.num_blocks() * self.config.block_size;
 
         // 1. Decodes, oldest first.
         let decoding: Vec<SeqId> = self.running.iter().copied().filter(|id| self.seqs[id].is_decoding()).collect();
         for id in decoding {
-            if self.seqs[&id].status != SeqStatus::Running || out.chunks.len() >= max_tokens {
+            if self.seqs[&id].status != SeqStatus::Running || out.chunks.len() >= budget.tokens_left() {
                 continue;
             }
             let end = self.seqs[&id].num_computed + 1;
@@ -473,10 +483,10 @@ impl Scheduler {
         // A decode planned before a later preemption may belong to a victim.
         out.chunks.retain(|c| self.seqs[&c.seq_id].status == SeqStatus::Running);
         out.decodes = out.chunks.len();
-        let token_cap = max_tokens - out.decodes;
+        budget.spend_decodes(out.decodes);
         // 2. Admission. None while memory is short: that would only thrash.
         if out.preempted.is_empty() {
-            self.admit(kv, token_cap, &mut out);
+            self.admit(kv, budget.tokens_left(), &mut out);
         } else if !self.waiting.is_empty() {
             out.admission_blocked = Some(AdmitReason::KvWatermark);
         }
@@ -493,11 +503,11 @@ impl Scheduler {
         // prefills in flight hold the memory the queue waits for. They go
         // at the token cap, not the step-time budget.
         let memory_bound = out.decodes == 0 && out.admission_blocked == Some(AdmitReason::KvWatermark);
-        let budget = if memory_bound { None } else { self.time_budget };
+        let budget = if memory_bound { budget.without_time() } else { budget };
         let planned = if self.decode_only && out.decodes > 0 {
             Vec::new()
         } else {
-            let (planned, long_skipped) = self.plan_prefill_chunks(token_cap, out.decodes > 0, &out.copying, budget);
+            let (planned, long_skipped) = self.plan_prefill_chunks(budget, &out.copying);
             self.long_skipped = long_skipped;
             planned
         };

@@ -698,3 +698,33 @@ fn a_lone_prefill_holding_the_memory_the_queue_waits_for_takes_the_token_cap() {
     let (_, blocked) = chunk(true);
     assert_eq!(blocked, (4_000 - first).min(4096), "with the queue waiting for its memory, the token cap");
 }
+
+/// A step whose decodes take all of `max_num_batched_tokens` carries no
+/// prefill, a long one's "at least one token" included: no step exceeds
+/// the token cap, and the long prompt goes on once the decodes leave room.
+#[test]
+fn decodes_that_take_the_whole_token_cap_leave_a_long_prefill_waiting() {
+    let mut c = config(8, 2, 4);
+    c.long_prefill_token_threshold = 4;
+    let mut d = Driver::new(c, 100);
+    d.add(1, 20, 1); // long
+    d.step();
+    d.add(2, 1, 3);
+    d.add(3, 1, 3);
+    let mut full = 0;
+    for _ in 0..30 {
+        if d.s.is_idle() {
+            break;
+        }
+        let decoding = [2, 3].iter().filter(|id| d.s.get(**id).is_some_and(|s| s.is_decoding())).count();
+        let p = d.step();
+        assert!(p.chunks.iter().map(|c| c.len).sum::<usize>() <= 2, "{:?} exceeds the token cap", p.chunks);
+        if decoding == 2 {
+            full += 1;
+            assert_eq!(p.decodes, 2);
+            assert!(chunk_of(&p, 1).is_none(), "the long prefill has no token left in the step: {:?}", p.chunks);
+        }
+    }
+    assert!(full >= 1, "some step's decodes took the whole cap");
+    assert!(d.s.is_idle() && d.finished.contains(&1), "the long prompt finished");
+}

@@ -13,6 +13,7 @@ use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use kvc_kv_pool::{BlockAllocator, BlockId, CopyTicket, KvStorage};
+use kvc_policy::reuse::ReuseSource;
 use kvc_policy::session_cap::{decide_session_cap, SessionCapCandidate};
 
 use crate::block_hash::{hash_block, BlockHash};
@@ -65,6 +66,29 @@ impl ReusePath {
             ReusePath::SessionHit => "session_hit",
             ReusePath::PrefixHit => "prefix_hit",
             ReusePath::Bypass => "bypass",
+        }
+    }
+}
+
+/// The reuse decision's sources ([`kvc_policy::reuse`]) are these paths.
+impl From<ReuseSource> for ReusePath {
+    fn from(s: ReuseSource) -> Self {
+        match s {
+            ReuseSource::Cold => ReusePath::Cold,
+            ReuseSource::SessionHit => ReusePath::SessionHit,
+            ReuseSource::PrefixHit => ReusePath::PrefixHit,
+            ReuseSource::Bypass => ReusePath::Bypass,
+        }
+    }
+}
+
+impl From<ReusePath> for ReuseSource {
+    fn from(p: ReusePath) -> Self {
+        match p {
+            ReusePath::Cold => ReuseSource::Cold,
+            ReusePath::SessionHit => ReuseSource::SessionHit,
+            ReusePath::PrefixHit => ReuseSource::PrefixHit,
+            ReusePath::Bypass => ReuseSource::Bypass,
         }
     }
 }

@@ -245,8 +245,7 @@ impl SnapshotStore {
     ) -> Option<(Vec<BlockId>, usize)> {
         let tick = self.touch();
         let bs = self.block_size;
-        let max_reuse = prompt.len().saturating_sub(1);
-        let covered = self.entries.get(session).map_or(0, |e| (common_prefix(&e.tokens, &prompt[..max_reuse]) / bs).min(e.blocks.len()));
+        let covered = self.covered(session, prompt) / bs;
         if covered == 0 || covered * bs < min_tokens {
             self.stats.bypass_misses += 1;
             return None;
@@ -273,6 +272,24 @@ impl SnapshotStore {
             self.stats.bypass_hits_host += 1;
         }
         Some((blocks, n * bs))
+    }
+
+    /// Tokens of `prompt` that [`Self::lookup`] would serve for `session`
+    /// (whole blocks, in either tier, leaving the prompt's last token to
+    /// compute) if any restore from the host tier succeeds; 0 if none. No
+    /// side effects: what a caller deciding between sources asks first.
+    pub fn covered(&self, session: &str, prompt: &[u32]) -> usize {
+        let max_reuse = prompt.len().saturating_sub(1);
+        let blocks =
+            self.entries.get(session).map_or(0, |e| (common_prefix(&e.tokens, &prompt[..max_reuse]) / self.block_size).min(e.blocks.len()));
+        blocks * self.block_size
+    }
+
+    /// A remote prefill of `session` that a caller served without its
+    /// snapshot (it covered too little), counted as a miss as
+    /// [`Self::lookup`] counts its own.
+    pub fn missed(&mut self) {
+        self.stats.bypass_misses += 1;
     }
 
     /// Tokens of the session's snapshot (0 if none), in either tier.

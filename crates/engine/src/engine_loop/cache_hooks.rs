@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 
 use kvc_kv_pool::{BlockAllocator, BlockId, KvStorage};
+use kvc_policy::reuse::{decide_reuse, ReuseInputs, ReuseSource};
 use kvc_scheduler::{KvManager, SeqId, Sequence};
 use kvc_session_cache::{ReusePath, SessionAwareCache};
 
@@ -52,6 +53,10 @@ impl KvManager for CacheHooks<'_> {
         }
     }
 
+    /// Gathers what each source offers the sequence (the session cache's
+    /// answer, acquired as it is given: it opens the session's turn; the
+    /// snapshot's cover, asked first), acts on [`decide_reuse`]'s choice and
+    /// logs it.
     fn computed_blocks(&mut self, seq: &Sequence) -> Option<(Vec<BlockId>, usize)> {
         let alloc = &mut *self.alloc;
         let a = self.active.get_mut(&seq.id)?;
@@ -63,20 +68,36 @@ impl KvManager for CacheHooks<'_> {
         let mut got = self.cache.acquire_at_most(session.as_deref(), &seq.tokens, limit, a.cache_root, alloc, self.storage);
         a.turn_open |= session.is_some();
         a.cache_answer = Some((got.source, got.tokens));
-        a.reuse_reason = got.source;
-        // A prefill worker's request for a session: its snapshot, when it
-        // covers at least what the prefix cache does (ties go to the
-        // snapshot: the same KV, and the session's own), restored from the
-        // host tier if it was demoted (prefill bypass).
-        if let Some(s) = a.snapshot_session.as_deref().filter(|_| limit == usize::MAX) {
-            if let Some((blocks, tokens)) = self.parts.reuse(s, &seq.tokens, got.tokens, alloc, self.storage) {
-                alloc.free_all(&got.blocks);
-                got.blocks = blocks;
-                got.tokens = tokens;
-                got.ready_after = None;
-                a.reuse_reason = ReusePath::Bypass;
+        // A prefill worker's request for a session may reuse its snapshot
+        // instead (prefill bypass), restored from the host tier if it was
+        // demoted.
+        let snapshot = a.snapshot_session.clone();
+        let offers = ReuseInputs {
+            cache_source: got.source.into(),
+            cache_tokens: got.tokens,
+            snapshot_tokens: snapshot.as_deref().and_then(|s| self.parts.snapshot_covers(s, &seq.tokens)),
+            limit: (limit < usize::MAX).then_some(limit),
+        };
+        let (mut source, mut decision) = decide_reuse(&offers);
+        if let Some(s) = snapshot.as_deref().filter(|_| offers.snapshot_tokens.is_some() && offers.limit.is_none()) {
+            if source == ReuseSource::Bypass {
+                match self.parts.reuse(s, &seq.tokens, got.tokens, alloc, self.storage) {
+                    Some((blocks, tokens)) => {
+                        alloc.free_all(&got.blocks);
+                        got.blocks = blocks;
+                        got.tokens = tokens;
+                        got.ready_after = None;
+                    }
+                    // The host tier could not restore enough of it: the
+                    // snapshot served nothing (counted as a miss there).
+                    None => (source, decision) = decide_reuse(&ReuseInputs { snapshot_tokens: Some(0), ..offers }),
+                }
+            } else {
+                self.parts.bypass_missed(s);
             }
         }
+        kvc_policy::log_decision(&decision);
+        a.reuse_reason = source.into();
         a.cached_tokens = got.tokens;
         a.restored_blocks += got.restored_blocks;
         // A restore of an earlier acquire that was given back may still be

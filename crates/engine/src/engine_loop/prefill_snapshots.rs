@@ -62,6 +62,14 @@ impl RolePart for PrefillSnapshots {
         self.0.remove(session, alloc)
     }
 
+    fn snapshot_covers(&self, session: &str, prompt: &[u32]) -> Option<usize> {
+        Some(self.0.covered(session, prompt))
+    }
+
+    fn bypass_missed(&mut self, _session: &str) {
+        self.0.missed();
+    }
+
     /// Restored from the host tier first if the entry was demoted.
     fn reuse(
         &mut self,

@@ -39,6 +39,16 @@ pub(super) trait RolePart: Send {
         false
     }
 
+    /// Leading tokens of a prompt of `session` that [`Self::reuse`] would
+    /// serve (before any restore); None when this part keeps no snapshots.
+    fn snapshot_covers(&self, _session: &str, _prompt: &[u32]) -> Option<usize> {
+        None
+    }
+
+    /// A prompt of `session` was served without this part's KV, which
+    /// covered too little (prefill bypass missed).
+    fn bypass_missed(&mut self, _session: &str) {}
+
     /// KV this part holds for a prompt of `session` covering at least
     /// `min_tokens` (prefill bypass): new references on the blocks, and the
     /// leading tokens they cover.
@@ -102,6 +112,16 @@ impl RoleParts {
 
     pub(super) fn delete_session(&mut self, session: &str, alloc: &mut BlockAllocator) -> bool {
         self.0.iter_mut().fold(false, |held, p| p.delete_session(session, alloc) | held)
+    }
+
+    pub(super) fn snapshot_covers(&self, session: &str, prompt: &[u32]) -> Option<usize> {
+        self.0.iter().find_map(|p| p.snapshot_covers(session, prompt))
+    }
+
+    pub(super) fn bypass_missed(&mut self, session: &str) {
+        for p in &mut self.0 {
+            p.bypass_missed(session);
+        }
     }
 
     pub(super) fn reuse(

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use kvc_model_qwen3::{BatchInput, SeqChunk};
 use std::collections::HashMap;
 
-use kvc_scheduler::{ScheduledChunk, SeqId, Wait};
+use kvc_scheduler::{ScheduledChunk, SeqId, StepBudget, Wait};
 use rayon::prelude::*;
 
 use super::prompt_logprobs::{reduce_rows, RowUse, StepLogits};
@@ -40,10 +40,14 @@ impl EngineLoop {
             parts: &mut self.parts,
         };
         let (decodes_next, decode_context) = self.scheduler.decode_load();
+        // The step's budget, built once from the step-budget decision: the
+        // token cap and, when the decision gives one, the time budget.
         let decided = self.step_model.budget(decodes_next, decode_context);
-        kvc_policy::log_decision(&decided.err().unwrap_or(kvc_policy::step_budget::StepBudgetReason::Budgeted).decision());
-        let budget = decided.ok();
-        self.scheduler.set_time_budget(budget);
+        let reason = decided.err().unwrap_or(kvc_policy::step_budget::StepBudgetReason::Budgeted);
+        kvc_policy::log_decision(&reason.decision());
+        let step_budget = StepBudget::new(self.scheduler.config().max_num_batched_tokens, decided.ok());
+        let budget = step_budget.time_budget();
+        self.scheduler.set_step_budget(step_budget);
         // Prefill's rate beside these decodes; without a budget, the
         // measured rate of steps with a sizeable prefill.
         let rate = self.step_model.prefill_tokens_per_s(decodes_next, decode_context);
@@ -138,7 +142,7 @@ impl EngineLoop {
             predicted_ms = self.step_model.predict(&shape) * 1e3,
             took_ms = took.as_secs_f64() * 1e3,
             budget_ms = budget.map_or(0.0, |b| if shape.decodes > 0 { b.mixed_s } else { b.alone_s } * 1e3),
-            budget = decided.err().unwrap_or(kvc_policy::step_budget::StepBudgetReason::Budgeted).as_str(),
+            budget = reason.as_str(),
         );
         self.step_model.observe(&shape, took);
         self.local.prefill_tokens_per_s = self.step_model.measured_tokens_per_s();

@@ -105,6 +105,30 @@ fn a_delta_push_sends_only_new_blocks_and_lookup_verifies_tokens() {
 }
 
 #[test]
+fn covered_is_what_lookup_serves_without_touching_the_store() {
+    let mut p = Pool::new(64);
+    let mut store = SnapshotStore::new(BS, 32);
+    let t = toks(24, 1);
+    p.push(&mut store, "s", t[..16].to_vec());
+    let mut diverged = t.clone();
+    diverged[9] = 999;
+    for prompt in [&t[..], &t[..16], &t[..3], &diverged[..], &toks(24, 2)[..]] {
+        let (used, stats) = (store.used_blocks(), store.stats.clone());
+        let covered = store.covered("s", prompt);
+        assert_eq!((store.used_blocks(), &store.stats), (used, &stats), "a query only");
+        let served = p.lookup(&mut store, "s", prompt).map(|(b, n)| {
+            p.alloc.free_all(&b);
+            n
+        });
+        assert_eq!(served.unwrap_or(0), covered, "{prompt:?}");
+    }
+    assert_eq!(store.covered("other", &t), 0);
+    let misses = store.stats.bypass_misses;
+    store.missed();
+    assert_eq!(store.stats.bypass_misses, misses + 1);
+}
+
+#[test]
 fn a_diverged_history_replaces_the_tail_and_frees_it() {
     let mut p = Pool::new(64);
     let mut store = SnapshotStore::new(BS, 32);
