@@ -6,7 +6,7 @@
 
 use std::time::Instant;
 
-use crate::decision::{Decision, Reason};
+use crate::decision::Decision;
 
 /// A session the host drop may take.
 #[derive(Debug, Clone, Copy)]
