@@ -16,23 +16,17 @@ import argparse
 import asyncio
 import json
 import random
-import re
 import statistics
 import sys
 import time
 
 import httpx
 
-SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? (\S+)$")
+from prom_text import samples
 
 
 def metrics(base: str) -> dict:
-    out = {}
-    for line in httpx.get(f"{base}/metrics", timeout=30).text.splitlines():
-        m = SAMPLE.match(line)
-        if m:
-            out[m.group(1) + (m.group(2) or "")] = float(m.group(3))
-    return out
+    return samples(httpx.get(f"{base}/metrics", timeout=30).text)
 
 
 async def one_client(client, base, i, disconnect, max_tokens, result):

@@ -12,17 +12,7 @@ Each case: {name, messages, tools|null, add_generation_prompt, kwargs, expected}
 template embedded in kvc and asserts byte equality with `expected`.
 """
 
-import argparse
-import json
-import os
-from pathlib import Path
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-
-from transformers import AutoTokenizer  # noqa: E402
-
-ROOT = Path(__file__).resolve().parent.parent
+from template_reference import arguments, case, render, tokenizer, write
 
 WEATHER_TOOL = {
     "type": "function",
@@ -61,16 +51,6 @@ SEARCH_TOOL = {
 }
 
 TOOLS = [WEATHER_TOOL, SEARCH_TOOL]
-
-
-def case(name, messages, tools=None, add_generation_prompt=True, kwargs=None):
-    return {
-        "name": name,
-        "messages": messages,
-        "tools": tools,
-        "add_generation_prompt": add_generation_prompt,
-        "kwargs": kwargs or {},
-    }
 
 
 def cases():
@@ -215,28 +195,9 @@ def cases():
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--tokenizer", default="/work/shared/data/qwen3-tokenizer")
-    ap.add_argument("--out", default=str(ROOT / "crates/text-front/tests/fixtures/chat_template_cases.json"))
-    args = ap.parse_args()
-
-    tok = AutoTokenizer.from_pretrained(args.tokenizer)
-    out = []
-    for c in cases():
-        expected = tok.apply_chat_template(
-            c["messages"],
-            tools=c["tools"],
-            add_generation_prompt=c["add_generation_prompt"],
-            tokenize=False,
-            **c["kwargs"],
-        )
-        assert isinstance(expected, str), type(expected)
-        out.append({**c, "expected": expected})
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    with open(args.out, "w", encoding="utf-8") as f:
-        json.dump(out, f, ensure_ascii=False, indent=2)
-        f.write("\n")
-    print(f"wrote {len(out)} cases to {args.out}")
+    args = arguments("crates/text-front/tests/fixtures/chat_template_cases.json")
+    tok = tokenizer(args.tokenizer)
+    write([{**c, "expected": render(tok, c, c["messages"])} for c in cases()], args.out, indent=2)
 
 
 if __name__ == "__main__":

@@ -26,18 +26,11 @@ transformers raises (a template that cannot render the input, e.g. the July
 asserts byte equality with `expected`.
 """
 
-import argparse
 import copy
 import json
-import os
-from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+from template_reference import ROOT, arguments, case, render, tokenizer, write
 
-from transformers import AutoTokenizer  # noqa: E402
-
-ROOT = Path(__file__).resolve().parent.parent
 TEMPLATES = ROOT / "crates/text-front/tests/fixtures/templates"
 
 READ_FILE = {
@@ -124,16 +117,6 @@ def call(cid, name, arguments):
 
 def tool(cid, content):
     return {"role": "tool", "tool_call_id": cid, "content": content}
-
-
-def case(name, messages, tools=None, add_generation_prompt=True, kwargs=None):
-    return {
-        "name": name,
-        "messages": messages,
-        "tools": tools,
-        "add_generation_prompt": add_generation_prompt,
-        "kwargs": kwargs or {},
-    }
 
 
 def cases():
@@ -299,35 +282,19 @@ def as_template_input(messages):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--tokenizer", default="/work/shared/data/qwen3-tokenizer")
-    ap.add_argument("--out", default=str(ROOT / "crates/text-front/tests/fixtures/checkpoint_template_cases.json"))
-    args = ap.parse_args()
-
-    tok = AutoTokenizer.from_pretrained(args.tokenizer)
+    args = arguments("crates/text-front/tests/fixtures/checkpoint_template_cases.json")
+    tok = tokenizer(args.tokenizer)
     out = []
     for path in sorted(TEMPLATES.glob("*.jinja")):
         template = path.read_text(encoding="utf-8")
         for c in cases():
             try:
-                expected = tok.apply_chat_template(
-                    as_template_input(c["messages"]),
-                    tools=c["tools"],
-                    add_generation_prompt=c["add_generation_prompt"],
-                    tokenize=False,
-                    chat_template=template,
-                    **c["kwargs"],
-                )
+                expected = render(tok, c, as_template_input(c["messages"]), chat_template=template)
             except Exception as e:  # the template itself refuses the input
                 out.append({"template": path.name, **c, "expected": None, "error": f"{type(e).__name__}: {e}"})
                 continue
-            assert isinstance(expected, str), type(expected)
             out.append({"template": path.name, **c, "expected": expected})
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    with open(args.out, "w", encoding="utf-8") as f:
-        json.dump(out, f, ensure_ascii=False, indent=1)
-        f.write("\n")
-    print(f"wrote {len(out)} cases to {args.out}")
+    write(out, args.out, indent=1)
 
 
 if __name__ == "__main__":

@@ -16,21 +16,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import shutil
 import tarfile
 from pathlib import Path
 
-SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? (\S+)$")
-
-
-def samples(text: str) -> dict[str, float]:
-    out = {}
-    for line in text.splitlines():
-        m = SAMPLE.match(line)
-        if m:
-            out[m.group(1) + (m.group(2) or "")] = float(m.group(3))
-    return out
+from prom_text import samples
 
 
 def family(m: dict[str, float], name: str) -> dict[str, float]:

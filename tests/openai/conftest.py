@@ -17,10 +17,10 @@ Environment:
 from __future__ import annotations
 
 import os
-import re
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -29,7 +29,8 @@ import openai
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SAMPLE = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? (\S+)")
+sys.path.insert(0, str(ROOT / "scripts"))
+from prom_text import samples  # noqa: E402  (scripts/prom_text.py: no dependencies)
 
 
 def _free_port() -> int:
@@ -68,13 +69,7 @@ class Server:
 
     def metrics(self) -> dict[str, float]:
         """The samples of /metrics by name; labelled ones as name{labels}."""
-        text = httpx.get(f"{self.base_url}/metrics", timeout=10).text
-        out = {}
-        for line in text.splitlines():
-            m = SAMPLE.fullmatch(line)
-            if m:
-                out[m.group(1) + (m.group(2) or "")] = float(m.group(3))
-        return out
+        return samples(httpx.get(f"{self.base_url}/metrics", timeout=10).text)
 
     def client(self, api_key: str = "unused", **kw) -> openai.OpenAI:
         return openai.OpenAI(base_url=f"{self.base_url}/v1", api_key=api_key, max_retries=0, timeout=300, **kw)

@@ -20,6 +20,22 @@ fn sampling(seed: u64, c: Constraint) -> SamplingParams {
     SamplingParams { temperature: 1.0, seed: Some(seed), max_tokens: 200, constraint: Some(c), ..Default::default() }
 }
 
+/// The answer under `c` to a 9-token prompt of `seed`, sampled with that
+/// seed: it must end by the grammar (not the token limit) and parse as
+/// JSON. The value and its text.
+fn json_answer(e: &kvc_engine::EngineHandle, seed: u64, c: &Constraint) -> (Value, String) {
+    let req = GenerateRequest {
+        request_id: format!("s{seed}"),
+        prompt_tokens: common::tokens(seed as u32, 9),
+        sampling: sampling(seed, c.clone()),
+        ..Default::default()
+    };
+    let out = collect(&mut e.submit(req).unwrap());
+    assert_eq!(out.reason, FinishReason::Stop, "seed {seed}: {:?}", out.text);
+    let v: Value = serde_json::from_str(&out.text).unwrap_or_else(|err| panic!("seed {seed}: {err}: {:?}", out.text));
+    (v, out.text)
+}
+
 fn schema() -> Value {
     json!({
         "type": "object",
@@ -68,16 +84,8 @@ fn json_schema_answers_parse_and_conform_for_every_seed() {
     let e = engine(|_| {});
     let c = constraint(Grammar::JsonSchema { schema: schema().to_string(), strict: true });
     for seed in 0..12 {
-        let req = GenerateRequest {
-            request_id: format!("s{seed}"),
-            prompt_tokens: common::tokens(seed as u32, 9),
-            sampling: sampling(seed, c.clone()),
-            ..Default::default()
-        };
-        let out = collect(&mut e.submit(req).unwrap());
-        assert_eq!(out.reason, FinishReason::Stop, "seed {seed}: {:?}", out.text);
-        let v: Value = serde_json::from_str(&out.text).unwrap_or_else(|err| panic!("seed {seed}: {err}: {:?}", out.text));
-        conforms(&v).unwrap_or_else(|err| panic!("seed {seed}: {err}: {}", out.text));
+        let (v, text) = json_answer(&e, seed, &c);
+        conforms(&v).unwrap_or_else(|err| panic!("seed {seed}: {err}: {text}"));
     }
     let st = common::wait_for(&e, |s| s.grammar_masks > 0);
     assert!(st.grammar_masks > 0);
@@ -471,15 +479,7 @@ fn relaxed_schemas_generate_answers_that_still_follow_the_rest() {
     schema["oneOf"][0]["properties"]["r"]["format"] = json!("int64");
     let c = constraint(strict_schema(schema));
     for seed in 0..6 {
-        let req = GenerateRequest {
-            request_id: format!("o{seed}"),
-            prompt_tokens: common::tokens(seed as u32, 9),
-            sampling: sampling(seed, c.clone()),
-            ..Default::default()
-        };
-        let out = collect(&mut e.submit(req).unwrap());
-        assert_eq!(out.reason, FinishReason::Stop, "seed {seed}: {:?}", out.text);
-        let v: Value = serde_json::from_str(&out.text).unwrap_or_else(|err| panic!("seed {seed}: {err}: {:?}", out.text));
+        let (v, text) = json_answer(&e, seed, &c);
         let ok = match &v {
             Value::String(s) => s.chars().count() <= 5,
             Value::Object(o) if o.get("kind") == Some(&json!("circle")) => {
@@ -490,6 +490,6 @@ fn relaxed_schemas_generate_answers_that_still_follow_the_rest() {
             }
             _ => false,
         };
-        assert!(ok, "seed {seed}: {}", out.text);
+        assert!(ok, "seed {seed}: {text}");
     }
 }

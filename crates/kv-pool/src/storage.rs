@@ -237,6 +237,18 @@ fn as_bytes_mut<T: WithDType>(v: &mut [T]) -> &mut [u8] {
     unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u8, std::mem::size_of_val(v)) }
 }
 
+/// The element offsets of token slot `slot`'s K and V in one layer (a
+/// block holds its K half, then its V half).
+fn slot_offsets(layout: &KvLayout, num_blocks: usize, layer: usize, slot: usize) -> Result<(usize, usize), KvPoolError> {
+    let (bs, te) = (layout.block_size, layout.token_elems());
+    let (block, off) = (slot / bs, slot % bs);
+    if block >= num_blocks {
+        return Err(KvPoolError::BlockOutOfRange { block: block as u32, num_blocks });
+    }
+    let base = layout.block_offset(num_blocks, layer, block);
+    Ok((base + off * te, base + (bs + off) * te))
+}
+
 fn write_typed<T: WithDType>(
     dst: &mut [T],
     layout: &KvLayout,
@@ -247,17 +259,10 @@ fn write_typed<T: WithDType>(
     v: &Tensor,
 ) -> Result<(), KvPoolError> {
     let te = layout.token_elems();
-    let bs = layout.block_size;
     let kv = k.to_dtype(T::DTYPE)?.flatten_all()?.to_vec1::<T>()?;
     let vv = v.to_dtype(T::DTYPE)?.flatten_all()?.to_vec1::<T>()?;
     for (i, &slot) in slots.iter().enumerate() {
-        let (block, off) = (slot / bs, slot % bs);
-        if block >= num_blocks {
-            return Err(KvPoolError::BlockOutOfRange { block: block as u32, num_blocks });
-        }
-        let base = layout.block_offset(num_blocks, layer, block);
-        let k_at = base + off * te;
-        let v_at = base + (bs + off) * te;
+        let (k_at, v_at) = slot_offsets(layout, num_blocks, layer, slot)?;
         dst[k_at..k_at + te].copy_from_slice(&kv[i * te..(i + 1) * te]);
         dst[v_at..v_at + te].copy_from_slice(&vv[i * te..(i + 1) * te]);
     }
@@ -265,15 +270,16 @@ fn write_typed<T: WithDType>(
 }
 
 /// The first `len` tokens of a sequence in one layer, block by block: the
-/// element offset of each block's K half and the tokens used from it.
+/// element offsets of each block's K and V halves and the tokens used from
+/// it.
 fn block_runs(
     layout: &KvLayout,
     num_blocks: usize,
     layer: usize,
     table: &[BlockId],
     len: usize,
-) -> Result<Vec<(usize, usize)>, KvPoolError> {
-    let bs = layout.block_size;
+) -> Result<Vec<(usize, usize, usize)>, KvPoolError> {
+    let (bs, te) = (layout.block_size, layout.token_elems());
     let mut runs = Vec::with_capacity(len.div_ceil(bs));
     let mut remaining = len;
     for &block in table {
@@ -284,7 +290,8 @@ fn block_runs(
             return Err(KvPoolError::BlockOutOfRange { block, num_blocks });
         }
         let n = remaining.min(bs);
-        runs.push((layout.block_offset(num_blocks, layer, block as usize), n));
+        let base = layout.block_offset(num_blocks, layer, block as usize);
+        runs.push((base, base + bs * te, n));
         remaining -= n;
     }
     Ok(runs)
@@ -300,12 +307,11 @@ fn gather_typed<T: WithDType>(
     device: &Device,
 ) -> Result<(Tensor, Tensor), KvPoolError> {
     let te = layout.token_elems();
-    let bs = layout.block_size;
     let mut k = Vec::with_capacity(len * te);
     let mut v = Vec::with_capacity(len * te);
-    for (base, n) in block_runs(layout, num_blocks, layer, table, len)? {
-        k.extend_from_slice(&src[base..base + n * te]);
-        v.extend_from_slice(&src[base + bs * te..base + (bs + n) * te]);
+    for (k_at, v_at, n) in block_runs(layout, num_blocks, layer, table, len)? {
+        k.extend_from_slice(&src[k_at..k_at + n * te]);
+        v.extend_from_slice(&src[v_at..v_at + n * te]);
     }
     let shape = (len, layout.num_kv_heads, layout.head_dim);
     Ok((Tensor::from_vec(k, shape, device)?, Tensor::from_vec(v, shape, device)?))
@@ -323,17 +329,12 @@ fn write_device(
     v: &Tensor,
 ) -> Result<(), KvPoolError> {
     let te = layout.token_elems();
-    let bs = layout.block_size;
     let k = k.to_dtype(layout.dtype)?.to_device(t.device())?.flatten_all()?;
     let v = v.to_dtype(layout.dtype)?.to_device(t.device())?.flatten_all()?;
     for (i, &slot) in slots.iter().enumerate() {
-        let (block, off) = (slot / bs, slot % bs);
-        if block >= num_blocks {
-            return Err(KvPoolError::BlockOutOfRange { block: block as u32, num_blocks });
-        }
-        let base = layout.block_offset(num_blocks, layer, block);
-        t.slice_set(&k.narrow(0, i * te, te)?, 0, base + off * te)?;
-        t.slice_set(&v.narrow(0, i * te, te)?, 0, base + (bs + off) * te)?;
+        let (k_at, v_at) = slot_offsets(layout, num_blocks, layer, slot)?;
+        t.slice_set(&k.narrow(0, i * te, te)?, 0, k_at)?;
+        t.slice_set(&v.narrow(0, i * te, te)?, 0, v_at)?;
     }
     Ok(())
 }
@@ -348,11 +349,10 @@ fn gather_device(
     device: &Device,
 ) -> Result<(Tensor, Tensor), KvPoolError> {
     let te = layout.token_elems();
-    let bs = layout.block_size;
     let (mut k, mut v) = (Vec::new(), Vec::new());
-    for (base, n) in block_runs(layout, num_blocks, layer, table, len)? {
-        k.push(t.narrow(0, base, n * te)?);
-        v.push(t.narrow(0, base + bs * te, n * te)?);
+    for (k_at, v_at, n) in block_runs(layout, num_blocks, layer, table, len)? {
+        k.push(t.narrow(0, k_at, n * te)?);
+        v.push(t.narrow(0, v_at, n * te)?);
     }
     let shape = (len, layout.num_kv_heads, layout.head_dim);
     let k = Tensor::cat(&k, 0)?.reshape(shape)?.to_device(device)?;

@@ -2,51 +2,29 @@
 //! now? By [`decide_admission_probe`], over the engine's published
 //! snapshot (the engine gathers the view; it never enters the step loop).
 //! Not the scheduler's per-step admission ([`crate::seq_admission`]).
-//! Counted as `kvc_admission_decisions_total{reason}` and
-//! `kvc_decisions_total{decision="admission_probe"}`, every reason of
-//! [`AdmissionProbeReason::ALL`] exported at 0.
+//! Counted as `kvc_decisions_total{decision="admission_probe"}`, every
+//! reason of [`AdmissionProbeReason::ALL`] exported at 0.
 
 use crate::decision::{Decision, Reason};
 
-/// Why the probe answers as it does: the `reason` field of its answer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum AdmissionProbeReason {
-    /// It can be admitted now.
-    Ok,
-    /// The prompt does not fit the context (`max_model_len`): never.
-    PromptTooLong,
-    /// The blocks for the tokens to compute are neither free nor reclaimable.
-    KvPoolFull,
-    /// As many requests wait as the batch holds.
-    QueueFull,
+crate::decision::reasons! {
+    /// Why the probe answers as it does: the `reason` field of its answer.
+    pub enum AdmissionProbeReason in "admission_probe" {
+        /// It can be admitted now.
+        Ok("ok"),
+        /// The prompt does not fit the context (`max_model_len`): never.
+        PromptTooLong("prompt_too_long"),
+        /// The blocks for the tokens to compute are neither free nor reclaimable.
+        KvPoolFull("kv_pool_full"),
+        /// As many requests wait as the batch holds.
+        QueueFull("queue_full"),
+    }
+    outcomes = |r| crate::decision::admit_or_refuse(r.admits())
 }
 
 impl AdmissionProbeReason {
-    pub const ALL: [AdmissionProbeReason; 4] =
-        [AdmissionProbeReason::Ok, AdmissionProbeReason::PromptTooLong, AdmissionProbeReason::KvPoolFull, AdmissionProbeReason::QueueFull];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            AdmissionProbeReason::Ok => "ok",
-            AdmissionProbeReason::PromptTooLong => "prompt_too_long",
-            AdmissionProbeReason::KvPoolFull => "kv_pool_full",
-            AdmissionProbeReason::QueueFull => "queue_full",
-        }
-    }
-
     pub fn admits(self) -> bool {
         self == AdmissionProbeReason::Ok
-    }
-}
-
-impl Reason for AdmissionProbeReason {
-    const DECISION: &'static str = "admission_probe";
-    const ALL: &'static [Self] = &Self::ALL;
-    fn label(self) -> &'static str {
-        self.as_str()
-    }
-    fn outcomes(self) -> &'static [&'static str] {
-        crate::decision::admit_or_refuse(self.admits())
     }
 }
 

@@ -30,6 +30,95 @@ pub trait Reason: Copy + Debug + PartialEq + 'static {
     fn outcomes(self) -> &'static [&'static str];
 }
 
+/// Declares a reason enum from one listing: every variant with its doc
+/// comment, its label and, for a decision's reason, the outcomes a decision
+/// with it can have. It generates the enum (`Debug, Clone, Copy, PartialEq,
+/// Eq, Hash`; more derives may be added above it), `ALL` (every variant, in
+/// listing order), `as_str` (the label) and, with a decision's name after
+/// `in`, the [`Reason`] impl. Three forms:
+///
+/// - `enum R in "decision" { V("label") => "outcome" | "other", ... }`;
+/// - `enum R in "decision" { V("label"), ... } outcomes = |r| expr`, where
+///   the outcomes follow from another method of the enum;
+/// - `enum R { V("label"), ... }`: labels alone (a decision's outcome, or a
+///   part of a reason).
+macro_rules! reasons {
+    (
+        $(#[$meta:meta])*
+        $vis:vis enum $name:ident in $decision:literal {
+            $( $(#[$vmeta:meta])* $variant:ident($label:literal) => $($outcome:literal)|+ ),+ $(,)?
+        }
+    ) => {
+        $crate::decision::reasons! {
+            $(#[$meta])*
+            $vis enum $name in $decision {
+                $( $(#[$vmeta])* $variant($label) ),+
+            }
+            outcomes = |r| match r {
+                $( $name::$variant => &[$($outcome),+], )+
+            }
+        }
+    };
+    (
+        $(#[$meta:meta])*
+        $vis:vis enum $name:ident in $decision:literal {
+            $( $(#[$vmeta:meta])* $variant:ident($label:literal) ),+ $(,)?
+        }
+        outcomes = |$r:ident| $outcomes:expr
+    ) => {
+        $crate::decision::reasons! {
+            $(#[$meta])*
+            $vis enum $name {
+                $( $(#[$vmeta])* $variant($label) ),+
+            }
+        }
+
+        impl $crate::decision::Reason for $name {
+            const DECISION: &'static str = $decision;
+            const ALL: &'static [Self] = &Self::ALL;
+            fn label(self) -> &'static str {
+                self.as_str()
+            }
+            fn outcomes(self) -> &'static [&'static str] {
+                let $r = self;
+                $outcomes
+            }
+        }
+    };
+    (
+        $(#[$meta:meta])*
+        $vis:vis enum $name:ident {
+            $( $(#[$vmeta:meta])* $variant:ident($label:literal) ),+ $(,)?
+        }
+    ) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        $vis enum $name {
+            $( $(#[$vmeta])* $variant, )+
+        }
+
+        impl $name {
+            /// Every value, in listing order.
+            pub const ALL: [$name; [$($label),+].len()] = [$($name::$variant),+];
+
+            /// The label (and log field).
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $( $name::$variant => $label, )+
+                }
+            }
+
+            /// The label alone, as a decision's outcomes.
+            pub fn as_outcomes(self) -> &'static [&'static str] {
+                match self {
+                    $( $name::$variant => &[$label], )+
+                }
+            }
+        }
+    };
+}
+pub(crate) use reasons;
+
 /// One decision: what it decided (`outcome`), why, and the terms it was
 /// judged on (for the log line).
 #[derive(Debug, Clone, PartialEq)]
@@ -111,7 +200,7 @@ fn table() -> &'static Table {
         sets_of::<crate::host_drop::HostDropReason>(&mut sets);
         sets_of::<crate::session_cap::SessionCapReason>(&mut sets);
         sets_of::<crate::prefill_path::PathReason>(&mut sets);
-        sets_of::<crate::prefill_path::FallbackReason>(&mut sets);
+        sets_of::<crate::prefill_fallback::FallbackReason>(&mut sets);
         sets_of::<crate::prefill_peer::PeerReason>(&mut sets);
         sets_of::<crate::route_score::RouteReason>(&mut sets);
         sets_of::<crate::snapshot_push::SnapshotPushReason>(&mut sets);

@@ -22,24 +22,17 @@ pub struct EvictionCandidate {
     pub mirrored: usize,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum EvictionAction {
-    /// Copy to the host tier, free the device blocks.
-    Offload,
-    /// Free without a copy (host tier full or disabled).
-    Drop,
+crate::decision::reasons! {
+    /// What happens to the victim's device blocks: the `outcome` label.
+    pub enum EvictionAction {
+        /// Copy to the host tier, free the device blocks.
+        Offload("offload"),
+        /// Free without a copy (host tier full or disabled).
+        Drop("drop"),
+    }
 }
 
 impl EvictionAction {
-    pub const ALL: [EvictionAction; 2] = [EvictionAction::Offload, EvictionAction::Drop];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            EvictionAction::Offload => "offload",
-            EvictionAction::Drop => "drop",
-        }
-    }
-
     /// The `tier` label of `kvc_evicted_blocks_total`: where the blocks went.
     pub fn tier(self) -> &'static str {
         match self {
@@ -49,29 +42,21 @@ impl EvictionAction {
     }
 }
 
-/// The dominant term of the victim's score.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum EvictionReason {
-    /// Idle for long: it may not come back soon.
-    Idle,
-    /// Large: freeing it helps most.
-    Size,
-    /// Few turns: sessions that ran many keep coming back.
-    FewTurns,
+crate::decision::reasons! {
+    /// The dominant term of the victim's score.
+    pub enum EvictionReason in "eviction" {
+        /// Idle for long: it may not come back soon.
+        Idle("idle"),
+        /// Large: freeing it helps most.
+        Size("size"),
+        /// Few turns: sessions that ran many keep coming back.
+        FewTurns("few_turns"),
+    }
+    // Either action with any reason ([`EvictionAction::as_str`]).
+    outcomes = |_r| &["offload", "drop"]
 }
 
 impl EvictionReason {
-    pub const ALL: [EvictionReason; 3] = [EvictionReason::Idle, EvictionReason::Size, EvictionReason::FewTurns];
-
-    /// The `reason` label (and log field).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            EvictionReason::Idle => "idle",
-            EvictionReason::Size => "size",
-            EvictionReason::FewTurns => "few_turns",
-        }
-    }
-
     /// Every (action, reason) pair a decision can be (either action with
     /// any reason): the counter's label sets, through
     /// [`EvictionAction::tier`].
@@ -118,18 +103,6 @@ pub fn decide_eviction(candidates: &[EvictionCandidate], host_free_blocks: usize
             EvictionDecision { session: c.session.clone(), action, score, reason }
         })
         .max_by(|a, b| a.score.total_cmp(&b.score).then_with(|| b.session.cmp(&a.session)))
-}
-
-impl crate::decision::Reason for EvictionReason {
-    const DECISION: &'static str = "eviction";
-    const ALL: &'static [Self] = &Self::ALL;
-    fn label(self) -> &'static str {
-        self.as_str()
-    }
-    /// Either action with any reason ([`EvictionAction::as_str`]).
-    fn outcomes(self) -> &'static [&'static str] {
-        &["offload", "drop"]
-    }
 }
 
 impl EvictionDecision {

@@ -6,7 +6,7 @@
 
 use std::time::Instant;
 
-use crate::decision::{Decision, Reason};
+use crate::decision::Decision;
 
 /// A session the host drop may take.
 #[derive(Debug, Clone, Copy)]
@@ -20,35 +20,14 @@ pub struct HostDropCandidate {
     pub last_use: Instant,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum HostDropReason {
-    /// The host tier is full: the least recently used idle session on it
-    /// is dropped (all its tiers).
-    HostFull,
-    /// No idle session other than the requester holds host blocks.
-    NoCandidate,
-}
-
-impl HostDropReason {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            HostDropReason::HostFull => "host_full",
-            HostDropReason::NoCandidate => "no_candidate",
-        }
-    }
-}
-
-impl Reason for HostDropReason {
-    const DECISION: &'static str = "host_drop";
-    const ALL: &'static [Self] = &[HostDropReason::HostFull, HostDropReason::NoCandidate];
-    fn label(self) -> &'static str {
-        self.as_str()
-    }
-    fn outcomes(self) -> &'static [&'static str] {
-        match self {
-            HostDropReason::HostFull => &["drop"],
-            HostDropReason::NoCandidate => &["keep"],
-        }
+crate::decision::reasons! {
+    /// Why [`decide_host_drop`] dropped a session or none.
+    pub enum HostDropReason in "host_drop" {
+        /// The host tier is full: the least recently used idle session on it
+        /// is dropped (all its tiers).
+        HostFull("host_full") => "drop",
+        /// No idle session other than the requester holds host blocks.
+        NoCandidate("no_candidate") => "keep",
     }
 }
 

@@ -151,42 +151,16 @@ pub struct KernelPlan {
     pub moe_small_pairs: Option<usize>,
 }
 
-/// Why the plan is what it is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum KernelPlanReason {
-    /// Nothing was requested: every measured default runs here.
-    Defaults,
-    /// At least one choice was requested, and the device runs it.
-    Requested,
-    /// Nothing forced the expert GEMM and CUTLASS does not run here: cuBLAS.
-    CutlassUnavailable,
-}
-
-impl KernelPlanReason {
-    pub const ALL: [KernelPlanReason; 3] = [KernelPlanReason::Defaults, KernelPlanReason::Requested, KernelPlanReason::CutlassUnavailable];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            KernelPlanReason::Defaults => "defaults",
-            KernelPlanReason::Requested => "requested",
-            KernelPlanReason::CutlassUnavailable => "cutlass_unavailable",
-        }
-    }
-}
-
-impl crate::decision::Reason for KernelPlanReason {
-    const DECISION: &'static str = "kernel_plan";
-    const ALL: &'static [Self] = &Self::ALL;
-    fn label(self) -> &'static str {
-        self.as_str()
-    }
-    /// The outcome is the expert GEMM's route (the one choice the device decides).
-    fn outcomes(self) -> &'static [&'static str] {
-        match self {
-            KernelPlanReason::Defaults => &["cutlass"],
-            KernelPlanReason::Requested => &["cutlass", "cutlass_rows", "cutlass_swap", "cublas", "kvc"],
-            KernelPlanReason::CutlassUnavailable => &["cublas"],
-        }
+crate::decision::reasons! {
+    /// Why the plan is what it is.
+    pub enum KernelPlanReason in "kernel_plan" {
+        // The outcome is the expert GEMM's route (the one choice the device decides).
+        /// Nothing was requested: every measured default runs here.
+        Defaults("defaults") => "cutlass",
+        /// At least one choice was requested, and the device runs it.
+        Requested("requested") => "cutlass" | "cutlass_rows" | "cutlass_swap" | "cublas" | "kvc",
+        /// Nothing forced the expert GEMM and CUTLASS does not run here: cuBLAS.
+        CutlassUnavailable("cutlass_unavailable") => "cublas",
     }
 }
 

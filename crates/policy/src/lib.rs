@@ -18,6 +18,8 @@
 //!   to the host tier ahead of pressure, by [`write_back::decide_write_back`];
 //! - [`prefill_path`]: where a decode worker computes a prompt suffix
 //!   (here, or on a prefill worker), by [`prefill_path::decide`];
+//! - [`prefill_fallback`]: where it computes one whose remote prefill
+//!   failed, by [`prefill_fallback::decide_fallback`];
 //! - [`prefill_peer`]: which prefill worker a decode worker asks, by
 //!   [`prefill_peer::choose_peer`];
 //! - [`spill`]: how a prefill worker's snapshot store makes room (demote,
@@ -68,6 +70,7 @@ mod ewma;
 pub mod host_drop;
 pub mod kernel_plan;
 pub mod preemption;
+pub mod prefill_fallback;
 pub mod prefill_path;
 pub mod prefill_peer;
 pub mod queue_delay;

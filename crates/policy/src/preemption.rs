@@ -15,24 +15,13 @@ pub struct PreemptionCandidate {
     pub arrival: u64,
 }
 
-/// Why [`decide_preemption`] chose its victim.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum PreemptionReason {
-    /// The victim has computed nothing yet: preempting it wastes no work.
-    NothingComputed,
-    /// The victim has the fewest computed tokens (the newest among equals).
-    LeastComputed,
-}
-
-impl PreemptionReason {
-    pub const ALL: [PreemptionReason; 2] = [PreemptionReason::NothingComputed, PreemptionReason::LeastComputed];
-
-    /// The `reason` log field.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            PreemptionReason::NothingComputed => "nothing_computed",
-            PreemptionReason::LeastComputed => "least_computed",
-        }
+crate::decision::reasons! {
+    /// Why [`decide_preemption`] chose its victim.
+    pub enum PreemptionReason in "preemption" {
+        /// The victim has computed nothing yet: preempting it wastes no work.
+        NothingComputed("nothing_computed") => "preempt",
+        /// The victim has the fewest computed tokens (the newest among equals).
+        LeastComputed("least_computed") => "preempt",
     }
 }
 
@@ -51,17 +40,6 @@ pub fn decide_preemption(candidates: &[PreemptionCandidate]) -> Option<Preemptio
         victim: c.id,
         reason: if c.computed == 0 { PreemptionReason::NothingComputed } else { PreemptionReason::LeastComputed },
     })
-}
-
-impl crate::decision::Reason for PreemptionReason {
-    const DECISION: &'static str = "preemption";
-    const ALL: &'static [Self] = &Self::ALL;
-    fn label(self) -> &'static str {
-        self.as_str()
-    }
-    fn outcomes(self) -> &'static [&'static str] {
-        &["preempt"]
-    }
 }
 
 impl PreemptionDecision {

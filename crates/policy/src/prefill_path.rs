@@ -3,7 +3,7 @@
 //! its snapshot store covers). One pure function, [`decide`], returning the
 //! decision and its typed reason ([`PathReason`]); the caller (the server's
 //! `pd/decode.rs`) logs it (`event="prefill_path"`) and counts it
-//! (`kvc_prefill_path_decisions_total{path,reason}`).
+//! (`kvc_decisions_total{decision="prefill_path"}`, the path its outcome).
 //!
 //! It lives here, in `kvc-policy` (issue 32); `kvc_disagg::prefill_path`
 //! re-exports it. The counter's label sets are closed: every (path, reason)
@@ -32,20 +32,25 @@
 //! fixed costs (a round trip, block reservation, the transfer set-up)
 //! dominate. Its default comes from the measured crossover in
 //! docs/benchmarks.md.
+//!
+//! What a decode worker does when a remote prefill fails is
+//! [`crate::prefill_fallback`]'s decision (re-exported here).
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum PrefillPath {
-    /// Computed on this worker, extending KV it holds (a resident session).
-    DirectAppend,
-    /// Computed on this worker from scratch or from its prefix cache.
-    Local,
-    /// Computed on a prefill worker and transferred here.
-    Remote,
+pub use crate::prefill_fallback::{decide_fallback, FallbackReason};
+
+crate::decision::reasons! {
+    /// Where a suffix is computed: the `outcome` label of its decision.
+    pub enum PrefillPath {
+        /// Computed on this worker, extending KV it holds (a resident session).
+        DirectAppend("direct_append"),
+        /// Computed on this worker from scratch or from its prefix cache.
+        Local("local"),
+        /// Computed on a prefill worker and transferred here.
+        Remote("remote_prefill"),
+    }
 }
 
 impl PrefillPath {
-    pub const ALL: [PrefillPath; 3] = [PrefillPath::DirectAppend, PrefillPath::Local, PrefillPath::Remote];
-
     /// The serving path it is (a remote prefill that reused P's snapshot is
     /// [`kvc_wire::ServePath::Bypass`], decided after the fact).
     pub fn serve_path(self) -> kvc_wire::ServePath {
@@ -55,82 +60,50 @@ impl PrefillPath {
             PrefillPath::Remote => kvc_wire::ServePath::RemotePrefill,
         }
     }
-
-    /// The `path` label (and log field).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            PrefillPath::DirectAppend => "direct_append",
-            PrefillPath::Local => "local",
-            PrefillPath::Remote => "remote_prefill",
-        }
-    }
 }
 
-/// Why a suffix is computed where it is: the `reason` label of
-/// `kvc_prefill_path_decisions_total` and of the `prefill_path` log event.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum PathReason {
-    /// No prefill worker is configured (or none was picked).
-    NoPrefillPeer,
-    /// The prefill worker failed its last state poll.
-    PrefillPeerUnhealthy,
-    /// The suffix is below `min_remote_tokens` and P holds no snapshot of it.
-    SuffixBelowThreshold,
-    /// Threshold policy: the suffix is at or above `min_remote_tokens`.
-    SuffixAboveThreshold,
-    /// Threshold policy: P's snapshot covers a prefix this worker lacks.
-    SnapshotCoversPrefix,
-    /// Cost policy: the remote path, reusing P's snapshot, is cheaper.
-    SnapshotBypassCheaper,
-    /// Cost policy: the remote path is cheaper.
-    RemoteCheaper,
-    /// Cost policy: computing here is cheaper (or as cheap).
-    LocalCheaper,
-    /// The caller's, not [`decide`]'s: reserving the prompt's blocks (which a
-    /// remote prefill needs) failed, so the engine serves it as it can.
-    NoRoomToReserve,
-    /// The caller's, not [`decide`]'s: a request for several choices (`n` >
-    /// 1) is computed here, once for all of them (they share the prompt's
-    /// blocks); a remote prefill fills one sequence.
-    MultipleChoices,
-    /// The caller's, not [`decide`]'s: a request for the prompt's logprobs
-    /// (scoring) is computed here: a remote prefill returns the prompt's KV,
-    /// not its logits.
-    PromptLogprobs,
+crate::decision::reasons! {
+    /// Why a suffix is computed where it is: the `reason` label of
+    /// `kvc_decisions_total{decision="prefill_path"}` and of the
+    /// `prefill_path` log event.
+    pub enum PathReason in "prefill_path" {
+        /// No prefill worker is configured (or none was picked).
+        NoPrefillPeer("no_prefill_peer"),
+        /// The prefill worker failed its last state poll.
+        PrefillPeerUnhealthy("prefill_peer_unhealthy"),
+        /// The suffix is below `min_remote_tokens` and P holds no snapshot of it.
+        SuffixBelowThreshold("suffix_below_threshold"),
+        /// Threshold policy: the suffix is at or above `min_remote_tokens`.
+        SuffixAboveThreshold("suffix_above_threshold"),
+        /// Threshold policy: P's snapshot covers a prefix this worker lacks.
+        SnapshotCoversPrefix("snapshot_covers_prefix"),
+        /// Cost policy: the remote path, reusing P's snapshot, is cheaper.
+        SnapshotBypassCheaper("snapshot_bypass_cheaper"),
+        /// Cost policy: the remote path is cheaper.
+        RemoteCheaper("remote_cheaper"),
+        /// Cost policy: computing here is cheaper (or as cheap).
+        LocalCheaper("local_cheaper"),
+        /// The caller's, not [`decide`]'s: reserving the prompt's blocks (which a
+        /// remote prefill needs) failed, so the engine serves it as it can.
+        NoRoomToReserve("no_room_to_reserve"),
+        /// The caller's, not [`decide`]'s: a request for several choices (`n` >
+        /// 1) is computed here, once for all of them (they share the prompt's
+        /// blocks); a remote prefill fills one sequence.
+        MultipleChoices("multiple_choices"),
+        /// The caller's, not [`decide`]'s: a request for the prompt's logprobs
+        /// (scoring) is computed here: a remote prefill returns the prompt's KV,
+        /// not its logits.
+        PromptLogprobs("prompt_logprobs"),
+    }
+    // The labels of its paths ([`PathReason::paths`]).
+    outcomes = |r| match r.paths() {
+        [PrefillPath::Remote] => &["remote_prefill"],
+        [PrefillPath::Local] => &["local"],
+        _ => &["direct_append", "local"],
+    }
 }
 
 impl PathReason {
-    pub const ALL: [PathReason; 11] = [
-        PathReason::NoPrefillPeer,
-        PathReason::PrefillPeerUnhealthy,
-        PathReason::SuffixBelowThreshold,
-        PathReason::SuffixAboveThreshold,
-        PathReason::SnapshotCoversPrefix,
-        PathReason::SnapshotBypassCheaper,
-        PathReason::RemoteCheaper,
-        PathReason::LocalCheaper,
-        PathReason::NoRoomToReserve,
-        PathReason::MultipleChoices,
-        PathReason::PromptLogprobs,
-    ];
-
-    /// The `reason` label (and log field).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            PathReason::NoPrefillPeer => "no_prefill_peer",
-            PathReason::PrefillPeerUnhealthy => "prefill_peer_unhealthy",
-            PathReason::SuffixBelowThreshold => "suffix_below_threshold",
-            PathReason::SuffixAboveThreshold => "suffix_above_threshold",
-            PathReason::SnapshotCoversPrefix => "snapshot_covers_prefix",
-            PathReason::SnapshotBypassCheaper => "snapshot_bypass_cheaper",
-            PathReason::RemoteCheaper => "remote_cheaper",
-            PathReason::LocalCheaper => "local_cheaper",
-            PathReason::NoRoomToReserve => "no_room_to_reserve",
-            PathReason::MultipleChoices => "multiple_choices",
-            PathReason::PromptLogprobs => "prompt_logprobs",
-        }
-    }
-
     /// The paths a decision with this reason can take: a reason that keeps
     /// the suffix here goes with either path here (direct append when the
     /// held tokens are the request's own session), a remote one with
@@ -150,7 +123,8 @@ impl PathReason {
         }
     }
 
-    /// Every (path, reason) label set of `kvc_prefill_path_decisions_total`:
+    /// Every (path, reason) label set of
+    /// `kvc_decisions_total{decision="prefill_path"}` (the path its outcome):
     /// what [`decide`] can return, and the caller's `no_room_to_reserve`.
     pub fn pairs() -> impl Iterator<Item = (PrefillPath, PathReason)> {
         PathReason::ALL.into_iter().flat_map(|r| r.paths().iter().map(move |&p| (p, r)))
@@ -274,22 +248,6 @@ pub fn decide(i: &PathInputs) -> PathDecision {
     }
 }
 
-impl crate::decision::Reason for PathReason {
-    const DECISION: &'static str = "prefill_path";
-    const ALL: &'static [Self] = &Self::ALL;
-    fn label(self) -> &'static str {
-        self.as_str()
-    }
-    fn outcomes(self) -> &'static [&'static str] {
-        const HERE: &[&str] = &["direct_append", "local"];
-        match self.paths() {
-            [PrefillPath::Remote] => &["remote_prefill"],
-            [PrefillPath::Local] => &["local"],
-            _ => HERE,
-        }
-    }
-}
-
 impl PathDecision {
     /// A decision taken without the cost model (no estimates).
     pub fn without_estimates(path: PrefillPath, reason: PathReason, peer_tokens: usize) -> Self {
@@ -335,45 +293,6 @@ pub fn decide_before_reservation(i: &PreReservationInputs) -> Option<PathDecisio
 /// it can (it preempts or waits).
 pub fn decide_unreserved(prompt_tokens: usize) -> PathDecision {
     PathDecision::without_estimates(PrefillPath::Local, PathReason::NoRoomToReserve, prompt_tokens)
-}
-
-/// Why a decode worker computed a prompt itself after choosing a prefill
-/// worker: the `reason` of `kvc_disagg_fallbacks_total` and of
-/// `kvc_decisions_total{decision="prefill_fallback"}`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum FallbackReason {
-    /// The remote prefill failed (P unreachable, an error, past its budget):
-    /// computed here, into the same reserved blocks.
-    RemotePrefillFailed,
-}
-
-impl FallbackReason {
-    pub const ALL: [FallbackReason; 1] = [FallbackReason::RemotePrefillFailed];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            FallbackReason::RemotePrefillFailed => "remote_prefill_failed",
-        }
-    }
-}
-
-impl crate::decision::Reason for FallbackReason {
-    const DECISION: &'static str = "prefill_fallback";
-    const ALL: &'static [Self] = &Self::ALL;
-    fn label(self) -> &'static str {
-        self.as_str()
-    }
-    fn outcomes(self) -> &'static [&'static str] {
-        &["direct_append", "local"]
-    }
-}
-
-/// Where a suffix whose remote prefill failed is computed: here, into the
-/// reservation's blocks, extending them when they are the request's own
-/// session.
-pub fn decide_fallback(session_hit: bool) -> (PrefillPath, crate::decision::Decision<FallbackReason>) {
-    let path = if session_hit { PrefillPath::DirectAppend } else { PrefillPath::Local };
-    (path, crate::decision::Decision::new(path.as_str(), FallbackReason::RemotePrefillFailed))
 }
 
 #[cfg(test)]
@@ -622,9 +541,6 @@ mod tests {
         assert_eq!(reason(PreReservationInputs { has_session: true, ..pre }), None);
         assert_eq!(reason(PreReservationInputs { prompt_tokens: 512, ..pre }), None);
         assert_eq!(decide_unreserved(9).reason, PathReason::NoRoomToReserve);
-        let (path, d) = decide_fallback(true);
-        assert_eq!((path, d.outcome, d.reason), (PrefillPath::DirectAppend, "direct_append", FallbackReason::RemotePrefillFailed));
-        assert_eq!(decide_fallback(false).0, PrefillPath::Local);
     }
 
     #[test]

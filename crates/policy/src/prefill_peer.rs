@@ -24,38 +24,19 @@ pub struct PeerCandidate {
     pub holds_snapshot: bool,
 }
 
-/// Why a peer was chosen.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PeerReason {
-    SnapshotHolder,
-    SessionHome,
-    LeastLoaded,
-    NoneHealthy,
-}
-
-impl PeerReason {
-    pub const ALL: [PeerReason; 4] =
-        [PeerReason::SnapshotHolder, PeerReason::SessionHome, PeerReason::LeastLoaded, PeerReason::NoneHealthy];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            PeerReason::SnapshotHolder => "snapshot_holder",
-            PeerReason::SessionHome => "session_home",
-            PeerReason::LeastLoaded => "least_loaded",
-            PeerReason::NoneHealthy => "none_healthy",
-        }
-    }
-}
-
-impl crate::decision::Reason for PeerReason {
-    const DECISION: &'static str = "prefill_peer";
-    const ALL: &'static [Self] = &Self::ALL;
-    fn label(self) -> &'static str {
-        self.as_str()
-    }
-    fn outcomes(self) -> &'static [&'static str] {
-        // Without a healthy one the first is still asked (flagged).
-        &["chosen"]
+crate::decision::reasons! {
+    /// Why a peer was chosen.
+    pub enum PeerReason in "prefill_peer" {
+        // Without a healthy one the first is still asked (flagged): every
+        // reason's outcome is `chosen`.
+        /// A healthy peer holds a snapshot of the session (the most tokens).
+        SnapshotHolder("snapshot_holder") => "chosen",
+        /// The session's stable home, healthy.
+        SessionHome("session_home") => "chosen",
+        /// The least loaded healthy peer.
+        LeastLoaded("least_loaded") => "chosen",
+        /// No peer is healthy: the first one.
+        NoneHealthy("none_healthy") => "chosen",
     }
 }
 

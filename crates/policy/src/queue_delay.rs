@@ -1,7 +1,7 @@
 //! Whether a worker takes a new prompt or answers 429 because it would
 //! wait too long behind the prefill already queued (`--max-queue-delay-s`),
 //! by [`decide_queue_delay`]. Counted as
-//! `kvc_queue_delay_decisions_total{decision,reason}`, every pair of
+//! `kvc_decisions_total{decision="queue_delay"}`, every pair of
 //! [`QueueDelayReason::pairs`] exported at 0.
 //!
 //! Past capacity a queue only grows: every prompt taken then waits longer
@@ -32,40 +32,24 @@ pub struct QueueDelayInputs {
     pub drain_tokens_per_s: f64,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum QueueDelayReason {
-    /// No `--max-queue-delay-s`.
-    NoBound,
-    /// Nothing is queued: the prompt starts at once.
-    NoBacklog,
-    /// The backlog's drain rate is not measured yet.
-    RateUnknown,
-    /// The estimated wait is within the bound.
-    WithinBound,
-    /// The estimated wait exceeds the bound: 429.
-    OverBound,
+crate::decision::reasons! {
+    /// Why [`decide_queue_delay`] takes a prompt or refuses it.
+    pub enum QueueDelayReason in "queue_delay" {
+        /// No `--max-queue-delay-s`.
+        NoBound("no_bound"),
+        /// Nothing is queued: the prompt starts at once.
+        NoBacklog("no_backlog"),
+        /// The backlog's drain rate is not measured yet.
+        RateUnknown("rate_unknown"),
+        /// The estimated wait is within the bound.
+        WithinBound("within_bound"),
+        /// The estimated wait exceeds the bound: 429.
+        OverBound("over_bound"),
+    }
+    outcomes = |r| crate::decision::admit_or_refuse(r.admits())
 }
 
 impl QueueDelayReason {
-    pub const ALL: [QueueDelayReason; 5] = [
-        QueueDelayReason::NoBound,
-        QueueDelayReason::NoBacklog,
-        QueueDelayReason::RateUnknown,
-        QueueDelayReason::WithinBound,
-        QueueDelayReason::OverBound,
-    ];
-
-    /// The `reason` label (and log field).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            QueueDelayReason::NoBound => "no_bound",
-            QueueDelayReason::NoBacklog => "no_backlog",
-            QueueDelayReason::RateUnknown => "rate_unknown",
-            QueueDelayReason::WithinBound => "within_bound",
-            QueueDelayReason::OverBound => "over_bound",
-        }
-    }
-
     /// Whether a decision with this reason takes the prompt.
     pub fn admits(self) -> bool {
         self != QueueDelayReason::OverBound
@@ -113,17 +97,6 @@ pub fn decide_queue_delay(i: &QueueDelayInputs) -> QueueDelayDecision {
         }
     };
     QueueDelayDecision { admit: reason.admits(), reason, estimated_wait_s: wait, retry_after_s }
-}
-
-impl crate::decision::Reason for QueueDelayReason {
-    const DECISION: &'static str = "queue_delay";
-    const ALL: &'static [Self] = &Self::ALL;
-    fn label(self) -> &'static str {
-        self.as_str()
-    }
-    fn outcomes(self) -> &'static [&'static str] {
-        crate::decision::admit_or_refuse(self.admits())
-    }
 }
 
 impl QueueDelayDecision {

@@ -107,67 +107,31 @@ impl std::fmt::Display for WorkerScore {
     }
 }
 
-/// Why a worker was chosen (or none): the `reason` of
-/// `kvc_router_decisions_total` and of `kvc_decisions_total{decision="route_score"}`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum RouteReason {
-    /// The session's home worker is the cheapest.
-    SessionResident,
-    /// No session home: the cheapest worker.
-    LeastCost,
-    /// The session's home has no room for the request: moved.
-    MovedFull,
-    /// The session's home is unhealthy: moved.
-    MovedUnhealthy,
-    /// The home has room but another worker is cheaper even after
-    /// recomputing the session there (the home is loaded).
-    MovedLoad,
-    /// No healthy worker has room now: the cheapest healthy one queues it.
-    NoRoom,
-    /// No healthy worker at all: the request fails (503).
-    NoHealthyWorker,
+crate::decision::reasons! {
+    /// Why a worker was chosen (or none): the `reason` of
+    /// `kvc_decisions_total{decision="route_score"}`.
+    pub enum RouteReason in "route_score" {
+        /// The session's home worker is the cheapest.
+        SessionResident("session_resident") => "place",
+        /// No session home: the cheapest worker.
+        LeastCost("least_cost") => "place",
+        /// The session's home has no room for the request: moved.
+        MovedFull("moved_full") => "place",
+        /// The session's home is unhealthy: moved.
+        MovedUnhealthy("moved_unhealthy") => "place",
+        /// The home has room but another worker is cheaper even after
+        /// recomputing the session there (the home is loaded).
+        MovedLoad("moved_load") => "place",
+        /// No healthy worker has room now: the cheapest healthy one queues it.
+        NoRoom("no_room") => "queue",
+        /// No healthy worker at all: the request fails (503).
+        NoHealthyWorker("no_healthy_worker") => "refuse",
+    }
 }
 
 impl RouteReason {
-    /// Every reason (the label values `/metrics` shows from the start).
-    pub const ALL: [RouteReason; 7] = [
-        RouteReason::SessionResident,
-        RouteReason::LeastCost,
-        RouteReason::MovedFull,
-        RouteReason::MovedUnhealthy,
-        RouteReason::MovedLoad,
-        RouteReason::NoRoom,
-        RouteReason::NoHealthyWorker,
-    ];
     /// The reasons that move a session off its home.
     pub const MOVES: [RouteReason; 3] = [RouteReason::MovedFull, RouteReason::MovedUnhealthy, RouteReason::MovedLoad];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RouteReason::SessionResident => "session_resident",
-            RouteReason::LeastCost => "least_cost",
-            RouteReason::MovedFull => "moved_full",
-            RouteReason::MovedUnhealthy => "moved_unhealthy",
-            RouteReason::MovedLoad => "moved_load",
-            RouteReason::NoRoom => "no_room",
-            RouteReason::NoHealthyWorker => "no_healthy_worker",
-        }
-    }
-}
-
-impl Reason for RouteReason {
-    const DECISION: &'static str = "route_score";
-    const ALL: &'static [Self] = &Self::ALL;
-    fn label(self) -> &'static str {
-        self.as_str()
-    }
-    fn outcomes(self) -> &'static [&'static str] {
-        match self {
-            RouteReason::NoHealthyWorker => &["refuse"],
-            RouteReason::NoRoom => &["queue"],
-            _ => &["place"],
-        }
-    }
 }
 
 impl std::fmt::Display for RouteReason {

@@ -1,7 +1,7 @@
 //! Whether the scheduler admits the next waiting sequence in a step, by
 //! [`decide_seq_admission`] (not the engine's admission probe, which
 //! answers `POST /admission` before a request is submitted). Counted as
-//! `kvc_scheduler_admission_decisions_total{reason}`, every reason of
+//! `kvc_decisions_total{decision="seq_admission"}`, every reason of
 //! [`AdmitReason::ALL`] exported at 0; the planner logs it as
 //! `event="admission"`.
 //!
@@ -11,47 +11,28 @@
 //! growth: admitted prompts then never need a block mid-prefill, so
 //! admitting never forces a preemption later.
 
-/// Why a waiting sequence was or was not admitted in a step.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum AdmitReason {
-    Admitted,
-    /// `max_num_seqs` sequences are running.
-    MaxNumSeqs,
-    /// Its blocks plus the reserve for running sequences' growth are not
-    /// free, even after reclaiming caches.
-    KvWatermark,
-    /// `max_num_partial_prefills` sequences are mid-prefill.
-    PartialPrefills,
-    /// It is long and `max_long_partial_prefills` long ones are mid-prefill
-    /// (shorter prompts behind it may go first).
-    LongPartialPrefills,
-    /// The step's token budget is spent.
-    TokenBudget,
+crate::decision::reasons! {
+    /// Why a waiting sequence was or was not admitted in a step.
+    #[derive(PartialOrd, Ord)]
+    pub enum AdmitReason in "seq_admission" {
+        /// Admitted.
+        Admitted("admitted") => "admit",
+        /// `max_num_seqs` sequences are running.
+        MaxNumSeqs("max_num_seqs") => "wait",
+        /// Its blocks plus the reserve for running sequences' growth are not
+        /// free, even after reclaiming caches.
+        KvWatermark("kv_watermark") => "wait",
+        /// `max_num_partial_prefills` sequences are mid-prefill.
+        PartialPrefills("partial_prefills") => "wait",
+        /// It is long and `max_long_partial_prefills` long ones are mid-prefill
+        /// (shorter prompts behind it may go first).
+        LongPartialPrefills("long_partial_prefills") => "wait",
+        /// The step's token budget is spent.
+        TokenBudget("token_budget") => "wait",
+    }
 }
 
 impl AdmitReason {
-    /// Every reason, for label sets exported at 0.
-    pub const ALL: [AdmitReason; 6] = [
-        AdmitReason::Admitted,
-        AdmitReason::MaxNumSeqs,
-        AdmitReason::KvWatermark,
-        AdmitReason::PartialPrefills,
-        AdmitReason::LongPartialPrefills,
-        AdmitReason::TokenBudget,
-    ];
-
-    /// The `reason` label (and log field).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            AdmitReason::Admitted => "admitted",
-            AdmitReason::MaxNumSeqs => "max_num_seqs",
-            AdmitReason::KvWatermark => "kv_watermark",
-            AdmitReason::PartialPrefills => "partial_prefills",
-            AdmitReason::LongPartialPrefills => "long_partial_prefills",
-            AdmitReason::TokenBudget => "token_budget",
-        }
-    }
-
     /// What a sequence held back for this reason is waiting for: capacity
     /// (memory, sequence slots) or its turn behind other prefills.
     pub fn wait(self) -> Wait {
@@ -106,20 +87,6 @@ pub fn decide_seq_admission(i: &AdmitInputs) -> AdmitReason {
         AdmitReason::KvWatermark
     } else {
         AdmitReason::Admitted
-    }
-}
-
-impl crate::decision::Reason for AdmitReason {
-    const DECISION: &'static str = "seq_admission";
-    const ALL: &'static [Self] = &Self::ALL;
-    fn label(self) -> &'static str {
-        self.as_str()
-    }
-    fn outcomes(self) -> &'static [&'static str] {
-        match self {
-            AdmitReason::Admitted => &["admit"],
-            _ => &["wait"],
-        }
     }
 }
 

@@ -16,41 +16,18 @@ pub struct SessionCapCandidate {
     pub last_use: Instant,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum SessionCapReason {
-    /// No cap is set.
-    NoCap,
-    /// The key holds fewer sessions than the cap.
-    UnderCap,
-    /// The key is at its cap: its least recently used idle session goes.
-    AtCap,
-    /// The key is at its cap and every session of it is busy: the cap is
-    /// exceeded until one ends.
-    AllBusy,
-}
-
-impl SessionCapReason {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            SessionCapReason::NoCap => "no_cap",
-            SessionCapReason::UnderCap => "under_cap",
-            SessionCapReason::AtCap => "at_cap",
-            SessionCapReason::AllBusy => "all_busy",
-        }
-    }
-}
-
-impl Reason for SessionCapReason {
-    const DECISION: &'static str = "session_cap";
-    const ALL: &'static [Self] = &[SessionCapReason::NoCap, SessionCapReason::UnderCap, SessionCapReason::AtCap, SessionCapReason::AllBusy];
-    fn label(self) -> &'static str {
-        self.as_str()
-    }
-    fn outcomes(self) -> &'static [&'static str] {
-        match self {
-            SessionCapReason::AtCap => &["drop"],
-            _ => &["keep"],
-        }
+crate::decision::reasons! {
+    /// Why [`decide_session_cap`] dropped a session or kept them all.
+    pub enum SessionCapReason in "session_cap" {
+        /// No cap is set.
+        NoCap("no_cap") => "keep",
+        /// The key holds fewer sessions than the cap.
+        UnderCap("under_cap") => "keep",
+        /// The key is at its cap: its least recently used idle session goes.
+        AtCap("at_cap") => "drop",
+        /// The key is at its cap and every session of it is busy: the cap is
+        /// exceeded until one ends.
+        AllBusy("all_busy") => "keep",
     }
 }
 

@@ -19,37 +19,15 @@ pub struct SnapshotPushInputs {
     pub min_tokens: usize,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum SnapshotPushReason {
-    /// At least `min_tokens` tokens are new since the last push.
-    NewTokens,
-    /// A push of this session is in flight.
-    InFlight,
-    /// Too few tokens are new since the last push.
-    TooFewNewTokens,
-}
-
-impl SnapshotPushReason {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            SnapshotPushReason::NewTokens => "new_tokens",
-            SnapshotPushReason::InFlight => "in_flight",
-            SnapshotPushReason::TooFewNewTokens => "too_few_new_tokens",
-        }
-    }
-}
-
-impl Reason for SnapshotPushReason {
-    const DECISION: &'static str = "snapshot_push";
-    const ALL: &'static [Self] = &[SnapshotPushReason::NewTokens, SnapshotPushReason::InFlight, SnapshotPushReason::TooFewNewTokens];
-    fn label(self) -> &'static str {
-        self.as_str()
-    }
-    fn outcomes(self) -> &'static [&'static str] {
-        match self {
-            SnapshotPushReason::NewTokens => &["push"],
-            _ => &["skip"],
-        }
+crate::decision::reasons! {
+    /// Why [`decide_snapshot_push`] pushes a snapshot or skips it.
+    pub enum SnapshotPushReason in "snapshot_push" {
+        /// At least `min_tokens` tokens are new since the last push.
+        NewTokens("new_tokens") => "push",
+        /// A push of this session is in flight.
+        InFlight("in_flight") => "skip",
+        /// Too few tokens are new since the last push.
+        TooFewNewTokens("too_few_new_tokens") => "skip",
     }
 }
 

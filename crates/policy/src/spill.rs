@@ -2,7 +2,7 @@
 //! its least recently used entry to the host tier, drop the coldest
 //! host-resident entry to make host room, or drop the victim
 //! ([`decide_spill`]). Counted as
-//! `kvc_snapshot_spill_decisions_total{action,reason}`, every pair of
+//! `kvc_decisions_total{decision="spill"}` (the action its outcome), every pair of
 //! [`SpillReason::pairs`] exported at 0.
 
 /// What the store knows when it must free device blocks.
@@ -18,59 +18,39 @@ pub struct SpillInputs {
     pub coldest_host_last_use: Option<u64>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum SpillAction {
-    /// Copy the victim's device blocks to host slots and free them.
-    Demote,
-    /// Drop the coldest host-resident entry (colder than the victim) to
-    /// make host room; the victim is decided again.
-    DropHostEntry,
-    /// Drop the victim's KV (every tier).
-    Drop,
-}
-
-impl SpillAction {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            SpillAction::Demote => "demote",
-            SpillAction::DropHostEntry => "drop_host_entry",
-            SpillAction::Drop => "drop",
-        }
+crate::decision::reasons! {
+    /// How the store makes room: the `outcome` label.
+    pub enum SpillAction {
+        /// Copy the victim's device blocks to host slots and free them.
+        Demote("demote"),
+        /// Drop the coldest host-resident entry (colder than the victim) to
+        /// make host room; the victim is decided again.
+        DropHostEntry("drop_host_entry"),
+        /// Drop the victim's KV (every tier).
+        Drop("drop"),
     }
 }
 
-/// Why [`decide_spill`] decided as it did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum SpillReason {
-    /// The host tier has room for the victim's blocks.
-    HostRoom,
-    /// The host tier is full, and an entry colder than the victim holds
-    /// some of it.
-    HostFull,
-    /// No host tier.
-    NoHostTier,
-    /// The victim has more blocks than the whole host tier.
-    LargerThanHost,
-    /// The host tier is full of entries newer than the victim (or of the
-    /// session cache's KV).
-    HostHeldByNewer,
+crate::decision::reasons! {
+    /// Why [`decide_spill`] decided as it did.
+    pub enum SpillReason in "spill" {
+        /// The host tier has room for the victim's blocks.
+        HostRoom("host_room"),
+        /// The host tier is full, and an entry colder than the victim holds
+        /// some of it.
+        HostFull("host_full"),
+        /// No host tier.
+        NoHostTier("no_host_tier"),
+        /// The victim has more blocks than the whole host tier.
+        LargerThanHost("larger_than_host"),
+        /// The host tier is full of entries newer than the victim (or of the
+        /// session cache's KV).
+        HostHeldByNewer("host_held_by_newer"),
+    }
+    outcomes = |r| r.action().as_outcomes()
 }
 
 impl SpillReason {
-    pub const ALL: [SpillReason; 5] =
-        [SpillReason::HostRoom, SpillReason::HostFull, SpillReason::NoHostTier, SpillReason::LargerThanHost, SpillReason::HostHeldByNewer];
-
-    /// The `reason` label (and log field).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            SpillReason::HostRoom => "host_room",
-            SpillReason::HostFull => "host_full",
-            SpillReason::NoHostTier => "no_host_tier",
-            SpillReason::LargerThanHost => "larger_than_host",
-            SpillReason::HostHeldByNewer => "host_held_by_newer",
-        }
-    }
-
     /// The action a decision with this reason takes.
     pub fn action(self) -> SpillAction {
         match self {
@@ -109,21 +89,6 @@ pub fn decide_spill(i: &SpillInputs) -> SpillDecision {
         }
     };
     SpillDecision { action: reason.action(), reason }
-}
-
-impl crate::decision::Reason for SpillReason {
-    const DECISION: &'static str = "spill";
-    const ALL: &'static [Self] = &Self::ALL;
-    fn label(self) -> &'static str {
-        self.as_str()
-    }
-    fn outcomes(self) -> &'static [&'static str] {
-        match self.action() {
-            SpillAction::Demote => &["demote"],
-            SpillAction::DropHostEntry => &["drop_host_entry"],
-            SpillAction::Drop => &["drop"],
-        }
-    }
 }
 
 impl SpillDecision {

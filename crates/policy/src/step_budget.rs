@@ -21,46 +21,18 @@ pub struct StepBudgetInputs {
     pub per_context_token_s: f64,
 }
 
-/// Why [`decide_step_budget`] decided as it did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum StepBudgetReason {
-    /// A budget: the target less the step's fixed part.
-    Budgeted,
-    /// No step-time target is set.
-    NoTarget,
-    /// The fit has seen fewer than [`MIN_PREFILL_SAMPLES`] steps with prefill.
-    Unmeasured,
-    /// The fit prices a prefill token at nothing, linearly and through its
-    /// attention alike (the non-negative fit may put either at exactly 0).
-    NoPrefillCost,
-}
-
-impl StepBudgetReason {
-    pub const ALL: [StepBudgetReason; 4] =
-        [StepBudgetReason::Budgeted, StepBudgetReason::NoTarget, StepBudgetReason::Unmeasured, StepBudgetReason::NoPrefillCost];
-
-    /// The `reason` label (and log field).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            StepBudgetReason::Budgeted => "budgeted",
-            StepBudgetReason::NoTarget => "no_target",
-            StepBudgetReason::Unmeasured => "unmeasured",
-            StepBudgetReason::NoPrefillCost => "no_prefill_cost",
-        }
-    }
-}
-
-impl crate::decision::Reason for StepBudgetReason {
-    const DECISION: &'static str = "step_budget";
-    const ALL: &'static [Self] = &Self::ALL;
-    fn label(self) -> &'static str {
-        self.as_str()
-    }
-    fn outcomes(self) -> &'static [&'static str] {
-        match self {
-            StepBudgetReason::Budgeted => &["budget"],
-            _ => &["no_budget"],
-        }
+crate::decision::reasons! {
+    /// Why [`decide_step_budget`] decided as it did.
+    pub enum StepBudgetReason in "step_budget" {
+        /// A budget: the target less the step's fixed part.
+        Budgeted("budgeted") => "budget",
+        /// No step-time target is set.
+        NoTarget("no_target") => "no_budget",
+        /// The fit has seen fewer than [`MIN_PREFILL_SAMPLES`] steps with prefill.
+        Unmeasured("unmeasured") => "no_budget",
+        /// The fit prices a prefill token at nothing, linearly and through its
+        /// attention alike (the non-negative fit may put either at exactly 0).
+        NoPrefillCost("no_prefill_cost") => "no_budget",
     }
 }
 

@@ -1,7 +1,7 @@
 //! Whether the next engine step carries prefill chunks beside its decodes
 //! (a mixed step) or runs the decodes alone (a decode-only step), by
 //! [`decide_step_kind`]. Counted as
-//! `kvc_step_kind_decisions_total{kind,reason}`, every pair of
+//! `kvc_decisions_total{decision="step_kind"}` (the kind its outcome), every pair of
 //! [`StepKindReason::pairs`] exported at 0.
 //!
 //! A mixed step pays the model's weights and the decodes once and fills
@@ -54,72 +54,42 @@ pub struct StepKindInputs {
     pub backlog_slack_s: f64,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum StepKind {
-    /// Decodes and prefill chunks (either may be absent).
-    Mixed,
-    /// Decodes alone, though prefill waits.
-    DecodeOnly,
-}
-
-impl StepKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            StepKind::Mixed => "mixed",
-            StepKind::DecodeOnly => "decode_only",
-        }
+crate::decision::reasons! {
+    /// What the next step carries: the `outcome` label.
+    pub enum StepKind {
+        /// Decodes and prefill chunks (either may be absent).
+        Mixed("mixed"),
+        /// Decodes alone, though prefill waits.
+        DecodeOnly("decode_only"),
     }
 }
 
-/// Why [`decide_step_kind`] decided as it did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum StepKindReason {
-    /// No ITL target is set.
-    NoTarget,
-    /// Nothing decodes: prefill takes the step.
-    NoDecodes,
-    /// No prompt tokens wait: the step is decodes only anyway.
-    NoPrefill,
-    /// The last mixed step met the target (or none ran yet): decodes lose
-    /// nothing to the next one.
-    MixedWithinTarget,
-    /// A decode-only step would not meet the target either.
-    DecodeOnlyOverTarget,
-    /// The waiting prefill exceeds the backlog slack (or its rate is not
-    /// measured yet).
-    Backlog,
-    /// [`DECODE_ONLY_PER_MIXED`] decode-only steps ran since the last mixed one.
-    Interleaved,
-    /// The last mixed step went over the target and prefill has slack.
-    Interleave,
+crate::decision::reasons! {
+    /// Why [`decide_step_kind`] decided as it did.
+    pub enum StepKindReason in "step_kind" {
+        /// No ITL target is set.
+        NoTarget("no_target"),
+        /// Nothing decodes: prefill takes the step.
+        NoDecodes("no_decodes"),
+        /// No prompt tokens wait: the step is decodes only anyway.
+        NoPrefill("no_prefill"),
+        /// The last mixed step met the target (or none ran yet): decodes lose
+        /// nothing to the next one.
+        MixedWithinTarget("mixed_within_target"),
+        /// A decode-only step would not meet the target either.
+        DecodeOnlyOverTarget("decode_only_over_target"),
+        /// The waiting prefill exceeds the backlog slack (or its rate is not
+        /// measured yet).
+        Backlog("backlog"),
+        /// [`DECODE_ONLY_PER_MIXED`] decode-only steps ran since the last mixed one.
+        Interleaved("interleaved"),
+        /// The last mixed step went over the target and prefill has slack.
+        Interleave("interleave"),
+    }
+    outcomes = |r| r.kind().as_outcomes()
 }
 
 impl StepKindReason {
-    pub const ALL: [StepKindReason; 8] = [
-        StepKindReason::NoTarget,
-        StepKindReason::NoDecodes,
-        StepKindReason::NoPrefill,
-        StepKindReason::MixedWithinTarget,
-        StepKindReason::DecodeOnlyOverTarget,
-        StepKindReason::Backlog,
-        StepKindReason::Interleaved,
-        StepKindReason::Interleave,
-    ];
-
-    /// The `reason` label (and log field).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            StepKindReason::NoTarget => "no_target",
-            StepKindReason::NoDecodes => "no_decodes",
-            StepKindReason::NoPrefill => "no_prefill",
-            StepKindReason::MixedWithinTarget => "mixed_within_target",
-            StepKindReason::DecodeOnlyOverTarget => "decode_only_over_target",
-            StepKindReason::Backlog => "backlog",
-            StepKindReason::Interleaved => "interleaved",
-            StepKindReason::Interleave => "interleave",
-        }
-    }
-
     /// The kind a decision with this reason takes.
     pub fn kind(self) -> StepKind {
         match self {
@@ -158,20 +128,6 @@ pub fn decide_step_kind(i: &StepKindInputs) -> StepKindDecision {
         Some(_) => StepKindReason::Interleave,
     };
     StepKindDecision { kind: reason.kind(), reason }
-}
-
-impl crate::decision::Reason for StepKindReason {
-    const DECISION: &'static str = "step_kind";
-    const ALL: &'static [Self] = &Self::ALL;
-    fn label(self) -> &'static str {
-        self.as_str()
-    }
-    fn outcomes(self) -> &'static [&'static str] {
-        match self.kind() {
-            StepKind::Mixed => &["mixed"],
-            StepKind::DecodeOnly => &["decode_only"],
-        }
-    }
 }
 
 impl StepKindDecision {

@@ -17,39 +17,19 @@ pub enum WriteBack {
     Skip(WriteBackSkip),
 }
 
-/// Why write-back copies nothing in a step.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum WriteBackSkip {
-    /// No watermark (or no host tier).
-    Disabled,
-    /// Free blocks plus idle blocks already on the host cover the watermark.
-    AboveWatermark,
-    /// The last batch of copies is still running.
-    CopiesRunning,
-    /// No free host slot.
-    HostFull,
-    /// Every idle session's device blocks are on the host already.
-    NothingIdle,
-}
-
-impl WriteBackSkip {
-    pub const ALL: [WriteBackSkip; 5] = [
-        WriteBackSkip::Disabled,
-        WriteBackSkip::AboveWatermark,
-        WriteBackSkip::CopiesRunning,
-        WriteBackSkip::HostFull,
-        WriteBackSkip::NothingIdle,
-    ];
-
-    /// The reason's label (and log field).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            WriteBackSkip::Disabled => "disabled",
-            WriteBackSkip::AboveWatermark => "above_watermark",
-            WriteBackSkip::CopiesRunning => "copies_running",
-            WriteBackSkip::HostFull => "host_full",
-            WriteBackSkip::NothingIdle => "nothing_idle",
-        }
+crate::decision::reasons! {
+    /// Why write-back copies nothing in a step.
+    pub enum WriteBackSkip {
+        /// No watermark (or no host tier).
+        Disabled("disabled"),
+        /// Free blocks plus idle blocks already on the host cover the watermark.
+        AboveWatermark("above_watermark"),
+        /// The last batch of copies is still running.
+        CopiesRunning("copies_running"),
+        /// No free host slot.
+        HostFull("host_full"),
+        /// Every idle session's device blocks are on the host already.
+        NothingIdle("nothing_idle"),
     }
 }
 

@@ -70,10 +70,17 @@ pub fn check_cluster_token(expected: Option<&str>, headers: &HeaderMap) -> Resul
 }
 
 /// Middleware for the `/v1/*` routes.
-pub async fn require_api_key(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
-    match check_api_key(&state.config.api_keys, req.headers()) {
+pub async fn require_api_key(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    admit_api_key(&state.config.api_keys, req, next).await
+}
+
+/// The `--api-key` middleware's work, on a worker and on the router alike:
+/// a request with a valid key (or any, without keys) goes on with the
+/// key's [`Tenant`]; else the 401.
+pub async fn admit_api_key(api_keys: &[String], mut req: Request, next: Next) -> Response {
+    match check_api_key(api_keys, req.headers()) {
         Ok(matched) => {
-            let tenant = matched.map(|i| Tenant::of_key(&state.config.api_keys, i)).unwrap_or_default();
+            let tenant = matched.map(|i| Tenant::of_key(api_keys, i)).unwrap_or_default();
             req.extensions_mut().insert(tenant);
             next.run(req).await
         }

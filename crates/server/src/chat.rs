@@ -4,12 +4,10 @@
 //! ([`crate::chat_output`]).
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use axum::extract::State;
 use axum::http::HeaderMap;
-use axum::response::{IntoResponse, Response};
-use axum::{Extension, Json};
+use axum::response::Response;
 use serde_json::Value;
 
 use crate::backend::Submission;
@@ -19,12 +17,11 @@ use crate::chat_messages::{
 use crate::chat_output::{ChatEndpoint, ChatSpec};
 use crate::error::ApiError;
 use crate::extract::OpenAiJson;
-use crate::generate::{admit, check_prompt_bytes, check_prompt_len, serving_headers, submit, within};
+use crate::generate::{admit, check_prompt_bytes, check_prompt_len, submit, within};
 use crate::logprobs::MAX_TOP_LOGPROBS;
 use crate::openai_types::ChatCompletionRequest;
-use crate::response::collect;
+use crate::response::respond;
 use crate::sampling::{DefaultMaxTokens, SamplingPlan};
-use crate::sse::stream_response;
 use crate::state::{AppState, Arrival};
 use crate::structured::{from_guided, from_response_format, one_of, reasoning_gate, tool_call_grammar, GrammarRequest};
 use crate::tool_grammar_qwen3_coder::qwen3_coder_call_grammar;
@@ -49,19 +46,17 @@ struct ChatPlan {
 
 pub async fn chat_completions(
     State(state): State<AppState>,
-    arrival: Option<Extension<Arrival>>,
-    tenant: Option<Extension<crate::tenant::Tenant>>,
+    Arrival(arrival): Arrival,
+    tenant: crate::tenant::Tenant,
     headers: HeaderMap,
     OpenAiJson(req): OpenAiJson<ChatCompletionRequest>,
 ) -> Result<Response, ApiError> {
-    let arrival = arrival.map_or_else(Instant::now, |Extension(Arrival(t))| t);
     state.check_model(req.model.as_deref())?;
     let info = state.engine.info().clone();
     let plan = check_request(&req, info.vocab_size, state.tool_call_format)?;
     let floor = *state.message_floor.get_or_init(|| crate::chat_messages::message_token_floor(&state.engine));
     crate::chat_messages::check_message_count(req.messages.len(), floor, state.max_prompt_tokens())?;
     let messages = template_messages(&req.messages)?;
-    let tenant = tenant.map(|Extension(t)| t).unwrap_or_default();
     let (session_id, cache_salt) =
         crate::sessions::request_scope(&state, &tenant, req.session_id.as_deref(), req.cache_salt.as_deref(), &headers)?;
     let admitted = admit(&state, arrival, "chatcmpl").await?;
@@ -90,14 +85,7 @@ pub async fn chat_completions(
         check_prompt_bytes(&render_state, prompt.len(), "messages")?;
         let tokens = engine.tokenizer().encode(&prompt, req.add_special_tokens.unwrap_or(false)).map_err(ApiError::chat_engine)?;
         // The grammar starts where the prompt leaves the model's reasoning.
-        let compiled = match grammar {
-            Some(g) => {
-                let constraint = g.constraint(reasoning_gate(open_assistant_turn(&prompt)));
-                let compiled = engine.compile_grammar(&constraint).map_err(|e| crate::structured::compile_error(e, g.param))?;
-                Some((constraint, compiled))
-            }
-            None => None,
-        };
+        let compiled = grammar.map(|g| g.compile(engine, reasoning_gate(open_assistant_turn(&prompt)))).transpose()?;
         Ok((prompt, tokens, compiled))
     });
     let (prompt, prompt_tokens, compiled) = within(&state, admitted.deadline(), prepare)
@@ -127,13 +115,7 @@ pub async fn chat_completions(
         logprobs: plan.logprobs,
     };
     let endpoint = ChatEndpoint::new(spec, Arc::new(state.engine.clone()));
-    if plan.sampling.stream {
-        return Ok(stream_response(&state, generation, endpoint, plan.sampling.include_usage));
-    }
-    let request_id = generation.request_id().to_string();
-    let path = generation.path();
-    let body = collect(generation, endpoint).await?;
-    Ok((serving_headers(&request_id, path), Json(body)).into_response())
+    respond(&state, generation, endpoint, &plan.sampling).await
 }
 
 /// Validates everything that does not need the prompt.

@@ -9,7 +9,7 @@ use kvc_engine::{FinishReason, Logprobs, MatchedStop, Usage};
 
 use crate::logprobs::{chat_entry, ChatLogprobs, ChatTokenLogprob, HasTokenizer};
 use crate::openai_types::{
-    AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk, ChatDelta, ChunkUsage, FunctionCall,
+    AnswerHead, AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk, ChatDelta, ChunkUsage, FunctionCall,
     FunctionCallDelta, KvcInfo, ToolCall, ToolCallDelta,
 };
 use crate::reasoning_parser::ReasoningParser;
@@ -122,10 +122,8 @@ pub struct ChatSpec {
 
 /// The chat endpoint's deltas for `n` choices.
 pub struct ChatEndpoint {
-    pub id: String,
-    pub created: u64,
-    pub model: String,
-    system_fingerprint: String,
+    /// Its chunks' head (the body's is `chat.completion`).
+    head: AnswerHead,
     tokens: Arc<dyn HasTokenizer>,
     logprobs: bool,
     choices: Vec<ChoiceState>,
@@ -142,7 +140,8 @@ impl ChatEndpoint {
                 ChoiceState { parser, echo: echo.then_some(echoed), pending_logprobs: Vec::new(), calls: 0 }
             })
             .collect();
-        Self { id, created: crate::generate::unix_now(), model, system_fingerprint, tokens, logprobs, choices, calls_finish }
+        let head = AnswerHead { id, object: "chat.completion.chunk", created: crate::generate::unix_now(), model, system_fingerprint };
+        Self { head, tokens, logprobs, choices, calls_finish }
     }
 
     fn delta(&mut self, index: usize, parsed: Parsed) -> ChatDelta {
@@ -232,30 +231,12 @@ impl Endpoint for ChatEndpoint {
     }
 
     fn chunk(&self, deltas: Vec<ChatChunkChoice>, usage: ChunkUsage, kvc: Option<KvcInfo>) -> ChatCompletionChunk {
-        ChatCompletionChunk {
-            id: self.id.clone(),
-            object: "chat.completion.chunk",
-            created: self.created,
-            model: self.model.clone(),
-            system_fingerprint: self.system_fingerprint.clone(),
-            choices: deltas,
-            usage,
-            kvc,
-        }
+        ChatCompletionChunk { head: self.head.clone(), choices: deltas, usage, kvc }
     }
 
     fn body(&self, choices: Vec<Vec<ChatChunkChoice>>, usage: Usage) -> ChatCompletion {
         let choices = choices.into_iter().enumerate().map(|(index, deltas)| self.fold(index, deltas)).collect();
-        ChatCompletion {
-            id: self.id.clone(),
-            object: "chat.completion",
-            created: self.created,
-            model: self.model.clone(),
-            system_fingerprint: self.system_fingerprint.clone(),
-            choices,
-            usage: usage.into(),
-            kvc: KvcInfo::local(&usage),
-        }
+        ChatCompletion { head: self.head.of("chat.completion"), choices, usage: usage.into(), kvc: KvcInfo::local(&usage) }
     }
 }
 

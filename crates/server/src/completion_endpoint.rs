@@ -17,7 +17,7 @@ use std::sync::Arc;
 use kvc_engine::{FinishReason, Logprobs, MatchedStop, Usage};
 
 use crate::logprobs::{CompletionLogprobs, HasTokenizer};
-use crate::openai_types::{ChunkUsage, Completion, CompletionChoice, KvcInfo};
+use crate::openai_types::{AnswerHead, ChunkUsage, Completion, CompletionChoice, KvcInfo};
 use crate::response::Endpoint;
 
 /// A prompt as echoed: its text and its tokens.
@@ -66,10 +66,8 @@ impl ChoiceState {
 }
 
 pub struct CompletionEndpoint {
-    id: String,
-    created: u64,
-    model: String,
-    system_fingerprint: String,
+    /// Its chunks' and its body's head (`text_completion` both).
+    head: AnswerHead,
     shape: CompletionShape,
     tokens: Arc<dyn HasTokenizer>,
     choices: Vec<ChoiceState>,
@@ -100,7 +98,8 @@ impl CompletionEndpoint {
                 c
             })
             .collect();
-        Self { id, created: crate::generate::unix_now(), model, system_fingerprint, shape, tokens, choices }
+        let head = AnswerHead { id, object: "text_completion", created: crate::generate::unix_now(), model, system_fingerprint };
+        Self { head, shape, tokens, choices }
     }
 
     fn take_logprobs(&mut self, index: usize) -> Option<CompletionLogprobs> {
@@ -197,16 +196,7 @@ impl Endpoint for CompletionEndpoint {
     }
 
     fn chunk(&self, deltas: Vec<CompletionChoice>, usage: ChunkUsage, kvc: Option<KvcInfo>) -> Completion {
-        Completion {
-            id: self.id.clone(),
-            object: "text_completion",
-            created: self.created,
-            model: self.model.clone(),
-            system_fingerprint: self.system_fingerprint.clone(),
-            choices: deltas,
-            usage,
-            kvc,
-        }
+        Completion { head: self.head.clone(), choices: deltas, usage, kvc }
     }
 
     /// Every sequence's deltas folded into its choice; with `best_of > n`

@@ -6,24 +6,21 @@
 //! without generating.
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use axum::extract::State;
 use axum::http::HeaderMap;
-use axum::response::{IntoResponse, Response};
-use axum::{Extension, Json};
+use axum::response::Response;
 
 use crate::backend::Submission;
 use crate::completion_endpoint::{CompletionEndpoint, CompletionShape, EchoedPrompt};
 use crate::completion_prompts::{parse_prompts, PromptInput, MAX_PROMPTS};
 use crate::error::ApiError;
 use crate::extract::OpenAiJson;
-use crate::generate::{admit, check_prompt_bytes, check_prompt_len, serving_headers, submit_prompts, within};
+use crate::generate::{admit, check_prompt_bytes, check_prompt_len, submit_prompts, within};
 use crate::logprobs::MAX_TOP_LOGPROBS;
 use crate::openai_types::CompletionRequest;
-use crate::response::collect;
+use crate::response::respond;
 use crate::sampling::{DefaultMaxTokens, SamplingPlan, MAX_N};
-use crate::sse::stream_response;
 use crate::state::{AppState, Arrival};
 
 /// OpenAI's and vLLM's default `max_tokens` for completions.
@@ -45,12 +42,11 @@ struct CompletionPlan {
 
 pub async fn completions(
     State(state): State<AppState>,
-    arrival: Option<Extension<Arrival>>,
-    tenant: Option<Extension<crate::tenant::Tenant>>,
+    Arrival(arrival): Arrival,
+    tenant: crate::tenant::Tenant,
     headers: HeaderMap,
     OpenAiJson(req): OpenAiJson<CompletionRequest>,
 ) -> Result<Response, ApiError> {
-    let arrival = arrival.map_or_else(Instant::now, |Extension(Arrival(t))| t);
     state.check_model(req.model.as_deref())?;
     let info = state.engine.info().clone();
     let plan = check_request(&req, info.vocab_size)?;
@@ -64,7 +60,6 @@ pub async fn completions(
             check_prompt_bytes(&state, text.len(), "prompt")?;
         }
     }
-    let tenant = tenant.map(|Extension(t)| t).unwrap_or_default();
     let (session_id, cache_salt) =
         crate::sessions::request_scope(&state, &tenant, req.session_id.as_deref(), req.cache_salt.as_deref(), &headers)?;
     if session_id.is_some() && prompts.len() > 1 {
@@ -80,14 +75,7 @@ pub async fn completions(
     let add_special = req.add_special_tokens.unwrap_or(true);
     type Prepared = (Vec<(Vec<u32>, Option<String>)>, Option<(kvc_engine::Constraint, kvc_engine::CompiledGrammar)>);
     let prepare = tokio::task::spawn_blocking(move || -> Result<Prepared, ApiError> {
-        let compiled = match grammar {
-            Some(g) => {
-                let constraint = g.constraint(kvc_engine::ReasoningGate::Off);
-                let compiled = engine.compile_grammar(&constraint).map_err(|e| crate::structured::compile_error(e, g.param))?;
-                Some((constraint, compiled))
-            }
-            None => None,
-        };
+        let compiled = grammar.map(|g| g.compile(&engine, kvc_engine::ReasoningGate::Off)).transpose()?;
         let tokenizer = engine.tokenizer();
         let prompts = prompts
             .into_iter()
@@ -148,13 +136,7 @@ pub async fn completions(
         shape,
         Arc::new(state.engine.clone()),
     );
-    if plan.sampling.stream {
-        return Ok(stream_response(&state, generation, endpoint, plan.sampling.include_usage));
-    }
-    let request_id = generation.request_id().to_string();
-    let path = generation.path();
-    let body = collect(generation, endpoint).await?;
-    Ok((serving_headers(&request_id, path), Json(body)).into_response())
+    respond(&state, generation, endpoint, &plan.sampling).await
 }
 
 fn check_request(req: &CompletionRequest, vocab_size: usize) -> Result<CompletionPlan, ApiError> {

@@ -351,13 +351,28 @@ pub struct ChatChoice {
     pub stop_reason: Option<kvc_engine::MatchedStop>,
 }
 
-#[derive(Debug, Clone, Serialize)]
-pub struct ChatCompletion {
+/// What an answer object starts with: the same in every chunk of an answer
+/// and in its whole body, but for `object` (chat's chunks and body differ).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct AnswerHead {
     pub id: String,
     pub object: &'static str,
     pub created: u64,
     pub model: String,
     pub system_fingerprint: String,
+}
+
+impl AnswerHead {
+    /// The same head on an object of kind `object`.
+    pub fn of(&self, object: &'static str) -> AnswerHead {
+        AnswerHead { object, ..self.clone() }
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ChatCompletion {
+    #[serde(flatten)]
+    pub head: AnswerHead,
     pub choices: Vec<ChatChoice>,
     pub usage: UsageInfo,
     pub kvc: KvcInfo,
@@ -398,11 +413,8 @@ pub type ChunkUsage = Option<Option<UsageInfo>>;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct ChatCompletionChunk {
-    pub id: String,
-    pub object: &'static str,
-    pub created: u64,
-    pub model: String,
-    pub system_fingerprint: String,
+    #[serde(flatten)]
+    pub head: AnswerHead,
     pub choices: Vec<ChatChunkChoice>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub usage: ChunkUsage,
@@ -424,11 +436,8 @@ pub struct CompletionChoice {
 /// uses the same object name for both).
 #[derive(Debug, Clone, Serialize)]
 pub struct Completion {
-    pub id: String,
-    pub object: &'static str,
-    pub created: u64,
-    pub model: String,
-    pub system_fingerprint: String,
+    #[serde(flatten)]
+    pub head: AnswerHead,
     pub choices: Vec<CompletionChoice>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub usage: ChunkUsage,
@@ -516,11 +525,13 @@ mod tests {
     fn chunk_usage_is_absent_null_or_filled() {
         let chunk = |usage: ChunkUsage| {
             serde_json::to_value(Completion {
-                id: "c".into(),
-                object: "text_completion",
-                created: 0,
-                model: "m".into(),
-                system_fingerprint: "fp_t".into(),
+                head: AnswerHead {
+                    id: "c".into(),
+                    object: "text_completion",
+                    created: 0,
+                    model: "m".into(),
+                    system_fingerprint: "fp_t".into(),
+                },
                 choices: vec![],
                 usage,
                 kvc: None,

@@ -1,14 +1,20 @@
 //! The shape shared by chat and completions answers: an endpoint turns
 //! each choice's engine events into OpenAI deltas (chunk choices). A stream
 //! sends every delta as a chunk ([`crate::sse`]); a whole answer folds the
-//! same deltas ([`collect`]), so both always say the same thing.
+//! same deltas ([`collect`]), so both always say the same thing; [`respond`]
+//! answers either way.
 
+use axum::response::{IntoResponse, Response};
+use axum::Json;
 use kvc_engine::{FinishReason, Logprobs, MatchedStop, Usage};
 use serde::Serialize;
 
 use crate::error::ApiError;
-use crate::generate::{log_finished, ChoiceEvent, Generation};
+use crate::generate::{log_finished, serving_headers, ChoiceEvent, Generation};
 use crate::openai_types::{ChunkUsage, KvcInfo};
+use crate::sampling::SamplingPlan;
+use crate::sse::stream_response;
+use crate::state::AppState;
 
 pub trait Endpoint: Send + 'static {
     /// One chunk choice (`{index, delta | text, logprobs, finish_reason}`).
@@ -31,6 +37,23 @@ pub trait Endpoint: Send + 'static {
     fn chunk(&self, deltas: Vec<Self::Delta>, usage: ChunkUsage, kvc: Option<KvcInfo>) -> Self::Chunk;
     /// The whole answer from every choice's deltas.
     fn body(&self, choices: Vec<Vec<Self::Delta>>, usage: Usage) -> Self::Body;
+}
+
+/// The answer to a request: its chunks as a stream when it asked for one,
+/// else the whole body with the serving headers.
+pub async fn respond<E: Endpoint>(
+    state: &AppState,
+    generation: Generation,
+    endpoint: E,
+    sampling: &SamplingPlan,
+) -> Result<Response, ApiError> {
+    if sampling.stream {
+        return Ok(stream_response(state, generation, endpoint, sampling.include_usage));
+    }
+    let request_id = generation.request_id().to_string();
+    let path = generation.path();
+    let body = collect(generation, endpoint).await?;
+    Ok((serving_headers(&request_id, path), Json(body)).into_response())
 }
 
 /// Reads every choice to its end and builds the whole answer. Dropping this

@@ -3,9 +3,10 @@
 //! Reads come from the engine's published snapshot; only DELETE and reset
 //! enter the step loop (as commands).
 
-use axum::extract::{Path, Query, State};
+use axum::extract::{FromRequestParts, Path, Query, State};
+use axum::http::request::Parts;
 use axum::http::HeaderMap;
-use axum::Extension;
+use axum::response::{IntoResponse, Response};
 use axum::Json;
 use kvc_engine::{AdmissionDecision, AdmissionQuery, SessionInfo};
 use serde::Deserialize;
@@ -76,6 +77,28 @@ pub struct SaltQuery {
     pub cache_salt: Option<String>,
 }
 
+/// The caller's session that a session endpoint's path names
+/// (`/v1/sessions/{id}`, `?cache_salt=`), with the key the engine and the
+/// router keep it under ([`scoped`]: a malformed id is a 404).
+#[derive(Debug, Clone)]
+pub struct SessionPath {
+    /// The id as the client wrote it.
+    pub id: String,
+    pub salt: Option<String>,
+    pub key: String,
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for SessionPath {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Response> {
+        let Path(id) = Path::<String>::from_request_parts(parts, state).await.map_err(IntoResponse::into_response)?;
+        let Query(q) = Query::<SaltQuery>::from_request_parts(parts, state).await.map_err(IntoResponse::into_response)?;
+        let key = scoped(&Tenant::of_request(&parts.extensions), q.cache_salt.as_deref(), &id).map_err(IntoResponse::into_response)?;
+        Ok(Self { id, salt: q.cache_salt, key })
+    }
+}
+
 fn not_found(id: &str) -> ApiError {
     ApiError::SessionNotFound { id: id.to_string() }
 }
@@ -94,24 +117,13 @@ fn session_json(s: &SessionInfo) -> Value {
     })
 }
 
-pub async fn get_session(
-    State(state): State<AppState>,
-    tenant: Option<Extension<Tenant>>,
-    Path(id): Path<String>,
-    Query(q): Query<SaltQuery>,
-) -> Result<Json<Value>, ApiError> {
-    let key = scoped(&tenant.map(|Extension(t)| t).unwrap_or_default(), q.cache_salt.as_deref(), &id)?;
+pub async fn get_session(State(state): State<AppState>, session: SessionPath) -> Result<Json<Value>, ApiError> {
     let snap = state.engine.snapshot();
-    snap.sessions.get(&key).map(|s| Json(session_json(s))).ok_or_else(|| not_found(&id))
+    snap.sessions.get(&session.key).map(|s| Json(session_json(s))).ok_or_else(|| not_found(&session.id))
 }
 
-pub async fn delete_session(
-    State(state): State<AppState>,
-    tenant: Option<Extension<Tenant>>,
-    Path(id): Path<String>,
-    Query(q): Query<SaltQuery>,
-) -> Result<Json<Value>, ApiError> {
-    let key = scoped(&tenant.map(|Extension(t)| t).unwrap_or_default(), q.cache_salt.as_deref(), &id)?;
+pub async fn delete_session(State(state): State<AppState>, session: SessionPath) -> Result<Json<Value>, ApiError> {
+    let SessionPath { id, key, .. } = session;
     let deleted = state.engine.delete_session(&key).await.map_err(|e| ApiError::Unavailable(e.to_string()))?;
     if deleted {
         Ok(Json(json!({"id": id, "object": "session", "deleted": true})))
@@ -144,10 +156,9 @@ impl JsonBody for AdmissionRequest {
 
 pub async fn admission(
     State(state): State<AppState>,
-    tenant: Option<Extension<Tenant>>,
+    tenant: Tenant,
     OpenAiJson(req): OpenAiJson<AdmissionRequest>,
 ) -> Result<Json<AdmissionDecision>, ApiError> {
-    let tenant = tenant.map(|Extension(t)| t).unwrap_or_default();
     let session = req.session_id.as_deref().map(|id| scoped(&tenant, req.cache_salt.as_deref(), id)).transpose()?;
     let prompt_tokens = match (&req.prompt_token_ids, req.prompt_tokens) {
         (Some(ids), _) => ids.len(),

@@ -162,6 +162,16 @@ impl AppState {
 #[derive(Debug, Clone, Copy)]
 pub struct Arrival(pub Instant);
 
+/// A handler's arrival: the route table's stamp, else now (a handler served
+/// without it).
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Arrival {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut axum::http::request::Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        Ok(parts.extensions.get::<Arrival>().copied().unwrap_or_else(|| Arrival(Instant::now())))
+    }
+}
+
 /// The body limits in force, for the extractor: most bytes, and the time
 /// the body may take to arrive.
 #[derive(Debug, Clone, Copy)]

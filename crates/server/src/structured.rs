@@ -25,7 +25,7 @@
 
 use serde_json::{json, Map, Value};
 
-use kvc_engine::{Constraint, Grammar, ReasoningGate};
+use kvc_engine::{CompiledGrammar, Constraint, EngineHandle, Grammar, ReasoningGate};
 use kvc_text_front::grammar::{grammar_bytes, MAX_GRAMMAR_BYTES};
 
 use crate::error::ApiError;
@@ -46,6 +46,15 @@ impl GrammarRequest {
     /// model's reasoning.
     pub fn constraint(&self, reasoning: ReasoningGate) -> Constraint {
         Constraint { grammar: self.grammar.clone(), reasoning }
+    }
+
+    /// Compiled by `engine`, starting at `reasoning`: the constraint the
+    /// request's sampling carries and the compiled grammar (a 400 naming
+    /// the field when the grammar cannot be used, [`compile_error`]).
+    pub fn compile(&self, engine: &EngineHandle, reasoning: ReasoningGate) -> Result<(Constraint, CompiledGrammar), ApiError> {
+        let constraint = self.constraint(reasoning);
+        let compiled = engine.compile_grammar(&constraint).map_err(|e| compile_error(e, self.param))?;
+        Ok((constraint, compiled))
     }
 }
 
@@ -206,20 +215,9 @@ pub fn one_of(a: Option<GrammarRequest>, b: Option<GrammarRequest>) -> Result<Op
 /// function (exactly one call of it), in Qwen3's tool-call format. `tools`
 /// are already checked ([`crate::chat_messages::tool_mode`]).
 pub fn tool_call_grammar(tools: &[Value], name: Option<&str>, parallel: bool) -> Result<GrammarRequest, ApiError> {
-    const P: &str = "tool_choice";
-    let chosen: Vec<&Map<String, Value>> = tools
-        .iter()
-        .filter_map(|t| t.get("function").and_then(Value::as_object))
-        .filter(|f| name.is_none_or(|n| f.get("name").and_then(Value::as_str) == Some(n)))
-        .collect();
-    if chosen.is_empty() {
-        let n = name.unwrap_or_default();
-        return Err(ApiError::bad_request(format!("tool_choice names function {n:?}, which is not in tools"), Some(P)));
-    }
+    let chosen = chosen_tools(tools, name)?;
     let mut rules = Vec::new();
-    for (i, f) in chosen.iter().enumerate() {
-        let fname = f.get("name").and_then(Value::as_str).unwrap_or_default();
-        let strict = f.get("strict").and_then(Value::as_bool).unwrap_or(false);
+    for (i, ChosenTool { name: fname, strict, function: f }) in chosen.iter().enumerate() {
         let mut params = match f.get("parameters") {
             None | Some(Value::Null) => json!({"type": "object"}),
             Some(p) if p.is_object() => p.clone(),
@@ -237,13 +235,51 @@ pub fn tool_call_grammar(tools: &[Value], name: Option<&str>, parallel: bool) ->
             "required": ["name", "arguments"],
             "additionalProperties": false,
         });
-        let call = kvc_text_front::grammar::with_json_options(call, strict);
+        let call = kvc_text_front::grammar::with_json_options(call, *strict);
         rules.push(format!("call_{i}: %json {call}"));
     }
-    let alternatives: Vec<String> = (0..chosen.len()).map(|i| format!("call_{i}")).collect();
-    let start = if name.is_some() || !parallel { "start: tool_call" } else { "start: tool_call (\"\\n\" tool_call)*" };
-    let lark = format!("{start}\ntool_call: \"<tool_call>\\n\" ({}) \"\\n</tool_call>\"\n{}\n", alternatives.join(" | "), rules.join("\n"));
-    sized(GrammarRequest { grammar: Grammar::Lark(lark), param: P }, "tools")
+    let (start, alternatives) = call_rules(chosen.len(), name.is_some() || !parallel);
+    let lark = format!("{start}\ntool_call: \"<tool_call>\\n\" ({alternatives}) \"\\n</tool_call>\"\n{}\n", rules.join("\n"));
+    sized(GrammarRequest { grammar: Grammar::Lark(lark), param: "tool_choice" }, "tools")
+}
+
+/// A function a forced tool call may be: its name, `strict`, and its
+/// definition (`function` of the tool).
+pub(crate) struct ChosenTool<'a> {
+    pub name: &'a str,
+    pub strict: bool,
+    pub function: &'a Map<String, Value>,
+}
+
+/// The functions of `tools` a forced call may be: every one
+/// (`tool_choice: "required"`, `name: None`) or the named one; a 400 when
+/// the name is not among them.
+pub(crate) fn chosen_tools<'a>(tools: &'a [Value], name: Option<&str>) -> Result<Vec<ChosenTool<'a>>, ApiError> {
+    let chosen: Vec<ChosenTool> = tools
+        .iter()
+        .filter_map(|t| t.get("function").and_then(Value::as_object))
+        .map(|f| ChosenTool {
+            name: f.get("name").and_then(Value::as_str).unwrap_or_default(),
+            strict: f.get("strict").and_then(Value::as_bool).unwrap_or(false),
+            function: f,
+        })
+        .filter(|f| name.is_none_or(|n| f.function.get("name").and_then(Value::as_str) == Some(n)))
+        .collect();
+    if chosen.is_empty() {
+        let n = name.unwrap_or_default();
+        return Err(ApiError::bad_request(format!("tool_choice names function {n:?}, which is not in tools"), Some("tool_choice")));
+    }
+    Ok(chosen)
+}
+
+/// A forced-call grammar's `start` rule and the alternatives of its
+/// `tool_call` over `calls` rules `call_0`, `call_1`, ...: exactly one call
+/// when `one` (a named function, or no parallel calls), else one or more
+/// separated by a newline.
+pub(crate) fn call_rules(calls: usize, one: bool) -> (&'static str, String) {
+    let alternatives: Vec<String> = (0..calls).map(|i| format!("call_{i}")).collect();
+    let start = if one { "start: tool_call" } else { "start: tool_call (\"\\n\" tool_call)*" };
+    (start, alternatives.join(" | "))
 }
 
 /// Where [`tool_call_grammar`] puts a tool's `parameters` in the call
@@ -324,7 +360,7 @@ pub fn reasoning_gate(assistant_prefix: &str) -> ReasoningGate {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::error::error_response;
     use kvc_engine::GrammarCompiler;
@@ -416,7 +452,7 @@ mod tests {
     /// fed token by token through the engine's constraint state, it must
     /// not finish early (the state then lets anything through, for
     /// `ignore_eos`) and must end where the grammar allows EOS.
-    fn accepts(g: &GrammarRequest, text: &str) -> bool {
+    pub(crate) fn accepts(g: &GrammarRequest, text: &str) -> bool {
         let (compiler, tok) = compiler();
         let compiled = compiler.compile(&g.constraint(ReasoningGate::Off)).expect("the grammar compiles");
         let mut state = kvc_text_front::constrained::ConstraintState::new(compiled);

@@ -16,6 +16,9 @@
 //! The scoped session id format lives in `kvc_session_cache::namespace`
 //! (through the engine: `kvc_engine::scoped_session_id`).
 
+use axum::extract::FromRequestParts;
+use axum::http::request::Parts;
+use axum::http::Extensions;
 use kvc_engine::{is_valid_client_part, scoped_session_id};
 
 use crate::error::ApiError;
@@ -30,7 +33,23 @@ pub struct Tenant {
     pub key: String,
 }
 
+/// A handler's caller: the tenant the middleware set, or the shared
+/// namespace where none ran.
+impl<S: Send + Sync> FromRequestParts<S> for Tenant {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        Ok(Tenant::of_request(&parts.extensions))
+    }
+}
+
 impl Tenant {
+    /// The tenant a request's extensions hold (the API-key middleware's),
+    /// else the shared namespace.
+    pub fn of_request(extensions: &Extensions) -> Self {
+        extensions.get::<Tenant>().cloned().unwrap_or_default()
+    }
+
     /// The namespace of the `index`-th of `keys` (empty when there is only
     /// one key or none: nothing to tell apart).
     pub fn of_key(keys: &[String], index: usize) -> Self {

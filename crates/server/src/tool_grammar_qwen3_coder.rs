@@ -43,7 +43,7 @@ use serde_json::{json, Map, Value};
 use kvc_engine::Grammar;
 
 use crate::error::ApiError;
-use crate::structured::{rebase_refs, sized, GrammarRequest};
+use crate::structured::{call_rules, chosen_tools, rebase_refs, sized, ChosenTool, GrammarRequest};
 use crate::tool_schema_qwen3_coder::{value_form, ValueForm};
 
 /// The closing of a parameter, newline included.
@@ -106,20 +106,9 @@ fn value_rule(rule: &str, property: &Value, parameters: &Value, strict: bool, ru
 }
 
 pub fn qwen3_coder_call_grammar(tools: &[Value], name: Option<&str>, parallel: bool) -> Result<GrammarRequest, ApiError> {
-    const P: &str = "tool_choice";
-    let chosen: Vec<&Map<String, Value>> = tools
-        .iter()
-        .filter_map(|t| t.get("function").and_then(Value::as_object))
-        .filter(|f| name.is_none_or(|n| f.get("name").and_then(Value::as_str) == Some(n)))
-        .collect();
-    if chosen.is_empty() {
-        let n = name.unwrap_or_default();
-        return Err(ApiError::bad_request(format!("tool_choice names function {n:?}, which is not in tools"), Some(P)));
-    }
+    let chosen = chosen_tools(tools, name)?;
     let mut rules = Vec::new();
-    for (i, f) in chosen.iter().enumerate() {
-        let fname = f.get("name").and_then(Value::as_str).unwrap_or_default();
-        let strict = f.get("strict").and_then(Value::as_bool).unwrap_or(false);
+    for (i, &ChosenTool { name: fname, strict, function: f }) in chosen.iter().enumerate() {
         let empty = Map::new();
         let parameters = f.get("parameters").cloned().unwrap_or(Value::Null);
         let properties = parameters.get("properties").and_then(Value::as_object).unwrap_or(&empty);
@@ -136,8 +125,7 @@ pub fn qwen3_coder_call_grammar(tools: &[Value], name: Option<&str>, parallel: b
         body.push(lit("</function>\n"));
         rules.push(format!("call_{i}: {}", body.join(" ")));
     }
-    let alternatives: Vec<String> = (0..chosen.len()).map(|i| format!("call_{i}")).collect();
-    let start = if name.is_some() || !parallel { "start: tool_call" } else { "start: tool_call (\"\\n\" tool_call)*" };
+    let (start, alternatives) = call_rules(chosen.len(), name.is_some() || !parallel);
     // Raw text: anything without `</parameter>`, ended lazily by the first
     // VALUE_END; `text_not_null` also refuses `null` in any case.
     let lark = format!(
@@ -146,44 +134,18 @@ pub fn qwen3_coder_call_grammar(tools: &[Value], name: Option<&str>, parallel: b
          VALUE_NOT_NULL: VALUE_TEXT & ~/[nN][uU][lL][lL]/\n\
          text_value[suffix={end}]: VALUE_TEXT\n\
          text_not_null[suffix={end}]: VALUE_NOT_NULL\n",
-        alternatives.join(" | "),
+        alternatives,
         rules.join("\n"),
         end = lit(VALUE_END),
     );
-    sized(GrammarRequest { grammar: Grammar::Lark(lark), param: P }, "tools")
+    sized(GrammarRequest { grammar: Grammar::Lark(lark), param: "tool_choice" }, "tools")
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kvc_engine::ReasoningGate;
-    use kvc_text_front::grammar::GrammarCompiler;
-    use kvc_text_front::tokenizer::TextTokenizer;
+    use crate::structured::tests::accepts;
     use serde_json::json;
-    use std::sync::{Arc, OnceLock};
-
-    fn compiler() -> &'static (GrammarCompiler, Arc<TextTokenizer>) {
-        static C: OnceLock<(GrammarCompiler, Arc<TextTokenizer>)> = OnceLock::new();
-        C.get_or_init(|| {
-            let tok = Arc::new(TextTokenizer::embedded_qwen3().expect("embedded tokenizer"));
-            (GrammarCompiler::new(tok.clone(), &tok.eos_token_ids()).unwrap(), tok)
-        })
-    }
-
-    /// Whether the compiled grammar takes `text` as a whole answer (as
-    /// `structured::tests::accepts`).
-    fn accepts(g: &GrammarRequest, text: &str) -> bool {
-        let (compiler, tok) = compiler();
-        let compiled = compiler.compile(&g.constraint(ReasoningGate::Off)).expect("the grammar compiles");
-        let mut state = kvc_text_front::constrained::ConstraintState::new(compiled);
-        for id in tok.encode(text, false).unwrap() {
-            if state.is_finished() || state.advance(id).is_err() {
-                return false;
-            }
-        }
-        let eos = tok.eos_token_ids()[0];
-        state.mask().unwrap().is_some_and(|m| m.is_allowed(eos))
-    }
 
     fn tools() -> Vec<Value> {
         vec![

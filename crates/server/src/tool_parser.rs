@@ -29,6 +29,7 @@
 
 use serde_json::Value;
 
+use crate::tool_call_text::{pass_content, release_content};
 use crate::tool_parser_qwen3_coder::Qwen3CoderParser;
 
 pub const TOOL_CALL_START: &str = "<tool_call>";
@@ -91,19 +92,9 @@ impl ToolCallParser {
                 out.extend(self.close_block(block, true));
                 continue;
             }
-            if let Some(start) = self.held.find(TOOL_CALL_START) {
-                let before = self.held[..start].trim_end();
-                if !before.is_empty() {
-                    out.push(ToolOutput::Text(before.to_string()));
-                }
-                self.held.drain(..start + TOOL_CALL_START.len());
+            if pass_content(&mut self.held, &mut out) {
                 self.inside = true;
                 continue;
-            }
-            let keep = possible_block_start_len(&self.held);
-            let cut = self.held.len() - keep;
-            if cut > 0 {
-                out.push(ToolOutput::Text(self.held.drain(..cut).collect()));
             }
             return out;
         }
@@ -117,12 +108,7 @@ impl ToolCallParser {
             self.inside = false;
             return self.close_block(&held, false).into_iter().collect();
         }
-        let text = if self.calls > 0 { held.trim_end().to_string() } else { held };
-        if text.is_empty() {
-            Vec::new()
-        } else {
-            vec![ToolOutput::Text(text)]
-        }
+        release_content(held, self.calls > 0)
     }
 
     /// A finished block: a call, its text when malformed, or nothing (a
@@ -234,17 +220,6 @@ impl ToolParser {
     }
 }
 
-/// Length of the suffix of `text` that might still turn into the start of
-/// a block: a proper prefix of `<tool_call>` and the whitespace before it.
-fn possible_block_start_len(text: &str) -> usize {
-    let partial = (1..TOOL_CALL_START.len().min(text.len() + 1))
-        .rev()
-        .find(|&k| text.is_char_boundary(text.len() - k) && TOOL_CALL_START.starts_with(&text[text.len() - k..]))
-        .unwrap_or(0);
-    let before = &text[..text.len() - partial];
-    partial + (before.len() - before.trim_end().len())
-}
-
 /// `{"name": "f", "arguments": {...}}` -> a call; anything else -> None.
 pub fn parse_call(block: &str) -> Option<ParsedToolCall> {
     let value: Value = serde_json::from_str(block.trim()).ok()?;
@@ -264,17 +239,9 @@ pub fn parse_call(block: &str) -> Option<ParsedToolCall> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tool_call_text::fixtures::{call, merged, splits, text};
 
-    fn call(name: &str, arguments: &str) -> ToolOutput {
-        ToolOutput::Call(ParsedToolCall { name: name.into(), arguments: arguments.into() })
-    }
-
-    fn text(s: &str) -> ToolOutput {
-        ToolOutput::Text(s.into())
-    }
-
-    /// Pushes `pieces` one at a time; adjacent text outputs are merged so
-    /// that results compare independently of how text was cut.
+    /// Pushes `pieces` one at a time, text outputs merged.
     fn stream(pieces: &[&str]) -> Vec<ToolOutput> {
         stream_with(ToolCallParser::new(), pieces)
     }
@@ -282,14 +249,7 @@ mod tests {
     fn stream_with(mut p: ToolCallParser, pieces: &[&str]) -> Vec<ToolOutput> {
         let mut raw: Vec<ToolOutput> = pieces.iter().flat_map(|s| p.push(s)).collect();
         raw.extend(p.finish());
-        let mut out: Vec<ToolOutput> = Vec::new();
-        for o in raw {
-            match (out.last_mut(), o) {
-                (Some(ToolOutput::Text(a)), ToolOutput::Text(b)) => a.push_str(&b),
-                (_, o) => out.push(o),
-            }
-        }
-        out
+        merged(raw)
     }
 
     const TWO_CALLS: &str = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>\n\
@@ -351,22 +311,28 @@ mod tests {
         let answer = format!("Sure.\n{TWO_CALLS}\nDone.");
         let whole = ToolCallParser::parse_all(&answer);
         assert_eq!(whole.len(), 4);
-        for cut in (0..=answer.len()).filter(|&c| answer.is_char_boundary(c)) {
-            assert_eq!(stream(&[&answer[..cut], &answer[cut..]]), whole, "cut at {cut}");
+        for pieces in splits(&answer) {
+            assert_eq!(stream(&pieces), whole, "{pieces:?}");
         }
-        let chars: Vec<String> = answer.chars().map(String::from).collect();
-        assert_eq!(stream(&chars.iter().map(String::as_str).collect::<Vec<_>>()), whole);
     }
 
     #[test]
-    fn content_streams_before_a_block_and_the_call_arrives_when_it_closes() {
-        let mut p = ToolCallParser::new();
-        assert_eq!(p.push("Checking"), vec![text("Checking")]);
-        assert_eq!(p.push(" now\n"), vec![text(" now")]);
-        assert_eq!(p.push("<tool_call>\n{\"name\": "), vec![]);
-        assert_eq!(p.push("\"f\"}\n</tool_call>"), vec![call("f", "{}")]);
-        assert_eq!(p.finish(), vec![]);
-        assert_eq!(p.calls(), 1);
+    fn in_either_format_content_streams_before_a_block_and_the_call_arrives_when_it_closes() {
+        let tools = [serde_json::json!({"type": "function", "function": {"name": "f"}})];
+        let blocks = [
+            (ToolCallFormat::Hermes, "{\"name\": ", "\"f\"}\n</tool_call>"),
+            (ToolCallFormat::Qwen3Coder, "<function=f>\n", "</function>\n</tool_call>\n"),
+        ];
+        for (format, open, close) in blocks {
+            let mut p = ToolParser::new(format, &tools, true);
+            assert_eq!(p.push("Checking"), vec![text("Checking")], "{format:?}");
+            // A cut tag is held, with the layout before it.
+            assert_eq!(p.push(" now\n<tool_"), vec![text(" now")], "{format:?}");
+            assert_eq!(p.push(&format!("call>\n{open}")), vec![], "{format:?}");
+            assert_eq!(p.push(close), vec![call("f", "{}")], "{format:?}");
+            assert_eq!(p.finish(), vec![], "{format:?}");
+            assert_eq!(p.calls(), 1, "{format:?}");
+        }
     }
 
     #[test]
@@ -374,10 +340,8 @@ mod tests {
         let bad = "<tool_call>{\"arguments\": {}}</tool_call>";
         let answer = format!("Sure.\n{TWO_CALLS}\n{bad}\nDone.\n");
         let expected = vec![text("Sure."), call("get_weather", r#"{"city":"Paris"}"#), text(&format!("{bad}\nDone."))];
-        for cut in (0..=answer.len()).filter(|&c| answer.is_char_boundary(c)) {
-            let pieces = [&answer[..cut], &answer[cut..]];
-            let merged = stream_with(ToolCallParser::first_call_only(), &pieces);
-            assert_eq!(merged, expected, "cut at {cut}");
+        for pieces in splits(&answer) {
+            assert_eq!(stream_with(ToolCallParser::first_call_only(), &pieces), expected, "{pieces:?}");
         }
         // The one call of an answer that is only calls, and no content.
         assert_eq!(stream_with(ToolCallParser::first_call_only(), &[TWO_CALLS, "\n"]), vec![call("get_weather", r#"{"city":"Paris"}"#)]);

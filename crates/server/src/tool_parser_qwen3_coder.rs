@@ -65,6 +65,7 @@ use std::collections::HashMap;
 
 use serde_json::{Map, Value};
 
+use crate::tool_call_text::{pass_content, release_content};
 use crate::tool_parser::{ParsedToolCall, ToolOutput, TOOL_CALL_END, TOOL_CALL_START};
 use crate::tool_schema_qwen3_coder::{choices, conversion_type, listed_value, resolve, types};
 
@@ -149,19 +150,10 @@ impl Qwen3CoderParser {
                 out.extend(self.close_block(&block));
                 continue;
             }
-            if let Some(start) = self.held.find(TOOL_CALL_START) {
-                let before = self.held[..start].trim_end();
-                if !before.is_empty() {
-                    out.push(ToolOutput::Text(before.to_string()));
-                }
-                self.held.drain(..start + TOOL_CALL_START.len());
+            if pass_content(&mut self.held, &mut out) {
                 self.scan = Scan::Block;
                 self.pos = 0;
                 continue;
-            }
-            let cut = self.held.len() - possible_block_start_len(&self.held);
-            if cut > 0 {
-                out.push(ToolOutput::Text(self.held.drain(..cut).collect()));
             }
             return out;
         }
@@ -175,12 +167,7 @@ impl Qwen3CoderParser {
         if self.scan != Scan::Outside {
             return self.close_block(&held);
         }
-        let text = if self.calls > 0 { held.trim_end().to_string() } else { held };
-        if text.is_empty() {
-            Vec::new()
-        } else {
-            vec![ToolOutput::Text(text)]
-        }
+        release_content(held, self.calls > 0)
     }
 
     /// Parses a whole answer (tests and tools; serving streams pushes).
@@ -400,22 +387,12 @@ fn earliest(text: &str, tags: &[&str]) -> Option<(usize, usize)> {
     tags.iter().enumerate().filter_map(|(k, tag)| text.find(tag).map(|i| (i, k))).min()
 }
 
-/// Length of the suffix of `text` that might still turn into the start of
-/// a block: a proper prefix of `<tool_call>` and the whitespace before it.
-fn possible_block_start_len(text: &str) -> usize {
-    let partial = (1..TOOL_CALL_START.len().min(text.len() + 1))
-        .rev()
-        .find(|&k| text.is_char_boundary(text.len() - k) && TOOL_CALL_START.starts_with(&text[text.len() - k..]))
-        .unwrap_or(0);
-    let before = &text[..text.len() - partial];
-    partial + (before.len() - before.trim_end().len())
-}
-
 #[cfg(test)]
 mod tests {
     use serde_json::json;
 
     use super::*;
+    use crate::tool_call_text::fixtures::{call, merged, splits, text};
 
     fn tools() -> Vec<Value> {
         let tool = |name: &str, properties: Value| json!({"type": "function", "function": {"name": name, "parameters": {"type": "object", "properties": properties}}});
@@ -438,45 +415,23 @@ mod tests {
         ]
     }
 
-    fn call(name: &str, arguments: &str) -> ToolOutput {
-        ToolOutput::Call(ParsedToolCall { name: name.into(), arguments: arguments.into() })
-    }
-
-    fn text(s: &str) -> ToolOutput {
-        ToolOutput::Text(s.into())
-    }
-
     fn parse(answer: &str) -> Vec<ToolOutput> {
         Qwen3CoderParser::parse_all(&tools(), answer)
     }
 
-    /// Pushes `pieces` one at a time; adjacent text outputs are merged so
-    /// that results compare independently of how text was cut.
+    /// Pushes `pieces` one at a time, text outputs merged.
     fn stream_with(mut p: Qwen3CoderParser, pieces: &[&str]) -> Vec<ToolOutput> {
         let mut raw: Vec<ToolOutput> = pieces.iter().flat_map(|s| p.push(s)).collect();
         raw.extend(p.finish());
         merged(raw)
     }
 
-    fn merged(raw: Vec<ToolOutput>) -> Vec<ToolOutput> {
-        let mut out: Vec<ToolOutput> = Vec::new();
-        for o in raw {
-            match (out.last_mut(), o) {
-                (Some(ToolOutput::Text(a)), ToolOutput::Text(b)) => a.push_str(&b),
-                (_, o) => out.push(o),
-            }
-        }
-        out
-    }
-
     /// Cut in two at every char boundary, and char by char, the answer
     /// streams to `expected`.
     fn assert_every_split(make: impl Fn() -> Qwen3CoderParser, answer: &str, expected: &[ToolOutput]) {
-        for cut in (0..=answer.len()).filter(|&c| answer.is_char_boundary(c)) {
-            assert_eq!(stream_with(make(), &[&answer[..cut], &answer[cut..]]), expected, "cut at {cut} of {answer:?}");
+        for pieces in splits(answer) {
+            assert_eq!(stream_with(make(), &pieces), expected, "{pieces:?}");
         }
-        let chars: Vec<String> = answer.chars().map(String::from).collect();
-        assert_eq!(stream_with(make(), &chars.iter().map(String::as_str).collect::<Vec<_>>()), expected, "char by char: {answer:?}");
     }
 
     fn assert_parses_and_streams(answer: &str, expected: &[ToolOutput]) {
@@ -600,13 +555,6 @@ mod tests {
             let expected = if s.is_empty() { vec![] } else { vec![text(s)] };
             assert_parses_and_streams(s, &expected);
         }
-        let mut p = Qwen3CoderParser::new(&tools());
-        assert_eq!(p.push("Checking"), vec![text("Checking")]);
-        assert_eq!(p.push(" now\n<tool_"), vec![text(" now")]);
-        assert_eq!(p.push("call>\n<function=get_weather>\n"), vec![]);
-        assert_eq!(p.push("</function>\n</tool_call>\n"), vec![call("get_weather", "{}")]);
-        assert_eq!(p.finish(), vec![]);
-        assert_eq!(p.calls(), 1);
     }
 
     #[test]

@@ -508,14 +508,7 @@ impl SessionAwareCache {
     /// (None: deleted). Publishing only these keeps a published map current
     /// in O(changes) per step.
     pub fn take_changed_sessions(&mut self) -> Vec<(String, Option<SessionInfo>)> {
-        let changed = std::mem::take(&mut self.changed);
-        changed
-            .into_iter()
-            .map(|id| {
-                let info = self.session_info(&id);
-                (id, info)
-            })
-            .collect()
+        crate::changes::views_of(std::mem::take(&mut self.changed), |id| self.session_info(id))
     }
 
     /// Deletes a session and releases its KV. False if unknown.

@@ -6,6 +6,7 @@
 
 mod block_hash;
 mod cache;
+mod changes;
 mod host_tier;
 mod namespace;
 mod prefix_index;

@@ -212,14 +212,7 @@ impl SnapshotStore {
     /// (None: removed): a published map kept from these costs O(changes)
     /// per step, not O(entries).
     pub fn take_changed(&mut self) -> Vec<(String, Option<SnapshotInfo>)> {
-        let changed = std::mem::take(&mut self.changed);
-        changed
-            .into_iter()
-            .map(|id| {
-                let info = self.info_of(&id);
-                (id, info)
-            })
-            .collect()
+        crate::changes::views_of(std::mem::take(&mut self.changed), |id| self.info_of(id))
     }
 
     fn touch(&mut self) -> u64 {

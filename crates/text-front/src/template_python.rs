@@ -70,32 +70,35 @@ fn py_repr(out: &mut String, value: &Value) {
         ValueKind::Seq | ValueKind::Iterable => {
             out.push('[');
             if let Ok(items) = value.try_iter() {
-                for (i, item) in items.enumerate() {
-                    if i > 0 {
-                        out.push_str(", ");
-                    }
-                    py_repr(out, &item);
-                }
+                comma_separated(out, items, |out, item| py_repr(out, &item));
             }
             out.push(']');
         }
         ValueKind::Map => {
             out.push('{');
             if let Ok(keys) = value.try_iter() {
-                for (i, key) in keys.enumerate() {
-                    if i > 0 {
-                        out.push_str(", ");
-                    }
+                comma_separated(out, keys, |out, key| {
                     py_repr(out, &key);
                     out.push_str(": ");
                     py_repr(out, &value.get_item(&key).unwrap_or_default());
-                }
+                });
             }
             out.push('}');
         }
         _ => {
             let _ = write!(out, "{value}");
         }
+    }
+}
+
+/// `items`, each written by `write`, with `, ` between them (a Python
+/// list's or dict's repr).
+fn comma_separated<T>(out: &mut String, items: impl Iterator<Item = T>, mut write: impl FnMut(&mut String, T)) {
+    for (i, item) in items.enumerate() {
+        if i > 0 {
+            out.push_str(", ");
+        }
+        write(out, item);
     }
 }
 

@@ -201,11 +201,10 @@ pub async fn snapshot_abort(
 /// `GET /v1/sessions/{id}/snapshot`: what this worker's snapshot store holds.
 pub async fn snapshot_status(
     State(state): State<AppState>,
-    tenant: Option<axum::Extension<crate::tenant::Tenant>>,
+    tenant: crate::tenant::Tenant,
     Path(id): Path<String>,
     axum::extract::Query(q): axum::extract::Query<crate::sessions::SaltQuery>,
 ) -> Json<SnapshotStatus> {
-    let tenant = tenant.map(|axum::Extension(t)| t).unwrap_or_default();
     let id = tenant.session(q.cache_salt.as_deref().filter(|s| !s.is_empty()), &id);
     let s = state.engine.snapshot();
     Json(match s.snapshots.get(&id) {

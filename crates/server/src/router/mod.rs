@@ -30,23 +30,20 @@ pub mod session_homes;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
+use axum::extract::{DefaultBodyLimit, Path, Request, State};
 use axum::http::{header, HeaderMap, Method, StatusCode, Uri};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::Extension;
 use axum::{Json, Router};
 use kvc_disagg::routing::RouteWeights;
 use serde_json::{json, Value};
 
 use crate::args::Args;
-use crate::auth::check_api_key;
 use crate::error::ApiError;
-use crate::sessions::SaltQuery;
+use crate::sessions::SessionPath;
 use crate::shutdown::Lifecycle;
 use crate::state::ServerConfig;
-use crate::tenant::Tenant;
 use metrics::RouterMetrics;
 use peers::Peers;
 use session_homes::SessionHomes;
@@ -108,18 +105,11 @@ pub fn app(state: RouterState) -> Router {
         .with_state(state)
 }
 
-/// `--api-key` on `/v1/*`, with the workers' rule ([`check_api_key`]); the
+/// `--api-key` on `/v1/*`, with the workers' rule ([`crate::auth::check_api_key`]); the
 /// caller's namespace goes with the request, as on a worker, so that the
 /// router keys sessions as the workers do.
-async fn require_api_key(State(state): State<RouterState>, mut req: Request, next: Next) -> Response {
-    match check_api_key(&state.config.api_keys, req.headers()) {
-        Ok(matched) => {
-            let tenant = matched.map(|i| Tenant::of_key(&state.config.api_keys, i)).unwrap_or_default();
-            req.extensions_mut().insert(tenant);
-            next.run(req).await
-        }
-        Err(e) => e.into_response(),
-    }
+async fn require_api_key(State(state): State<RouterState>, req: Request, next: Next) -> Response {
+    crate::auth::admit_api_key(&state.config.api_keys, req, next).await
 }
 
 /// Ready while not draining and at least one worker is healthy.
@@ -201,62 +191,33 @@ fn session_workers(state: &RouterState, id: &str) -> Vec<usize> {
     out
 }
 
-/// The caller's session `id` as the workers key it (its key's namespace
-/// and `?cache_salt=`), and the workers that may hold it with the URL of
-/// the session there; or the error to answer.
-fn session_targets(
-    state: &RouterState,
-    tenant: &Option<Extension<Tenant>>,
-    salt: &SaltQuery,
-    id: &str,
-) -> Result<(String, Vec<(usize, reqwest::Url)>), ApiError> {
-    let tenant = tenant.as_ref().map(|Extension(t)| t.clone()).unwrap_or_default();
-    let key = crate::sessions::scoped(&tenant, salt.cache_salt.as_deref(), id)?;
-    let targets = session_workers(state, &key)
+/// The workers that may hold the caller's session (keyed as the workers
+/// key it, [`SessionPath`]) with the URL of the session there.
+fn session_targets(state: &RouterState, session: &SessionPath) -> Result<Vec<(usize, reqwest::Url)>, ApiError> {
+    session_workers(state, &session.key)
         .into_iter()
-        .map(|i| Ok((i, proxy::session_url_salted(&state.peers.list[i].url, id, salt.cache_salt.as_deref())?)))
-        .collect::<Result<_, ApiError>>()?;
-    Ok((key, targets))
+        .map(|i| Ok((i, proxy::session_url_salted(&state.peers.list[i].url, &session.id, session.salt.as_deref())?)))
+        .collect()
 }
 
 /// `GET /v1/sessions/{id}`: the session's worker's answer.
-async fn get_session(
-    State(state): State<RouterState>,
-    Path(id): Path<String>,
-    tenant: Option<Extension<Tenant>>,
-    Query(salt): Query<SaltQuery>,
-    headers: HeaderMap,
-) -> Response {
-    let targets = match session_targets(&state, &tenant, &salt, &id) {
-        Ok((_, t)) => t,
-        Err(e) => return e.into_response(),
-    };
-    for (i, url) in targets {
+async fn get_session(State(state): State<RouterState>, session: SessionPath, headers: HeaderMap) -> Result<Response, ApiError> {
+    for (i, url) in session_targets(&state, &session)? {
         match proxy::forward_simple(&state, i, reqwest::Method::GET, url, &headers).await {
-            Ok(r) if r.status() != StatusCode::NOT_FOUND => return r,
+            Ok(r) if r.status() != StatusCode::NOT_FOUND => return Ok(r),
             Ok(_) => continue,
             Err(e) => state.peers.mark_failed(i, &e),
         }
     }
-    ApiError::SessionNotFound { id }.into_response()
+    Err(ApiError::SessionNotFound { id: session.id })
 }
 
 /// `DELETE /v1/sessions/{id}`: deleted wherever it is (the caller's own
 /// session: another key's of the same id is untouched); the router forgets
 /// its home once a worker deleted it.
-async fn delete_session(
-    State(state): State<RouterState>,
-    Path(id): Path<String>,
-    tenant: Option<Extension<Tenant>>,
-    Query(salt): Query<SaltQuery>,
-    headers: HeaderMap,
-) -> Response {
-    let (key, targets) = match session_targets(&state, &tenant, &salt, &id) {
-        Ok(v) => v,
-        Err(e) => return e.into_response(),
-    };
+async fn delete_session(State(state): State<RouterState>, session: SessionPath, headers: HeaderMap) -> Result<Response, ApiError> {
     let mut answer = None;
-    for (i, url) in targets {
+    for (i, url) in session_targets(&state, &session)? {
         match proxy::forward_simple(&state, i, reqwest::Method::DELETE, url, &headers).await {
             Ok(r) if r.status().is_success() => answer = Some(r),
             Ok(_) => {}
@@ -265,10 +226,10 @@ async fn delete_session(
     }
     match answer {
         Some(r) => {
-            state.homes.forget(&key);
-            r
+            state.homes.forget(&session.key);
+            Ok(r)
         }
-        None => ApiError::SessionNotFound { id }.into_response(),
+        None => Err(ApiError::SessionNotFound { id: session.id }),
     }
 }
 

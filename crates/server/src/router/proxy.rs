@@ -67,7 +67,7 @@ pub async fn read_body(state: &RouterState, req: Request) -> Result<(HeaderMap, 
 }
 
 async fn forward_generation(state: RouterState, endpoint: Endpoint, req: Request) -> Response {
-    let tenant = req.extensions().get::<crate::tenant::Tenant>().cloned().unwrap_or_default();
+    let tenant = crate::tenant::Tenant::of_request(req.extensions());
     let (headers, body) = match read_body(&state, req).await {
         Ok(v) => v,
         Err(e) => return answer_error(&state, e),

@@ -78,12 +78,7 @@ fn changed_sessions_keep_a_mirror_equal_to_the_listing() {
     cache.config.max_sessions_per_key = 3;
     let mut mirror: HashMap<String, SessionInfo> = HashMap::new();
     let mut check = |cache: &mut SessionAwareCache, what: &str| {
-        for (id, info) in cache.take_changed_sessions() {
-            match info {
-                Some(i) => mirror.insert(id, i),
-                None => mirror.remove(&id),
-            };
-        }
+        crate::changes::apply(&mut mirror, cache.take_changed_sessions());
         let full: HashMap<String, SessionInfo> = cache.sessions().into_iter().map(|i| (i.id.clone(), i)).collect();
         assert_eq!(mirror, full, "after {what}");
     };

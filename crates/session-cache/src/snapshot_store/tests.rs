@@ -384,12 +384,7 @@ fn changed_entries_keep_a_mirror_equal_to_the_listing() {
     let mut store = store_with_host(12, 6);
     let mut mirror: HashMap<String, SnapshotInfo> = HashMap::new();
     let mut check = |store: &mut SnapshotStore, what: &str| {
-        for (id, info) in store.take_changed() {
-            match info {
-                Some(i) => mirror.insert(id, i),
-                None => mirror.remove(&id),
-            };
-        }
+        crate::changes::apply(&mut mirror, store.take_changed());
         assert_eq!(mirror, store.info(), "after {what}");
     };
     for (i, s) in ["a", "b", "c", "a", "d"].iter().enumerate() {
