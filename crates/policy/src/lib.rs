@@ -57,13 +57,13 @@
 //!   session cache's answer, a snapshot, nothing), by [`reuse::decide_reuse`].
 //!
 //! Every reason implements [`decision::Reason`]; callers log what they act
-//! on through [`decision::log_decision`], which counts it in
+//! on through [`decisions_total::log_decision`], which counts it in
 //! `kvc_decisions_total{decision,outcome,reason}` (label sets closed:
-//! [`decision::label_sets`]). The step budget and the kernel plan are
-//! still decided where they are.
+//! [`decisions_total::label_sets`]).
 
 pub mod admission_probe;
 pub mod decision;
+pub mod decisions_total;
 mod drain_rate;
 pub mod eviction;
 mod ewma;
@@ -85,7 +85,8 @@ pub mod step_budget;
 pub mod step_kind;
 pub mod write_back;
 
-pub use decision::{log_decision, Decision, Reason};
+pub use decision::{Decision, Reason};
+pub use decisions_total::log_decision;
 pub use drain_rate::DrainRate;
 pub use ewma::Ewma;
 pub use reusable_tokens::reusable_tokens;

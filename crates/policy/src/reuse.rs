@@ -5,7 +5,7 @@
 //! source offers, acquires from the one chosen, and logs the decision;
 //! counted as `kvc_decisions_total{decision="kv_reuse"}`.
 
-use crate::decision::{Decision, Reason};
+use crate::decision::Decision;
 
 /// A source of reused KV; its labels are the outcomes of [`decide_reuse`]
 /// (the same names as the session cache's `ReusePath`).
@@ -48,62 +48,24 @@ pub struct ReuseInputs {
     pub limit: Option<usize>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum ReuseReason {
-    /// No source offers a token.
-    NothingCached,
-    /// The session's own KV, and no snapshot asked for.
-    SessionKv,
-    /// The prefix index's blocks, and no snapshot asked for.
-    PrefixKv,
-    /// The snapshot serves at least what the session cache answered (ties
-    /// go to the snapshot: the same KV, and the session's own).
-    SnapshotCovers,
-    /// A snapshot was asked for but serves fewer tokens than the session
-    /// cache answered.
-    SnapshotShort,
-    /// The request still owes prompt logprobs: the cache's answer stops at
-    /// the limit and no snapshot is used.
-    PromptLogprobsOwed,
-}
-
-impl ReuseReason {
-    pub const ALL: [ReuseReason; 6] = [
-        ReuseReason::NothingCached,
-        ReuseReason::SessionKv,
-        ReuseReason::PrefixKv,
-        ReuseReason::SnapshotCovers,
-        ReuseReason::SnapshotShort,
-        ReuseReason::PromptLogprobsOwed,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ReuseReason::NothingCached => "nothing_cached",
-            ReuseReason::SessionKv => "session_kv",
-            ReuseReason::PrefixKv => "prefix_kv",
-            ReuseReason::SnapshotCovers => "snapshot_covers",
-            ReuseReason::SnapshotShort => "snapshot_short",
-            ReuseReason::PromptLogprobsOwed => "prompt_logprobs_owed",
-        }
-    }
-}
-
-impl Reason for ReuseReason {
-    const DECISION: &'static str = "kv_reuse";
-    const ALL: &'static [Self] = &Self::ALL;
-    fn label(self) -> &'static str {
-        self.as_str()
-    }
-    fn outcomes(self) -> &'static [&'static str] {
-        match self {
-            ReuseReason::NothingCached => &["cold"],
-            ReuseReason::SessionKv => &["session_hit"],
-            ReuseReason::PrefixKv => &["prefix_hit"],
-            ReuseReason::SnapshotCovers => &["bypass"],
-            ReuseReason::SnapshotShort => &["session_hit", "prefix_hit"],
-            ReuseReason::PromptLogprobsOwed => &["cold", "session_hit", "prefix_hit"],
-        }
+crate::decision::reasons! {
+    /// Why [`decide_reuse`] chose the source it did.
+    pub enum ReuseReason in "kv_reuse" {
+        /// No source offers a token.
+        NothingCached("nothing_cached") => "cold",
+        /// The session's own KV, and no snapshot asked for.
+        SessionKv("session_kv") => "session_hit",
+        /// The prefix index's blocks, and no snapshot asked for.
+        PrefixKv("prefix_kv") => "prefix_hit",
+        /// The snapshot serves at least what the session cache answered (ties
+        /// go to the snapshot: the same KV, and the session's own).
+        SnapshotCovers("snapshot_covers") => "bypass",
+        /// A snapshot was asked for but serves fewer tokens than the session
+        /// cache answered.
+        SnapshotShort("snapshot_short") => "session_hit" | "prefix_hit",
+        /// The request still owes prompt logprobs: the cache's answer stops at
+        /// the limit and no snapshot is used.
+        PromptLogprobsOwed("prompt_logprobs_owed") => "cold" | "session_hit" | "prefix_hit",
     }
 }
 
@@ -136,6 +98,7 @@ mod tests {
     use std::collections::HashSet;
 
     use super::*;
+    use crate::decision::Reason;
 
     fn inputs(cache_source: ReuseSource, cache_tokens: usize, snapshot_tokens: Option<usize>, limit: Option<usize>) -> ReuseInputs {
         ReuseInputs { cache_source, cache_tokens, snapshot_tokens, limit }

@@ -199,13 +199,13 @@ const DECISIONS: &[Family] = &[Family::counter(
 )];
 
 /// Registers `kvc_decisions_total`, read at each scrape from the
-/// process-wide counts ([`kvc_policy::decision::counts`]): the router's
+/// process-wide counts ([`kvc_policy::decisions_total::counts`]): the router's
 /// decisions on a router, every other decision on a worker, each label set
 /// exported at 0 until counted.
 pub fn register_decisions(registry: &Registry, router: bool) {
     ScrapeTime::register(registry, DECISIONS, move |out| {
-        for (set, n) in kvc_policy::decision::counts() {
-            if kvc_policy::decision::ROUTER_DECISIONS.contains(&set.decision) == router {
+        for (set, n) in kvc_policy::decisions_total::counts() {
+            if kvc_policy::decisions_total::ROUTER_DECISIONS.contains(&set.decision) == router {
                 out.sample("kvc_decisions_total", &[set.decision, set.outcome, set.reason], n as f64);
             }
         }
@@ -291,9 +291,9 @@ mod tests {
         let m = ServerMetrics::default();
         register_decisions(&m.registry, false);
         let text = m.render();
-        let sets: Vec<_> = kvc_policy::decision::label_sets()
+        let sets: Vec<_> = kvc_policy::decisions_total::label_sets()
             .iter()
-            .filter(|s| !kvc_policy::decision::ROUTER_DECISIONS.contains(&s.decision))
+            .filter(|s| !kvc_policy::decisions_total::ROUTER_DECISIONS.contains(&s.decision))
             .map(|s| format!("kvc_decisions_total{{decision=\"{}\",outcome=\"{}\",reason=\"{}\"}} ", s.decision, s.outcome, s.reason))
             .collect();
         for set in &sets {

@@ -531,7 +531,7 @@ impl SessionAwareCache {
         let cap = self.config.max_sessions_per_key;
         if cap == 0 {
             // Decided without gathering the key's sessions.
-            kvc_policy::decision::count(&decide_session_cap(0, &[]).1);
+            kvc_policy::decisions_total::count(&decide_session_cap(0, &[]).1);
             return;
         }
         let key = crate::session_key(id);

@@ -154,7 +154,7 @@ pub(crate) mod counted {
 
     /// Placements with `reason` in this process so far.
     pub(crate) fn placements(reason: RouteReason) -> u64 {
-        kvc_policy::decision::counts()
+        kvc_policy::decisions_total::counts()
             .into_iter()
             .filter(|(s, _)| s.decision == RouteReason::DECISION && s.reason == reason.label())
             .map(|(_, n)| n)

@@ -32,7 +32,7 @@ impl SessionAwareCache {
         };
         if let Some(skip) = write_back_gate(&gate) {
             let decision = WriteBack::Skip(skip);
-            kvc_policy::decision::count(&decision.decision());
+            kvc_policy::decisions_total::count(&decision.decision());
             return decision;
         }
         // The eviction cost function's view, counting only blocks not yet
@@ -81,7 +81,7 @@ impl SessionAwareCache {
         }
         self.write_back_ticket = Some(self.host.flush_async());
         self.stats.write_back_blocks.copied += copied as u64;
-        kvc_policy::decision::count(&WriteBack::Copy(copied).decision());
+        kvc_policy::decisions_total::count(&WriteBack::Copy(copied).decision());
         tracing::debug!(
             event = "write_back",
             blocks = copied,
