@@ -192,8 +192,9 @@ pub fn grouped_projection(gemm: MoeGemm, offsets: &Tensor, a: &Tensor, w: &Tenso
 mod tests {
     use super::*;
 
+    /// (The spellings are kvc-policy's kernel_plan's to parse and test.)
     #[test]
-    fn every_spelling_parses_and_an_unknown_one_is_refused_by_name() {
+    fn every_choice_survives_its_encoding() {
         for g in [
             MoeGemm::Kvc,
             MoeGemm::Cublas,
@@ -203,9 +204,6 @@ mod tests {
         ] {
             assert_eq!(decode(encode(g)), Some(g));
         }
-        assert_eq!(parse_moe_gemm("cutlass-swap").unwrap(), MoeGemm::Cutlass(Some(CutlassTiling::Swap)));
-        let e = parse_moe_gemm("triton").unwrap_err().to_string();
-        assert!(e.contains("triton") && e.contains("cutlass"), "{e}");
     }
 
     #[test]
