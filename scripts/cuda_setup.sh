@@ -59,7 +59,7 @@ nice -n 19 cargo build --release --features cuda -p kvc-engine -p kvc-server \
 # The GPU tests (#[ignore]d; scripts/gpu_run.sh tests runs them there).
 # KVC_GPU_TESTS=0 skips them (a load run needs only the binaries).
 if [ "${KVC_GPU_TESTS:-1}" != 0 ]; then
-nice -n 19 cargo test --release --features cuda -p kvc-model-qwen3 --test gpu --test gpu_attention --test gpu_layers --no-run \
+nice -n 19 cargo test --release --features cuda -p kvc-model-qwen3 --test gpu --test gpu_attention --test gpu_layers --test gpu_fp8 --no-run \
     --config "$PATCH" --target-dir "$ROOT/target/cuda" "$@"
 # The block-FP8 GEMMs' self-test (crates/cutlass-sys; built wherever nvcc is).
 nice -n 19 cargo test --release -p kvc-cutlass-sys --test fp8_gemm --no-run --target-dir "$ROOT/target/cuda" "$@"

@@ -18,7 +18,7 @@ G=$ROOT/.gpu
 if [ "${1:-}" = stage ]; then
     mkdir -p "$G"
     # GPU test binaries (built by cuda_setup.sh with --tests).
-    for t in gpu gpu_attention gpu_layers fp8_gemm; do
+    for t in gpu gpu_attention gpu_layers gpu_fp8 fp8_gemm; do
         exe=$(ls -t "$ROOT"/target/cuda/release/deps/$t-* 2>/dev/null | grep -v '\.d$' | head -1 || true)
         [ -n "$exe" ] && gzip -9 -c "$exe" > "$G/test-$t.gz"
     done

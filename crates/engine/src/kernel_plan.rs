@@ -10,8 +10,9 @@ use kvc_policy::kernel_plan::{KernelRequest, KERNEL_ENV_VARS};
 use crate::error::EngineError;
 
 /// The request the environment makes (`KVC_ATTENTION_BACKEND`,
-/// `KVC_DECODE_KERNEL`, `KVC_MOE_GEMM`, `KVC_MOE_SMALL_PAIRS`); a value kvc
-/// does not know is an error naming the variable.
+/// `KVC_DECODE_KERNEL`, `KVC_MOE_GEMM`, `KVC_MOE_SMALL_PAIRS`,
+/// `KVC_FP8_GEMM`); a value kvc does not know is an error naming the
+/// variable.
 pub fn request_from_env() -> Result<KernelRequest, EngineError> {
     KernelRequest::from_vars(|k| std::env::var(k).ok()).map_err(EngineError::Load)
 }
@@ -32,14 +33,24 @@ pub(crate) fn apply(request: &KernelRequest, device: &Device) -> Result<(), Engi
 #[cfg(feature = "cuda")]
 fn apply_gpu(request: &KernelRequest) -> Result<(), EngineError> {
     use kvc_model_qwen3::cuda as k;
-    use kvc_policy::kernel_plan::{decide_kernel_plan, DecodeKernel, KernelFacts, MoeGemm, PrefillAttention};
+    use kvc_policy::kernel_plan::{decide_kernel_plan, DecodeKernel, Fp8Weights, KernelFacts, MoeGemm, PrefillAttention};
 
-    let facts = KernelFacts { cutlass: k::cutlass_runs() };
+    let facts = KernelFacts { cutlass: k::cutlass_runs(), fp8_gemm: k::fp8_gemm_runs() };
     let d = decide_kernel_plan(request, &facts).map_err(EngineError::Load)?;
     let p = d.plan;
-    let [(_, attention), (_, decode), (_, gemm), (_, small)] = d.terms();
+    let [(_, attention), (_, decode), (_, gemm), (_, small), (_, fp8), (_, fp8_reason)] = d.terms();
     kvc_policy::log_decision(&d.decision());
-    tracing::info!(reason = d.reason.as_str(), prefill_attention = %attention, decode_kernel = %decode, moe_gemm = %gemm, moe_small_pairs = %small, "kernel plan");
+    tracing::info!(
+        reason = d.reason.as_str(),
+        prefill_attention = %attention,
+        decode_kernel = %decode,
+        moe_gemm = %gemm,
+        moe_small_pairs = %small,
+        fp8_weights = %fp8,
+        fp8_weights_reason = %fp8_reason,
+        fp8_gemm_unavailable = facts.fp8_gemm.as_ref().err().map(String::as_str).unwrap_or(""),
+        "kernel plan"
+    );
     match p.prefill_attention {
         PrefillAttention::Cudnn => k::PrefillBackend::Cudnn,
         PrefillAttention::CudnnPaged => k::PrefillBackend::CudnnPaged,
@@ -55,6 +66,7 @@ fn apply_gpu(request: &KernelRequest) -> Result<(), EngineError> {
         MoeGemm::Kvc => k::MoeGemm::Kvc,
     });
     k::set_moe_small_pairs(p.moe_small_pairs);
+    k::set_fp8_weights(p.fp8_weights == Fp8Weights::Fp8);
     Ok(())
 }
 

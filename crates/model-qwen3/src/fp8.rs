@@ -7,12 +7,14 @@
 //! by). Layers the checkpoint keeps unquantized (embeddings, norms, the
 //! router, the LM head) are stored plainly and load as before.
 //!
-//! kvc dequantizes such weights at load into the compute dtype, on the CPU
-//! and CUDA paths alike: the answers are the checkpoint's, but the weights
-//! take the compute dtype's memory (FP8 tensor-core GEMMs are not
-//! implemented yet). Anything else in `quantization_config` that would
-//! change the answer (static activation scales, another format, FP8 KV
-//! scales) is refused by name.
+//! On the CPU path (and on GPUs without sm90 CUTLASS, or with
+//! `KVC_FP8_GEMM=dequantize`) kvc dequantizes such weights at load into the
+//! compute dtype: the answers are the checkpoint's, but the weights take
+//! the compute dtype's memory. On the CUDA path with the FP8 GEMMs
+//! (cuda/fp8_linear.rs) they stay e4m3 in GPU memory with their scales,
+//! where their shape fits the kernels ([`BlockFp8::gemm_fit`]). Anything
+//! else in `quantization_config` that would change the answer (static
+//! activation scales, another format, FP8 KV scales) is refused by name.
 
 use candle_core::{DType, Device, Tensor};
 use serde_json::Value;
@@ -25,6 +27,13 @@ pub struct BlockFp8 {
     /// Rows (output features) and columns (input features) a scale covers.
     pub block: (usize, usize),
 }
+
+/// e4m3's largest finite value.
+pub const E4M3_MAX: f32 = 448.0;
+
+/// The block the FP8 GEMMs take (cutlass-sys's fp8.rs: 128x128 weight
+/// blocks, activations in 128-wide groups).
+pub const GEMM_BLOCK: usize = 128;
 
 /// The keys kvc reads or may ignore (the modules left unquantized are
 /// stored plainly, so their lists change nothing here).
@@ -98,6 +107,56 @@ impl BlockFp8 {
             .map_err(c)?;
         (q * full).map_err(c)
     }
+
+    /// Whether the FP8 GEMMs take a weight of `k` columns made of row
+    /// blocks `parts` (one for a plain projection; q|k|v or gate|up fused):
+    /// 128x128 blocks, `k` a multiple of 128, the rows a multiple of 16,
+    /// and every part but the last whole 128-row blocks (else the fused
+    /// weight's scale rows would not line up with its rows). Err: why not.
+    pub fn gemm_fit(&self, parts: &[usize], k: usize) -> Result<(), String> {
+        let b = GEMM_BLOCK;
+        if self.block != (b, b) {
+            return Err(format!("block size {}x{} (the FP8 GEMMs take {b}x{b})", self.block.0, self.block.1));
+        }
+        if k % b != 0 {
+            return Err(format!("k = {k} is not a multiple of {b}"));
+        }
+        let n: usize = parts.iter().sum();
+        if n == 0 || n % 16 != 0 {
+            return Err(format!("n = {n} is not a multiple of 16"));
+        }
+        if let Some((i, p)) = parts.iter().enumerate().take(parts.len().saturating_sub(1)).find(|(_, p)| *p % b != 0) {
+            return Err(format!("fused part {i} has {p} rows, not whole {b}-row blocks"));
+        }
+        Ok(())
+    }
+
+    /// Quantizes `w: [.., N, K]` (f32 or bf16, any device) as block-FP8
+    /// checkpoints are made (per block: scale = amax / 448, q = e4m3(w /
+    /// scale); an all-zero block gets a tiny scale and zeros): the e4m3
+    /// weight `[.., N, K]` and its f32 `weight_scale_inv` `[.., ceil(N /
+    /// bn), ceil(K / bk)]`. Dummy weights for the FP8 path (weights.rs).
+    pub fn quantize(&self, w: &Tensor) -> candle_core::Result<(Tensor, Tensor)> {
+        let dims = w.dims().to_vec();
+        if dims.len() < 2 {
+            candle_core::bail!("block-FP8 quantization of a {}-D tensor: it takes [.., N, K]", dims.len());
+        }
+        let (n, k) = (dims[dims.len() - 2], dims[dims.len() - 1]);
+        let batch = dims[..dims.len() - 2].iter().product::<usize>();
+        let (br, bc) = self.block;
+        let (sr, sc) = (n.div_ceil(br), k.div_ceil(bc));
+        let w = w.to_dtype(DType::F32)?.reshape((batch, n, k))?;
+        let w = if sr * br > n { w.pad_with_zeros(1, 0, sr * br - n)? } else { w };
+        let w = if sc * bc > k { w.pad_with_zeros(2, 0, sc * bc - k)? } else { w };
+        let blocks = w.reshape((batch, sr, br, sc, bc))?;
+        let amax = blocks.abs()?.max_keepdim(4)?.max_keepdim(2)?; // [b, sr, 1, sc, 1]
+        let scale = (amax.clamp(1e-12f32, f32::MAX)? / E4M3_MAX as f64)?;
+        let q = blocks.broadcast_div(&scale)?.to_dtype(DType::F8E4M3)?.reshape((batch, sr * br, sc * bc))?;
+        let q = q.narrow(1, 0, n)?.narrow(2, 0, k)?.contiguous()?.reshape(dims.as_slice())?;
+        let mut sdims = dims[..dims.len() - 2].to_vec();
+        sdims.extend([sr, sc]);
+        Ok((q, scale.reshape(sdims)?))
+    }
 }
 
 #[cfg(test)]
@@ -121,6 +180,56 @@ mod tests {
         ] {
             let e = BlockFp8::from_config(&bad).unwrap_err().to_string();
             assert!(e.contains(word), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn the_gemms_take_whole_blocks_and_say_why_not() {
+        let fp8 = BlockFp8 { block: (128, 128) };
+        // Qwen3-30B-A3B: q|k|v, o, gate|up of an expert, down.
+        assert_eq!(fp8.gemm_fit(&[4096, 512, 512], 2048), Ok(()));
+        assert_eq!(fp8.gemm_fit(&[2048], 4096), Ok(()));
+        assert_eq!(fp8.gemm_fit(&[768, 768], 2048), Ok(()));
+        assert_eq!(fp8.gemm_fit(&[2048], 768), Ok(()));
+        // A last part need not be whole blocks; n a multiple of 16 is enough.
+        assert_eq!(fp8.gemm_fit(&[256, 48], 128), Ok(()));
+        for (parts, k, word) in
+            [(&[256][..], 200, "k = 200"), (&[8][..], 128, "n = 8"), (&[200, 200][..], 128, "fused part 0 has 200 rows")]
+        {
+            let e = fp8.gemm_fit(parts, k).unwrap_err();
+            assert!(e.contains(word), "{parts:?} x {k}: {e}");
+        }
+        let e = BlockFp8 { block: (64, 128) }.gemm_fit(&[256], 256).unwrap_err();
+        assert!(e.contains("64x128"), "{e}");
+    }
+
+    #[test]
+    fn quantizing_then_dequantizing_is_within_e4m3_rounding_of_each_block() {
+        let fp8 = BlockFp8 { block: (4, 8) };
+        // Two "experts" of 6 x 10: partial blocks on both axes, one all-zero block.
+        let mut v: Vec<f32> = (0..120).map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.013 * (1 + i % 7) as f32).collect();
+        for r in 4..6 {
+            for c in 8..10 {
+                v[r * 10 + c] = 0.0;
+            }
+        }
+        let w = Tensor::from_vec(v.clone(), (2, 6, 10), &Device::Cpu).unwrap();
+        let v = &v;
+        let (q, s) = fp8.quantize(&w).unwrap();
+        assert_eq!((q.dtype(), q.dims(), s.dims()), (DType::F8E4M3, &[2, 6, 10][..], &[2, 2, 2][..]));
+        for e in 0..2 {
+            let back = fp8.dequantize("w", &q.get(e).unwrap(), &s.get(e).unwrap()).unwrap().to_vec2::<f32>().unwrap();
+            for r in 0..6 {
+                for c in 0..10 {
+                    let x = v[e * 60 + r * 10 + c];
+                    // The block's amax, from the host.
+                    let amax = (r / 4 * 4..(r / 4 * 4 + 4).min(6))
+                        .flat_map(|i| (c / 8 * 8..(c / 8 * 8 + 8).min(10)).map(move |j| v[e * 60 + i * 10 + j].abs()))
+                        .fold(0f32, f32::max);
+                    // e4m3 rounds to 3 mantissa bits: within 2^-4 of |x| <= amax.
+                    assert!((back[r][c] - x).abs() <= amax / 16.0 + 1e-6, "[{e}, {r}, {c}]: {x} -> {}", back[r][c]);
+                }
+            }
         }
     }
 

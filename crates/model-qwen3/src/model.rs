@@ -110,12 +110,24 @@ impl Qwen3Model {
     pub fn load_observed(dir: &Path, dtype: DType, device: &Device, on_tensor: weights::OnTensor) -> Result<Self, ModelError> {
         let config = Qwen3Config::from_json(&read_config(dir)?)?;
         if let Some(fp8) = config.fp8 {
-            tracing::warn!(
-                block = ?fp8.block,
-                ?dtype,
-                "a block-FP8 checkpoint: its FP8 weights are dequantized at load to the compute dtype (FP8 GEMMs are not \
-                 implemented yet), so they take that dtype's memory"
-            );
+            #[cfg(feature = "cuda")]
+            let why = if !device.is_cuda() {
+                Some("the CPU path dequantizes them")
+            } else if !crate::cuda::fp8_weights() {
+                Some("the kernel plan dequantizes them (KVC_FP8_GEMM=dequantize, or the FP8 GEMMs do not run here)")
+            } else {
+                None
+            };
+            #[cfg(not(feature = "cuda"))]
+            let why = Some("the CPU path dequantizes them");
+            if let Some(why) = why {
+                tracing::warn!(
+                    block = ?fp8.block,
+                    ?dtype,
+                    "a block-FP8 checkpoint: its FP8 weights are dequantized at load to the compute dtype ({why}), so they \
+                     take that dtype's memory"
+                );
+            }
         }
         let checkpoint = weights::Checkpoint::open(dir, dtype, device, config.fp8, on_tensor)?;
         let tied = config.tie_word_embeddings;
@@ -126,9 +138,11 @@ impl Qwen3Model {
         Ok(model)
     }
 
-    /// Random weights for `config` (deterministic in `seed`).
+    /// Random weights for `config` (deterministic in `seed`); with a
+    /// block-FP8 `config.fp8`, the GPU path's FP8 projections are those
+    /// weights quantized on the device.
     pub fn dummy(config: Qwen3Config, seed: u64, dtype: DType, device: &Device) -> Result<Self, ModelError> {
-        let vb = weights::dummy_var_builder(seed, dtype, device);
+        let vb = weights::dummy_var_builder(seed, dtype, device, config.fp8);
         Self::new(config, vb)
     }
 
@@ -173,6 +187,21 @@ impl Qwen3Model {
         if let Some(gpu) = &self.gpu {
             gpu.warm_up_attention(max_tokens);
         }
+    }
+
+    /// The device bytes of the weights of a model on a CUDA device (None
+    /// elsewhere): the decoder layers' projections (FP8 or bf16) by count,
+    /// and everything including embeddings and LM head.
+    #[cfg(feature = "cuda")]
+    pub fn gpu_weight_bytes(&self) -> Option<crate::cuda::WeightBytes> {
+        let gpu = self.gpu.as_ref()?;
+        let bytes = |t: &Tensor| t.elem_count() * t.dtype().size_in_bytes();
+        let mut w = gpu.weight_bytes();
+        w.total += bytes(self.embed_tokens.embeddings());
+        if !self.config.tie_word_embeddings {
+            w.total += bytes(&self.lm_head);
+        }
+        Some(w)
     }
 
     /// Why CUDA graphs were turned off after a failed capture, if they were.

@@ -1,9 +1,11 @@
 //! Where weights come from: safetensors files (single or sharded, any of
-//! f32 / bf16 / f16, converted to the compute dtype on load) or dummy
-//! random weights for any config.
+//! f32 / bf16 / f16, converted to the compute dtype on load; block-FP8
+//! weights dequantized, or handed over as they are stored when asked for
+//! in `DType::F8E4M3`) or dummy random weights for any config (quantized
+//! to block FP8 when the config says so and the GPU path asks for FP8).
 
 use std::collections::hash_map::DefaultHasher;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -147,6 +149,21 @@ impl Observed {
 }
 
 impl Observed {
+    /// `name`'s e4m3 bytes as stored (the GPU path's FP8 weights; the
+    /// caller reads `{name}_scale_inv` itself).
+    fn fp8_stored(&self, s: &Shape, name: &str, dev: &Device) -> candle_core::Result<Tensor> {
+        let stored = self.inner.get(name)?.dtype();
+        if self.fp8.is_none() || stored != safetensors::Dtype::F8_E4M3 {
+            candle_core::bail!("{name} was asked for in FP8, but it is stored as {stored:?} (not under a block-FP8 config)");
+        }
+        let t = self.inner.load(name, &Device::Cpu)?;
+        if t.shape() != s {
+            candle_core::bail!("shape mismatch for {name}, expected {s:?}, got {:?}", t.shape());
+        }
+        self.report(name);
+        t.to_device(dev)
+    }
+
     /// `name` dequantized (fp8.rs) if it is stored in FP8 under a block-FP8
     /// config: its scales are read (and reported) with it.
     fn fp8_weight(&self, name: &str, dtype: DType, dev: &Device) -> candle_core::Result<Option<Tensor>> {
@@ -169,6 +186,9 @@ impl Observed {
 
 impl SimpleBackend for Observed {
     fn get(&self, s: Shape, name: &str, h: Init, dtype: DType, dev: &Device) -> candle_core::Result<Tensor> {
+        if dtype == DType::F8E4M3 {
+            return self.fp8_stored(&s, name, dev);
+        }
         if let Some(t) = self.fp8_weight(name, dtype, dev)? {
             if t.shape() != &s {
                 candle_core::bail!("shape mismatch for {name}, expected {s:?}, got {:?}", t.shape());
@@ -196,21 +216,52 @@ impl SimpleBackend for Observed {
 
 /// Random weights: each tensor is drawn from a generator seeded by its
 /// name and `seed`, so the same config and seed give the same model.
-/// Norm weights are ones.
-pub fn dummy_var_builder(seed: u64, dtype: DType, device: &Device) -> VarBuilder<'static> {
+/// Norm weights are ones. With `fp8` (a block-FP8 config), the decoder
+/// layers' projections (and fused experts) have scales too: asked for in
+/// `DType::F8E4M3`, a weight is drawn, quantized ([`BlockFp8::quantize`])
+/// and its `_scale_inv` kept for the request that follows.
+pub fn dummy_var_builder(seed: u64, dtype: DType, device: &Device, fp8: Option<BlockFp8>) -> VarBuilder<'static> {
     // On a GPU, weights are drawn there (curand) and experts come fused:
     // the 30B-shaped model would take minutes to draw on one host thread.
-    let backend: Box<dyn SimpleBackend> = Box::new(DummyBackend { seed, on_device: !device.is_cpu() });
+    let fp8 = fp8.map(|f| (f, Mutex::new(HashMap::new())));
+    let backend: Box<dyn SimpleBackend> = Box::new(DummyBackend { seed, on_device: !device.is_cpu(), fp8 });
     VarBuilder::from_backend(backend, dtype, device.clone())
 }
 
 struct DummyBackend {
     seed: u64,
     on_device: bool,
+    /// The block-FP8 config, and the scales of weights quantized so far
+    /// that have not been asked for yet.
+    fp8: Option<(BlockFp8, Mutex<HashMap<String, Tensor>>)>,
+}
+
+/// The dummy tensors a block-FP8 checkpoint would store in FP8: the
+/// decoder layers' linear projections, per expert or fused.
+fn dummy_quantized(name: &str) -> bool {
+    name.starts_with("model.layers.")
+        && (name.ends_with("_proj.weight") || name.ends_with("experts.gate_up_proj") || name.ends_with("experts.down_proj"))
 }
 
 impl SimpleBackend for DummyBackend {
-    fn get(&self, s: Shape, name: &str, _h: Init, dtype: DType, dev: &Device) -> candle_core::Result<Tensor> {
+    fn get(&self, s: Shape, name: &str, h: Init, dtype: DType, dev: &Device) -> candle_core::Result<Tensor> {
+        if let (Some(base), Some((_, scales))) = (name.strip_suffix("_scale_inv"), &self.fp8) {
+            let Some(t) = scales.lock().unwrap_or_else(|e| e.into_inner()).remove(name) else {
+                candle_core::bail!("dummy FP8 scales {name}: ask for {base} in FP8 first")
+            };
+            if t.shape() != &s {
+                candle_core::bail!("shape mismatch for {name}, expected {s:?}, got {:?}", t.shape());
+            }
+            return t.to_dtype(dtype);
+        }
+        if dtype == DType::F8E4M3 {
+            let Some((fp8, scales)) = &self.fp8 else {
+                candle_core::bail!("dummy weight {name} asked for in FP8 without a block-FP8 config")
+            };
+            let (q, scale) = fp8.quantize(&self.get(s, name, h, DType::F32, dev)?)?;
+            scales.lock().unwrap_or_else(|e| e.into_inner()).insert(BlockFp8::scale_name(name), scale);
+            return Ok(q);
+        }
         if name.ends_with("norm.weight") {
             return Tensor::ones(s, dtype, dev);
         }
@@ -234,6 +285,9 @@ impl SimpleBackend for DummyBackend {
     }
 
     fn contains_tensor(&self, name: &str) -> bool {
+        if let Some(base) = name.strip_suffix("_scale_inv") {
+            return self.fp8.is_some() && dummy_quantized(base);
+        }
         // Expert weights are requested in the per-expert layout on a CPU,
         // fused on a GPU.
         self.on_device || (!name.contains("experts.gate_up_proj") && !name.ends_with("experts.down_proj"))

@@ -135,3 +135,24 @@ fn a_scale_of_the_wrong_shape_is_refused_by_name() {
     let e = e.expect("refused");
     assert!(e.contains(name) && e.contains("blocks"), "{e}");
 }
+
+/// The GPU FP8 test's checkpoint (tests/common/fp8_checkpoint.rs, 128x128
+/// blocks, a dense and a MoE layer) on the CPU path, which dequantizes it
+/// at load: it answers as its host-dequantized twin at every position of
+/// the fixed prompts.
+#[test]
+fn the_gemm_shaped_fp8_checkpoint_answers_as_its_dequantized_twin_on_the_cpu() {
+    let tiny = common::fp8_checkpoint::tiny_fp8_checkpoint("cpu");
+    let (fp8, deq) = (load(&tiny.fp8), load(&tiny.dequantized));
+    let mut worst = 0f32;
+    for prompt in common::fp8_checkpoint::tiny_prompts(4) {
+        let nb = prompt.len().div_ceil(BLOCK_SIZE) * 2 + 1;
+        let table = scattered_table(prompt.len(), nb);
+        let mut kv_a = KvStorage::new(fp8.kv_layout(BLOCK_SIZE), nb).unwrap();
+        let mut kv_b = KvStorage::new(deq.kv_layout(BLOCK_SIZE), nb).unwrap();
+        let a = run_chunk(&fp8, &mut kv_a, &table, &prompt, 0, prompt.len());
+        let b = run_chunk(&deq, &mut kv_b, &table, &prompt, 0, prompt.len());
+        worst = a.iter().zip(&b).map(|(x, y)| max_abs_diff(x, y)).fold(worst, f32::max);
+    }
+    assert!(worst <= 1e-4, "tiny 128-block FP8 checkpoint vs its dequantized twin: max |logit diff| {worst:.2e}");
+}

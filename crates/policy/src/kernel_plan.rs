@@ -5,14 +5,16 @@
 //!
 //! The request ([`KernelRequest`]) is what the operator asked for: each
 //! choice unset (the measured default) or forced, for A/B runs and for
-//! working around a kernel on a machine where it misbehaves. The four
+//! working around a kernel on a machine where it misbehaves. The five
 //! environment variables that set it are read once, at start, by
 //! [`KernelRequest::from_vars`]; a value kvc does not know is an error
 //! naming the variable, never a silent default. The facts
 //! ([`KernelFacts`]) are what the device can run. The plan is the request
 //! resolved against the facts: CUTLASS's Hopper expert GEMMs where they
 //! run, cuBLAS's grouped GEMM where they do not, and a forced CUTLASS
-//! route on a device without them refused.
+//! route on a device without them refused; a block-FP8 checkpoint's
+//! weights kept in FP8 for CUTLASS's FP8 GEMMs where they run, else (or
+//! when `KVC_FP8_GEMM=dequantize` asks) dequantized at load.
 
 /// The route for prefill-shaped attention (`KVC_ATTENTION_BACKEND`, as
 /// vLLM's `VLLM_ATTENTION_BACKEND`).
@@ -48,6 +50,68 @@ pub enum MoeGemm {
     Cublas,
     /// kvc's own kernel.
     Kvc,
+}
+
+/// How a block-FP8 checkpoint's weights are served (`KVC_FP8_GEMM`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Fp8Gemm {
+    /// FP8 in GPU memory with FP8 GEMMs where the device runs them, else
+    /// dequantized at load (the default).
+    Auto,
+    /// Always dequantized at load into the compute dtype (for comparison).
+    Dequantize,
+}
+
+impl Fp8Gemm {
+    pub const ALL: [Fp8Gemm; 2] = [Fp8Gemm::Auto, Fp8Gemm::Dequantize];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Fp8Gemm::Auto => "auto",
+            Fp8Gemm::Dequantize => "dequantize",
+        }
+    }
+}
+
+/// What a block-FP8 checkpoint's quantized weights become at load.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Fp8Weights {
+    /// e4m3 bytes plus their block scales in GPU memory, run by the FP8
+    /// GEMMs (a layer whose shape they cannot take is still dequantized,
+    /// and the load says which).
+    Fp8,
+    /// Dequantized into the compute dtype.
+    Dequantized,
+}
+
+/// Why [`Fp8Weights`] is what it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Fp8WeightsReason {
+    /// Nothing was asked, and the device runs the FP8 GEMMs.
+    Default,
+    /// `KVC_FP8_GEMM=dequantize`.
+    Requested,
+    /// Nothing was asked, and the FP8 GEMMs do not run here.
+    Unavailable,
+}
+
+impl Fp8Weights {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Fp8Weights::Fp8 => "fp8",
+            Fp8Weights::Dequantized => "dequantized",
+        }
+    }
+}
+
+impl Fp8WeightsReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Fp8WeightsReason::Default => "default",
+            Fp8WeightsReason::Requested => "requested",
+            Fp8WeightsReason::Unavailable => "fp8_gemm_unavailable",
+        }
+    }
 }
 
 impl PrefillAttention {
@@ -100,10 +164,12 @@ pub struct KernelRequest {
     /// Most (token, expert) pairs the CUDA-core expert kernel takes before
     /// the grouped GEMM does (0: always the grouped GEMM).
     pub moe_small_pairs: Option<usize>,
+    pub fp8_gemm: Option<Fp8Gemm>,
 }
 
 /// The environment variables [`KernelRequest::from_vars`] reads.
-pub const KERNEL_ENV_VARS: [&str; 4] = ["KVC_ATTENTION_BACKEND", "KVC_DECODE_KERNEL", "KVC_MOE_GEMM", "KVC_MOE_SMALL_PAIRS"];
+pub const KERNEL_ENV_VARS: [&str; 5] =
+    ["KVC_ATTENTION_BACKEND", "KVC_DECODE_KERNEL", "KVC_MOE_GEMM", "KVC_MOE_SMALL_PAIRS", "KVC_FP8_GEMM"];
 
 /// `value` as one of `all` (by [`as_str`](PrefillAttention::as_str)), or
 /// an error naming the variable and what it takes.
@@ -120,7 +186,7 @@ impl KernelRequest {
     /// None when unset; an empty value counts as unset).
     pub fn from_vars(get: impl Fn(&str) -> Option<String>) -> Result<Self, String> {
         let var = |name: &str| get(name).filter(|v| !v.trim().is_empty());
-        let [attention, decode, gemm, small] = KERNEL_ENV_VARS;
+        let [attention, decode, gemm, small, fp8] = KERNEL_ENV_VARS;
         Ok(Self {
             prefill_attention: var(attention)
                 .map(|v| parse_choice(attention, &v, &PrefillAttention::ALL, PrefillAttention::as_str))
@@ -130,6 +196,7 @@ impl KernelRequest {
             moe_small_pairs: var(small)
                 .map(|v| v.trim().parse::<usize>().map_err(|_| format!("{small}={v:?}: expected a number of (token, expert) pairs")))
                 .transpose()?,
+            fp8_gemm: var(fp8).map(|v| parse_choice(fp8, &v, &Fp8Gemm::ALL, Fp8Gemm::as_str)).transpose()?,
         })
     }
 }
@@ -139,6 +206,8 @@ impl KernelRequest {
 pub struct KernelFacts {
     /// Whether CUTLASS's sm90 kernels run here (Err: why not).
     pub cutlass: Result<(), String>,
+    /// Whether CUTLASS's sm90 block-scaled FP8 GEMMs run here (Err: why not).
+    pub fp8_gemm: Result<(), String>,
 }
 
 /// The kernels a worker runs.
@@ -149,6 +218,9 @@ pub struct KernelPlan {
     pub moe_gemm: MoeGemm,
     /// None: the measured default of `moe_gemm`'s route.
     pub moe_small_pairs: Option<usize>,
+    /// A block-FP8 checkpoint's weights, and why.
+    pub fp8_weights: Fp8Weights,
+    pub fp8_weights_reason: Fp8WeightsReason,
 }
 
 crate::decision::reasons! {
@@ -184,13 +256,15 @@ pub struct KernelPlanDecision {
 }
 
 impl KernelPlanDecision {
-    /// The decision to log and count (its terms are in [`Self::terms`]).
+    /// The decision to log and count (its terms are in [`Self::terms`]);
+    /// term `fp8_weights` is 1 where block-FP8 weights stay FP8.
     pub fn decision(&self) -> crate::decision::Decision<KernelPlanReason> {
         crate::decision::Decision::new(self.plan.moe_gemm.label(), self.reason)
+            .term("fp8_weights", f64::from(u8::from(self.plan.fp8_weights == Fp8Weights::Fp8)))
     }
 
     /// The plan as named fields, for the one log line at start.
-    pub fn terms(&self) -> [(&'static str, String); 4] {
+    pub fn terms(&self) -> [(&'static str, String); 6] {
         let p = &self.plan;
         let small = p.moe_small_pairs.map_or_else(|| "default".to_string(), |n| n.to_string());
         [
@@ -198,18 +272,26 @@ impl KernelPlanDecision {
             ("decode_kernel", p.decode_kernel.as_str().to_string()),
             ("moe_gemm", p.moe_gemm.as_str().to_string()),
             ("moe_small_pairs", small),
+            ("fp8_weights", p.fp8_weights.as_str().to_string()),
+            ("fp8_weights_reason", p.fp8_weights_reason.as_str().to_string()),
         ]
     }
 }
 
 /// The request resolved against the device (module doc). Err: a CUTLASS
-/// route was forced on a device that cannot run it.
+/// route was forced on a device that cannot run it. The FP8 weights do
+/// not change the reason (they have their own, `fp8_weights_reason`).
 pub fn decide_kernel_plan(request: &KernelRequest, facts: &KernelFacts) -> Result<KernelPlanDecision, String> {
     let (moe_gemm, cutlass_missing) = match (request.moe_gemm, &facts.cutlass) {
         (Some(g), Err(why)) if g.is_cutlass() => return Err(format!("KVC_MOE_GEMM={}: {why}", g.as_str())),
         (Some(g), _) => (g, false),
         (None, Ok(())) => (MoeGemm::Cutlass, false),
         (None, Err(_)) => (MoeGemm::Cublas, true),
+    };
+    let (fp8_weights, fp8_weights_reason) = match (request.fp8_gemm, &facts.fp8_gemm) {
+        (Some(Fp8Gemm::Dequantize), _) => (Fp8Weights::Dequantized, Fp8WeightsReason::Requested),
+        (_, Err(_)) => (Fp8Weights::Dequantized, Fp8WeightsReason::Unavailable),
+        (_, Ok(())) => (Fp8Weights::Fp8, Fp8WeightsReason::Default),
     };
     let requested = *request != KernelRequest::default();
     let reason = match (cutlass_missing, requested) {
@@ -222,6 +304,8 @@ pub fn decide_kernel_plan(request: &KernelRequest, facts: &KernelFacts) -> Resul
         decode_kernel: request.decode_kernel.unwrap_or(DecodeKernel::V2),
         moe_gemm,
         moe_small_pairs: request.moe_small_pairs,
+        fp8_weights,
+        fp8_weights_reason,
     };
     Ok(KernelPlanDecision { plan, reason })
 }
@@ -237,10 +321,10 @@ mod tests {
         KernelRequest::from_vars(|k| m.get(k).cloned())
     }
 
-    const CUTLASS: KernelFacts = KernelFacts { cutlass: Ok(()) };
+    const CUTLASS: KernelFacts = KernelFacts { cutlass: Ok(()), fp8_gemm: Ok(()) };
 
     fn no_cutlass() -> KernelFacts {
-        KernelFacts { cutlass: Err("not an sm90 device".into()) }
+        KernelFacts { cutlass: Err("not an sm90 device".into()), fp8_gemm: Err("not an sm90 device".into()) }
     }
 
     #[test]
@@ -257,6 +341,9 @@ mod tests {
             assert_eq!(vars(&[("KVC_MOE_GEMM", g.as_str())]).unwrap().moe_gemm, Some(g));
         }
         assert_eq!(vars(&[("KVC_MOE_SMALL_PAIRS", "0")]).unwrap().moe_small_pairs, Some(0));
+        for f in Fp8Gemm::ALL {
+            assert_eq!(vars(&[("KVC_FP8_GEMM", f.as_str())]).unwrap().fp8_gemm, Some(f));
+        }
     }
 
     #[test]
@@ -266,6 +353,7 @@ mod tests {
             ("KVC_DECODE_KERNEL", "v3", "v1"),
             ("KVC_MOE_GEMM", "triton", "cutlass-swap"),
             ("KVC_MOE_SMALL_PAIRS", "many", "pairs"),
+            ("KVC_FP8_GEMM", "fp16", "dequantize"),
         ] {
             let e = vars(&[(var, value)]).unwrap_err();
             assert!(e.contains(var) && e.contains(value) && e.contains(choice), "{e}");
@@ -282,7 +370,9 @@ mod tests {
                 prefill_attention: PrefillAttention::Cudnn,
                 decode_kernel: DecodeKernel::V2,
                 moe_gemm: MoeGemm::Cutlass,
-                moe_small_pairs: None
+                moe_small_pairs: None,
+                fp8_weights: Fp8Weights::Fp8,
+                fp8_weights_reason: Fp8WeightsReason::Default,
             }
         );
         let v1 = KernelRequest { decode_kernel: Some(DecodeKernel::V1), ..Default::default() };
@@ -328,5 +418,32 @@ mod tests {
         assert_eq!(t["decode_kernel"], "v2");
         assert_eq!(t["moe_gemm"], "cutlass");
         assert_eq!(t["moe_small_pairs"], "4");
+        assert_eq!(t["fp8_weights"], "fp8");
+        assert_eq!(t["fp8_weights_reason"], "default");
+    }
+
+    #[test]
+    fn fp8_weights_stay_fp8_where_the_gemms_run_unless_dequantize_is_asked() {
+        let dequantize = KernelRequest { fp8_gemm: Some(Fp8Gemm::Dequantize), ..Default::default() };
+        let auto = KernelRequest { fp8_gemm: Some(Fp8Gemm::Auto), ..Default::default() };
+        let fp8_only = KernelFacts { cutlass: Err("no grouped GEMM".into()), fp8_gemm: Ok(()) };
+        let cases = [
+            (&KernelRequest::default(), &CUTLASS, Fp8Weights::Fp8, Fp8WeightsReason::Default),
+            (&auto, &CUTLASS, Fp8Weights::Fp8, Fp8WeightsReason::Default),
+            (&auto, &fp8_only, Fp8Weights::Fp8, Fp8WeightsReason::Default),
+            (&dequantize, &CUTLASS, Fp8Weights::Dequantized, Fp8WeightsReason::Requested),
+            (&dequantize, &no_cutlass(), Fp8Weights::Dequantized, Fp8WeightsReason::Requested),
+            (&KernelRequest::default(), &no_cutlass(), Fp8Weights::Dequantized, Fp8WeightsReason::Unavailable),
+        ];
+        for (r, f, weights, reason) in cases {
+            let d = decide_kernel_plan(r, f).unwrap();
+            assert_eq!((d.plan.fp8_weights, d.plan.fp8_weights_reason), (weights, reason), "{r:?} {f:?}");
+            let fp8 = d.decision().terms().iter().find(|(k, _)| *k == "fp8_weights").map(|t| t.1);
+            assert_eq!(fp8, Some(if weights == Fp8Weights::Fp8 { 1.0 } else { 0.0 }));
+        }
+        // The expert GEMM's reason is its own: asking for dequantized
+        // weights is a request, but changes no route.
+        let d = decide_kernel_plan(&dequantize, &CUTLASS).unwrap();
+        assert_eq!((d.reason, d.plan.moe_gemm), (KernelPlanReason::Requested, MoeGemm::Cutlass));
     }
 }

@@ -9,10 +9,13 @@
 //! kvc-bench layers [--device cuda]
 //! kvc-bench engine --shape qwen3-30b-a3b [--device auto|cpu|cuda] [--prefill 1024,8192,32768]
 //!                  [--batch 1,16,64,256] [--context 2048] [--decode 1x2048,1x32768,...] [--steps 64] [--cuda-graph]
+//!                  [--dtype bf16|fp8|bf16,fp8]
 //! ```
 //! With `--shape qwen3-30b-a3b` the model's forward pass is measured at
 //! Qwen3-30B-A3B's shape against the hardware limit (bench/model.rs);
-//! `--cuda-graph` adds each decode step replayed as a CUDA graph.
+//! `--cuda-graph` adds each decode step replayed as a CUDA graph;
+//! `--dtype fp8` runs it with block-FP8 weights (the dummy weights
+//! quantized on the device, FP8 GEMMs), `bf16,fp8` both in turn, compared.
 //! `attention` times the attention kernels alone against PyTorch's SDPA
 //! (bench/attention.rs). `moe` times the MoE experts alone on every route
 //! against PyTorch's `torch._grouped_mm` (bench/moe.rs). `layers` times
@@ -63,6 +66,8 @@ struct Args {
     prefill_mix: Option<String>,
     chunk: usize,
     mixed: Option<(usize, usize, usize, usize)>,
+    /// `--dtype` of the `--shape` benchmark.
+    dtypes: Vec<model_bench::Weights>,
 }
 
 fn list(v: &str, flag: &str) -> Result<Vec<usize>, String> {
@@ -88,6 +93,7 @@ fn parse() -> Result<Args, String> {
         prefill_mix: None,
         chunk: 8192,
         mixed: None,
+        dtypes: vec![model_bench::Weights::Bf16],
     };
     let mut it = std::env::args().skip(1);
     match it.next().as_deref() {
@@ -126,6 +132,16 @@ fn parse() -> Result<Args, String> {
             "--enforce-eager" => a.enforce_eager = true,
             "--json-schema" => a.json_schema = Some(val()?),
             "--prefill-mix" => a.prefill_mix = Some(val()?),
+            "--dtype" => {
+                a.dtypes = val()?
+                    .split(',')
+                    .map(|d| match d.trim() {
+                        "bf16" => Ok(model_bench::Weights::Bf16),
+                        "fp8" => Ok(model_bench::Weights::Fp8),
+                        other => Err(format!("--dtype {other:?}: bf16, fp8 or both (bf16,fp8); with --shape")),
+                    })
+                    .collect::<Result<_, _>>()?
+            }
             "--chunk" => a.chunk = val()?.parse().map_err(|e| format!("--chunk: {e}"))?,
             "--mixed" => {
                 // LEN@DEPTH,BATCHxCONTEXT
@@ -266,6 +282,7 @@ fn main() {
                 prefill_mix: args.prefill_mix.clone(),
                 chunk: args.chunk.max(1),
                 mixed: args.mixed,
+                dtypes: args.dtypes.clone(),
             })
         }
         Some(other) => {

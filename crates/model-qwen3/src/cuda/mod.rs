@@ -5,6 +5,7 @@
 
 mod attention;
 mod cudnn_attention;
+mod fp8_linear;
 mod gemv;
 mod graph;
 mod layers;
@@ -15,12 +16,13 @@ mod moe_gemm;
 
 pub use attention::{set_decode_kernel_v1, AttentionPlan, PagedAttention};
 pub use cudnn_attention::{CudnnAttention, PrefillBackend, PrefillContext};
+pub use fp8_linear::{fp8_gemm_runs, fp8_weights, set_fp8_weights, Fp8Weight, GpuLinear, WeightBytes};
 pub use gemv::small_m_linear;
 pub use graph::CapturedStep;
 pub(crate) use graph::DecodeGraphs;
 pub use layers::{moe_sum, silu_mul, Form, RopeStore};
 pub(crate) use model::GpuModel;
-pub use moe::{set_moe_small_pairs, GpuMoe, SMALL_PAIRS, SMALL_PAIRS_CUTLASS};
+pub use moe::{set_moe_small_pairs, Fp8Moe, GpuMoe, SMALL_PAIRS, SMALL_PAIRS_CUTLASS};
 pub use moe_gemm::{cutlass_runs, cutlass_tiling, grouped_projection, moe_gemm, set_moe_gemm, CutlassTiling, MoeGemm, SWAP_BELOW_ROWS};
 
 use std::sync::Arc;
@@ -166,11 +168,17 @@ pub fn ptr(t: &Tensor) -> Result<u64> {
         p
     }
     let p = match t.dtype() {
+        // e4m3 bytes (fp8_linear.rs), named through the storage's enum.
+        DType::F8E4M3 => match &cs.slice {
+            candle_core::cuda::CudaStorageSlice::F8E4M3(s) => base(s, &stream),
+            _ => bail!("an F8E4M3 tensor without e4m3 storage"),
+        },
+        DType::U8 => base(cs.as_cuda_slice::<u8>()?, &stream),
         DType::BF16 => base(cs.as_cuda_slice::<bf16>()?, &stream),
         DType::F32 => base(cs.as_cuda_slice::<f32>()?, &stream),
         DType::U32 => base(cs.as_cuda_slice::<u32>()?, &stream),
         DType::I64 => base(cs.as_cuda_slice::<i64>()?, &stream),
-        other => bail!("kvc kernels take bf16/f32/u32 tensors, got {other:?}"),
+        other => bail!("kvc kernels take bf16/f32/u32/u8/e4m3 tensors, got {other:?}"),
     };
     Ok(p + (layout.start_offset() * t.dtype().size_in_bytes()) as u64)
 }
@@ -185,6 +193,7 @@ pub fn empty(dev: &CudaDevice, shape: impl Into<Shape>, dtype: DType) -> Result<
             DType::BF16 => CudaStorage::wrap_cuda_slice(dev.alloc::<bf16>(n)?, dev.clone()),
             DType::F32 => CudaStorage::wrap_cuda_slice(dev.alloc::<f32>(n)?, dev.clone()),
             DType::U32 => CudaStorage::wrap_cuda_slice(dev.alloc::<u32>(n)?, dev.clone()),
+            DType::U8 => CudaStorage::wrap_cuda_slice(dev.alloc::<u8>(n)?, dev.clone()),
             other => bail!("empty: unsupported dtype {other:?}"),
         }
     };

@@ -1,6 +1,8 @@
 //! Decoder layers on the GPU in bf16: fused QKV GEMM, one kernel for q/k
 //! RMSNorm + RoPE + the paged K/V write, paged attention, residual adds
-//! fused into the next RMSNorm, and the dense or MoE feed-forward.
+//! fused into the next RMSNorm, and the dense or MoE feed-forward. A
+//! block-FP8 checkpoint's projections stay FP8 where the FP8 GEMMs run
+//! (fp8_linear.rs).
 
 use candle_core::cuda::cudarc::driver::LaunchConfig;
 use candle_core::{bail, DType, Device, Result, Tensor};
@@ -8,8 +10,9 @@ use candle_nn::{Embedding, VarBuilder};
 use kvc_kv_pool::KvStorage;
 
 use super::attention::FixedPlanHost;
+use super::fp8_linear::{ExpertWeights, GpuLinear, ProjectionLoader, WeightBytes};
 use super::layers::{silu_mul, Form, RopeStore};
-use super::moe::GpuMoe;
+use super::moe::{Fp8Moe, GpuMoe};
 use super::{
     cuda_dev, empty, gather_rows, launch, overwrite_u32, ptr, upload_u32, AttentionPlan, CudnnAttention, Kernels, PagedAttention,
     PrefillBackend, PrefillContext,
@@ -118,19 +121,20 @@ impl StepInputs {
 enum Ffn {
     /// `gate_up [2I, H]`, `down [H, I]`.
     Dense {
-        gate_up: Tensor,
-        down: Tensor,
+        gate_up: GpuLinear,
+        down: GpuLinear,
     },
     Moe(GpuMoe),
+    Fp8Moe(Fp8Moe),
 }
 
 struct Layer {
     input_norm: Tensor,
     post_norm: Tensor,
     /// `[(nh + 2 nkv) * hd, H]`
-    qkv: Tensor,
+    qkv: GpuLinear,
     qkv_bias: Option<Tensor>,
-    o_proj: Tensor,
+    o_proj: GpuLinear,
     o_bias: Option<Tensor>,
     q_norm: Tensor,
     k_norm: Tensor,
@@ -153,21 +157,6 @@ pub(crate) struct GpuModel {
     rope_scale: f32,
 }
 
-fn experts(cfg: &Qwen3Config, ev: &VarBuilder, e: usize, i: usize) -> Result<(Tensor, Tensor)> {
-    let h = cfg.hidden_size;
-    if ev.contains_tensor("gate_up_proj") {
-        return Ok((ev.get((e, 2 * i, h), "gate_up_proj")?, ev.get((e, h, i), "down_proj")?));
-    }
-    let mut gu = Vec::with_capacity(e);
-    let mut dn = Vec::with_capacity(e);
-    for j in 0..e {
-        let x = ev.pp(j.to_string());
-        gu.push(Tensor::cat(&[x.get((i, h), "gate_proj.weight")?, x.get((i, h), "up_proj.weight")?], 0)?);
-        dn.push(x.get((h, i), "down_proj.weight")?);
-    }
-    Ok((Tensor::stack(&gu, 0)?, Tensor::stack(&dn, 0)?))
-}
-
 impl GpuModel {
     pub fn new(cfg: &Qwen3Config, vb: &VarBuilder) -> Result<Self> {
         if vb.dtype() != DType::BF16 {
@@ -181,12 +170,14 @@ impl GpuModel {
         let cudnn = CudnnAttention::open(PrefillBackend::current(), vb.device());
         let (h, nh, nkv, hd) = (cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim);
         let m = vb.pp("model");
+        let mut proj = ProjectionLoader::new(cfg.fp8);
         let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
         for l in 0..cfg.num_hidden_layers {
             let lv = m.pp("layers").pp(l.to_string());
             let a = lv.pp("self_attn");
-            let w = |name: &str, rows: usize, cols: usize| a.pp(name).get((rows, cols), "weight");
-            let qkv = Tensor::cat(&[w("q_proj", nh * hd, h)?, w("k_proj", nkv * hd, h)?, w("v_proj", nkv * hd, h)?], 0)?;
+            let qkv = [(a.pp("q_proj"), nh * hd), (a.pp("k_proj"), nkv * hd), (a.pp("v_proj"), nkv * hd)];
+            let qkv = proj.linear(&format!("layers.{l}.self_attn.qkv"), &qkv, h)?;
+            let o_proj = proj.linear(&format!("layers.{l}.self_attn.o_proj"), &[(a.pp("o_proj"), h)], nh * hd)?;
             let (qkv_bias, o_bias) = if cfg.attention_bias {
                 let b = |name: &str, n: usize| a.pp(name).get(n, "bias");
                 (Some(Tensor::cat(&[b("q_proj", nh * hd)?, b("k_proj", nkv * hd)?, b("v_proj", nkv * hd)?], 0)?), Some(b("o_proj", h)?))
@@ -197,22 +188,21 @@ impl GpuModel {
             let ffn = match &cfg.moe {
                 Some(moe) if cfg.is_moe_layer(l) => {
                     let (e, i) = (moe.num_experts, moe.moe_intermediate_size);
-                    let (gate_up, down) = experts(cfg, &mv.pp("experts"), e, i)?;
-                    Ffn::Moe(GpuMoe {
-                        router: mv.pp("gate").get((e, h), "weight")?,
-                        gate_up,
-                        down,
-                        num_experts: e,
-                        intermediate: i,
-                        top_k: moe.num_experts_per_tok,
-                        norm_topk_prob: moe.norm_topk_prob,
-                    })
+                    let router = mv.pp("gate").get((e, h), "weight")?;
+                    let (top_k, norm_topk_prob) = (moe.num_experts_per_tok, moe.norm_topk_prob);
+                    match proj.experts(&format!("layers.{l}.mlp.experts"), &mv.pp("experts"), e, i, h)? {
+                        ExpertWeights::Bf16(gate_up, down) => {
+                            Ffn::Moe(GpuMoe { router, gate_up, down, num_experts: e, intermediate: i, top_k, norm_topk_prob })
+                        }
+                        ExpertWeights::Fp8(gate_up, down) => {
+                            Ffn::Fp8Moe(Fp8Moe { router, gate_up, down, num_experts: e, intermediate: i, top_k, norm_topk_prob })
+                        }
+                    }
                 }
                 _ => {
                     let i = cfg.intermediate_size;
-                    let g = mv.pp("gate_proj").get((i, h), "weight")?;
-                    let u = mv.pp("up_proj").get((i, h), "weight")?;
-                    Ffn::Dense { gate_up: Tensor::cat(&[g, u], 0)?, down: mv.pp("down_proj").get((h, i), "weight")? }
+                    let gate_up = proj.linear(&format!("layers.{l}.mlp.gate_up"), &[(mv.pp("gate_proj"), i), (mv.pp("up_proj"), i)], h)?;
+                    Ffn::Dense { gate_up, down: proj.linear(&format!("layers.{l}.mlp.down_proj"), &[(mv.pp("down_proj"), h)], i)? }
                 }
             };
             layers.push(Layer {
@@ -220,13 +210,14 @@ impl GpuModel {
                 post_norm: lv.pp("post_attention_layernorm").get(h, "weight")?,
                 qkv,
                 qkv_bias,
-                o_proj: w("o_proj", h, nh * hd)?,
+                o_proj,
                 o_bias,
                 q_norm: a.pp("q_norm").get(hd, "weight")?,
                 k_norm: a.pp("k_norm").get(hd, "weight")?,
                 ffn,
             });
         }
+        proj.finish();
         Ok(Self {
             kernels,
             cudnn,
@@ -258,12 +249,51 @@ impl GpuModel {
         Ok(out)
     }
 
-    fn linear(&self, x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
-        let y = x.matmul(&w.t()?)?;
+    fn linear(&self, x: &Tensor, w: &GpuLinear, b: Option<&Tensor>) -> Result<Tensor> {
+        let y = w.forward(x)?;
         match b {
             Some(b) => y.broadcast_add(b),
             None => Ok(y),
         }
+    }
+
+    /// The device bytes of the decoder layers' weights (the embeddings and
+    /// LM head are the caller's), by kind.
+    pub fn weight_bytes(&self) -> WeightBytes {
+        let bytes = |t: &Tensor| t.elem_count() * t.dtype().size_in_bytes();
+        let mut w = WeightBytes { total: bytes(&self.final_norm), ..Default::default() };
+        let linear = |l: &GpuLinear, w: &mut WeightBytes| {
+            w.projections += l.bytes();
+            if l.is_fp8() {
+                w.fp8_weights += 1;
+            } else {
+                w.bf16_weights += 1;
+            }
+        };
+        for layer in &self.layers {
+            linear(&layer.qkv, &mut w);
+            linear(&layer.o_proj, &mut w);
+            w.total += [&layer.input_norm, &layer.post_norm, &layer.q_norm, &layer.k_norm].iter().map(|t| bytes(t)).sum::<usize>();
+            w.total += layer.qkv_bias.iter().chain(&layer.o_bias).map(bytes).sum::<usize>();
+            match &layer.ffn {
+                Ffn::Dense { gate_up, down } => {
+                    linear(gate_up, &mut w);
+                    linear(down, &mut w);
+                }
+                Ffn::Moe(m) => {
+                    w.projections += bytes(&m.gate_up) + bytes(&m.down);
+                    w.bf16_weights += 2;
+                    w.total += bytes(&m.router);
+                }
+                Ffn::Fp8Moe(m) => {
+                    w.projections += m.gate_up.bytes() + m.down.bytes();
+                    w.fp8_weights += 2;
+                    w.total += bytes(&m.router);
+                }
+            }
+        }
+        w.total += w.projections;
+        w
     }
 
     /// See `Qwen3Model::warm_up_attention`.
@@ -370,6 +400,7 @@ impl GpuModel {
                     self.linear(&act, down, None)?
                 }
                 Ffn::Moe(moe) => moe.forward(&self.kernels, &hn, !capturing)?,
+                Ffn::Fp8Moe(moe) => moe.forward(&self.kernels, &hn)?,
             };
             let next = self.layers.get(l + 1).map(|n| &n.input_norm).unwrap_or(&self.final_norm);
             h = self.add_rmsnorm(&x, &f, next)?;

@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use candle_core::cuda::cudarc::driver::LaunchConfig;
 use candle_core::{DType, Result, Tensor};
 
+use super::fp8_linear::Fp8Weight;
 use super::gemv::small_m_grouped;
 use super::layers::{moe_sum, silu_mul, Form};
 use super::moe_cublas::{cublas_grouped, host_offsets};
@@ -62,6 +63,78 @@ pub struct GpuMoe {
     pub norm_topk_prob: bool,
 }
 
+/// One batch's routing on the device, as the expert GEMMs read it.
+pub(crate) struct Routing {
+    /// `[T * K]` f32: each (token, expert) pair's weight.
+    w: Tensor,
+    /// `[E + 1]` u32: each expert's first row among the sorted pairs.
+    offsets: Tensor,
+    /// `[T * K]` u32: the pairs in expert order.
+    sorted: Tensor,
+    /// `[T * K]` u32: pair -> its position in `sorted`.
+    inv: Tensor,
+    /// Active experts in order, then each expert's first 64-row tile.
+    meta: Tensor,
+}
+
+/// Softmax router, top-k and grouping by expert of `x: [T, H]` bf16 over
+/// `router: [E, H]`, all on the device.
+fn route(k: &Kernels, x: &Tensor, router: &Tensor, e: usize, i: usize, kk: usize, norm_topk_prob: bool) -> Result<Routing> {
+    let dev = cuda_dev(x.device())?;
+    let (t, h) = x.dims2()?;
+    let tk = t * kk;
+    if h % 8 != 0 || i % 8 != 0 || e > 1024 || kk > 32 {
+        candle_core::bail!("moe kernels need hidden and moe_intermediate multiples of 8, <= 1024 experts, top-k <= 32");
+    }
+    let logits = x.matmul(&router.t()?)?; // [T, E] bf16
+    let ids = empty(dev, tk, DType::U32)?;
+    let w = empty(dev, tk, DType::F32)?;
+    let offsets = empty(dev, e + 1, DType::U32)?;
+    let sorted = empty(dev, tk, DType::U32)?;
+    let inv = empty(dev, tk, DType::U32)?;
+    let meta = empty(dev, 2 * e + 1, DType::U32)?;
+    let renorm = norm_topk_prob as i32;
+    let (ids_p, w_p, off_p, sorted_p, inv_p, meta_p) = (ptr(&ids)?, ptr(&w)?, ptr(&offsets)?, ptr(&sorted)?, ptr(&inv)?, ptr(&meta)?);
+    if t <= ROUTE_ONE_BLOCK_TOKENS && e <= ROUTE_BLOCK {
+        // Decode: routing and grouping in one block, one launch.
+        let one = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (ROUTE_BLOCK as u32, 1, 1), shared_mem_bytes: 0 };
+        let (ti, ei, ki) = (t as i32, e as i32, kk as i32);
+        launch!(k.moe_route, one, ptr(&logits)?, ids_p, w_p, ti, ei, ki, renorm, off_p, sorted_p, inv_p, meta_p)?;
+    } else {
+        launch!(k.moe_topk, grid1(t * 32, 256), ptr(&logits)?, ids_p, w_p, t as i32, e as i32, kk as i32, renorm)?;
+        let one = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (1024, 1, 1), shared_mem_bytes: 0 };
+        launch!(k.moe_align, one, ids_p, tk as i32, e as i32, off_p, sorted_p, inv_p, meta_p)?;
+    }
+    Ok(Routing { w, offsets, sorted, inv, meta })
+}
+
+/// The MoE block with its experts in FP8 (fp8_linear.rs): [`GpuMoe`]'s
+/// routing, then both expert projections on CUTLASS's grouped FP8 GEMM at
+/// every batch size (the CUDA-core and bf16 kernels read bf16 weights).
+pub struct Fp8Moe {
+    /// `[E, H]` bf16
+    pub router: Tensor,
+    /// `[E, 2I, H]` (gate rows, then up rows)
+    pub gate_up: Fp8Weight,
+    /// `[E, H, I]`
+    pub down: Fp8Weight,
+    pub num_experts: usize,
+    pub intermediate: usize,
+    pub top_k: usize,
+    pub norm_topk_prob: bool,
+}
+
+impl Fp8Moe {
+    /// `x: [T, H]` bf16 -> `[T, H]`; nothing is read back to the host.
+    pub fn forward(&self, k: &Kernels, x: &Tensor) -> Result<Tensor> {
+        let dev = cuda_dev(x.device())?;
+        let (e, i, kk) = (self.num_experts, self.intermediate, self.top_k);
+        let r = route(k, x, &self.router, e, i, kk, self.norm_topk_prob)?;
+        let run = |a: &Tensor, w: &Fp8Weight, out: &Tensor| w.grouped(&r.offsets, a, out);
+        gathered_experts(k, dev, x, &self.gate_up, &self.down, 2 * i, &r.sorted, &r.inv, &r.w, kk, run)
+    }
+}
+
 /// Threads of `moe_route`'s one block (kernels/moe.cu): it takes at most
 /// this many experts.
 const ROUTE_BLOCK: usize = 512;
@@ -81,30 +154,7 @@ impl GpuMoe {
         let (t, h) = x.dims2()?;
         let (e, i, kk) = (self.num_experts, self.intermediate, self.top_k);
         let tk = t * kk;
-        if h % 8 != 0 || i % 8 != 0 || e > 1024 || kk > 32 {
-            candle_core::bail!("moe kernels need hidden and moe_intermediate multiples of 8, <= 1024 experts, top-k <= 32");
-        }
-        let logits = x.matmul(&self.router.t()?)?; // [T, E] bf16
-        let ids = empty(dev, tk, DType::U32)?;
-        let w = empty(dev, tk, DType::F32)?;
-        let offsets = empty(dev, e + 1, DType::U32)?;
-        let sorted = empty(dev, tk, DType::U32)?;
-        // pair -> position in `sorted` (for the cuBLAS path's sum).
-        let inv = empty(dev, tk, DType::U32)?;
-        // Active experts in order, then each expert's first 64-row tile.
-        let meta = empty(dev, 2 * e + 1, DType::U32)?;
-        let renorm = self.norm_topk_prob as i32;
-        let (ids_p, w_p, off_p, sorted_p, inv_p, meta_p) = (ptr(&ids)?, ptr(&w)?, ptr(&offsets)?, ptr(&sorted)?, ptr(&inv)?, ptr(&meta)?);
-        if t <= ROUTE_ONE_BLOCK_TOKENS && e <= ROUTE_BLOCK {
-            // Decode: routing and grouping in one block, one launch.
-            let one = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (ROUTE_BLOCK as u32, 1, 1), shared_mem_bytes: 0 };
-            let (ti, ei, ki) = (t as i32, e as i32, kk as i32);
-            launch!(k.moe_route, one, ptr(&logits)?, ids_p, w_p, ti, ei, ki, renorm, off_p, sorted_p, inv_p, meta_p)?;
-        } else {
-            launch!(k.moe_topk, grid1(t * 32, 256), ptr(&logits)?, ids_p, w_p, t as i32, e as i32, kk as i32, renorm)?;
-            let one = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (1024, 1, 1), shared_mem_bytes: 0 };
-            launch!(k.moe_align, one, ids_p, tk as i32, e as i32, off_p, sorted_p, inv_p, meta_p)?;
-        }
+        let Routing { w, offsets, sorted, inv, meta } = route(k, x, &self.router, e, i, kk, self.norm_topk_prob)?;
 
         let choice = moe_gemm()?;
         let small = small_pairs(choice);
@@ -114,12 +164,12 @@ impl GpuMoe {
             MoeGemm::Cutlass(tiling) => {
                 let tiling = tiling.unwrap_or_else(|| cutlass_tiling(tk, e));
                 let run = |a: &Tensor, w: &Tensor, out: &Tensor| cutlass_grouped(dev, &offsets, a, w, out, tiling);
-                return gathered_experts(k, dev, x, gu_w, dn_w, &sorted, &inv, &w, kk, run);
+                return gathered_experts(k, dev, x, gu_w, dn_w, 2 * i, &sorted, &inv, &w, kk, run);
             }
             MoeGemm::Cublas if host_sync => {
                 let host = host_offsets(&offsets, e, tk)?;
                 let run = |a: &Tensor, w: &Tensor, out: &Tensor| cublas_grouped(dev, &host, a, w, out);
-                return gathered_experts(k, dev, x, gu_w, dn_w, &sorted, &inv, &w, kk, run);
+                return gathered_experts(k, dev, x, gu_w, dn_w, 2 * i, &sorted, &inv, &w, kk, run);
             }
             // kvc's kernels; also cuBLAS's choice inside a graph capture.
             MoeGemm::Cublas | MoeGemm::Kvc => {}

@@ -108,23 +108,24 @@ pub fn cutlass_tiling(pairs: usize, experts: usize) -> CutlassTiling {
 
 /// The expert part of the MoE block over gathered rows: `pairs` routed by
 /// `moe_align` (`sorted`, `inv`), weighted by `w`, each projection run by
-/// `gemm(a, weights, out)` (every expert's rows contiguous in `a`):
+/// `gemm(a, weights, out)` (every expert's rows contiguous in `a`; the
+/// weights bf16 tensors or FP8 stacks, gate|up `i2` rows wide):
 /// `[T, H]` bf16.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn gathered_experts(
+pub(crate) fn gathered_experts<W>(
     k: &Kernels,
     dev: &CudaDevice,
     x: &Tensor,
-    gate_up: &Tensor,
-    down: &Tensor,
+    gate_up: &W,
+    down: &W,
+    i2: usize,
     sorted: &Tensor,
     inv: &Tensor,
     w: &Tensor,
     top_k: usize,
-    mut gemm: impl FnMut(&Tensor, &Tensor, &Tensor) -> Result<()>,
+    mut gemm: impl FnMut(&Tensor, &W, &Tensor) -> Result<()>,
 ) -> Result<Tensor> {
     let (t, h) = x.dims2()?;
-    let (_, i2, _) = gate_up.dims3()?;
     let tk = t * top_k;
     let xs = super::gather_rows(k, x, sorted, top_k, tk)?;
     let gu = empty(dev, (tk, i2), DType::BF16)?;
@@ -191,8 +192,9 @@ pub fn grouped_projection(gemm: MoeGemm, offsets: &Tensor, a: &Tensor, w: &Tenso
 mod tests {
     use super::*;
 
+    /// (The spellings are kvc-policy's kernel_plan's to parse and test.)
     #[test]
-    fn every_spelling_parses_and_an_unknown_one_is_refused_by_name() {
+    fn every_choice_survives_its_encoding() {
         for g in [
             MoeGemm::Kvc,
             MoeGemm::Cublas,
@@ -202,9 +204,6 @@ mod tests {
         ] {
             assert_eq!(decode(encode(g)), Some(g));
         }
-        assert_eq!(parse_moe_gemm("cutlass-swap").unwrap(), MoeGemm::Cutlass(Some(CutlassTiling::Swap)));
-        let e = parse_moe_gemm("triton").unwrap_err().to_string();
-        assert!(e.contains("triton") && e.contains("cutlass"), "{e}");
     }
 
     #[test]

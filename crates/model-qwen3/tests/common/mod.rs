@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use kvc_kv_pool::{BlockId, KvStorage};
 use kvc_model_qwen3::{BatchInput, Qwen3Model, SeqChunk};
 
+pub mod fp8_checkpoint;
 #[cfg(feature = "cuda")]
 mod gpu;
 #[cfg(feature = "cuda")]

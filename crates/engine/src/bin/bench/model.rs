@@ -6,6 +6,11 @@
 //! dense bf16). Engine scheduling and sampling are left out: greedy
 //! argmax runs on the device and only token ids come back.
 //!
+//! With `--dtype fp8` the projections and experts hold block-FP8 weights
+//! (the dummy weights quantized to e4m3 with 128x128 block scales on the
+//! device) and run on the FP8 GEMMs; `--dtype bf16,fp8` measures both in
+//! turn, one model at a time, and prints FP8 against bf16 at the end.
+//!
 //! With `--cuda-graph`, each batch size's last decode step is also
 //! captured as a CUDA graph and replayed `steps` times (same inputs, same
 //! greedy read-back): the difference is what graphs save in launch
@@ -40,6 +45,36 @@ pub struct Opts {
     /// A mixed step: a prefill chunk of `.0` tokens after `.1` of context,
     /// beside `.2` decodes at context `.3`: each alone and together.
     pub mixed: Option<(usize, usize, usize, usize)>,
+    /// The weights of each run, in order.
+    pub dtypes: Vec<Weights>,
+}
+
+/// The weights a run holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Weights {
+    /// The compute dtype (bf16 on a GPU, f32 on a CPU).
+    Bf16,
+    /// Block FP8 (e4m3, 128x128 scales) for the decoder layers' projections
+    /// and experts; embeddings, router and LM head stay bf16.
+    Fp8,
+}
+
+impl Weights {
+    fn label(self) -> &'static str {
+        match self {
+            Weights::Bf16 => "bf16",
+            Weights::Fp8 => "fp8",
+        }
+    }
+}
+
+/// A run's headline numbers, for the comparison at the end.
+#[derive(Default)]
+struct Summary {
+    /// (tokens, tok/s)
+    prefill: Vec<(usize, f64)>,
+    /// (batch, context, eager tok/s, graph tok/s)
+    decode: Vec<(usize, usize, f64, Option<f64>)>,
 }
 
 struct Shape {
@@ -52,6 +87,8 @@ struct Shape {
     top_k: f64,
     inter: f64,
     vocab: f64,
+    /// Bytes per weight of the projections and experts (2 in bf16, ~1 in FP8).
+    weight_bytes: f64,
 }
 
 impl Shape {
@@ -67,6 +104,8 @@ impl Shape {
             top_k: moe.num_experts_per_tok as f64,
             inter: moe.moe_intermediate_size as f64,
             vocab: c.vocab_size as f64,
+            // e4m3 plus an f32 scale per 128x128 block.
+            weight_bytes: if c.fp8.is_some() { 1.0 + 4.0 / (128.0 * 128.0) } else { 2.0 },
         }
     }
     fn attn_params(&self) -> f64 {
@@ -83,12 +122,14 @@ impl Shape {
     fn experts_touched(&self, tokens: f64) -> f64 {
         self.experts * (1.0 - (1.0 - self.top_k / self.experts).powf(tokens))
     }
-    /// Bytes a decode step must read: weights touched once, the whole KV context.
+    /// Bytes a decode step must read: weights touched once (projections
+    /// and experts at `weight_bytes`, router and LM head in bf16), the
+    /// whole KV context (bf16).
     fn decode_bytes(&self, batch: f64, ctx: f64) -> f64 {
-        let w = self.layers * (self.attn_params() + self.experts * self.hidden + self.experts_touched(batch) * self.expert_params())
-            + self.vocab * self.hidden;
+        let projections = self.layers * (self.attn_params() + self.experts_touched(batch) * self.expert_params());
+        let plain = self.layers * self.experts * self.hidden + self.vocab * self.hidden;
         let kv = batch * ctx * self.layers * 2.0 * self.kv_heads * self.head_dim;
-        2.0 * (w + kv)
+        self.weight_bytes * projections + 2.0 * (plain + kv)
     }
     /// FLOPs of a forward over `tokens` new tokens at mean context `ctx`
     /// (causal attention: q.k and p.v per query per key).
@@ -342,7 +383,52 @@ pub fn run(o: &Opts) {
         eprintln!("{e}");
         std::process::exit(1)
     });
+    let runs: Vec<(Weights, Summary)> = o.dtypes.iter().map(|&w| (w, run_weights(o, &mix, &device, w))).collect();
+    if runs.len() < 2 {
+        return;
+    }
+    let (base, first) = (&runs[0].1, runs[0].0.label());
+    println!("\nweights compared (tok/s; ratio against {first}, same binary, same device, one model at a time)");
+    println!("{:>22} {}", "", runs.iter().map(|(w, _)| format!("{:>12} {:>7}", w.label(), "ratio")).collect::<Vec<_>>().join(" "));
+    for (i, &(len, _)) in base.prefill.iter().enumerate() {
+        let cells: Vec<String> =
+            runs.iter().map(|(_, s)| s.prefill.get(i).map(|p| p.1)).map(|v| ratio_cell(v, base.prefill[i].1)).collect();
+        println!("{:>22} {}", format!("prefill {len}"), cells.join(" "));
+    }
+    for (i, &(b, ctx, eager, graph)) in base.decode.iter().enumerate() {
+        let cells: Vec<String> = runs.iter().map(|(_, s)| ratio_cell(s.decode.get(i).map(|d| d.2), eager)).collect();
+        println!("{:>22} {}", format!("decode {b}x{ctx}"), cells.join(" "));
+        if let Some(g) = graph {
+            let cells: Vec<String> = runs.iter().map(|(_, s)| ratio_cell(s.decode.get(i).and_then(|d| d.3), g)).collect();
+            println!("{:>22} {}", format!("decode {b}x{ctx} graph"), cells.join(" "));
+        }
+    }
+}
+
+/// `value` and its ratio to `base`, or dashes.
+fn ratio_cell(value: Option<f64>, base: f64) -> String {
+    match value {
+        Some(v) => format!("{v:>12.0} {:>6.2}x", v / base),
+        None => format!("{:>12} {:>7}", "-", "-"),
+    }
+}
+
+/// Every measurement of `o` on one model holding `weights`.
+fn run_weights(o: &Opts, mix: &[(usize, usize)], device: &Device, weights: Weights) -> Summary {
+    let mut summary = Summary::default();
+    let device = device.clone();
     let mut cfg = Qwen3Config::from_json(QWEN3_30B_A3B).expect("config");
+    if weights == Weights::Fp8 {
+        cfg.fp8 = Some(kvc_model_qwen3::fp8::BlockFp8 { block: (128, 128) });
+        #[cfg(feature = "cuda")]
+        if device.is_cuda() {
+            if let Err(e) = kvc_model_qwen3::cuda::fp8_gemm_runs() {
+                println!("\n--dtype fp8: the FP8 GEMMs do not run here ({e}); skipped");
+                return summary;
+            }
+            kvc_model_qwen3::cuda::set_fp8_weights(true);
+        }
+    }
     // Positions as far as the workload's longest prompt (as a served
     // model's --max-model-len with a long-context config).
     let mix_len = mix.iter().map(|&(c, n)| c + n).max().unwrap_or(0);
@@ -353,10 +439,23 @@ pub fn run(o: &Opts) {
     let model = Qwen3Model::dummy(cfg.clone(), 0, dtype, &device).expect("model");
     sync(&device);
     println!(
-        "Qwen3-30B-A3B shape, dummy {dtype:?} weights on {device:?}: loaded in {:.1} s; {:.2} B active params/token",
+        "\n=== weights {} ===\nQwen3-30B-A3B shape, dummy {dtype:?} weights{} on {device:?}: loaded in {:.1} s; {:.2} B active params/token",
+        weights.label(),
+        if weights == Weights::Fp8 { " (projections and experts block-FP8)" } else { "" },
         t0.elapsed().as_secs_f64(),
         shape.active_params() / 1e9
     );
+    #[cfg(feature = "cuda")]
+    if let Some(w) = model.gpu_weight_bytes() {
+        let gib = |b: usize| b as f64 / (1u64 << 30) as f64;
+        println!(
+            "weights on the device: {:.2} GiB ({:.2} GiB projections and experts: {} weights in FP8, {} in bf16)",
+            gib(w.total),
+            gib(w.projections),
+            w.fp8_weights,
+            w.bf16_weights
+        );
+    }
     let bs = o.block_size;
     let layout = model.kv_layout(bs);
     let mixed_tokens = o.mixed.map_or(0, |(n, d, b, c)| n + d + b * (c + 1) + (b + 1) * bs);
@@ -381,7 +480,7 @@ pub fn run(o: &Opts) {
     }
 
     if !mix.is_empty() {
-        prefill_mix_capacity(&model, &mut pool, &device, &mix, o.chunk, bs);
+        prefill_mix_capacity(&model, &mut pool, &device, mix, o.chunk, bs);
     }
     if let Some(m) = o.mixed {
         mixed_step(&model, &mut pool, &device, m, bs);
@@ -425,6 +524,7 @@ pub fn run(o: &Opts) {
             _ => ("-".into(), String::new()),
         };
         println!("{len:>8} {:>10.1} {:>12.0} {:>13.1}% {attn:>14} {rest}", s * 1e3, len as f64 / s, 100.0 * flops / s / PEAK_BF16_FLOPS);
+        summary.prefill.push((len, len as f64 / s));
     }
 
     println!("\ndecode ({} steps; greedy on device)", o.steps);
@@ -465,17 +565,23 @@ pub fn run(o: &Opts) {
             100.0 * bytes / s / HBM_BYTES_PER_S,
             100.0 * flops / s / PEAK_BF16_FLOPS
         );
+        summary.decode.push((b, context, b as f64 / s, None));
         if o.cuda_graph {
             let batch = decode_batch(tokens, &tables, ctx);
             match graph_step_time(&model, &batch, &mut pool, o.steps) {
-                Ok((g, same)) => println!(
-                    "{:>6} {context:>8} {:>10.2} {:>12.0}   CUDA graph replay: {:+.1} % step time vs eager; tokens {}",
-                    "graph",
-                    g * 1e3,
-                    b as f64 / g,
-                    100.0 * (g - s) / s,
-                    if same { "equal to eager" } else { "DIFFER from eager" }
-                ),
+                Ok((g, same)) => {
+                    if let Some(d) = summary.decode.last_mut() {
+                        d.3 = Some(b as f64 / g);
+                    }
+                    println!(
+                        "{:>6} {context:>8} {:>10.2} {:>12.0}   CUDA graph replay: {:+.1} % step time vs eager; tokens {}",
+                        "graph",
+                        g * 1e3,
+                        b as f64 / g,
+                        100.0 * (g - s) / s,
+                        if same { "equal to eager" } else { "DIFFER from eager" }
+                    )
+                }
                 Err(e) => println!("{:>6} CUDA graph capture or replay failed: {e}", "graph"),
             }
         }
@@ -485,4 +591,5 @@ pub fn run(o: &Opts) {
         HBM_BYTES_PER_S / 1e12,
         PEAK_BF16_FLOPS / 1e12
     );
+    summary
 }

@@ -1,0 +1,397 @@
+//! A block-FP8 checkpoint's projections kept in FP8 on the GPU (issue 35):
+//! e4m3 bytes `[.., N, K]` with the checkpoint's f32 `weight_scale_inv`
+//! `[.., ceil(N / 128), K / 128]` as they are stored, run by CUTLASS's sm90
+//! block-scaled FP8 GEMMs (cutlass-sys's fp8.rs): before each projection
+//! its bf16 input is quantized per token and 128-wide group
+//! (`quant_rows`), then the dense GEMM (attention and dense MLP
+//! projections) or the grouped one (MoE experts, moe.rs) writes bf16.
+//! Every call only queues kernels and stream-ordered allocations, so the
+//! decode steps' CUDA graphs hold them as they hold the bf16 GEMMs.
+//!
+//! Whether models keep FP8 weights is the engine's kernel plan
+//! ([`set_fp8_weights`]; `KVC_FP8_GEMM`); unset, they do where the FP8
+//! GEMMs run. [`ProjectionLoader`] loads each projection in FP8 or bf16
+//! and says once which FP8 weights it had to dequantize, and why.
+
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicU8, Ordering};
+
+use candle_core::{bail, CudaDevice, DType, Result, Tensor};
+use candle_nn::{Init, VarBuilder};
+use cutlass_sys::fp8;
+
+use super::{cuda_dev, empty, ptr};
+use crate::fp8::{BlockFp8, GEMM_BLOCK};
+
+/// 0: not chosen (FP8 where the GEMMs run); 1: FP8; 2: dequantize.
+static CHOICE: AtomicU8 = AtomicU8::new(0);
+
+/// Whether CUTLASS's FP8 GEMMs run on this device (Err: why not).
+pub fn fp8_gemm_runs() -> std::result::Result<(), String> {
+    fp8::check().map_err(|e| e.to_string())
+}
+
+/// Whether GPU models built from now on keep block-FP8 weights in FP8
+/// (`false`: dequantized at load). The engine's kernel plan sets it;
+/// tests and benchmarks load both ways.
+pub fn set_fp8_weights(on: bool) {
+    CHOICE.store(if on { 1 } else { 2 }, Ordering::Relaxed);
+}
+
+/// The current choice: the one set, else FP8 where the GEMMs run.
+pub fn fp8_weights() -> bool {
+    match CHOICE.load(Ordering::Relaxed) {
+        1 => true,
+        2 => false,
+        _ => fp8_gemm_runs().is_ok(),
+    }
+}
+
+fn err(e: fp8::Error) -> candle_core::Error {
+    candle_core::Error::Msg(e.to_string())
+}
+
+/// candle's stream, bound to this thread, as the FP8 shim takes it.
+fn stream(dev: &CudaDevice) -> Result<*mut c_void> {
+    let stream = dev.cuda_stream();
+    stream.context().bind_to_thread().map_err(|e| candle_core::Error::Msg(format!("{e:?}")))?;
+    Ok(stream.cu_stream() as *mut c_void)
+}
+
+/// `words` u32 of device scratch (at least 64: the shim wants a real address).
+fn workspace(dev: &CudaDevice, bytes: usize) -> Result<(Tensor, u64)> {
+    let words = bytes.div_ceil(4).max(64);
+    Ok((empty(dev, words, DType::U32)?, (words * 4) as u64))
+}
+
+/// bf16 rows quantized per token and 128-wide group: e4m3 `[m, k]` (as
+/// u8) and f32 scales `[m, k / 128]`.
+struct QuantRows {
+    q: Tensor,
+    s: Tensor,
+}
+
+fn quant_rows(dev: &CudaDevice, x: &Tensor) -> Result<QuantRows> {
+    let (m, k) = x.dims2()?;
+    if x.dtype() != DType::BF16 {
+        bail!("FP8 GEMM input must be bf16, got {:?}", x.dtype());
+    }
+    let x = x.contiguous()?;
+    let q = empty(dev, (m, k), DType::U8)?;
+    let s = empty(dev, (m, k.div_ceil(GEMM_BLOCK)), DType::F32)?;
+    if m > 0 {
+        // SAFETY: x, q, s are live device tensors of these shapes on this
+        // device; the stream orders their frees after the kernel.
+        unsafe { fp8::quant_rows(ptr(&x)?, ptr(&q)?, ptr(&s)?, m, k, stream(dev)?) }.map_err(err)?;
+    }
+    Ok(QuantRows { q, s })
+}
+
+/// One FP8 projection, or a stack of them (experts): `q` e4m3 `[.., N, K]`,
+/// `scale` f32 `[.., ceil(N / 128), K / 128]`.
+pub struct Fp8Weight {
+    q: Tensor,
+    scale: Tensor,
+}
+
+impl Fp8Weight {
+    /// Checks the pair against the GEMMs' layout.
+    pub fn new(q: Tensor, scale: Tensor) -> Result<Self> {
+        let (qd, sd) = (q.dims().to_vec(), scale.dims().to_vec());
+        if q.dtype() != DType::F8E4M3 || scale.dtype() != DType::F32 || qd.len() < 2 || qd.len() != sd.len() {
+            bail!("FP8 weight: e4m3 [.., N, K] with f32 scales of the same rank, got {:?} {qd:?}, {:?} {sd:?}", q.dtype(), scale.dtype());
+        }
+        let (n, k) = (qd[qd.len() - 2], qd[qd.len() - 1]);
+        let mut want = qd[..qd.len() - 2].to_vec();
+        want.extend([n.div_ceil(GEMM_BLOCK), k.div_ceil(GEMM_BLOCK)]);
+        if sd != want || n % 16 != 0 || k % GEMM_BLOCK != 0 {
+            bail!("FP8 weight {qd:?} with scales {sd:?}: the GEMMs take N a multiple of 16, K of 128, scales {want:?}");
+        }
+        Ok(Self { q: q.contiguous()?, scale: scale.contiguous()? })
+    }
+
+    /// Row blocks fused into one weight (q|k|v, gate|up): every part but
+    /// the last whole 128-row blocks, so the scale rows line up.
+    pub fn cat(parts: Vec<Fp8Weight>) -> Result<Self> {
+        if parts.len() == 1 {
+            return Ok(parts.into_iter().next().expect("one part"));
+        }
+        let d = parts[0].q.rank() - 2;
+        let q: Vec<&Tensor> = parts.iter().map(|p| &p.q).collect();
+        let s: Vec<&Tensor> = parts.iter().map(|p| &p.scale).collect();
+        Self::new(Tensor::cat(&q, d)?, Tensor::cat(&s, d)?)
+    }
+
+    /// Experts' weights stacked `[E, N, K]`.
+    pub fn stack(experts: Vec<Fp8Weight>) -> Result<Self> {
+        let q: Vec<&Tensor> = experts.iter().map(|p| &p.q).collect();
+        let s: Vec<&Tensor> = experts.iter().map(|p| &p.scale).collect();
+        Self::new(Tensor::stack(&q, 0)?, Tensor::stack(&s, 0)?)
+    }
+
+    /// (N, K).
+    pub fn dims(&self) -> (usize, usize) {
+        let d = self.q.dims();
+        (d[d.len() - 2], d[d.len() - 1])
+    }
+
+    /// Bytes on the device: the e4m3 weight and its scales.
+    pub fn bytes(&self) -> usize {
+        self.q.elem_count() + 4 * self.scale.elem_count()
+    }
+
+    /// `x: [M, K]` bf16 -> `x W^T: [M, N]` bf16, the input quantized per
+    /// token and 128-wide group first.
+    pub fn linear(&self, x: &Tensor) -> Result<Tensor> {
+        let dev = cuda_dev(x.device())?;
+        let (m, k) = x.dims2()?;
+        let (n, kw) = self.q.dims2()?;
+        if k != kw {
+            bail!("FP8 linear: input [{m}, {k}] against weight [{n}, {kw}]");
+        }
+        let d = empty(dev, (m, n), DType::BF16)?;
+        if m == 0 {
+            return Ok(d);
+        }
+        let a = quant_rows(dev, x)?;
+        let (ws, ws_bytes) = workspace(dev, fp8::dense_workspace_bytes(m, n, k).map_err(err)?)?;
+        let int = |v: usize| i32::try_from(v).map_err(|_| candle_core::Error::Msg(format!("FP8 linear: {v} does not fit an i32")));
+        let args = fp8::DenseArgs {
+            m: int(m)?,
+            n: int(n)?,
+            k: int(k)?,
+            reserved: 0,
+            a: ptr(&a.q)?,
+            sa: ptr(&a.s)?,
+            w: ptr(&self.q)?,
+            sw: ptr(&self.scale)?,
+            d: ptr(&d)?,
+            workspace: ptr(&ws)?,
+            workspace_bytes: ws_bytes,
+        };
+        // SAFETY: every address is a live contiguous tensor of the sizes in
+        // `args` on this device; the stream orders their frees after the GEMM.
+        unsafe { fp8::dense_run(&args, stream(dev)?) }.map_err(err)?;
+        Ok(d)
+    }
+
+    /// For every expert e of this `[E, N, K]` stack: `out[r] = a[r] W[e]^T`
+    /// over its rows `offsets[e]..offsets[e + 1]` (offsets on the device),
+    /// `a: [rows, K]` bf16 quantized here, `out: [rows, N]` bf16.
+    pub fn grouped(&self, offsets: &Tensor, a: &Tensor, out: &Tensor) -> Result<()> {
+        let dev = cuda_dev(a.device())?;
+        let (e, n, k) = self.q.dims3()?;
+        let rows = a.dim(0)?;
+        if a.dim(1)? != k || out.dims2()? != (rows, n) {
+            bail!("FP8 grouped GEMM: input {:?}, output {:?} against experts [{e}, {n}, {k}]", a.shape(), out.shape());
+        }
+        if rows == 0 {
+            return Ok(());
+        }
+        let aq = quant_rows(dev, a)?;
+        let (ws, ws_bytes) = workspace(dev, fp8::grouped_workspace_bytes(e).map_err(err)?)?;
+        let args = fp8::GroupedArgs {
+            experts: e as i32,
+            n: n as i32,
+            k: k as i32,
+            reserved: 0,
+            offsets: ptr(offsets)?,
+            a: ptr(&aq.q)?,
+            sa: ptr(&aq.s)?,
+            w: ptr(&self.q)?,
+            sw: ptr(&self.scale)?,
+            d: ptr(out)?,
+            workspace: ptr(&ws)?,
+            workspace_bytes: ws_bytes,
+        };
+        // SAFETY: as in `linear`; `offsets` holds E + 1 row offsets into `a` and `out`.
+        unsafe { fp8::grouped_run(&args, stream(dev)?) }.map_err(err)
+    }
+}
+
+/// A projection's weight on the GPU: bf16 `[N, K]` (cuBLAS) or FP8.
+pub enum GpuLinear {
+    Bf16(Tensor),
+    Fp8(Fp8Weight),
+}
+
+impl GpuLinear {
+    /// `x: [M, K]` bf16 -> `x W^T: [M, N]` bf16.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        match self {
+            GpuLinear::Bf16(w) => x.matmul(&w.t()?),
+            GpuLinear::Fp8(w) => w.linear(x),
+        }
+    }
+
+    pub fn bytes(&self) -> usize {
+        match self {
+            GpuLinear::Bf16(w) => w.elem_count() * w.dtype().size_in_bytes(),
+            GpuLinear::Fp8(w) => w.bytes(),
+        }
+    }
+
+    pub fn is_fp8(&self) -> bool {
+        matches!(self, GpuLinear::Fp8(_))
+    }
+}
+
+/// The device bytes of a GPU model's weights (`Qwen3Model::gpu_weight_bytes`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct WeightBytes {
+    /// The decoder layers' projections and experts (what a block-FP8
+    /// checkpoint quantizes), scales included.
+    pub projections: usize,
+    /// How many of those weights (a fused q|k|v or gate|up counts once, an
+    /// expert stack once) are held in FP8, and how many in bf16.
+    pub fp8_weights: usize,
+    pub bf16_weights: usize,
+    /// Everything: projections, norms, routers, embeddings, LM head.
+    pub total: usize,
+}
+
+/// The experts of one MoE layer: bf16 or FP8 stacks.
+pub(crate) enum ExpertWeights {
+    /// `gate_up [E, 2I, H]`, `down [E, H, I]`.
+    Bf16(Tensor, Tensor),
+    Fp8(Fp8Weight, Fp8Weight),
+}
+
+/// Loads a GPU model's projections: in FP8 where the checkpoint stores
+/// them so (a `weight_scale_inv` beside the weight), the model keeps FP8
+/// weights ([`fp8_weights`]) and the GEMMs take the shape
+/// ([`BlockFp8::gemm_fit`]); else in bf16, dequantized at load where they
+/// are stored in FP8, noting why ([`Self::finish`] logs it once).
+pub(crate) struct ProjectionLoader {
+    /// The checkpoint's block-FP8 config when its weights stay FP8.
+    fp8: Option<BlockFp8>,
+    /// FP8 weights dequantized for their shape: (which, why).
+    dequantized: Vec<(String, String)>,
+    kept: usize,
+}
+
+fn stored_fp8(vb: &VarBuilder, name: &str) -> bool {
+    vb.contains_tensor(&BlockFp8::scale_name(name))
+}
+
+impl ProjectionLoader {
+    pub fn new(fp8: Option<BlockFp8>) -> Self {
+        Self { fp8: fp8.filter(|_| fp8_weights()), dequantized: Vec::new(), kept: 0 }
+    }
+
+    /// Whether the weights named by `parts` (module, tensor name, rows) of
+    /// `k` columns load in FP8; a note when they are FP8 in the checkpoint
+    /// but the GEMMs cannot take them.
+    fn keeps_fp8(&mut self, what: &str, parts: &[(&VarBuilder, &str, usize)], k: usize) -> bool {
+        let Some(fp8) = self.fp8 else { return false };
+        let stored = parts.iter().filter(|(vb, name, _)| stored_fp8(vb, name)).count();
+        if stored == 0 {
+            return false;
+        }
+        let why = if stored < parts.len() {
+            Err("some fused parts are stored in bf16".to_string())
+        } else {
+            fp8.gemm_fit(&parts.iter().map(|p| p.2).collect::<Vec<_>>(), k)
+        };
+        match why {
+            Ok(()) => {
+                self.kept += 1;
+                true
+            }
+            Err(why) => {
+                self.dequantized.push((what.to_string(), why));
+                false
+            }
+        }
+    }
+
+    fn fp8_part(vb: &VarBuilder, name: &str, lead: &[usize], rows: usize, k: usize) -> Result<Fp8Weight> {
+        let mut qs = lead.to_vec();
+        qs.extend([rows, k]);
+        let mut ss = lead.to_vec();
+        ss.extend([rows.div_ceil(GEMM_BLOCK), k.div_ceil(GEMM_BLOCK)]);
+        let q = vb.get_with_hints_dtype(qs, name, Init::Const(0.), DType::F8E4M3)?;
+        let s = vb.get_with_hints_dtype(ss, &BlockFp8::scale_name(name), Init::Const(0.), DType::F32)?;
+        Fp8Weight::new(q, s)
+    }
+
+    /// One projection of `k` columns, fused from `parts` (module, rows),
+    /// each module's tensor `weight`.
+    pub fn linear(&mut self, what: &str, parts: &[(VarBuilder, usize)], k: usize) -> Result<GpuLinear> {
+        let named: Vec<(&VarBuilder, &str, usize)> = parts.iter().map(|(vb, rows)| (vb, "weight", *rows)).collect();
+        if self.keeps_fp8(what, &named, k) {
+            let w = parts.iter().map(|(vb, rows)| Self::fp8_part(vb, "weight", &[], *rows, k)).collect::<Result<Vec<_>>>()?;
+            return Ok(GpuLinear::Fp8(Fp8Weight::cat(w)?));
+        }
+        let w = parts.iter().map(|(vb, rows)| vb.get((*rows, k), "weight")).collect::<Result<Vec<_>>>()?;
+        Ok(GpuLinear::Bf16(if w.len() == 1 { w[0].clone() } else { Tensor::cat(&w, 0)? }))
+    }
+
+    /// A MoE layer's `e` experts of width `i` over hidden `h` from `ev`
+    /// (`...mlp.experts`): fused (`gate_up_proj [E, 2I, H]`, `down_proj
+    /// [E, H, I]`) or one module per expert.
+    pub fn experts(&mut self, what: &str, ev: &VarBuilder, e: usize, i: usize, h: usize) -> Result<ExpertWeights> {
+        if ev.contains_tensor("gate_up_proj") {
+            let gu = self.keeps_fp8(&format!("{what}.gate_up_proj"), &[(ev, "gate_up_proj", 2 * i)], h);
+            let dn = self.keeps_fp8(&format!("{what}.down_proj"), &[(ev, "down_proj", h)], i);
+            if self.both(what, gu, dn) {
+                let gu = Self::fp8_part(ev, "gate_up_proj", &[e], 2 * i, h)?;
+                let dn = Self::fp8_part(ev, "down_proj", &[e], h, i)?;
+                return Ok(ExpertWeights::Fp8(gu, dn));
+            }
+            return Ok(ExpertWeights::Bf16(ev.get((e, 2 * i, h), "gate_up_proj")?, ev.get((e, h, i), "down_proj")?));
+        }
+        // One decision for the layer's stacks, judged on expert 0 (a
+        // checkpoint quantizes all its experts alike).
+        let x0 = ev.pp("0");
+        let (g0, u0, d0) = (x0.pp("gate_proj"), x0.pp("up_proj"), x0.pp("down_proj"));
+        let gu_fp8 = self.keeps_fp8(&format!("{what}.gate_up"), &[(&g0, "weight", i), (&u0, "weight", i)], h);
+        let dn_fp8 = self.keeps_fp8(&format!("{what}.down_proj"), &[(&d0, "weight", h)], i);
+        if self.both(what, gu_fp8, dn_fp8) {
+            let (mut gu, mut dn) = (Vec::with_capacity(e), Vec::with_capacity(e));
+            for j in 0..e {
+                let x = ev.pp(j.to_string());
+                let parts =
+                    vec![Self::fp8_part(&x.pp("gate_proj"), "weight", &[], i, h)?, Self::fp8_part(&x.pp("up_proj"), "weight", &[], i, h)?];
+                gu.push(Fp8Weight::cat(parts)?);
+                dn.push(Self::fp8_part(&x.pp("down_proj"), "weight", &[], h, i)?);
+            }
+            return Ok(ExpertWeights::Fp8(Fp8Weight::stack(gu)?, Fp8Weight::stack(dn)?));
+        }
+        let (mut gu, mut dn) = (Vec::with_capacity(e), Vec::with_capacity(e));
+        for j in 0..e {
+            let x = ev.pp(j.to_string());
+            gu.push(Tensor::cat(&[x.pp("gate_proj").get((i, h), "weight")?, x.pp("up_proj").get((i, h), "weight")?], 0)?);
+            dn.push(x.pp("down_proj").get((h, i), "weight")?);
+        }
+        Ok(ExpertWeights::Bf16(Tensor::stack(&gu, 0)?, Tensor::stack(&dn, 0)?))
+    }
+
+    /// Whether a layer's two expert projections both stay FP8: the grouped
+    /// block runs them alike, so where only one could, it is dequantized
+    /// too (and noted).
+    fn both(&mut self, what: &str, gate_up: bool, down: bool) -> bool {
+        if gate_up != down {
+            self.kept -= 1;
+            self.dequantized.push((what.to_string(), "its other expert projection cannot run in FP8".into()));
+        }
+        gate_up && down
+    }
+
+    /// Logs what was loaded how: one line for the FP8 weights kept, one
+    /// (a warning) naming those dequantized for their shape and why.
+    pub fn finish(self) {
+        let Some(fp8) = self.fp8 else { return };
+        tracing::info!(block = ?fp8.block, fp8_weights = self.kept, dequantized = self.dequantized.len(), "block-FP8 weights kept in FP8 on the GPU (FP8 GEMMs)");
+        if !self.dequantized.is_empty() {
+            let list: Vec<String> = self.dequantized.iter().take(8).map(|(w, why)| format!("{w} ({why})")).collect();
+            let more = self.dequantized.len().saturating_sub(8);
+            tracing::warn!(
+                count = self.dequantized.len(),
+                "FP8 weights dequantized at load, their shape not one the FP8 GEMMs take: {}{}",
+                list.join(", "),
+                if more > 0 { format!(", ... ({more} more)") } else { String::new() }
+            );
+        }
+    }
+}
