@@ -12,7 +12,7 @@ Each case: {name, messages, tools|null, add_generation_prompt, kwargs, expected}
 template embedded in kvc and asserts byte equality with `expected`.
 """
 
-from template_reference import arguments, case, render, tokenizer, write
+from template_reference import arguments, assistant, call, case, render, system, tokenizer, tool, user, write
 
 WEATHER_TOOL = {
     "type": "function",
@@ -55,142 +55,80 @@ TOOLS = [WEATHER_TOOL, SEARCH_TOOL]
 
 def cases():
     return [
-        case("single_user", [{"role": "user", "content": "Hello!"}]),
-        case(
-            "system_and_user",
-            [
-                {"role": "system", "content": "You are a terse assistant."},
-                {"role": "user", "content": "What is 2+2?"},
-            ],
-        ),
+        case("single_user", [user("Hello!")]),
+        case("system_and_user", [system("You are a terse assistant."), user("What is 2+2?")]),
         case(
             "multi_turn",
             [
-                {"role": "system", "content": "You are helpful."},
-                {"role": "user", "content": "Hi"},
-                {"role": "assistant", "content": "Hello! How can I help?"},
-                {"role": "user", "content": "Tell me a joke."},
-                {"role": "assistant", "content": "Why did the chicken cross the road?"},
-                {"role": "user", "content": "Why?"},
+                system("You are helpful."),
+                user("Hi"),
+                assistant("Hello! How can I help?"),
+                user("Tell me a joke."),
+                assistant("Why did the chicken cross the road?"),
+                user("Why?"),
             ],
         ),
         case(
             "previous_turn_reasoning_is_dropped",
-            [
-                {"role": "user", "content": "What is 3*7?"},
-                {"role": "assistant", "content": "<think>\n3 times 7 is 21.\n</think>\n\n21"},
-                {"role": "user", "content": "And 3*8?"},
-            ],
+            [user("What is 3*7?"), assistant("<think>\n3 times 7 is 21.\n</think>\n\n21"), user("And 3*8?")],
         ),
         case(
             "current_turn_reasoning_is_kept",
-            [
-                {"role": "user", "content": "What is 3*7?"},
-                {"role": "assistant", "content": "<think>\n3 times 7 is 21.\n</think>\n\n21"},
-            ],
+            [user("What is 3*7?"), assistant("<think>\n3 times 7 is 21.\n</think>\n\n21")],
             add_generation_prompt=False,
         ),
         case(
             "reasoning_content_field",
-            [
-                {"role": "user", "content": "Capital of France?"},
-                {"role": "assistant", "content": "Paris.", "reasoning_content": "The user asks about France."},
-            ],
+            [user("Capital of France?"), assistant("Paris.", reasoning="The user asks about France.")],
             add_generation_prompt=False,
         ),
-        case(
-            "enable_thinking_false",
-            [{"role": "user", "content": "Answer quickly: 1+1?"}],
-            kwargs={"enable_thinking": False},
-        ),
-        case(
-            "enable_thinking_true",
-            [{"role": "user", "content": "Answer quickly: 1+1?"}],
-            kwargs={"enable_thinking": True},
-        ),
-        case(
-            "tools",
-            [{"role": "user", "content": "What's the weather in Paris?"}],
-            tools=TOOLS,
-        ),
-        case(
-            "tools_with_system",
-            [
-                {"role": "system", "content": "You are a weather bot."},
-                {"role": "user", "content": "Weather in Tokyo?"},
-            ],
-            tools=TOOLS,
-        ),
+        case("enable_thinking_false", [user("Answer quickly: 1+1?")], kwargs={"enable_thinking": False}),
+        case("enable_thinking_true", [user("Answer quickly: 1+1?")], kwargs={"enable_thinking": True}),
+        case("tools", [user("What's the weather in Paris?")], tools=TOOLS),
+        case("tools_with_system", [system("You are a weather bot."), user("Weather in Tokyo?")], tools=TOOLS),
         case(
             "tool_call_and_result",
             [
-                {"role": "user", "content": "What's the weather in Paris and in 東京?"},
-                {
-                    "role": "assistant",
-                    "content": "",
-                    "tool_calls": [
-                        {
-                            "id": "call_1",
-                            "type": "function",
-                            "function": {"name": "get_weather", "arguments": {"city": "Paris"}},
-                        },
-                        {
-                            "id": "call_2",
-                            "type": "function",
-                            "function": {"name": "get_weather", "arguments": {"city": "東京", "unit": "celsius"}},
-                        },
+                user("What's the weather in Paris and in 東京?"),
+                assistant(
+                    "",
+                    tool_calls=[
+                        call("call_1", "get_weather", {"city": "Paris"}),
+                        call("call_2", "get_weather", {"city": "東京", "unit": "celsius"}),
                     ],
-                },
-                {"role": "tool", "tool_call_id": "call_1", "content": "{\"temp\": 18, \"sky\": \"cloudy\"}"},
-                {"role": "tool", "tool_call_id": "call_2", "content": "{\"temp\": 22.5, \"sky\": \"晴れ\"}"},
+                ),
+                tool("call_1", "{\"temp\": 18, \"sky\": \"cloudy\"}"),
+                tool("call_2", "{\"temp\": 22.5, \"sky\": \"晴れ\"}"),
             ],
             tools=TOOLS,
         ),
         case(
             "tool_call_with_text_then_final_answer",
             [
-                {"role": "user", "content": "Search the docs for 'rope scaling'."},
-                {
-                    "role": "assistant",
-                    "content": "<think>\nI should search.\n</think>\n\nLet me search.",
-                    "tool_calls": [
-                        {
-                            "type": "function",
-                            "function": {
-                                "name": "search_docs",
-                                "arguments": {"query": "rope scaling", "limit": 3, "threshold": 0.25, "exact": True},
-                            },
-                        }
+                user("Search the docs for 'rope scaling'."),
+                assistant(
+                    "<think>\nI should search.\n</think>\n\nLet me search.",
+                    tool_calls=[
+                        call(None, "search_docs", {"query": "rope scaling", "limit": 3, "threshold": 0.25, "exact": True}),
                     ],
-                },
-                {"role": "tool", "content": "1 hit: rope_scaling.md"},
-                {"role": "assistant", "content": "<think>\nFound it.\n</think>\n\nSee rope_scaling.md."},
+                ),
+                tool(None, "1 hit: rope_scaling.md"),
+                assistant("<think>\nFound it.\n</think>\n\nSee rope_scaling.md."),
             ],
             tools=TOOLS,
             add_generation_prompt=False,
         ),
-        case(
-            "add_generation_prompt_false",
-            [
-                {"role": "user", "content": "Hi"},
-                {"role": "assistant", "content": "Hello."},
-            ],
-            add_generation_prompt=False,
-        ),
+        case("add_generation_prompt_false", [user("Hi"), assistant("Hello.")], add_generation_prompt=False),
         case(
             "non_ascii",
             [
-                {"role": "system", "content": "你是一个乐于助人的助手。"},
-                {"role": "user", "content": "你好！今天天气怎么样？🌤️👍🏽 Ünïcödé — “quotes” \\ back\\slash\ttab"},
-                {"role": "assistant", "content": "今天晴朗 ☀️，气温 25°C。"},
-                {"role": "user", "content": "谢谢 🙏\n\n多行\n文本"},
+                system("你是一个乐于助人的助手。"),
+                user("你好！今天天气怎么样？🌤️👍🏽 Ünïcödé — “quotes” \\ back\\slash\ttab"),
+                assistant("今天晴朗 ☀️，气温 25°C。"),
+                user("谢谢 🙏\n\n多行\n文本"),
             ],
         ),
-        case(
-            "extra_unused_kwargs",
-            [{"role": "user", "content": "ping"}],
-            kwargs={"some_flag": 1, "enable_thinking": True},
-        ),
+        case("extra_unused_kwargs", [user("ping")], kwargs={"some_flag": 1, "enable_thinking": True}),
     ]
 
 

@@ -29,7 +29,7 @@ asserts byte equality with `expected`.
 import copy
 import json
 
-from template_reference import ROOT, arguments, case, render, tokenizer, write
+from template_reference import ROOT, arguments, assistant, call, case, render, system, tokenizer, tool, user, write
 
 TEMPLATES = ROOT / "crates/text-front/tests/fixtures/templates"
 
@@ -111,14 +111,6 @@ PING = {"type": "function", "function": {"name": "ping"}}
 TOOLS = [READ_FILE, EDIT_FILE, RUN_SHELL]
 
 
-def call(cid, name, arguments):
-    return {"id": cid, "type": "function", "function": {"name": name, "arguments": arguments}}
-
-
-def tool(cid, content):
-    return {"role": "tool", "tool_call_id": cid, "content": content}
-
-
 def cases():
     edit_args = {
         "path": "src/lib.rs",
@@ -126,45 +118,36 @@ def cases():
         "options": {"dry_run": True, "encoding": "utf-8", "threshold": 0.25},
     }
     multi_turn = [
-        {"role": "system", "content": "You are a coding agent. Be terse."},
-        {"role": "user", "content": "What does src/main.rs print?"},
-        {
-            "role": "assistant",
-            "content": "<think>\nI should read the file.\n</think>\n\nLet me look.",
-            "tool_calls": [call("call_1", "read_file", {"path": "src/main.rs", "max_lines": None})],
-        },
+        system("You are a coding agent. Be terse."),
+        user("What does src/main.rs print?"),
+        assistant(
+            "<think>\nI should read the file.\n</think>\n\nLet me look.",
+            tool_calls=[call("call_1", "read_file", {"path": "src/main.rs", "max_lines": None})],
+        ),
         tool("call_1", 'fn main() {\n    println!("hi");\n}'),
-        {"role": "assistant", "content": "It prints `hi`.", "reasoning_content": "The file prints hi."},
-        {"role": "user", "content": "Change it to print bye, then run it."},
-        {
-            "role": "assistant",
-            "content": None,
-            "reasoning_content": "Edit, then run.",
-            "tool_calls": [
+        assistant("It prints `hi`.", reasoning="The file prints hi."),
+        user("Change it to print bye, then run it."),
+        assistant(
+            None,
+            reasoning="Edit, then run.",
+            tool_calls=[
                 call("call_2", "edit_file", json.dumps({"path": "src/main.rs", "edits": [{"old": "hi", "new": "bye"}]})),
                 call("call_3", "run_shell", '{"command": "cargo run -q", "timeout_s": 30.5}'),
             ],
-        },
+        ),
         tool("call_2", '{"ok": true, "replaced": 1}'),
         tool("call_3", "bye\n"),
     ]
     return [
-        case("user_only", [{"role": "user", "content": "Hello!"}]),
-        case(
-            "system_and_user",
-            [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "What is 2+2?"}],
-        ),
-        case("tools_without_system", [{"role": "user", "content": "List the files."}], tools=TOOLS + [PING]),
-        case(
-            "tools_with_system",
-            [{"role": "system", "content": "You are a coding agent."}, {"role": "user", "content": "Fix the build."}],
-            tools=TOOLS,
-        ),
+        case("user_only", [user("Hello!")]),
+        case("system_and_user", [system("You are terse."), user("What is 2+2?")]),
+        case("tools_without_system", [user("List the files.")], tools=TOOLS + [PING]),
+        case("tools_with_system", [system("You are a coding agent."), user("Fix the build.")], tools=TOOLS),
         case(
             "tool_call_with_object_arguments_and_one_result",
             [
-                {"role": "user", "content": "Read src/lib.rs"},
-                {"role": "assistant", "content": "", "tool_calls": [call("c1", "read_file", {"path": "src/lib.rs", "start_line": 3})]},
+                user("Read src/lib.rs"),
+                assistant("", tool_calls=[call("c1", "read_file", {"path": "src/lib.rs", "start_line": 3})]),
                 tool("c1", "pub fn add(a: i32, b: i32) -> i32 { a + b }"),
             ],
             tools=TOOLS,
@@ -172,16 +155,15 @@ def cases():
         case(
             "tool_calls_with_string_arguments_and_consecutive_results",
             [
-                {"role": "system", "content": "You edit code."},
-                {"role": "user", "content": "Rename a to b in src/lib.rs and test."},
-                {
-                    "role": "assistant",
-                    "content": "I'll edit, then test.",
-                    "tool_calls": [
+                system("You edit code."),
+                user("Rename a to b in src/lib.rs and test."),
+                assistant(
+                    "I'll edit, then test.",
+                    tool_calls=[
                         call("c1", "edit_file", json.dumps(edit_args)),
                         call("c2", "run_shell", json.dumps({"command": "cargo test", "env": {"RUST_LOG": "debug"}, "timeout_s": 120})),
                     ],
-                },
+                ),
                 tool("c1", '{"ok": true}'),
                 tool("c2", "test result: ok. 3 passed; 0 failed"),
             ],
@@ -190,14 +172,13 @@ def cases():
         case(
             "tool_call_with_null_content_and_scalar_arguments",
             [
-                {"role": "user", "content": "Read 10 lines of a.txt"},
-                {
-                    "role": "assistant",
-                    "content": None,
-                    "tool_calls": [call("c1", "read_file", '{"path": "a.txt", "start_line": 1, "max_lines": 10, "ratio": 1e-05, "big": 1e16, "exact": true, "none": null}')],
-                },
+                user("Read 10 lines of a.txt"),
+                assistant(
+                    None,
+                    tool_calls=[call("c1", "read_file", '{"path": "a.txt", "start_line": 1, "max_lines": 10, "ratio": 1e-05, "big": 1e16, "exact": true, "none": null}')],
+                ),
                 tool("c1", "line 1\nline 2"),
-                {"role": "assistant", "content": "It has two lines."},
+                assistant("It has two lines."),
             ],
             tools=TOOLS,
             add_generation_prompt=False,
@@ -205,56 +186,40 @@ def cases():
         case("multi_turn_with_reasoning_and_tools", multi_turn, tools=TOOLS),
         case(
             "multi_turn_ends_with_final_answer",
-            multi_turn
-            + [{"role": "assistant", "content": "<think>\nIt printed bye.\n</think>\n\nDone: it prints `bye`."}],
+            multi_turn + [assistant("<think>\nIt printed bye.\n</think>\n\nDone: it prints `bye`.")],
             tools=TOOLS,
             add_generation_prompt=False,
         ),
         case(
             "multi_turn_next_question",
-            multi_turn
-            + [
-                {"role": "assistant", "content": "Done.", "reasoning_content": "It printed bye."},
-                {"role": "user", "content": "Thanks. And in French?"},
-            ],
+            multi_turn + [assistant("Done.", reasoning="It printed bye."), user("Thanks. And in French?")],
             tools=TOOLS,
         ),
         case(
             "previous_reasoning_without_tools",
-            [
-                {"role": "user", "content": "What is 3*7?"},
-                {"role": "assistant", "content": "<think>\n3 times 7 is 21.\n</think>\n\n21"},
-                {"role": "user", "content": "And 3*8?"},
-            ],
+            [user("What is 3*7?"), assistant("<think>\n3 times 7 is 21.\n</think>\n\n21"), user("And 3*8?")],
         ),
         case(
             "last_assistant_reasoning_is_kept",
-            [
-                {"role": "user", "content": "Capital of France?"},
-                {"role": "assistant", "content": "Paris.", "reasoning_content": "\nThe user asks about France.\n"},
-            ],
+            [user("Capital of France?"), assistant("Paris.", reasoning="\nThe user asks about France.\n")],
             add_generation_prompt=False,
         ),
         case(
             "tool_response_sent_as_a_user_message",
             [
-                {"role": "user", "content": "Ping the server."},
-                {"role": "assistant", "content": "", "reasoning_content": "Call ping.", "tool_calls": [call("c1", "ping", "{}")]},
-                {"role": "user", "content": "<tool_response>\npong\n</tool_response>"},
+                user("Ping the server."),
+                assistant("", reasoning="Call ping.", tool_calls=[call("c1", "ping", "{}")]),
+                user("<tool_response>\npong\n</tool_response>"),
             ],
             tools=[PING],
         ),
-        case(
-            "enable_thinking_false_is_passed",
-            [{"role": "user", "content": "Answer quickly: 1+1?"}],
-            kwargs={"enable_thinking": False},
-        ),
+        case("enable_thinking_false_is_passed", [user("Answer quickly: 1+1?")], kwargs={"enable_thinking": False}),
         case(
             "non_ascii_and_empty_tool_result",
             [
-                {"role": "system", "content": "你是一个编程助手。"},
-                {"role": "user", "content": "运行 ls 🌤️ — “quotes” \\ back\\slash\ttab"},
-                {"role": "assistant", "content": "", "tool_calls": [call("c1", "run_shell", {"command": "ls -la /tmp/数据"})]},
+                system("你是一个编程助手。"),
+                user("运行 ls 🌤️ — “quotes” \\ back\\slash\ttab"),
+                assistant("", tool_calls=[call("c1", "run_shell", {"command": "ls -la /tmp/数据"})]),
                 tool("c1", ""),
             ],
             tools=TOOLS,

@@ -1,7 +1,8 @@
 """What the chat-template fixture scripts share
 (make_chat_template_fixtures.py, make_checkpoint_template_fixtures.py):
-a case, their command line, transformers' tokenizer (offline), a case
-rendered as transformers renders it, and the fixture file."""
+a case and its messages, their command line, transformers' tokenizer
+(offline), a case rendered as transformers renders it, and the fixture
+file."""
 
 import argparse
 import json
@@ -22,6 +23,34 @@ def case(name, messages, tools=None, add_generation_prompt=True, kwargs=None):
         "add_generation_prompt": add_generation_prompt,
         "kwargs": kwargs or {},
     }
+
+
+def system(content):
+    return {"role": "system", "content": content}
+
+
+def user(content):
+    return {"role": "user", "content": content}
+
+
+def assistant(content, reasoning=None, tool_calls=None):
+    """`reasoning`: its `reasoning_content`; either key only where given."""
+    m = {"role": "assistant", "content": content}
+    if reasoning is not None:
+        m["reasoning_content"] = reasoning
+    if tool_calls is not None:
+        m["tool_calls"] = tool_calls
+    return m
+
+
+def call(cid, name, arguments):
+    """A tool call; `cid` None: one without an `id`."""
+    return {**({"id": cid} if cid is not None else {}), "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def tool(cid, content):
+    """A tool result; `cid` None: one without a `tool_call_id`."""
+    return {"role": "tool", **({"tool_call_id": cid} if cid is not None else {}), "content": content}
 
 
 def arguments(default_out):
