@@ -122,6 +122,37 @@ def tiny_server(name: str, port: int, log_dir: str, device: str, role: str | Non
     return Server(name, port, ["--device", device, *(pd_flags(role, protocol, flags) if role else flags)], log_dir)
 
 
+def started(servers, what: str, timeout: float = 300) -> bool:
+    """Every one of `servers` ready, then a second for the first peer poll;
+    else the failed check `what`."""
+    if not all(s.wait_ready(timeout) for s in servers):
+        check(False, what)
+        return False
+    time.sleep(1.0)  # first peer poll
+    return True
+
+
+def same_text(both: Server, d: Server, prompt, session: str):
+    """`prompt` on the both worker and on `d` in `session`: whether their
+    greedy texts are equal (None where a request failed), `d`'s time and its
+    kvc info (its error where it failed)."""
+    ref, _, _ = complete(both, prompt)
+    got, dt, info = complete(d, prompt, session=session)
+    if ref is None or got is None:
+        return None, dt, info
+    return ref["choices"][0]["text"] == got["choices"][0]["text"], dt, info
+
+
+def path_of(info) -> str:
+    return info.get("path") if isinstance(info, dict) else info
+
+
+def stop(*servers) -> None:
+    for s in servers:
+        if s:
+            s.stop()
+
+
 def correctness(protocol: str, log_dir: str, port: int) -> None:
     both = tiny_server(f"tiny-both-{protocol}", port, log_dir, "cuda:0")
     p = tiny_server(f"tiny-p-{protocol}", port + 1, log_dir, "cuda:0", "prefill", protocol)
@@ -129,10 +160,8 @@ def correctness(protocol: str, log_dir: str, port: int) -> None:
     d1 = tiny_server(f"tiny-d1-{protocol}", port + 2, log_dir, "cuda:1", "decode", protocol, pd)
     d2 = None
     try:
-        if not all(s.wait_ready(300) for s in (both, p, d1)):
-            check(False, f"{protocol}: servers start")
+        if not started((both, p, d1), f"{protocol}: servers start"):
             return
-        time.sleep(1.0)  # first peer poll
         rng = random.Random(7)
         same, paths = True, []
         sessions = []
@@ -140,13 +169,12 @@ def correctness(protocol: str, log_dir: str, port: int) -> None:
             prompt = ids(rng, rng.randrange(300, 1500))
             sid = f"{protocol}-s{i}"
             for turn in range(3):
-                ref, _, _ = complete(both, prompt)
-                got, dt, info = complete(d1, prompt, session=sid)
-                if ref is None or got is None:
+                equal, dt, info = same_text(both, d1, prompt, sid)
+                if equal is None:
                     check(False, f"{protocol}: request failed: {info}")
                     return
                 paths.append(info.get("path"))
-                same &= ref["choices"][0]["text"] == got["choices"][0]["text"]
+                same &= equal
                 prompt = prompt + ids(rng, 16) + ids(rng, rng.randrange(80, 400))
             sessions.append((sid, prompt))
         check(same, f"{protocol}: 4 sessions x 3 turns through P/D equal the both worker's greedy text")
@@ -166,19 +194,13 @@ def correctness(protocol: str, log_dir: str, port: int) -> None:
         while time.time() < deadline and sum_metric(d1.metrics(), "kvc_snapshot_push_sent_total") < 4:
             time.sleep(0.5)
         d2 = tiny_server(f"tiny-d2-{protocol}", port + 3, log_dir, "cuda:1", "decode", protocol, pd)
-        if not d2.wait_ready(300):
-            check(False, f"{protocol}: D2 starts")
+        if not started((d2,), f"{protocol}: D2 starts"):
             return
-        time.sleep(1.0)
         sid, prompt = sessions[0]
-        ref, _, _ = complete(both, prompt)
-        got, dt, info = complete(d2, prompt, session=sid)
-        ok = ref is not None and got is not None and ref["choices"][0]["text"] == got["choices"][0]["text"]
-        check(ok and info.get("path") == "bypass", f"{protocol}: moved session served by {info.get('path') if isinstance(info, dict) else info} with equal text")
+        equal, dt, info = same_text(both, d2, prompt, sid)
+        check(bool(equal) and info.get("path") == "bypass", f"{protocol}: moved session served by {path_of(info)} with equal text")
     finally:
-        for s in (d2, d1, p, both):
-            if s:
-                s.stop()
+        stop(d2, d1, p, both)
 
 
 def tiered(protocol: str, log_dir: str, port: int) -> None:
@@ -193,16 +215,13 @@ def tiered(protocol: str, log_dir: str, port: int) -> None:
     d1 = tiny_server(f"tier-d1-{protocol}", port + 2, log_dir, "cuda:1", "decode", protocol, [*pd, "--remote-prefill-min-tokens", "100000"])
     d2 = None
     try:
-        if not all(s.wait_ready(300) for s in (both, p, d1)):
-            check(False, f"{protocol} tiered: servers start")
+        if not started((both, p, d1), f"{protocol} tiered: servers start"):
             return
-        time.sleep(1.0)  # first peer poll
         rng = random.Random(13)
         sessions = [(f"{protocol}-tier{i}", ids(rng, 512)) for i in range(4)]
         for sid, prompt in sessions:
-            ref, _, _ = complete(both, prompt)
-            got, _, info = complete(d1, prompt, session=sid)
-            if ref is None or got is None:
+            equal, _, info = same_text(both, d1, prompt, sid)
+            if equal is None:
                 check(False, f"{protocol} tiered: request failed: {info}")
                 return
             deadline = time.time() + 30
@@ -211,28 +230,22 @@ def tiered(protocol: str, log_dir: str, port: int) -> None:
         tiers = [httpx.get(f"{p.url}/v1/sessions/{sid}/snapshot", timeout=5).json().get("tier") for sid, _ in sessions]
         check(tiers == ["host", "host", "device", "device"], f"{protocol} tiered: P keeps 4 x 32 blocks in 64 by demoting the oldest two ({tiers})")
         d2 = tiny_server(f"tier-d2-{protocol}", port + 3, log_dir, "cuda:1", "decode", protocol, [*pd, "--remote-prefill-min-tokens", "64"])
-        if not d2.wait_ready(300):
-            check(False, f"{protocol} tiered: D2 starts")
+        if not started((d2,), f"{protocol} tiered: D2 starts"):
             return
-        time.sleep(1.0)
         sid, prompt = sessions[0]
         prompt = prompt + ids(rng, 200)
-        ref, _, _ = complete(both, prompt)
-        got, dt, info = complete(d2, prompt, session=sid)
-        ok = ref is not None and got is not None and ref["choices"][0]["text"] == got["choices"][0]["text"]
+        equal, dt, info = same_text(both, d2, prompt, sid)
         m = p.metrics()
         host_hits = m.get('kvc_snapshot_bypass_hits_total{tier="host"}', 0)
         restored = m.get("kvc_snapshot_restored_blocks_total", 0)
-        check(ok and info.get("path") == "bypass" and info.get("computed_tokens") == 200 and host_hits == 1 and restored == 32,
-              f"{protocol} tiered: the demoted session served by {info.get('path') if isinstance(info, dict) else info} from P's host tier "
+        check(bool(equal) and info.get("path") == "bypass" and info.get("computed_tokens") == 200 and host_hits == 1 and restored == 32,
+              f"{protocol} tiered: the demoted session served by {path_of(info)} from P's host tier "
               f"in {dt * 1e3:.0f} ms, equal text (host hits {host_hits:.0f}, restored blocks {restored:.0f})")
         for k, v in sorted(m.items()):
             if k.startswith(("kvc_snapshot_", "kvc_host_tier_bytes_total")):
                 print(f"  P {k} {v}", flush=True)
     finally:
-        for s in (d2, d1, p, both):
-            if s:
-                s.stop()
+        stop(d2, d1, p, both)
 
 
 def big(model_dir: str, protocol: str, log_dir: str, port: int, prompt_tokens: int) -> None:
@@ -240,10 +253,8 @@ def big(model_dir: str, protocol: str, log_dir: str, port: int, prompt_tokens: i
     p = Server("big-p", port, ["--device", "cuda:0", *pd_flags("prefill", protocol, flags)], log_dir)
     d = Server("big-d", port + 1, ["--device", "cuda:1", *pd_flags("decode", protocol, [*flags, "--prefill-peer", p.url])], log_dir)
     try:
-        if not (p.wait_ready(600) and d.wait_ready(600)):
-            check(False, "30B shape: servers start")
+        if not started((p, d), "30B shape: servers start", timeout=600):
             return
-        time.sleep(1.0)
         rng = random.Random(11)
         prompt = ids(rng, prompt_tokens)
         for turn in range(3):
@@ -259,8 +270,7 @@ def big(model_dir: str, protocol: str, log_dir: str, port: int, prompt_tokens: i
             if any(x in k for x in ("transfer", "snapshot", "remote_prefill", "bandwidth", "prefill_path")):
                 print(f"  D {k} {v}")
     finally:
-        d.stop()
-        p.stop()
+        stop(d, p)
 
 
 def main() -> int:
