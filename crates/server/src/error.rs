@@ -8,6 +8,10 @@ use axum::Json;
 use kvc_engine::EngineError;
 use serde::Serialize;
 
+/// What a 429 or 503 suggests in `Retry-After`, in seconds (a full queue,
+/// no healthy worker, draining).
+pub const RETRY_AFTER_S: u64 = 1;
+
 /// Everything a handler can fail with.
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
@@ -171,7 +175,7 @@ pub fn error_headers(err: &ApiError) -> Vec<(HeaderName, HeaderValue)> {
         // The rest of the body is not read: the connection cannot be reused.
         ApiError::PayloadTooLarge { .. } | ApiError::BodyTimeout { .. } => vec![(header::CONNECTION, HeaderValue::from_static("close"))],
         ApiError::Unavailable(_) | ApiError::Engine { source: EngineError::ShuttingDown, .. } => {
-            vec![(header::RETRY_AFTER, HeaderValue::from(crate::request_slots::RETRY_AFTER_S))]
+            vec![(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_S))]
         }
         _ => Vec::new(),
     }
@@ -294,7 +298,7 @@ mod tests {
         assert_eq!(map(ApiError::Forbidden("off".into())).0, 403);
         assert_eq!(map(ApiError::Unavailable("draining".into())).0, 503);
         let unavailable = ApiError::Unavailable("no healthy worker".into());
-        assert_eq!(error_headers(&unavailable), vec![(header::RETRY_AFTER, HeaderValue::from(crate::request_slots::RETRY_AFTER_S))]);
+        assert_eq!(error_headers(&unavailable), vec![(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_S))]);
         let (status, e) = map(ApiError::PromptTooLarge { tokens: 9, limit: 4, param: "prompt", qualifier: "" });
         assert!(e.message.starts_with("the prompt has 9 tokens"), "{}", e.message);
         // Refused by its size before tokenizing: a lower bound, said so.

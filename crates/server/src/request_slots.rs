@@ -13,10 +13,7 @@ use std::sync::Arc;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use crate::error::ApiError;
-
-/// What a 429 suggests in `Retry-After`, in seconds.
-pub const RETRY_AFTER_S: u64 = 1;
+use crate::error::{ApiError, RETRY_AFTER_S};
 
 #[derive(Debug)]
 pub struct Admission {
