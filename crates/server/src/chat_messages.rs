@@ -6,6 +6,7 @@ use serde_json::{json, Map, Value};
 
 use crate::error::ApiError;
 use crate::openai_types::{ChatMessage, MessageContent, Role};
+use crate::tool_limit::check_tool_count;
 
 /// How tool calls in the answer are treated.
 ///
@@ -36,18 +37,6 @@ impl ToolMode {
 
 /// Checks `tools` (each `{"type": "function", "function": {"name", ...}}`)
 /// and `tool_choice` (vLLM's rules: anything but `"none"` needs tools).
-/// Most tools one request may define (OpenAI's own limit).
-pub const MAX_TOOLS: usize = 128;
-
-/// At most [`MAX_TOOLS`]: each tool is rendered into the prompt and may
-/// become a grammar (223K of them cost ~380 MB and a second of CPU).
-pub fn check_tool_count(n: usize) -> Result<(), ApiError> {
-    if n > MAX_TOOLS {
-        return Err(ApiError::bad_request(format!("{n} tools given; at most {MAX_TOOLS} are accepted (OpenAI's limit)"), Some("tools")));
-    }
-    Ok(())
-}
-
 pub fn tool_mode(tools: Option<&[Value]>, tool_choice: Option<&Value>) -> Result<ToolMode, ApiError> {
     let tools = tools.unwrap_or_default();
     check_tool_count(tools.len())?;

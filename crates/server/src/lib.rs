@@ -74,6 +74,7 @@ pub mod structured;
 pub mod tenant;
 pub mod tool_call_text;
 pub mod tool_grammar_qwen3_coder;
+pub mod tool_limit;
 pub mod tool_parser;
 pub mod tool_parser_qwen3_coder;
 pub mod tool_schema_qwen3_coder;

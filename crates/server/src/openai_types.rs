@@ -237,7 +237,7 @@ impl<'de> Deserialize<'de> for Count {
 impl JsonBody for ChatCompletionRequest {
     fn parse(bytes: &[u8]) -> Result<Self, ApiError> {
         if let Ok(ToolCount { tools: Some(Count(n)) }) = serde_json::from_slice::<ToolCount>(bytes) {
-            crate::chat_messages::check_tool_count(n)?;
+            crate::tool_limit::check_tool_count(n)?;
         }
         let mut req: Self = parse_json(bytes)?;
         req.sampling = parse_json(bytes)?;
