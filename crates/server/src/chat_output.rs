@@ -7,13 +7,13 @@ use std::sync::Arc;
 
 use kvc_engine::{FinishReason, Logprobs, MatchedStop, Usage};
 
+use crate::endpoint::Endpoint;
 use crate::logprobs::{chat_entry, ChatLogprobs, ChatTokenLogprob, HasTokenizer};
 use crate::openai_types::{
     AnswerHead, AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk, ChatDelta, ChunkUsage, FunctionCall,
     FunctionCallDelta, KvcInfo, ToolCall, ToolCallDelta,
 };
 use crate::reasoning_parser::ReasoningParser;
-use crate::response::Endpoint;
 use crate::tool_parser::{ParsedToolCall, ToolOutput, ToolParser};
 
 /// What a piece of the answer turned out to be.

@@ -16,9 +16,9 @@ use std::sync::Arc;
 
 use kvc_engine::{FinishReason, Logprobs, MatchedStop, Usage};
 
+use crate::endpoint::Endpoint;
 use crate::logprobs::{CompletionLogprobs, HasTokenizer};
 use crate::openai_types::{AnswerHead, ChunkUsage, Completion, CompletionChoice, KvcInfo};
-use crate::response::Endpoint;
 
 /// A prompt as echoed: its text and its tokens.
 #[derive(Debug, Clone, Default)]

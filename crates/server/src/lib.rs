@@ -42,6 +42,7 @@ pub mod completion_endpoint;
 pub mod completion_prompts;
 pub mod completions;
 pub mod config_reference;
+pub mod endpoint;
 pub mod error;
 pub mod extract;
 pub mod generate;

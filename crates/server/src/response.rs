@@ -1,43 +1,18 @@
-//! The shape shared by chat and completions answers: an endpoint turns
-//! each choice's engine events into OpenAI deltas (chunk choices). A stream
+//! Answering chat and completions through their [`Endpoint`]: a stream
 //! sends every delta as a chunk ([`crate::sse`]); a whole answer folds the
 //! same deltas ([`collect`]), so both always say the same thing; [`respond`]
 //! answers either way.
 
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use kvc_engine::{FinishReason, Logprobs, MatchedStop, Usage};
-use serde::Serialize;
+use kvc_engine::Usage;
 
+use crate::endpoint::Endpoint;
 use crate::error::ApiError;
 use crate::generate::{log_finished, serving_headers, ChoiceEvent, Generation};
-use crate::openai_types::{ChunkUsage, KvcInfo};
 use crate::sampling::SamplingPlan;
 use crate::sse::stream_response;
 use crate::state::AppState;
-
-pub trait Endpoint: Send + 'static {
-    /// One chunk choice (`{index, delta | text, logprobs, finish_reason}`).
-    type Delta: Serialize + Send + 'static;
-    type Chunk: Serialize;
-    type Body: Serialize;
-
-    /// Deltas before any token (chat's role, an echoed prompt).
-    fn start(&mut self, index: usize) -> Vec<Self::Delta>;
-    /// Some of the prompt's logprobs arrived (requests that ask for them);
-    /// deltas to send now.
-    fn prompt_logprobs(&mut self, _index: usize, _logprobs: &[Logprobs]) -> Vec<Self::Delta> {
-        Vec::new()
-    }
-    /// A token arrived; `None` while there is nothing to say yet.
-    fn token(&mut self, index: usize, token_id: u32, text: &str, logprobs: Option<&Logprobs>) -> Option<Self::Delta>;
-    /// The choice ended; the last deltas and the `finish_reason` reported.
-    fn finish(&mut self, index: usize, text: &str, reason: FinishReason, stop: Option<MatchedStop>) -> (Vec<Self::Delta>, &'static str);
-    /// A streaming chunk holding `deltas`.
-    fn chunk(&self, deltas: Vec<Self::Delta>, usage: ChunkUsage, kvc: Option<KvcInfo>) -> Self::Chunk;
-    /// The whole answer from every choice's deltas.
-    fn body(&self, choices: Vec<Vec<Self::Delta>>, usage: Usage) -> Self::Body;
-}
 
 /// The answer to a request: its chunks as a stream when it asked for one,
 /// else the whole body with the serving headers.

@@ -14,10 +14,10 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use kvc_engine::Usage;
 
+use crate::endpoint::Endpoint;
 use crate::error::{error_response, ApiError};
 use crate::generate::{log_finished, serving_headers, ChoiceEvent, Generation};
 use crate::openai_types::{ChunkUsage, KvcInfo, UsageInfo};
-use crate::response::Endpoint;
 use crate::state::AppState;
 
 /// Which chunks of a stream carry `usage` (`stream_options`).
