@@ -19,12 +19,10 @@ use axum::http::HeaderMap;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
+use crate::cluster_token::CLUSTER_TOKEN_HEADER;
 use crate::error::ApiError;
 use crate::state::AppState;
 use crate::tenant::Tenant;
-
-/// Header carrying the cluster token on worker-to-worker calls.
-pub const CLUSTER_TOKEN_HEADER: &str = "x-kvc-cluster-token";
 
 /// Equal-length inputs take the same time whatever they hold.
 pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {

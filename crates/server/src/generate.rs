@@ -10,8 +10,9 @@ use futures::stream::{BoxStream, SelectAll};
 use futures::StreamExt;
 use kvc_engine::{FinishReason, Logprobs, MatchedStop, RequestStream, StreamEvent, Usage};
 
-use crate::backend::{Route, Started, Submission};
+use crate::backend::{Started, Submission};
 use crate::error::ApiError;
+use crate::prompt_route::Route;
 use crate::request_slots::Slot;
 use crate::server_metrics::Finish;
 use crate::state::AppState;
@@ -108,7 +109,7 @@ pub async fn submit_prompts(state: &AppState, admitted: Admitted, subs: Vec<Subm
     let prompt_lens: Vec<usize> = subs.iter().map(|s| s.prompt_tokens.len()).collect();
     let prompt_of: Vec<usize> = subs.iter().enumerate().flat_map(|(p, s)| std::iter::repeat_n(p, s.n)).collect();
     let total = prompt_of.len();
-    let Started { streams: started, route } = within(state, deadline, state.backend.submit(state, &request_id, &subs)).await??;
+    let Started { streams: started, route } = within(state, deadline, state.backend.submit(state.serving(), &request_id, &subs)).await??;
     let mut streams = SelectAll::new();
     for (index, stream) in started.into_iter().enumerate() {
         streams.push(events(index, stream));

@@ -43,7 +43,7 @@ pub fn ready(state: &AppState) -> (StatusCode, Value) {
 }
 
 pub async fn health(State(state): State<AppState>) -> (StatusCode, Json<Value>) {
-    let (status, body) = state.backend.health(&state);
+    let (status, body) = ready(&state);
     (status, Json(body))
 }
 

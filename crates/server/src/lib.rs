@@ -21,10 +21,10 @@
 //!   (Prometheus text).
 //! - `/internal/*`: worker-to-worker routes behind `--cluster-token`.
 //! - Roles: a worker serves generations through one [`backend::Backend`],
-//!   chosen once at start from `--role` ([`backend::Local`] for `both` and
-//!   `prefill`, [`backend::DecodeWorker`] for `decode`); [`pd`] holds the
-//!   prefill and decode workers' KV link, peers and routes; [`router`] is
-//!   an app of its own. Router and decode worker watch their peers through
+//!   chosen once at start from `--role` ([`backend::local::Local`] for
+//!   `both` and `prefill`, [`backend::decode_worker::DecodeWorker`] for
+//!   `decode`); [`pd`] holds the prefill and decode workers' KV link, peers
+//!   and routes; [`router`] is an app of its own. Router and decode worker watch their peers through
 //!   one poller ([`peer_poll`]) and correct the peers' lagging reports by
 //!   what they sent and have not had answered ([`in_flight`]).
 //! - Layout: handlers share [`state::AppState`]; the route table and
@@ -38,6 +38,7 @@ pub mod backend;
 pub mod chat;
 pub mod chat_messages;
 pub mod chat_output;
+pub mod cluster_token;
 pub mod completion_endpoint;
 pub mod completion_prompts;
 pub mod completions;
@@ -57,6 +58,7 @@ pub mod openai_types;
 pub mod pd;
 pub mod peer_poll;
 pub mod prom;
+pub mod prompt_route;
 pub mod protocol_errors;
 pub mod queue_delay;
 pub mod reasoning_parser;

@@ -1,24 +1,15 @@
-//! `GET /metrics`: the Prometheus text exposition of the server's registry
-//! ([`crate::prom`]), which holds the server's own metrics
-//! ([`crate::server_metrics`]), the P/D metrics on those roles, and the
-//! families here, read at scrape time: the engine's live counters
-//! ([`EngineStats`]) and the admission gauges.
+//! The worker's registry ([`crate::prom`], served at `GET /metrics`), which
+//! holds the server's own metrics ([`crate::server_metrics`]), the P/D
+//! metrics on those roles, and the families here, read at scrape time: the
+//! engine's live counters ([`EngineStats`]) and the admission gauges.
 
 use std::sync::Arc;
 
-use axum::extract::State;
-use axum::http::header;
-use axum::response::IntoResponse;
 use kvc_engine::{EngineHandle, EngineStats};
 use prometheus::Registry;
 
 use crate::prom::{Family, Scrape, ScrapeTime};
 use crate::request_slots::Admission;
-use crate::state::AppState;
-
-pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
-    ([(header::CONTENT_TYPE, crate::prom::CONTENT_TYPE)], state.metrics.render())
-}
 
 const ENGINE: &[Family] = &[
     Family::gauge("kvc_kv_blocks_free", "KV blocks not held by any request.", &[]),

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use kvc_disagg::protocol::WorkerState;
 
-use crate::auth::CLUSTER_TOKEN_HEADER;
+use crate::cluster_token::CLUSTER_TOKEN_HEADER;
 
 /// Longest wait between polls of a failing peer.
 pub const MAX_BACKOFF: Duration = Duration::from_secs(10);

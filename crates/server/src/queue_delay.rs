@@ -5,19 +5,20 @@
 
 use kvc_policy::queue_delay::{decide_queue_delay, QueueDelayInputs, QueueDelayReason};
 
-use crate::error::ApiError;
-use crate::state::AppState;
+use kvc_engine::EngineHandle;
 
-/// Takes the prompts of one request about to be handed to the local engine,
-/// or refuses them when they would wait past the bound.
-pub fn check(state: &AppState, request_id: &str) -> Result<(), ApiError> {
-    let inputs = match state.config.max_queue_delay_s {
+use crate::error::ApiError;
+
+/// Takes the prompts of one request about to be handed to `engine`, or
+/// refuses them when they would wait past `max_queue_delay_s`.
+pub fn check(engine: &EngineHandle, max_queue_delay_s: Option<f64>, request_id: &str) -> Result<(), ApiError> {
+    let inputs = match max_queue_delay_s {
         // Off: nothing to gather.
         None => QueueDelayInputs { max_queue_delay_s: None, backlog_tokens: 0, drain_tokens_per_s: 0.0 },
         Some(bound) => QueueDelayInputs {
             max_queue_delay_s: Some(bound),
-            backlog_tokens: state.engine.pending_prefill_tokens(),
-            drain_tokens_per_s: state.engine.snapshot().backlog_drain_tokens_per_s,
+            backlog_tokens: engine.pending_prefill_tokens(),
+            drain_tokens_per_s: engine.snapshot().backlog_drain_tokens_per_s,
         },
     };
     let d = decide_queue_delay(&inputs);

@@ -7,9 +7,9 @@
 use std::time::Instant;
 
 use axum::extract::{DefaultBodyLimit, Request, State};
-use axum::http::{Method, Uri};
+use axum::http::{header, Method, Uri};
 use axum::middleware::{self, Next};
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use kvc_engine::EngineHandle;
@@ -33,7 +33,7 @@ pub fn router(state: AppState) -> Router {
     let ops = Router::new()
         .route("/health", get(crate::health::health))
         .route("/health/live", get(crate::health::live))
-        .route("/metrics", get(crate::metrics::metrics));
+        .route("/metrics", get(metrics));
     Router::new()
         .merge(v1)
         .merge(internal)
@@ -70,6 +70,12 @@ async fn track_request(State(state): State<AppState>, mut req: Request, next: Ne
     response
 }
 
+/// `GET /metrics`: the Prometheus text of the worker's registry
+/// ([`crate::metrics`]).
+async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
+    ([(header::CONTENT_TYPE, crate::prom::CONTENT_TYPE)], state.metrics.render())
+}
+
 async fn no_route(method: Method, uri: Uri) -> ApiError {
     ApiError::NoRoute { method: method.to_string(), path: uri.path().to_string() }
 }
@@ -91,7 +97,7 @@ pub async fn serve_worker(engine_config: kvc_engine::EngineConfig, args: &crate:
         return Ok(());
     };
     let mut state = AppState::with_config(engine.clone(), config);
-    state.backend = crate::backend::start(&engine, args, &state.metrics.registry)?;
+    state.backend = crate::backend::choice::choose(&engine, args, &state.metrics.registry)?;
     serve_state(state, tokio::net::TcpListener::from_std(listener)?).await
 }
 

@@ -192,7 +192,7 @@ pub async fn reset_prefix_cache(State(state): State<AppState>, headers: HeaderMa
             ApiError::Forbidden(format!(
                 "with several API keys, /reset_prefix_cache flushes every tenant's cache: it needs the cluster token \
                  ({}) too",
-                crate::auth::CLUSTER_TOKEN_HEADER
+                crate::cluster_token::CLUSTER_TOKEN_HEADER
             ))
         })?;
     }

@@ -103,7 +103,7 @@ pub struct AppState {
     pub admission: Arc<Admission>,
     pub lifecycle: Arc<Lifecycle>,
     /// How generations are served, chosen once at start from the role
-    /// ([`crate::backend::start`]; a router has a state of its own).
+    /// ([`crate::backend::choice::choose`]; a router has a state of its own).
     pub backend: Arc<dyn crate::backend::Backend>,
     /// Tokens every chat message costs at least under this model's
     /// template (measured once: [`crate::chat_messages::message_token_floor`]).
@@ -132,7 +132,7 @@ impl AppState {
             admission,
             config: Arc::new(config),
             lifecycle: Arc::new(Lifecycle::default()),
-            backend: Arc::new(crate::backend::Local::colocated()),
+            backend: Arc::new(crate::backend::local::Local::colocated()),
             message_floor: Arc::new(std::sync::OnceLock::new()),
             tool_call_format,
         }
@@ -149,6 +149,11 @@ impl AppState {
             Some(m) if m != self.model_name() => Err(ApiError::ModelNotFound { model: m.to_string() }),
             _ => Ok(()),
         }
+    }
+
+    /// What the backend serves a submission with.
+    pub fn serving(&self) -> crate::backend::Serving<'_> {
+        crate::backend::Serving { engine: &self.engine, metrics: &self.metrics, max_queue_delay_s: self.config.max_queue_delay_s }
     }
 
     /// `--max-prompt-tokens`, or the context length.

@@ -10,7 +10,7 @@ use crate::args::Role;
 use crate::state::AppState;
 
 /// The state a worker of `role` publishes (`ready`: its readiness,
-/// [`crate::backend::Backend::health`]).
+/// [`crate::health::ready`]).
 pub fn published(state: &AppState, role: Role, ready: bool) -> WorkerState {
     let s = state.engine.snapshot();
     let info = state.engine.info();
@@ -32,5 +32,6 @@ pub fn published(state: &AppState, role: Role, ready: bool) -> WorkerState {
 }
 
 pub async fn get_state(State(state): State<AppState>) -> Json<WorkerState> {
-    Json(state.backend.worker_state(&state))
+    let ready = crate::health::ready(&state).0.is_success();
+    Json(published(&state, state.backend.role(), ready))
 }

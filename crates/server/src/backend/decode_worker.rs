@@ -12,11 +12,11 @@ use kvc_disagg::prefill_path::PathReason;
 use kvc_engine::GenerateRequest;
 
 use super::local::submit_here;
-use super::{Backend, Route, RouteReason, Started, Submission};
+use super::{Backend, Serving, Started, Submission};
 use crate::args::Role;
 use crate::error::ApiError;
 use crate::pd::PdState;
-use crate::state::AppState;
+use crate::prompt_route::{Route, RouteReason};
 
 pub struct DecodeWorker {
     pd: Arc<PdState>,
@@ -46,7 +46,7 @@ impl Backend for DecodeWorker {
         Role::Decode
     }
 
-    fn submit<'a>(&'a self, state: &'a AppState, request_id: &'a str, subs: &'a [Submission]) -> BoxFuture<'a, Result<Started, ApiError>> {
+    fn submit<'a>(&'a self, serving: Serving<'a>, request_id: &'a str, subs: &'a [Submission]) -> BoxFuture<'a, Result<Started, ApiError>> {
         Box::pin(async move {
             let pd = &*self.pd;
             match (local_only(subs), subs) {
@@ -59,7 +59,7 @@ impl Backend for DecodeWorker {
                         cache_salt: s.cache_salt.clone(),
                         grammar: s.grammar.clone(),
                     };
-                    let (stream, route) = crate::pd::decode::start(state, pd, req).await.map_err(|e| match e {
+                    let (stream, route) = crate::pd::decode::start(serving.engine, pd, req).await.map_err(|e| match e {
                         ApiError::Engine { source, .. } => (s.map_err)(source),
                         other => other,
                     })?;
@@ -77,10 +77,10 @@ impl Backend for DecodeWorker {
                     let choices = subs.iter().map(|s| s.n).sum();
                     let prompt_tokens = subs.iter().map(|s| s.prompt_tokens.len()).sum();
                     let route = crate::pd::decode::computed_here(request_id, reason, choices, prompt_tokens);
-                    Ok(Started { streams: submit_here(state, request_id, subs)?, route })
+                    Ok(Started { streams: submit_here(serving, request_id, subs)?, route })
                 }
                 // No prompt at all: nothing to decide.
-                (None, _) => Ok(Started { streams: submit_here(state, request_id, subs)?, route: Route::default() }),
+                (None, _) => Ok(Started { streams: submit_here(serving, request_id, subs)?, route: Route::default() }),
             }
         })
     }

@@ -8,11 +8,11 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 use kvc_engine::{EngineError, GenerateRequest, RequestStream};
 
-use super::{Backend, Route, Started, Submission};
+use super::{Backend, Serving, Started, Submission};
 use crate::args::Role;
 use crate::error::ApiError;
 use crate::pd::PdState;
-use crate::state::AppState;
+use crate::prompt_route::Route;
 
 pub struct Local {
     role: Role,
@@ -38,8 +38,8 @@ impl Backend for Local {
         self.role
     }
 
-    fn submit<'a>(&'a self, state: &'a AppState, request_id: &'a str, subs: &'a [Submission]) -> BoxFuture<'a, Result<Started, ApiError>> {
-        Box::pin(async move { Ok(Started { streams: submit_here(state, request_id, subs)?, route: Route::default() }) })
+    fn submit<'a>(&'a self, serving: Serving<'a>, request_id: &'a str, subs: &'a [Submission]) -> BoxFuture<'a, Result<Started, ApiError>> {
+        Box::pin(async move { Ok(Started { streams: submit_here(serving, request_id, subs)?, route: Route::default() }) })
     }
 
     fn disagg(&self) -> Option<&PdState> {
@@ -52,7 +52,7 @@ impl Backend for Local {
 /// `--max-queue-delay-s` check. A `seed` becomes `seed + index` per choice,
 /// as in vLLM, so seeded choices differ yet reproduce; only the first
 /// choice continues the session.
-pub fn submit_here(state: &AppState, request_id: &str, subs: &[Submission]) -> Result<Vec<RequestStream>, ApiError> {
+pub fn submit_here(serving: Serving, request_id: &str, subs: &[Submission]) -> Result<Vec<RequestStream>, ApiError> {
     let map_err = subs.first().map_or(ApiError::completion_engine as fn(EngineError) -> ApiError, |s| s.map_err);
     let prompt_of: Vec<usize> = subs.iter().enumerate().flat_map(|(p, s)| std::iter::repeat_n(p, s.n)).collect();
     let total = prompt_of.len();
@@ -76,10 +76,10 @@ pub fn submit_here(state: &AppState, request_id: &str, subs: &[Submission]) -> R
     if reqs.is_empty() {
         return Ok(Vec::new());
     }
-    crate::queue_delay::check(state, request_id)?;
-    let group = state.engine.submit_group(reqs).map_err(map_err)?;
+    crate::queue_delay::check(serving.engine, serving.max_queue_delay_s, request_id)?;
+    let group = serving.engine.submit_group(reqs).map_err(map_err)?;
     for (index, stream) in group.iter().enumerate() {
-        state.metrics.local_requests.inc();
+        serving.metrics.local_requests.inc();
         let s = &subs[prompt_of[index]];
         tracing::info!(
             request_id,

@@ -12,16 +12,14 @@ use kvc_disagg::prefill_path::{
     PreReservationInputs, PrefillPath,
 };
 use kvc_disagg::protocol::{RemotePrefillRequest, RemotePrefillResponse};
-use kvc_engine::{GenerateRequest, RequestStream, Reservation, ReusePath, ServePath};
+use kvc_engine::{EngineHandle, GenerateRequest, RequestStream, Reservation, ReusePath, ServePath};
 
 use super::PdState;
-use crate::backend::{Route, RouteReason};
 use crate::error::ApiError;
-use crate::state::AppState;
+use crate::prompt_route::{Route, RouteReason};
 
 /// Starts `req` on this decode worker.
-pub async fn start(state: &AppState, pd: &PdState, mut req: GenerateRequest) -> Result<(RequestStream, Route), ApiError> {
-    let engine = &state.engine;
+pub async fn start(engine: &EngineHandle, pd: &PdState, mut req: GenerateRequest) -> Result<(RequestStream, Route), ApiError> {
     let info = engine.info();
     let n = req.prompt_tokens.len();
     let peer = pd.peers.pick(req.session_id.as_deref());
@@ -34,14 +32,14 @@ pub async fn start(state: &AppState, pd: &PdState, mut req: GenerateRequest) -> 
         has_session: req.session_id.is_some(),
     };
     if let Some(d) = decide_before_reservation(&pre) {
-        return local(state, req, &d);
+        return local(engine, req, &d);
     }
     let reservation = match engine.reserve(req.session_id.as_deref(), req.cache_salt.as_deref(), &req.prompt_tokens).await {
         Ok(r) => r,
         Err(e) => {
             // The scheduler can still serve it (it preempts or waits).
             tracing::info!(event = "reserve_failed", error = %e);
-            return local(state, req, &decide_unreserved(n));
+            return local(engine, req, &decide_unreserved(n));
         }
     };
     let snap = engine.snapshot();
@@ -165,9 +163,9 @@ fn count_path(d: &PathDecision) {
     kvc_policy::log_decision(&d.decision());
 }
 
-fn local(state: &AppState, req: GenerateRequest, d: &PathDecision) -> Result<(RequestStream, Route), ApiError> {
+fn local(engine: &EngineHandle, req: GenerateRequest, d: &PathDecision) -> Result<(RequestStream, Route), ApiError> {
     count_path(d);
-    let stream = state.engine.submit(req).map_err(ApiError::completion_engine)?;
+    let stream = engine.submit(req).map_err(ApiError::completion_engine)?;
     Ok((stream, Route { path: d.path.serve_path(), reason: Some(RouteReason::Path(d.reason)), ..Default::default() }))
 }
 

@@ -13,7 +13,7 @@ use kvc_disagg::prefill_peer::{choose_peer, PeerCandidate};
 use kvc_disagg::protocol::WorkerState;
 
 use super::metrics::PdMetrics;
-use crate::auth::CLUSTER_TOKEN_HEADER;
+use crate::cluster_token::CLUSTER_TOKEN_HEADER;
 use crate::in_flight::{InFlight, Sent};
 use crate::peer_poll::{spawn_pollers, PeerHealth, Polled, Transition};
 
