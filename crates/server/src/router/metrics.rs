@@ -8,18 +8,16 @@
 //! - `kvc_router_session_moves_total{reason}`: sessions placed on a worker
 //!   other than the one that served their last turn.
 //! - `kvc_router_retries_total`: forwards retried on another worker.
-//! - `kvc_router_peer_healthy{worker}`: 1 healthy, 0 not.
 //! - `kvc_router_peer_health_changes_total{worker,to}`.
-//! - `kvc_router_requests_in_flight{worker}`.
-
-use std::sync::{Arc, Weak};
+//! - `kvc_router_peer_healthy{worker}` (1 healthy, 0 not) and
+//!   `kvc_router_requests_in_flight{worker}`, read from the workers at
+//!   each scrape ([`super::peers::Peers::export_gauges`]).
 
 use prometheus::{IntCounter, IntCounterVec, Registry};
 
 use kvc_disagg::routing::{RouteDecision, RouteReason};
 
-use super::peers::Peers;
-use crate::prom::{self, Family, ScrapeTime};
+use crate::prom::{self, Family, Scrape, ScrapeTime};
 
 /// The router's metrics and its one registry.
 pub struct RouterMetrics {
@@ -74,22 +72,11 @@ impl std::fmt::Debug for RouterMetrics {
     }
 }
 
-const PEERS: &[Family] = &[
-    Family::gauge("kvc_router_peer_healthy", "Whether the router sends requests to the worker (1) or not (0).", &["worker"]),
-    Family::gauge("kvc_router_requests_in_flight", "Requests the router is forwarding to the worker now.", &["worker"]),
-];
-
 impl RouterMetrics {
-    /// Adds the workers' health and in-flight gauges, read from `peers`
-    /// at each scrape (weakly: `peers` holds these metrics).
-    pub fn watch(&self, peers: &Arc<Peers>) {
-        let peers: Weak<Peers> = Arc::downgrade(peers);
-        ScrapeTime::register(&self.registry, PEERS, move |out| {
-            for p in peers.upgrade().iter().flat_map(|peers| peers.list.iter()) {
-                out.sample("kvc_router_peer_healthy", &[&p.url], p.is_healthy() as u8 as f64);
-                out.sample("kvc_router_requests_in_flight", &[&p.url], p.in_flight() as f64);
-            }
-        });
+    /// Adds `families` to the router's registry, their values given by
+    /// `read` at each scrape.
+    pub fn on_scrape(&self, families: &'static [Family], read: impl Fn(&mut Scrape) + Send + Sync + 'static) {
+        ScrapeTime::register(&self.registry, families, read);
     }
 
     pub fn count_request(&self, worker: &str, status: u16) {
@@ -169,9 +156,7 @@ mod tests {
     #[test]
     fn renders_every_router_metric_with_labels() {
         let _turn = counted::blocking_turn();
-        let m = Arc::new(RouterMetrics::default());
-        let peers = Arc::new(Peers::new(&["http://a:1".to_string()], m.clone()));
-        m.watch(&peers);
+        let m = RouterMetrics::default();
         m.count_request("http://a:1", 200);
         m.count_request("http://a:1", 200);
         m.count_request("none", 503);
@@ -188,10 +173,7 @@ mod tests {
             "kvc_router_requests_total{worker=\"none\",status=\"503\"} 1",
             "kvc_router_session_moves_total{reason=\"moved_full\"} 1",
             "kvc_router_retries_total 1",
-            "kvc_router_peer_healthy{worker=\"http://a:1\"} 0",
-            "kvc_router_requests_in_flight{worker=\"http://a:1\"} 0",
             "kvc_router_peer_health_changes_total{worker=\"http://a:1\",to=\"unhealthy\"} 1",
-            "# TYPE kvc_router_peer_healthy gauge",
         ] {
             assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
         }

@@ -26,8 +26,8 @@ pub mod metrics;
 pub mod peers;
 pub mod proxy;
 pub mod session_homes;
+pub mod state;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::{DefaultBodyLimit, Path, Request, State};
@@ -36,50 +36,12 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use kvc_disagg::routing::RouteWeights;
 use serde_json::{json, Value};
 
 use crate::args::Args;
 use crate::error::ApiError;
 use crate::sessions::SessionPath;
-use crate::shutdown::Lifecycle;
-use crate::state::ServerConfig;
-use metrics::RouterMetrics;
-use peers::Peers;
-use session_homes::SessionHomes;
-
-/// Connection deadline of a forward: a worker that does not accept within
-/// it is treated as down (the request goes to another worker).
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
-
-/// Everything the router's handlers share.
-#[derive(Clone)]
-pub struct RouterState {
-    pub peers: Arc<Peers>,
-    pub homes: Arc<SessionHomes>,
-    pub metrics: Arc<RouterMetrics>,
-    pub config: Arc<ServerConfig>,
-    pub lifecycle: Arc<Lifecycle>,
-    pub client: reqwest::Client,
-    pub weights: RouteWeights,
-}
-
-impl RouterState {
-    pub fn new(peer_urls: &[String], config: ServerConfig) -> anyhow::Result<Self> {
-        let metrics = Arc::new(RouterMetrics::default());
-        let peers = Arc::new(Peers::new(peer_urls, metrics.clone()));
-        metrics.watch(&peers);
-        Ok(Self {
-            peers,
-            homes: Arc::new(SessionHomes::default()),
-            metrics,
-            config: Arc::new(config),
-            lifecycle: Arc::new(Lifecycle::default()),
-            client: reqwest::Client::builder().connect_timeout(CONNECT_TIMEOUT).build()?,
-            weights: RouteWeights::default(),
-        })
-    }
-}
+pub use state::RouterState;
 
 pub fn app(state: RouterState) -> Router {
     let v1 = Router::new()
@@ -269,7 +231,7 @@ pub async fn serve(args: &Args) -> anyhow::Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Mutex;
+    use std::sync::{Arc, Mutex};
 
     use axum::routing::delete;
     use kvc_disagg::protocol::WorkerState;
@@ -277,6 +239,7 @@ mod tests {
 
     use super::metrics::counted::placements;
     use super::*;
+    use crate::state::ServerConfig;
 
     /// A stand-in worker: publishes a state, answers completions with its
     /// name, records deleted sessions.

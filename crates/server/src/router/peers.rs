@@ -21,6 +21,7 @@ use kvc_disagg::routing::{worker_view, WorkerView};
 use super::metrics::RouterMetrics;
 use crate::in_flight::{InFlight, Sent};
 use crate::peer_poll::{spawn_pollers, PeerHealth, Polled, Transition};
+use crate::prom::Family;
 
 /// One worker behind the router.
 #[derive(Debug)]
@@ -110,6 +111,12 @@ pub struct Forwarded {
     _blocks: Sent,
 }
 
+/// The workers' gauges, read from [`Peers`] at each scrape.
+const GAUGES: &[Family] = &[
+    Family::gauge("kvc_router_peer_healthy", "Whether the router sends requests to the worker (1) or not (0).", &["worker"]),
+    Family::gauge("kvc_router_requests_in_flight", "Requests the router is forwarding to the worker now.", &["worker"]),
+];
+
 /// Every worker behind the router, in `--decode-peer` order (the order
 /// breaks ties between equal scores).
 #[derive(Debug)]
@@ -125,6 +132,18 @@ impl Peers {
             metrics.add_worker(&p.url);
         }
         Self { list, metrics }
+    }
+
+    /// Adds the workers' health and in-flight gauges to the router's
+    /// metrics, read at each scrape (weakly: the peers hold the metrics).
+    pub fn export_gauges(self: &Arc<Self>) {
+        let peers = Arc::downgrade(self);
+        self.metrics.on_scrape(GAUGES, move |out| {
+            for p in peers.upgrade().iter().flat_map(|peers| peers.list.iter()) {
+                out.sample("kvc_router_peer_healthy", &[&p.url], p.is_healthy() as u8 as f64);
+                out.sample("kvc_router_requests_in_flight", &[&p.url], p.in_flight() as f64);
+            }
+        });
     }
 
     pub fn healthy_count(&self) -> usize {
@@ -210,6 +229,21 @@ mod tests {
         assert_eq!(peer.failures(), 0);
         assert_eq!(metrics.health_changes_for("http://a", "unhealthy"), 1);
         assert_eq!(metrics.health_changes_for("http://a", "healthy"), 2);
+    }
+
+    #[test]
+    fn exports_each_workers_health_and_in_flight_gauges() {
+        let metrics = Arc::new(RouterMetrics::default());
+        let peers = Arc::new(Peers::new(&["http://a:1".to_string()], metrics.clone()));
+        peers.export_gauges();
+        let text = metrics.render();
+        for line in [
+            "kvc_router_peer_healthy{worker=\"http://a:1\"} 0",
+            "kvc_router_requests_in_flight{worker=\"http://a:1\"} 0",
+            "# TYPE kvc_router_peer_healthy gauge",
+        ] {
+            assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
+        }
     }
 
     #[test]

@@ -29,7 +29,7 @@ use kvc_disagg::routing::{choose_worker, RouteDecision, RouteRequest, WorkerView
 
 use super::estimate::{estimate, Endpoint, Estimate};
 use super::session_homes::resident_hint;
-use super::RouterState;
+use super::state::RouterState;
 use crate::error::ApiError;
 use crate::sessions::SESSION_HEADER;
 
