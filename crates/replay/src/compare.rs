@@ -6,8 +6,9 @@ use std::fmt::Write;
 use std::path::Path;
 
 use crate::error::{ReplayError, Result};
+use crate::run_meta::RunMeta;
 use crate::runs::Aggregate;
-use crate::summary::{fmt_value, RunMeta, Summary, HEADLINE_ORDER};
+use crate::summary::{fmt_value, Summary, HEADLINE_ORDER};
 
 /// A result directory's `summary.json`: one run or several.
 pub enum Loaded {

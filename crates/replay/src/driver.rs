@@ -20,6 +20,7 @@ use tokio::sync::{mpsc, watch, Semaphore};
 
 use crate::client::{Api, Endpoint};
 use crate::metrics::{span_s, RequestRecord, Sent};
+use crate::pacing::Pacing;
 use crate::reuse::ReuseOracle;
 use crate::run_dir::RunFiles;
 use crate::scrape::{scrape_loop, ScrapeRow};
@@ -27,27 +28,6 @@ use crate::stop::{stopped, StopReason};
 use crate::synth::prompt::SessionContext;
 use crate::synth::tokens::TokenSynth;
 use crate::trace::Workload;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Pacing {
-    /// Turn N+1 starts think time after turn N ends.
-    Think,
-    /// Turn N+1 starts at its trace arrival, or when turn N ends if later.
-    Arrival,
-}
-
-impl std::str::FromStr for Pacing {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "think" => Ok(Pacing::Think),
-            "arrival" => Ok(Pacing::Arrival),
-            _ => Err(format!("unknown pacing {s:?} (think, arrival)")),
-        }
-    }
-}
 
 #[derive(Debug, Clone)]
 pub struct DriverConfig {
@@ -115,7 +95,15 @@ pub async fn run(workload: Arc<Workload>, endpoint: Arc<Endpoint>, cfg: DriverCo
     let first_send_tx = Arc::new(first_send_tx);
 
     let (done_tx, done_rx) = watch::channel(false);
-    let scraper = cfg.scrape_interval.map(|iv| tokio::spawn(scrape_loop(endpoint.url.clone(), iv, t0, done_rx.clone(), files.clone())));
+    let scraper = cfg.scrape_interval.map(|iv| {
+        let files = files.clone();
+        let on_row = move |row: &ScrapeRow| {
+            if let Some(f) = &files {
+                f.scrape(row);
+            }
+        };
+        tokio::spawn(scrape_loop(endpoint.url.clone(), iv, t0, done_rx.clone(), on_row))
+    });
     let progress = cfg.progress.then(|| tokio::spawn(progress_loop(counters.clone(), total, t0, done_rx)));
 
     for si in 0..workload.sessions.len() {
@@ -127,14 +115,9 @@ pub async fn run(workload: Arc<Workload>, endpoint: Arc<Endpoint>, cfg: DriverCo
             let synth = TokenSynth::new(cfg.salt);
             let mut ctx = SessionContext::new(synth, si as u64, endpoint.api == Api::Chat);
             let session_id = session.id.as_ref().map(|id| format!("{id}{}", cfg.session_suffix));
-            let at = |trace_s: f64| t0 + Duration::from_secs_f64((trace_s / cfg.time_scale).max(0.0));
             let mut prev_end: Option<Instant> = None;
             for (i, turn) in session.turns.iter().enumerate() {
-                let due = match (prev_end, cfg.pacing) {
-                    (None, _) => at(turn.arrival_s),
-                    (Some(end), Pacing::Think) => end + Duration::from_secs_f64((turn.think_s / cfg.time_scale).max(0.0)),
-                    (Some(end), Pacing::Arrival) => end.max(at(turn.arrival_s)),
-                };
+                let due = cfg.pacing.due(t0, cfg.time_scale, prev_end, turn);
                 tokio::select! {
                     biased;
                     _ = stopped(Some(&mut halt)) => return,

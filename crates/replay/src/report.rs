@@ -7,23 +7,15 @@ use std::fmt::Write;
 use std::path::Path;
 
 use crate::error::{ReplayError, Result};
+use crate::file::write_file;
 use crate::jsonl::{read_jsonl, write_atomic, write_jsonl};
 use crate::metrics::RequestRecord;
-use crate::run_dir;
+use crate::run_dir::{self, LATENCY_PLOT, POOL_PLOT, TTFT_PLOT, TTFT_TIME_PLOT};
+use crate::run_meta::meta_table;
 use crate::scrape::{pool_series, ScrapeRow};
 use crate::stats::Dist;
-use crate::stop::StopReason;
-use crate::summary::{RunMeta, Summary};
+use crate::summary::Summary;
 use crate::svg::{cdf, Chart, Series, Style};
-
-pub const TTFT_PLOT: &str = "ttft_cdf.svg";
-pub const LATENCY_PLOT: &str = "latency_over_time.svg";
-pub const TTFT_TIME_PLOT: &str = "ttft_over_time.svg";
-pub const POOL_PLOT: &str = "pool_usage.svg";
-
-pub fn write_file(path: &Path, text: &str) -> Result<()> {
-    std::fs::write(path, text).map_err(|e| ReplayError::io(path, e))
-}
 
 /// Rebuilds a result directory's summaries and plots from its rows alone
 /// (after a kvc-replay update, to redraw, or after a run that was killed
@@ -151,94 +143,8 @@ pub fn pool_chart(scrapes: &[ScrapeRow]) -> Chart {
     }
 }
 
-/// `2026-05-06 12:00:00 UTC` from unix seconds.
-pub fn utc(unix_s: f64) -> String {
-    let secs = unix_s.max(0.0) as i64;
-    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    // Howard Hinnant's civil_from_days.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!("{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02} UTC", rem / 3600, rem % 3600 / 60, rem % 60)
-}
-
 pub fn fmt_opt(v: Option<f64>, digits: usize) -> String {
     v.map_or_else(|| "–".to_string(), |v| format!("{v:.digits$}"))
-}
-
-/// The time-scale line every report carries.
-pub fn time_scale_text(ts: f64) -> String {
-    if ts == 1.0 {
-        "1 (real time)".into()
-    } else {
-        format!(
-            "**{ts}** ({ts}x faster than the trace: arrivals and think times divided by {ts}; sessions are busier \
-             than in reality, and their KV has less time to go cold)"
-        )
-    }
-}
-
-pub fn meta_table(m: &RunMeta) -> String {
-    let mut s = String::from("| | |\n|---|---|\n");
-    if m.inferred {
-        s.push_str(
-            "| run description | **unknown**: the directory has no `run.json` or `summary.json`, so workload, endpoint, \
-             time scale, pacing and limits are not known; what follows is read from the rows |\n",
-        );
-    } else {
-        let _ = writeln!(s, "| workload | {} ({} requests planned) |", m.workload, m.requests_planned);
-        let _ = writeln!(
-            s,
-            "| endpoint | {} ({} api), model {} |",
-            m.endpoint,
-            format!("{:?}", m.api).to_lowercase(),
-            m.model.as_deref().unwrap_or("(not sent)")
-        );
-        let _ = writeln!(s, "| time scale | {} |", time_scale_text(m.time_scale));
-        let pacing = match m.pacing {
-            crate::driver::Pacing::Think => "think (a session's next turn starts its think time after the previous one ends)",
-            crate::driver::Pacing::Arrival => {
-                "arrival (a session's next turn starts at its trace time, or when the previous one ends if later)"
-            }
-        };
-        let _ = writeln!(s, "| pacing | {pacing} |");
-        let _ = writeln!(s, "| concurrency cap | {} |", m.concurrency);
-        let _ = writeln!(s, "| request timeout | {} s |", m.request_timeout_s);
-    }
-    match (m.run, m.inferred) {
-        (0, _) => {
-            let _ = writeln!(s, "| runs | {} (each with its own token salt and session ids) |", m.runs);
-        }
-        (run, true) => {
-            let _ = writeln!(s, "| run | {run} of {} |", m.runs);
-        }
-        (run, false) => {
-            let _ = writeln!(s, "| run | {run} of {} (token salt {}) |", m.runs, m.salt);
-        }
-    }
-    let started = if m.started_unix_s > 0.0 { utc(m.started_unix_s) } else { "unknown".into() };
-    let _ = writeln!(s, "| started | {started} |");
-    let stopped = match (m.interrupted, m.stop_reason) {
-        (false, _) => "",
-        (true, Some(StopReason::Signal)) => " (**interrupted** by a signal: requests in flight were cut)",
-        (true, Some(StopReason::Duration)) => " (**stopped** at `--duration-s`: requests in flight were cut)",
-        (true, None) => " (**interrupted**)",
-    };
-    let _ = writeln!(s, "| wall time | {:.1} s{stopped} |", m.wall_s);
-    let scrape = match (m.scrape_interval_s, m.inferred) {
-        (Some(s), true) => format!("about every {s:.1} s"),
-        (Some(s), false) => format!("every {s} s"),
-        (None, _) => "off".to_string(),
-    };
-    let _ = writeln!(s, "| /metrics scraping | {scrape} |");
-    let _ = writeln!(s, "| tool | {} |", m.tool);
-    s
 }
 
 fn dist_row(name: &str, d: &Dist) -> String {
@@ -346,22 +252,4 @@ pub fn markdown(s: &Summary, pool_plot: bool) -> String {
         (false, _) => md.push_str("No pool usage plot: /metrics was not scraped or exposes no pool gauges.\n"),
     }
     md
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn utc_dates_are_civil() {
-        assert_eq!(utc(0.0), "1970-01-01 00:00:00 UTC");
-        assert_eq!(utc(1_709_251_199.0), "2024-02-29 23:59:59 UTC");
-    }
-
-    #[test]
-    fn every_report_states_its_time_scale() {
-        assert!(time_scale_text(1.0).contains("real time"));
-        let t = time_scale_text(10.0);
-        assert!(t.contains("10x faster") && t.contains("busier than in reality"), "{t}");
-    }
 }

@@ -16,20 +16,23 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 use crate::client::Api;
-use crate::driver::Pacing;
 use crate::error::Result;
 use crate::jsonl::{write_atomic, Appender};
 use crate::metrics::{span_s, RequestRecord};
-use crate::report::{LATENCY_PLOT, POOL_PLOT, TTFT_PLOT, TTFT_TIME_PLOT};
+use crate::pacing::Pacing;
+use crate::run_meta::RunMeta;
 use crate::scrape::ScrapeRow;
 use crate::stats::median;
-use crate::summary::RunMeta;
 
 pub const RUN_JSON: &str = "run.json";
 pub const METRICS: &str = "metrics.jsonl";
 pub const SCRAPE: &str = "scrape.jsonl";
 pub const SUMMARY_JSON: &str = "summary.json";
 pub const SUMMARY_MD: &str = "summary.md";
+pub const TTFT_PLOT: &str = "ttft_cdf.svg";
+pub const LATENCY_PLOT: &str = "latency_over_time.svg";
+pub const TTFT_TIME_PLOT: &str = "ttft_over_time.svg";
+pub const POOL_PLOT: &str = "pool_usage.svg";
 
 /// What a run writes into its directory; an earlier run's are removed when
 /// a new one starts there, so a run cut short never leaves another run's

@@ -8,9 +8,10 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::error::Result;
-use crate::report::{meta_table, write_file};
+use crate::file::write_file;
+use crate::run_meta::{meta_table, RunMeta};
 use crate::stats::median;
-use crate::summary::{fmt_value, RunMeta, Summary, HEADLINE_ORDER};
+use crate::summary::{fmt_value, Summary, HEADLINE_ORDER};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Spread {

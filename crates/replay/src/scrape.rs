@@ -6,13 +6,11 @@
 //! scraping does not disturb its scheduler.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
 use crate::http::{self, BaseUrl};
-use crate::run_dir::RunFiles;
 
 pub const PREFIXES: &[&str] = &["kvc_", "vllm:", "sglang:"];
 
@@ -66,15 +64,15 @@ pub fn parse(text: &str, prefixes: &[&str]) -> BTreeMap<String, f64> {
 }
 
 /// Scrapes `url`/metrics every `interval` until `stop` turns true, each
-/// sample appended to the run's `scrape.jsonl` as it is taken when `files`
-/// is given. Gives up after three failures in a row before any success (a
-/// server without /metrics).
+/// sample handed to `on_row` as it is taken (the driver appends it to the
+/// run's `scrape.jsonl`). Gives up after three failures in a row before any
+/// success (a server without /metrics).
 pub async fn scrape_loop(
     url: BaseUrl,
     interval: Duration,
     t0: Instant,
     mut stop: tokio::sync::watch::Receiver<bool>,
-    files: Option<Arc<RunFiles>>,
+    on_row: impl Fn(&ScrapeRow),
 ) -> Vec<ScrapeRow> {
     let mut rows = Vec::new();
     let mut failures = 0;
@@ -89,9 +87,7 @@ pub async fn scrape_loop(
             Ok(Ok((200, body))) => {
                 failures = 0;
                 let row = ScrapeRow { t_s, values: parse(&String::from_utf8_lossy(&body), PREFIXES) };
-                if let Some(f) = &files {
-                    f.scrape(&row);
-                }
+                on_row(&row);
                 rows.push(row);
             }
             _ => {

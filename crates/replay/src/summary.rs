@@ -4,48 +4,10 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::client::Api;
-use crate::driver::Pacing;
 use crate::metrics::RequestRecord;
+use crate::run_meta::RunMeta;
 use crate::scrape::{pool_series, ScrapeRow};
 use crate::stats::Dist;
-use crate::stop::StopReason;
-
-/// How a run was made; printed at the top of every report.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct RunMeta {
-    pub tool: String,
-    pub workload: String,
-    pub endpoint: String,
-    pub api: Api,
-    pub model: Option<String>,
-    /// 1 = real time; N = the trace's times divided by N.
-    pub time_scale: f64,
-    pub pacing: Pacing,
-    pub concurrency: usize,
-    pub request_timeout_s: f64,
-    pub run: usize,
-    pub runs: usize,
-    pub salt: u64,
-    /// 0 when unknown (a description inferred from the rows).
-    pub started_unix_s: f64,
-    pub wall_s: f64,
-    /// Stopped before the workload ended: see `stop_reason`. Also set when
-    /// a report is rebuilt from fewer rows than `requests_planned` (a run
-    /// killed without a chance to say why).
-    pub interrupted: bool,
-    /// Why an interrupted run stopped, when it could say.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub stop_reason: Option<StopReason>,
-    pub scrape_interval_s: Option<f64>,
-    pub reuse_block_tokens: usize,
-    pub requests_planned: usize,
-    /// No run description was found (`run.json`, `summary.json`): this one
-    /// is inferred from the rows, and what they do not say is unknown
-    /// (see [`crate::run_dir::inferred_meta`]).
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub inferred: bool,
-}
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PathStats {
@@ -248,8 +210,9 @@ pub const HEADLINE_ORDER: &[(&str, &str)] = &[
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::client::Outcome;
+    use crate::client::{Api, Outcome};
     use crate::metrics::Sent;
+    use crate::pacing::Pacing;
 
     pub(crate) fn meta() -> RunMeta {
         RunMeta {

@@ -167,7 +167,8 @@ async fn flaky(Json(body): Json<Value>) -> Response {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failed_and_timed_out_requests_become_error_rows_and_the_run_finishes() {
     use kvc_replay::client::{Api, Endpoint};
-    use kvc_replay::driver::{self, DriverConfig, Pacing};
+    use kvc_replay::driver::{self, DriverConfig};
+    use kvc_replay::pacing::Pacing;
     use kvc_replay::trace::{Growth, PromptSpec, Session, Turn, Workload};
     use std::time::{Duration, Instant};
 
