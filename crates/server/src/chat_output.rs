@@ -14,7 +14,8 @@ use crate::openai_types::{
     FunctionCallDelta, KvcInfo, ToolCall, ToolCallDelta,
 };
 use crate::reasoning_parser::ReasoningParser;
-use crate::tool_parser::{ParsedToolCall, ToolOutput, ToolParser};
+use crate::tool_call_text::{ParsedToolCall, ToolOutput};
+use crate::tool_parser::ToolParser;
 
 /// What a piece of the answer turned out to be.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -1,16 +1,138 @@
-//! The content around tool-call blocks, the same in every format
-//! ([`crate::tool_parser`]'s Hermes blocks, [`crate::tool_parser_qwen3_coder`]'s
-//! XML ones): text passes through as soon as it cannot be the start of a
-//! `<tool_call>`; whitespace right before a block, and after the last call
-//! at the end of the answer, is layout and dropped.
+//! What every tool-call format shares ([`crate::tool_parser`]'s Hermes
+//! blocks, [`crate::tool_parser_qwen3_coder`]'s XML ones): the
+//! `<tool_call>` tags, what a parser gives ([`ToolOutput`]), and the stream
+//! around the blocks ([`ToolCallStream`]): text passes through as soon as
+//! it cannot be the start of a `<tool_call>`; whitespace right before a
+//! block, and after the last call at the end of the answer, is layout and
+//! dropped; a block is held until the format says it closed (or the answer
+//! ends) and then becomes its calls or its text; with
+//! `parallel_tool_calls: false` calls after the first are dropped.
 
-use crate::tool_parser::{ToolOutput, TOOL_CALL_START};
+pub const TOOL_CALL_START: &str = "<tool_call>";
+pub const TOOL_CALL_END: &str = "</tool_call>";
+
+/// A parsed call; `arguments` is a JSON string, as OpenAI sends it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParsedToolCall {
+    pub name: String,
+    pub arguments: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ToolOutput {
+    Text(String),
+    Call(ParsedToolCall),
+}
+
+/// What a format reads inside its blocks; [`ToolCallStream`] does the rest.
+pub trait BlockFormat {
+    /// A block opened: its text (after `<tool_call>`) follows.
+    fn open(&mut self) {}
+
+    /// Scans the open block, `block` being its text so far; `Some(end)` when
+    /// it closed, `end` just past its `</tool_call>`.
+    fn scan(&mut self, block: &str) -> Option<usize>;
+
+    /// A finished block (`block`: its text after `<tool_call>`, through
+    /// `</tool_call>` unless the answer ended first): its calls, or its
+    /// text when it cannot be parsed.
+    fn close(&mut self, block: &str) -> Vec<ToolOutput>;
+}
+
+/// One streaming parser for streamed and whole answers, of format `F`.
+#[derive(Debug, Clone, Default)]
+pub struct ToolCallStream<F> {
+    format: F,
+    /// Inside a `<tool_call>` block.
+    inside: bool,
+    /// Outside: text that may start a block (trailing whitespace plus a
+    /// possible partial tag). Inside: the block so far, after `<tool_call>`.
+    held: String,
+    calls: usize,
+    /// Later calls are dropped (`parallel_tool_calls: false`).
+    first_only: bool,
+}
+
+impl<F: BlockFormat> ToolCallStream<F> {
+    /// A parser of `format`; `parallel: false` keeps the first call and
+    /// drops later ones (OpenAI then returns one call; a model prompted
+    /// with tools may still write several).
+    pub fn new(format: F, parallel: bool) -> Self {
+        Self { format, inside: false, held: String::new(), calls: 0, first_only: !parallel }
+    }
+
+    /// Calls found so far (kept ones).
+    pub fn calls(&self) -> usize {
+        self.calls
+    }
+
+    /// Feeds the next piece of content.
+    pub fn push(&mut self, text: &str) -> Vec<ToolOutput> {
+        self.held.push_str(text);
+        let mut out = Vec::new();
+        loop {
+            if self.inside {
+                let Some(end) = self.format.scan(&self.held) else {
+                    return out;
+                };
+                let block: String = self.held.drain(..end).collect();
+                self.inside = false;
+                let outputs = self.format.close(&block);
+                self.keep(outputs, &mut out);
+                continue;
+            }
+            if pass_content(&mut self.held, &mut out) {
+                self.inside = true;
+                self.format.open();
+                continue;
+            }
+            return out;
+        }
+    }
+
+    /// The answer ended: an open block is closed as it stands (the format
+    /// parses it if it can, else it is text); held text is released
+    /// (trailing whitespace dropped after a call).
+    pub fn finish(&mut self) -> Vec<ToolOutput> {
+        let held = std::mem::take(&mut self.held);
+        if self.inside {
+            self.inside = false;
+            let mut out = Vec::new();
+            let outputs = self.format.close(&held);
+            self.keep(outputs, &mut out);
+            return out;
+        }
+        release_content(held, self.calls > 0)
+    }
+
+    /// Parses a whole answer (tests and tools; serving streams pushes).
+    pub fn parse_all(format: F, text: &str) -> Vec<ToolOutput> {
+        let mut p = Self::new(format, true);
+        let mut out = p.push(text);
+        out.extend(p.finish());
+        out
+    }
+
+    /// A closed block's outputs, less the calls past the first when only
+    /// the first is kept (a malformed block's text stays).
+    fn keep(&mut self, outputs: Vec<ToolOutput>, out: &mut Vec<ToolOutput>) {
+        for o in outputs {
+            if let ToolOutput::Call(_) = o {
+                if self.first_only && self.calls > 0 {
+                    continue;
+                }
+                self.calls += 1;
+            }
+            out.push(o);
+        }
+    }
+}
 
 /// Outside a block: moves the content at the front of `held` to `out`.
 /// True when a block opened (`held` then starts after its `<tool_call>`);
 /// false when what is left of `held` may still start one and waits for
 /// more text.
-pub(crate) fn pass_content(held: &mut String, out: &mut Vec<ToolOutput>) -> bool {
+fn pass_content(held: &mut String, out: &mut Vec<ToolOutput>) -> bool {
     if let Some(start) = held.find(TOOL_CALL_START) {
         let before = held[..start].trim_end();
         if !before.is_empty() {
@@ -28,7 +150,7 @@ pub(crate) fn pass_content(held: &mut String, out: &mut Vec<ToolOutput>) -> bool
 
 /// The answer ended outside a block: the held text as content, its
 /// trailing whitespace dropped after a call; nothing when that is empty.
-pub(crate) fn release_content(held: String, after_call: bool) -> Vec<ToolOutput> {
+fn release_content(held: String, after_call: bool) -> Vec<ToolOutput> {
     let text = if after_call { held.trim_end().to_string() } else { held };
     if text.is_empty() {
         Vec::new()
@@ -52,7 +174,7 @@ fn possible_block_start_len(text: &str) -> usize {
 /// answer is cut into streamed pieces.
 #[cfg(test)]
 pub(crate) mod fixtures {
-    use crate::tool_parser::{ParsedToolCall, ToolOutput};
+    use super::{ParsedToolCall, ToolOutput};
 
     pub(crate) fn call(name: &str, arguments: &str) -> ToolOutput {
         ToolOutput::Call(ParsedToolCall { name: name.into(), arguments: arguments.into() })

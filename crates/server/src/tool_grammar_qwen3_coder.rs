@@ -145,6 +145,8 @@ pub fn qwen3_coder_call_grammar(tools: &[Value], name: Option<&str>, parallel: b
 mod tests {
     use super::*;
     use crate::structured::tests::accepts;
+    use crate::tool_call_text::{ToolCallStream, ToolOutput};
+    use crate::tool_parser_qwen3_coder::Qwen3CoderBlocks;
     use serde_json::json;
 
     fn tools() -> Vec<Value> {
@@ -274,15 +276,15 @@ mod tests {
             ("label", "null"),
         ]);
         assert!(accepts(&qwen3_coder_call_grammar(&typed_tool(), None, false).unwrap(), &answer));
-        let out = crate::tool_parser_qwen3_coder::Qwen3CoderParser::parse_all(&typed_tool(), &answer);
-        let [crate::tool_parser::ToolOutput::Call(c)] = out.as_slice() else { panic!("{out:?}") };
+        let out = ToolCallStream::parse_all(Qwen3CoderBlocks::new(&typed_tool()), &answer);
+        let [ToolOutput::Call(c)] = out.as_slice() else { panic!("{out:?}") };
         let args: Value = serde_json::from_str(&c.arguments).unwrap();
         let expected = json!({"mode": 3, "level": null, "steps": [{"cmd": "make", "retries": 2}], "first": {"cmd": "ls"},
                               "limit": 4, "note": "3", "label": null});
         assert_eq!(args, expected);
         let fast = plan(&[("mode", "fast"), ("level", "high"), ("steps", "[]")]);
-        let out = crate::tool_parser_qwen3_coder::Qwen3CoderParser::parse_all(&typed_tool(), &fast);
-        let [crate::tool_parser::ToolOutput::Call(c)] = out.as_slice() else { panic!("{out:?}") };
+        let out = ToolCallStream::parse_all(Qwen3CoderBlocks::new(&typed_tool()), &fast);
+        let [ToolOutput::Call(c)] = out.as_slice() else { panic!("{out:?}") };
         assert_eq!(serde_json::from_str::<Value>(&c.arguments).unwrap(), json!({"mode": "fast", "level": "high", "steps": []}));
     }
 

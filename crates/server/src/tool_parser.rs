@@ -18,7 +18,7 @@
 //! - whitespace right before a block, and after the last block at the end
 //!   of the answer, is layout and dropped (so an answer that is only tool
 //!   calls has no content);
-//! - with `parallel_tool_calls: false` ([`ToolCallParser::first_call_only`])
+//! - with `parallel_tool_calls: false` ([`ToolCallStream::new`])
 //!   a block that parses as a call after the first call is dropped (a
 //!   malformed one is still text): the answer holds at most one call,
 //!   streamed or whole.
@@ -29,110 +29,24 @@
 
 use serde_json::Value;
 
-use crate::tool_call_text::{pass_content, release_content};
-use crate::tool_parser_qwen3_coder::Qwen3CoderParser;
+use crate::tool_call_text::{BlockFormat, ParsedToolCall, ToolCallStream, ToolOutput, TOOL_CALL_END, TOOL_CALL_START};
+use crate::tool_parser_qwen3_coder::Qwen3CoderBlocks;
 
-pub const TOOL_CALL_START: &str = "<tool_call>";
-pub const TOOL_CALL_END: &str = "</tool_call>";
+/// Hermes blocks: a JSON object between `<tool_call>` and the first
+/// `</tool_call>`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct HermesBlocks;
 
-/// A parsed call; `arguments` is a JSON string, as OpenAI sends it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ParsedToolCall {
-    pub name: String,
-    pub arguments: String,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ToolOutput {
-    Text(String),
-    Call(ParsedToolCall),
-}
-
-#[derive(Debug, Clone, Default)]
-pub struct ToolCallParser {
-    /// Inside a `<tool_call>` block.
-    inside: bool,
-    /// Outside: text that may start a block (trailing whitespace plus a
-    /// possible partial tag). Inside: the block so far.
-    held: String,
-    calls: usize,
-    /// Later calls are dropped ([`Self::first_call_only`]).
-    first_only: bool,
-}
-
-impl ToolCallParser {
-    pub fn new() -> Self {
-        Self::default()
+impl BlockFormat for HermesBlocks {
+    fn scan(&mut self, block: &str) -> Option<usize> {
+        block.find(TOOL_CALL_END).map(|end| end + TOOL_CALL_END.len())
     }
 
-    /// A parser that keeps the first call and drops the blocks of later
-    /// ones (`parallel_tool_calls: false`: OpenAI then returns one call; a
-    /// model prompted with tools may still write several).
-    pub fn first_call_only() -> Self {
-        Self { first_only: true, ..Self::default() }
-    }
-
-    /// Calls found so far (kept ones).
-    pub fn calls(&self) -> usize {
-        self.calls
-    }
-
-    /// Feeds the next piece of content.
-    pub fn push(&mut self, text: &str) -> Vec<ToolOutput> {
-        self.held.push_str(text);
-        let mut out = Vec::new();
-        loop {
-            if self.inside {
-                let Some(end) = self.held.find(TOOL_CALL_END) else {
-                    return out;
-                };
-                let block: String = self.held.drain(..end + TOOL_CALL_END.len()).collect();
-                let block = &block[..end];
-                self.inside = false;
-                out.extend(self.close_block(block, true));
-                continue;
-            }
-            if pass_content(&mut self.held, &mut out) {
-                self.inside = true;
-                continue;
-            }
-            return out;
+    fn close(&mut self, block: &str) -> Vec<ToolOutput> {
+        match parse_call(block.strip_suffix(TOOL_CALL_END).unwrap_or(block)) {
+            Some(call) => vec![ToolOutput::Call(call)],
+            None => vec![ToolOutput::Text(format!("{TOOL_CALL_START}{block}"))],
         }
-    }
-
-    /// The answer ended: an open block is parsed as if closed; held text
-    /// is released (trailing whitespace dropped after a call).
-    pub fn finish(&mut self) -> Vec<ToolOutput> {
-        let held = std::mem::take(&mut self.held);
-        if self.inside {
-            self.inside = false;
-            return self.close_block(&held, false).into_iter().collect();
-        }
-        release_content(held, self.calls > 0)
-    }
-
-    /// A finished block: a call, its text when malformed, or nothing (a
-    /// call past the first with [`Self::first_call_only`]).
-    fn close_block(&mut self, block: &str, closed: bool) -> Option<ToolOutput> {
-        match parse_call(block) {
-            Some(_) if self.first_only && self.calls > 0 => None,
-            Some(call) => {
-                self.calls += 1;
-                Some(ToolOutput::Call(call))
-            }
-            None => {
-                let end = if closed { TOOL_CALL_END } else { "" };
-                Some(ToolOutput::Text(format!("{TOOL_CALL_START}{block}{end}")))
-            }
-        }
-    }
-
-    /// Parses a whole answer (tests and tools; serving streams pushes).
-    pub fn parse_all(text: &str) -> Vec<ToolOutput> {
-        let mut p = Self::new();
-        let mut out = p.push(text);
-        out.extend(p.finish());
-        out
     }
 }
 
@@ -171,8 +85,8 @@ impl ToolCallFormat {
 /// chat output to hold.
 #[derive(Debug, Clone)]
 pub enum ToolParser {
-    Hermes(ToolCallParser),
-    Qwen3Coder(Qwen3CoderParser),
+    Hermes(ToolCallStream<HermesBlocks>),
+    Qwen3Coder(ToolCallStream<Qwen3CoderBlocks>),
 }
 
 impl ToolParser {
@@ -180,11 +94,9 @@ impl ToolParser {
     /// values are text, the schema makes them numbers, booleans, ...);
     /// `parallel: false` keeps the first call only.
     pub fn new(format: ToolCallFormat, tools: &[Value], parallel: bool) -> Self {
-        match (format, parallel) {
-            (ToolCallFormat::Hermes, true) => Self::Hermes(ToolCallParser::new()),
-            (ToolCallFormat::Hermes, false) => Self::Hermes(ToolCallParser::first_call_only()),
-            (ToolCallFormat::Qwen3Coder, true) => Self::Qwen3Coder(Qwen3CoderParser::new(tools)),
-            (ToolCallFormat::Qwen3Coder, false) => Self::Qwen3Coder(Qwen3CoderParser::first_call_only(tools)),
+        match format {
+            ToolCallFormat::Hermes => Self::Hermes(ToolCallStream::new(HermesBlocks, parallel)),
+            ToolCallFormat::Qwen3Coder => Self::Qwen3Coder(ToolCallStream::new(Qwen3CoderBlocks::new(tools), parallel)),
         }
     }
 
@@ -241,12 +153,16 @@ mod tests {
     use super::*;
     use crate::tool_call_text::fixtures::{call, merged, splits, text};
 
-    /// Pushes `pieces` one at a time, text outputs merged.
-    fn stream(pieces: &[&str]) -> Vec<ToolOutput> {
-        stream_with(ToolCallParser::new(), pieces)
+    fn parse_all(answer: &str) -> Vec<ToolOutput> {
+        ToolCallStream::parse_all(HermesBlocks, answer)
     }
 
-    fn stream_with(mut p: ToolCallParser, pieces: &[&str]) -> Vec<ToolOutput> {
+    /// Pushes `pieces` one at a time, text outputs merged.
+    fn stream(pieces: &[&str]) -> Vec<ToolOutput> {
+        stream_with(ToolCallStream::new(HermesBlocks, true), pieces)
+    }
+
+    fn stream_with(mut p: ToolCallStream<HermesBlocks>, pieces: &[&str]) -> Vec<ToolOutput> {
         let mut raw: Vec<ToolOutput> = pieces.iter().flat_map(|s| p.push(s)).collect();
         raw.extend(p.finish());
         merged(raw)
@@ -257,16 +173,13 @@ mod tests {
 
     #[test]
     fn blocks_become_calls_with_json_string_arguments() {
-        assert_eq!(ToolCallParser::parse_all(TWO_CALLS), vec![call("get_weather", r#"{"city":"Paris"}"#), call("get_time", "{}")]);
+        assert_eq!(parse_all(TWO_CALLS), vec![call("get_weather", r#"{"city":"Paris"}"#), call("get_time", "{}")]);
     }
 
     #[test]
     fn text_around_calls_is_content_and_layout_whitespace_is_dropped() {
         let answer = format!("Let me check.\n\n{TWO_CALLS}\n");
-        assert_eq!(
-            ToolCallParser::parse_all(&answer),
-            vec![text("Let me check."), call("get_weather", r#"{"city":"Paris"}"#), call("get_time", "{}")]
-        );
+        assert_eq!(parse_all(&answer), vec![text("Let me check."), call("get_weather", r#"{"city":"Paris"}"#), call("get_time", "{}")]);
     }
 
     #[test]
@@ -280,36 +193,30 @@ mod tests {
     #[test]
     fn malformed_json_comes_back_as_text() {
         let bad = "<tool_call>\n{\"name\": \"f\", \"arguments\": {oops}\n</tool_call>";
-        assert_eq!(ToolCallParser::parse_all(bad), vec![text(bad)]);
+        assert_eq!(parse_all(bad), vec![text(bad)]);
         let no_name = "<tool_call>{\"arguments\": {}}</tool_call>";
-        assert_eq!(ToolCallParser::parse_all(no_name), vec![text(no_name)]);
+        assert_eq!(parse_all(no_name), vec![text(no_name)]);
         // A good call after a bad one still parses.
         let mixed = format!("{no_name}<tool_call>{{\"name\": \"g\"}}</tool_call>");
-        assert_eq!(ToolCallParser::parse_all(&mixed), vec![text(no_name), call("g", "{}")]);
+        assert_eq!(parse_all(&mixed), vec![text(no_name), call("g", "{}")]);
     }
 
     #[test]
     fn unclosed_block_at_the_end_is_parsed_or_returned_as_text() {
-        assert_eq!(ToolCallParser::parse_all("<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n"), vec![call("f", r#"{"a":1}"#)]);
-        assert_eq!(ToolCallParser::parse_all("<tool_call>\n{\"name\": \"f\", \"argu"), vec![text("<tool_call>\n{\"name\": \"f\", \"argu")]);
+        assert_eq!(parse_all("<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n"), vec![call("f", r#"{"a":1}"#)]);
+        assert_eq!(parse_all("<tool_call>\n{\"name\": \"f\", \"argu"), vec![text("<tool_call>\n{\"name\": \"f\", \"argu")]);
     }
 
     #[test]
     fn string_arguments_are_kept_and_parameters_is_an_alias() {
-        assert_eq!(
-            ToolCallParser::parse_all(r#"<tool_call>{"name": "f", "arguments": "{\"x\": 1}"}</tool_call>"#),
-            vec![call("f", r#"{"x": 1}"#)]
-        );
-        assert_eq!(
-            ToolCallParser::parse_all(r#"<tool_call>{"name": "f", "parameters": {"y": [1, 2]}}</tool_call>"#),
-            vec![call("f", r#"{"y":[1,2]}"#)]
-        );
+        assert_eq!(parse_all(r#"<tool_call>{"name": "f", "arguments": "{\"x\": 1}"}</tool_call>"#), vec![call("f", r#"{"x": 1}"#)]);
+        assert_eq!(parse_all(r#"<tool_call>{"name": "f", "parameters": {"y": [1, 2]}}</tool_call>"#), vec![call("f", r#"{"y":[1,2]}"#)]);
     }
 
     #[test]
     fn any_cut_of_the_stream_gives_the_same_result() {
         let answer = format!("Sure.\n{TWO_CALLS}\nDone.");
-        let whole = ToolCallParser::parse_all(&answer);
+        let whole = parse_all(&answer);
         assert_eq!(whole.len(), 4);
         for pieces in splits(&answer) {
             assert_eq!(stream(&pieces), whole, "{pieces:?}");
@@ -341,10 +248,13 @@ mod tests {
         let answer = format!("Sure.\n{TWO_CALLS}\n{bad}\nDone.\n");
         let expected = vec![text("Sure."), call("get_weather", r#"{"city":"Paris"}"#), text(&format!("{bad}\nDone."))];
         for pieces in splits(&answer) {
-            assert_eq!(stream_with(ToolCallParser::first_call_only(), &pieces), expected, "{pieces:?}");
+            assert_eq!(stream_with(ToolCallStream::new(HermesBlocks, false), &pieces), expected, "{pieces:?}");
         }
         // The one call of an answer that is only calls, and no content.
-        assert_eq!(stream_with(ToolCallParser::first_call_only(), &[TWO_CALLS, "\n"]), vec![call("get_weather", r#"{"city":"Paris"}"#)]);
+        assert_eq!(
+            stream_with(ToolCallStream::new(HermesBlocks, false), &[TWO_CALLS, "\n"]),
+            vec![call("get_weather", r#"{"city":"Paris"}"#)]
+        );
     }
 
     #[test]

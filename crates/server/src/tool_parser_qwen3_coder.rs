@@ -11,12 +11,12 @@
 //! </tool_call>
 //! ```
 //!
-//! Same shape as the Hermes parser ([`crate::tool_parser`]): one streaming
-//! parser for streamed and whole answers, the same [`ToolOutput`]s, the
-//! same layout rules (whitespace right before a block, and after the last
-//! block at the end of the answer, is dropped), the same
-//! `parallel_tool_calls: false` rule ([`Qwen3CoderParser::first_call_only`]:
-//! calls after the first are dropped, malformed blocks are still text).
+//! Streamed like the Hermes format ([`crate::tool_parser`]), by the same
+//! [`crate::tool_call_text::ToolCallStream`]: the same [`ToolOutput`]s, the same layout rules
+//! (whitespace right before a block, and after the last block at the end
+//! of the answer, is dropped), the same `parallel_tool_calls: false` rule
+//! (calls after the first are dropped, malformed blocks are still text).
+//! [`Qwen3CoderBlocks`] reads the blocks.
 //!
 //! Rules:
 //! - a value is everything between `<parameter=KEY>` and the first
@@ -65,8 +65,7 @@ use std::collections::HashMap;
 
 use serde_json::{Map, Value};
 
-use crate::tool_call_text::{pass_content, release_content};
-use crate::tool_parser::{ParsedToolCall, ToolOutput, TOOL_CALL_END, TOOL_CALL_START};
+use crate::tool_call_text::{BlockFormat, ParsedToolCall, ToolOutput, TOOL_CALL_END, TOOL_CALL_START};
 use crate::tool_schema_qwen3_coder::{choices, conversion_type, listed_value, resolve, types};
 
 pub const FUNCTION_START: &str = "<function=";
@@ -101,144 +100,25 @@ struct RawCall {
     params: Vec<(String, String)>,
 }
 
+/// The reader of Qwen3-Coder blocks, its values typed by the request's
+/// tools.
 #[derive(Debug, Clone, Default)]
-pub struct Qwen3CoderParser {
+pub struct Qwen3CoderBlocks {
     /// Tool name -> its schema.
     schemas: HashMap<String, ToolSchema>,
     scan: Scan,
-    /// Outside: text that may start a block. Inside: the block so far,
-    /// after `<tool_call>`.
-    held: String,
-    /// Inside: bytes of `held` already scanned.
+    /// Bytes of the open block already scanned.
     pos: usize,
     /// Start of the name, key or value being read.
     mark: usize,
     /// Functions of the open block.
     open: Vec<RawCall>,
-    calls: usize,
-    /// Later calls are dropped ([`Self::first_call_only`]).
-    first_only: bool,
 }
 
-impl Qwen3CoderParser {
-    /// A parser for a request's OpenAI `tools` (they type the values).
+impl Qwen3CoderBlocks {
+    /// A reader for a request's OpenAI `tools` (they type the values).
     pub fn new(tools: &[Value]) -> Self {
         Self { schemas: schemas(tools), ..Self::default() }
-    }
-
-    /// A parser that keeps the first call and drops later ones
-    /// (`parallel_tool_calls: false`).
-    pub fn first_call_only(tools: &[Value]) -> Self {
-        Self { first_only: true, ..Self::new(tools) }
-    }
-
-    /// Calls found so far (kept ones).
-    pub fn calls(&self) -> usize {
-        self.calls
-    }
-
-    /// Feeds the next piece of content.
-    pub fn push(&mut self, text: &str) -> Vec<ToolOutput> {
-        self.held.push_str(text);
-        let mut out = Vec::new();
-        loop {
-            if self.scan != Scan::Outside {
-                let Some(end) = self.scan_block() else {
-                    return out;
-                };
-                let block: String = self.held.drain(..end).collect();
-                out.extend(self.close_block(&block));
-                continue;
-            }
-            if pass_content(&mut self.held, &mut out) {
-                self.scan = Scan::Block;
-                self.pos = 0;
-                continue;
-            }
-            return out;
-        }
-    }
-
-    /// The answer ended: an open block is parsed if it can be (see the
-    /// module rules) or returned as text; held text is released (trailing
-    /// whitespace dropped after a call).
-    pub fn finish(&mut self) -> Vec<ToolOutput> {
-        let held = std::mem::take(&mut self.held);
-        if self.scan != Scan::Outside {
-            return self.close_block(&held);
-        }
-        release_content(held, self.calls > 0)
-    }
-
-    /// Parses a whole answer (tests and tools; serving streams pushes).
-    pub fn parse_all(tools: &[Value], text: &str) -> Vec<ToolOutput> {
-        let mut p = Self::new(tools);
-        let mut out = p.push(text);
-        out.extend(p.finish());
-        out
-    }
-
-    /// Scans the open block from `pos`; `Some(end)` when it closed, `end`
-    /// just past its `</tool_call>`.
-    fn scan_block(&mut self) -> Option<usize> {
-        loop {
-            let rest = &self.held[self.pos..];
-            match self.scan {
-                Scan::Outside => unreachable!("scan_block runs inside a block"),
-                Scan::Block => match earliest(rest, &[FUNCTION_START, TOOL_CALL_END]) {
-                    Some((i, 0)) => self.open_name(i + FUNCTION_START.len(), Scan::Name),
-                    Some((i, _)) => return Some(self.pos + i + TOOL_CALL_END.len()),
-                    None => return self.wait(),
-                },
-                Scan::Function => match earliest(rest, &[PARAMETER_START, FUNCTION_END, TOOL_CALL_END]) {
-                    Some((i, 0)) => self.open_name(i + PARAMETER_START.len(), Scan::Key),
-                    Some((i, 1)) => {
-                        self.pos += i + FUNCTION_END.len();
-                        self.scan = Scan::Block;
-                    }
-                    Some((i, _)) => return Some(self.pos + i + TOOL_CALL_END.len()),
-                    None => return self.wait(),
-                },
-                Scan::Name | Scan::Key => {
-                    let Some(i) = rest.find(['>', '<', '\n']) else {
-                        self.pos = self.held.len();
-                        return None;
-                    };
-                    let name = self.held[self.mark..self.pos + i].trim();
-                    if rest.as_bytes()[i] != b'>' || name.is_empty() {
-                        self.pos = self.mark;
-                        self.scan = Scan::Broken;
-                        continue;
-                    }
-                    let name = name.to_string();
-                    self.pos += i + 1;
-                    if self.scan == Scan::Name {
-                        self.open.push(RawCall { name, params: Vec::new() });
-                        self.scan = Scan::Function;
-                    } else {
-                        self.open.last_mut().expect("a key is inside a function").params.push((name, String::new()));
-                        self.mark = self.pos;
-                        self.scan = Scan::Value;
-                    }
-                }
-                Scan::Value => {
-                    let Some(i) = rest.find(PARAMETER_END) else {
-                        return self.wait();
-                    };
-                    let raw = &self.held[self.mark..self.pos + i];
-                    let raw = raw.strip_prefix('\n').unwrap_or(raw);
-                    let raw = raw.strip_suffix('\n').unwrap_or(raw).to_string();
-                    let call = self.open.last_mut().expect("a value is inside a function");
-                    call.params.last_mut().expect("a value has a key").1 = raw;
-                    self.pos += i + PARAMETER_END.len();
-                    self.scan = Scan::Function;
-                }
-                Scan::Broken => match rest.find(TOOL_CALL_END) {
-                    Some(i) => return Some(self.pos + i + TOOL_CALL_END.len()),
-                    None => return self.wait(),
-                },
-            }
-        }
     }
 
     /// A `<function=` or `<parameter=` ends `skip` bytes past `pos`.
@@ -250,34 +130,13 @@ impl Qwen3CoderParser {
 
     /// No tag yet: the next scan starts where a tag cut off at the end of
     /// `held` could begin.
-    fn wait(&mut self) -> Option<usize> {
-        let mut at = self.held.len().saturating_sub(LONGEST_TAG - 1).max(self.pos);
-        while !self.held.is_char_boundary(at) {
+    fn wait(&mut self, held: &str) -> Option<usize> {
+        let mut at = held.len().saturating_sub(LONGEST_TAG - 1).max(self.pos);
+        while !held.is_char_boundary(at) {
             at -= 1;
         }
         self.pos = at;
         None
-    }
-
-    /// A finished block (`block` is its text after `<tool_call>`): its
-    /// calls, or its text when it cannot be parsed.
-    fn close_block(&mut self, block: &str) -> Vec<ToolOutput> {
-        let parsed = matches!(self.scan, Scan::Block | Scan::Function) && !self.open.is_empty();
-        let open = std::mem::take(&mut self.open);
-        self.scan = Scan::Outside;
-        self.pos = 0;
-        if !parsed {
-            return vec![ToolOutput::Text(format!("{TOOL_CALL_START}{block}"))];
-        }
-        let mut out = Vec::new();
-        for raw in open {
-            if self.first_only && self.calls > 0 {
-                break;
-            }
-            self.calls += 1;
-            out.push(ToolOutput::Call(self.typed(raw)));
-        }
-        out
     }
 
     /// A call with its values typed by the tool's schema.
@@ -296,6 +155,86 @@ impl Qwen3CoderParser {
         }
         let fields: Vec<String> = args.iter().map(|(k, v)| format!("{}:{v}", Value::from(k.as_str()))).collect();
         ParsedToolCall { name: raw.name, arguments: format!("{{{}}}", fields.join(",")) }
+    }
+}
+
+impl BlockFormat for Qwen3CoderBlocks {
+    fn open(&mut self) {
+        self.scan = Scan::Block;
+        self.pos = 0;
+    }
+
+    /// Scans the open block `held` from `pos`.
+    fn scan(&mut self, held: &str) -> Option<usize> {
+        loop {
+            let rest = &held[self.pos..];
+            match self.scan {
+                Scan::Outside => unreachable!("a block is scanned once it opened"),
+                Scan::Block => match earliest(rest, &[FUNCTION_START, TOOL_CALL_END]) {
+                    Some((i, 0)) => self.open_name(i + FUNCTION_START.len(), Scan::Name),
+                    Some((i, _)) => return Some(self.pos + i + TOOL_CALL_END.len()),
+                    None => return self.wait(held),
+                },
+                Scan::Function => match earliest(rest, &[PARAMETER_START, FUNCTION_END, TOOL_CALL_END]) {
+                    Some((i, 0)) => self.open_name(i + PARAMETER_START.len(), Scan::Key),
+                    Some((i, 1)) => {
+                        self.pos += i + FUNCTION_END.len();
+                        self.scan = Scan::Block;
+                    }
+                    Some((i, _)) => return Some(self.pos + i + TOOL_CALL_END.len()),
+                    None => return self.wait(held),
+                },
+                Scan::Name | Scan::Key => {
+                    let Some(i) = rest.find(['>', '<', '\n']) else {
+                        self.pos = held.len();
+                        return None;
+                    };
+                    let name = held[self.mark..self.pos + i].trim();
+                    if rest.as_bytes()[i] != b'>' || name.is_empty() {
+                        self.pos = self.mark;
+                        self.scan = Scan::Broken;
+                        continue;
+                    }
+                    let name = name.to_string();
+                    self.pos += i + 1;
+                    if self.scan == Scan::Name {
+                        self.open.push(RawCall { name, params: Vec::new() });
+                        self.scan = Scan::Function;
+                    } else {
+                        self.open.last_mut().expect("a key is inside a function").params.push((name, String::new()));
+                        self.mark = self.pos;
+                        self.scan = Scan::Value;
+                    }
+                }
+                Scan::Value => {
+                    let Some(i) = rest.find(PARAMETER_END) else {
+                        return self.wait(held);
+                    };
+                    let raw = &held[self.mark..self.pos + i];
+                    let raw = raw.strip_prefix('\n').unwrap_or(raw);
+                    let raw = raw.strip_suffix('\n').unwrap_or(raw).to_string();
+                    let call = self.open.last_mut().expect("a value is inside a function");
+                    call.params.last_mut().expect("a value has a key").1 = raw;
+                    self.pos += i + PARAMETER_END.len();
+                    self.scan = Scan::Function;
+                }
+                Scan::Broken => match rest.find(TOOL_CALL_END) {
+                    Some(i) => return Some(self.pos + i + TOOL_CALL_END.len()),
+                    None => return self.wait(held),
+                },
+            }
+        }
+    }
+
+    fn close(&mut self, block: &str) -> Vec<ToolOutput> {
+        let parsed = matches!(self.scan, Scan::Block | Scan::Function) && !self.open.is_empty();
+        let open = std::mem::take(&mut self.open);
+        self.scan = Scan::Outside;
+        self.pos = 0;
+        if !parsed {
+            return vec![ToolOutput::Text(format!("{TOOL_CALL_START}{block}"))];
+        }
+        open.into_iter().map(|raw| ToolOutput::Call(self.typed(raw))).collect()
     }
 }
 
@@ -393,6 +332,9 @@ mod tests {
 
     use super::*;
     use crate::tool_call_text::fixtures::{call, merged, splits, text};
+    use crate::tool_call_text::ToolCallStream;
+
+    type Qwen3CoderParser = ToolCallStream<Qwen3CoderBlocks>;
 
     fn tools() -> Vec<Value> {
         let tool = |name: &str, properties: Value| json!({"type": "function", "function": {"name": name, "parameters": {"type": "object", "properties": properties}}});
@@ -416,7 +358,7 @@ mod tests {
     }
 
     fn parse(answer: &str) -> Vec<ToolOutput> {
-        Qwen3CoderParser::parse_all(&tools(), answer)
+        Qwen3CoderParser::parse_all(Qwen3CoderBlocks::new(&tools()), answer)
     }
 
     /// Pushes `pieces` one at a time, text outputs merged.
@@ -436,7 +378,7 @@ mod tests {
 
     fn assert_parses_and_streams(answer: &str, expected: &[ToolOutput]) {
         assert_eq!(merged(parse(answer)), expected, "whole: {answer:?}");
-        assert_every_split(|| Qwen3CoderParser::new(&tools()), answer, expected);
+        assert_every_split(|| Qwen3CoderParser::new(Qwen3CoderBlocks::new(&tools()), true), answer, expected);
     }
 
     const WEATHER: &str = "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>";
@@ -509,7 +451,10 @@ mod tests {
     fn a_tool_not_in_the_list_keeps_every_value_as_text() {
         let answer = "<tool_call>\n<function=run_tests>\n<parameter=count>\n3\n</parameter>\n<parameter=verbose>\ntrue\n</parameter>\n</function>\n</tool_call>";
         assert_parses_and_streams(answer, &[call("run_tests", r#"{"count":"3","verbose":"true"}"#)]);
-        assert_eq!(Qwen3CoderParser::parse_all(&[], WEATHER), vec![call("get_weather", r#"{"city":"Paris","days":"3"}"#)]);
+        assert_eq!(
+            Qwen3CoderParser::parse_all(Qwen3CoderBlocks::new(&[]), WEATHER),
+            vec![call("get_weather", r#"{"city":"Paris","days":"3"}"#)]
+        );
     }
 
     #[test]
@@ -562,9 +507,9 @@ mod tests {
         let bad = "<tool_call>\n<function=>\n</tool_call>";
         let answer = format!("Sure.\n{WEATHER}\n{WRITE}\n{bad}\nDone.\n");
         let expected = [text("Sure."), call("get_weather", r#"{"city":"Paris","days":3}"#), text(&format!("{bad}\nDone."))];
-        assert_every_split(|| Qwen3CoderParser::first_call_only(&tools()), &answer, &expected);
+        assert_every_split(|| Qwen3CoderParser::new(Qwen3CoderBlocks::new(&tools()), false), &answer, &expected);
         let two_in_one = "<tool_call>\n<function=get_weather>\n</function>\n<function=write_file>\n</function>\n</tool_call>";
-        assert_every_split(|| Qwen3CoderParser::first_call_only(&tools()), two_in_one, &[call("get_weather", "{}")]);
+        assert_every_split(|| Qwen3CoderParser::new(Qwen3CoderBlocks::new(&tools()), false), two_in_one, &[call("get_weather", "{}")]);
     }
 
     #[test]
