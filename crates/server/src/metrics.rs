@@ -11,54 +11,130 @@ use prometheus::Registry;
 use crate::prom::{Family, Scrape, ScrapeTime};
 use crate::request_slots::Admission;
 
-const ENGINE: &[Family] = &[
-    Family::gauge("kvc_kv_blocks_free", "KV blocks not held by any request.", &[]),
-    Family::gauge("kvc_kv_blocks_total", "KV blocks in the pool.", &[]),
-    Family::gauge("kvc_kv_blocks_evictable", "KV blocks held only by caches (prefix index, idle sessions): reclaimable.", &[]),
-    Family::gauge("kvc_requests_running", "Requests being prefilled or decoded.", &[]),
-    Family::gauge("kvc_requests_waiting", "Requests queued for admission.", &[]),
-    Family::gauge("kvc_prefill_backlog_tokens", "Prompt tokens queued or mid-prefill, not yet computed.", &[]),
-    Family::gauge(
-        "kvc_prefill_backlog_drain_tokens_per_second",
-        "Prompt tokens per second the prefill backlog drained at while there was one (what --max-queue-delay-s estimates waits from).",
-        &[],
+/// The engine's families of one sample each, with its value in a stats
+/// snapshot.
+const ENGINE: &[(Family, fn(&EngineStats) -> f64)] = &[
+    (Family::gauge("kvc_kv_blocks_free", "KV blocks not held by any request.", &[]), |s| s.free_blocks as f64),
+    (Family::gauge("kvc_kv_blocks_total", "KV blocks in the pool.", &[]), |s| s.total_blocks as f64),
+    (Family::gauge("kvc_kv_blocks_evictable", "KV blocks held only by caches (prefix index, idle sessions): reclaimable.", &[]), |s| {
+        s.evictable_blocks as f64
+    }),
+    (Family::gauge("kvc_requests_running", "Requests being prefilled or decoded.", &[]), |s| s.running as f64),
+    (Family::gauge("kvc_requests_waiting", "Requests queued for admission.", &[]), |s| s.waiting as f64),
+    (Family::gauge("kvc_prefill_backlog_tokens", "Prompt tokens queued or mid-prefill, not yet computed.", &[]), |s| {
+        s.pending_prefill_tokens as f64
+    }),
+    (
+        Family::gauge(
+            "kvc_prefill_backlog_drain_tokens_per_second",
+            "Prompt tokens per second the prefill backlog drained at while there was one (what --max-queue-delay-s estimates waits from).",
+            &[],
+        ),
+        |s| s.backlog_drain_tokens_per_s,
     ),
-    Family::counter("kvc_engine_steps_total", "Engine steps run.", &[]),
-    Family::counter("kvc_preemptions_total", "Requests preempted for lack of KV blocks.", &[]),
-    Family::counter("kvc_preempted_tokens_recomputed_total", "Tokens computed again because preemption lost their KV.", &[]),
-    Family::gauge("kvc_scheduler_partial_prefills", "Running sequences mid-prefill.", &[]),
-    Family::counter(
-        "kvc_scheduler_head_of_line_passed_total",
-        "Requests admitted past an older one held back for KV memory (within --max-head-of-line-steps).",
-        &[],
+    (Family::counter("kvc_engine_steps_total", "Engine steps run.", &[]), |s| s.steps as f64),
+    (Family::counter("kvc_preemptions_total", "Requests preempted for lack of KV blocks.", &[]), |s| s.preemptions as f64),
+    (Family::counter("kvc_preempted_tokens_recomputed_total", "Tokens computed again because preemption lost their KV.", &[]), |s| {
+        s.preempted_tokens_recomputed as f64
+    }),
+    (Family::gauge("kvc_scheduler_partial_prefills", "Running sequences mid-prefill.", &[]), |s| s.partial_prefills as f64),
+    (
+        Family::counter(
+            "kvc_scheduler_head_of_line_passed_total",
+            "Requests admitted past an older one held back for KV memory (within --max-head-of-line-steps).",
+            &[],
+        ),
+        |s| s.passed_head as f64,
     ),
+    (Family::gauge("kvc_requests_oldest_waiting_seconds", "Age of the oldest request waiting for admission (0: none waits).", &[]), |s| {
+        s.oldest_waiting_since.map_or(0.0, |t| t.elapsed().as_secs_f64())
+    }),
+    (Family::counter("kvc_prompt_tokens_computed_total", "Prompt tokens run through the model.", &[]), |s| s.prompt_tokens_computed as f64),
+    (Family::counter("kvc_generation_tokens_total", "Tokens generated.", &[]), |s| s.generated_tokens as f64),
+    (
+        Family::counter(
+            "kvc_structured_output_masks_total",
+            "Grammar masks computed for structured outputs (one per constrained token).",
+            &[],
+        ),
+        |s| s.grammar_masks as f64,
+    ),
+    (
+        Family::counter(
+            "kvc_structured_output_errors_total",
+            "Requests ended because their grammar failed (a prefill worker's token it does not allow, or a matcher error).",
+            &[],
+        ),
+        |s| s.grammar_errors as f64,
+    ),
+    (Family::counter("kvc_structured_output_mask_seconds_total", "Time computing grammar masks, beside the forward pass.", &[]), |s| {
+        s.grammar_mask_seconds
+    }),
+    (
+        Family::counter(
+            "kvc_structured_output_mask_wait_seconds_total",
+            "Time steps waited for grammar masks after the forward pass (their cost on the critical path).",
+            &[],
+        ),
+        |s| s.grammar_wait_seconds,
+    ),
+    (
+        Family::counter("kvc_snapshot_push_enqueued_total", "Session snapshot pushes queued after committed turns (decode workers).", &[]),
+        |s| s.snapshot_pushes_enqueued as f64,
+    ),
+    (Family::counter("kvc_snapshot_ingested_total", "Session snapshot pushes committed into this worker's snapshot store.", &[]), |s| {
+        s.snapshot_stats.ingested as f64
+    }),
+    (Family::counter("kvc_snapshot_evicted_total", "Snapshot store entries dropped (LRU, from either tier) to make room.", &[]), |s| {
+        s.snapshot_stats.evicted as f64
+    }),
+    (Family::counter("kvc_snapshot_aborted_total", "Snapshot pushes aborted or expired before commit.", &[]), |s| {
+        s.snapshot_stats.aborted as f64
+    }),
+    (Family::gauge("kvc_snapshot_blocks_used", "KV pool blocks held by the snapshot store (its device tier).", &[]), |s| {
+        s.snapshot_used_blocks as f64
+    }),
+    (Family::gauge("kvc_snapshot_blocks_capacity", "Most KV blocks the snapshot store may hold.", &[]), |s| {
+        s.snapshot_capacity_blocks as f64
+    }),
+    (Family::counter("kvc_snapshot_bypass_tokens_total", "Prompt tokens served from snapshots (prefill bypass).", &[]), |s| {
+        s.snapshot_stats.bypass_tokens as f64
+    }),
+    (Family::counter("kvc_snapshot_demoted_blocks_total", "Snapshot store blocks copied to the host tier.", &[]), |s| {
+        s.snapshot_stats.demoted_blocks as f64
+    }),
+    (
+        Family::counter("kvc_snapshot_restored_blocks_total", "Snapshot store blocks copied back from the host tier for a bypass.", &[]),
+        |s| s.snapshot_stats.restored_blocks as f64,
+    ),
+    (Family::gauge("kvc_kv_blocks_cached", "KV blocks in the prefix index.", &[]), |s| s.cached_blocks as f64),
+    (Family::gauge("kvc_host_kv_blocks_free", "Free blocks of the host-memory tier.", &[]), |s| s.host_free_blocks as f64),
+    (Family::gauge("kvc_host_kv_blocks_total", "Blocks of the host-memory tier.", &[]), |s| s.host_total_blocks as f64),
+    (Family::gauge("kvc_sessions_resident", "Sessions the engine holds (any tier).", &[]), |s| s.sessions.len() as f64),
+    (Family::counter("kvc_session_hits_total", "Requests that reused their session's KV.", &[]), |s| s.cache.session_hits as f64),
+    (Family::counter("kvc_prefix_cache_hits_total", "Requests that reused prefix-cache blocks (no session hit).", &[]), |s| {
+        s.cache.prefix_hits as f64
+    }),
+    (Family::counter("kvc_prompt_tokens_reused_total", "Prompt tokens served from cached KV at admission.", &[]), |s| {
+        s.cache.reused_tokens as f64
+    }),
+    (Family::counter("kvc_prompt_tokens_to_compute_total", "Prompt tokens left to compute at admission.", &[]), |s| {
+        s.cache.computed_tokens as f64
+    }),
+    (Family::counter("kvc_host_restores_total", "Blocks copied back from the host tier.", &[]), |s| s.cache.host_restores as f64),
+    (Family::counter("kvc_sessions_expired_total", "Idle sessions deleted by the TTL.", &[]), |s| s.cache.sessions_expired as f64),
+    (Family::counter("kvc_sessions_capped_total", "Idle sessions dropped to keep their API key under --max-sessions-per-key.", &[]), |s| {
+        s.cache.sessions_capped as f64
+    }),
+];
+
+/// The engine's families with labels ([`read_labelled`]).
+const ENGINE_LABELLED: &[Family] = &[
     Family::counter(
         "kvc_engine_stalled_steps_total",
         "Steps in which requests waited and nothing could be scheduled, by why the oldest waited (0 in a healthy engine).",
         &["reason"],
     ),
-    Family::gauge("kvc_requests_oldest_waiting_seconds", "Age of the oldest request waiting for admission (0: none waits).", &[]),
-    Family::counter("kvc_prompt_tokens_computed_total", "Prompt tokens run through the model.", &[]),
-    Family::counter("kvc_generation_tokens_total", "Tokens generated.", &[]),
-    Family::counter("kvc_structured_output_masks_total", "Grammar masks computed for structured outputs (one per constrained token).", &[]),
-    Family::counter(
-        "kvc_structured_output_errors_total",
-        "Requests ended because their grammar failed (a prefill worker's token it does not allow, or a matcher error).",
-        &[],
-    ),
-    Family::counter("kvc_structured_output_mask_seconds_total", "Time computing grammar masks, beside the forward pass.", &[]),
-    Family::counter(
-        "kvc_structured_output_mask_wait_seconds_total",
-        "Time steps waited for grammar masks after the forward pass (their cost on the critical path).",
-        &[],
-    ),
-    Family::counter("kvc_snapshot_push_enqueued_total", "Session snapshot pushes queued after committed turns (decode workers).", &[]),
-    Family::counter("kvc_snapshot_ingested_total", "Session snapshot pushes committed into this worker's snapshot store.", &[]),
-    Family::counter("kvc_snapshot_evicted_total", "Snapshot store entries dropped (LRU, from either tier) to make room.", &[]),
-    Family::counter("kvc_snapshot_aborted_total", "Snapshot pushes aborted or expired before commit.", &[]),
-    Family::gauge("kvc_snapshot_blocks_used", "KV pool blocks held by the snapshot store (its device tier).", &[]),
-    Family::gauge("kvc_snapshot_blocks_capacity", "Most KV blocks the snapshot store may hold.", &[]),
-    Family::counter("kvc_snapshot_bypass_tokens_total", "Prompt tokens served from snapshots (prefill bypass).", &[]),
     Family::gauge(
         "kvc_snapshot_store_blocks",
         "Blocks of the snapshot store's entries by tier: device (pool blocks) and host (demoted to the host tier).",
@@ -69,17 +145,6 @@ const ENGINE: &[Family] = &[
         "Remote prefills served from a snapshot, by the tier they came from (host: blocks were copied back first).",
         &["tier"],
     ),
-    Family::counter("kvc_snapshot_demoted_blocks_total", "Snapshot store blocks copied to the host tier.", &[]),
-    Family::counter("kvc_snapshot_restored_blocks_total", "Snapshot store blocks copied back from the host tier for a bypass.", &[]),
-    Family::gauge("kvc_kv_blocks_cached", "KV blocks in the prefix index.", &[]),
-    Family::gauge("kvc_host_kv_blocks_free", "Free blocks of the host-memory tier.", &[]),
-    Family::gauge("kvc_host_kv_blocks_total", "Blocks of the host-memory tier.", &[]),
-    Family::gauge("kvc_sessions_resident", "Sessions the engine holds (any tier).", &[]),
-    Family::counter("kvc_session_hits_total", "Requests that reused their session's KV.", &[]),
-    Family::counter("kvc_prefix_cache_hits_total", "Requests that reused prefix-cache blocks (no session hit).", &[]),
-    Family::counter("kvc_prompt_tokens_reused_total", "Prompt tokens served from cached KV at admission.", &[]),
-    Family::counter("kvc_prompt_tokens_to_compute_total", "Prompt tokens left to compute at admission.", &[]),
-    Family::counter("kvc_host_restores_total", "Blocks copied back from the host tier.", &[]),
     Family::counter(
         "kvc_host_tier_bytes_total",
         "Bytes the host tier copied: to_host (demotion) and to_device (restore).",
@@ -90,8 +155,6 @@ const ENGINE: &[Family] = &[
         "Idle sessions' blocks written back to the host tier ahead of pressure: copied, used (evicted with no copy), discarded (released unused).",
         &["outcome"],
     ),
-    Family::counter("kvc_sessions_expired_total", "Idle sessions deleted by the TTL.", &[]),
-    Family::counter("kvc_sessions_capped_total", "Idle sessions dropped to keep their API key under --max-sessions-per-key.", &[]),
     Family::counter("kvc_evicted_blocks_total", "KV blocks evicted from the device, by destination tier and reason.", &["tier", "reason"]),
     Family::gauge(
         "kvc_scheduler_prefill_budget_seconds",
@@ -100,55 +163,13 @@ const ENGINE: &[Family] = &[
     ),
 ];
 
-/// The engine's families, from one stats snapshot.
-fn read_engine(s: &EngineStats, out: &mut Scrape) {
-    let mut one = |name: &str, v: f64| out.sample(name, &[], v);
-    one("kvc_kv_blocks_free", s.free_blocks as f64);
-    one("kvc_kv_blocks_total", s.total_blocks as f64);
-    one("kvc_kv_blocks_evictable", s.evictable_blocks as f64);
-    one("kvc_requests_running", s.running as f64);
-    one("kvc_requests_waiting", s.waiting as f64);
-    one("kvc_prefill_backlog_tokens", s.pending_prefill_tokens as f64);
-    one("kvc_prefill_backlog_drain_tokens_per_second", s.backlog_drain_tokens_per_s);
-    one("kvc_engine_steps_total", s.steps as f64);
-    one("kvc_preemptions_total", s.preemptions as f64);
-    one("kvc_preempted_tokens_recomputed_total", s.preempted_tokens_recomputed as f64);
-    one("kvc_scheduler_partial_prefills", s.partial_prefills as f64);
-    one("kvc_prompt_tokens_computed_total", s.prompt_tokens_computed as f64);
-    one("kvc_generation_tokens_total", s.generated_tokens as f64);
-    one("kvc_structured_output_masks_total", s.grammar_masks as f64);
-    one("kvc_structured_output_errors_total", s.grammar_errors as f64);
-    one("kvc_structured_output_mask_seconds_total", s.grammar_mask_seconds);
-    one("kvc_structured_output_mask_wait_seconds_total", s.grammar_wait_seconds);
-    let sn = &s.snapshot_stats;
-    one("kvc_snapshot_push_enqueued_total", s.snapshot_pushes_enqueued as f64);
-    one("kvc_snapshot_ingested_total", sn.ingested as f64);
-    one("kvc_snapshot_evicted_total", sn.evicted as f64);
-    one("kvc_snapshot_aborted_total", sn.aborted as f64);
-    one("kvc_snapshot_blocks_used", s.snapshot_used_blocks as f64);
-    one("kvc_snapshot_blocks_capacity", s.snapshot_capacity_blocks as f64);
-    one("kvc_snapshot_bypass_tokens_total", sn.bypass_tokens as f64);
-    one("kvc_snapshot_demoted_blocks_total", sn.demoted_blocks as f64);
-    one("kvc_snapshot_restored_blocks_total", sn.restored_blocks as f64);
+/// The engine's labelled families, from one stats snapshot.
+fn read_labelled(s: &EngineStats, out: &mut Scrape) {
     let k = &s.cache;
-    one("kvc_kv_blocks_cached", s.cached_blocks as f64);
-    one("kvc_host_kv_blocks_free", s.host_free_blocks as f64);
-    one("kvc_host_kv_blocks_total", s.host_total_blocks as f64);
-    one("kvc_sessions_resident", s.sessions.len() as f64);
-    one("kvc_session_hits_total", k.session_hits as f64);
-    one("kvc_prefix_cache_hits_total", k.prefix_hits as f64);
-    one("kvc_prompt_tokens_reused_total", k.reused_tokens as f64);
-    one("kvc_prompt_tokens_to_compute_total", k.computed_tokens as f64);
-    one("kvc_host_restores_total", k.host_restores as f64);
-    one("kvc_sessions_expired_total", k.sessions_expired as f64);
-    one("kvc_sessions_capped_total", k.sessions_capped as f64);
-    out.sample("kvc_scheduler_head_of_line_passed_total", &[], s.passed_head as f64);
     for reason in kvc_engine::stall_reasons() {
         let n = s.stalled_steps.iter().find(|(r, _)| *r == reason).map_or(0, |(_, n)| *n);
         out.sample("kvc_engine_stalled_steps_total", &[reason], n as f64);
     }
-    let oldest = s.oldest_waiting_since.map_or(0.0, |t| t.elapsed().as_secs_f64());
-    out.sample("kvc_requests_oldest_waiting_seconds", &[], oldest);
     out.sample("kvc_host_tier_bytes_total", &["to_host"], s.host_bytes_moved.0 as f64);
     out.sample("kvc_host_tier_bytes_total", &["to_device"], s.host_bytes_moved.1 as f64);
     let wb = &k.write_back_blocks;
@@ -180,7 +201,14 @@ fn read_engine(s: &EngineStats, out: &mut Scrape) {
 
 /// Registers the engine's families, read from `stats()` at each scrape.
 pub fn register_engine(registry: &Registry, stats: impl Fn() -> EngineStats + Send + Sync + 'static) {
-    ScrapeTime::register(registry, ENGINE, move |out| read_engine(&stats(), out));
+    let families: Vec<Family> = ENGINE.iter().map(|(family, _)| *family).chain(ENGINE_LABELLED.iter().copied()).collect();
+    ScrapeTime::register(registry, &families, move |out| {
+        let s = stats();
+        for (family, value) in ENGINE {
+            out.sample(family.name, &[], value(&s));
+        }
+        read_labelled(&s, out);
+    });
 }
 
 const DECISIONS: &[Family] = &[Family::counter(

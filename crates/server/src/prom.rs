@@ -147,13 +147,13 @@ impl Scrape<'_> {
 
 /// Families whose values `read` gives at each scrape.
 pub struct ScrapeTime<F> {
-    families: &'static [Family],
+    families: Vec<Family>,
     descs: Vec<Desc>,
     read: F,
 }
 
 impl<F: Fn(&mut Scrape) + Send + Sync + 'static> ScrapeTime<F> {
-    pub fn register(registry: &Registry, families: &'static [Family], read: F) {
+    pub fn register(registry: &Registry, families: &[Family], read: F) {
         let descs = families
             .iter()
             .map(|f| {
@@ -161,7 +161,7 @@ impl<F: Fn(&mut Scrape) + Send + Sync + 'static> ScrapeTime<F> {
                 Desc::new(f.name.to_string(), f.help.to_string(), labels, HashMap::new()).expect("valid metric")
             })
             .collect();
-        register(registry, Self { families, descs, read });
+        register(registry, Self { families: families.to_vec(), descs, read });
     }
 }
 
@@ -182,7 +182,7 @@ impl<F: Fn(&mut Scrape) + Send + Sync> Collector for ScrapeTime<F> {
                 m
             })
             .collect();
-        let mut scrape = Scrape { families: self.families, out };
+        let mut scrape = Scrape { families: &self.families, out };
         (self.read)(&mut scrape);
         scrape.out.into_iter().filter(|f| !f.get_metric().is_empty()).collect()
     }

@@ -75,7 +75,7 @@ impl std::fmt::Debug for RouterMetrics {
 impl RouterMetrics {
     /// Adds `families` to the router's registry, their values given by
     /// `read` at each scrape.
-    pub fn on_scrape(&self, families: &'static [Family], read: impl Fn(&mut Scrape) + Send + Sync + 'static) {
+    pub fn on_scrape(&self, families: &[Family], read: impl Fn(&mut Scrape) + Send + Sync + 'static) {
         ScrapeTime::register(&self.registry, families, read);
     }
 
