@@ -21,17 +21,7 @@ pub enum Api {
     Chat,
 }
 
-impl std::str::FromStr for Api {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "completions" => Ok(Api::Completions),
-            "chat" => Ok(Api::Chat),
-            _ => Err(format!("unknown api {s:?} (completions, chat)")),
-        }
-    }
-}
+crate::named::from_str_by_serde_name!(Api, "api", "completions, chat");
 
 pub const SESSION_HEADER: &str = "x-session-id";
 

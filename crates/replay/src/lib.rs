@@ -19,6 +19,7 @@ pub mod file;
 pub mod http;
 pub mod jsonl;
 pub mod metrics;
+pub mod named;
 pub mod pacing;
 pub mod report;
 pub mod reuse;

@@ -15,17 +15,7 @@ pub enum Pacing {
     Arrival,
 }
 
-impl std::str::FromStr for Pacing {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "think" => Ok(Pacing::Think),
-            "arrival" => Ok(Pacing::Arrival),
-            _ => Err(format!("unknown pacing {s:?} (think, arrival)")),
-        }
-    }
-}
+crate::named::from_str_by_serde_name!(Pacing, "pacing", "think, arrival");
 
 impl Pacing {
     /// When `turn` is due in a run started at `t0` that plays the trace
@@ -58,5 +48,7 @@ mod tests {
         assert_eq!(s(Pacing::Arrival.due(t0, 2.0, Some(end), &turn)), 5.0, "the arrival, later than the end");
         let late = t0 + Duration::from_secs(7);
         assert_eq!(s(Pacing::Arrival.due(t0, 2.0, Some(late), &turn)), 7.0, "the end, later than the arrival");
+        assert_eq!(("think".parse(), "arrival".parse()), (Ok(Pacing::Think), Ok(Pacing::Arrival)));
+        assert_eq!("Think".parse::<Pacing>(), Err("unknown pacing \"Think\" (think, arrival)".to_string()));
     }
 }
