@@ -14,7 +14,7 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use super::{jsonl, scaled_block_len, LoadOptions, PromptSpec, Session, Turn, Workload};
+use super::{jsonl, HashBlocks, LoadOptions, Session, Turn, Workload};
 use crate::error::{ReplayError, Result};
 
 pub const BLOCK_TOKENS: usize = 16;
@@ -45,8 +45,7 @@ fn key(v: &serde_json::Value) -> Option<String> {
 }
 
 pub fn parse(path: &Path, text: &str, opts: &LoadOptions) -> Result<Workload> {
-    let block = opts.block_size.unwrap_or(BLOCK_TOKENS);
-    let scaled_block = opts.scale.block(block)?;
+    let blocks = HashBlocks::new(opts, BLOCK_TOKENS)?;
     let rows = jsonl::<Row>(path, text)?;
     let t0 = rows.iter().map(|(_, r)| r.timestamp).fold(f64::INFINITY, f64::min);
 
@@ -82,31 +81,26 @@ pub fn parse(path: &Path, text: &str, opts: &LoadOptions) -> Result<Workload> {
         let mut turns = Vec::with_capacity(reqs.len());
         let mut prev_ts: Option<f64> = None;
         for (i, (line, r)) in reqs.into_iter().enumerate() {
-            if r.input_length == 0 {
-                return Err(ReplayError::trace(path, line, "input_length is 0"));
-            }
+            let (prompt, output_tokens) = blocks.request(path, line, r.input_length, r.output_length, r.hash_ids)?;
             turns.push(Turn {
                 turn: r.turn.unwrap_or(i),
                 arrival_s: r.timestamp - t0,
                 think_s: prev_ts.map_or(0.0, |p| (r.timestamp - p).max(0.0)),
-                prompt: PromptSpec::Blocks {
-                    len: scaled_block_len(r.input_length, block, scaled_block, opts.scale),
-                    hash_ids: r.hash_ids,
-                    block_tokens: scaled_block,
-                },
-                output_tokens: opts.scale.len(r.output_length.max(1)),
+                prompt,
+                output_tokens,
             });
             prev_ts = Some(r.timestamp);
         }
         sessions.push(Session { id: Some(format!("bailian-{root}")), turns });
     }
     sessions.sort_by(|a, b| a.turns[0].arrival_s.total_cmp(&b.turns[0].arrival_s));
-    Ok(Workload { source: format!("bailian:{} (block {block}, scale {})", path.display(), opts.scale), sessions })
+    Ok(Workload { source: format!("bailian:{} (block {}, scale {})", path.display(), blocks.block, opts.scale), sessions })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::trace::PromptSpec;
 
     #[test]
     fn parent_links_make_sessions_with_think_times() {

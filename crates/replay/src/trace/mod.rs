@@ -232,6 +232,43 @@ pub(crate) fn jsonl<T: serde::de::DeserializeOwned>(path: &Path, text: &str) -> 
         .collect()
 }
 
+/// How a hash-block trace (Mooncake, Bailian) lays its prompts out:
+/// `block` tokens per hash id in the trace, `scaled` once its lengths are
+/// scaled by `scale`.
+pub(crate) struct HashBlocks {
+    pub block: usize,
+    scaled: usize,
+    scale: Scale,
+}
+
+impl HashBlocks {
+    /// `opts.block_size`, else the format's `default`; an error for a
+    /// scale that would cut blocks ([`Scale::block`]).
+    pub fn new(opts: &LoadOptions, default: usize) -> Result<HashBlocks> {
+        let block = opts.block_size.unwrap_or(default);
+        Ok(HashBlocks { block, scaled: opts.scale.block(block)?, scale: opts.scale })
+    }
+
+    /// The prompt and output length of a request of the trace (at `line`
+    /// of `path`), scaled: `input_length` tokens made of the blocks
+    /// `hash_ids` names, `output_length` (at least 1) out. A request
+    /// without input is an error.
+    pub fn request(
+        &self,
+        path: &Path,
+        line: usize,
+        input_length: usize,
+        output_length: usize,
+        hash_ids: Vec<u64>,
+    ) -> Result<(PromptSpec, usize)> {
+        if input_length == 0 {
+            return Err(ReplayError::trace(path, line, "input_length is 0"));
+        }
+        let len = scaled_block_len(input_length, self.block, self.scaled, self.scale);
+        Ok((PromptSpec::Blocks { len, hash_ids, block_tokens: self.scaled }, self.scale.len(output_length.max(1))))
+    }
+}
+
 /// The scaled length of a prompt of `input_length` tokens laid out in
 /// `block`-token hash blocks: whole blocks become `scaled_block` tokens
 /// each, a partial tail is scaled on its own (at least one token), so the

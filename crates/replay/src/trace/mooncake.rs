@@ -8,8 +8,8 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use super::{jsonl, scaled_block_len, LoadOptions, PromptSpec, Session, Turn, Workload};
-use crate::error::{ReplayError, Result};
+use super::{jsonl, HashBlocks, LoadOptions, Session, Turn, Workload};
+use crate::error::Result;
 
 pub const BLOCK_TOKENS: usize = 512;
 
@@ -23,29 +23,14 @@ struct Row {
 }
 
 pub fn parse(path: &Path, text: &str, opts: &LoadOptions) -> Result<Workload> {
-    let block = opts.block_size.unwrap_or(BLOCK_TOKENS);
-    let scaled_block = opts.scale.block(block)?;
+    let blocks = HashBlocks::new(opts, BLOCK_TOKENS)?;
     let rows: Vec<(usize, Row)> = jsonl(path, text)?.into_iter().skip(opts.skip).collect();
     let t0 = rows.iter().map(|(_, r)| r.timestamp).fold(f64::INFINITY, f64::min);
     let mut sessions = Vec::with_capacity(rows.len());
     for (line, r) in rows {
-        if r.input_length == 0 {
-            return Err(ReplayError::trace(path, line, "input_length is 0"));
-        }
-        sessions.push(Session {
-            id: None,
-            turns: vec![Turn {
-                turn: 0,
-                arrival_s: (r.timestamp - t0) / 1000.0,
-                think_s: 0.0,
-                prompt: PromptSpec::Blocks {
-                    len: scaled_block_len(r.input_length, block, scaled_block, opts.scale),
-                    hash_ids: r.hash_ids,
-                    block_tokens: scaled_block,
-                },
-                output_tokens: opts.scale.len(r.output_length.max(1)),
-            }],
-        });
+        let (prompt, output_tokens) = blocks.request(path, line, r.input_length, r.output_length, r.hash_ids)?;
+        let turn = Turn { turn: 0, arrival_s: (r.timestamp - t0) / 1000.0, think_s: 0.0, prompt, output_tokens };
+        sessions.push(Session { id: None, turns: vec![turn] });
     }
     // Replay in arrival order even if the file is not sorted.
     sessions.sort_by(|a, b| a.turns[0].arrival_s.total_cmp(&b.turns[0].arrival_s));
@@ -55,6 +40,7 @@ pub fn parse(path: &Path, text: &str, opts: &LoadOptions) -> Result<Workload> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::trace::PromptSpec;
 
     #[test]
     fn requests_keep_hash_structure_and_rebase_time_when_scaled() {
