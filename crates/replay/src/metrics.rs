@@ -1,6 +1,8 @@
 //! One row of `metrics.jsonl` per request, appended when the request ends
 //! (see [`crate::run_dir`]).
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 use crate::client::Outcome;
@@ -132,6 +134,15 @@ impl RequestRecord {
             (None, _) => "unlabelled".into(),
         }
     }
+}
+
+/// `rows` by [`RequestRecord::label`], each label's in their order.
+pub fn by_label(rows: &[RequestRecord]) -> BTreeMap<String, Vec<&RequestRecord>> {
+    let mut m: BTreeMap<String, Vec<&RequestRecord>> = BTreeMap::new();
+    for r in rows {
+        m.entry(r.label()).or_default().push(r);
+    }
+    m
 }
 
 /// First send to last answer (or cut) over `rows`, in seconds: a run's

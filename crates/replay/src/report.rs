@@ -2,14 +2,13 @@
 //! at the end of a run (also one cut short by a stop) or rebuilt from the
 //! rows that [`crate::run_dir`] keeps as the run goes.
 
-use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::path::Path;
 
 use crate::error::{ReplayError, Result};
 use crate::file::write_file;
 use crate::jsonl::{read_jsonl, write_atomic, write_jsonl};
-use crate::metrics::RequestRecord;
+use crate::metrics::{by_label, RequestRecord};
 use crate::run_dir::{self, LATENCY_PLOT, POOL_PLOT, TTFT_PLOT, TTFT_TIME_PLOT};
 use crate::run_meta::meta_table;
 use crate::scrape::{pool_series, ScrapeRow};
@@ -74,14 +73,6 @@ fn write_reports(dir: &Path, summary: &Summary, rows: &[RequestRecord], scrapes:
     }
     write_file(&dir.join(run_dir::SUMMARY_MD), &markdown(summary, !pool.series.is_empty()))?;
     write_atomic(&dir.join(run_dir::SUMMARY_JSON), serde_json::to_string_pretty(summary)?.as_bytes())
-}
-
-fn by_label(rows: &[RequestRecord]) -> BTreeMap<String, Vec<&RequestRecord>> {
-    let mut m: BTreeMap<String, Vec<&RequestRecord>> = BTreeMap::new();
-    for r in rows {
-        m.entry(r.label()).or_default().push(r);
-    }
-    m
 }
 
 pub fn ttft_chart(rows: &[RequestRecord]) -> Chart {

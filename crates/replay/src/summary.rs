@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::metrics::RequestRecord;
+use crate::metrics::{by_label, RequestRecord};
 use crate::run_meta::RunMeta;
 use crate::scrape::{pool_series, ScrapeRow};
 use crate::stats::Dist;
@@ -81,11 +81,7 @@ impl Summary {
         let sent: u64 = rows.iter().map(|r| r.prompt_tokens_sent).sum();
         let reusable: u64 = rows.iter().map(|r| r.reusable_tokens).sum();
 
-        let mut groups: BTreeMap<String, Vec<&RequestRecord>> = BTreeMap::new();
-        for r in rows {
-            groups.entry(r.label()).or_default().push(r);
-        }
-        let path_mix = groups
+        let path_mix = by_label(rows)
             .into_iter()
             .map(|(label, rs)| {
                 let stats = PathStats {
