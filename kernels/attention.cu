@@ -71,6 +71,105 @@ __device__ __forceinline__ void load_kv(bf16* sK, bf16* sV, const bf16* cache, c
     }
 }
 
+// One work item as both tile kernels read it: its sequence's rows, the
+// keys it covers (causal: up to its last token's position) and the number
+// of BC-key tiles over them.
+struct Item {
+    int tok_off, ntok, kv_begin, kv_hi, part, q_start, first_pos, ntiles;
+    const int* table;
+};
+
+__device__ __forceinline__ Item read_item(const int* items, const int* seqs, const int* tables) {
+    const int* it = items + blockIdx.x * 7;
+    const int* sq = seqs + it[0] * 4;
+    Item w;
+    w.tok_off = it[1];
+    w.ntok = it[2];
+    w.kv_begin = it[3];
+    w.part = it[5];
+    w.q_start = sq[0];
+    w.table = tables + sq[3];
+    w.first_pos = sq[2] - sq[1] + w.tok_off;             // position of the tile's first token
+    w.kv_hi = min(it[4], w.first_pos + w.ntok);          // causal: keys <= last position
+    w.ntiles = w.kv_hi > w.kv_begin ? (w.kv_hi - w.kv_begin + BC - 1) / BC : 0;
+    return w;
+}
+
+// Stages the item's Q rows into sQ ([ROWS][LDQ]): row r = (token r / G,
+// head kvh * G + r % G); zeros past the item's tokens and past hd.
+template <int HD, int ROWS>
+__device__ __forceinline__ void load_q(bf16* sQ, const bf16* q, const Item& w, int nh, int hd, int kvh, int G, int tid) {
+    for (int e = tid; e < ROWS * (HD / 8); e += 128) {
+        int r = e / (HD / 8), c = e % (HD / 8);
+        int tok = r / G;
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (tok < w.ntok && c < hd / 8) {
+            int head = kvh * G + r % G;
+            v = *(const uint4*)(q + ((size_t)(w.q_start + w.tok_off + tok) * nh + head) * hd + c * 8);
+        }
+        *(uint4*)(sQ + r * LDQ + c * 8) = v;
+    }
+}
+
+// Reads the CTA's work item (KV head blockIdx.y), puts its first K/V tile
+// in flight into stage 0 of sKV and stages its Q rows while it lands.
+template <int HD, int ROWS>
+__device__ __forceinline__ Item start_item(bf16* sQ, bf16* sKV, const bf16* q, const bf16* cache, const int* items,
+                                           const int* seqs, const int* tables, int nh, int nkv, int hd,
+                                           int block_size) {
+    const Item w = read_item(items, seqs, tables);
+    const int kvh = blockIdx.y;
+    if (w.ntiles > 0)
+        load_kv<HD>(sKV, sKV + BC * LDQ, cache, w.table, w.kv_begin, w.kv_hi, hd, nkv, kvh, block_size,
+                    (size_t)block_size * nkv * hd);
+    cp_async_commit();
+    load_q<HD, ROWS>(sQ, q, w, nh, hd, kvh, nh / nkv, threadIdx.x);
+    return w;
+}
+
+// Which row of a warp's 16 each accumulator element holds, read off a
+// fragment loaded from a matrix of row numbers written into `scratch`
+// (16 rows of stride ld; no layout assumption). Ends with __syncthreads.
+__device__ __forceinline__ void accumulator_rows(float* scratch, int ld, int lane, int row_of[8]) {
+    for (int e = lane; e < 256; e += 32) scratch[(e / 16) * ld + e % 16] = (float)(e / 16);
+    __syncthreads();
+    Acc f;
+    wmma::load_matrix_sync(f, scratch, ld, wmma::mem_row_major);
+    for (int i = 0; i < f.num_elements && i < 8; i++) row_of[i] = (int)f.x[i];
+}
+
+// Waits for key tile t's copies and issues tile t + 1's into the other
+// stage; returns tile t's stage ([k|v][BC][LDQ]).
+template <int HD>
+__device__ __forceinline__ const bf16* next_kv_tile(bf16* sKV, int t, const Item& w, const bf16* cache, int hd, int nkv,
+                                                    int kvh, int block_size, size_t kv_tok) {
+    const int kb = w.kv_begin + t * BC;
+    if (t + 1 < w.ntiles) {
+        bf16* nk = sKV + ((t + 1) & 1) * 2 * BC * LDQ;
+        load_kv<HD>(nk, nk + BC * LDQ, cache, w.table, kb + BC, w.kv_hi, hd, nkv, kvh, block_size, kv_tok);
+        cp_async_commit();
+        cp_async_wait<1>();
+    } else {
+        cp_async_wait<0>();
+    }
+    __syncthreads();
+    return sKV + (t & 1) * 2 * BC * LDQ;
+}
+
+// Row r's normalised output element d: straight into `out`, or as an f32
+// partial with its log-sum-exp (m + log l) for attn_combine.
+__device__ __forceinline__ void write_out(bf16* out, float* part_o, float* part_lse, const Item& w, int nh, int nkv,
+                                          int hd, int kvh, int G, int r, int d, float o, float m, float l) {
+    int tok = r / G, head = kvh * G + r % G;
+    if (w.part < 0) {
+        out[((size_t)(w.q_start + w.tok_off + tok) * nh + head) * hd + d] = to_bf(o);
+    } else {
+        size_t pr = ((size_t)w.part * nkv + kvh) * BR + r;
+        part_o[pr * hd + d] = o;
+        if (d == 0) part_lse[pr] = l > 0.f ? m + logf(l) : -INFINITY;
+    }
+}
+
 template <int HD>
 __device__ void attn_tile(const bf16* __restrict__ q, const bf16* __restrict__ cache, const int* __restrict__ tables,
                           const int* __restrict__ seqs, const int* __restrict__ items, bf16* __restrict__ out,
@@ -87,67 +186,25 @@ __device__ void attn_tile(const bf16* __restrict__ q, const bf16* __restrict__ c
     float* sL = (float*)(smem + L.l);
     float* sA = (float*)(smem + L.alpha);
 
-    const int* it = items + blockIdx.x * 7;
-    const int seq = it[0], tok_off = it[1], ntok = it[2], kv_begin = it[3], kv_end_item = it[4], part = it[5];
-    const int* sq = seqs + seq * 4;
-    const int q_start = sq[0], q_len = sq[1], ctx = sq[2];
-    const int* table = tables + sq[3];
-    const int kvh = blockIdx.y;
-    const int G = nh / nkv;
-    const int first_pos = ctx - q_len + tok_off;  // position of the tile's first token
-    const int kv_hi = min(kv_end_item, first_pos + ntok);  // causal: keys <= last position
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const Item w = start_item<HD, BR>(sQ, sKV, q, cache, items, seqs, tables, nh, nkv, hd, block_size);
+    const int kvh = blockIdx.y, G = nh / nkv, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const size_t kv_tok = (size_t)block_size * nkv * hd;
-    const int ntiles = kv_hi > kv_begin ? (kv_hi - kv_begin + BC - 1) / BC : 0;
-
-    // First K/V tile in flight while Q is staged.
-    if (ntiles > 0) load_kv<HD>(sKV, sKV + BC * LDQ, cache, table, kv_begin, kv_hi, hd, nkv, kvh, block_size, kv_tok);
-    cp_async_commit();
-
-    // Q tile: row r = (token r / G, head kvh * G + r % G); zero padding.
-    for (int e = tid; e < BR * (HD / 8); e += 128) {
-        int r = e / (HD / 8), c = e % (HD / 8);
-        int tok = r / G;
-        uint4 v = make_uint4(0, 0, 0, 0);
-        if (tok < ntok && c < hd / 8) {
-            int head = kvh * G + r % G;
-            v = *(const uint4*)(q + ((size_t)(q_start + tok_off + tok) * nh + head) * hd + c * 8);
-        }
-        *(uint4*)(sQ + r * LDQ + c * 8) = v;
-    }
+    const int ntok = w.ntok, kv_hi = w.kv_hi, first_pos = w.first_pos;
     for (int r = tid; r < BR; r += 128) {
         sM[r] = -INFINITY;
         sL[r] = 0.f;
     }
-    // Which row of the warp's 16 each accumulator element holds: read off a
-    // fragment loaded from a matrix of row numbers (no layout assumption).
-    float* rows16 = sS + warp * 256;
-    for (int e = lane; e < 256; e += 32) rows16[e] = (float)(e / 16);
-    __syncthreads();
     int row_of[8];
-    {
-        Acc f;
-        wmma::load_matrix_sync(f, rows16, 16, wmma::mem_row_major);
-        for (int i = 0; i < f.num_elements && i < 8; i++) row_of[i] = (int)f.x[i];
-    }
+    accumulator_rows(sS + warp * 256, 16, lane, row_of);
     Acc oacc[HD / 16];
     for (int n = 0; n < HD / 16; n++) wmma::fill_fragment(oacc[n], 0.f);
     wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> qf[HD / 16];
     for (int k = 0; k < HD / 16; k++) wmma::load_matrix_sync(qf[k], sQ + warp * 16 * LDQ + k * 16, LDQ);
     __syncthreads();  // every warp has read its row map before sS is reused
 
-    for (int t = 0; t < ntiles; t++) {
-        const int kb = kv_begin + t * BC;
-        if (t + 1 < ntiles) {
-            bf16* nk = sKV + ((t + 1) & 1) * 2 * BC * LDQ;
-            load_kv<HD>(nk, nk + BC * LDQ, cache, table, kb + BC, kv_hi, hd, nkv, kvh, block_size, kv_tok);
-            cp_async_commit();
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
-        __syncthreads();
-        const bf16* sK = sKV + (t & 1) * 2 * BC * LDQ;
+    for (int t = 0; t < w.ntiles; t++) {
+        const int kb = w.kv_begin + t * BC;
+        const bf16* sK = next_kv_tile<HD>(sKV, t, w, cache, hd, nkv, kvh, block_size, kv_tok);
         const bf16* sV = sK + BC * LDQ;
 
         // S = Q K^T for this warp's 16 rows.
@@ -231,18 +288,9 @@ __device__ void attn_tile(const bf16* __restrict__ q, const bf16* __restrict__ c
     // Normalise and write.
     for (int e = tid; e < BR * hd; e += 128) {
         int r = e / hd, d = e % hd;
-        int tok = r / G;
-        if (tok >= ntok) continue;
-        int head = kvh * G + r % G;
+        if (r / G >= ntok) continue;
         float l = sL[r];
-        float o = l > 0.f ? sO[r * HD + d] / l : 0.f;
-        if (part < 0) {
-            out[((size_t)(q_start + tok_off + tok) * nh + head) * hd + d] = to_bf(o);
-        } else {
-            size_t pr = ((size_t)part * nkv + kvh) * BR + r;
-            part_o[pr * hd + d] = o;
-            if (d == 0) part_lse[pr] = l > 0.f ? sM[r] + logf(l) : -INFINITY;
-        }
+        write_out(out, part_o, part_lse, w, nh, nkv, hd, kvh, G, r, d, l > 0.f ? sO[r * HD + d] / l : 0.f, sM[r], l);
     }
 }
 
@@ -269,31 +317,10 @@ __device__ void attn_decode(const bf16* __restrict__ q, const bf16* __restrict__
     float* sA = sL + NWARPS * DR;                             // [4][DR]
     float* sO = (float*)sKV;                                  // after the loop: [4][DR][HD]
 
-    const int* it = items + blockIdx.x * 7;
-    const int seq = it[0], tok_off = it[1], ntok = it[2], kv_begin = it[3], kv_end_item = it[4], part = it[5];
-    const int* sq = seqs + seq * 4;
-    const int q_start = sq[0], q_len = sq[1], ctx = sq[2];
-    const int* table = tables + sq[3];
-    const int kvh = blockIdx.y;
-    const int G = nh / nkv;
-    const int first_pos = ctx - q_len + tok_off;
-    const int kv_hi = min(kv_end_item, first_pos + ntok);
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const Item w = start_item<HD, DR>(sQ, sKV, q, cache, items, seqs, tables, nh, nkv, hd, block_size);
+    const int kvh = blockIdx.y, G = nh / nkv, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const size_t kv_tok = (size_t)block_size * nkv * hd;
-    const int ntiles = kv_hi > kv_begin ? (kv_hi - kv_begin + BC - 1) / BC : 0;
-
-    if (ntiles > 0) load_kv<HD>(sKV, sKV + BC * LDQ, cache, table, kv_begin, kv_hi, hd, nkv, kvh, block_size, kv_tok);
-    cp_async_commit();
-    for (int e = tid; e < DR * (HD / 8); e += 128) {
-        int r = e / (HD / 8), c = e % (HD / 8);
-        int tok = r / G;
-        uint4 v = make_uint4(0, 0, 0, 0);
-        if (tok < ntok && c < hd / 8) {
-            int head = kvh * G + r % G;
-            v = *(const uint4*)(q + ((size_t)(q_start + tok_off + tok) * nh + head) * hd + c * 8);
-        }
-        *(uint4*)(sQ + r * LDQ + c * 8) = v;
-    }
+    const int ntok = w.ntok, kv_hi = w.kv_hi, first_pos = w.first_pos;
     float* mw = sM + warp * DR;
     float* lw = sL + warp * DR;
     float* aw = sA + warp * DR;
@@ -303,34 +330,18 @@ __device__ void attn_decode(const bf16* __restrict__ q, const bf16* __restrict__
     }
     float* sw = sS + warp * DR * LDS16;
     bf16* pw = sP + warp * DR * LDP16;
-    for (int e = lane; e < 256; e += 32) sw[(e / 16) * LDS16 + e % 16] = (float)(e / 16);
-    __syncthreads();
     int row_of[8];
-    {
-        Acc f;
-        wmma::load_matrix_sync(f, sw, LDS16, wmma::mem_row_major);
-        for (int i = 0; i < f.num_elements && i < 8; i++) row_of[i] = (int)f.x[i];
-    }
+    accumulator_rows(sw, LDS16, lane, row_of);
     Acc oacc[HD / 16];
     for (int n = 0; n < HD / 16; n++) wmma::fill_fragment(oacc[n], 0.f);
     wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> qf[HD / 16];
     for (int k = 0; k < HD / 16; k++) wmma::load_matrix_sync(qf[k], sQ + k * 16, LDQ);
     __syncwarp();
 
-    for (int t = 0; t < ntiles; t++) {
-        const int kb = kv_begin + t * BC;
-        if (t + 1 < ntiles) {
-            bf16* nk = sKV + ((t + 1) & 1) * 2 * BC * LDQ;
-            load_kv<HD>(nk, nk + BC * LDQ, cache, table, kb + BC, kv_hi, hd, nkv, kvh, block_size, kv_tok);
-            cp_async_commit();
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
-        __syncthreads();
-        const bf16* sK = sKV + (t & 1) * 2 * BC * LDQ + warp * 16 * LDQ;  // this warp's 16 keys
+    for (int t = 0; t < w.ntiles; t++) {
+        const bf16* sK = next_kv_tile<HD>(sKV, t, w, cache, hd, nkv, kvh, block_size, kv_tok) + warp * 16 * LDQ;  // this warp's 16 keys
         const bf16* sV = sK + BC * LDQ;
-        const int kw = kb + warp * 16;
+        const int kw = w.kv_begin + t * BC + warp * 16;
         {
             Acc acc;
             wmma::fill_fragment(acc, 0.f);
@@ -402,24 +413,16 @@ __device__ void attn_decode(const bf16* __restrict__ q, const bf16* __restrict__
         int tok = r / G;
         if (tok >= ntok) continue;
         float M = -INFINITY;
-        for (int w = 0; w < NWARPS; w++) M = fmaxf(M, sM[w * DR + r]);
+        for (int v = 0; v < NWARPS; v++) M = fmaxf(M, sM[v * DR + r]);
         float l = 0.f, o = 0.f;
         if (M != -INFINITY) {
-            for (int w = 0; w < NWARPS; w++) {
-                float f = sM[w * DR + r] == -INFINITY ? 0.f : __expf(sM[w * DR + r] - M);
-                l += f * sL[w * DR + r];
-                o += f * sO[(w * DR + r) * HD + d];
+            for (int v = 0; v < NWARPS; v++) {
+                float f = sM[v * DR + r] == -INFINITY ? 0.f : __expf(sM[v * DR + r] - M);
+                l += f * sL[v * DR + r];
+                o += f * sO[(v * DR + r) * HD + d];
             }
         }
-        float v = l > 0.f ? o / l : 0.f;
-        int head = kvh * G + r % G;
-        if (part < 0) {
-            out[((size_t)(q_start + tok_off + tok) * nh + head) * hd + d] = to_bf(v);
-        } else {
-            size_t pr = ((size_t)part * nkv + kvh) * BR + r;
-            part_o[pr * hd + d] = v;
-            if (d == 0) part_lse[pr] = l > 0.f ? M + logf(l) : -INFINITY;
-        }
+        write_out(out, part_o, part_lse, w, nh, nkv, hd, kvh, G, r, d, l > 0.f ? o / l : 0.f, M, l);
     }
 }
 

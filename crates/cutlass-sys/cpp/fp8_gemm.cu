@@ -17,6 +17,7 @@
 // per-block promotion; N 128 = the weight scale granularity), 1x1 cluster.
 #include "fp8_gemm.h"
 #include "moe_gemm.h"
+#include "cutlass_call.h"
 
 #include <cstdio>
 #include <cstring>
@@ -39,6 +40,10 @@
 using namespace cute;
 
 namespace kvc_fp8 {
+
+using kvc_cutlass::fail;
+using kvc_cutlass::hardware;
+using kvc_cutlass::up;
 
 using E4m3 = cutlass::float_e4m3_t;
 using Bf16 = cutlass::bfloat16_t;
@@ -97,29 +102,7 @@ struct Grouped {
     using StrideD = typename Kernel::InternalStrideD;
 };
 
-constexpr uint64_t kAlignBytes = 256;
-uint64_t up(uint64_t x) { return (x + kAlignBytes - 1) / kAlignBytes * kAlignBytes; }
 int ceil_div(int a, int b) { return (a + b - 1) / b; }
-
-int fail(char* err, size_t n, const char* what, const char* detail) {
-    if (err && n) snprintf(err, n, "%s: %s", what, detail);
-    return 1;
-}
-
-int sm_count() {
-    static int count[64] = {0};
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return 0;
-    if (count[dev] == 0) cudaDeviceGetAttribute(&count[dev], cudaDevAttrMultiProcessorCount, dev);
-    return count[dev];
-}
-
-cutlass::KernelHardwareInfo hardware() {
-    cutlass::KernelHardwareInfo hw;
-    cudaGetDevice(&hw.device_id);
-    hw.sm_count = sm_count();
-    return hw;
-}
 
 // ---------------------------------------------------------------------------
 // Activation quantization: one warp per (row, 128-group); lane i holds
@@ -196,18 +179,9 @@ int dense_run(const kvc_fp8_gemm_args* a, cudaStream_t stream, char* err, size_t
     if ((a->a | a->w | a->d) % 16 || (a->sa | a->sw) % 4)
         return fail(err, errlen, "kvc_fp8_gemm_run", "a, w, d must be 16-byte aligned, the scales 4-byte");
     auto args = dense_arguments(*a);
-    typename Dense::Gemm gemm;
     size_t need = Dense::Gemm::get_workspace_size(args);
     if (a->workspace_bytes < need) return fail(err, errlen, "kvc_fp8_gemm_run", "workspace too small");
-    cutlass::Status s = gemm.can_implement(args);
-    if (s != cutlass::Status::kSuccess) return fail(err, errlen, "CUTLASS can_implement", cutlassGetStatusString(s));
-    s = gemm.initialize(args, reinterpret_cast<void*>(a->workspace), stream);
-    if (s != cutlass::Status::kSuccess) return fail(err, errlen, "CUTLASS initialize", cutlassGetStatusString(s));
-    s = gemm.run(stream);
-    if (s != cutlass::Status::kSuccess) return fail(err, errlen, "CUTLASS run", cutlassGetStatusString(s));
-    cudaError_t e = cudaGetLastError();
-    if (e != cudaSuccess) return fail(err, errlen, "CUTLASS launch", cudaGetErrorString(e));
-    return 0;
+    return kvc_cutlass::run_gemm<Dense::Gemm>(args, reinterpret_cast<void*>(a->workspace), stream, err, errlen);
 }
 
 // ---------------------------------------------------------------------------
@@ -259,14 +233,7 @@ typename Grouped::Gemm::Arguments grouped_arguments(int experts, char* base) {
     GroupedLayout l(experts);
     typename Grouped::Gemm::Arguments args;
     decltype(args.epilogue.thread) fusion;
-    fusion.alpha = 1.0f;
-    fusion.beta = 0.0f;
-    fusion.alpha_ptr = nullptr;
-    fusion.beta_ptr = nullptr;
-    fusion.alpha_ptr_array = nullptr;
-    fusion.beta_ptr_array = nullptr;
-    fusion.dAlpha = {_0{}, _0{}, 0};
-    fusion.dBeta = {_0{}, _0{}, 0};
+    kvc_cutlass::plain_product(fusion);
     args = typename Grouped::Gemm::Arguments{
         cutlass::gemm::GemmUniversalMode::kGrouped,
         {experts, reinterpret_cast<Problem*>(base + l.problems), nullptr},
@@ -303,17 +270,8 @@ int grouped_run(const kvc_fp8_grouped_args* a, cudaStream_t stream, char* err, s
         reinterpret_cast<const float*>(a->sw), reinterpret_cast<Bf16*>(a->d), base, l);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return fail(err, errlen, "fill_groups launch", cudaGetErrorString(e));
-    auto args = grouped_arguments(a->experts, base);
-    typename Grouped::Gemm gemm;
-    cutlass::Status s = gemm.can_implement(args);
-    if (s != cutlass::Status::kSuccess) return fail(err, errlen, "CUTLASS can_implement", cutlassGetStatusString(s));
-    s = gemm.initialize(args, base + l.cutlass, stream);
-    if (s != cutlass::Status::kSuccess) return fail(err, errlen, "CUTLASS initialize", cutlassGetStatusString(s));
-    s = gemm.run(stream);
-    if (s != cutlass::Status::kSuccess) return fail(err, errlen, "CUTLASS run", cutlassGetStatusString(s));
-    e = cudaGetLastError();
-    if (e != cudaSuccess) return fail(err, errlen, "CUTLASS launch", cudaGetErrorString(e));
-    return 0;
+    return kvc_cutlass::run_gemm<Grouped::Gemm>(grouped_arguments(a->experts, base), base + l.cutlass, stream, err,
+                                                 errlen);
 }
 
 // ---------------------------------------------------------------------------
@@ -636,32 +594,48 @@ int time_bf16(Arena& ar, int experts, int n, int k, const uint32_t* offsets, con
     return 0;
 }
 
+// The self-tests' operands: `rows` activation rows of k and `experts`
+// weights of [n, k], filled with pseudo-random values (seeds `seed` and
+// `seed + 1`), the weights quantized as checkpoints are, plus the outputs,
+// the reference and `experts + 1` offsets.
+struct Operands {
+    __nv_bfloat16 *x, *w, *d, *d16;
+    __nv_fp8_storage_t *q, *wq;
+    float *s, *sw, *ref;
+    uint32_t* offsets;
+};
+
+int prepare(Arena& ar, int rows, int experts, int n, int k, uint64_t seed, Operands* o, char* err, size_t errlen) {
+    int kb = k / kBlock, nb = ceil_div(n, kBlock);
+    int64_t mk = static_cast<int64_t>(rows) * k, enk = static_cast<int64_t>(experts) * n * k,
+            mn = static_cast<int64_t>(rows) * n;
+    KVC_CK(ar.alloc(&o->x, mk * 2));
+    KVC_CK(ar.alloc(&o->w, enk * 2));
+    KVC_CK(ar.alloc(&o->d, mn * 2));
+    KVC_CK(ar.alloc(&o->d16, mn * 2));
+    KVC_CK(ar.alloc(&o->q, mk));
+    KVC_CK(ar.alloc(&o->wq, enk));
+    KVC_CK(ar.alloc(&o->s, static_cast<size_t>(rows) * kb * 4));
+    KVC_CK(ar.alloc(&o->sw, static_cast<size_t>(experts) * nb * kb * 4));
+    KVC_CK(ar.alloc(&o->ref, mn * 4));
+    KVC_CK(ar.alloc(&o->offsets, (experts + 1) * sizeof(uint32_t)));
+    fill_activations<<<blocks(mk, 256), 256, 0, ar.stream>>>(o->x, rows, k, seed);
+    fill_weights<<<blocks(enk, 256), 256, 0, ar.stream>>>(o->w, static_cast<int64_t>(experts) * n, k, seed + 1);
+    quant_weight_blocks<<<dim3(nb, kb, experts), 256, 0, ar.stream>>>(o->w, o->wq, o->sw, n, k);
+    KVC_CK(cudaGetLastError());
+    return 0;
+}
+
 int dense_selftest(int m, int n, int k, int iters, kvc_fp8_selftest_result* out, char* err, size_t errlen) {
     memset(out, 0, sizeof *out);
     if (dense_shape_ok(m, n, k, err, errlen)) return 1;
     Arena ar;
     if (setup(ar, err, errlen)) return 1;
-    int kb = k / kBlock, nb = ceil_div(n, kBlock);
-    int64_t mk = static_cast<int64_t>(m) * k, nk = static_cast<int64_t>(n) * k, mn = static_cast<int64_t>(m) * n;
-    __nv_bfloat16 *x, *w, *d, *d16;
-    __nv_fp8_storage_t *q, *wq;
-    float *s, *sw, *ref;
-    uint32_t* offsets;
+    int64_t mn = static_cast<int64_t>(m) * n;
+    Operands o;
+    if (prepare(ar, m, 1, n, k, 1, &o, err, errlen)) return 1;
+    auto [x, w, d, d16, q, wq, s, sw, ref, offsets] = o;
     char* ws;
-    KVC_CK(ar.alloc(&x, mk * 2));
-    KVC_CK(ar.alloc(&w, nk * 2));
-    KVC_CK(ar.alloc(&d, mn * 2));
-    KVC_CK(ar.alloc(&d16, mn * 2));
-    KVC_CK(ar.alloc(&q, mk));
-    KVC_CK(ar.alloc(&wq, nk));
-    KVC_CK(ar.alloc(&s, static_cast<size_t>(m) * kb * 4));
-    KVC_CK(ar.alloc(&sw, static_cast<size_t>(nb) * kb * 4));
-    KVC_CK(ar.alloc(&ref, mn * 4));
-    KVC_CK(ar.alloc(&offsets, 2 * sizeof(uint32_t)));
-    fill_activations<<<blocks(mk, 256), 256, 0, ar.stream>>>(x, m, k, 1);
-    fill_weights<<<blocks(nk, 256), 256, 0, ar.stream>>>(w, n, k, 2);
-    quant_weight_blocks<<<dim3(nb, kb, 1), 256, 0, ar.stream>>>(w, wq, sw, n, k);
-    KVC_CK(cudaGetLastError());
     uint32_t h_off[2] = {0, static_cast<uint32_t>(m)};
     KVC_CK(cudaMemcpyAsync(offsets, h_off, sizeof h_off, cudaMemcpyHostToDevice, ar.stream));
     if (quantize_and_check(ar, x, q, s, m, k, iters, out, err, errlen)) return 1;
@@ -715,28 +689,12 @@ int grouped_selftest(int experts, int tokens, int topk, int n, int k, int iters,
     for (int e = 0; e < experts; ++e) off[e + 1] = off[e] + counts[e];
     int rows = static_cast<int>(off[experts]);
     int kb = k / kBlock, nb = ceil_div(n, kBlock);
-    int64_t mk = static_cast<int64_t>(rows) * k, enk = static_cast<int64_t>(experts) * n * k,
-            mn = static_cast<int64_t>(rows) * n;
-    __nv_bfloat16 *x, *w, *d, *d16;
-    __nv_fp8_storage_t *q, *wq;
-    float *s, *sw, *ref;
-    uint32_t* offsets;
+    int64_t mn = static_cast<int64_t>(rows) * n;
+    Operands o;
+    if (prepare(ar, rows, experts, n, k, 3, &o, err, errlen)) return 1;
+    auto [x, w, d, d16, q, wq, s, sw, ref, offsets] = o;
     char* ws;
-    KVC_CK(ar.alloc(&x, mk * 2));
-    KVC_CK(ar.alloc(&w, enk * 2));
-    KVC_CK(ar.alloc(&d, mn * 2));
-    KVC_CK(ar.alloc(&d16, mn * 2));
-    KVC_CK(ar.alloc(&q, mk));
-    KVC_CK(ar.alloc(&wq, enk));
-    KVC_CK(ar.alloc(&s, static_cast<size_t>(rows) * kb * 4));
-    KVC_CK(ar.alloc(&sw, static_cast<size_t>(experts) * nb * kb * 4));
-    KVC_CK(ar.alloc(&ref, mn * 4));
-    KVC_CK(ar.alloc(&offsets, (experts + 1) * sizeof(uint32_t)));
     KVC_CK(cudaMemcpyAsync(offsets, off.data(), (experts + 1) * sizeof(uint32_t), cudaMemcpyHostToDevice, ar.stream));
-    fill_activations<<<blocks(mk, 256), 256, 0, ar.stream>>>(x, rows, k, 3);
-    fill_weights<<<blocks(enk, 256), 256, 0, ar.stream>>>(w, static_cast<int64_t>(experts) * n, k, 4);
-    quant_weight_blocks<<<dim3(nb, kb, experts), 256, 0, ar.stream>>>(w, wq, sw, n, k);
-    KVC_CK(cudaGetLastError());
     if (quantize_and_check(ar, x, q, s, rows, k, iters, out, err, errlen)) return 1;
 
     kvc_fp8_grouped_args a{};
@@ -776,17 +734,7 @@ int grouped_selftest(int experts, int tokens, int topk, int n, int k, int iters,
 using namespace kvc_fp8;
 
 extern "C" int kvc_fp8_gemm_check(char* err, size_t n) {
-    int dev = 0, major = 0, minor = 0;
-    cudaError_t e = cudaGetDevice(&dev);
-    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
-    if (e != cudaSuccess) return fail(err, n, "CUDA device query", cudaGetErrorString(e));
-    if (major != 9 || minor != 0) {
-        char what[64];
-        snprintf(what, sizeof what, "compute capability %d.%d", major, minor);
-        return fail(err, n, what, "the CUTLASS FP8 block-scaled GEMMs are built for sm90a (Hopper) only");
-    }
-    return 0;
+    return kvc_cutlass::check_sm90("the CUTLASS FP8 block-scaled GEMMs are", err, n);
 }
 
 extern "C" int kvc_fp8_quant_rows(uint64_t x, uint64_t q, uint64_t s, int32_t m, int32_t k, void* stream, char* err,
@@ -796,6 +744,18 @@ extern "C" int kvc_fp8_quant_rows(uint64_t x, uint64_t q, uint64_t s, int32_t m,
                static_cast<cudaStream_t>(stream));
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return fail(err, n, "kvc_fp8_quant_rows launch", cudaGetErrorString(e));
+    return 0;
+}
+
+extern "C" int kvc_fp8_quant_blocks(uint64_t w, uint64_t q, uint64_t sw, int32_t experts, int32_t n, int32_t k,
+                                    void* stream, char* err, size_t errlen) {
+    if (experts <= 0 || n <= 0 || k <= 0) return fail(err, errlen, "kvc_fp8_quant_blocks", "empty input");
+    quant_weight_blocks<<<dim3(ceil_div(n, kBlock), ceil_div(k, kBlock), experts), 256, 0,
+                          static_cast<cudaStream_t>(stream)>>>(reinterpret_cast<const __nv_bfloat16*>(w),
+                                                               reinterpret_cast<__nv_fp8_storage_t*>(q),
+                                                               reinterpret_cast<float*>(sw), n, k);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return fail(err, errlen, "kvc_fp8_quant_blocks launch", cudaGetErrorString(e));
     return 0;
 }
 

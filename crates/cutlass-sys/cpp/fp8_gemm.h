@@ -32,6 +32,13 @@ int kvc_fp8_gemm_check(char* err, size_t n);
 // the GEMMs below want k a multiple of 128).
 int kvc_fp8_quant_rows(uint64_t x, uint64_t q, uint64_t s, int32_t m, int32_t k, void* stream, char* err, size_t n);
 
+// Weights quantized as block-FP8 checkpoints are: for each of `experts`
+// bf16 weights w[e]: [n, k] row-major, q[e] = e4m3(w[e] / sw[e][nb][kb])
+// with saturation, sw[e][nb][kb] = max |w| over that 128x128 block / 448
+// (1 for an all-zero block); sw: [experts, ceil(n/128), ceil(k/128)] f32.
+int kvc_fp8_quant_blocks(uint64_t w, uint64_t q, uint64_t sw, int32_t experts, int32_t n, int32_t k, void* stream,
+                         char* err, size_t errlen);
+
 // Dense: d[m, n] = a_q . w_q^T with the block scales (see above).
 // m >= 1; n a multiple of 16; k a multiple of 128.
 typedef struct {

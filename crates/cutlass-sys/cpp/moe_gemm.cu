@@ -12,6 +12,7 @@
 // row-major d): a decode or mixed step touches each expert's weights once
 // at full tile width instead of padding one or two rows to 128.
 #include "moe_gemm.h"
+#include "cutlass_call.h"
 
 #include <cstdio>
 #include <cuda_runtime.h>
@@ -29,6 +30,9 @@
 using namespace cute;
 
 namespace kvc_moe {
+
+using kvc_cutlass::fail;
+using kvc_cutlass::up;
 
 using Bf16 = cutlass::bfloat16_t;
 using ProblemShape = cutlass::gemm::GroupProblemShape<Shape<int, int, int>>;
@@ -59,9 +63,6 @@ struct Grouped {
 
 using Rows = Grouped<Shape<_128, _256, _64>, cutlass::layout::RowMajor>;
 using Swap = Grouped<Shape<_128, _64, _128>, cutlass::layout::ColumnMajor>;
-
-constexpr uint64_t kAlignBytes = 256;
-uint64_t up(uint64_t x) { return (x + kAlignBytes - 1) / kAlignBytes * kAlignBytes; }
 
 // The per-expert arrays at the start of the workspace, then CUTLASS's own.
 template <class G>
@@ -102,35 +103,12 @@ __global__ void fill_groups(int experts, int n, int k, const uint32_t* offsets, 
     sd[e] = cutlass::make_cute_packed_stride(typename G::StrideD{}, make_shape(gm, gn, 1));
 }
 
-int fail(char* err, size_t n, const char* what, const char* detail) {
-    if (err && n) snprintf(err, n, "%s: %s", what, detail);
-    return 1;
-}
-
-int sm_count() {
-    static int count[64] = {0};
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return 0;
-    if (count[dev] == 0) cudaDeviceGetAttribute(&count[dev], cudaDevAttrMultiProcessorCount, dev);
-    return count[dev];
-}
-
 template <class G>
 typename G::Gemm::Arguments arguments(int experts, char* base) {
     Layout<G> l(experts);
-    cutlass::KernelHardwareInfo hw;
-    cudaGetDevice(&hw.device_id);
-    hw.sm_count = sm_count();
     typename G::Gemm::Arguments args;
     decltype(args.epilogue.thread) fusion;
-    fusion.alpha = 1.0f;
-    fusion.beta = 0.0f;
-    fusion.alpha_ptr = nullptr;
-    fusion.beta_ptr = nullptr;
-    fusion.alpha_ptr_array = nullptr;
-    fusion.beta_ptr_array = nullptr;
-    fusion.dAlpha = {_0{}, _0{}, 0};
-    fusion.dBeta = {_0{}, _0{}, 0};
+    kvc_cutlass::plain_product(fusion);
     args = typename G::Gemm::Arguments{
         cutlass::gemm::GemmUniversalMode::kGrouped,
         {experts, reinterpret_cast<Problem*>(base + l.problems), nullptr},
@@ -138,7 +116,7 @@ typename G::Gemm::Arguments arguments(int experts, char* base) {
          reinterpret_cast<const Bf16**>(base + l.pb), reinterpret_cast<typename G::StrideB*>(base + l.sb)},
         {fusion, nullptr, nullptr, reinterpret_cast<Bf16**>(base + l.pd),
          reinterpret_cast<typename G::StrideD*>(base + l.sd)},
-        hw};
+        kvc_cutlass::hardware()};
     return args;
 }
 
@@ -163,17 +141,7 @@ int run(const kvc_moe_gemm_args* a, cudaStream_t stream, char* err, size_t n) {
         reinterpret_cast<typename G::StrideB*>(base + l.sb), reinterpret_cast<typename G::StrideD*>(base + l.sd));
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return fail(err, n, "fill_groups launch", cudaGetErrorString(e));
-    auto args = arguments<G>(a->experts, base);
-    typename G::Gemm gemm;
-    cutlass::Status s = gemm.can_implement(args);
-    if (s != cutlass::Status::kSuccess) return fail(err, n, "CUTLASS can_implement", cutlassGetStatusString(s));
-    s = gemm.initialize(args, base + l.cutlass, stream);
-    if (s != cutlass::Status::kSuccess) return fail(err, n, "CUTLASS initialize", cutlassGetStatusString(s));
-    s = gemm.run(stream);
-    if (s != cutlass::Status::kSuccess) return fail(err, n, "CUTLASS run", cutlassGetStatusString(s));
-    e = cudaGetLastError();
-    if (e != cudaSuccess) return fail(err, n, "CUTLASS launch", cudaGetErrorString(e));
-    return 0;
+    return kvc_cutlass::run_gemm<typename G::Gemm>(arguments<G>(a->experts, base), base + l.cutlass, stream, err, n);
 }
 
 }  // namespace kvc_moe
@@ -181,17 +149,7 @@ int run(const kvc_moe_gemm_args* a, cudaStream_t stream, char* err, size_t n) {
 using namespace kvc_moe;
 
 extern "C" int kvc_moe_gemm_check(char* err, size_t n) {
-    int dev = 0, major = 0, minor = 0;
-    cudaError_t e = cudaGetDevice(&dev);
-    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
-    if (e != cudaSuccess) return fail(err, n, "CUDA device query", cudaGetErrorString(e));
-    if (major != 9 || minor != 0) {
-        char what[64];
-        snprintf(what, sizeof what, "compute capability %d.%d", major, minor);
-        return fail(err, n, what, "the CUTLASS grouped GEMM is built for sm90a (Hopper) only");
-    }
-    return 0;
+    return kvc_cutlass::check_sm90("the CUTLASS grouped GEMM is", err, n);
 }
 
 extern "C" int kvc_moe_gemm_workspace(int32_t experts, int32_t variant, uint64_t* bytes, char* err, size_t n) {

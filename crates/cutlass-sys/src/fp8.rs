@@ -22,16 +22,15 @@
 //! Built only where nvcc and CUTLASS's headers are; elsewhere every call
 //! returns [`Error::Unavailable`].
 
-use std::ffi::{c_char, c_void, CStr};
+use std::ffi::c_void;
+#[cfg(kvc_cutlass)]
+use std::ffi::c_char;
 
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    /// The FP8 GEMMs cannot be used here (not built in, not sm90).
-    #[error("CUTLASS FP8 GEMM unavailable: {0}")]
-    Unavailable(String),
-    #[error("CUTLASS FP8 GEMM: {0}")]
-    Cutlass(String),
-}
+pub use crate::error::Error;
+#[cfg(not(kvc_cutlass))]
+use crate::error::unavailable;
+#[cfg(kvc_cutlass)]
+use crate::error::{call, int, ERR_LEN};
 
 /// One dense call's operands (cpp/fp8_gemm.h's kvc_fp8_gemm_args), all
 /// device addresses: `a: e4m3 [m, k]`, `sa: f32 [m, k/128]`,
@@ -97,21 +96,13 @@ pub struct SelfTest {
     pub quant_us: f64,
 }
 
-#[cfg_attr(not(kvc_cutlass), allow(dead_code))]
-const ERR_LEN: usize = 1024;
-
-#[cfg_attr(not(kvc_cutlass), allow(dead_code))]
-fn message(buf: &[c_char]) -> String {
-    // SAFETY: the shim writes a NUL-terminated string (snprintf) or leaves the zeroed buffer.
-    unsafe { CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().into_owned()
-}
-
 #[cfg(kvc_cutlass)]
 mod ffi {
     use super::*;
     extern "C" {
         pub fn kvc_fp8_gemm_check(err: *mut c_char, n: usize) -> i32;
         pub fn kvc_fp8_quant_rows(x: u64, q: u64, s: u64, m: i32, k: i32, stream: *mut c_void, err: *mut c_char, n: usize) -> i32;
+        pub fn kvc_fp8_quant_blocks(w: u64, q: u64, sw: u64, experts: i32, n: i32, k: i32, stream: *mut c_void, err: *mut c_char, len: usize) -> i32;
         pub fn kvc_fp8_gemm_workspace(m: i32, n: i32, k: i32, bytes: *mut u64, err: *mut c_char, len: usize) -> i32;
         pub fn kvc_fp8_gemm_run(args: *const DenseArgs, stream: *mut c_void, err: *mut c_char, len: usize) -> i32;
         pub fn kvc_fp8_grouped_workspace(experts: i32, bytes: *mut u64, err: *mut c_char, len: usize) -> i32;
@@ -129,26 +120,6 @@ mod ffi {
             len: usize,
         ) -> i32;
     }
-}
-
-#[cfg(not(kvc_cutlass))]
-fn unavailable<T>() -> Result<T, Error> {
-    Err(Error::Unavailable("kvc was built without CUTLASS's headers (scripts/cutlass_setup.sh, then scripts/cuda_setup.sh)".into()))
-}
-
-/// Runs a shim call that fills `err` on failure, mapping failure through `f`.
-#[cfg(kvc_cutlass)]
-fn call(f: impl FnOnce(*mut c_char) -> i32, wrap: fn(String) -> Error) -> Result<(), Error> {
-    let mut err = [0 as c_char; ERR_LEN];
-    if f(err.as_mut_ptr()) != 0 {
-        return Err(wrap(message(&err)));
-    }
-    Ok(())
-}
-
-#[cfg_attr(not(kvc_cutlass), allow(dead_code))]
-fn int(v: usize, what: &str) -> Result<i32, Error> {
-    i32::try_from(v).map_err(|_| Error::Cutlass(format!("{what} = {v} does not fit an i32")))
 }
 
 /// Ok when the FP8 GEMMs are built in and the current device is sm90.
@@ -175,6 +146,26 @@ pub unsafe fn quant_rows(x: u64, q: u64, s: u64, m: usize, k: usize, stream: *mu
     #[cfg(not(kvc_cutlass))]
     {
         let _ = (x, q, s, m, k, stream);
+        unavailable()
+    }
+}
+
+/// Queues the quantization of `experts` bf16 weights `w: [experts, n, k]`
+/// as block-FP8 checkpoints are made (128x128 blocks, `sw = amax / 448`):
+/// `q: e4m3 [experts, n, k]`, `sw: f32 [experts, ceil(n/128), ceil(k/128)]`.
+///
+/// # Safety
+/// `w`, `q`, `sw` must be live device allocations of those sizes in the
+/// current context until the stream has run it.
+pub unsafe fn quant_blocks(w: u64, q: u64, sw: u64, experts: usize, n: usize, k: usize, stream: *mut c_void) -> Result<(), Error> {
+    #[cfg(kvc_cutlass)]
+    {
+        let (experts, n, k) = (int(experts, "experts")?, int(n, "n")?, int(k, "k")?);
+        call(|e| ffi::kvc_fp8_quant_blocks(w, q, sw, experts, n, k, stream, e, ERR_LEN), Error::Cutlass)
+    }
+    #[cfg(not(kvc_cutlass))]
+    {
+        let _ = (w, q, sw, experts, n, k, stream);
         unavailable()
     }
 }

@@ -10,18 +10,18 @@
 //! [`fp8`] holds the block-scaled FP8 GEMMs (dense and grouped) of the
 //! same library (cpp/fp8_gemm.h).
 
-use std::ffi::{c_char, c_void, CStr};
+use std::ffi::c_void;
+#[cfg(kvc_cutlass)]
+use std::ffi::c_char;
 
+mod error;
 pub mod fp8;
 
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    /// The grouped GEMM cannot be used here (not built in, not sm90).
-    #[error("CUTLASS grouped GEMM unavailable: {0}")]
-    Unavailable(String),
-    #[error("CUTLASS grouped GEMM: {0}")]
-    Cutlass(String),
-}
+pub use error::Error;
+#[cfg(not(kvc_cutlass))]
+use error::unavailable;
+#[cfg(kvc_cutlass)]
+use error::{call, int, ERR_LEN};
 
 /// How the routed rows meet the tile (cpp/moe_gemm.h).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -54,15 +54,6 @@ pub struct GroupedArgs {
     pub workspace_bytes: u64,
 }
 
-#[cfg_attr(not(kvc_cutlass), allow(dead_code))]
-const ERR_LEN: usize = 1024;
-
-#[cfg_attr(not(kvc_cutlass), allow(dead_code))]
-fn message(buf: &[c_char]) -> String {
-    // SAFETY: the shim writes a NUL-terminated string (snprintf) or leaves the zeroed buffer.
-    unsafe { CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().into_owned()
-}
-
 #[cfg(kvc_cutlass)]
 mod ffi {
     use super::*;
@@ -76,35 +67,26 @@ mod ffi {
 /// Ok when the grouped GEMM is built in and the current device is sm90.
 pub fn check() -> Result<(), Error> {
     #[cfg(kvc_cutlass)]
-    {
-        let mut err = [0 as c_char; ERR_LEN];
-        // SAFETY: err is ERR_LEN bytes.
-        if unsafe { ffi::kvc_moe_gemm_check(err.as_mut_ptr(), ERR_LEN) } != 0 {
-            return Err(Error::Unavailable(message(&err)));
-        }
-        Ok(())
-    }
+    // SAFETY: err is ERR_LEN bytes.
+    return call(|e| unsafe { ffi::kvc_moe_gemm_check(e, ERR_LEN) }, Error::Unavailable);
     #[cfg(not(kvc_cutlass))]
-    Err(Error::Unavailable("kvc was built without CUTLASS's headers (scripts/cutlass_setup.sh, then scripts/cuda_setup.sh)".into()))
+    unavailable()
 }
 
 /// Device scratch bytes one call over `experts` groups needs.
 pub fn workspace_bytes(experts: usize, variant: Variant) -> Result<usize, Error> {
     #[cfg(kvc_cutlass)]
     {
-        let mut err = [0 as c_char; ERR_LEN];
+        let experts = int(experts, "experts")?;
         let mut bytes = 0u64;
-        let e = i32::try_from(experts).map_err(|_| Error::Cutlass(format!("{experts} experts")))?;
         // SAFETY: bytes and err are valid for writes.
-        if unsafe { ffi::kvc_moe_gemm_workspace(e, variant as i32, &mut bytes, err.as_mut_ptr(), ERR_LEN) } != 0 {
-            return Err(Error::Cutlass(message(&err)));
-        }
+        call(|e| unsafe { ffi::kvc_moe_gemm_workspace(experts, variant as i32, &mut bytes, e, ERR_LEN) }, Error::Cutlass)?;
         Ok(bytes as usize)
     }
     #[cfg(not(kvc_cutlass))]
     {
         let _ = (experts, variant);
-        check().map(|_| 0)
+        unavailable()
     }
 }
 
@@ -115,17 +97,11 @@ pub fn workspace_bytes(experts: usize, variant: Variant) -> Result<usize, Error>
 /// described there, in the current context, until the stream has run it.
 pub unsafe fn run(args: &GroupedArgs, stream: *mut c_void) -> Result<(), Error> {
     #[cfg(kvc_cutlass)]
-    {
-        let mut err = [0 as c_char; ERR_LEN];
-        if ffi::kvc_moe_gemm_run(args, stream, err.as_mut_ptr(), ERR_LEN) != 0 {
-            return Err(Error::Cutlass(message(&err)));
-        }
-        Ok(())
-    }
+    return call(|e| ffi::kvc_moe_gemm_run(args, stream, e, ERR_LEN), Error::Cutlass);
     #[cfg(not(kvc_cutlass))]
     {
         let _ = (args, stream);
-        check()
+        unavailable()
     }
 }
 

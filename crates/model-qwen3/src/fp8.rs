@@ -141,6 +141,11 @@ impl BlockFp8 {
         if dims.len() < 2 {
             candle_core::bail!("block-FP8 quantization of a {}-D tensor: it takes [.., N, K]", dims.len());
         }
+        #[cfg(feature = "cuda")]
+        if w.device().is_cuda() && self.block == (GEMM_BLOCK, GEMM_BLOCK) {
+            // candle has no e4m3 cast on CUDA; kvc's own kernel quantizes there.
+            return crate::cuda::fp8_linear::quantize_blocks(w);
+        }
         let (n, k) = (dims[dims.len() - 2], dims[dims.len() - 1]);
         let batch = dims[..dims.len() - 2].iter().product::<usize>();
         let (br, bc) = self.block;

@@ -87,6 +87,30 @@ fn quant_rows(dev: &CudaDevice, x: &Tensor) -> Result<QuantRows> {
     Ok(QuantRows { q, s })
 }
 
+/// `w: [.., N, K]` on the GPU quantized into 128x128 blocks as block-FP8
+/// checkpoints are made ([`BlockFp8::quantize`]'s GPU half): the e4m3
+/// weight and its f32 scales `[.., ceil(N / 128), ceil(K / 128)]`.
+pub fn quantize_blocks(w: &Tensor) -> Result<(Tensor, Tensor)> {
+    let dev = cuda_dev(w.device())?;
+    let dims = w.dims().to_vec();
+    if dims.len() < 2 {
+        bail!("block-FP8 quantization of a {}-D tensor: it takes [.., N, K]", dims.len());
+    }
+    let (n, k) = (dims[dims.len() - 2], dims[dims.len() - 1]);
+    let experts = dims[..dims.len() - 2].iter().product::<usize>();
+    let mut sdims = dims[..dims.len() - 2].to_vec();
+    sdims.extend([n.div_ceil(GEMM_BLOCK), k.div_ceil(GEMM_BLOCK)]);
+    let w = w.to_dtype(DType::BF16)?.contiguous()?;
+    let q = Tensor::zeros(dims.as_slice(), DType::F8E4M3, w.device())?;
+    let s = empty(dev, sdims.as_slice(), DType::F32)?;
+    if experts * n * k > 0 {
+        // SAFETY: w, q, s are live device tensors of these shapes on this
+        // device; the stream orders their frees after the kernel.
+        unsafe { fp8::quant_blocks(ptr(&w)?, ptr(&q)?, ptr(&s)?, experts, n, k, stream(dev)?) }.map_err(err)?;
+    }
+    Ok((q, s))
+}
+
 /// One FP8 projection, or a stack of them (experts): `q` e4m3 `[.., N, K]`,
 /// `scale` f32 `[.., ceil(N / 128), K / 128]`.
 pub struct Fp8Weight {

@@ -54,7 +54,15 @@ impl CapturedStep {
     }
 }
 
-pub(crate) fn capture(model: &GpuModel, embed: &Embedding, lm_head: &Tensor, inputs: StepInputs, kv: &KvStorage) -> Result<CapturedStep> {
+impl GpuModel {
+    /// `prepare` + `run`, the `run` captured as a CUDA graph.
+    pub fn capture(&self, embed: &Embedding, lm_head: &Tensor, batch: &BatchInput, kv: &KvStorage) -> Result<CapturedStep> {
+        let inputs = self.prepare(embed, batch, kv)?;
+        capture(self, embed, lm_head, inputs, kv)
+    }
+}
+
+fn capture(model: &GpuModel, embed: &Embedding, lm_head: &Tensor, inputs: StepInputs, kv: &KvStorage) -> Result<CapturedStep> {
     let dev = cuda_dev(embed.embeddings().device())?;
     let stream = dev.cuda_stream();
     stream.synchronize().w()?;

@@ -5,7 +5,7 @@
 
 mod attention;
 mod cudnn_attention;
-mod fp8_linear;
+pub(crate) mod fp8_linear;
 mod gemv;
 mod graph;
 mod layers;

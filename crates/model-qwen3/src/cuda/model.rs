@@ -307,12 +307,6 @@ impl GpuModel {
         (self.num_heads, self.num_kv_heads)
     }
 
-    /// `prepare` + `run`, the `run` captured as a CUDA graph (graph.rs).
-    pub fn capture(&self, embed: &Embedding, lm_head: &Tensor, batch: &BatchInput, kv: &KvStorage) -> Result<super::CapturedStep> {
-        let inputs = self.prepare(embed, batch, kv)?;
-        super::graph::capture(self, embed, lm_head, inputs, kv)
-    }
-
     /// The CUDA forward pass; same contract as `Qwen3Model::forward`.
     pub fn forward(&self, embed: &Embedding, lm_head: &Tensor, batch: &BatchInput, kv: &KvStorage) -> Result<Tensor> {
         let inputs = self.prepare(embed, batch, kv)?;
