@@ -10,8 +10,8 @@ use kvc_engine::{FinishReason, Logprobs, MatchedStop, Usage};
 use crate::endpoint::Endpoint;
 use crate::logprobs::{chat_entry, ChatLogprobs, ChatTokenLogprob, HasTokenizer};
 use crate::openai_types::{
-    AnswerHead, AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk, ChatDelta, ChunkUsage, FunctionCall,
-    FunctionCallDelta, KvcInfo, ToolCall, ToolCallDelta,
+    AnswerHead, AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion, ChatDelta, FunctionCall, FunctionCallDelta, KvcInfo,
+    ToolCall, ToolCallDelta,
 };
 use crate::reasoning_parser::ReasoningParser;
 use crate::tool_call_text::{ParsedToolCall, ToolOutput};
@@ -181,7 +181,6 @@ impl ChatEndpoint {
 
 impl Endpoint for ChatEndpoint {
     type Delta = ChatChunkChoice;
-    type Chunk = ChatCompletionChunk;
     type Body = ChatCompletion;
 
     fn start(&mut self, index: usize) -> Vec<ChatChunkChoice> {
@@ -231,8 +230,8 @@ impl Endpoint for ChatEndpoint {
         (out, reported)
     }
 
-    fn chunk(&self, deltas: Vec<ChatChunkChoice>, usage: ChunkUsage, kvc: Option<KvcInfo>) -> ChatCompletionChunk {
-        ChatCompletionChunk { head: self.head.clone(), choices: deltas, usage, kvc }
+    fn head(&self) -> &AnswerHead {
+        &self.head
     }
 
     fn body(&self, choices: Vec<Vec<ChatChunkChoice>>, usage: Usage) -> ChatCompletion {

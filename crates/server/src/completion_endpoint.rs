@@ -18,7 +18,7 @@ use kvc_engine::{FinishReason, Logprobs, MatchedStop, Usage};
 
 use crate::endpoint::Endpoint;
 use crate::logprobs::{CompletionLogprobs, HasTokenizer};
-use crate::openai_types::{AnswerHead, ChunkUsage, Completion, CompletionChoice, KvcInfo};
+use crate::openai_types::{AnswerHead, Completion, CompletionChoice, KvcInfo};
 
 /// A prompt as echoed: its text and its tokens.
 #[derive(Debug, Clone, Default)]
@@ -143,7 +143,6 @@ fn choice(index: usize, text: String, logprobs: Option<CompletionLogprobs>) -> C
 
 impl Endpoint for CompletionEndpoint {
     type Delta = CompletionChoice;
-    type Chunk = Completion;
     type Body = Completion;
 
     fn start(&mut self, index: usize) -> Vec<CompletionChoice> {
@@ -195,8 +194,8 @@ impl Endpoint for CompletionEndpoint {
         (vec![last], reason.as_str())
     }
 
-    fn chunk(&self, deltas: Vec<CompletionChoice>, usage: ChunkUsage, kvc: Option<KvcInfo>) -> Completion {
-        Completion { head: self.head.clone(), choices: deltas, usage, kvc }
+    fn head(&self) -> &AnswerHead {
+        &self.head
     }
 
     /// Every sequence's deltas folded into its choice; with `best_of > n`
@@ -254,6 +253,18 @@ mod tests {
         CompletionShape { n, best_of, echo, logprobs }
     }
 
+    fn endpoint(prompts: usize, shape: CompletionShape, t: &Arc<TextTokenizer>) -> CompletionEndpoint {
+        CompletionEndpoint::new("cmpl-x".into(), ("m".into(), "fp_t".into()), prompts, shape, t.clone())
+    }
+
+    /// An endpoint for the one prompt `text`, echoed (with the prompt's
+    /// logprobs or not), and the prompt's tokens.
+    fn echoing(t: &Arc<TextTokenizer>, text: &str, logprobs: bool) -> (CompletionEndpoint, Vec<u32>) {
+        let tokens = t.encode(text, false).unwrap();
+        let echo = EchoedPrompt { text: text.into(), tokens: tokens.clone() };
+        (endpoint(1, shape(1, 1, vec![echo], logprobs), t), tokens)
+    }
+
     /// Drives choice `index` through `ids` (each with `logprob`) and its end.
     fn run(e: &mut CompletionEndpoint, index: usize, ids: &[u32], logprob: f32) -> Vec<CompletionChoice> {
         let t = tok();
@@ -269,8 +280,7 @@ mod tests {
     #[test]
     fn echo_comes_first_and_offsets_count_from_it() {
         let t = tok();
-        let echo = EchoedPrompt { text: "Say: ".into(), tokens: t.encode("Say: ", false).unwrap() };
-        let mut e = CompletionEndpoint::new("cmpl-x".into(), ("m".into(), "fp_t".into()), 1, shape(1, 1, vec![echo], false), t.clone());
+        let (mut e, _) = echoing(&t, "Say: ", false);
         let ids = t.encode("hello world", false).unwrap();
         let deltas = run(&mut e, 0, &ids, -1.0);
         assert_eq!(deltas[0].text, "Say: ");
@@ -285,9 +295,7 @@ mod tests {
     #[test]
     fn echo_with_logprobs_covers_the_prompt_then_the_completion() {
         let t = tok();
-        let prompt = t.encode("Say: hi", false).unwrap();
-        let echo = EchoedPrompt { text: "Say: hi".into(), tokens: prompt.clone() };
-        let mut e = CompletionEndpoint::new("cmpl-x".into(), ("m".into(), "fp_t".into()), 1, shape(1, 1, vec![echo], true), t.clone());
+        let (mut e, prompt) = echoing(&t, "Say: hi", true);
         assert!(e.start(0).is_empty(), "the echo waits for the prompt's logprobs");
         // The prompt's logprobs arrive in two chunks.
         let scored: Vec<Logprobs> = prompt[1..].iter().map(|&id| lp(id, -2.0)).collect();
@@ -316,9 +324,7 @@ mod tests {
     #[test]
     fn max_tokens_zero_echoes_the_prompt_with_its_logprobs_at_the_end() {
         let t = tok();
-        let prompt = t.encode("a b c", false).unwrap();
-        let echo = EchoedPrompt { text: "a b c".into(), tokens: prompt.clone() };
-        let mut e = CompletionEndpoint::new("cmpl-x".into(), ("m".into(), "fp_t".into()), 1, shape(1, 1, vec![echo], true), t.clone());
+        let (mut e, prompt) = echoing(&t, "a b c", true);
         let scored: Vec<Logprobs> = prompt[1..].iter().map(|&id| lp(id, -1.0)).collect();
         e.prompt_logprobs(0, &scored);
         let (deltas, reason) = e.finish(0, "", FinishReason::Length, None);
@@ -334,7 +340,7 @@ mod tests {
     fn best_of_returns_the_n_best_by_mean_logprob_per_prompt() {
         let t = tok();
         // Two prompts, best_of 3, n 2; logprobs not asked for.
-        let mut e = CompletionEndpoint::new("cmpl-x".into(), ("m".into(), "fp_t".into()), 2, shape(2, 3, vec![], false), t.clone());
+        let mut e = endpoint(2, shape(2, 3, vec![], false), &t);
         let a = t.encode(" a", false).unwrap()[0];
         // Prompt 0: candidate 1 is best (mean -0.1), then 2 (-0.5: two tokens), then 0.
         let seqs = [(vec![a], -3.0), (vec![a], -0.1), (vec![a, a], -0.5), (vec![a], -0.2), (vec![a], -0.3), (vec![a], -0.05)];
@@ -355,7 +361,7 @@ mod tests {
 
     #[test]
     fn stream_chunks_carry_text_then_finish_reason() {
-        let mut e = CompletionEndpoint::new("cmpl-x".into(), ("m".into(), "fp_t".into()), 1, shape(1, 1, vec![], false), tok());
+        let mut e = endpoint(1, shape(1, 1, vec![], false), &tok());
         assert!(e.start(0).is_empty());
         let delta = e.token(0, 1, "ab", None).unwrap();
         let t = serde_json::to_value(e.chunk(vec![delta], None, None)).unwrap();

@@ -6,12 +6,11 @@
 use kvc_engine::{FinishReason, Logprobs, MatchedStop, Usage};
 use serde::Serialize;
 
-use crate::openai_types::{ChunkUsage, KvcInfo};
+use crate::openai_types::{AnswerHead, Chunk, ChunkUsage, KvcInfo};
 
 pub trait Endpoint: Send + 'static {
     /// One chunk choice (`{index, delta | text, logprobs, finish_reason}`).
     type Delta: Serialize + Send + 'static;
-    type Chunk: Serialize;
     type Body: Serialize;
 
     /// Deltas before any token (chat's role, an echoed prompt).
@@ -25,8 +24,12 @@ pub trait Endpoint: Send + 'static {
     fn token(&mut self, index: usize, token_id: u32, text: &str, logprobs: Option<&Logprobs>) -> Option<Self::Delta>;
     /// The choice ended; the last deltas and the `finish_reason` reported.
     fn finish(&mut self, index: usize, text: &str, reason: FinishReason, stop: Option<MatchedStop>) -> (Vec<Self::Delta>, &'static str);
+    /// The answer's head (id, object, model, ...), which every chunk carries.
+    fn head(&self) -> &AnswerHead;
     /// A streaming chunk holding `deltas`.
-    fn chunk(&self, deltas: Vec<Self::Delta>, usage: ChunkUsage, kvc: Option<KvcInfo>) -> Self::Chunk;
+    fn chunk(&self, deltas: Vec<Self::Delta>, usage: ChunkUsage, kvc: Option<KvcInfo>) -> Chunk<Self::Delta> {
+        Chunk { head: self.head().clone(), choices: deltas, usage, kvc }
+    }
     /// The whole answer from every choice's deltas.
     fn body(&self, choices: Vec<Vec<Self::Delta>>, usage: Usage) -> Self::Body;
 }

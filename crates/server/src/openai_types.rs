@@ -411,11 +411,15 @@ pub struct ChatChunkChoice {
 /// `continuous_usage_stats`).
 pub type ChunkUsage = Option<Option<UsageInfo>>;
 
+/// A streaming chunk of either endpoint, choices `C` (chat's
+/// `chat.completion.chunk`, completions' [`Completion`]): the answer's
+/// head, its choices' deltas, the usage (when asked for) and the `kvc`
+/// field.
 #[derive(Debug, Clone, Serialize)]
-pub struct ChatCompletionChunk {
+pub struct Chunk<C> {
     #[serde(flatten)]
     pub head: AnswerHead,
-    pub choices: Vec<ChatChunkChoice>,
+    pub choices: Vec<C>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub usage: ChunkUsage,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -434,16 +438,7 @@ pub struct CompletionChoice {
 
 /// Both the full `text_completion` object and its streaming chunks (OpenAI
 /// uses the same object name for both).
-#[derive(Debug, Clone, Serialize)]
-pub struct Completion {
-    #[serde(flatten)]
-    pub head: AnswerHead,
-    pub choices: Vec<CompletionChoice>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub usage: ChunkUsage,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub kvc: Option<KvcInfo>,
-}
+pub type Completion = Chunk<CompletionChoice>;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct ModelCard {
