@@ -412,3 +412,32 @@ def test_scoring_on_a_decode_worker_is_computed_there_and_says_so(start_server, 
     assert len(got_lp) == 201 and got_lp[0] is None
     assert all(abs(a - b) < 1e-4 for a, b in zip(got_lp[1:], want_lp[1:]))
     assert decided(d.metrics(), "prefill_path", "prompt_logprobs", "local") == before + 1
+
+
+def test_an_fp8_kv_pair_moves_half_of_bf16s_bytes_and_answers_as_a_colocated_worker_of_its_dtype(start_server):
+    """`--kv-cache-dtype fp8` on both sides of a P/D pair: the prompt's KV
+    moves as e4m3 (half of bf16's bytes per token) and the decode worker
+    answers as a colocated worker with the same cache dtype."""
+    per_token = {}
+    for kv in ("bf16", "fp8"):
+        colocated = start_server("--num-kv-blocks", "4096", "--kv-cache-dtype", kv)
+        p = start_server(*prefill_flags("--kv-cache-dtype", kv))
+        d = start_decode(start_server, p, "--kv-cache-dtype", kv)
+        prompt = ids(77, 160)
+        out = complete(d, prompt, session=f"kv-{kv}")
+        assert out["kvc"]["path"] == "remote_prefill", out["kvc"]
+        assert text(out) == text(complete(colocated, prompt)), f"{kv}: output differs from the colocated worker"
+        sent = p.metrics()['kvc_kv_transfer_bytes_total{kind="remote_prefill"}']
+        per_token[kv] = sent / out["kvc"]["transferred_tokens"]
+        d.wait_idle()
+    assert per_token["fp8"] * 2 == per_token["bf16"], per_token
+
+
+def test_a_pair_whose_kv_dtypes_differ_is_refused_at_the_handshake_and_answers_locally(start_server, both):
+    p = start_server(*prefill_flags("--kv-cache-dtype", "fp8"))
+    d = start_decode(start_server, p)
+    prompt = ids(78, 160)
+    out = complete(d, prompt, session="kv-mismatch")
+    assert out["kvc"]["path"] != "remote_prefill", out["kvc"]
+    assert text(out) == text(complete(both, prompt))
+    assert "dtype" in d.log_tail() or "dtype" in p.log_tail(), d.log_tail()

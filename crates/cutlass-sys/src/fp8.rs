@@ -22,13 +22,13 @@
 //! Built only where nvcc and CUTLASS's headers are; elsewhere every call
 //! returns [`Error::Unavailable`].
 
-use std::ffi::c_void;
 #[cfg(kvc_cutlass)]
 use std::ffi::c_char;
+use std::ffi::c_void;
 
-pub use crate::error::Error;
 #[cfg(not(kvc_cutlass))]
 use crate::error::unavailable;
+pub use crate::error::Error;
 #[cfg(kvc_cutlass)]
 use crate::error::{call, int, ERR_LEN};
 
@@ -102,7 +102,17 @@ mod ffi {
     extern "C" {
         pub fn kvc_fp8_gemm_check(err: *mut c_char, n: usize) -> i32;
         pub fn kvc_fp8_quant_rows(x: u64, q: u64, s: u64, m: i32, k: i32, stream: *mut c_void, err: *mut c_char, n: usize) -> i32;
-        pub fn kvc_fp8_quant_blocks(w: u64, q: u64, sw: u64, experts: i32, n: i32, k: i32, stream: *mut c_void, err: *mut c_char, len: usize) -> i32;
+        pub fn kvc_fp8_quant_blocks(
+            w: u64,
+            q: u64,
+            sw: u64,
+            experts: i32,
+            n: i32,
+            k: i32,
+            stream: *mut c_void,
+            err: *mut c_char,
+            len: usize,
+        ) -> i32;
         pub fn kvc_fp8_gemm_workspace(m: i32, n: i32, k: i32, bytes: *mut u64, err: *mut c_char, len: usize) -> i32;
         pub fn kvc_fp8_gemm_run(args: *const DenseArgs, stream: *mut c_void, err: *mut c_char, len: usize) -> i32;
         pub fn kvc_fp8_grouped_workspace(experts: i32, bytes: *mut u64, err: *mut c_char, len: usize) -> i32;

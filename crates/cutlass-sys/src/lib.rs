@@ -10,16 +10,16 @@
 //! [`fp8`] holds the block-scaled FP8 GEMMs (dense and grouped) of the
 //! same library (cpp/fp8_gemm.h).
 
-use std::ffi::c_void;
 #[cfg(kvc_cutlass)]
 use std::ffi::c_char;
+use std::ffi::c_void;
 
 mod error;
 pub mod fp8;
 
-pub use error::Error;
 #[cfg(not(kvc_cutlass))]
 use error::unavailable;
+pub use error::Error;
 #[cfg(kvc_cutlass)]
 use error::{call, int, ERR_LEN};
 

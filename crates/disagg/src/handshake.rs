@@ -220,6 +220,8 @@ mod tests {
         let local = record(layout(), 8);
         let cases: Vec<(&str, HandshakeRecord)> = vec![
             ("dtype", record(KvLayout { dtype: DType::F16, ..layout() }, 8)),
+            // A bf16 worker and one with `--kv-cache-dtype fp8`.
+            ("dtype", record(KvLayout { dtype: DType::F8E4M3, ..layout() }, 8)),
             ("num_layers", record(KvLayout { num_layers: 4, ..layout() }, 8)),
             ("num_kv_heads", record(KvLayout { num_kv_heads: 4, ..layout() }, 8)),
             ("head_dim", record(KvLayout { head_dim: 16, ..layout() }, 8)),

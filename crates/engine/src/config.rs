@@ -37,6 +37,8 @@ pub struct EngineConfig {
     /// "f32", "bf16", "f16" or None for the checkpoint's dtype (f32 on CPU
     /// when the checkpoint is bf16 and the device is a CPU).
     pub dtype: Option<String>,
+    /// What the KV pool stores (`--kv-cache-dtype`).
+    pub kv_cache_dtype: crate::KvCacheDtype,
     /// KV block size in tokens.
     pub block_size: usize,
     /// Number of KV blocks; when None, derived from `kv_cache_memory_bytes`.
@@ -124,6 +126,7 @@ impl Default for EngineConfig {
             revision: None,
             download_dir: None,
             dtype: None,
+            kv_cache_dtype: crate::KvCacheDtype::Auto,
             block_size: 16,
             num_kv_blocks: None,
             kv_cache_memory_bytes: 512 << 20,

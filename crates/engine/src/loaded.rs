@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use candle_core::{DType, Device};
-use kvc_kv_pool::KvPool;
+use kvc_kv_pool::{KvLayout, KvPool};
 use kvc_model_loading::model_source::{self, HubSettings, LoadFormat, ResolvedSource};
 use kvc_model_loading::progress::Progress;
 use kvc_model_qwen3::{parse_dtype, Qwen3Config, Qwen3Model};
@@ -106,7 +106,7 @@ pub(crate) fn load(config: &EngineConfig) -> Result<Loaded, EngineError> {
             eos_token_ids.push(*id);
         }
     }
-    let layout = model.kv_layout(config.block_size.max(1));
+    let layout = KvLayout { dtype: config.kv_cache_dtype.resolve(dtype, &device)?, ..model.kv_layout(config.block_size.max(1)) };
     let num_blocks = match config.num_kv_blocks {
         Some(n) => n,
         None if device.is_cpu() => KvPool::blocks_for_budget(&layout, config.kv_cache_memory_bytes),
@@ -128,6 +128,7 @@ pub(crate) fn load(config: &EngineConfig) -> Result<Loaded, EngineError> {
         params = model_config.num_parameters(),
         %fingerprint,
         ?dtype,
+        kv_dtype = ?layout.dtype,
         ?device,
         kv_blocks = num_blocks,
         block_size = layout.block_size,

@@ -33,12 +33,20 @@ pub fn reference_logprobs(model: &Qwen3Model, tokens: &[u32]) -> Result<Vec<f64>
 /// [`reference_logprobs`], each with whether `tokens[i]` is the most likely
 /// token there (lm-eval's `is_greedy`, token by token).
 pub fn reference_scores(model: &Qwen3Model, tokens: &[u32]) -> Result<Vec<(f64, bool)>, EngineError> {
+    reference_scores_over(model, tokens, model.kv_layout(BLOCK).dtype)
+}
+
+/// [`reference_scores`] with the K/V stored in `kv_dtype` on the way
+/// (the pass reads them back as an engine over that cache does): the
+/// reference for `--kv-cache-dtype`.
+pub fn reference_scores_over(model: &Qwen3Model, tokens: &[u32], kv_dtype: DType) -> Result<Vec<(f64, bool)>, EngineError> {
     let n = tokens.len();
     if n < 2 {
         return Ok(Vec::new());
     }
     let blocks = n.div_ceil(BLOCK);
-    let mut kv = KvStorage::new(model.kv_layout(BLOCK), blocks).map_err(model_err)?;
+    let layout = kvc_kv_pool::KvLayout { dtype: kv_dtype, ..model.kv_layout(BLOCK) };
+    let mut kv = KvStorage::new(layout, blocks).map_err(model_err)?;
     let table: Vec<_> = (0..blocks as u32).collect();
     let batch = BatchInput {
         tokens: tokens.to_vec(),

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 mod common;
 
 use common::{finished, greedy, tokens, wait_for};
-use kvc_engine::{EngineConfig, EngineHandle, GenerateRequest, ReusePath, Usage};
+use kvc_engine::{EngineConfig, EngineHandle, GenerateRequest, KvCacheDtype, ReusePath, Usage};
 
 const BS: usize = 16;
 
@@ -101,6 +101,18 @@ fn a_shared_system_prompt_is_stored_once() {
 /// 50 sessions x 6 turns against a pool that holds about 5 sessions.
 #[test]
 fn fifty_sessions_under_pressure_fail_nothing_and_match_an_unconstrained_run() {
+    fifty_sessions_under_pressure(KvCacheDtype::Auto);
+}
+
+/// The same with an FP8 cache (`--kv-cache-dtype fp8`): blocks demoted to
+/// the host tier and restored, or evicted and recomputed, come back as the
+/// same e4m3 bytes, so greedy output still equals the unconstrained run's.
+#[test]
+fn fifty_sessions_under_pressure_with_an_fp8_cache_match_an_unconstrained_run() {
+    fifty_sessions_under_pressure(KvCacheDtype::Fp8E4m3);
+}
+
+fn fifty_sessions_under_pressure(kv: KvCacheDtype) {
     const SESSIONS: u32 = 50;
     const TURNS: usize = 6;
     let play = |e: &EngineHandle| -> HashMap<(u32, usize), Vec<u32>> {
@@ -133,9 +145,10 @@ fn fifty_sessions_under_pressure_fail_nothing_and_match_an_unconstrained_run() {
         }
         outputs
     };
-    let reference = play(&engine(|c| c.num_kv_blocks = Some(4096)));
+    let reference = play(&engine(|c| (c.num_kv_blocks, c.kv_cache_dtype) = (Some(4096), kv)));
     // A final history is 40 + 6 * 16 = 136 tokens = 9 blocks; 5 sessions ~ 45 blocks.
     let tight = engine(|c| {
+        c.kv_cache_dtype = kv;
         c.num_kv_blocks = Some(48);
         c.swap_space_bytes = 64 << 20;
     });

@@ -3,6 +3,7 @@
 //! CUDA model reads and writes with its own kernels).
 
 use candle_core::{DType, Device, Tensor, WithDType};
+use float8::F8E4M3;
 use half::{bf16, f16};
 
 use crate::{BlockId, KvLayout, KvPoolError};
@@ -34,12 +35,18 @@ enum Data {
     F32(Vec<f32>),
     BF16(Vec<bf16>),
     F16(Vec<f16>),
+    /// The FP8 KV cache (`--kv-cache-dtype fp8`): e4m3 of K / k_scale and
+    /// V / v_scale, saturated at +-448 (vLLM's convention).
+    F8E4M3(Vec<F8E4M3>),
 }
 
 pub struct KvStorage {
     layout: KvLayout,
     num_blocks: usize,
     data: Data,
+    /// Per layer, the (K, V) scales of an FP8 cache: stored = x / scale,
+    /// read back = stored * scale (1.0 unless set; unused otherwise).
+    scales: Vec<(f32, f32)>,
     /// Device storage (1-D, same layout); `data` is then empty.
     device: Option<Tensor>,
 }
@@ -58,6 +65,7 @@ macro_rules! with_data {
             Data::F32($v) => $body,
             Data::BF16($v) => $body,
             Data::F16($v) => $body,
+            Data::F8E4M3($v) => $body,
         }
     };
 }
@@ -74,9 +82,10 @@ impl KvStorage {
             DType::F32 => Data::F32(zeroed(n, bpb, num_blocks)?),
             DType::BF16 => Data::BF16(zeroed(n, bpb, num_blocks)?),
             DType::F16 => Data::F16(zeroed(n, bpb, num_blocks)?),
+            DType::F8E4M3 => Data::F8E4M3(zeroed(n, bpb, num_blocks)?),
             other => return Err(KvPoolError::UnsupportedDType(other)),
         };
-        Ok(Self { layout, num_blocks, data, device: None })
+        Ok(Self { layout, num_blocks, data, scales: vec![(1.0, 1.0); layout.num_layers], device: None })
     }
 
     /// Storage on `device`: host memory for a CPU, one zeroed device
@@ -92,7 +101,7 @@ impl KvStorage {
             .ok_or(KvPoolError::TooLarge { blocks: num_blocks, bytes_per_block: layout.bytes_per_block() })?;
         let t = Tensor::zeros(n, layout.dtype, device)?;
         let data = Data::F32(Vec::new());
-        Ok(Self { layout, num_blocks, data, device: Some(t) })
+        Ok(Self { layout, num_blocks, data, scales: vec![(1.0, 1.0); layout.num_layers], device: Some(t) })
     }
 
     /// Storage over a caller-made device tensor (1-D, zeroed, `dtype` of
@@ -110,7 +119,7 @@ impl KvStorage {
                 t.device()
             )));
         }
-        Ok(Self { layout, num_blocks, data: Data::F32(Vec::new()), device: Some(t) })
+        Ok(Self { layout, num_blocks, data: Data::F32(Vec::new()), scales: vec![(1.0, 1.0); layout.num_layers], device: Some(t) })
     }
 
     /// The device tensor (1-D, `[layer][block][k|v][slot][head][dim]`) when
@@ -125,6 +134,26 @@ impl KvStorage {
 
     pub fn num_blocks(&self) -> usize {
         self.num_blocks
+    }
+
+    /// The (K, V) scale of each layer of an FP8 cache: a checkpoint's
+    /// `k_scale` / `v_scale`, 1.0 where it has none. Err unless one pair per
+    /// layer, each finite and > 0.
+    pub fn set_kv_scales(&mut self, scales: Vec<(f32, f32)>) -> Result<(), KvPoolError> {
+        if scales.len() != self.layout.num_layers || scales.iter().any(|&(k, v)| !(k.is_finite() && k > 0.0 && v.is_finite() && v > 0.0)) {
+            return Err(KvPoolError::Shape(format!(
+                "{} KV scale pairs (finite, > 0) for {} layers: {scales:?}",
+                scales.len(),
+                self.layout.num_layers
+            )));
+        }
+        self.scales = scales;
+        Ok(())
+    }
+
+    /// Layer `layer`'s (K, V) scales (meaningful for an FP8 cache).
+    pub fn kv_scales(&self, layer: usize) -> (f32, f32) {
+        self.scales[layer]
     }
 
     /// The raw memory of the storage: one region, in host memory or (CUDA
@@ -159,10 +188,16 @@ impl KvStorage {
             return Err(KvPoolError::Shape(format!("k {:?} / v {:?} for {} slots of {} elements", k.shape(), v.shape(), slots.len(), te)));
         }
         let (layout, nb) = (self.layout, self.num_blocks);
+        let (k, v) = if layout.dtype == DType::F8E4M3 {
+            let (ks, vs) = self.scales[layer];
+            (quantize_e4m3(k, ks)?, quantize_e4m3(v, vs)?)
+        } else {
+            (k.clone(), v.clone())
+        };
         if let Some(t) = &self.device {
-            return write_device(t, &layout, nb, layer, slots, k, v);
+            return write_device(t, &layout, nb, layer, slots, &k, &v);
         }
-        with_data!(&mut self.data, dst => write_typed(dst, &layout, nb, layer, slots, k, v))
+        with_data!(&mut self.data, dst => write_typed(dst, &layout, nb, layer, slots, &k, &v))
     }
 
     /// K and V of the first `len` tokens of a sequence, gathered through its
@@ -173,10 +208,15 @@ impl KvStorage {
             return Err(KvPoolError::SlotOutOfRange { slot: len, blocks: table.len(), block_size: bs });
         }
         let (layout, nb) = (self.layout, self.num_blocks);
-        if let Some(t) = &self.device {
-            return gather_device(t, &layout, nb, layer, table, len, device);
+        let (k, v) = match &self.device {
+            Some(t) => gather_device(t, &layout, nb, layer, table, len, device)?,
+            None => with_data!(&self.data, src => gather_typed(src, &layout, nb, layer, table, len, device))?,
+        };
+        if layout.dtype != DType::F8E4M3 {
+            return Ok((k, v));
         }
-        with_data!(&self.data, src => gather_typed(src, &layout, nb, layer, table, len, device))
+        let (ks, vs) = self.scales[layer];
+        Ok(((k.to_dtype(DType::F32)? * ks as f64)?, (v.to_dtype(DType::F32)? * vs as f64)?))
     }
 
     /// Copies every layer of block `src` into block `dst` (copy-on-write of a
@@ -227,8 +267,15 @@ impl KvStorage {
     }
 }
 
+/// `x / scale` in e4m3, saturated at +-448 (e4m3 has no infinity: an
+/// out-of-range value would become NaN), rounded to nearest.
+fn quantize_e4m3(x: &Tensor, scale: f32) -> Result<Tensor, KvPoolError> {
+    const E4M3_MAX: f64 = 448.0;
+    Ok((x.to_dtype(DType::F32)? / scale as f64)?.clamp(-E4M3_MAX, E4M3_MAX)?.to_dtype(DType::F8E4M3)?)
+}
+
 fn as_bytes<T: WithDType>(v: &[T]) -> &[u8] {
-    // SAFETY: f32/bf16/f16 are plain old data without padding.
+    // SAFETY: f32/bf16/f16/e4m3 are plain old data without padding.
     unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v)) }
 }
 
@@ -403,6 +450,59 @@ mod tests {
         assert_eq!(r.len(), 1);
         assert_eq!(r[0].len, l.bytes_per_block() * 3);
         assert_eq!(s.byte_offset(1, 2), (3 + 2) * l.layer_block_bytes());
+    }
+
+    /// e4m3 (bias 7, 3 mantissa bits, no infinities, max 448) written out
+    /// by hand: the nearest value of the grid, ties to even, saturated.
+    fn e4m3_reference(x: f64) -> f64 {
+        let a = x.abs().min(448.0);
+        // Normal numbers from 2^-6 keep 3 mantissa bits; below, subnormal steps of 2^-9.
+        let step = if a >= 2f64.powi(-6) { 2f64.powi(a.log2().floor() as i32 - 3) } else { 2f64.powi(-9) };
+        let n = a / step;
+        let mut r = n.floor();
+        if n - r > 0.5 || (n - r == 0.5 && r % 2.0 == 1.0) {
+            r += 1.0;
+        }
+        (r * step).min(448.0).copysign(x)
+    }
+
+    #[test]
+    fn an_fp8_cache_reads_back_the_e4m3_quantize_dequantize_of_what_was_written() {
+        let l = layout(DType::F8E4M3);
+        let mut s = KvStorage::new(l, 8).unwrap();
+        assert_eq!(l.layer_block_bytes() * 2, layout(DType::BF16).layer_block_bytes());
+        s.set_kv_scales(vec![(1.0, 1.0), (0.5, 4.0)]).unwrap();
+        let table: Vec<BlockId> = vec![3, 7, 0];
+        let len = 11;
+        let slots: Vec<usize> = (0..len).map(|p| table[p / 4] as usize * 4 + p % 4).collect();
+        // Magnitudes over e4m3's whole range: subnormals, normals, ties, past 448 (saturates).
+        let xs: Vec<f32> = (0..len * 8)
+            .map(|i| ((i as f32 * 0.37).sin() * 2f32.powi(i as i32 % 21 - 11)) * if i % 5 == 0 { 600.0 } else { 1.0 })
+            .collect();
+        let k = Tensor::from_vec(xs.clone(), (len, 2, 4), &Device::Cpu).unwrap();
+        let v = (k.clone() * -3.0).unwrap();
+        for layer in 0..2 {
+            s.write(layer, &slots, &k, &v).unwrap();
+            let (ks, vs) = s.kv_scales(layer);
+            let (gk, gv) = s.gather(layer, &table, len, &Device::Cpu).unwrap();
+            let gk = gk.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            let gv = gv.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            for (i, &x) in xs.iter().enumerate() {
+                let want_k = e4m3_reference(x as f64 / ks as f64) * ks as f64;
+                let want_v = e4m3_reference(-3.0 * x as f64 / vs as f64) * vs as f64;
+                assert_eq!(gk[i] as f64, want_k, "layer {layer} k[{i}] = {x}");
+                assert_eq!(gv[i] as f64, want_v, "layer {layer} v[{i}] = {}", -3.0 * x);
+            }
+        }
+        // The host tier and transfers move blocks as bytes: they come back bit for bit.
+        let bytes = s.block_bytes(1, 7).to_vec();
+        assert_eq!(bytes.len(), l.layer_block_bytes());
+        let mut other = KvStorage::new(l, 8).unwrap();
+        other.set_kv_scales(vec![(1.0, 1.0), (0.5, 4.0)]).unwrap();
+        other.set_block_bytes(1, 2, &bytes).unwrap();
+        assert_eq!(other.block_bytes(1, 2), &bytes[..]);
+        assert!(s.set_kv_scales(vec![(1.0, 0.0), (1.0, 1.0)]).is_err());
+        assert!(s.set_kv_scales(vec![(1.0, 1.0)]).is_err());
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! [`EngineConfig`].
 
 use clap::{Parser, ValueEnum};
-use kvc_engine::{EngineConfig, LoadFormat, ModelSource};
+use kvc_engine::{EngineConfig, KvCacheDtype, LoadFormat, ModelSource};
 
 mod serving;
 pub use serving::{ChatTemplateArg, KeyFile, ServingArgs, ToolCallParserArg};
@@ -173,6 +173,15 @@ pub struct Args {
     /// cache.
     #[arg(long, value_enum, default_value_t = DtypeArg::Auto)]
     pub dtype: DtypeArg,
+
+    /// What the KV cache stores (vLLM's flag): `auto` (the compute
+    /// dtype), `bf16` (`bfloat16`) or `fp8` (`fp8_e4m3`: e4m3 with a scale
+    /// per layer of 1.0, half of bf16's bytes per block, so twice the
+    /// sessions fit the same memory and the host tier and P/D transfers
+    /// move half the bytes). The CPU path takes all three; on a GPU only
+    /// `auto` for now. A P/D pair must agree (the handshake refuses).
+    #[arg(long, default_value = "auto", value_parser = KvCacheDtype::parse)]
+    pub kv_cache_dtype: KvCacheDtype,
 
     /// `auto` (CUDA device 0 when built with `--features cuda` and one is
     /// present, else the CPU), `cpu`, `cuda` or `cuda:N`.
@@ -364,6 +373,7 @@ impl Args {
                 DtypeArg::Bfloat16 => Some("bf16".to_string()),
                 DtypeArg::Float16 => Some("f16".to_string()),
             },
+            kv_cache_dtype: self.kv_cache_dtype,
             block_size: self.block_size,
             num_kv_blocks: self.num_kv_blocks,
             kv_cache_memory_bytes: self.kv_cache_memory,
@@ -449,6 +459,21 @@ mod tests {
 
     fn parse(args: &[&str]) -> Result<Args, clap::Error> {
         Args::try_parse_from(std::iter::once("kvc-server").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn kv_cache_dtype_takes_vllms_spellings_and_refuses_the_others_by_name() {
+        assert_eq!(parse(&[]).unwrap().engine_config().kv_cache_dtype, KvCacheDtype::Auto);
+        for (v, want) in [
+            ("fp8", KvCacheDtype::Fp8E4m3),
+            ("fp8_e4m3", KvCacheDtype::Fp8E4m3),
+            ("bfloat16", KvCacheDtype::Bf16),
+            ("auto", KvCacheDtype::Auto),
+        ] {
+            assert_eq!(parse(&["--kv-cache-dtype", v]).unwrap().engine_config().kv_cache_dtype, want, "{v}");
+        }
+        let e = parse(&["--kv-cache-dtype", "fp8_e5m2"]).unwrap_err().to_string();
+        assert!(e.contains("fp8_e5m2") && e.contains("not implemented"), "{e}");
     }
 
     #[test]
