@@ -17,6 +17,8 @@
 // and shared by its columns), f32 sums reduced over the warp, bf16 out.
 // No shared memory, no barriers. K % 8 == 0, N % 2 == 0.
 #include "common.cuh"
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #define UNROLL 8
 #define MAX_ROWS 8
@@ -30,14 +32,43 @@ __device__ __forceinline__ float dot8(const uint4& a, const uint4& b) {
     return s;
 }
 
-extern "C" __global__ void __launch_bounds__(256) small_m_gemm(
-    const bf16* __restrict__ x, const bf16* __restrict__ W, bf16* __restrict__ out, const int* __restrict__ offsets,
-    const int* __restrict__ sorted, const int* __restrict__ meta, int row_div, int dense_rows, int groups, int N, int K) {
+// A 16-byte chunk of 16 e4m3 weights against 16 bf16 of x (x0: the first
+// 8, x1: the next), f32 sums.
+__device__ __forceinline__ float dot16_e4m3(const uint4& w, const uint4& x0, const uint4& x1) {
+    const __nv_fp8x2_storage_t* wp = (const __nv_fp8x2_storage_t*)&w;
+    const __nv_bfloat162* xa = (const __nv_bfloat162*)&x0;
+    const __nv_bfloat162* xb = (const __nv_bfloat162*)&x1;
+    float s = 0.f;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        const float2 wf = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(wp[i], __NV_E4M3)));
+        const float2 xf = __bfloat1622float2(i < 4 ? xa[i] : xb[i - 4]);
+        s += wf.x * xf.x + wf.y * xf.y;
+    }
+    return s;
+}
+
+// The stream over W for bf16 weights (FP8 false: 8 per 16-byte chunk) or
+// block-FP8 ones (FP8 true: 16 e4m3 per chunk, each chunk inside one
+// 128-wide K block, times that block's scale sw[e][n / 128][k / 128];
+// both columns n, n + 1 share it). See the file's comment.
+template <bool FP8>
+__device__ __forceinline__ void small_m_stream(const bf16* __restrict__ x, const void* __restrict__ Wv,
+                                               const float* __restrict__ sw, bf16* __restrict__ out,
+                                               const int* __restrict__ offsets, const int* __restrict__ sorted,
+                                               const int* __restrict__ meta, int row_div, int dense_rows, int groups,
+                                               int N, int K) {
+    constexpr int PER = FP8 ? 16 : 8;  // weights per 16-byte chunk
+    // Loads in flight per lane: 8 chunks of bf16; 6 of e4m3 (more weights
+    // each, and the conversion's registers) keeps 2 blocks per SM unspilled.
+    constexpr int U = FP8 ? 6 : UNROLL;
+    const unsigned char* W = (const unsigned char*)Wv;
     const int lane = threadIdx.x & 31;
     const int warps = gridDim.x * (blockDim.x >> 5);
     const int half_n = N / 2;
     const long tasks = (long)groups * half_n;
-    const int chunks = K / 8;  // 16-byte chunks of a row
+    const int chunks = K / PER;  // 16-byte chunks of a row
+    const int kb = (K + 127) / 128, nb = (N + 127) / 128;
     for (long task = (long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); task < tasks; task += warps) {
         const int g = (int)(task / half_n);
         const int n = (int)(task - (long)g * half_n) * 2;
@@ -45,8 +76,10 @@ extern "C" __global__ void __launch_bounds__(256) small_m_gemm(
         if (e < 0) continue;
         const int begin = offsets ? offsets[e] : 0;
         const int end = offsets ? offsets[e + 1] : dense_rows;
-        const bf16* w0 = W + ((size_t)e * N + n) * K;
-        const bf16* w1 = w0 + K;
+        const size_t row_bytes = (size_t)K * (FP8 ? 1 : 2);
+        const unsigned char* w0 = W + ((size_t)e * N + n) * row_bytes;
+        const unsigned char* w1 = w0 + row_bytes;
+        const float* srow = FP8 ? sw + ((size_t)e * nb + n / 128) * kb : nullptr;
         for (int m0 = begin; m0 < end; m0 += MAX_ROWS) {
             const int mt = min(MAX_ROWS, end - m0);
             int xrow[MAX_ROWS];
@@ -58,26 +91,34 @@ extern "C" __global__ void __launch_bounds__(256) small_m_gemm(
             float acc0[MAX_ROWS], acc1[MAX_ROWS];
 #pragma unroll
             for (int m = 0; m < MAX_ROWS; m++) acc0[m] = acc1[m] = 0.f;
-            for (int c0 = lane; c0 < chunks; c0 += 32 * UNROLL) {
-                uint4 a[UNROLL], b[UNROLL];
+            for (int c0 = lane; c0 < chunks; c0 += 32 * U) {
+                uint4 a[U], b[U];
+                float sc[U];
 #pragma unroll
-                for (int u = 0; u < UNROLL; u++) {
+                for (int u = 0; u < U; u++) {
                     const int c = c0 + u * 32;
                     const bool in = c < chunks;
-                    a[u] = in ? __ldg((const uint4*)(w0 + (size_t)c * 8)) : make_uint4(0, 0, 0, 0);
-                    b[u] = in ? __ldg((const uint4*)(w1 + (size_t)c * 8)) : make_uint4(0, 0, 0, 0);
+                    a[u] = in ? __ldg((const uint4*)(w0 + (size_t)c * 16)) : make_uint4(0, 0, 0, 0);
+                    b[u] = in ? __ldg((const uint4*)(w1 + (size_t)c * 16)) : make_uint4(0, 0, 0, 0);
+                    sc[u] = FP8 && in ? __ldg(srow + c * PER / 128) : 1.f;
                 }
 #pragma unroll
                 for (int m = 0; m < MAX_ROWS; m++) {
                     if (m >= mt) break;
                     const bf16* xr = x + (size_t)(xrow[m] / row_div) * K;
 #pragma unroll
-                    for (int u = 0; u < UNROLL; u++) {
+                    for (int u = 0; u < U; u++) {
                         const int c = c0 + u * 32;
                         if (c < chunks) {
-                            const uint4 xv = __ldg((const uint4*)(xr + (size_t)c * 8));
-                            acc0[m] += dot8(a[u], xv);
-                            acc1[m] += dot8(b[u], xv);
+                            const uint4 xv = __ldg((const uint4*)(xr + (size_t)c * PER));
+                            if constexpr (FP8) {
+                                const uint4 xv1 = __ldg((const uint4*)(xr + (size_t)c * PER + 8));
+                                acc0[m] += sc[u] * dot16_e4m3(a[u], xv, xv1);
+                                acc1[m] += sc[u] * dot16_e4m3(b[u], xv, xv1);
+                            } else {
+                                acc0[m] += dot8(a[u], xv);
+                                acc1[m] += dot8(b[u], xv);
+                            }
                         }
                     }
                 }
@@ -96,4 +137,20 @@ extern "C" __global__ void __launch_bounds__(256) small_m_gemm(
             }
         }
     }
+}
+
+extern "C" __global__ void __launch_bounds__(256) small_m_gemm(
+    const bf16* __restrict__ x, const bf16* __restrict__ W, bf16* __restrict__ out, const int* __restrict__ offsets,
+    const int* __restrict__ sorted, const int* __restrict__ meta, int row_div, int dense_rows, int groups, int N, int K) {
+    small_m_stream<false>(x, W, nullptr, out, offsets, sorted, meta, row_div, dense_rows, groups, N, K);
+}
+
+// The same over block-FP8 weights: W e4m3 [groups' E][N, K], sw f32
+// [E][ceil(N / 128)][K / 128] (the checkpoint's weight_scale_inv). K % 128
+// == 0. No activation quantization: x stays bf16.
+extern "C" __global__ void __launch_bounds__(256, 2) small_m_gemm_fp8(
+    const bf16* __restrict__ x, const unsigned char* __restrict__ W, const float* __restrict__ sw,
+    bf16* __restrict__ out, const int* __restrict__ offsets, const int* __restrict__ sorted,
+    const int* __restrict__ meta, int row_div, int dense_rows, int groups, int N, int K) {
+    small_m_stream<true>(x, W, sw, out, offsets, sorted, meta, row_div, dense_rows, groups, N, K);
 }

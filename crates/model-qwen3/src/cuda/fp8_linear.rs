@@ -20,8 +20,14 @@ use candle_core::{bail, CudaDevice, DType, Result, Tensor};
 use candle_nn::{Init, VarBuilder};
 use cutlass_sys::fp8;
 
-use super::{cuda_dev, empty, ptr};
+use super::gemv::{fits_fp8, small_m_linear_fp8};
+use super::{cuda_dev, empty, ptr, Kernels};
 use crate::fp8::{BlockFp8, GEMM_BLOCK};
+
+/// Rows up to which an FP8 projection runs on the few-row kernel
+/// (gemv.cu's `small_m_gemm_fp8`) instead of quantizing its input for
+/// CUTLASS's 128-row tiles: decode steps of a few sequences.
+pub const FEW_ROWS: usize = 4;
 
 /// 0: not chosen (FP8 where the GEMMs run); 1: FP8; 2: dequantize.
 static CHOICE: AtomicU8 = AtomicU8::new(0);
@@ -164,14 +170,24 @@ impl Fp8Weight {
         self.q.elem_count() + 4 * self.scale.elem_count()
     }
 
-    /// `x: [M, K]` bf16 -> `x W^T: [M, N]` bf16, the input quantized per
-    /// token and 128-wide group first.
-    pub fn linear(&self, x: &Tensor) -> Result<Tensor> {
+    /// The e4m3 weight and its block scales.
+    pub(crate) fn parts(&self) -> (&Tensor, &Tensor) {
+        (&self.q, &self.scale)
+    }
+
+    /// `x: [M, K]` bf16 -> `x W^T: [M, N]` bf16: up to [`FEW_ROWS`] rows on
+    /// kvc's few-row kernel (the weights streamed once, x in bf16), more
+    /// on CUTLASS's FP8 GEMM with the input quantized per token and
+    /// 128-wide group first.
+    pub fn linear(&self, kernels: &Kernels, x: &Tensor) -> Result<Tensor> {
         let dev = cuda_dev(x.device())?;
         let (m, k) = x.dims2()?;
         let (n, kw) = self.q.dims2()?;
         if k != kw {
             bail!("FP8 linear: input [{m}, {k}] against weight [{n}, {kw}]");
+        }
+        if (1..=FEW_ROWS).contains(&m) && fits_fp8(n, k) {
+            return small_m_linear_fp8(kernels, x, &self.q, &self.scale);
         }
         let d = empty(dev, (m, n), DType::BF16)?;
         if m == 0 {
@@ -241,10 +257,10 @@ pub enum GpuLinear {
 
 impl GpuLinear {
     /// `x: [M, K]` bf16 -> `x W^T: [M, N]` bf16.
-    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+    pub fn forward(&self, kernels: &Kernels, x: &Tensor) -> Result<Tensor> {
         match self {
             GpuLinear::Bf16(w) => x.matmul(&w.t()?),
-            GpuLinear::Fp8(w) => w.linear(x),
+            GpuLinear::Fp8(w) => w.linear(kernels, x),
         }
     }
 

@@ -83,3 +83,79 @@ pub(crate) fn small_m_grouped(
         kd as i32
     )
 }
+
+/// Whether the FP8 form takes a `[N, K]` e4m3 weight: N even, K a
+/// multiple of 128 (a chunk of 16 inside one scale block).
+pub(crate) fn fits_fp8(n: usize, k: usize) -> bool {
+    fits(n, k) && k % 128 == 0
+}
+
+/// `x [M, K] @ dequant(q [N, K], scale)^T -> [M, N]` bf16 for small M, the
+/// e4m3 weights and their 128x128 block scales read once, x in bf16 (no
+/// activation quantization).
+pub(crate) fn small_m_linear_fp8(k: &Kernels, x: &Tensor, q: &Tensor, scale: &Tensor) -> Result<Tensor> {
+    let (m, kd) = x.dims2()?;
+    let (n, kw) = q.dims2()?;
+    if kd != kw || !fits_fp8(n, kd) || x.dtype() != DType::BF16 || q.dtype() != DType::F8E4M3 {
+        bail!("small_m_linear_fp8: x {:?} {:?}, w {:?} {:?}", x.shape(), x.dtype(), q.shape(), q.dtype());
+    }
+    let x = x.contiguous()?;
+    let out = empty(cuda_dev(x.device())?, (m, n), DType::BF16)?;
+    let (null, groups) = (0u64, 1i32);
+    launch!(
+        k.small_m_gemm_fp8,
+        grid(k, n / 2),
+        ptr(&x)?,
+        ptr(q)?,
+        ptr(scale)?,
+        ptr(&out)?,
+        null,
+        null,
+        null,
+        1i32,
+        m as i32,
+        groups,
+        n as i32,
+        kd as i32
+    )?;
+    Ok(out)
+}
+
+/// [`small_m_grouped`] over block-FP8 experts `q: [E, N, K]` e4m3 with
+/// `scale: [E, ceil(N/128), K/128]`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn small_m_grouped_fp8(
+    k: &Kernels,
+    x: &Tensor,
+    (q, scale): (&Tensor, &Tensor),
+    routing: (&Tensor, &Tensor, &Tensor),
+    out: &Tensor,
+    row_div: usize,
+    groups: usize,
+) -> Result<()> {
+    let (_, n, kd) = q.dims3()?;
+    if !fits_fp8(n, kd) || q.dtype() != DType::F8E4M3 {
+        bail!("small_m_grouped_fp8: expert weights {:?} {:?}", q.shape(), q.dtype());
+    }
+    let (offsets, sorted, meta) = routing;
+    let (ptrs, dims) = (
+        [ptr(x)?, ptr(q)?, ptr(scale)?, ptr(out)?, ptr(offsets)?, ptr(sorted)?, ptr(meta)?],
+        [row_div as i32, 0, groups as i32, n as i32, kd as i32],
+    );
+    launch!(
+        k.small_m_gemm_fp8,
+        grid(k, groups * n / 2),
+        ptrs[0],
+        ptrs[1],
+        ptrs[2],
+        ptrs[3],
+        ptrs[4],
+        ptrs[5],
+        ptrs[6],
+        dims[0],
+        dims[1],
+        dims[2],
+        dims[3],
+        dims[4]
+    )
+}

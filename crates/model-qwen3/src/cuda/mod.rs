@@ -84,6 +84,8 @@ pub struct Kernels {
     pub moe_gemm_small: CudaFunc,
     /// gemv.cu: products of a few rows (gemv.rs).
     pub small_m_gemm: CudaFunc,
+    /// Its block-FP8 form (e4m3 weights with their block scales).
+    pub small_m_gemm_fp8: CudaFunc,
     /// Its launch grid: blocks resident on the whole device at once.
     pub small_m_blocks: u32,
     pub moe_gemm_tc: CudaFunc,
@@ -119,6 +121,7 @@ impl Kernels {
             decode2.push(f);
         }
         let small_m_gemm = get("small_m_gemm", "kvc_gemv", PTX_GEMV)?;
+        let small_m_gemm_fp8 = get("small_m_gemm_fp8", "kvc_gemv", PTX_GEMV)?;
         let sms = stream.context().attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).w()? as u32;
         let per_sm = small_m_gemm.func.occupancy_max_active_blocks_per_multiprocessor(gemv::BLOCK, 0, None).w()?;
         let small_m_blocks = sms * per_sm.max(1);
@@ -143,6 +146,7 @@ impl Kernels {
             moe_route: m("moe_route")?,
             moe_gemm_small: m("moe_gemm_small")?,
             small_m_gemm,
+            small_m_gemm_fp8,
             small_m_blocks,
             moe_gemm_tc: m("moe_gemm_tc")?,
             moe_sum: m("moe_sum")?,

@@ -250,7 +250,7 @@ impl GpuModel {
     }
 
     fn linear(&self, x: &Tensor, w: &GpuLinear, b: Option<&Tensor>) -> Result<Tensor> {
-        let y = w.forward(x)?;
+        let y = w.forward(&self.kernels, x)?;
         match b {
             Some(b) => y.broadcast_add(b),
             None => Ok(y),

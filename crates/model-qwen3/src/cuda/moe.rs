@@ -12,7 +12,7 @@ use candle_core::cuda::cudarc::driver::LaunchConfig;
 use candle_core::{DType, Result, Tensor};
 
 use super::fp8_linear::Fp8Weight;
-use super::gemv::small_m_grouped;
+use super::gemv::{fits_fp8, small_m_grouped, small_m_grouped_fp8};
 use super::layers::{moe_sum, silu_mul, Form};
 use super::moe_cublas::{cublas_grouped, host_offsets};
 use super::moe_gemm::{cutlass_grouped, cutlass_tiling, gathered_experts, moe_gemm, MoeGemm};
@@ -130,6 +130,21 @@ impl Fp8Moe {
         let dev = cuda_dev(x.device())?;
         let (e, i, kk) = (self.num_experts, self.intermediate, self.top_k);
         let r = route(k, x, &self.router, e, i, kk, self.norm_topk_prob)?;
+        let (t, h) = x.dims2()?;
+        let (gq, dq) = (self.gate_up.parts().0, self.down.parts().0);
+        if t == 1 && fits_fp8(gq.dim(1)?, gq.dim(2)?) && fits_fp8(dq.dim(1)?, dq.dim(2)?) {
+            // One token: each of its top-k experts' weights streamed once
+            // by the few-row kernel, the token's row in bf16.
+            let routing = (&r.offsets, &r.sorted, &r.meta);
+            let gu = empty(dev, (kk, 2 * i), DType::BF16)?;
+            small_m_grouped_fp8(k, x, self.gate_up.parts(), routing, &gu, kk, kk)?;
+            let act = silu_mul(k, &gu, Form::Auto)?;
+            let dn = empty(dev, (kk, h), DType::BF16)?;
+            small_m_grouped_fp8(k, &act, self.down.parts(), routing, &dn, 1, kk)?;
+            let y = empty(dev, (t, h), DType::BF16)?;
+            moe_sum(k, &dn, &r.w, None, &y, kk, Form::Auto)?;
+            return Ok(y);
+        }
         let run = |a: &Tensor, w: &Fp8Weight, out: &Tensor| w.grouped(&r.offsets, a, out);
         gathered_experts(k, dev, x, &self.gate_up, &self.down, 2 * i, &r.sorted, &r.inv, &r.w, kk, run)
     }
