@@ -195,9 +195,9 @@ impl KvStorage {
             (k.clone(), v.clone())
         };
         if let Some(t) = &self.device {
-            return write_device(t, &layout, nb, layer, slots, &k, &v);
+            return write_device(t, LayerView { layout: &layout, num_blocks: nb, layer }, slots, &k, &v);
         }
-        with_data!(&mut self.data, dst => write_typed(dst, &layout, nb, layer, slots, &k, &v))
+        with_data!(&mut self.data, dst => write_typed(dst, LayerView { layout: &layout, num_blocks: nb, layer }, slots, &k, &v))
     }
 
     /// K and V of the first `len` tokens of a sequence, gathered through its
@@ -209,8 +209,10 @@ impl KvStorage {
         }
         let (layout, nb) = (self.layout, self.num_blocks);
         let (k, v) = match &self.device {
-            Some(t) => gather_device(t, &layout, nb, layer, table, len, device)?,
-            None => with_data!(&self.data, src => gather_typed(src, &layout, nb, layer, table, len, device))?,
+            Some(t) => gather_device(t, LayerView { layout: &layout, num_blocks: nb, layer }, table, len, device)?,
+            None => {
+                with_data!(&self.data, src => gather_typed(src, LayerView { layout: &layout, num_blocks: nb, layer }, table, len, device))?
+            }
         };
         if layout.dtype != DType::F8E4M3 {
             return Ok((k, v));
@@ -284,126 +286,105 @@ fn as_bytes_mut<T: WithDType>(v: &mut [T]) -> &mut [u8] {
     unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u8, std::mem::size_of_val(v)) }
 }
 
-/// The element offsets of token slot `slot`'s K and V in one layer (a
-/// block holds its K half, then its V half).
-fn slot_offsets(layout: &KvLayout, num_blocks: usize, layer: usize, slot: usize) -> Result<(usize, usize), KvPoolError> {
-    let (bs, te) = (layout.block_size, layout.token_elems());
-    let (block, off) = (slot / bs, slot % bs);
-    if block >= num_blocks {
-        return Err(KvPoolError::BlockOutOfRange { block: block as u32, num_blocks });
-    }
-    let base = layout.block_offset(num_blocks, layer, block);
-    Ok((base + off * te, base + (bs + off) * te))
-}
-
-fn write_typed<T: WithDType>(
-    dst: &mut [T],
-    layout: &KvLayout,
+/// One layer of a pool of `num_blocks` blocks: where its tokens' K and V
+/// stand (a block holds its K half, then its V half).
+#[derive(Clone, Copy)]
+struct LayerView<'a> {
+    layout: &'a KvLayout,
     num_blocks: usize,
     layer: usize,
-    slots: &[usize],
-    k: &Tensor,
-    v: &Tensor,
-) -> Result<(), KvPoolError> {
-    let te = layout.token_elems();
+}
+
+impl LayerView<'_> {
+    /// The element offsets of token slot `slot`'s K and V.
+    fn slot_offsets(&self, slot: usize) -> Result<(usize, usize), KvPoolError> {
+        let (bs, te) = (self.layout.block_size, self.layout.token_elems());
+        let (block, off) = (slot / bs, slot % bs);
+        if block >= self.num_blocks {
+            return Err(KvPoolError::BlockOutOfRange { block: block as u32, num_blocks: self.num_blocks });
+        }
+        let base = self.layout.block_offset(self.num_blocks, self.layer, block);
+        Ok((base + off * te, base + (bs + off) * te))
+    }
+
+    /// The first `len` tokens of a sequence, block by block: the element
+    /// offsets of each block's K and V halves and the tokens used from it.
+    fn block_runs(&self, table: &[BlockId], len: usize) -> Result<Vec<(usize, usize, usize)>, KvPoolError> {
+        let (bs, te) = (self.layout.block_size, self.layout.token_elems());
+        let mut runs = Vec::with_capacity(len.div_ceil(bs));
+        let mut remaining = len;
+        for &block in table {
+            if remaining == 0 {
+                break;
+            }
+            if block as usize >= self.num_blocks {
+                return Err(KvPoolError::BlockOutOfRange { block, num_blocks: self.num_blocks });
+            }
+            let n = remaining.min(bs);
+            let base = self.layout.block_offset(self.num_blocks, self.layer, block as usize);
+            runs.push((base, base + bs * te, n));
+            remaining -= n;
+        }
+        Ok(runs)
+    }
+
+    fn shape(&self, len: usize) -> (usize, usize, usize) {
+        (len, self.layout.num_kv_heads, self.layout.head_dim)
+    }
+}
+
+fn write_typed<T: WithDType>(dst: &mut [T], at: LayerView, slots: &[usize], k: &Tensor, v: &Tensor) -> Result<(), KvPoolError> {
+    let te = at.layout.token_elems();
     let kv = k.to_dtype(T::DTYPE)?.flatten_all()?.to_vec1::<T>()?;
     let vv = v.to_dtype(T::DTYPE)?.flatten_all()?.to_vec1::<T>()?;
     for (i, &slot) in slots.iter().enumerate() {
-        let (k_at, v_at) = slot_offsets(layout, num_blocks, layer, slot)?;
+        let (k_at, v_at) = at.slot_offsets(slot)?;
         dst[k_at..k_at + te].copy_from_slice(&kv[i * te..(i + 1) * te]);
         dst[v_at..v_at + te].copy_from_slice(&vv[i * te..(i + 1) * te]);
     }
     Ok(())
 }
 
-/// The first `len` tokens of a sequence in one layer, block by block: the
-/// element offsets of each block's K and V halves and the tokens used from
-/// it.
-fn block_runs(
-    layout: &KvLayout,
-    num_blocks: usize,
-    layer: usize,
-    table: &[BlockId],
-    len: usize,
-) -> Result<Vec<(usize, usize, usize)>, KvPoolError> {
-    let (bs, te) = (layout.block_size, layout.token_elems());
-    let mut runs = Vec::with_capacity(len.div_ceil(bs));
-    let mut remaining = len;
-    for &block in table {
-        if remaining == 0 {
-            break;
-        }
-        if block as usize >= num_blocks {
-            return Err(KvPoolError::BlockOutOfRange { block, num_blocks });
-        }
-        let n = remaining.min(bs);
-        let base = layout.block_offset(num_blocks, layer, block as usize);
-        runs.push((base, base + bs * te, n));
-        remaining -= n;
-    }
-    Ok(runs)
-}
-
 fn gather_typed<T: WithDType>(
     src: &[T],
-    layout: &KvLayout,
-    num_blocks: usize,
-    layer: usize,
+    at: LayerView,
     table: &[BlockId],
     len: usize,
     device: &Device,
 ) -> Result<(Tensor, Tensor), KvPoolError> {
-    let te = layout.token_elems();
+    let te = at.layout.token_elems();
     let mut k = Vec::with_capacity(len * te);
     let mut v = Vec::with_capacity(len * te);
-    for (k_at, v_at, n) in block_runs(layout, num_blocks, layer, table, len)? {
+    for (k_at, v_at, n) in at.block_runs(table, len)? {
         k.extend_from_slice(&src[k_at..k_at + n * te]);
         v.extend_from_slice(&src[v_at..v_at + n * te]);
     }
-    let shape = (len, layout.num_kv_heads, layout.head_dim);
-    Ok((Tensor::from_vec(k, shape, device)?, Tensor::from_vec(v, shape, device)?))
+    Ok((Tensor::from_vec(k, at.shape(len), device)?, Tensor::from_vec(v, at.shape(len), device)?))
 }
 
 /// `write` for device storage through candle copies (tests and tools; the
 /// CUDA model writes with its own kernel).
-fn write_device(
-    t: &Tensor,
-    layout: &KvLayout,
-    num_blocks: usize,
-    layer: usize,
-    slots: &[usize],
-    k: &Tensor,
-    v: &Tensor,
-) -> Result<(), KvPoolError> {
-    let te = layout.token_elems();
-    let k = k.to_dtype(layout.dtype)?.to_device(t.device())?.flatten_all()?;
-    let v = v.to_dtype(layout.dtype)?.to_device(t.device())?.flatten_all()?;
+fn write_device(t: &Tensor, at: LayerView, slots: &[usize], k: &Tensor, v: &Tensor) -> Result<(), KvPoolError> {
+    let te = at.layout.token_elems();
+    let k = k.to_dtype(at.layout.dtype)?.to_device(t.device())?.flatten_all()?;
+    let v = v.to_dtype(at.layout.dtype)?.to_device(t.device())?.flatten_all()?;
     for (i, &slot) in slots.iter().enumerate() {
-        let (k_at, v_at) = slot_offsets(layout, num_blocks, layer, slot)?;
+        let (k_at, v_at) = at.slot_offsets(slot)?;
         t.slice_set(&k.narrow(0, i * te, te)?, 0, k_at)?;
         t.slice_set(&v.narrow(0, i * te, te)?, 0, v_at)?;
     }
     Ok(())
 }
 
-fn gather_device(
-    t: &Tensor,
-    layout: &KvLayout,
-    num_blocks: usize,
-    layer: usize,
-    table: &[BlockId],
-    len: usize,
-    device: &Device,
-) -> Result<(Tensor, Tensor), KvPoolError> {
-    let te = layout.token_elems();
+fn gather_device(t: &Tensor, at: LayerView, table: &[BlockId], len: usize, device: &Device) -> Result<(Tensor, Tensor), KvPoolError> {
+    let te = at.layout.token_elems();
     let (mut k, mut v) = (Vec::new(), Vec::new());
-    for (k_at, v_at, n) in block_runs(layout, num_blocks, layer, table, len)? {
+    for (k_at, v_at, n) in at.block_runs(table, len)? {
         k.push(t.narrow(0, k_at, n * te)?);
         v.push(t.narrow(0, v_at, n * te)?);
     }
-    let shape = (len, layout.num_kv_heads, layout.head_dim);
-    let k = Tensor::cat(&k, 0)?.reshape(shape)?.to_device(device)?;
-    let v = Tensor::cat(&v, 0)?.reshape(shape)?.to_device(device)?;
+    let k = Tensor::cat(&k, 0)?.reshape(at.shape(len))?.to_device(device)?;
+    let v = Tensor::cat(&v, 0)?.reshape(at.shape(len))?.to_device(device)?;
     Ok((k, v))
 }
 

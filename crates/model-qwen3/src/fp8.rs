@@ -135,16 +135,13 @@ impl BlockFp8 {
     /// checkpoints are made (per block: scale = amax / 448, q = e4m3(w /
     /// scale); an all-zero block gets a tiny scale and zeros): the e4m3
     /// weight `[.., N, K]` and its f32 `weight_scale_inv` `[.., ceil(N /
-    /// bn), ceil(K / bk)]`. Dummy weights for the FP8 path (weights.rs).
+    /// bn), ceil(K / bk)]`. Dummy weights for the FP8 path (weights.rs);
+    /// candle has no e4m3 cast on CUDA, so there weights.rs quantizes with
+    /// kvc's kernel (cuda::quantize_blocks) instead.
     pub fn quantize(&self, w: &Tensor) -> candle_core::Result<(Tensor, Tensor)> {
         let dims = w.dims().to_vec();
         if dims.len() < 2 {
             candle_core::bail!("block-FP8 quantization of a {}-D tensor: it takes [.., N, K]", dims.len());
-        }
-        #[cfg(feature = "cuda")]
-        if w.device().is_cuda() && self.block == (GEMM_BLOCK, GEMM_BLOCK) {
-            // candle has no e4m3 cast on CUDA; kvc's own kernel quantizes there.
-            return crate::cuda::fp8_linear::quantize_blocks(w);
         }
         let (n, k) = (dims[dims.len() - 2], dims[dims.len() - 1]);
         let batch = dims[..dims.len() - 2].iter().product::<usize>();

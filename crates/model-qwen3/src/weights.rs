@@ -258,7 +258,15 @@ impl SimpleBackend for DummyBackend {
             let Some((fp8, scales)) = &self.fp8 else {
                 candle_core::bail!("dummy weight {name} asked for in FP8 without a block-FP8 config")
             };
-            let (q, scale) = fp8.quantize(&self.get(s, name, h, DType::F32, dev)?)?;
+            let w = self.get(s, name, h, DType::F32, dev)?;
+            #[cfg(feature = "cuda")]
+            let (q, scale) = if dev.is_cuda() && fp8.block == (crate::fp8::GEMM_BLOCK, crate::fp8::GEMM_BLOCK) {
+                crate::cuda::quantize_blocks(&w)?
+            } else {
+                fp8.quantize(&w)?
+            };
+            #[cfg(not(feature = "cuda"))]
+            let (q, scale) = fp8.quantize(&w)?;
             scales.lock().unwrap_or_else(|e| e.into_inner()).insert(BlockFp8::scale_name(name), scale);
             return Ok(q);
         }

@@ -273,3 +273,41 @@ fn few_row_products_match_an_f64_host_reference() {
         assert!(worst <= 1.0, "{m}x{n}x{kd}: off by {worst:.2} of the allowed error");
     }
 }
+
+#[test]
+#[ignore = "needs a CUDA device: run with scripts/gpu_run.sh"]
+fn few_row_fp8_products_match_an_f64_host_reference_over_the_dequantized_weights() {
+    use kvc_model_qwen3::cuda::small_m_linear_fp8;
+    use kvc_model_qwen3::fp8::BlockFp8;
+    let dev = gpu();
+    let k = kernels(&dev);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(23);
+    let fp8 = BlockFp8 { block: (128, 128) };
+    // Decode shapes (q|k|v, o, an expert's gate|up and down) at 1-4 rows,
+    // a partial last weight-scale block (N 130) and more rows than one pass.
+    for (m, n, kd) in [(1usize, 5120usize, 2048usize), (4, 2048, 4096), (2, 1536, 2048), (3, 130, 256), (9, 2048, 768)] {
+        let x = randn(&mut rng, m * kd, 2.0);
+        let w = randn(&mut rng, n * kd, 0.05);
+        // The CPU path's block quantization (checked against transformers
+        // elsewhere) makes the e4m3 weight and scales; the reference uses
+        // their dequantized values.
+        let wt = Tensor::from_vec(w, (n, kd), &Device::Cpu).unwrap();
+        let (q, scale) = fp8.quantize(&wt).unwrap();
+        let deq = fp8.dequantize("w", &q, &scale).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let xb: Vec<f32> = x.iter().map(|&v| bf(v)).collect();
+        let got = host(
+            &small_m_linear_fp8(&k, &upload_bf16(&x, &[m, kd], &dev), &q.to_device(&dev).unwrap(), &scale.to_device(&dev).unwrap())
+                .unwrap(),
+        );
+        let mut worst = 0f64;
+        for r in 0..m {
+            for c in 0..n {
+                let exact: f64 = (0..kd).map(|i| xb[r * kd + i] as f64 * deq[c * kd + i] as f64).sum();
+                let mag: f64 = (0..kd).map(|i| (xb[r * kd + i] as f64 * deq[c * kd + i] as f64).abs()).sum();
+                let err = (got[r * n + c] as f64 - exact).abs() / (exact.abs() * 2f64.powi(-8) + mag * 2e-5 + 1e-30);
+                worst = worst.max(err);
+            }
+        }
+        assert!(worst <= 1.0, "{m}x{n}x{kd}: off by {worst:.2} of the allowed error");
+    }
+}

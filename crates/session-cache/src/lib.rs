@@ -29,7 +29,7 @@ pub use kvc_policy::write_back::{decide_write_back, WriteBack, WriteBackInputs, 
 pub use namespace::{client_session_id, is_valid_client_part, scoped_session_id, session_key};
 pub use session::{common_prefix, SessionInfo, Tier};
 pub use snapshot_store::{
-    decide_spill, SnapshotError, SnapshotInfo, SnapshotReservation, SnapshotStats, SnapshotStore, SpillAction, SpillDecision, SpillInputs,
-    SpillReason,
+    decide_spill, BypassAsk, SnapshotError, SnapshotInfo, SnapshotReservation, SnapshotStats, SnapshotStore, SpillAction, SpillDecision,
+    SpillInputs, SpillReason,
 };
 pub use stats::{CacheStats, WriteBackCounts};

@@ -137,6 +137,15 @@ pub struct SnapshotReservation {
     pub blocks: Vec<BlockId>,
 }
 
+/// What a prefill bypass asks of a snapshot: KV for a prompt of `session`
+/// that covers at least `min_tokens` (what the caller holds already).
+#[derive(Debug, Clone, Copy)]
+pub struct BypassAsk<'a> {
+    pub session: &'a str,
+    pub prompt: &'a [u32],
+    pub min_tokens: usize,
+}
+
 pub struct SnapshotStore {
     block_size: usize,
     capacity: usize,
@@ -228,14 +237,8 @@ impl SnapshotStore {
     /// into fresh pool blocks first (the copies are flushed before this
     /// returns: the next step may read them); if the pool or the store
     /// cannot take them all, the restored part of the prefix is served.
-    pub fn lookup(
-        &mut self,
-        session: &str,
-        prompt: &[u32],
-        min_tokens: usize,
-        alloc: &mut BlockAllocator,
-        storage: &mut KvStorage,
-    ) -> Option<(Vec<BlockId>, usize)> {
+    pub fn lookup(&mut self, ask: BypassAsk, alloc: &mut BlockAllocator, storage: &mut KvStorage) -> Option<(Vec<BlockId>, usize)> {
+        let BypassAsk { session, prompt, min_tokens } = ask;
         let tick = self.touch();
         let bs = self.block_size;
         let covered = self.covered(session, prompt) / bs;

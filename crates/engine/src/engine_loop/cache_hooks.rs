@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use kvc_kv_pool::{BlockAllocator, BlockId, KvStorage};
 use kvc_policy::reuse::{decide_reuse, ReuseInputs, ReuseSource};
 use kvc_scheduler::{KvManager, SeqId, Sequence};
-use kvc_session_cache::{ReusePath, SessionAwareCache};
+use kvc_session_cache::{BypassAsk, ReusePath, SessionAwareCache};
 
 use super::prompt_logprobs::reuse_limit;
 use super::role_parts::RoleParts;
@@ -81,7 +81,7 @@ impl KvManager for CacheHooks<'_> {
         let (mut source, mut decision) = decide_reuse(&offers);
         if let Some(s) = snapshot.as_deref().filter(|_| offers.snapshot_tokens.is_some() && offers.limit.is_none()) {
             if source == ReuseSource::Bypass {
-                match self.parts.reuse(s, &seq.tokens, got.tokens, alloc, self.storage) {
+                match self.parts.reuse(BypassAsk { session: s, prompt: &seq.tokens, min_tokens: got.tokens }, alloc, self.storage) {
                     Some((blocks, tokens)) => {
                         alloc.free_all(&got.blocks);
                         got.blocks = blocks;

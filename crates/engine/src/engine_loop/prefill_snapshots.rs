@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use kvc_kv_pool::{BlockAllocator, BlockId, KvStorage};
-use kvc_session_cache::{HostTier, SnapshotStore};
+use kvc_session_cache::{BypassAsk, HostTier, SnapshotStore};
 
 use super::apply_changes;
 use super::role_parts::{Ctx, RolePart};
@@ -71,15 +71,8 @@ impl RolePart for PrefillSnapshots {
     }
 
     /// Restored from the host tier first if the entry was demoted.
-    fn reuse(
-        &mut self,
-        session: &str,
-        prompt: &[u32],
-        min_tokens: usize,
-        alloc: &mut BlockAllocator,
-        storage: &mut KvStorage,
-    ) -> Option<(Vec<BlockId>, usize)> {
-        self.0.lookup(session, prompt, min_tokens, alloc, storage)
+    fn reuse(&mut self, ask: BypassAsk, alloc: &mut BlockAllocator, storage: &mut KvStorage) -> Option<(Vec<BlockId>, usize)> {
+        self.0.lookup(ask, alloc, storage)
     }
 
     /// An export's prompt becomes the session's snapshot when it covers more.

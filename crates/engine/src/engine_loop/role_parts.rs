@@ -9,7 +9,7 @@
 //! block allocator once at start.
 
 use kvc_kv_pool::{BlockAllocator, BlockId, KvStorage};
-use kvc_session_cache::SessionAwareCache;
+use kvc_session_cache::{BypassAsk, SessionAwareCache};
 
 use super::handoff_commands::Leases;
 use crate::command::Command;
@@ -49,17 +49,9 @@ pub(super) trait RolePart: Send {
     /// covered too little (prefill bypass missed).
     fn bypass_missed(&mut self, _session: &str) {}
 
-    /// KV this part holds for a prompt of `session` covering at least
-    /// `min_tokens` (prefill bypass): new references on the blocks, and the
-    /// leading tokens they cover.
-    fn reuse(
-        &mut self,
-        _session: &str,
-        _prompt: &[u32],
-        _min_tokens: usize,
-        _alloc: &mut BlockAllocator,
-        _storage: &mut KvStorage,
-    ) -> Option<(Vec<BlockId>, usize)> {
+    /// KV this part holds for what a prefill bypass asks: new references
+    /// on the blocks, and the leading tokens they cover.
+    fn reuse(&mut self, _ask: BypassAsk, _alloc: &mut BlockAllocator, _storage: &mut KvStorage) -> Option<(Vec<BlockId>, usize)> {
         None
     }
 
@@ -124,15 +116,8 @@ impl RoleParts {
         }
     }
 
-    pub(super) fn reuse(
-        &mut self,
-        session: &str,
-        prompt: &[u32],
-        min_tokens: usize,
-        alloc: &mut BlockAllocator,
-        storage: &mut KvStorage,
-    ) -> Option<(Vec<BlockId>, usize)> {
-        self.0.iter_mut().find_map(|p| p.reuse(session, prompt, min_tokens, alloc, storage))
+    pub(super) fn reuse(&mut self, ask: BypassAsk, alloc: &mut BlockAllocator, storage: &mut KvStorage) -> Option<(Vec<BlockId>, usize)> {
+        self.0.iter_mut().find_map(|p| p.reuse(ask, alloc, storage))
     }
 
     pub(super) fn exported(&mut self, session: &str, tokens: &[u32], blocks: &[BlockId], alloc: &mut BlockAllocator, storage: &KvStorage) {

@@ -51,14 +51,11 @@ pub fn small_m_linear(k: &Kernels, x: &Tensor, w: &Tensor) -> Result<Tensor> {
 /// experts of `meta` (moe.rs's routing) and each pair p of expert e
 /// (`sorted[offsets[e]..offsets[e + 1]]`), `out[p] = x[p / row_div] w[e]^T`.
 /// `w: [E, N, K]`.
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn small_m_grouped(
     k: &Kernels,
     x: &Tensor,
     w: &Tensor,
-    offsets: &Tensor,
-    sorted: &Tensor,
-    meta: &Tensor,
+    routing: (&Tensor, &Tensor, &Tensor),
     out: &Tensor,
     row_div: usize,
     groups: usize,
@@ -67,20 +64,23 @@ pub(crate) fn small_m_grouped(
     if !fits(n, kd) {
         bail!("small_m_grouped: expert weights {:?}", w.shape());
     }
+    let (offsets, sorted, meta) = routing;
+    let ptrs = [ptr(x)?, ptr(w)?, ptr(out)?, ptr(offsets)?, ptr(sorted)?, ptr(meta)?];
+    let dims = [row_div as i32, 0, groups as i32, n as i32, kd as i32];
     launch!(
         k.small_m_gemm,
         grid(k, groups * n / 2),
-        ptr(x)?,
-        ptr(w)?,
-        ptr(out)?,
-        ptr(offsets)?,
-        ptr(sorted)?,
-        ptr(meta)?,
-        row_div as i32,
-        0i32,
-        groups as i32,
-        n as i32,
-        kd as i32
+        ptrs[0],
+        ptrs[1],
+        ptrs[2],
+        ptrs[3],
+        ptrs[4],
+        ptrs[5],
+        dims[0],
+        dims[1],
+        dims[2],
+        dims[3],
+        dims[4]
     )
 }
 
@@ -93,7 +93,7 @@ pub(crate) fn fits_fp8(n: usize, k: usize) -> bool {
 /// `x [M, K] @ dequant(q [N, K], scale)^T -> [M, N]` bf16 for small M, the
 /// e4m3 weights and their 128x128 block scales read once, x in bf16 (no
 /// activation quantization).
-pub(crate) fn small_m_linear_fp8(k: &Kernels, x: &Tensor, q: &Tensor, scale: &Tensor) -> Result<Tensor> {
+pub fn small_m_linear_fp8(k: &Kernels, x: &Tensor, q: &Tensor, scale: &Tensor) -> Result<Tensor> {
     let (m, kd) = x.dims2()?;
     let (n, kw) = q.dims2()?;
     if kd != kw || !fits_fp8(n, kd) || x.dtype() != DType::BF16 || q.dtype() != DType::F8E4M3 {

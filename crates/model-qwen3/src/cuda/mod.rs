@@ -5,7 +5,7 @@
 
 mod attention;
 mod cudnn_attention;
-pub(crate) mod fp8_linear;
+mod fp8_linear;
 mod gemv;
 mod graph;
 mod layers;
@@ -16,8 +16,8 @@ mod moe_gemm;
 
 pub use attention::{set_decode_kernel_v1, AttentionPlan, PagedAttention};
 pub use cudnn_attention::{CudnnAttention, PrefillBackend, PrefillContext};
-pub use fp8_linear::{fp8_gemm_runs, fp8_weights, set_fp8_weights, Fp8Weight, GpuLinear, WeightBytes};
-pub use gemv::small_m_linear;
+pub use fp8_linear::{fp8_gemm_runs, fp8_weights, quantize_blocks, set_fp8_weights, Fp8Weight, GpuLinear, WeightBytes};
+pub use gemv::{small_m_linear, small_m_linear_fp8};
 pub use graph::CapturedStep;
 pub(crate) use graph::DecodeGraphs;
 pub use layers::{moe_sum, silu_mul, Form, RopeStore};

@@ -37,7 +37,7 @@ impl Pool {
     }
 
     fn lookup(&mut self, store: &mut SnapshotStore, s: &str, prompt: &[u32]) -> Option<(Vec<BlockId>, usize)> {
-        store.lookup(s, prompt, 0, &mut self.alloc, &mut self.storage)
+        store.lookup(BypassAsk { session: s, prompt, min_tokens: 0 }, &mut self.alloc, &mut self.storage)
     }
 
     /// Asserts that `blocks` hold the bytes `push` wrote for `s`'s first blocks.
@@ -100,7 +100,7 @@ fn a_delta_push_sends_only_new_blocks_and_lookup_verifies_tokens() {
     p.alloc.free_all(&b);
     // A caller that already holds as much gets nothing (and nothing is counted as reused).
     let hits = store.stats.bypass_hits;
-    assert!(store.lookup("s", &t[..16], 13, &mut p.alloc, &mut p.storage).is_none());
+    assert!(store.lookup(BypassAsk { session: "s", prompt: &t[..16], min_tokens: 13 }, &mut p.alloc, &mut p.storage).is_none());
     assert_eq!(store.stats.bypass_hits, hits);
 }
 
