@@ -14,7 +14,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{Parser, ValueEnum};
 use kvc_disagg::loopback::{self, PoolSpec};
 use kvc_disagg::MooncakeConfig;
 
@@ -22,13 +22,7 @@ use crate::workload::Pattern;
 
 #[derive(Parser)]
 #[command(name = "kvc-transfer-bench", about = "KV transfer benchmark over the Mooncake Transfer Engine (loopback, two processes)")]
-struct Cli {
-    #[command(subcommand)]
-    cmd: Cmd,
-}
-
-#[derive(Subcommand)]
-enum Cmd {
+enum Cli {
     /// Run the benchmark.
     Run(RunArgs),
     /// Serve as the peer process (spawned by `run` and by the tests).
@@ -81,9 +75,9 @@ struct RunArgs {
 }
 
 fn main() -> Result<()> {
-    match Cli::parse().cmd {
-        Cmd::Peer { control, pool } => loopback::run_peer(control, &pool).context("peer"),
-        Cmd::Run(args) => run(args),
+    match Cli::parse() {
+        Cli::Peer { control, pool } => loopback::run_peer(control, &pool).context("peer"),
+        Cli::Run(args) => run(args),
     }
 }
 
