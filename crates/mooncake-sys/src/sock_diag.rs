@@ -16,15 +16,13 @@
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::OnceLock;
 
-const NETLINK_SOCK_DIAG: libc::c_int = 4;
+/// `linux/sock_diag.h` (libc does not have it).
 const SOCK_DIAG_BY_FAMILY: u16 = 20;
-const NLM_F_REQUEST: u16 = 1;
-const NLMSG_ERROR: u16 = 2;
+/// `TCP_LISTEN` of the kernel's TCP states (libc does not have it).
 const TCP_LISTEN: u8 = 10;
 /// `inet_diag_sockid`: ports, two 16-byte addresses, interface, cookie.
 const SOCKID_LEN: usize = 48;
-/// `nlmsghdr`.
-const NLMSG_HDR: usize = 16;
+const NLMSG_HDR: usize = size_of::<libc::nlmsghdr>();
 /// `inet_diag_req_v2`: family, protocol, ext, pad, states, sockid.
 const REQ_LEN: usize = 8 + SOCKID_LEN;
 /// `inet_diag_msg` up to its inode.
@@ -49,7 +47,7 @@ pub(crate) fn lookup(local: SocketAddr, remote: SocketAddr) -> std::io::Result<O
     let mut req = [0u8; NLMSG_HDR + REQ_LEN];
     req[0..4].copy_from_slice(&((NLMSG_HDR + REQ_LEN) as u32).to_ne_bytes());
     req[4..6].copy_from_slice(&SOCK_DIAG_BY_FAMILY.to_ne_bytes());
-    req[6..8].copy_from_slice(&NLM_F_REQUEST.to_ne_bytes());
+    req[6..8].copy_from_slice(&(libc::NLM_F_REQUEST as u16).to_ne_bytes());
     req[8..12].copy_from_slice(&1u32.to_ne_bytes()); // seq
     let r = &mut req[NLMSG_HDR..];
     r[0] = family as u8;
@@ -61,7 +59,7 @@ pub(crate) fn lookup(local: SocketAddr, remote: SocketAddr) -> std::io::Result<O
     // SAFETY: plain socket calls on a descriptor this function owns and
     // closes; the buffers outlive the calls and their lengths are theirs.
     unsafe {
-        let fd = libc::socket(libc::AF_NETLINK, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, NETLINK_SOCK_DIAG);
+        let fd = libc::socket(libc::AF_NETLINK, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, libc::NETLINK_SOCK_DIAG);
         if fd < 0 {
             return Err(std::io::Error::last_os_error());
         }
@@ -110,7 +108,7 @@ fn parse_reply(buf: &[u8], asked: &[u8; SOCKID_LEN]) -> std::io::Result<Option<S
     }
     let kind = u16::from_ne_bytes([buf[4], buf[5]]);
     let body = &buf[NLMSG_HDR..];
-    if kind == NLMSG_ERROR {
+    if kind == libc::NLMSG_ERROR as u16 {
         let code = i32::from_ne_bytes(body.get(0..4).ok_or_else(bad)?.try_into().unwrap());
         return match -code {
             libc::ENOENT => Ok(None),
