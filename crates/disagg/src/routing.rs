@@ -25,14 +25,6 @@ pub fn worker_view(state: &WorkerState, healthy: bool, session: Option<&str>) ->
 mod tests {
     use super::*;
 
-    fn req(prompt_tokens: usize, max_tokens: usize, home: Option<usize>) -> RouteRequest {
-        RouteRequest { prompt_tokens, max_tokens, home }
-    }
-
-    fn choose(r: &RouteRequest, w: &[WorkerView]) -> RouteDecision {
-        choose_worker(r, w, &RouteWeights::default())
-    }
-
     #[test]
     fn a_worker_not_ready_is_unhealthy() {
         let state = WorkerState { ready: false, block_size: 16, total_blocks: 10, free_blocks: 10, ..Default::default() };
@@ -45,12 +37,14 @@ mod tests {
         a.sessions.insert("session-1".into(), 640);
         let b = WorkerState { ready: true, block_size: 16, total_blocks: 100, free_blocks: 100, ..Default::default() };
         let views = |id: &str| vec![worker_view(&b, true, Some(id)), worker_view(&a, true, Some(id))];
+        let request = RouteRequest { prompt_tokens: 700, max_tokens: 16, home: None };
+        let choose = |id: &str| choose_worker(&request, &views(id), &RouteWeights::default());
         // `session-12` is a different session: nothing resident anywhere.
-        let d = choose(&req(700, 16, None), &views("session-12"));
+        let d = choose("session-12");
         assert_eq!((d.worker, d.reason, d.home), (Some(0), RouteReason::LeastCost, None));
         assert_eq!(views("session-12")[1].resident_tokens, 0);
         assert_eq!(views("session-")[1].resident_tokens, 0);
-        let d = choose(&req(700, 16, None), &views("session-1"));
+        let d = choose("session-1");
         assert_eq!((d.worker, d.reason, d.home), (Some(1), RouteReason::SessionResident, Some(1)));
     }
 }

@@ -266,9 +266,7 @@ mod tests {
 
     #[test]
     fn a_new_request_goes_to_the_least_loaded_worker() {
-        let mut busy = idle(100);
-        busy.free_blocks = 60; // 40 blocks decoding
-        busy.active = 3;
+        let busy = WorkerView { free_blocks: 60, active: 3, ..idle(100) }; // 40 blocks decoding
         let d = choose(&req(100, 16, None), &[busy, idle(100)]);
         assert_eq!((d.worker, d.reason), (Some(1), RouteReason::LeastCost));
         assert_eq!(d.scores[0].decode_blocks, 40);
@@ -285,9 +283,8 @@ mod tests {
 
     #[test]
     fn the_session_stays_where_its_tokens_are() {
-        let mut home = idle(100);
-        home.resident_tokens = 300;
-        home.active = 1; // a little busier, but holds 18 blocks of the prompt
+        // A little busier, but holds 18 blocks of the prompt.
+        let home = WorkerView { resident_tokens: 300, active: 1, ..idle(100) };
         let d = choose(&req(320, 32, None), &[idle(100), home]);
         assert_eq!((d.worker, d.reason, d.home), (Some(1), RouteReason::SessionResident, Some(1)));
         assert_eq!(d.scores[1].reused_tokens, 288);
@@ -303,9 +300,7 @@ mod tests {
 
     #[test]
     fn a_full_home_moves_the_session() {
-        let mut home = idle(40);
-        home.free_blocks = 5;
-        home.resident_tokens = 64;
+        let home = WorkerView { free_blocks: 5, resident_tokens: 64, ..idle(40) };
         let d = choose(&req(80, 200, Some(0)), &[home, idle(100)]);
         assert_eq!((d.worker, d.reason), (Some(1), RouteReason::MovedFull));
         assert_eq!(d.scores[0].score, Some(f64::INFINITY));
@@ -316,9 +311,8 @@ mod tests {
 
     #[test]
     fn room_counts_evictable_blocks() {
-        let mut w = idle(40);
-        w.free_blocks = 2;
-        w.evictable_blocks = 38; // idle sessions and prefix cache: reclaimable
+        // 38 blocks of idle sessions and prefix cache: reclaimable.
+        let w = WorkerView { free_blocks: 2, evictable_blocks: 38, ..idle(40) };
         let d = choose(&req(100, 100, None), &[w]);
         assert_eq!((d.worker, d.reason), (Some(0), RouteReason::LeastCost));
         assert_eq!(d.scores[0].decode_blocks, 0);
@@ -326,9 +320,7 @@ mod tests {
 
     #[test]
     fn an_unhealthy_home_moves_the_session() {
-        let mut home = idle(100);
-        home.healthy = false;
-        home.resident_tokens = 500;
+        let home = WorkerView { healthy: false, resident_tokens: 500, ..idle(100) };
         let d = choose(&req(520, 16, Some(0)), &[home, idle(100)]);
         assert_eq!((d.worker, d.reason), (Some(1), RouteReason::MovedUnhealthy));
         assert_eq!(d.scores[0].score, None);
@@ -337,9 +329,7 @@ mod tests {
 
     #[test]
     fn a_loaded_home_loses_when_recomputing_elsewhere_is_cheaper() {
-        let mut home = idle(100);
-        home.resident_tokens = 32;
-        home.free_blocks = 20; // 80 blocks decoding
+        let home = WorkerView { resident_tokens: 32, free_blocks: 20, ..idle(100) }; // 80 blocks decoding
         let d = choose(&req(48, 16, Some(0)), &[home, idle(100)]);
         assert_eq!((d.worker, d.reason), (Some(1), RouteReason::MovedLoad));
     }
@@ -348,11 +338,8 @@ mod tests {
     fn a_higher_overlap_weight_keeps_a_long_session_home_under_load() {
         // The headline experiment's dp case: the home holds 7.6K of a 7.8K
         // prompt but decodes 4.9K blocks; the other worker decodes 1.5K.
-        let mut home = idle(40_000);
-        home.resident_tokens = 7_632;
-        home.free_blocks = 40_000 - 4_910;
-        let mut other = idle(40_000);
-        other.free_blocks = 40_000 - 1_514;
+        let home = WorkerView { resident_tokens: 7_632, free_blocks: 40_000 - 4_910, ..idle(40_000) };
+        let other = WorkerView { free_blocks: 40_000 - 1_514, ..idle(40_000) };
         let r = req(7_793, 46, Some(0));
         assert_eq!(choose(&r, &[home.clone(), other.clone()]).reason, RouteReason::MovedLoad);
         let heavy = RouteWeights { prefill_weight: 10.0, ..RouteWeights::default() };
@@ -362,14 +349,9 @@ mod tests {
 
     #[test]
     fn without_room_anywhere_the_cheapest_healthy_worker_queues_it() {
-        let mut a = idle(40);
-        a.free_blocks = 0;
-        a.active = 4;
-        let mut b = idle(40);
-        b.free_blocks = 1;
-        b.active = 2;
-        let mut dead = idle(1000);
-        dead.healthy = false;
+        let a = WorkerView { free_blocks: 0, active: 4, ..idle(40) };
+        let b = WorkerView { free_blocks: 1, active: 2, ..idle(40) };
+        let dead = WorkerView { healthy: false, ..idle(1000) };
         let d = choose(&req(100, 100, None), &[a, b, dead]);
         assert_eq!((d.worker, d.reason), (Some(1), RouteReason::NoRoom));
         assert!(d.scores[..2].iter().all(|s| s.score == Some(f64::INFINITY)));
@@ -377,8 +359,7 @@ mod tests {
 
     #[test]
     fn no_healthy_worker_means_none() {
-        let mut a = idle(40);
-        a.healthy = false;
+        let a = WorkerView { healthy: false, ..idle(40) };
         let d = choose(&req(10, 10, None), &[a]);
         assert_eq!((d.worker, d.reason), (None, RouteReason::NoHealthyWorker));
         assert_eq!(choose(&req(10, 10, None), &[]).reason, RouteReason::NoHealthyWorker);
