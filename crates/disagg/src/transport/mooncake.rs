@@ -403,6 +403,14 @@ mod tests {
         MooncakeTransport::new(config, memory).unwrap_or_else(|e| panic!("this test needs Mooncake: {e}"))
     }
 
+    /// Transports of `a` and `b`, `a`'s connected to `b`'s (the caller keeps
+    /// both: `b`'s engine is the one written to).
+    fn connected(a: &KvStorage, b: &KvStorage) -> (MooncakeTransport, MooncakeTransport, Peer) {
+        let (ta, tb) = (transport(a), transport(b));
+        let peer = ta.connect(tb.local_record()).unwrap();
+        (ta, tb, peer)
+    }
+
     /// Every block of both layers, sent to the mirrored block: nothing
     /// coalesces, one task per block and layer.
     fn mirrored(num_blocks: u32) -> Vec<BlockCopy> {
@@ -414,8 +422,7 @@ mod tests {
     #[test]
     fn scattered_blocks_arrive_between_two_engines_of_one_process() {
         let (a, b) = (storage(16, 7), storage(24, 0));
-        let (ta, tb) = (transport(&a), transport(&b));
-        let peer = ta.connect(tb.local_record()).unwrap();
+        let (ta, _tb, peer) = connected(&a, &b);
         let (src, dst) = ([3u32, 4, 5, 9, 0], [20u32, 21, 22, 1, 7]);
         let copies = BlockCopy::all_layers(2, &src, &dst);
         let report = ta.write_blocks(&peer, &copies, Duration::from_secs(10)).unwrap();
@@ -433,8 +440,7 @@ mod tests {
         // 6000 tasks: Mooncake's TCP transport fails tasks beyond about
         // 2048 queued for one peer, so they must go out through the window.
         let (a, b) = (storage(3000, 3), storage(3000, 0));
-        let (ta, tb) = (transport(&a), transport(&b));
-        let peer = ta.connect(tb.local_record()).unwrap();
+        let (ta, _tb, peer) = connected(&a, &b);
         let copies = mirrored(3000);
         assert_eq!(ta.write_blocks(&peer, &copies, Duration::from_secs(30)).unwrap().ranges, 6000);
         assert!(copies.iter().all(|c| a.block_bytes(c.layer as usize, c.src) == b.block_bytes(c.layer as usize, c.dst)));
@@ -465,8 +471,7 @@ mod tests {
     #[test]
     fn invalid_copies_are_refused_before_anything_is_sent() {
         let (a, b) = (storage(4, 1), storage(4, 2));
-        let (ta, tb) = (transport(&a), transport(&b));
-        let peer = ta.connect(tb.local_record()).unwrap();
+        let (ta, _tb, peer) = connected(&a, &b);
         let err = ta.write_blocks(&peer, &[BlockCopy { layer: 0, src: 0, dst: 4 }], Duration::from_secs(1)).unwrap_err();
         assert!(matches!(err, DisaggError::BlockOutOfRange { side: "destination", .. }), "{err}");
         assert_eq!(ta.open_batches(), 0);
@@ -475,8 +480,7 @@ mod tests {
     #[test]
     fn empty_write_completes_at_once() {
         let (a, b) = (storage(2, 1), storage(2, 2));
-        let (ta, tb) = (transport(&a), transport(&b));
-        let peer = ta.connect(tb.local_record()).unwrap();
+        let (ta, _tb, peer) = connected(&a, &b);
         assert_eq!(ta.write_blocks(&peer, &[], Duration::from_secs(1)).unwrap().bytes, 0);
     }
 
