@@ -69,6 +69,12 @@ fn pattern(s: &str, block: usize, layer: usize, len: usize) -> Vec<u8> {
     (0..len as u32).map(|i| (seed.wrapping_add(i * 13) % 251) as u8).collect()
 }
 
+/// A pool of `blocks` blocks and a store of at most `capacity` of them (no
+/// host tier).
+fn pool_and_store(blocks: usize, capacity: usize) -> (Pool, SnapshotStore) {
+    (Pool::new(blocks), SnapshotStore::new(BS, capacity))
+}
+
 fn store_with_host(capacity: usize, host: usize) -> SnapshotStore {
     let mut store = SnapshotStore::new(BS, capacity);
     store.set_host_tier(HostTier::new(host));
@@ -77,8 +83,7 @@ fn store_with_host(capacity: usize, host: usize) -> SnapshotStore {
 
 #[test]
 fn a_delta_push_sends_only_new_blocks_and_lookup_verifies_tokens() {
-    let mut p = Pool::new(64);
-    let mut store = SnapshotStore::new(BS, 32);
+    let (mut p, mut store) = pool_and_store(64, 32);
     let t = toks(24, 1);
     let r1 = p.push(&mut store, "s", t[..8].to_vec());
     assert_eq!((r1.from_block, r1.blocks.len()), (0, 2));
@@ -106,8 +111,7 @@ fn a_delta_push_sends_only_new_blocks_and_lookup_verifies_tokens() {
 
 #[test]
 fn covered_is_what_lookup_serves_without_touching_the_store() {
-    let mut p = Pool::new(64);
-    let mut store = SnapshotStore::new(BS, 32);
+    let (mut p, mut store) = pool_and_store(64, 32);
     let t = toks(24, 1);
     p.push(&mut store, "s", t[..16].to_vec());
     let mut diverged = t.clone();
@@ -130,8 +134,7 @@ fn covered_is_what_lookup_serves_without_touching_the_store() {
 
 #[test]
 fn a_diverged_history_replaces_the_tail_and_frees_it() {
-    let mut p = Pool::new(64);
-    let mut store = SnapshotStore::new(BS, 32);
+    let (mut p, mut store) = pool_and_store(64, 32);
     p.push(&mut store, "s", toks(16, 1));
     let mut t2 = toks(16, 1);
     t2[5] = 1000;
@@ -146,8 +149,7 @@ fn a_diverged_history_replaces_the_tail_and_frees_it() {
 
 #[test]
 fn bounded_in_blocks_with_lru_eviction() {
-    let mut p = Pool::new(64);
-    let mut store = SnapshotStore::new(BS, 5);
+    let (mut p, mut store) = pool_and_store(64, 5);
     p.push(&mut store, "a", toks(8, 1));
     p.push(&mut store, "b", toks(8, 2));
     // Touch a: b becomes the least recently used.
@@ -167,8 +169,7 @@ fn bounded_in_blocks_with_lru_eviction() {
 
 #[test]
 fn abort_and_expiry_return_blocks_and_blocks_in_use_survive_eviction() {
-    let mut p = Pool::new(16);
-    let mut store = SnapshotStore::new(BS, 8);
+    let (mut p, mut store) = pool_and_store(16, 8);
     let r = store.reserve("s", toks(8, 1), &mut p.alloc, &p.storage).unwrap();
     assert!(store.abort(r.id, &mut p.alloc));
     assert_eq!(p.alloc.num_free(), 16);
@@ -186,8 +187,7 @@ fn abort_and_expiry_return_blocks_and_blocks_in_use_survive_eviction() {
 
 #[test]
 fn local_ingest_keeps_the_longer_snapshot() {
-    let mut p = Pool::new(16);
-    let mut store = SnapshotStore::new(BS, 8);
+    let (mut p, mut store) = pool_and_store(16, 8);
     let blocks = p.alloc.allocate(3).unwrap();
     store.ingest_local("s", &toks(10, 1), &blocks, &mut p.alloc, &p.storage);
     assert_eq!(store.tokens_of("s"), 8);
@@ -199,8 +199,7 @@ fn local_ingest_keeps_the_longer_snapshot() {
 
 #[test]
 fn reclaim_evicts_least_recently_used_entries_until_enough_is_free() {
-    let mut p = Pool::new(12);
-    let mut store = SnapshotStore::new(BS, 12);
+    let (mut p, mut store) = pool_and_store(12, 12);
     p.push(&mut store, "old", toks(16, 1));
     p.push(&mut store, "new", toks(16, 2));
     assert_eq!(p.alloc.num_free(), 4);
