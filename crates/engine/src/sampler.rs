@@ -261,9 +261,20 @@ mod tests {
         p
     }
 
+    /// A greedy sampler (temperature 0) with `f`'s other settings.
+    fn greedy(f: impl FnOnce(&mut SamplingParams)) -> Sampler {
+        Sampler::new(
+            params(|p| {
+                p.temperature = 0.0;
+                f(p);
+            }),
+            0,
+        )
+    }
+
     #[test]
     fn greedy_picks_the_largest_logit() {
-        let mut s = Sampler::new(params(|p| p.temperature = 0.0), 0);
+        let mut s = greedy(|_| {});
         assert_eq!(s.sample(&[0.1, 3.0, -1.0, 2.9], &[]).0, 1);
     }
 
@@ -322,26 +333,16 @@ mod tests {
 
     #[test]
     fn logit_bias_can_force_a_token() {
-        let mut s = Sampler::new(
-            params(|p| {
-                p.temperature = 0.0;
-                p.logit_bias = vec![(2, 100.0)];
-            }),
-            0,
-        );
+        let mut s = greedy(|p| p.logit_bias = vec![(2, 100.0)]);
         assert_eq!(s.sample(&[5.0, 1.0, 0.0], &[]).0, 2);
     }
 
     #[test]
     fn stop_tokens_are_masked_until_min_tokens_even_against_a_bias() {
-        let mut s = Sampler::new(
-            params(|p| {
-                p.temperature = 0.0;
-                p.min_tokens = 2;
-                p.logit_bias = vec![(0, 100.0)];
-            }),
-            0,
-        )
+        let mut s = greedy(|p| {
+            p.min_tokens = 2;
+            p.logit_bias = vec![(0, 100.0)];
+        })
         .with_stop_tokens(vec![0, 2]);
         let l = [5.0f32, 1.0, 3.0];
         assert_eq!((0..3).map(|_| s.sample(&l, &[]).0).collect::<Vec<_>>(), vec![1, 1, 0]);
@@ -360,23 +361,11 @@ mod tests {
 
     #[test]
     fn penalties_discourage_repeats() {
-        let mut s = Sampler::new(
-            params(|p| {
-                p.temperature = 0.0;
-                p.presence_penalty = 2.0;
-            }),
-            0,
-        );
+        let mut s = greedy(|p| p.presence_penalty = 2.0);
         let l = [1.0f32, 0.5];
         assert_eq!(s.sample(&l, &[]).0, 0);
         assert_eq!(s.sample(&l, &[0]).0, 1);
-        let mut r = Sampler::new(
-            params(|p| {
-                p.temperature = 0.0;
-                p.repetition_penalty = 4.0;
-            }),
-            0,
-        );
+        let mut r = greedy(|p| p.repetition_penalty = 4.0);
         assert_eq!(r.sample(&l, &[0]).0, 1);
     }
 
