@@ -11,119 +11,97 @@ use prometheus::Registry;
 use crate::prom::{Family, Scrape, ScrapeTime};
 use crate::request_slots::Admission;
 
-/// The engine's families of one sample each, with its value in a stats
-/// snapshot.
-const ENGINE: &[(Family, fn(&EngineStats) -> f64)] = &[
-    (Family::gauge("kvc_kv_blocks_free", "KV blocks not held by any request.", &[]), |s| s.free_blocks as f64),
-    (Family::gauge("kvc_kv_blocks_total", "KV blocks in the pool.", &[]), |s| s.total_blocks as f64),
-    (Family::gauge("kvc_kv_blocks_evictable", "KV blocks held only by caches (prefix index, idle sessions): reclaimable.", &[]), |s| {
+/// One of the engine's families of one sample: the family, unlabelled, and
+/// its value in a stats snapshot.
+type EngineFamily = (Family, fn(&EngineStats) -> f64);
+
+const fn gauge(name: &'static str, help: &'static str, read: fn(&EngineStats) -> f64) -> EngineFamily {
+    (Family::gauge(name, help, &[]), read)
+}
+
+const fn counter(name: &'static str, help: &'static str, read: fn(&EngineStats) -> f64) -> EngineFamily {
+    (Family::counter(name, help, &[]), read)
+}
+
+/// The engine's families of one sample each.
+const ENGINE: &[EngineFamily] = &[
+    gauge("kvc_kv_blocks_free", "KV blocks not held by any request.", |s| s.free_blocks as f64),
+    gauge("kvc_kv_blocks_total", "KV blocks in the pool.", |s| s.total_blocks as f64),
+    gauge("kvc_kv_blocks_evictable", "KV blocks held only by caches (prefix index, idle sessions): reclaimable.", |s| {
         s.evictable_blocks as f64
     }),
-    (Family::gauge("kvc_requests_running", "Requests being prefilled or decoded.", &[]), |s| s.running as f64),
-    (Family::gauge("kvc_requests_waiting", "Requests queued for admission.", &[]), |s| s.waiting as f64),
-    (Family::gauge("kvc_prefill_backlog_tokens", "Prompt tokens queued or mid-prefill, not yet computed.", &[]), |s| {
-        s.pending_prefill_tokens as f64
-    }),
-    (
-        Family::gauge(
-            "kvc_prefill_backlog_drain_tokens_per_second",
-            "Prompt tokens per second the prefill backlog drained at while there was one (what --max-queue-delay-s estimates waits from).",
-            &[],
-        ),
+    gauge("kvc_requests_running", "Requests being prefilled or decoded.", |s| s.running as f64),
+    gauge("kvc_requests_waiting", "Requests queued for admission.", |s| s.waiting as f64),
+    gauge("kvc_prefill_backlog_tokens", "Prompt tokens queued or mid-prefill, not yet computed.", |s| s.pending_prefill_tokens as f64),
+    gauge(
+        "kvc_prefill_backlog_drain_tokens_per_second",
+        "Prompt tokens per second the prefill backlog drained at while there was one (what --max-queue-delay-s estimates waits from).",
         |s| s.backlog_drain_tokens_per_s,
     ),
-    (Family::counter("kvc_engine_steps_total", "Engine steps run.", &[]), |s| s.steps as f64),
-    (Family::counter("kvc_preemptions_total", "Requests preempted for lack of KV blocks.", &[]), |s| s.preemptions as f64),
-    (Family::counter("kvc_preempted_tokens_recomputed_total", "Tokens computed again because preemption lost their KV.", &[]), |s| {
+    counter("kvc_engine_steps_total", "Engine steps run.", |s| s.steps as f64),
+    counter("kvc_preemptions_total", "Requests preempted for lack of KV blocks.", |s| s.preemptions as f64),
+    counter("kvc_preempted_tokens_recomputed_total", "Tokens computed again because preemption lost their KV.", |s| {
         s.preempted_tokens_recomputed as f64
     }),
-    (Family::gauge("kvc_scheduler_partial_prefills", "Running sequences mid-prefill.", &[]), |s| s.partial_prefills as f64),
-    (
-        Family::counter(
-            "kvc_scheduler_head_of_line_passed_total",
-            "Requests admitted past an older one held back for KV memory (within --max-head-of-line-steps).",
-            &[],
-        ),
+    gauge("kvc_scheduler_partial_prefills", "Running sequences mid-prefill.", |s| s.partial_prefills as f64),
+    counter(
+        "kvc_scheduler_head_of_line_passed_total",
+        "Requests admitted past an older one held back for KV memory (within --max-head-of-line-steps).",
         |s| s.passed_head as f64,
     ),
-    (Family::gauge("kvc_requests_oldest_waiting_seconds", "Age of the oldest request waiting for admission (0: none waits).", &[]), |s| {
+    gauge("kvc_requests_oldest_waiting_seconds", "Age of the oldest request waiting for admission (0: none waits).", |s| {
         s.oldest_waiting_since.map_or(0.0, |t| t.elapsed().as_secs_f64())
     }),
-    (Family::counter("kvc_prompt_tokens_computed_total", "Prompt tokens run through the model.", &[]), |s| s.prompt_tokens_computed as f64),
-    (Family::counter("kvc_generation_tokens_total", "Tokens generated.", &[]), |s| s.generated_tokens as f64),
-    (
-        Family::counter(
-            "kvc_structured_output_masks_total",
-            "Grammar masks computed for structured outputs (one per constrained token).",
-            &[],
-        ),
-        |s| s.grammar_masks as f64,
-    ),
-    (
-        Family::counter(
-            "kvc_structured_output_errors_total",
-            "Requests ended because their grammar failed (a prefill worker's token it does not allow, or a matcher error).",
-            &[],
-        ),
+    counter("kvc_prompt_tokens_computed_total", "Prompt tokens run through the model.", |s| s.prompt_tokens_computed as f64),
+    counter("kvc_generation_tokens_total", "Tokens generated.", |s| s.generated_tokens as f64),
+    counter("kvc_structured_output_masks_total", "Grammar masks computed for structured outputs (one per constrained token).", |s| {
+        s.grammar_masks as f64
+    }),
+    counter(
+        "kvc_structured_output_errors_total",
+        "Requests ended because their grammar failed (a prefill worker's token it does not allow, or a matcher error).",
         |s| s.grammar_errors as f64,
     ),
-    (Family::counter("kvc_structured_output_mask_seconds_total", "Time computing grammar masks, beside the forward pass.", &[]), |s| {
+    counter("kvc_structured_output_mask_seconds_total", "Time computing grammar masks, beside the forward pass.", |s| {
         s.grammar_mask_seconds
     }),
-    (
-        Family::counter(
-            "kvc_structured_output_mask_wait_seconds_total",
-            "Time steps waited for grammar masks after the forward pass (their cost on the critical path).",
-            &[],
-        ),
+    counter(
+        "kvc_structured_output_mask_wait_seconds_total",
+        "Time steps waited for grammar masks after the forward pass (their cost on the critical path).",
         |s| s.grammar_wait_seconds,
     ),
-    (
-        Family::counter("kvc_snapshot_push_enqueued_total", "Session snapshot pushes queued after committed turns (decode workers).", &[]),
-        |s| s.snapshot_pushes_enqueued as f64,
-    ),
-    (Family::counter("kvc_snapshot_ingested_total", "Session snapshot pushes committed into this worker's snapshot store.", &[]), |s| {
+    counter("kvc_snapshot_push_enqueued_total", "Session snapshot pushes queued after committed turns (decode workers).", |s| {
+        s.snapshot_pushes_enqueued as f64
+    }),
+    counter("kvc_snapshot_ingested_total", "Session snapshot pushes committed into this worker's snapshot store.", |s| {
         s.snapshot_stats.ingested as f64
     }),
-    (Family::counter("kvc_snapshot_evicted_total", "Snapshot store entries dropped (LRU, from either tier) to make room.", &[]), |s| {
+    counter("kvc_snapshot_evicted_total", "Snapshot store entries dropped (LRU, from either tier) to make room.", |s| {
         s.snapshot_stats.evicted as f64
     }),
-    (Family::counter("kvc_snapshot_aborted_total", "Snapshot pushes aborted or expired before commit.", &[]), |s| {
-        s.snapshot_stats.aborted as f64
-    }),
-    (Family::gauge("kvc_snapshot_blocks_used", "KV pool blocks held by the snapshot store (its device tier).", &[]), |s| {
-        s.snapshot_used_blocks as f64
-    }),
-    (Family::gauge("kvc_snapshot_blocks_capacity", "Most KV blocks the snapshot store may hold.", &[]), |s| {
-        s.snapshot_capacity_blocks as f64
-    }),
-    (Family::counter("kvc_snapshot_bypass_tokens_total", "Prompt tokens served from snapshots (prefill bypass).", &[]), |s| {
+    counter("kvc_snapshot_aborted_total", "Snapshot pushes aborted or expired before commit.", |s| s.snapshot_stats.aborted as f64),
+    gauge("kvc_snapshot_blocks_used", "KV pool blocks held by the snapshot store (its device tier).", |s| s.snapshot_used_blocks as f64),
+    gauge("kvc_snapshot_blocks_capacity", "Most KV blocks the snapshot store may hold.", |s| s.snapshot_capacity_blocks as f64),
+    counter("kvc_snapshot_bypass_tokens_total", "Prompt tokens served from snapshots (prefill bypass).", |s| {
         s.snapshot_stats.bypass_tokens as f64
     }),
-    (Family::counter("kvc_snapshot_demoted_blocks_total", "Snapshot store blocks copied to the host tier.", &[]), |s| {
+    counter("kvc_snapshot_demoted_blocks_total", "Snapshot store blocks copied to the host tier.", |s| {
         s.snapshot_stats.demoted_blocks as f64
     }),
-    (
-        Family::counter("kvc_snapshot_restored_blocks_total", "Snapshot store blocks copied back from the host tier for a bypass.", &[]),
-        |s| s.snapshot_stats.restored_blocks as f64,
-    ),
-    (Family::gauge("kvc_kv_blocks_cached", "KV blocks in the prefix index.", &[]), |s| s.cached_blocks as f64),
-    (Family::gauge("kvc_host_kv_blocks_free", "Free blocks of the host-memory tier.", &[]), |s| s.host_free_blocks as f64),
-    (Family::gauge("kvc_host_kv_blocks_total", "Blocks of the host-memory tier.", &[]), |s| s.host_total_blocks as f64),
-    (Family::gauge("kvc_sessions_resident", "Sessions the engine holds (any tier).", &[]), |s| s.sessions.len() as f64),
-    (Family::counter("kvc_session_hits_total", "Requests that reused their session's KV.", &[]), |s| s.cache.session_hits as f64),
-    (Family::counter("kvc_prefix_cache_hits_total", "Requests that reused prefix-cache blocks (no session hit).", &[]), |s| {
-        s.cache.prefix_hits as f64
+    counter("kvc_snapshot_restored_blocks_total", "Snapshot store blocks copied back from the host tier for a bypass.", |s| {
+        s.snapshot_stats.restored_blocks as f64
     }),
-    (Family::counter("kvc_prompt_tokens_reused_total", "Prompt tokens served from cached KV at admission.", &[]), |s| {
-        s.cache.reused_tokens as f64
-    }),
-    (Family::counter("kvc_prompt_tokens_to_compute_total", "Prompt tokens left to compute at admission.", &[]), |s| {
-        s.cache.computed_tokens as f64
-    }),
-    (Family::counter("kvc_host_restores_total", "Blocks copied back from the host tier.", &[]), |s| s.cache.host_restores as f64),
-    (Family::counter("kvc_sessions_expired_total", "Idle sessions deleted by the TTL.", &[]), |s| s.cache.sessions_expired as f64),
-    (Family::counter("kvc_sessions_capped_total", "Idle sessions dropped to keep their API key under --max-sessions-per-key.", &[]), |s| {
+    gauge("kvc_kv_blocks_cached", "KV blocks in the prefix index.", |s| s.cached_blocks as f64),
+    gauge("kvc_host_kv_blocks_free", "Free blocks of the host-memory tier.", |s| s.host_free_blocks as f64),
+    gauge("kvc_host_kv_blocks_total", "Blocks of the host-memory tier.", |s| s.host_total_blocks as f64),
+    gauge("kvc_sessions_resident", "Sessions the engine holds (any tier).", |s| s.sessions.len() as f64),
+    counter("kvc_session_hits_total", "Requests that reused their session's KV.", |s| s.cache.session_hits as f64),
+    counter("kvc_prefix_cache_hits_total", "Requests that reused prefix-cache blocks (no session hit).", |s| s.cache.prefix_hits as f64),
+    counter("kvc_prompt_tokens_reused_total", "Prompt tokens served from cached KV at admission.", |s| s.cache.reused_tokens as f64),
+    counter("kvc_prompt_tokens_to_compute_total", "Prompt tokens left to compute at admission.", |s| s.cache.computed_tokens as f64),
+    counter("kvc_host_restores_total", "Blocks copied back from the host tier.", |s| s.cache.host_restores as f64),
+    counter("kvc_sessions_expired_total", "Idle sessions deleted by the TTL.", |s| s.cache.sessions_expired as f64),
+    counter("kvc_sessions_capped_total", "Idle sessions dropped to keep their API key under --max-sessions-per-key.", |s| {
         s.cache.sessions_capped as f64
     }),
 ];
