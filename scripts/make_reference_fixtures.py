@@ -65,28 +65,19 @@ HUB_TRANSFORMERS_VERSION = "4.51.0"
 # whole fixture set well under 3 MB. "brief" is the size originally proposed
 # (vocab 512, hidden 64, ...): same structure, but about 6 MB of fixtures in total.
 # ---------------------------------------------------------------------------
-PRESETS = {
-    "compact": dict(
-        vocab_size=256,
-        hidden_size=32,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,  # heads * head_dim == hidden
-        wide_head_dim=16,  # heads * head_dim != hidden (used by `dense` and `moe-norm`)
-        intermediate_size=64,
-        moe_intermediate_size=16,
-    ),
-    "brief": dict(
-        vocab_size=512,
-        hidden_size=64,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        wide_head_dim=32,
-        intermediate_size=96,
-        moe_intermediate_size=32,
-    ),
+PRESET_NAMES = ("compact", "brief")
+# field -> its value in each preset, in PRESET_NAMES order
+PRESET_SIZES = {
+    "vocab_size": (256, 512),
+    "hidden_size": (32, 64),
+    "num_attention_heads": (4, 4),
+    "num_key_value_heads": (2, 2),
+    "head_dim": (8, 16),  # heads * head_dim == hidden
+    "wide_head_dim": (16, 32),  # heads * head_dim != hidden (used by `dense` and `moe-norm`)
+    "intermediate_size": (64, 96),
+    "moe_intermediate_size": (16, 32),
 }
+PRESETS = {name: {k: sizes[i] for k, sizes in PRESET_SIZES.items()} for i, name in enumerate(PRESET_NAMES)}
 COMMON = dict(
     num_hidden_layers=3,
     max_position_embeddings=512,
