@@ -31,14 +31,40 @@ pub trait Reason: Copy + Debug + PartialEq + 'static {
 /// with it can have. It generates the enum (`Debug, Clone, Copy, PartialEq,
 /// Eq, Hash`; more derives may be added above it), `ALL` (every variant, in
 /// listing order), `as_str` (the label) and, with a decision's name after
-/// `in`, the [`Reason`] impl. Three forms:
+/// `in`, the [`Reason`] impl. Four forms:
 ///
 /// - `enum R in "decision" { V("label") => "outcome" | "other", ... }`;
 /// - `enum R in "decision" { V("label"), ... } outcomes = |r| expr`, where
 ///   the outcomes follow from another method of the enum;
+/// - `enum R in "decision" { V("label"), ... } outcome: O = |r| expr`, where
+///   each reason has one outcome, a value of the labels-alone enum `O`: the
+///   outcomes are its label, and `R::pairs()` lists every (outcome, reason)
+///   pair (the counter's label sets);
 /// - `enum R { V("label"), ... }`: labels alone (a decision's outcome, or a
 ///   part of a reason).
 macro_rules! reasons {
+    (
+        $(#[$meta:meta])*
+        $vis:vis enum $name:ident in $decision:literal {
+            $( $(#[$vmeta:meta])* $variant:ident($label:literal) ),+ $(,)?
+        }
+        outcome: $outcome:ty = |$r:ident| $of:expr
+    ) => {
+        $crate::decision::reasons! {
+            $(#[$meta])*
+            $vis enum $name in $decision {
+                $( $(#[$vmeta])* $variant($label) ),+
+            }
+            outcomes = |$r| $of.as_outcomes()
+        }
+
+        impl $name {
+            /// Every (outcome, reason) pair a decision can be: the counter's label sets.
+            pub fn pairs() -> impl Iterator<Item = ($outcome, $name)> {
+                $name::ALL.into_iter().map(|$r| ($of, $r))
+            }
+        }
+    };
     (
         $(#[$meta:meta])*
         $vis:vis enum $name:ident in $decision:literal {

@@ -47,7 +47,7 @@ crate::decision::reasons! {
         /// session cache's KV).
         HostHeldByNewer("host_held_by_newer"),
     }
-    outcomes = |r| r.action().as_outcomes()
+    outcome: SpillAction = |r| r.action()
 }
 
 impl SpillReason {
@@ -58,11 +58,6 @@ impl SpillReason {
             SpillReason::HostFull => SpillAction::DropHostEntry,
             SpillReason::NoHostTier | SpillReason::LargerThanHost | SpillReason::HostHeldByNewer => SpillAction::Drop,
         }
-    }
-
-    /// Every (action, reason) pair a decision can be: the counter's label sets.
-    pub fn pairs() -> impl Iterator<Item = (SpillAction, SpillReason)> {
-        SpillReason::ALL.into_iter().map(|r| (r.action(), r))
     }
 }
 

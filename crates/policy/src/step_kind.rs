@@ -86,7 +86,7 @@ crate::decision::reasons! {
         /// The last mixed step went over the target and prefill has slack.
         Interleave("interleave"),
     }
-    outcomes = |r| r.kind().as_outcomes()
+    outcome: StepKind = |r| r.kind()
 }
 
 impl StepKindReason {
@@ -96,11 +96,6 @@ impl StepKindReason {
             StepKindReason::Interleave => StepKind::DecodeOnly,
             _ => StepKind::Mixed,
         }
-    }
-
-    /// Every (kind, reason) pair a decision can be: the counter's label sets.
-    pub fn pairs() -> impl Iterator<Item = (StepKind, StepKindReason)> {
-        StepKindReason::ALL.into_iter().map(|r| (r.kind(), r))
     }
 }
 
