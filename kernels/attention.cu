@@ -49,25 +49,40 @@ __device__ __host__ inline Smem smem_layout(int HD) {
 
 typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> Acc;
 
+// One 16-byte chunk of the cache into shared bf16 (zeros when !ok): 8
+// bf16 copied as they are (cp.async), or 16 e4m3 widened to bf16 (exact)
+// with a plain load.
+__device__ __forceinline__ void stage_chunk(bf16* dst, const bf16* src, bool ok) {
+    if (ok)
+        cp_async16(dst, src);
+    else
+        *(uint4*)dst = make_uint4(0, 0, 0, 0);
+}
+__device__ __forceinline__ void stage_chunk(bf16* dst, const fp8* src, bool ok) {
+    uint4 lo = make_uint4(0, 0, 0, 0), hi = lo;
+    if (ok) e4m3x16_widen<false>(*(const uint4*)src, lo, hi);
+    *(uint4*)dst = lo;
+    *(uint4*)(dst + 8) = hi;
+}
+
 // Issues the copies of keys [kb, kb + BC) of the tile (zeros past kv_hi
-// and past hd) into stage buffers sK / sV.
-template <int HD>
-__device__ __forceinline__ void load_kv(bf16* sK, bf16* sV, const bf16* cache, const int* table, int kb, int kv_hi,
+// and past hd) into stage buffers sK / sV. An e4m3 cache needs hd % 16 == 0.
+template <int HD, typename C>
+__device__ __forceinline__ void load_kv(bf16* sK, bf16* sV, const C* cache, const int* table, int kb, int kv_hi,
                                         int hd, int nkv, int kvh, int block_size, size_t kv_tok) {
-    const int chunks = hd / 8;
+    constexpr int EPC = 16 / sizeof(C);  // elements of one chunk
 #pragma unroll 4
-    for (int e = threadIdx.x; e < BC * (HD / 8); e += 128) {
-        int c = e / (HD / 8), d8 = e % (HD / 8);
+    for (int e = threadIdx.x; e < BC * (HD / EPC); e += 128) {
+        int c = e / (HD / EPC), d = e % (HD / EPC) * EPC;
         int j = kb + c;
-        if (j < kv_hi && d8 < chunks) {
+        bool ok = j < kv_hi && d < hd;
+        const C* kp = cache;
+        if (ok) {
             int b = table[j / block_size], off = j % block_size;
-            const bf16* kp = cache + (size_t)b * 2 * kv_tok + ((size_t)off * nkv + kvh) * hd + d8 * 8;
-            cp_async16(sK + c * LDQ + d8 * 8, kp);
-            cp_async16(sV + c * LDQ + d8 * 8, kp + kv_tok);
-        } else {
-            *(uint4*)(sK + c * LDQ + d8 * 8) = make_uint4(0, 0, 0, 0);
-            *(uint4*)(sV + c * LDQ + d8 * 8) = make_uint4(0, 0, 0, 0);
+            kp = cache + (size_t)b * 2 * kv_tok + ((size_t)off * nkv + kvh) * hd + d;
         }
+        stage_chunk(sK + c * LDQ + d, kp, ok);
+        stage_chunk(sV + c * LDQ + d, kp + kv_tok, ok);
     }
 }
 
@@ -113,8 +128,8 @@ __device__ __forceinline__ void load_q(bf16* sQ, const bf16* q, const Item& w, i
 
 // Reads the CTA's work item (KV head blockIdx.y), puts its first K/V tile
 // in flight into stage 0 of sKV and stages its Q rows while it lands.
-template <int HD, int ROWS>
-__device__ __forceinline__ Item start_item(bf16* sQ, bf16* sKV, const bf16* q, const bf16* cache, const int* items,
+template <int HD, int ROWS, typename C>
+__device__ __forceinline__ Item start_item(bf16* sQ, bf16* sKV, const bf16* q, const C* cache, const int* items,
                                            const int* seqs, const int* tables, int nh, int nkv, int hd,
                                            int block_size) {
     const Item w = read_item(items, seqs, tables);
@@ -140,8 +155,8 @@ __device__ __forceinline__ void accumulator_rows(float* scratch, int ld, int lan
 
 // Waits for key tile t's copies and issues tile t + 1's into the other
 // stage; returns tile t's stage ([k|v][BC][LDQ]).
-template <int HD>
-__device__ __forceinline__ const bf16* next_kv_tile(bf16* sKV, int t, const Item& w, const bf16* cache, int hd, int nkv,
+template <int HD, typename C>
+__device__ __forceinline__ const bf16* next_kv_tile(bf16* sKV, int t, const Item& w, const C* cache, int hd, int nkv,
                                                     int kvh, int block_size, size_t kv_tok) {
     const int kb = w.kv_begin + t * BC;
     if (t + 1 < w.ntiles) {
@@ -170,11 +185,17 @@ __device__ __forceinline__ void write_out(bf16* out, float* part_o, float* part_
     }
 }
 
-template <int HD>
-__device__ void attn_tile(const bf16* __restrict__ q, const bf16* __restrict__ cache, const int* __restrict__ tables,
-                          const int* __restrict__ seqs, const int* __restrict__ items, bf16* __restrict__ out,
-                          float* __restrict__ part_o, float* __restrict__ part_lse, int nh, int nkv, int hd,
-                          int block_size, float scale) {
+// The parameters of both tile kernels over a cache of C: q, the layer's
+// pool, the plan (block tables, sequences, work items), the output and the
+// split partials, the shape, the softmax scale (times k_scale) and v_scale.
+#define TILE_PARAMS(C)                                                                                          \
+    const bf16 *__restrict__ q, const C *__restrict__ cache, const int *__restrict__ tables,                    \
+        const int *__restrict__ seqs, const int *__restrict__ items, bf16 *__restrict__ out,                    \
+        float *__restrict__ part_o, float *__restrict__ part_lse, int nh, int nkv, int hd, int block_size,      \
+        float scale, float v_scale
+
+template <int HD, typename C>
+__device__ void attn_tile(TILE_PARAMS(C)) {
     extern __shared__ __align__(128) unsigned char smem[];
     const Smem L = smem_layout(HD);
     bf16* sQ = (bf16*)(smem + L.q);
@@ -290,7 +311,8 @@ __device__ void attn_tile(const bf16* __restrict__ q, const bf16* __restrict__ c
         int r = e / hd, d = e % hd;
         if (r / G >= ntok) continue;
         float l = sL[r];
-        write_out(out, part_o, part_lse, w, nh, nkv, hd, kvh, G, r, d, l > 0.f ? sO[r * HD + d] / l : 0.f, sM[r], l);
+        write_out(out, part_o, part_lse, w, nh, nkv, hd, kvh, G, r, d, l > 0.f ? sO[r * HD + d] / l * v_scale : 0.f, sM[r],
+                  l);
     }
 }
 
@@ -302,11 +324,8 @@ __device__ void attn_tile(const bf16* __restrict__ q, const bf16* __restrict__ c
 #define DR 16
 #define LDS16 20
 #define LDP16 24
-template <int HD>
-__device__ void attn_decode(const bf16* __restrict__ q, const bf16* __restrict__ cache, const int* __restrict__ tables,
-                            const int* __restrict__ seqs, const int* __restrict__ items, bf16* __restrict__ out,
-                            float* __restrict__ part_o, float* __restrict__ part_lse, int nh, int nkv, int hd,
-                            int block_size, float scale) {
+template <int HD, typename C>
+__device__ void attn_decode(TILE_PARAMS(C)) {
     extern __shared__ __align__(128) unsigned char smem[];
     bf16* sQ = (bf16*)smem;                                   // [DR][LDQ]
     bf16* sKV = sQ + DR * LDQ;                                // [2][k|v][BC][LDQ]
@@ -422,33 +441,31 @@ __device__ void attn_decode(const bf16* __restrict__ q, const bf16* __restrict__
                 o += f * sO[(v * DR + r) * HD + d];
             }
         }
-        write_out(out, part_o, part_lse, w, nh, nkv, hd, kvh, G, r, d, l > 0.f ? o / l : 0.f, M, l);
+        write_out(out, part_o, part_lse, w, nh, nkv, hd, kvh, G, r, d, l > 0.f ? o / l * v_scale : 0.f, M, l);
     }
 }
 
-#define ATTN(HD)                                                                                                \
-    extern "C" __global__ void __launch_bounds__(128) paged_attention_hd##HD(                                 \
-        const bf16* q, const bf16* cache, const int* tables, const int* seqs, const int* items, bf16* out,     \
-        float* part_o, float* part_lse, int nh, int nkv, int hd, int block_size, float scale) {               \
-        attn_tile<HD>(q, cache, tables, seqs, items, out, part_o, part_lse, nh, nkv, hd, block_size, scale);  \
+// Entry points by head dim, over a bf16 cache and (`_fp8`) an e4m3 one,
+// whose layer scales multiply the scores (k_scale) and the output (v_scale).
+#define TILE_KERNEL(NAME, BODY, HD)                                                                                   \
+    extern "C" __global__ void __launch_bounds__(128) NAME##_hd##HD(                                                  \
+        const bf16* q, const bf16* cache, const int* tables, const int* seqs, const int* items, bf16* out,             \
+        float* part_o, float* part_lse, int nh, int nkv, int hd, int block_size, float scale) {                       \
+        BODY<HD>(q, cache, tables, seqs, items, out, part_o, part_lse, nh, nkv, hd, block_size, scale, 1.f);          \
+    }                                                                                                                 \
+    extern "C" __global__ void __launch_bounds__(128) NAME##_fp8_hd##HD(                                              \
+        const bf16* q, const fp8* cache, const int* tables, const int* seqs, const int* items, bf16* out,              \
+        float* part_o, float* part_lse, int nh, int nkv, int hd, int block_size, float scale, float k_scale,          \
+        float v_scale) {                                                                                              \
+        BODY<HD>(q, cache, tables, seqs, items, out, part_o, part_lse, nh, nkv, hd, block_size, scale * k_scale,      \
+                 v_scale);                                                                                            \
     }
-ATTN(16)
-ATTN(32)
-ATTN(64)
-ATTN(128)
-ATTN(256)
-
-#define DECODE(HD)                                                                                               \
-    extern "C" __global__ void __launch_bounds__(128) paged_decode_hd##HD(                                      \
-        const bf16* q, const bf16* cache, const int* tables, const int* seqs, const int* items, bf16* out,       \
-        float* part_o, float* part_lse, int nh, int nkv, int hd, int block_size, float scale) {                 \
-        attn_decode<HD>(q, cache, tables, seqs, items, out, part_o, part_lse, nh, nkv, hd, block_size, scale);  \
-    }
-DECODE(16)
-DECODE(32)
-DECODE(64)
-DECODE(128)
-DECODE(256)
+#define TILE_KERNELS(HD) TILE_KERNEL(paged_attention, attn_tile, HD) TILE_KERNEL(paged_decode, attn_decode, HD)
+TILE_KERNELS(16)
+TILE_KERNELS(32)
+TILE_KERNELS(64)
+TILE_KERNELS(128)
+TILE_KERNELS(256)
 
 // Merges the splits of one work group: combine item = (seq, first_part,
 // num_parts, ntok); rows as in the attention kernel. grid: (items, nkv,
@@ -520,15 +537,22 @@ constexpr int TK = 16;          // keys per warp tile
 constexpr int ROWS = 16;        // query rows per CTA (mma M)
 constexpr int MERGE_PARTS = 128;  // splits one group may have (the merge's weight table)
 
-template <int HD>
+template <int HD, bool FP8 = false>
 struct Cfg {
     static constexpr int NW = HD == 256 ? 4 : 8;  // warps per CTA
     static constexpr int NT = NW * 32;
-    static constexpr int STAGES = HD >= 64 ? 3 : 4;
-    static constexpr int LD = HD + 8;   // bf16 row stride of Q/K/V tiles: ldmatrix rows in distinct banks
+    // An e4m3 ring slot is half a bf16 one: more stages keep as many bytes in flight.
+    static constexpr int STAGES = FP8 ? 4 : HD >= 64 ? 3 : 4;
+    static constexpr int LD = HD + 8;   // 2-byte row stride of Q/K/V tiles: ldmatrix rows in distinct banks
     static constexpr int LDO = HD + 8;  // f32 row stride of the warps' O tiles (float2 stores conflict-free)
-    static constexpr int STAGE = 2 * TK * LD;  // elements of one ring slot: K tile, then V tile
-    static constexpr int KV_BYTES = NW * STAGES * STAGE * 2;
+    static constexpr int STAGE = 2 * TK * LD;  // elements of one 2-byte K tile, then V tile
+    static constexpr int LD8 = HD + 16;        // byte row stride of an e4m3 tile
+    // Bytes of one ring slot (K then V as the cache holds them) and of the
+    // warp's widened tile pair (e4m3 cache: f16, what the MMAs read).
+    static constexpr int SLOT = FP8 ? 2 * TK * LD8 : 2 * STAGE;
+    static constexpr int WIDE = FP8 ? 2 * STAGE : 0;
+    static constexpr int WARP_BYTES = STAGES * SLOT + WIDE;
+    static constexpr int KV_BYTES = NW * WARP_BYTES;
     static constexpr int Q_OFF = KV_BYTES;
     static constexpr int M_OFF = Q_OFF + ROWS * LD * 2;  // [NW][16] each warp's row maxima
     static constexpr int L_OFF = M_OFF + NW * ROWS * 4;  // [NW][16] row sums
@@ -541,6 +565,7 @@ struct Cfg {
     // merging CTA the weight table plus at least one staged partial.
     static_assert(KV_BYTES >= NW * ROWS * LDO * 4, "O tiles fit in the K/V ring");
     static_assert(KV_BYTES >= MERGE_PARTS * ROWS * 4 + ROWS * HD * 4, "merge staging fits in the K/V ring");
+    static_assert(SMEM <= 227 * 1024, "fits an SM's shared memory");
 };
 
 __device__ __forceinline__ unsigned smem_u32(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
@@ -569,17 +594,36 @@ __device__ __forceinline__ void ldsm4t(unsigned (&r)[4], const void* p) {
                  : "memory");
 }
 
-// d += a (16x16, row) * b (16x8, col), bf16 in, f32 accumulate.
+// d += a (16x16, row) * b (16x8, col), f32 accumulate; bf16 in, or f16
+// (H: over an e4m3 cache, whose values f16 holds exactly).
+template <bool H = false>
 __device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    if constexpr (H)
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+            "{%0,%1,%2,%3};\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    else
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+            "{%0,%1,%2,%3};\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 __device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
     return *reinterpret_cast<unsigned*>(&v);
+}
+
+// Two values as the MMA's 2-byte pair: f16 (H) or bf16.
+template <bool H>
+__device__ __forceinline__ unsigned pack2(float lo, float hi) {
+    if constexpr (H) {
+        __half2 v = __floats2half2_rn(lo, hi);
+        return *reinterpret_cast<unsigned*>(&v);
+    } else {
+        return pack_bf16(lo, hi);
+    }
 }
 
 // 2^x (ex2.approx: 0 at -inf).
@@ -604,11 +648,11 @@ __device__ __forceinline__ void store_bf16x4(bf16* dst, float4 v) {
 // [0, R)) into bf16 output. Weights first (all log-sum-exps in one pass of
 // parallel loads), then the partial outputs in rounds that fill the K/V
 // ring with cp.async, so a round costs about one L2 round trip.
-template <int HD>
+template <int HD, bool FP8>
 __device__ void merge_parts(unsigned char* smem, const float* __restrict__ part_o, const float* __restrict__ part_lse,
                             bf16* __restrict__ out, int first, int nparts, int R, int out_row, int nh, int nkv, int kvh,
                             int G, int hd) {
-    using C = Cfg<HD>;
+    using C = Cfg<HD, FP8>;
     float* sW = (float*)smem;                  // [nparts][16]: log2-sum-exps, then weights
     float* sStage = sW + MERGE_PARTS * ROWS;     // staged partials
     float* sDen = (float*)(smem + C::ROW_OFF) + ROWS;
@@ -689,17 +733,24 @@ __device__ void merge_parts(unsigned char* smem, const float* __restrict__ part_
 }
 }  // namespace dec2
 
-template <int HD>
-__device__ void attn_decode2(const bf16* __restrict__ q, const bf16* __restrict__ cache, const int* __restrict__ tables,
+// FP8: the cache holds e4m3 (cache_t = fp8): a warp's ring slots hold its
+// bytes, and each tile is widened to f16 in the warp's own buffer before
+// the MMAs, which then run in f16 (Q staged as f16, P packed as f16); its
+// k_scale is in `scale` (the entry point's product), its v_scale multiplies
+// the output. hd % 16 == 0.
+template <int HD, bool FP8, typename cache_t>
+__device__ void attn_decode2(const bf16* __restrict__ q, const cache_t* __restrict__ cache, const int* __restrict__ tables,
                              const int* __restrict__ seqs, const int* __restrict__ items, bf16* __restrict__ out,
                              float* __restrict__ part_o, float* __restrict__ part_lse, unsigned* __restrict__ counters,
-                             int nh, int nkv, int hd, int block_size, float scale) {
+                             int nh, int nkv, int hd, int block_size, float scale, float v_scale) {
     using namespace dec2;
-    using C = Cfg<HD>;
+    using C = Cfg<HD, FP8>;
     constexpr int NW = C::NW, NT = C::NT, S = C::STAGES, LD = C::LD;
-    constexpr int CPR = HD / 8;      // 16-byte chunks per K/V row
+    constexpr int EPC = 16 / sizeof(cache_t);  // cache elements per 16-byte chunk
+    constexpr int CPR = HD / EPC;    // 16-byte chunks per K/V row
     constexpr int RPI = 32 / CPR;    // rows one warp-wide copy instruction covers
-    constexpr int NI = TK / RPI;     // copy instructions per tile (K, and as many for V)
+    constexpr int NI = (TK + RPI - 1) / RPI;  // copy instructions per tile (K, and as many for V)
+    constexpr int LDC = FP8 ? C::LD8 : LD;    // cache-element row stride of a ring slot
     constexpr bool QREG = HD <= 128;  // Q fragments stay in registers (at 256: reloaded per tile)
     extern __shared__ __align__(128) unsigned char smem[];
     {
@@ -708,7 +759,6 @@ __device__ void attn_decode2(const bf16* __restrict__ q, const bf16* __restrict_
         asm("mov.u32 %0, %%dynamic_smem_size;\n" : "=r"(dyn));
         if (dyn < (unsigned)C::SMEM) __trap();
     }
-    bf16* sKV = (bf16*)smem;
     bf16* sQ = (bf16*)(smem + C::Q_OFF);
     float* sM = (float*)(smem + C::M_OFF);
     float* sL = (float*)(smem + C::L_OFF);
@@ -735,7 +785,8 @@ __device__ void attn_decode2(const bf16* __restrict__ q, const bf16* __restrict_
     const size_t kv_tok = (size_t)block_size * nkv * hd;
     const int ntiles = kv_hi > kv_begin ? (kv_hi - kv_begin + TK - 1) / TK : 0;
     const int my_tiles = ntiles > warp ? (ntiles - warp + NW - 1) / NW : 0;
-    bf16* ring = sKV + warp * S * C::STAGE;
+    cache_t* ring = (cache_t*)(smem + warp * C::WARP_BYTES);
+    bf16* wide = (bf16*)(smem + warp * C::WARP_BYTES + S * C::SLOT);  // FP8: the widened tile (f16 bits)
 
     // Lane l (and l + 16) looks up key row l % 16 of this warp's tile i:
     // the block id (raw table entry, -1 past the range) and the row's
@@ -754,18 +805,19 @@ __device__ void attn_decode2(const bf16* __restrict__ q, const bf16* __restrict_
     // column l % CPR of rows l / CPR + RPI * c, so a warp's instruction
     // reads whole rows (coalesced). Row offsets come from their lookup lane.
     auto issue = [&](int i, int blk, int in_blk) {
-        bf16* dK = ring + (i % S) * C::STAGE;
+        cache_t* dK = ring + (i % S) * (C::SLOT / sizeof(cache_t));
         long long src = blk < 0 ? -1 : (long long)blk * 2 * (long long)kv_tok + in_blk;
         const int ch = lane % CPR;
-        const bool col_ok = ch * 8 < hd;
+        const bool col_ok = ch * EPC < hd;
 #pragma unroll
         for (int c = 0; c < NI; c++) {
             const int row = c * RPI + lane / CPR;
-            long long rs = shfl64(src, row);
+            long long rs = shfl64(src, row % TK);
+            if (row >= TK) continue;  // (an e4m3 row of 16 elements is one chunk: half the lanes)
             bool ok = rs >= 0 && col_ok;
-            const bf16* gk = cache + (ok ? rs + ch * 8 : 0);
-            cp16(dK + row * LD + ch * 8, gk, ok);
-            cp16(dK + TK * LD + row * LD + ch * 8, ok ? gk + kv_tok : cache, ok);
+            const cache_t* gk = cache + (ok ? rs + ch * EPC : 0);
+            cp16(dK + row * LDC + ch * EPC, gk, ok);
+            cp16(dK + TK * LDC + row * LDC + ch * EPC, ok ? gk + kv_tok : cache, ok);
         }
     };
 
@@ -782,12 +834,20 @@ __device__ void attn_decode2(const bf16* __restrict__ q, const bf16* __restrict_
     int nb0 = pb[S - 1], no0 = po[S - 1], nb1 = pb[S], no1 = po[S];
 
     // Q rows: row r = (token r / G, head kvh * G + r % G); zeros past R and hd.
-    for (int e = tid; e < ROWS * CPR; e += NT) {
-        int r = e / CPR, c = e % CPR;
+    for (int e = tid; e < ROWS * (HD / 8); e += NT) {
+        int r = e / (HD / 8), c = e % (HD / 8);
         uint4 v = make_uint4(0, 0, 0, 0);
         if (r < R && c * 8 < hd) {
             int head = kvh * G + r % G;
             v = *(const uint4*)(q + ((size_t)(q_start + tok_off + r / G) * nh + head) * hd + c * 8);
+            if constexpr (FP8) {  // the f16 MMAs' Q (RMS-normed: well inside f16's range)
+                unsigned* w = (unsigned*)&v;
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[k]));
+                    w[k] = pack2<true>(f.x, f.y);
+                }
+            }
         }
         *(uint4*)(sQ + r * LD + c * 8) = v;
     }
@@ -823,7 +883,20 @@ __device__ void attn_decode2(const bf16* __restrict__ q, const bf16* __restrict_
         lookup(i + S + 1, nb1, no1);
         wait<S - 1>();  // this lane's copies of tile i have landed
         __syncwarp();   // ... and every lane's
-        const bf16* sK = ring + (i % S) * C::STAGE;
+        const bf16* sK = (const bf16*)(ring + (i % S) * (C::SLOT / sizeof(cache_t)));
+        if constexpr (FP8) {
+            // Widen the slot's 2 x 16 rows of e4m3 into the warp's f16 tile.
+            const fp8* src = (const fp8*)sK;
+            for (int e = lane; e < 2 * TK * CPR; e += 32) {
+                int r = e / CPR, c = e % CPR;
+                uint4 lo, hi;
+                e4m3x16_widen<true>(*(const uint4*)(src + r * LDC + c * 16), lo, hi);
+                *(uint4*)(wide + r * LD + c * 16) = lo;
+                *(uint4*)(wide + r * LD + c * 16 + 8) = hi;
+            }
+            __syncwarp();
+            sK = wide;
+        }
         const bf16* sV = sK + TK * LD;
         const int kb = kv_begin + (warp + i * NW) * TK;
 
@@ -840,8 +913,8 @@ __device__ void attn_decode2(const bf16* __restrict__ q, const bf16* __restrict_
                 ldsm4(a, sQ + a_row * LD + k * 16 + a_col);
             }
             ldsm4(b, sK + k_row * LD + k * 16 + k_col);
-            mma(s[0], a, b[0], b[1]);
-            mma(s[1], a, b[2], b[3]);
+            mma<FP8>(s[0], a, b[0], b[1]);
+            mma<FP8>(s[1], a, b[2], b[3]);
         }
         // s[n][e]: row g (e < 2) or g + 8, key kb + 8 n + 2 t + (e & 1).
 #pragma unroll
@@ -886,14 +959,14 @@ __device__ void attn_decode2(const bf16* __restrict__ q, const bf16* __restrict_
             o[n][3] *= al1;
         }
         // The S accumulators of keys 0-7 and 8-15 are P's A fragment.
-        const unsigned pa[4] = {pack_bf16(p[0][0], p[0][1]), pack_bf16(p[0][2], p[0][3]), pack_bf16(p[1][0], p[1][1]),
-                                pack_bf16(p[1][2], p[1][3])};
+        const unsigned pa[4] = {pack2<FP8>(p[0][0], p[0][1]), pack2<FP8>(p[0][2], p[0][3]), pack2<FP8>(p[1][0], p[1][1]),
+                                pack2<FP8>(p[1][2], p[1][3])};
 #pragma unroll
         for (int dt = 0; dt < HD / 16; dt++) {
             unsigned b[4];
             ldsm4t(b, sV + a_row * LD + dt * 16 + a_col);
-            mma(o[2 * dt], pa, b[0], b[1]);
-            mma(o[2 * dt + 1], pa, b[2], b[3]);
+            mma<FP8>(o[2 * dt], pa, b[0], b[1]);
+            mma<FP8>(o[2 * dt + 1], pa, b[2], b[3]);
         }
         __syncwarp();  // every lane has read slot i % S before it is refilled
     }
@@ -944,7 +1017,7 @@ __device__ void attn_decode2(const bf16* __restrict__ q, const bf16* __restrict_
             acc.w += f * v.w;
         }
         float l = sRowL[r];
-        float inv = l > 0.f ? 1.f / l : 0.f;
+        float inv = l > 0.f ? v_scale / l : 0.f;
         acc = make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
         if (part < 0) {
             store_bf16x4(out + ((size_t)(q_start + tok_off + r / G) * nh + kvh * G + r % G) * hd + c, acc);
@@ -972,15 +1045,22 @@ __device__ void attn_decode2(const bf16* __restrict__ q, const bf16* __restrict_
     if (!*sFlag) return;
     __threadfence();
     if (nparts > MERGE_PARTS) __trap();
-    merge_parts<HD>(smem, part_o, part_lse, out, first, nparts, R, q_start + tok_off, nh, nkv, kvh, G, hd);
+    merge_parts<HD, FP8>(smem, part_o, part_lse, out, first, nparts, R, q_start + tok_off, nh, nkv, kvh, G, hd);
 }
 
 #define DECODE2(HD)                                                                                                  \
     extern "C" __global__ void __launch_bounds__(dec2::Cfg<HD>::NT, 1) paged_decode2_hd##HD(                        \
         const bf16* q, const bf16* cache, const int* tables, const int* seqs, const int* items, bf16* out,           \
         float* part_o, float* part_lse, unsigned* counters, int nh, int nkv, int hd, int block_size, float scale) {  \
-        attn_decode2<HD>(q, cache, tables, seqs, items, out, part_o, part_lse, counters, nh, nkv, hd, block_size,    \
-                         scale);                                                                                     \
+        attn_decode2<HD, false>(q, cache, tables, seqs, items, out, part_o, part_lse, counters, nh, nkv, hd,         \
+                                block_size, scale, 1.f);                                                             \
+    }                                                                                                                \
+    extern "C" __global__ void __launch_bounds__(dec2::Cfg<HD>::NT, 1) paged_decode2_fp8_hd##HD(                    \
+        const bf16* q, const fp8* cache, const int* tables, const int* seqs, const int* items, bf16* out,            \
+        float* part_o, float* part_lse, unsigned* counters, int nh, int nkv, int hd, int block_size, float scale,    \
+        float k_scale, float v_scale) {                                                                              \
+        attn_decode2<HD, true>(q, cache, tables, seqs, items, out, part_o, part_lse, counters, nh, nkv, hd,          \
+                               block_size, scale * k_scale, v_scale);                                                \
     }
 DECODE2(16)
 DECODE2(32)

@@ -74,6 +74,10 @@ extern "C" __global__ void add_rmsnorm(bf16* x, const bf16* h, const bf16* w, bf
 // its heads (sincosf at large positions is a real cost).
 // grid: (T, head groups), block: 256 (8 warps). A few tokens (decode) spread
 // their heads over several blocks; many take one block each. hd <= 256, even.
+//
+// The cache holds bf16, or (the `_fp8` kernels) e4m3 of the bf16 value
+// divided by the layer's k_scale / v_scale: what the host pool stores for
+// the same K and V (kv-pool's quantize_e4m3).
 
 // cos/sin of token t's position into shared memory (then a barrier).
 __device__ __forceinline__ void rope_table(const int* pos, int t, const float* inv_freq, float attn_scale, int half,
@@ -89,17 +93,24 @@ __device__ __forceinline__ void rope_table(const int* pos, int t, const float* i
 }
 
 // The cache row of head j (a K or V head: j >= nh) of the token at `slot`.
-__device__ __forceinline__ bf16* kv_row(bf16* cache, int slot, int j, int nh, int nkv, int hd, int block_size) {
+template <typename C>
+__device__ __forceinline__ C* kv_row(C* cache, int slot, int j, int nh, int nkv, int hd, int block_size) {
     size_t kv_tok = (size_t)block_size * nkv * hd;  // one of K or V of a block
     int b = slot / block_size, off = slot % block_size;
     int kvh = j >= nh + nkv ? j - nh - nkv : j - nh;
     return cache + (size_t)b * 2 * kv_tok + (j >= nh + nkv ? kv_tok : 0) + ((size_t)off * nkv + kvh) * hd;
 }
 
+// One cache element from its computed value.
+__device__ __forceinline__ void put_kv(bf16* p, float y, float) { *p = to_bf(y); }
+__device__ __forceinline__ void put_kv(fp8* p, float y, float scale) { *p = to_e4m3(round_bf(y) / scale); }
+
 // Any even hd <= 256: each lane takes elements lane, lane + 32, ...
-extern "C" __global__ void qk_norm_rope_store(
+template <typename C>
+__device__ __forceinline__ void qk_norm_rope_store_any(
     const bf16* qkv, const bf16* q_w, const bf16* k_w, const int* pos, const int* slots,
-    bf16* q_out, bf16* cache, int nh, int nkv, int hd, int block_size, float eps, const float* inv_freq, float attn_scale) {
+    bf16* q_out, C* cache, int nh, int nkv, int hd, int block_size, float eps, const float* inv_freq, float attn_scale,
+    float k_scale, float v_scale) {
     __shared__ float buf[8][256];
     __shared__ float cos_t[128], sin_t[128];
     const int nwarps = blockDim.x >> 5;
@@ -111,13 +122,13 @@ extern "C" __global__ void qk_norm_rope_store(
     int slot = slots[t];
     for (int j = blockIdx.y * nwarps + warp; j < heads; j += nwarps * gridDim.y) {
         const bf16* src = qkv + ((size_t)t * heads + j) * hd;
-        bf16* kdst = 0;
+        C* kdst = 0;
         if (j >= nh) {
             if (slot < 0) continue;
             kdst = kv_row(cache, slot, j, nh, nkv, hd, block_size);
         }
         if (j >= nh + nkv) {
-            for (int i = lane; i < hd; i += 32) kdst[i] = src[i];
+            for (int i = lane; i < hd; i += 32) put_kv(kdst + i, to_f(src[i]), v_scale);
             continue;
         }
         const bf16* w = j < nh ? q_w : k_w;
@@ -129,32 +140,70 @@ extern "C" __global__ void qk_norm_rope_store(
         float r = rsqrtf(warp_sum(ss) / hd + eps);
         for (int i = lane; i < hd; i += 32) buf[warp][i] = round_bf(round_bf(to_f(src[i]) * r) * to_f(w[i]));
         __syncwarp();
-        bf16* dst = j < nh ? q_out + ((size_t)t * nh + j) * hd : kdst;
         for (int i = lane; i < hd; i += 32) {
             int f = i < half ? i : i - half;
             float x = buf[warp][i];
             float y = i < half ? x * cos_t[f] - buf[warp][i + half] * sin_t[f] : x * cos_t[f] + buf[warp][i - half] * sin_t[f];
-            dst[i] = to_bf(y);
+            if (j < nh)
+                q_out[((size_t)t * nh + j) * hd + i] = to_bf(y);
+            else
+                put_kv(kdst + i, y, k_scale);
         }
         __syncwarp();  // buf[warp] is rewritten by this warp's next head
     }
 }
 
-// V consecutive bf16 (V = 2, 4, 8: one 4-, 8- or 16-byte access).
-template <int V> struct Vec;
-template <> struct Vec<2> { typedef unsigned T; };
-template <> struct Vec<4> { typedef uint2 T; };
-template <> struct Vec<8> { typedef uint4 T; };
+extern "C" __global__ void qk_norm_rope_store(
+    const bf16* qkv, const bf16* q_w, const bf16* k_w, const int* pos, const int* slots,
+    bf16* q_out, bf16* cache, int nh, int nkv, int hd, int block_size, float eps, const float* inv_freq, float attn_scale) {
+    qk_norm_rope_store_any(qkv, q_w, k_w, pos, slots, q_out, cache, nh, nkv, hd, block_size, eps, inv_freq, attn_scale,
+                           1.f, 1.f);
+}
+
+extern "C" __global__ void qk_norm_rope_store_fp8(
+    const bf16* qkv, const bf16* q_w, const bf16* k_w, const int* pos, const int* slots, bf16* q_out, fp8* cache,
+    int nh, int nkv, int hd, int block_size, float eps, const float* inv_freq, float attn_scale, float k_scale,
+    float v_scale) {
+    qk_norm_rope_store_any(qkv, q_w, k_w, pos, slots, q_out, cache, nh, nkv, hd, block_size, eps, inv_freq, attn_scale,
+                           k_scale, v_scale);
+}
+
+// A word of 2 to 16 bytes: V consecutive bf16 (2 V bytes) or e4m3 (V
+// bytes) in one access.
+template <int Bytes> struct Word;
+template <> struct Word<2> { typedef unsigned short T; };
+template <> struct Word<4> { typedef unsigned T; };
+template <> struct Word<8> { typedef uint2 T; };
+template <> struct Word<16> { typedef uint4 T; };
+
+// V cache elements of one lane from their computed values, in one store.
+template <int V>
+__device__ __forceinline__ void put_kv_row(bf16* dst, const float* y, float) {
+    typename Word<2 * V>::T out;
+    bf16* ob = (bf16*)&out;
+#pragma unroll
+    for (int i = 0; i < V; i++) ob[i] = to_bf(y[i]);
+    *(typename Word<2 * V>::T*)dst = out;
+}
+template <int V>
+__device__ __forceinline__ void put_kv_row(fp8* dst, const float* y, float scale) {
+    typename Word<V>::T out;
+    fp8* ob = (fp8*)&out;
+#pragma unroll
+    for (int i = 0; i < V; i++) ob[i] = to_e4m3(round_bf(y[i]) / scale);
+    *(typename Word<V>::T*)dst = out;
+}
 
 // hd = 32 V: lane l holds elements [l V, l V + V) of a head in registers,
 // its rotate-half partners in lane l ^ 16; vector loads and stores, no
 // shared staging. Same arithmetic per element as the kernel above (the
 // RMS sum adds in another order).
-template <int V>
+template <int V, typename C>
 __device__ __forceinline__ void qk_norm_rope_store_vec(
     const bf16* qkv, const bf16* q_w, const bf16* k_w, const int* pos, const int* slots,
-    bf16* q_out, bf16* cache, int nh, int nkv, int block_size, float eps, const float* inv_freq, float attn_scale) {
-    typedef typename Vec<V>::T VT;
+    bf16* q_out, C* cache, int nh, int nkv, int block_size, float eps, const float* inv_freq, float attn_scale,
+    float k_scale, float v_scale) {
+    typedef typename Word<2 * V>::T VT;
     constexpr int hd = 32 * V, half = hd / 2;
     __shared__ float cos_t[half], sin_t[half];
     const int nwarps = blockDim.x >> 5;
@@ -170,15 +219,16 @@ __device__ __forceinline__ void qk_norm_rope_store_vec(
         if (j >= nh && slot < 0) continue;
         const bf16* src = qkv + ((size_t)t * heads + j) * hd;
         VT raw = *(const VT*)(src + e0);
-        bf16* dst = j < nh ? q_out + ((size_t)t * nh + j) * hd : kv_row(cache, slot, j, nh, nkv, hd, block_size);
+        const bf16* xb = (const bf16*)&raw;
+        float x[V];
         if (j >= nh + nkv) {
-            *(VT*)(dst + e0) = raw;
+#pragma unroll
+            for (int i = 0; i < V; i++) x[i] = to_f(xb[i]);
+            put_kv_row<V>(kv_row(cache, slot, j, nh, nkv, hd, block_size) + e0, x, v_scale);
             continue;
         }
-        const bf16* xb = (const bf16*)&raw;
         VT wraw = *(const VT*)((j < nh ? q_w : k_w) + e0);
         const bf16* wb = (const bf16*)&wraw;
-        float x[V];
         float ss = 0.f;
 #pragma unroll
         for (int i = 0; i < V; i++) {
@@ -186,17 +236,19 @@ __device__ __forceinline__ void qk_norm_rope_store_vec(
             ss += x[i] * x[i];
         }
         float r = rsqrtf(warp_sum(ss) / hd + eps);
-        VT out;
-        bf16* ob = (bf16*)&out;
 #pragma unroll
         for (int i = 0; i < V; i++) x[i] = round_bf(round_bf(x[i] * r) * to_f(wb[i]));
+        float y[V];
 #pragma unroll
         for (int i = 0; i < V; i++) {
             float partner = __shfl_xor_sync(0xffffffffu, x[i], 16);
             float c = cos_t[f0 + i], s = sin_t[f0 + i];
-            ob[i] = to_bf(first_half ? x[i] * c - partner * s : x[i] * c + partner * s);
+            y[i] = first_half ? x[i] * c - partner * s : x[i] * c + partner * s;
         }
-        *(VT*)(dst + e0) = out;
+        if (j < nh)
+            put_kv_row<V>(q_out + ((size_t)t * nh + j) * hd + e0, y, 1.f);
+        else
+            put_kv_row<V>(kv_row(cache, slot, j, nh, nkv, hd, block_size) + e0, y, k_scale);
     }
 }
 
@@ -205,7 +257,14 @@ __device__ __forceinline__ void qk_norm_rope_store_vec(
         const bf16* qkv, const bf16* q_w, const bf16* k_w, const int* pos, const int* slots, bf16* q_out, bf16* cache,   \
         int nh, int nkv, int block_size, float eps, const float* inv_freq, float attn_scale) {                           \
         qk_norm_rope_store_vec<V>(qkv, q_w, k_w, pos, slots, q_out, cache, nh, nkv, block_size, eps, inv_freq,           \
-                                  attn_scale);                                                                           \
+                                  attn_scale, 1.f, 1.f);                                                                 \
+    }                                                                                                                    \
+    extern "C" __global__ void qk_norm_rope_store_fp8_v##V(                                                              \
+        const bf16* qkv, const bf16* q_w, const bf16* k_w, const int* pos, const int* slots, bf16* q_out, fp8* cache,    \
+        int nh, int nkv, int block_size, float eps, const float* inv_freq, float attn_scale, float k_scale,              \
+        float v_scale) {                                                                                                 \
+        qk_norm_rope_store_vec<V>(qkv, q_w, k_w, pos, slots, q_out, cache, nh, nkv, block_size, eps, inv_freq,           \
+                                  attn_scale, k_scale, v_scale);                                                         \
     }
 QK_VEC(2)
 QK_VEC(4)
@@ -260,18 +319,50 @@ extern "C" __global__ void gather_rows(const bf16* __restrict__ x, const unsigne
 
 // Copies the K and V rows of n tokens out of one layer of the paged pool
 // (block b = [K | V], each [block_size][row]; token t at slot
-// slots[t] = block * block_size + offset) into contiguous [n][row] buffers.
-// row = KV heads x head_dim, a multiple of 8. grid-stride over 16-byte
-// vectors.
-extern "C" __global__ void kv_gather(const bf16* __restrict__ layer, const unsigned* __restrict__ slots, int n,
-                                     bf16* __restrict__ k_out, bf16* __restrict__ v_out, int row, int block_size) {
-    const int vecs = row / 8;
+// slots[t] = block * block_size + offset) into contiguous bf16 [n][row]
+// buffers. row = KV heads x head_dim, a multiple of 8 (bf16) or 16 (an
+// e4m3 cache, read back as e4m3 x k_scale / v_scale). grid-stride over
+// 16-byte vectors of the cache.
+__device__ __forceinline__ void widen_row(const bf16* src, bf16* dst, float) { *(uint4*)dst = *(const uint4*)src; }
+__device__ __forceinline__ void widen_row(const fp8* src, bf16* dst, float scale) {
+    uint4 lo, hi;
+    e4m3x16_widen<false>(*(const uint4*)src, lo, hi);
+    if (scale != 1.f) {
+        bf16* e = (bf16*)&lo;
+        bf16* f = (bf16*)&hi;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            e[i] = to_bf(to_f(e[i]) * scale);
+            f[i] = to_bf(to_f(f[i]) * scale);
+        }
+    }
+    *(uint4*)dst = lo;
+    *(uint4*)(dst + 8) = hi;
+}
+
+template <typename C>
+__device__ __forceinline__ void kv_gather_any(const C* __restrict__ layer, const unsigned* __restrict__ slots, int n,
+                                              bf16* __restrict__ k_out, bf16* __restrict__ v_out, int row, int block_size,
+                                              float k_scale, float v_scale) {
+    constexpr int W = 16 / sizeof(C);  // elements of one 16-byte vector
+    const int vecs = row / W;
     const size_t total = (size_t)n * vecs;
     for (size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (size_t)gridDim.x * blockDim.x) {
         const size_t t = e / vecs, c = e % vecs;
         const unsigned s = slots[t];
-        const bf16* src = layer + ((size_t)(s / block_size) * 2 * block_size + s % block_size) * row + c * 8;
-        *(uint4*)(k_out + t * row + c * 8) = *(const uint4*)src;
-        *(uint4*)(v_out + t * row + c * 8) = *(const uint4*)(src + (size_t)block_size * row);
+        const C* src = layer + ((size_t)(s / block_size) * 2 * block_size + s % block_size) * row + c * W;
+        widen_row(src, k_out + t * row + c * W, k_scale);
+        widen_row(src + (size_t)block_size * row, v_out + t * row + c * W, v_scale);
     }
+}
+
+extern "C" __global__ void kv_gather(const bf16* __restrict__ layer, const unsigned* __restrict__ slots, int n,
+                                     bf16* __restrict__ k_out, bf16* __restrict__ v_out, int row, int block_size) {
+    kv_gather_any(layer, slots, n, k_out, v_out, row, block_size, 1.f, 1.f);
+}
+
+extern "C" __global__ void kv_gather_fp8(const fp8* __restrict__ layer, const unsigned* __restrict__ slots, int n,
+                                         bf16* __restrict__ k_out, bf16* __restrict__ v_out, int row, int block_size,
+                                         float k_scale, float v_scale) {
+    kv_gather_any(layer, slots, n, k_out, v_out, row, block_size, k_scale, v_scale);
 }

@@ -158,9 +158,9 @@ typename Dense::Gemm::Arguments dense_arguments(const kvc_fp8_gemm_args& a) {
     typename Dense::Gemm::Arguments args{
         cutlass::gemm::GemmUniversalMode::kGemm,
         {m, n, k, 1},
-        {reinterpret_cast<const E4m3*>(a.a), stride_a, reinterpret_cast<const E4m3*>(a.w), stride_b,
-         reinterpret_cast<const float*>(a.sa), layout_sfa, reinterpret_cast<const float*>(a.sw), layout_sfb},
-        {{}, nullptr, stride_d, reinterpret_cast<Bf16*>(a.d), stride_d},
+        {reinterpret_cast<const E4m3*>(a.op.a), stride_a, reinterpret_cast<const E4m3*>(a.op.w), stride_b,
+         reinterpret_cast<const float*>(a.op.sa), layout_sfa, reinterpret_cast<const float*>(a.op.sw), layout_sfb},
+        {{}, nullptr, stride_d, reinterpret_cast<Bf16*>(a.op.d), stride_d},
         hardware()};
     args.epilogue.thread.alpha = 1.0f;
     args.epilogue.thread.beta = 0.0f;
@@ -176,12 +176,12 @@ int dense_shape_ok(int m, int n, int k, char* err, size_t errlen) {
 
 int dense_run(const kvc_fp8_gemm_args* a, cudaStream_t stream, char* err, size_t errlen) {
     if (dense_shape_ok(a->m, a->n, a->k, err, errlen)) return 1;
-    if ((a->a | a->w | a->d) % 16 || (a->sa | a->sw) % 4)
+    if ((a->op.a | a->op.w | a->op.d) % 16 || (a->op.sa | a->op.sw) % 4)
         return fail(err, errlen, "kvc_fp8_gemm_run", "a, w, d must be 16-byte aligned, the scales 4-byte");
     auto args = dense_arguments(*a);
     size_t need = Dense::Gemm::get_workspace_size(args);
-    if (a->workspace_bytes < need) return fail(err, errlen, "kvc_fp8_gemm_run", "workspace too small");
-    return kvc_cutlass::run_gemm<Dense::Gemm>(args, reinterpret_cast<void*>(a->workspace), stream, err, errlen);
+    if (a->op.workspace_bytes < need) return fail(err, errlen, "kvc_fp8_gemm_run", "workspace too small");
+    return kvc_cutlass::run_gemm<Dense::Gemm>(args, reinterpret_cast<void*>(a->op.workspace), stream, err, errlen);
 }
 
 // ---------------------------------------------------------------------------
@@ -257,17 +257,17 @@ int grouped_run(const kvc_fp8_grouped_args* a, cudaStream_t stream, char* err, s
     if (a->experts <= 0 || a->n <= 0 || a->k <= 0) return fail(err, errlen, "kvc_fp8_grouped_run", "empty problem");
     if (a->n % 16) return fail(err, errlen, "kvc_fp8_grouped_run", "n must be a multiple of 16");
     if (a->k % kBlock) return fail(err, errlen, "kvc_fp8_grouped_run", "k must be a multiple of 128");
-    if ((a->a | a->w | a->d | a->workspace) % 16 || (a->sa | a->sw) % 4)
+    if ((a->op.a | a->op.w | a->op.d | a->op.workspace) % 16 || (a->op.sa | a->op.sw) % 4)
         return fail(err, errlen, "kvc_fp8_grouped_run", "a, w, d, workspace must be 16-byte aligned, the scales 4-byte");
-    if (a->workspace_bytes < grouped_workspace_bytes(a->experts))
+    if (a->op.workspace_bytes < grouped_workspace_bytes(a->experts))
         return fail(err, errlen, "kvc_fp8_grouped_run", "workspace too small");
     GroupedLayout l(a->experts);
-    char* base = reinterpret_cast<char*>(a->workspace);
+    char* base = reinterpret_cast<char*>(a->op.workspace);
     int threads = 128;
     fill_groups<<<(a->experts + threads - 1) / threads, threads, 0, stream>>>(
-        a->experts, a->n, a->k, reinterpret_cast<const uint32_t*>(a->offsets), reinterpret_cast<const E4m3*>(a->a),
-        reinterpret_cast<const float*>(a->sa), reinterpret_cast<const E4m3*>(a->w),
-        reinterpret_cast<const float*>(a->sw), reinterpret_cast<Bf16*>(a->d), base, l);
+        a->experts, a->n, a->k, reinterpret_cast<const uint32_t*>(a->offsets), reinterpret_cast<const E4m3*>(a->op.a),
+        reinterpret_cast<const float*>(a->op.sa), reinterpret_cast<const E4m3*>(a->op.w),
+        reinterpret_cast<const float*>(a->op.sw), reinterpret_cast<Bf16*>(a->op.d), base, l);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return fail(err, errlen, "fill_groups launch", cudaGetErrorString(e));
     return kvc_cutlass::run_gemm<Grouped::Gemm>(grouped_arguments(a->experts, base), base + l.cutlass, stream, err,
@@ -626,6 +626,13 @@ int prepare(Arena& ar, int rows, int experts, int n, int k, uint64_t seed, Opera
     return 0;
 }
 
+// The GEMM operands of a self-test's buffers: its quantized rows and
+// weights, its output, the scratch `ws` of `bytes`.
+kvc_fp8_operands operands(const Operands& o, char* ws, uint64_t bytes) {
+    auto addr = [](const void* p) { return reinterpret_cast<uint64_t>(p); };
+    return kvc_fp8_operands{addr(o.q), addr(o.s), addr(o.wq), addr(o.sw), addr(o.d), addr(ws), bytes};
+}
+
 int dense_selftest(int m, int n, int k, int iters, kvc_fp8_selftest_result* out, char* err, size_t errlen) {
     memset(out, 0, sizeof *out);
     if (dense_shape_ok(m, n, k, err, errlen)) return 1;
@@ -644,16 +651,10 @@ int dense_selftest(int m, int n, int k, int iters, kvc_fp8_selftest_result* out,
     a.m = m;
     a.n = n;
     a.k = k;
-    a.a = reinterpret_cast<uint64_t>(q);
-    a.sa = reinterpret_cast<uint64_t>(s);
-    a.w = reinterpret_cast<uint64_t>(wq);
-    a.sw = reinterpret_cast<uint64_t>(sw);
-    a.d = reinterpret_cast<uint64_t>(d);
     uint64_t ws_bytes = 0;
     if (kvc_fp8_gemm_workspace(m, n, k, &ws_bytes, err, errlen)) return 1;
     KVC_CK(ar.alloc(&ws, ws_bytes));
-    a.workspace = reinterpret_cast<uint64_t>(ws);
-    a.workspace_bytes = ws_bytes;
+    a.op = operands(o, ws, ws_bytes);
     if (dense_run(&a, ar.stream, err, errlen)) return 1;
     reference_gemm<<<dim3(ceil_div(n, kRefTile), ceil_div(m, kRefTile)), 256, 0, ar.stream>>>(q, s, wq, sw, ref, m, n, k);
     KVC_CK(cudaGetLastError());
@@ -702,15 +703,9 @@ int grouped_selftest(int experts, int tokens, int topk, int n, int k, int iters,
     a.n = n;
     a.k = k;
     a.offsets = reinterpret_cast<uint64_t>(offsets);
-    a.a = reinterpret_cast<uint64_t>(q);
-    a.sa = reinterpret_cast<uint64_t>(s);
-    a.w = reinterpret_cast<uint64_t>(wq);
-    a.sw = reinterpret_cast<uint64_t>(sw);
-    a.d = reinterpret_cast<uint64_t>(d);
     uint64_t ws_bytes = grouped_workspace_bytes(experts);
     KVC_CK(ar.alloc(&ws, ws_bytes));
-    a.workspace = reinterpret_cast<uint64_t>(ws);
-    a.workspace_bytes = ws_bytes;
+    a.op = operands(o, ws, ws_bytes);
     if (grouped_run(&a, ar.stream, err, errlen)) return 1;
     for (int e = 0; e < experts; ++e) {
         int m = static_cast<int>(counts[e]);

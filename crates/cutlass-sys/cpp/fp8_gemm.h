@@ -39,6 +39,21 @@ int kvc_fp8_quant_rows(uint64_t x, uint64_t q, uint64_t s, int32_t m, int32_t k,
 int kvc_fp8_quant_blocks(uint64_t w, uint64_t q, uint64_t sw, int32_t experts, int32_t n, int32_t k, void* stream,
                          char* err, size_t errlen);
 
+// The operands of both GEMMs below: quantized rows and their scales,
+// block-FP8 weights and theirs, the bf16 output, device scratch. Shapes
+// for the dense call ([experts, ...] weights and [rows, ...] rows for the
+// grouped one).
+typedef struct {
+    uint64_t a;   // [m, k] e4m3
+    uint64_t sa;  // [m, k / 128] f32
+    uint64_t w;   // [n, k] e4m3
+    uint64_t sw;  // [ceil(n / 128), k / 128] f32
+    uint64_t d;   // [m, n] bf16
+    // Device scratch of the call's *_workspace() bytes, 256-aligned.
+    uint64_t workspace;
+    uint64_t workspace_bytes;
+} kvc_fp8_operands;
+
 // Dense: d[m, n] = a_q . w_q^T with the block scales (see above).
 // m >= 1; n a multiple of 16; k a multiple of 128.
 typedef struct {
@@ -46,14 +61,7 @@ typedef struct {
     int32_t n;
     int32_t k;
     int32_t reserved;
-    uint64_t a;   // [m, k] e4m3
-    uint64_t sa;  // [m, k / 128] f32
-    uint64_t w;   // [n, k] e4m3
-    uint64_t sw;  // [ceil(n / 128), k / 128] f32
-    uint64_t d;   // [m, n] bf16
-    // Device scratch of kvc_fp8_gemm_workspace() bytes, 256-aligned.
-    uint64_t workspace;
-    uint64_t workspace_bytes;
+    kvc_fp8_operands op;
 } kvc_fp8_gemm_args;
 
 int kvc_fp8_gemm_workspace(int32_t m, int32_t n, int32_t k, uint64_t* bytes, char* err, size_t errlen);
@@ -70,13 +78,7 @@ typedef struct {
     int32_t k;
     int32_t reserved;
     uint64_t offsets;
-    uint64_t a;   // [rows, k] e4m3
-    uint64_t sa;  // [rows, k / 128] f32
-    uint64_t w;   // [experts, n, k] e4m3
-    uint64_t sw;  // [experts, ceil(n / 128), k / 128] f32
-    uint64_t d;   // [rows, n] bf16
-    uint64_t workspace;
-    uint64_t workspace_bytes;
+    kvc_fp8_operands op;
 } kvc_fp8_grouped_args;
 
 int kvc_fp8_grouped_workspace(int32_t experts, uint64_t* bytes, char* err, size_t errlen);

@@ -44,12 +44,22 @@ pub struct DenseArgs {
     pub n: i32,
     pub k: i32,
     pub reserved: i32,
+    pub op: Operands,
+}
+
+/// The device operands of either GEMM (kvc_fp8_operands): `a` e4m3 rows,
+/// `sa` their f32 group scales, `w` e4m3 weights, `sw` their block
+/// scales, `d` the bf16 output, and `workspace_bytes` of device scratch at
+/// `workspace` ([`dense_workspace_bytes`] / [`grouped_workspace_bytes`],
+/// 256-byte aligned).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Operands {
     pub a: u64,
     pub sa: u64,
     pub w: u64,
     pub sw: u64,
     pub d: u64,
-    /// [`dense_workspace_bytes`] of device scratch, 256-byte aligned.
     pub workspace: u64,
     pub workspace_bytes: u64,
 }
@@ -67,14 +77,7 @@ pub struct GroupedArgs {
     pub k: i32,
     pub reserved: i32,
     pub offsets: u64,
-    pub a: u64,
-    pub sa: u64,
-    pub w: u64,
-    pub sw: u64,
-    pub d: u64,
-    /// [`grouped_workspace_bytes`] of device scratch, 256-byte aligned.
-    pub workspace: u64,
-    pub workspace_bytes: u64,
+    pub op: Operands,
 }
 
 /// What a self-test measured (kvc_fp8_selftest_result).

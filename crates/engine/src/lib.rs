@@ -34,10 +34,10 @@ pub mod step_model;
 pub use admission::{decide_admission, AdmissionDecision, AdmissionQuery};
 pub use command::{PrefixCacheReset, SnapshotSlot};
 pub use config::EngineConfig;
-pub use kv_cache_dtype::KvCacheDtype;
 pub use engine_loop::stall_reasons;
 pub use error::EngineError;
 pub use handle::{CancelGuard, EngineHandle, ModelInfo, RequestStream};
+pub use kv_cache_dtype::KvCacheDtype;
 pub use kv_handoff::{KvLease, Reservation, SnapshotJob};
 pub use kvc_model_loading::model_source::{LoadFormat, ModelSource, EMBEDDED_CONFIG, EMBEDDED_MODEL_NAME};
 /// How a client's session id is scoped by tenant and salt (the server's

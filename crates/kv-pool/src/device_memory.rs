@@ -24,6 +24,7 @@ pub(crate) fn region(t: &Tensor) -> Option<MemoryRegion> {
         DType::F16 => address::<f16>(cs)?,
         DType::F32 => address::<f32>(cs)?,
         DType::U8 => address::<u8>(cs)?,
+        DType::F8E4M3 => address::<float8::F8E4M3>(cs)?,
         _ => return None,
     };
     let bytes = t.dtype().size_in_bytes();

@@ -11,7 +11,7 @@ use common::{
     alone_and_batched, argmax, cases, fixture_dir, gpu, rel_err, run_chunk, scattered_table, Case, BLOCK_SIZE, FIXTURES, ROPE_FIXTURES,
 };
 
-use candle_core::{DType, Tensor};
+use candle_core::{DType, Device, Tensor};
 use kvc_kv_pool::{BlockId, KvStorage};
 use kvc_model_qwen3::cuda::{CutlassTiling, GpuMoe, Kernels, MoeGemm};
 use kvc_model_qwen3::{BatchInput, Qwen3Config, Qwen3Model, SeqChunk, QWEN3_30B_A3B};
@@ -26,9 +26,6 @@ const BF16_REL_TOL: f64 = 5e-2;
 #[ignore = "needs a CUDA device: run with scripts/gpu_run.sh"]
 fn fixtures_match_transformers_within_bf16_tolerance_and_greedy_agrees() {
     let _ = IGNORE;
-    let dev = gpu();
-    let mut worst = 0f64;
-    let (mut agree, mut total, mut near_ties) = (0, 0, 0);
     // Scaled RoPE too (yarn, linear: cases 3.6x past the original window).
     // Not moe-yarn-hub: in bf16 a near-tie in its routing flips, and the
     // CPU path in bf16 misses transformers' f32 logits by 0.16 on its
@@ -36,12 +33,41 @@ fn fixtures_match_transformers_within_bf16_tolerance_and_greedy_agrees() {
     // (tests/reference.rs), and gpu_layers.rs holds the kernel's YaRN
     // rotation to an f64 reference at production head sizes.
     let scaled = ROPE_FIXTURES.iter().filter(|n| !n.starts_with("moe-"));
-    for name in FIXTURES.iter().chain(scaled) {
+    let names: Vec<&str> = FIXTURES.iter().chain(scaled).copied().collect();
+    fixtures_against_transformers(&names, DType::BF16, BF16_REL_TOL);
+}
+
+/// Logits within this relative error of transformers' with an FP8 KV
+/// cache (e4m3 carries 3 mantissa bits against bf16's 7; H200, 2026-12-03:
+/// worst 0.073 over these fixtures).
+const FP8_KV_REL_TOL: f64 = 0.1;
+
+/// The fixtures whose heads an FP8 cache takes (head dim 16) on an FP8 KV
+/// cache: transformers' logits (full-precision K/V) within
+/// [`FP8_KV_REL_TOL`], every greedy choice transformers' or a near-tie
+/// (34 of 36 equal on the H200; the tiny random fixtures have close
+/// logits, so no share is asserted).
+#[test]
+#[ignore = "needs a CUDA device: run with scripts/gpu_run.sh"]
+fn fixtures_on_an_fp8_kv_cache_stay_near_transformers_and_greedy_agrees() {
+    let (agree, total) = fixtures_against_transformers(&["dense", "dense-yarn", "moe-norm"], DType::F8E4M3, FP8_KV_REL_TOL);
+    assert!(agree > 0 && total > 0, "FP8 KV cache: greedy {agree}/{total} equal to transformers'");
+}
+
+/// Teacher-forces every case of `names` on the GPU over a KV pool of
+/// `kv_dtype`: logits within `tol` of transformers' at every step, greedy
+/// choices equal unless a near-tie. Returns (greedy equal, positions).
+fn fixtures_against_transformers(names: &[&str], kv_dtype: DType, tol: f64) -> (usize, usize) {
+    let dev = gpu();
+    let mut worst = 0f64;
+    let (mut agree, mut total, mut near_ties) = (0, 0, 0);
+    for name in names {
         let model = Qwen3Model::load(&fixture_dir(name), Some(DType::BF16), &dev).unwrap();
         for (ci, case) in cases(name).iter().enumerate() {
             let n = case.prompt.len() + case.greedy.len();
             let nb = 2 * n.div_ceil(BLOCK_SIZE) + 1;
-            let mut kv = KvStorage::new_on(model.kv_layout(BLOCK_SIZE), nb, &dev).unwrap();
+            let layout = kvc_kv_pool::KvLayout { dtype: kv_dtype, ..model.kv_layout(BLOCK_SIZE) };
+            let mut kv = KvStorage::new_on(layout, nb, &dev).unwrap();
             let table = scattered_table(n, nb);
             // Teacher-forced on the reference tokens: logits at every step.
             let mut seq = case.prompt.clone();
@@ -50,7 +76,7 @@ fn fixtures_match_transformers_within_bf16_tolerance_and_greedy_agrees() {
                 let r = &case.logits[step];
                 let e = rel_err(&logits, r);
                 worst = worst.max(e);
-                assert!(e < BF16_REL_TOL, "{name} case {ci} step {step}: relative error {e:.4}");
+                assert!(e < tol, "{name} case {ci} step {step} ({kv_dtype:?} KV): relative error {e:.4}");
                 // Greedy: our choice must be the reference's, unless the
                 // reference's top two are closer than our error allows.
                 let ours = argmax(&logits);
@@ -72,7 +98,10 @@ fn fixtures_match_transformers_within_bf16_tolerance_and_greedy_agrees() {
             }
         }
     }
-    println!("fixtures on GPU (bf16): worst relative logit error {worst:.5}; greedy {agree}/{total} equal, {near_ties} near-ties");
+    println!(
+        "fixtures on GPU (bf16, {kv_dtype:?} KV): worst relative logit error {worst:.5}; greedy {agree}/{total} equal, {near_ties} near-ties"
+    );
+    (agree, total)
 }
 
 /// Every expert GEMM path, forced in turn: (name, CUDA-core kernel's pair
@@ -414,11 +443,53 @@ fn decode_steps_through_cuda_graphs_match_the_eager_pass_and_the_reference() {
 /// the bandwidth each way, printed for docs/benchmarks.md. Copies issued
 /// by `flush_async` (write-back, restores) leave the compute stream
 /// running beside them, where a plain flush makes it wait.
+/// An FP8 (e4m3) pool through the pinned host tier: scattered blocks out
+/// and back into other blocks bit for bit, moving half of a bf16 pool's
+/// bytes per block.
+#[test]
+#[ignore = "needs a CUDA device: run with scripts/gpu_run.sh"]
+fn pinned_host_tier_round_trips_an_fp8_pool_bit_exact_in_half_the_bytes() {
+    use kvc_kv_pool::{HostArena, KvLayout, PinnedArena};
+    let dev = gpu();
+    let bf16 = KvLayout { num_layers: 4, num_kv_heads: 4, head_dim: 128, block_size: 16, dtype: DType::BF16 };
+    let layout = KvLayout { dtype: DType::F8E4M3, ..bf16 };
+    let nb = 300usize;
+    let n = layout.num_layers * nb * layout.block_elems();
+    // e4m3 values over the whole range, saturated at +-448, no NaN (cast
+    // on the host: candle's CUDA casts have no e4m3).
+    let values = Tensor::randn(0f32, 100.0, n, &Device::Cpu).unwrap().clamp(-448f32, 448f32).unwrap();
+    let t = values.to_dtype(DType::F8E4M3).unwrap().to_device(&dev).unwrap();
+    let mut storage = KvStorage::from_device_tensor(layout, nb, t.clone()).unwrap();
+    let mut arena = PinnedArena::new(&storage, 64).unwrap();
+    let blocks: Vec<BlockId> = (0..40).map(|i| (3 + 7 * i) as BlockId).collect();
+    for (slot, &b) in blocks.iter().enumerate() {
+        arena.store(&storage, b, slot as u32);
+    }
+    for (slot, &b) in blocks.iter().enumerate() {
+        arena.load(&mut storage, slot as u32, b + 1);
+    }
+    arena.flush();
+    arena.synchronize().unwrap();
+    dev.synchronize().unwrap();
+    let host = t.to_device(&Device::Cpu).unwrap().to_dtype(DType::F32).unwrap().to_vec1::<f32>().unwrap();
+    let be = layout.block_elems();
+    for layer in 0..layout.num_layers {
+        for &b in &blocks {
+            let (src, dst) = (layout.block_offset(nb, layer, b as usize), layout.block_offset(nb, layer, b as usize + 1));
+            let differ = (0..be).filter(|&i| host[src + i].to_bits() != host[dst + i].to_bits()).count();
+            assert_eq!(differ, 0, "layer {layer}, block {b}: {differ} of {be} elements changed in the round trip");
+        }
+    }
+    let per_block = layout.bytes_per_block() as u64;
+    assert_eq!(2 * per_block, bf16.bytes_per_block() as u64, "an e4m3 block is half a bf16 one");
+    assert_eq!(arena.bytes_moved(), (blocks.len() as u64 * per_block, blocks.len() as u64 * per_block));
+}
+
 #[test]
 #[ignore = "needs a CUDA device: run with scripts/gpu_run.sh"]
 fn pinned_host_tier_round_trips_blocks_bit_exact_and_reports_bandwidth() {
-    use kvc_kv_pool::{HostArena, KvLayout};
     use kvc_kv_pool::PinnedArena;
+    use kvc_kv_pool::{HostArena, KvLayout};
     use rand::seq::SliceRandom;
     let dev = gpu();
     let layout = KvLayout { num_layers: 48, num_kv_heads: 4, head_dim: 128, block_size: 16, dtype: DType::BF16 };

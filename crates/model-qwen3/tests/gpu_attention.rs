@@ -1,6 +1,8 @@
 //! The attention kernels alone on a real GPU, against an f64 reference on
 //! the host: kvc's prefill and decode kernels, the cuDNN prefill route
-//! (gathered and paged), decode at serving sizes. Ignored by default (CI
+//! (gathered and paged), decode at serving sizes; over a bf16 pool and an
+//! FP8 (e4m3) one, whose reference is the quantize-dequantize result the
+//! pool reads back. Ignored by default (CI
 //! has no GPU): `scripts/gpu_run.sh tests` runs them on the lent H200.
 #![cfg(feature = "cuda")]
 
@@ -10,7 +12,7 @@ use candle_core::{DType, Device, Tensor};
 use common::{gpu, rel_err};
 use kvc_kv_pool::{BlockId, KvLayout, KvStorage};
 use kvc_model_qwen3::cuda::{
-    ptr, set_decode_kernel_v1, AttentionPlan, CudnnAttention, Kernels, PagedAttention, PrefillBackend, PrefillContext,
+    ptr, set_decode_kernel_v1, AttentionPlan, CacheFormat, CudnnAttention, Kernels, PagedAttention, PrefillBackend, PrefillContext,
 };
 use kvc_model_qwen3::{BatchInput, SeqChunk};
 use rand::{Rng, SeedableRng};
@@ -74,12 +76,35 @@ fn shuffled_tables(ctxs: &[usize], bs: usize, num_blocks: usize, rng: &mut rand:
 /// (heads, kv heads, head dim, block size, [(new tokens, context)])
 type AttentionShape<'a> = (usize, usize, usize, usize, &'a [(usize, usize)]);
 
+/// The pools the attention tests read: bf16, and FP8 with layer scales
+/// other than 1 (K / 0.5 and V / 2 stored in e4m3).
+const POOLS: [(DType, (f32, f32)); 2] = [(DType::BF16, (1.0, 1.0)), (DType::F8E4M3, (0.5, 2.0))];
+
+/// f32 values of a host tensor.
+fn host_f32(t: &Tensor) -> Vec<f32> {
+    t.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap()
+}
+
 /// Runs one batch per shape through the attention route of `backend`
-/// (None: kvc's kernels only) on random data in a pool with shuffled block
-/// tables, and compares every sequence with an f64 reference. With a cuDNN
-/// backend, `cudnn_head_dims` lists the head dims cuDNN must take (a
-/// missing cuDNN is a failure, not a skip).
+/// (None: kvc's kernels only) on random data in a pool of `pool_dtype`
+/// with shuffled block tables, and compares every sequence with an f64
+/// reference over the K/V the pool reads back (for FP8: e4m3 x scale).
+/// With a cuDNN backend, `cudnn_head_dims` lists the head dims cuDNN must
+/// take (a missing cuDNN is a failure, not a skip). An FP8 pool skips the
+/// head dims it refuses (not a multiple of 16).
 fn check_attention(backend: Option<PrefillBackend>, shapes: &[AttentionShape], cudnn_head_dims: &[usize]) {
+    for (dtype, scales) in POOLS {
+        check_attention_over(backend, shapes, cudnn_head_dims, dtype, scales);
+    }
+}
+
+fn check_attention_over(
+    backend: Option<PrefillBackend>,
+    shapes: &[AttentionShape],
+    cudnn_head_dims: &[usize],
+    pool_dtype: DType,
+    scales: (f32, f32),
+) {
     let dev = gpu();
     let kernels = Kernels::load(dev.as_cuda_device().unwrap()).unwrap();
     let cudnn = backend.map(|b| {
@@ -87,11 +112,13 @@ fn check_attention(backend: Option<PrefillBackend>, shapes: &[AttentionShape], c
             .expect("cuDNN must load for this test: put cuDNN 9's lib directory on LD_LIBRARY_PATH (scripts/gpu_run.sh does)")
     });
     let mut rng = rand::rngs::StdRng::seed_from_u64(42);
-    for &(nh, nkv, hd, bs, seqs) in shapes {
+    let fp8 = pool_dtype == DType::F8E4M3;
+    for &(nh, nkv, hd, bs, seqs) in shapes.iter().filter(|s| !fp8 || s.2 % 16 == 0) {
         let blocks_needed: usize = seqs.iter().map(|&(_, c)| c.div_ceil(bs)).sum();
         let nb = blocks_needed * 2 + 3;
-        let layout = KvLayout { num_layers: 2, num_kv_heads: nkv, head_dim: hd, block_size: bs, dtype: DType::BF16 };
+        let layout = KvLayout { num_layers: 2, num_kv_heads: nkv, head_dim: hd, block_size: bs, dtype: pool_dtype };
         let mut kv = KvStorage::new_on(layout, nb, &dev).unwrap();
+        kv.set_kv_scales(vec![(1.0, 1.0), scales]).unwrap();
         // Shuffled, non-contiguous block tables.
         let ctxs: Vec<usize> = seqs.iter().map(|&(_, c)| c).collect();
         let tables = shuffled_tables(&ctxs, bs, nb, &mut rng);
@@ -101,13 +128,14 @@ fn check_attention(backend: Option<PrefillBackend>, shapes: &[AttentionShape], c
             let k = Tensor::randn(0f32, 1.0, (c, nkv, hd), &Device::Cpu).unwrap().to_dtype(DType::BF16).unwrap();
             let v = Tensor::randn(0f32, 1.0, (c, nkv, hd), &Device::Cpu).unwrap().to_dtype(DType::BF16).unwrap();
             let slots: Vec<usize> = (0..c).map(|p| tables[i][p / bs] as usize * bs + p % bs).collect();
+            // (Host tensors: an FP8 pool quantizes them on the host.)
             kv.write(layer, &slots, &k, &v).unwrap();
-            let f = |t: &Tensor| t.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
-            host_kv.push((f(&k), f(&v)));
+            let (k, v) = kv.gather(layer, &tables[i], c, &Device::Cpu).unwrap();
+            host_kv.push((host_f32(&k), host_f32(&v)));
         }
         let total: usize = seqs.iter().map(|s| s.0).sum();
         let q = Tensor::randn(0f32, 1.0, (total, nh * hd), &Device::Cpu).unwrap().to_dtype(DType::BF16).unwrap();
-        let qh = q.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let qh = host_f32(&q);
         let mut start = 0;
         let chunks: Vec<SeqChunk> = seqs
             .iter()
@@ -119,10 +147,12 @@ fn check_attention(backend: Option<PrefillBackend>, shapes: &[AttentionShape], c
             })
             .collect();
         let batch = BatchInput { tokens: vec![0; total], seqs: chunks, logits_rows: vec![0] };
-        let prefill = cudnn.as_ref().map(|attention| PrefillContext { attention, head_dim: hd, block_size: bs, num_blocks: nb });
+        let prefill =
+            cudnn.as_ref().map(|attention| PrefillContext { attention, fp8_cache: fp8, head_dim: hd, block_size: bs, num_blocks: nb });
         let cache = kv.device_tensor().unwrap();
         let attn = PagedAttention {
             layer_ptr: ptr(cache).unwrap() + (layer * nb * layout.layer_block_bytes()) as u64,
+            cache: CacheFormat::of(&kv, layer).unwrap(),
             block_size: bs,
             head_dim: hd,
             scale: 1.0 / (hd as f32).sqrt(),
@@ -157,13 +187,13 @@ fn check_attention(backend: Option<PrefillBackend>, shapes: &[AttentionShape], c
                     let e = rel_err(o, &refs[i]);
                     if round == 0 {
                         println!(
-                            "attention {backend:?} (cuDNN: {}, {name}) nh={nh} nkv={nkv} hd={hd} bs={bs} len={len} ctx={c}: relative error {e:.2e}",
+                            "attention {backend:?} {pool_dtype:?} pool (cuDNN: {}, {name}) nh={nh} nkv={nkv} hd={hd} bs={bs} len={len} ctx={c}: relative error {e:.2e}",
                             plan.uses_cudnn()
                         );
                     }
                     assert!(
                         e < 1e-2,
-                        "{backend:?} {name} nh={nh} nkv={nkv} hd={hd} bs={bs} seq {i} (len {len}, ctx {c}), launch {round}: relative error {e}"
+                        "{backend:?} {pool_dtype:?} {name} nh={nh} nkv={nkv} hd={hd} bs={bs} seq {i} (len {len}, ctx {c}), launch {round}: relative error {e}"
                     );
                     start += len;
                 }
@@ -185,33 +215,37 @@ fn decode_attention_at_serving_sizes_matches_reference_and_is_timed() {
     let kernels = Kernels::load(dev.as_cuda_device().unwrap()).unwrap();
     let mut rng = rand::rngs::StdRng::seed_from_u64(7);
     let (nh, nkv, hd, bs) = (32, 4, 128, 16);
-    for (batch, ctx) in [(64usize, 8192usize), (1, 32768), (1, 2048), (16, 8192), (64, 2048)] {
+    let sizes = [(64usize, 8192usize), (1, 32768), (1, 2048), (16, 8192), (64, 2048)];
+    for ((batch, ctx), (dtype, scales)) in sizes.into_iter().flat_map(|s| POOLS.map(|p| (s, p))) {
         let ctxs: Vec<usize> = (0..batch).map(|i| ctx - (i * 7) % 13).collect();
         let nb: usize = ctxs.iter().map(|c| c.div_ceil(bs)).sum::<usize>() + 1;
-        let layout = KvLayout { num_layers: 1, num_kv_heads: nkv, head_dim: hd, block_size: bs, dtype: DType::BF16 };
+        let layout = KvLayout { num_layers: 1, num_kv_heads: nkv, head_dim: hd, block_size: bs, dtype };
         let n = nb * layout.block_elems();
-        let cache = Tensor::randn(0f32, 1.0, n, &dev).unwrap().to_dtype(DType::BF16).unwrap();
-        let kv = KvStorage::from_device_tensor(layout, nb, cache).unwrap();
+        // Random bytes of the pool's dtype (an e4m3 pool: values of N(0, 1) / k_scale, made on the host).
+        let values = Tensor::randn(0f32, 1.0, n, &Device::Cpu).unwrap();
+        let cache = (values / scales.0 as f64).unwrap().to_dtype(dtype).unwrap().to_device(&dev).unwrap();
+        let mut kv = KvStorage::from_device_tensor(layout, nb, cache).unwrap();
+        kv.set_kv_scales(vec![scales]).unwrap();
         let tables = shuffled_tables(&ctxs, bs, nb, &mut rng);
         let chunks: Vec<SeqChunk> =
             ctxs.iter().enumerate().map(|(i, &c)| SeqChunk { start: i, len: 1, context_len: c, block_table: &tables[i] }).collect();
         let b = BatchInput { tokens: vec![0; batch], seqs: chunks, logits_rows: vec![0] };
         let q = Tensor::randn(0f32, 1.0, (batch, nh * hd), &dev).unwrap().to_dtype(DType::BF16).unwrap();
-        let qh = q.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let qh = host_f32(&q);
         let attn = PagedAttention {
             layer_ptr: ptr(kv.device_tensor().unwrap()).unwrap(),
+            cache: CacheFormat::of(&kv, 0).unwrap(),
             block_size: bs,
             head_dim: hd,
             scale: 1.0 / (hd as f32).sqrt(),
         };
-        let bytes: usize = ctxs.iter().sum::<usize>() * nkv * hd * 2 * 2;
+        let bytes: usize = ctxs.iter().sum::<usize>() * nkv * hd * 2 * dtype.size_in_bytes();
         let checked = [0, batch / 2, batch - 1];
         let refs: Vec<Vec<f32>> = checked
             .iter()
             .map(|&i| {
                 let (k, v) = kv.gather(0, &tables[i], ctxs[i], &Device::Cpu).unwrap();
-                let f = |t: &Tensor| t.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
-                reference_attention(&qh[i * nh * hd..(i + 1) * nh * hd], &f(&k), &f(&v), 1, ctxs[i], nh, nkv, hd)
+                reference_attention(&qh[i * nh * hd..(i + 1) * nh * hd], &host_f32(&k), &host_f32(&v), 1, ctxs[i], nh, nkv, hd)
             })
             .collect();
         for v1 in [false, true] {
@@ -222,7 +256,7 @@ fn decode_attention_at_serving_sizes_matches_reference_and_is_timed() {
             let out = out.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
             for (r, &i) in refs.iter().zip(&checked) {
                 let e = rel_err(&out[i * nh * hd..(i + 1) * nh * hd], r);
-                assert!(e < 1e-2, "{name} batch {batch} x {ctx}: sequence {i} relative error {e}");
+                assert!(e < 1e-2, "{name} {dtype:?} pool, batch {batch} x {ctx}: sequence {i} relative error {e}");
             }
             let iters = 20;
             dev.synchronize().unwrap();
@@ -233,7 +267,7 @@ fn decode_attention_at_serving_sizes_matches_reference_and_is_timed() {
             dev.synchronize().unwrap();
             let us = t0.elapsed().as_secs_f64() * 1e6 / iters as f64;
             println!(
-                "decode attention ({name}) batch {batch} x {ctx}: {us:.1} us per layer (launches included), {:.2} TB/s of K/V",
+                "decode attention ({name}, {dtype:?} pool) batch {batch} x {ctx}: {us:.1} us per layer (launches included), {:.2} TB/s of K/V",
                 bytes as f64 / us / 1e6
             );
         }

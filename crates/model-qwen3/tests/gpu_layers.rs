@@ -10,7 +10,7 @@ mod common;
 use candle_core::{DType, Device, Tensor};
 use common::gpu;
 use half::bf16;
-use kvc_model_qwen3::cuda::{moe_sum, ptr, silu_mul, Form, Kernels, RopeStore};
+use kvc_model_qwen3::cuda::{moe_sum, ptr, silu_mul, CacheFormat, Form, Kernels, RopeStore};
 use kvc_model_qwen3::{Rope, RopeScaling};
 use rand::{Rng, SeedableRng};
 
@@ -27,19 +27,21 @@ fn upload_bf16(v: &[f32], shape: &[usize], dev: &Device) -> Tensor {
 }
 
 fn host(t: &Tensor) -> Vec<f32> {
-    t.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1().unwrap()
+    // (Converted on the host: candle's CUDA casts lack e4m3 -> f32.)
+    t.to_device(&Device::Cpu).unwrap().to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1().unwrap()
 }
 
-fn kernels(dev: &Device) -> Kernels {
-    Kernels::load(dev.as_cuda_device().unwrap()).unwrap()
+/// A test's GPU, its kernels and a random source seeded with `seed`.
+fn setup(seed: u64) -> (Device, Kernels, rand::rngs::StdRng) {
+    let dev = gpu();
+    let k = Kernels::load(dev.as_cuda_device().unwrap()).unwrap();
+    (dev, k, rand::rngs::StdRng::seed_from_u64(seed))
 }
 
 #[test]
 #[ignore = "needs a CUDA device: run with scripts/gpu_run.sh"]
 fn silu_mul_vector_kernel_equals_the_scalar_one_and_the_host() {
-    let dev = gpu();
-    let k = kernels(&dev);
-    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let (dev, k, mut rng) = setup(7);
     // Qwen3-30B-A3B's expert width, and a row count no block size divides.
     for (rows, inter) in [(4099usize, 768usize), (3, 6144), (77, 8)] {
         let gu = randn(&mut rng, rows * 2 * inter, 6.0);
@@ -67,9 +69,7 @@ fn silu_mul_vector_kernel_equals_the_scalar_one_and_the_host() {
 #[test]
 #[ignore = "needs a CUDA device: run with scripts/gpu_run.sh"]
 fn moe_sum_vector_kernel_equals_the_scalar_one_and_the_host_bit_for_bit() {
-    let dev = gpu();
-    let k = kernels(&dev);
-    let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+    let (dev, k, mut rng) = setup(11);
     for (t, top_k, h, permuted) in [(1037usize, 8usize, 2048usize, true), (5, 8, 4096, false), (9, 2, 24, true)] {
         let pairs = t * top_k;
         let rows = randn(&mut rng, pairs * h, 4.0);
@@ -133,9 +133,7 @@ fn host_norm_rope(x: &[f32], w: &[f32], pos: u32, inv_freq: &[f32], scale: f64, 
 #[test]
 #[ignore = "needs a CUDA device: run with scripts/gpu_run.sh"]
 fn rope_store_vector_kernels_match_the_scalar_one_and_the_host_with_default_and_yarn_frequencies() {
-    let dev = gpu();
-    let k = kernels(&dev);
-    let mut rng = rand::rngs::StdRng::seed_from_u64(13);
+    let (dev, k, mut rng) = setup(13);
     let yarn = RopeScaling::Yarn {
         factor: 4.0,
         original_max_position_embeddings: 32768,
@@ -165,34 +163,51 @@ fn rope_store_vector_kernels_match_the_scalar_one_and_the_host_with_default_and_
             }
             let slots: Vec<u32> = (0..tokens).map(|i| if i % 5 == 4 { u32::MAX } else { free[i] }).collect();
             let block_elems = 2 * bs * nkv * hd;
+            let (k_scale, v_scale) = (0.5f32, 2.0f32);
             let mut outs = Vec::new();
             for form in [Form::Auto, Form::Scalar] {
-                let cache = Tensor::zeros(blocks * block_elems, DType::BF16, &dev).unwrap();
-                let q = Tensor::zeros((tokens, nh * hd), DType::BF16, &dev).unwrap();
                 let qkv_t = upload_bf16(&qkv, &[tokens, heads * hd], &dev);
                 let (qw_t, kw_t) = (upload_bf16(&qw, &[hd], &dev), upload_bf16(&kw, &[hd], &dev));
                 let pos_t = Tensor::from_slice(&pos, tokens, &dev).unwrap();
                 let slots_t = Tensor::from_slice(&slots, tokens, &dev).unwrap();
                 let inv_freq = Tensor::from_slice(rope.inv_freq(), hd / 2, &dev).unwrap();
-                RopeStore {
-                    qkv: &qkv_t,
-                    q_norm: &qw_t,
-                    k_norm: &kw_t,
-                    pos: &pos_t,
-                    slots: &slots_t,
-                    q_out: &q,
-                    layer_ptr: ptr(&cache).unwrap(),
-                    num_heads: nh,
-                    num_kv_heads: nkv,
-                    head_dim: hd,
-                    block_size: bs,
-                    eps,
-                    inv_freq: &inv_freq,
-                    attn_scale: rope.scale(),
-                }
-                .launch(&k, form)
-                .unwrap();
-                outs.push((host(&q), host(&cache)));
+                // The same step into a bf16 cache and into an FP8 one.
+                let run = |dtype: DType, format: CacheFormat| {
+                    let cache = Tensor::zeros(blocks * block_elems, dtype, &dev).unwrap();
+                    let q = Tensor::zeros((tokens, nh * hd), DType::BF16, &dev).unwrap();
+                    RopeStore {
+                        qkv: &qkv_t,
+                        q_norm: &qw_t,
+                        k_norm: &kw_t,
+                        pos: &pos_t,
+                        slots: &slots_t,
+                        q_out: &q,
+                        layer_ptr: ptr(&cache).unwrap(),
+                        cache: format,
+                        num_heads: nh,
+                        num_kv_heads: nkv,
+                        head_dim: hd,
+                        block_size: bs,
+                        eps,
+                        inv_freq: &inv_freq,
+                        attn_scale: rope.scale(),
+                    }
+                    .launch(&k, form)
+                    .unwrap();
+                    (host(&q), host(&cache))
+                };
+                let (q, cache) = run(DType::BF16, CacheFormat::Bf16);
+                let (q8, cache8) = run(DType::F8E4M3, CacheFormat::Fp8 { k_scale, v_scale });
+                // The FP8 cache holds e4m3 of the bf16 cache's values over
+                // the layer's scales (kv-pool's rounding and saturation), bit
+                // for bit; q is the same.
+                let halves = Tensor::from_vec(cache.clone(), (blocks, 2, bs * nkv * hd), &Device::Cpu).unwrap();
+                let scales = Tensor::from_slice(&[k_scale, v_scale], (1, 2, 1), &Device::Cpu).unwrap();
+                let want8 = halves.broadcast_div(&scales).unwrap().clamp(-448f32, 448f32).unwrap().to_dtype(DType::F8E4M3).unwrap();
+                assert_eq!(q8, q, "hd {hd} {form:?}: q with an FP8 cache");
+                let mismatched = cache8.iter().zip(host(&want8)).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+                assert_eq!(mismatched, 0, "hd {hd} {form:?}: FP8 cache elements that are not e4m3(bf16 value / scale)");
+                outs.push((q, cache));
             }
             let what = format!("hd {hd}, {}", scaling.name());
             // Host reference: q rows, and the cache rows of stored tokens
@@ -247,29 +262,34 @@ fn rope_store_vector_kernels_match_the_scalar_one_and_the_host_with_default_and_
     }
 }
 
+/// The worst error of `got = x [M, K] @ w [N, K]^T` against the f64 product,
+/// in units of what f32 sums in another order and one bf16 rounding allow
+/// (<= 1 passes).
+fn worst_product_error(got: &[f32], x: &[f32], w: &[f32], (m, n, kd): (usize, usize, usize)) -> f64 {
+    let mut worst = 0f64;
+    for r in 0..m {
+        for c in 0..n {
+            let terms = (0..kd).map(|i| x[r * kd + i] as f64 * w[c * kd + i] as f64);
+            let (exact, mag): (f64, f64) = terms.fold((0.0, 0.0), |(s, a), t| (s + t, a + t.abs()));
+            let err = (got[r * n + c] as f64 - exact).abs() / (exact.abs() * 2f64.powi(-8) + mag * 2e-5 + 1e-30);
+            worst = worst.max(err);
+        }
+    }
+    worst
+}
+
 #[test]
 #[ignore = "needs a CUDA device: run with scripts/gpu_run.sh"]
 fn few_row_products_match_an_f64_host_reference() {
     use kvc_model_qwen3::cuda::small_m_linear;
-    let dev = gpu();
-    let k = kernels(&dev);
-    let mut rng = rand::rngs::StdRng::seed_from_u64(17);
+    let (dev, k, mut rng) = setup(17);
     // Decode shapes (q/k/v, o, router) and odd ones: K not a multiple of
     // 256 (a partial stretch), more rows than one pass takes (9, 17).
     for (m, n, kd) in [(1usize, 5120usize, 2048usize), (8, 2048, 4096), (3, 128, 2048), (9, 64, 24), (17, 6, 1032), (1, 2, 8)] {
         let x = randn(&mut rng, m * kd, 2.0);
         let w = randn(&mut rng, n * kd, 0.5);
         let got = host(&small_m_linear(&k, &upload_bf16(&x, &[m, kd], &dev), &upload_bf16(&w, &[n, kd], &dev)).unwrap());
-        let mut worst = 0f64;
-        for r in 0..m {
-            for c in 0..n {
-                let exact: f64 = (0..kd).map(|i| x[r * kd + i] as f64 * w[c * kd + i] as f64).sum();
-                // f32 sums in another order, then one bf16 rounding.
-                let scale: f64 = (0..kd).map(|i| (x[r * kd + i] as f64 * w[c * kd + i] as f64).abs()).sum();
-                let err = (got[r * n + c] as f64 - exact).abs() / (exact.abs() * 2f64.powi(-8) + scale * 2e-5 + 1e-30);
-                worst = worst.max(err);
-            }
-        }
+        let worst = worst_product_error(&got, &x, &w, (m, n, kd));
         assert!(worst <= 1.0, "{m}x{n}x{kd}: off by {worst:.2} of the allowed error");
     }
 }
@@ -279,9 +299,7 @@ fn few_row_products_match_an_f64_host_reference() {
 fn few_row_fp8_products_match_an_f64_host_reference_over_the_dequantized_weights() {
     use kvc_model_qwen3::cuda::small_m_linear_fp8;
     use kvc_model_qwen3::fp8::BlockFp8;
-    let dev = gpu();
-    let k = kernels(&dev);
-    let mut rng = rand::rngs::StdRng::seed_from_u64(23);
+    let (dev, k, mut rng) = setup(23);
     let fp8 = BlockFp8 { block: (128, 128) };
     // Decode shapes (q|k|v, o, an expert's gate|up and down) at 1-4 rows,
     // a partial last weight-scale block (N 130) and more rows than one pass.
@@ -299,15 +317,7 @@ fn few_row_fp8_products_match_an_f64_host_reference_over_the_dequantized_weights
             &small_m_linear_fp8(&k, &upload_bf16(&x, &[m, kd], &dev), &q.to_device(&dev).unwrap(), &scale.to_device(&dev).unwrap())
                 .unwrap(),
         );
-        let mut worst = 0f64;
-        for r in 0..m {
-            for c in 0..n {
-                let exact: f64 = (0..kd).map(|i| xb[r * kd + i] as f64 * deq[c * kd + i] as f64).sum();
-                let mag: f64 = (0..kd).map(|i| (xb[r * kd + i] as f64 * deq[c * kd + i] as f64).abs()).sum();
-                let err = (got[r * n + c] as f64 - exact).abs() / (exact.abs() * 2f64.powi(-8) + mag * 2e-5 + 1e-30);
-                worst = worst.max(err);
-            }
-        }
+        let worst = worst_product_error(&got, &xb, &deq, (m, n, kd));
         assert!(worst <= 1.0, "{m}x{n}x{kd}: off by {worst:.2} of the allowed error");
     }
 }

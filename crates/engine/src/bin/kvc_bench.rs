@@ -9,13 +9,15 @@
 //! kvc-bench layers [--device cuda]
 //! kvc-bench engine --shape qwen3-30b-a3b [--device auto|cpu|cuda] [--prefill 1024,8192,32768]
 //!                  [--batch 1,16,64,256] [--context 2048] [--decode 1x2048,1x32768,...] [--steps 64] [--cuda-graph]
-//!                  [--dtype bf16|fp8|bf16,fp8]
+//!                  [--dtype bf16|fp8|bf16,fp8] [--kv-cache-dtype auto|fp8|auto,fp8]
 //! ```
 //! With `--shape qwen3-30b-a3b` the model's forward pass is measured at
 //! Qwen3-30B-A3B's shape against the hardware limit (bench/model.rs);
 //! `--cuda-graph` adds each decode step replayed as a CUDA graph;
 //! `--dtype fp8` runs it with block-FP8 weights (the dummy weights
-//! quantized on the device, FP8 GEMMs), `bf16,fp8` both in turn, compared.
+//! quantized on the device, FP8 GEMMs), `bf16,fp8` both in turn, compared;
+//! `--kv-cache-dtype fp8` holds the KV pool in e4m3 (`auto,fp8`: each
+//! weight dtype over both pools, compared).
 //! `attention` times the attention kernels alone against PyTorch's SDPA
 //! (bench/attention.rs). `moe` times the MoE experts alone on every route
 //! against PyTorch's `torch._grouped_mm` (bench/moe.rs). `layers` times
@@ -46,7 +48,7 @@ mod model_bench;
 #[path = "bench/moe.rs"]
 mod moe_bench;
 
-use kvc_engine::{EngineConfig, EngineHandle, GenerateRequest, LoadFormat, ModelSource, SamplingParams, StreamEvent};
+use kvc_engine::{EngineConfig, EngineHandle, GenerateRequest, KvCacheDtype, LoadFormat, ModelSource, SamplingParams, StreamEvent};
 
 struct Args {
     batches: Vec<usize>,
@@ -68,6 +70,8 @@ struct Args {
     mixed: Option<(usize, usize, usize, usize)>,
     /// `--dtype` of the `--shape` benchmark.
     dtypes: Vec<model_bench::Weights>,
+    /// Its `--kv-cache-dtype`s.
+    kv_dtypes: Vec<KvCacheDtype>,
 }
 
 fn list(v: &str, flag: &str) -> Result<Vec<usize>, String> {
@@ -94,6 +98,7 @@ fn parse() -> Result<Args, String> {
         chunk: 8192,
         mixed: None,
         dtypes: vec![model_bench::Weights::Bf16],
+        kv_dtypes: vec![KvCacheDtype::Auto],
     };
     let mut it = std::env::args().skip(1);
     match it.next().as_deref() {
@@ -142,6 +147,7 @@ fn parse() -> Result<Args, String> {
                     })
                     .collect::<Result<_, _>>()?
             }
+            "--kv-cache-dtype" => a.kv_dtypes = val()?.split(',').map(|d| KvCacheDtype::parse(d.trim())).collect::<Result<_, _>>()?,
             "--chunk" => a.chunk = val()?.parse().map_err(|e| format!("--chunk: {e}"))?,
             "--mixed" => {
                 // LEN@DEPTH,BATCHxCONTEXT
@@ -283,6 +289,7 @@ fn main() {
                 chunk: args.chunk.max(1),
                 mixed: args.mixed,
                 dtypes: args.dtypes.clone(),
+                kv_dtypes: args.kv_dtypes.clone(),
             })
         }
         Some(other) => {

@@ -11,7 +11,7 @@ use candle_core::cuda::cudarc::driver::LaunchConfig;
 use candle_core::{bail, DType, Device, Result, Tensor};
 
 use super::cudnn_attention::{CudnnPlan, PrefillContext, MIN_CUDNN_ROWS};
-use super::{cuda_dev, empty, launch, overwrite_u32, ptr, upload_u32, Kernels};
+use super::{cuda_dev, empty, launch, launch_slices, overwrite_u32, ptr, upload_u32, CacheFormat, Kernels};
 use crate::batch::{BatchInput, SeqChunk};
 
 /// Rows (token x query head of a group) per work item, as in attention.cu.
@@ -72,24 +72,27 @@ const DECODE_MAX_SPLITS: usize = 128;
 const CTA_OVERHEAD_KEYS: usize = 256;
 
 /// Warps per CTA and ring stages per warp of `paged_decode2` for a padded
-/// head dim (dec2::Cfg in attention.cu).
-fn decode2_shape(hd: usize) -> (usize, usize) {
-    (if hd == 256 { 4 } else { 8 }, if hd >= 64 { 3 } else { 4 })
+/// head dim and cache format (dec2::Cfg in attention.cu).
+fn decode2_shape(hd: usize, fp8: bool) -> (usize, usize) {
+    (if hd == 256 { 4 } else { 8 }, if fp8 || hd < 64 { 4 } else { 3 })
 }
 
 /// Threads per CTA of `paged_decode2`.
 pub(crate) fn decode2_threads(hd: usize) -> u32 {
-    (decode2_shape(hd).0 * 32) as u32
+    (decode2_shape(hd, false).0 * 32) as u32
 }
 
 /// Dynamic shared memory of `paged_decode2` (dec2::Cfg::SMEM; the kernel
-/// traps if it is given less): per warp a ring of K/V tiles of 16 keys,
-/// then Q, the warps' row maxima, sums and weights, the CTA's row state
-/// and a flag.
-pub(crate) fn decode2_smem_bytes(hd: usize) -> usize {
-    let (warps, stages) = decode2_shape(hd);
+/// traps if it is given less): per warp a ring of K/V tiles of 16 keys
+/// (bf16 rows of hd + 8, or e4m3 rows of hd + 16 bytes and the warp's
+/// widened f16 tile pair), then Q, the warps' row maxima, sums and
+/// weights, the CTA's row state and a flag.
+pub(crate) fn decode2_smem_bytes(hd: usize, fp8: bool) -> usize {
+    let (warps, stages) = decode2_shape(hd, fp8);
     let ld = hd + 8;
-    warps * stages * 2 * DECODE_TILE * ld * 2 + DECODE_ROWS * ld * 2 + 3 * warps * DECODE_ROWS * 4 + 2 * DECODE_ROWS * 4 + 16
+    let pair = 2 * DECODE_TILE * ld * 2;
+    let per_warp = if fp8 { stages * 2 * DECODE_TILE * (hd + 16) + pair } else { stages * pair };
+    warps * per_warp + DECODE_ROWS * ld * 2 + 3 * warps * DECODE_ROWS * 4 + 2 * DECODE_ROWS * 4 + 16
 }
 
 /// Length of each of `splits` ranges over `ctx` keys, in whole tiles.
@@ -407,6 +410,8 @@ impl FixedPlanHost {
 pub struct PagedAttention {
     /// Device address of the layer's first block.
     pub layer_ptr: u64,
+    /// What the layer holds.
+    pub cache: CacheFormat,
     pub block_size: usize,
     pub head_dim: usize,
     pub scale: f32,
@@ -423,12 +428,16 @@ impl PagedAttention {
             bail!("attention: q {:?} {:?} for {nh} heads of {hd}", q.shape(), q.dtype());
         }
         let hp = padded_head_dim(hd)?;
-        let f = &k.attention.iter().find(|(p, _)| *p == hp).expect("compiled head dims").1;
-        let fd = &k.decode.iter().find(|(p, _)| *p == hp).expect("compiled head dims").1;
+        if self.cache != CacheFormat::Bf16 && hd % 16 != 0 {
+            bail!("attention over an FP8 KV cache needs a head dim that is a multiple of 16, not {hd}");
+        }
+        let kernels = k.cache(self.cache);
+        let f = &kernels.attention.iter().find(|(p, _)| *p == hp).expect("compiled head dims").1;
+        let fd = &kernels.decode.iter().find(|(p, _)| *p == hp).expect("compiled head dims").1;
         let out = empty(dev, (t, nh * hd), DType::BF16)?;
         // cuDNN first: kvc's kernels then write their rows after it.
         if let Some(c) = &plan.cudnn {
-            c.run(k, q, &out, self.layer_ptr, nkv, hd, self.block_size)?;
+            c.run(k, q, &out, self.layer_ptr, self.cache, nkv, hd, self.block_size)?;
         }
         let parts = plan.num_parts.max(1) * nkv * BR;
         let part_o = if plan.num_parts > 0 { empty(dev, parts * hd, DType::F32)? } else { empty(dev, 1, DType::F32)? };
@@ -441,23 +450,8 @@ impl PagedAttention {
                 continue;
             }
             let cfg = LaunchConfig { grid_dim: (n as u32, nkv as u32, 1), block_dim: (128, 1, 1), shared_mem_bytes: smem as u32 };
-            launch!(
-                func,
-                cfg,
-                ptr(q)?,
-                self.layer_ptr,
-                ptr(&plan.tables)?,
-                ptr(&plan.seqs)?,
-                ptr(items)?,
-                ptr(&out)?,
-                ptr(&part_o)?,
-                ptr(&part_lse)?,
-                nh as i32,
-                nkv as i32,
-                hd as i32,
-                self.block_size as i32,
-                self.scale
-            )?;
+            let (ints, floats) = self.scalars(plan);
+            launch_slices(func, cfg, &self.pointers(q, plan, items, &out, (&part_o, &part_lse))?, &ints, &floats)?;
         }
         if plan.decode_v2 {
             self.decode2(k, q, plan, &out, hp)?;
@@ -488,8 +482,8 @@ impl PagedAttention {
             return Ok(());
         }
         let dev = cuda_dev(q.device())?;
-        let (nh, nkv, hd) = (plan.num_heads, plan.num_kv_heads, self.head_dim);
-        let f = &k.decode2.iter().find(|(p, _)| *p == hp).expect("compiled head dims").1;
+        let (nkv, hd) = (plan.num_kv_heads, self.head_dim);
+        let f = &k.cache(self.cache).decode2.iter().find(|(p, _)| *p == hp).expect("compiled head dims").1;
         // Partials: [parts][kv heads][16 rows] x (hd outputs, log2-sum-exp).
         let rows = plan.num_decode_parts.max(1) * nkv * DECODE_ROWS;
         let (part_o, part_lse) = if plan.num_decode_parts > 0 {
@@ -501,25 +495,24 @@ impl PagedAttention {
             // KV head fastest (attention.cu): neighbouring CTAs share blocks.
             grid_dim: ((plan.num_decode_items * nkv) as u32, 1, 1),
             block_dim: (decode2_threads(hp), 1, 1),
-            shared_mem_bytes: decode2_smem_bytes(hp) as u32,
+            shared_mem_bytes: decode2_smem_bytes(hp, self.cache != CacheFormat::Bf16) as u32,
         };
-        launch!(
-            f,
-            cfg,
-            ptr(q)?,
-            self.layer_ptr,
-            ptr(&plan.tables)?,
-            ptr(&plan.seqs)?,
-            ptr(&plan.decode_items)?,
-            ptr(out)?,
-            ptr(&part_o)?,
-            ptr(&part_lse)?,
-            ptr(&plan.counters)?,
-            nh as i32,
-            nkv as i32,
-            hd as i32,
-            self.block_size as i32,
-            self.scale
-        )
+        let mut ptrs = self.pointers(q, plan, &plan.decode_items, out, (&part_o, &part_lse))?;
+        ptrs.push(ptr(&plan.counters)?);
+        let (ints, floats) = self.scalars(plan);
+        launch_slices(f, cfg, &ptrs, &ints, &floats)
+    }
+
+    /// The attention kernels' pointer arguments, in their order: q, the
+    /// layer, block tables, sequences, work items, output, split partials.
+    fn pointers(&self, q: &Tensor, plan: &AttentionPlan, items: &Tensor, out: &Tensor, parts: (&Tensor, &Tensor)) -> Result<Vec<u64>> {
+        Ok(vec![ptr(q)?, self.layer_ptr, ptr(&plan.tables)?, ptr(&plan.seqs)?, ptr(items)?, ptr(out)?, ptr(parts.0)?, ptr(parts.1)?])
+    }
+
+    /// Their scalars: (heads, KV heads, head dim, block size), then the
+    /// softmax scale and the cache format's scales.
+    fn scalars(&self, plan: &AttentionPlan) -> ([i32; 4], Vec<f32>) {
+        let ints = [plan.num_heads as i32, plan.num_kv_heads as i32, self.head_dim as i32, self.block_size as i32];
+        (ints, [vec![self.scale], self.cache.scale_args()].concat())
     }
 }

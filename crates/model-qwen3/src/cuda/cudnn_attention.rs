@@ -20,10 +20,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use candle_core::cuda::WrapErr;
-use candle_core::{DType, Device, Result, Tensor};
+use candle_core::{bail, DType, Device, Result, Tensor};
 use cudnn_sys::{Cudnn, SdpaArgs, SdpaDesc, SdpaGraph};
 
-use super::{cuda_dev, empty, grid1, launch, ptr, upload_u32, Kernels};
+use super::{cuda_dev, empty, grid1, launch, ptr, upload_u32, CacheFormat, Kernels};
 use crate::batch::SeqChunk;
 
 /// The route for prefill-shaped attention.
@@ -179,6 +179,8 @@ fn desc(b: usize, nh: usize, nkv: usize, hd: usize, s_q: usize, s_kv: usize, poo
 #[derive(Clone, Copy)]
 pub struct PrefillContext<'a> {
     pub attention: &'a Arc<CudnnAttention>,
+    /// An FP8 pool is always gathered (widened to bf16 for cuDNN).
+    pub fp8_cache: bool,
     pub head_dim: usize,
     pub block_size: usize,
     pub num_blocks: usize,
@@ -212,7 +214,7 @@ impl CudnnPlan {
         let s_q = bucket(seqs.iter().map(|s| s.len).max().unwrap_or(1));
         let s_kv = bucket(seqs.iter().map(|s| s.context_len).max().unwrap_or(1));
         let bs = ctx.block_size;
-        let paged = ctx.attention.paged;
+        let paged = ctx.attention.paged && !ctx.fp8_cache;
         let shape = desc(b, nh, nkv, hd, s_q, s_kv, paged.then_some((ctx.num_blocks, bs)));
         let table_len = shape.table_len as usize;
         let Some(graph) = ctx.attention.graph(shape) else { return Ok(None) };
@@ -259,8 +261,19 @@ impl CudnnPlan {
 
     /// Writes the attention of the plan's sequences into their rows of
     /// `out` (`[tokens, nh * hd]` bf16, like `q`), reading one layer of
-    /// the pool at `layer_ptr`.
-    pub fn run(&self, k: &Kernels, q: &Tensor, out: &Tensor, layer_ptr: u64, nkv: usize, hd: usize, block_size: usize) -> Result<()> {
+    /// the pool at `layer_ptr` (holding `cache`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn run(
+        &self,
+        k: &Kernels,
+        q: &Tensor,
+        out: &Tensor,
+        layer_ptr: u64,
+        cache: CacheFormat,
+        nkv: usize,
+        hd: usize,
+        block_size: usize,
+    ) -> Result<()> {
         let dev = cuda_dev(q.device())?;
         let stream = dev.cuda_stream();
         let mut args = SdpaArgs {
@@ -280,8 +293,9 @@ impl CudnnPlan {
             let vb = empty(dev, (self.kv_tokens.max(1), row), DType::BF16)?;
             if self.kv_tokens > 0 {
                 launch!(
-                    k.kv_gather,
-                    grid1(self.kv_tokens * row / 8, 256),
+                    k.cache(cache).kv_gather,
+                    grid1(self.kv_tokens * row * cache.elem_bytes() / 16, 256);
+                    &cache.scale_args(),
                     layer_ptr,
                     ptr(slots)?,
                     self.kv_tokens as i32,
@@ -297,6 +311,9 @@ impl CudnnPlan {
             keep.push(kb);
             keep.push(vb);
         } else if let Some(table) = &self.table {
+            if cache != CacheFormat::Bf16 {
+                bail!("cuDNN reads a bf16 pool in place, not {cache:?} (an FP8 plan gathers)");
+            }
             args.k = layer_ptr;
             args.v = layer_ptr + (block_size * nkv * hd * 2) as u64;
             args.page_table = ptr(table)?;

@@ -125,6 +125,20 @@ pub struct Fp8Weight {
 }
 
 impl Fp8Weight {
+    /// The CUTLASS call's operands: quantized rows `a` against these
+    /// weights into `d`, with scratch `ws` of `bytes`.
+    fn operands(&self, a: &QuantRows, d: &Tensor, (ws, bytes): (&Tensor, u64)) -> Result<fp8::Operands> {
+        Ok(fp8::Operands {
+            a: ptr(&a.q)?,
+            sa: ptr(&a.s)?,
+            w: ptr(&self.q)?,
+            sw: ptr(&self.scale)?,
+            d: ptr(d)?,
+            workspace: ptr(ws)?,
+            workspace_bytes: bytes,
+        })
+    }
+
     /// Checks the pair against the GEMMs' layout.
     pub fn new(q: Tensor, scale: Tensor) -> Result<Self> {
         let (qd, sd) = (q.dims().to_vec(), scale.dims().to_vec());
@@ -196,19 +210,7 @@ impl Fp8Weight {
         let a = quant_rows(dev, x)?;
         let (ws, ws_bytes) = workspace(dev, fp8::dense_workspace_bytes(m, n, k).map_err(err)?)?;
         let int = |v: usize| i32::try_from(v).map_err(|_| candle_core::Error::Msg(format!("FP8 linear: {v} does not fit an i32")));
-        let args = fp8::DenseArgs {
-            m: int(m)?,
-            n: int(n)?,
-            k: int(k)?,
-            reserved: 0,
-            a: ptr(&a.q)?,
-            sa: ptr(&a.s)?,
-            w: ptr(&self.q)?,
-            sw: ptr(&self.scale)?,
-            d: ptr(&d)?,
-            workspace: ptr(&ws)?,
-            workspace_bytes: ws_bytes,
-        };
+        let args = fp8::DenseArgs { m: int(m)?, n: int(n)?, k: int(k)?, reserved: 0, op: self.operands(&a, &d, (&ws, ws_bytes))? };
         // SAFETY: every address is a live contiguous tensor of the sizes in
         // `args` on this device; the stream orders their frees after the GEMM.
         unsafe { fp8::dense_run(&args, stream(dev)?) }.map_err(err)?;
@@ -236,13 +238,7 @@ impl Fp8Weight {
             k: k as i32,
             reserved: 0,
             offsets: ptr(offsets)?,
-            a: ptr(&aq.q)?,
-            sa: ptr(&aq.s)?,
-            w: ptr(&self.q)?,
-            sw: ptr(&self.scale)?,
-            d: ptr(out)?,
-            workspace: ptr(&ws)?,
-            workspace_bytes: ws_bytes,
+            op: self.operands(&aq, out, (&ws, ws_bytes))?,
         };
         // SAFETY: as in `linear`; `offsets` holds E + 1 row offsets into `a` and `out`.
         unsafe { fp8::grouped_run(&args, stream(dev)?) }.map_err(err)

@@ -15,7 +15,7 @@
 use candle_core::cuda::cudarc::driver::LaunchConfig;
 use candle_core::{bail, DType, Result, Tensor};
 
-use super::{cuda_dev, empty, launch, ptr, Kernels};
+use super::{cuda_dev, empty, launch_slices, ptr, Kernels};
 
 /// Threads of a block (8 warps).
 pub(crate) const BLOCK: u32 = 256;
@@ -34,6 +34,37 @@ fn grid(k: &Kernels, tasks: usize) -> LaunchConfig {
     LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 }
 }
 
+/// The weights of one product: bf16, or e4m3 with its 128x128 block scales.
+#[derive(Clone, Copy)]
+pub(crate) enum Weight<'a> {
+    Bf16(&'a Tensor),
+    Fp8 { q: &'a Tensor, scale: &'a Tensor },
+}
+
+impl<'a> Weight<'a> {
+    /// e4m3 weights and their block scales.
+    pub(crate) fn fp8((q, scale): (&'a Tensor, &'a Tensor)) -> Self {
+        Self::Fp8 { q, scale }
+    }
+}
+
+/// Launches `small_m_gemm` or its FP8 form: `x` against `w` into `out`,
+/// over the routing (offsets, sorted pairs, meta) of grouped experts or
+/// none (dense); `dims` = (row_div, rows, groups, N, K).
+fn run(k: &Kernels, x: &Tensor, w: Weight, out: &Tensor, routing: Option<(&Tensor, &Tensor, &Tensor)>, dims: [i32; 5]) -> Result<()> {
+    let (f, mut ptrs) = match w {
+        Weight::Bf16(w) => (&k.small_m_gemm, vec![ptr(x)?, ptr(w)?]),
+        Weight::Fp8 { q, scale } => (&k.small_m_gemm_fp8, vec![ptr(x)?, ptr(q)?, ptr(scale)?]),
+    };
+    ptrs.push(ptr(out)?);
+    match routing {
+        Some((offsets, sorted, meta)) => ptrs.extend([ptr(offsets)?, ptr(sorted)?, ptr(meta)?]),
+        None => ptrs.extend([0u64; 3]),
+    }
+    let tasks = dims[2] as usize * dims[3] as usize / 2;
+    launch_slices(f, grid(k, tasks), &ptrs, &dims, &[])
+}
+
 /// `x [M, K] @ w [N, K]^T -> [M, N]` bf16, for small M.
 pub fn small_m_linear(k: &Kernels, x: &Tensor, w: &Tensor) -> Result<Tensor> {
     let (m, kd) = x.dims2()?;
@@ -42,46 +73,36 @@ pub fn small_m_linear(k: &Kernels, x: &Tensor, w: &Tensor) -> Result<Tensor> {
         bail!("small_m_linear: x {:?} {:?}, w {:?} {:?}", x.shape(), x.dtype(), w.shape(), w.dtype());
     }
     let out = empty(cuda_dev(x.device())?, (m, n), DType::BF16)?;
-    let (null, groups) = (0u64, 1i32);
-    launch!(k.small_m_gemm, grid(k, n / 2), ptr(x)?, ptr(w)?, ptr(&out)?, null, null, null, 1i32, m as i32, groups, n as i32, kd as i32)?;
+    run(k, x, Weight::Bf16(w), &out, None, [1, m as i32, 1, n as i32, kd as i32])?;
     Ok(out)
 }
 
 /// The experts' product for a routed batch: for the `groups` first active
 /// experts of `meta` (moe.rs's routing) and each pair p of expert e
 /// (`sorted[offsets[e]..offsets[e + 1]]`), `out[p] = x[p / row_div] w[e]^T`.
-/// `w: [E, N, K]`.
+/// `w: [E, N, K]` bf16, or e4m3 `[E, N, K]` with scales
+/// `[E, ceil(N/128), K/128]`.
 pub(crate) fn small_m_grouped(
     k: &Kernels,
     x: &Tensor,
-    w: &Tensor,
+    w: Weight,
     routing: (&Tensor, &Tensor, &Tensor),
     out: &Tensor,
     row_div: usize,
     groups: usize,
 ) -> Result<()> {
-    let (_, n, kd) = w.dims3()?;
-    if !fits(n, kd) {
-        bail!("small_m_grouped: expert weights {:?}", w.shape());
+    let (_, n, kd) = match w {
+        Weight::Bf16(w) => w.dims3()?,
+        Weight::Fp8 { q, .. } => q.dims3()?,
+    };
+    let fits = match w {
+        Weight::Bf16(_) => fits(n, kd),
+        Weight::Fp8 { q, .. } => fits_fp8(n, kd) && q.dtype() == DType::F8E4M3,
+    };
+    if !fits {
+        bail!("small_m_grouped: expert weights of [{n}, {kd}] per expert");
     }
-    let (offsets, sorted, meta) = routing;
-    let ptrs = [ptr(x)?, ptr(w)?, ptr(out)?, ptr(offsets)?, ptr(sorted)?, ptr(meta)?];
-    let dims = [row_div as i32, 0, groups as i32, n as i32, kd as i32];
-    launch!(
-        k.small_m_gemm,
-        grid(k, groups * n / 2),
-        ptrs[0],
-        ptrs[1],
-        ptrs[2],
-        ptrs[3],
-        ptrs[4],
-        ptrs[5],
-        dims[0],
-        dims[1],
-        dims[2],
-        dims[3],
-        dims[4]
-    )
+    run(k, x, w, out, Some(routing), [row_div as i32, 0, groups as i32, n as i32, kd as i32])
 }
 
 /// Whether the FP8 form takes a `[N, K]` e4m3 weight: N even, K a
@@ -101,61 +122,6 @@ pub fn small_m_linear_fp8(k: &Kernels, x: &Tensor, q: &Tensor, scale: &Tensor) -
     }
     let x = x.contiguous()?;
     let out = empty(cuda_dev(x.device())?, (m, n), DType::BF16)?;
-    let (null, groups) = (0u64, 1i32);
-    launch!(
-        k.small_m_gemm_fp8,
-        grid(k, n / 2),
-        ptr(&x)?,
-        ptr(q)?,
-        ptr(scale)?,
-        ptr(&out)?,
-        null,
-        null,
-        null,
-        1i32,
-        m as i32,
-        groups,
-        n as i32,
-        kd as i32
-    )?;
+    run(k, &x, Weight::Fp8 { q, scale }, &out, None, [1, m as i32, 1, n as i32, kd as i32])?;
     Ok(out)
-}
-
-/// [`small_m_grouped`] over block-FP8 experts `q: [E, N, K]` e4m3 with
-/// `scale: [E, ceil(N/128), K/128]`.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn small_m_grouped_fp8(
-    k: &Kernels,
-    x: &Tensor,
-    (q, scale): (&Tensor, &Tensor),
-    routing: (&Tensor, &Tensor, &Tensor),
-    out: &Tensor,
-    row_div: usize,
-    groups: usize,
-) -> Result<()> {
-    let (_, n, kd) = q.dims3()?;
-    if !fits_fp8(n, kd) || q.dtype() != DType::F8E4M3 {
-        bail!("small_m_grouped_fp8: expert weights {:?} {:?}", q.shape(), q.dtype());
-    }
-    let (offsets, sorted, meta) = routing;
-    let (ptrs, dims) = (
-        [ptr(x)?, ptr(q)?, ptr(scale)?, ptr(out)?, ptr(offsets)?, ptr(sorted)?, ptr(meta)?],
-        [row_div as i32, 0, groups as i32, n as i32, kd as i32],
-    );
-    launch!(
-        k.small_m_gemm_fp8,
-        grid(k, groups * n / 2),
-        ptrs[0],
-        ptrs[1],
-        ptrs[2],
-        ptrs[3],
-        ptrs[4],
-        ptrs[5],
-        ptrs[6],
-        dims[0],
-        dims[1],
-        dims[2],
-        dims[3],
-        dims[4]
-    )
 }

@@ -7,7 +7,7 @@
 use candle_core::cuda::cudarc::driver::LaunchConfig;
 use candle_core::{DType, Result, Tensor};
 
-use super::{cuda_dev, empty, grid1, launch, ptr, Kernels};
+use super::{cuda_dev, empty, grid1, launch, ptr, CacheFormat, Kernels};
 
 /// Which kernel runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,6 +68,8 @@ pub struct RopeStore<'a> {
     pub q_out: &'a Tensor,
     /// The layer's first K/V byte in the pool.
     pub layer_ptr: u64,
+    /// What the layer holds.
+    pub cache: CacheFormat,
     pub num_heads: usize,
     pub num_kv_heads: usize,
     pub head_dim: usize,
@@ -92,12 +94,17 @@ impl RopeStore<'_> {
         let (qkv, qw, kw, pos, slots, q) =
             (ptr(self.qkv)?, ptr(self.q_norm)?, ptr(self.k_norm)?, ptr(self.pos)?, ptr(self.slots)?, ptr(self.q_out)?);
         let inv_freq = ptr(self.inv_freq)?;
-        let vector = k.qk_norm_rope_store_vec.iter().find(|(d, _)| *d == self.head_dim).map(|(_, f)| f);
+        let kernels = k.cache(self.cache);
+        let scales = self.cache.scale_args();
+        let vector = kernels.qk_norm_rope_store_vec.iter().find(|(d, _)| *d == self.head_dim).map(|(_, f)| f);
         match vector.filter(|_| form == Form::Auto) {
-            Some(f) => launch!(f, cfg, qkv, qw, kw, pos, slots, q, self.layer_ptr, nh, nkv, bs, self.eps, inv_freq, self.attn_scale),
+            Some(f) => {
+                launch!(f, cfg; &scales, qkv, qw, kw, pos, slots, q, self.layer_ptr, nh, nkv, bs, self.eps, inv_freq, self.attn_scale)
+            }
             None => launch!(
-                k.qk_norm_rope_store,
-                cfg,
+                kernels.qk_norm_rope_store,
+                cfg;
+                &scales,
                 qkv,
                 qw,
                 kw,

@@ -39,17 +39,44 @@ pub(crate) const PTX_MOE: &str = include_str!(concat!(env!("OUT_DIR"), "/moe.ptx
 pub(crate) const PTX_GEMV: &str = include_str!(concat!(env!("OUT_DIR"), "/gemv.ptx"));
 
 /// Launches `$f` with `$cfg` and the listed arguments (u64 device
-/// pointers, i32, f32), in order.
+/// pointers, i32, f32), in order; `launch!(f, cfg; extra, ...)` appends
+/// the f32s of the slice `extra` (a cache format's scales).
 macro_rules! launch {
-    ($f:expr, $cfg:expr $(, $a:expr)* $(,)?) => {{
+    ($f:expr, $cfg:expr; $extra:expr $(, $a:expr)* $(,)?) => {{
         #[allow(unused_imports)]
         use candle_core::cuda::cudarc::driver::PushKernelArg;
         let mut b = $f.builder();
         $( let v = $a; b.arg(&v); )*
+        let extra: &[f32] = $extra;
+        for v in extra {
+            b.arg(v);
+        }
         unsafe { b.launch($cfg) }.map(|_| ()).map_err(|e| candle_core::Error::Msg(format!("kernel launch: {e:?}")))
     }};
+    ($f:expr, $cfg:expr $(, $a:expr)* $(,)?) => {
+        launch!($f, $cfg; &[] $(, $a)*)
+    };
 }
 pub(crate) use launch;
+
+/// Launches `f` with `cfg` and its arguments in three runs: device
+/// pointers, then i32s, then f32s (kernels whose pointer list varies).
+pub(crate) fn launch_slices(f: &CudaFunc, cfg: LaunchConfig, ptrs: &[u64], ints: &[i32], floats: &[f32]) -> Result<()> {
+    use candle_core::cuda::cudarc::driver::PushKernelArg;
+    let mut b = f.builder();
+    for p in ptrs {
+        b.arg(p);
+    }
+    for i in ints {
+        b.arg(i);
+    }
+    for x in floats {
+        b.arg(x);
+    }
+    // SAFETY: the callers pass live device pointers and the sizes their
+    // kernel's signature takes, in its order.
+    unsafe { b.launch(cfg) }.map(|_| ()).map_err(|e| candle_core::Error::Msg(format!("kernel launch: {e:?}")))
+}
 
 /// One loaded kernel and the stream it runs on (candle's).
 pub struct CudaFunc {
@@ -63,20 +90,67 @@ impl CudaFunc {
     }
 }
 
-/// Every kvc kernel, looked up once.
-pub struct Kernels {
-    pub rmsnorm: CudaFunc,
-    pub add_rmsnorm: CudaFunc,
+/// What one layer of the KV pool holds, as kvc's kernels read and write it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum CacheFormat {
+    Bf16,
+    /// e4m3 of K / k_scale and V / v_scale (`--kv-cache-dtype fp8`).
+    Fp8 {
+        k_scale: f32,
+        v_scale: f32,
+    },
+}
+
+impl CacheFormat {
+    /// Layer `layer` of `kv`'s pool.
+    pub fn of(kv: &kvc_kv_pool::KvStorage, layer: usize) -> Result<Self> {
+        match kv.layout().dtype {
+            DType::BF16 => Ok(Self::Bf16),
+            DType::F8E4M3 => {
+                let (k_scale, v_scale) = kv.kv_scales(layer);
+                Ok(Self::Fp8 { k_scale, v_scale })
+            }
+            other => bail!("kvc's CUDA kernels read a bf16 or e4m3 (fp8) KV pool, not {other:?}"),
+        }
+    }
+
+    /// The arguments its kernels take after the common ones.
+    pub fn scale_args(&self) -> Vec<f32> {
+        match *self {
+            Self::Bf16 => Vec::new(),
+            Self::Fp8 { k_scale, v_scale } => vec![k_scale, v_scale],
+        }
+    }
+
+    /// Bytes of one element.
+    pub fn elem_bytes(&self) -> usize {
+        match self {
+            Self::Bf16 => 2,
+            Self::Fp8 { .. } => 1,
+        }
+    }
+}
+
+/// The kernels that write or read the KV pool, for one cache format.
+pub struct CacheKernels {
     pub qk_norm_rope_store: CudaFunc,
     /// `qk_norm_rope_store` with vector accesses, by head dim (64, 128, 256).
     pub qk_norm_rope_store_vec: Vec<(usize, CudaFunc)>,
-    pub silu_mul: CudaFunc,
-    pub silu_mul_scalar: CudaFunc,
-    pub gather_rows: CudaFunc,
     pub kv_gather: CudaFunc,
     pub attention: Vec<(usize, CudaFunc)>,
     pub decode: Vec<(usize, CudaFunc)>,
     pub decode2: Vec<(usize, CudaFunc)>,
+}
+
+/// Every kvc kernel, looked up once.
+pub struct Kernels {
+    pub rmsnorm: CudaFunc,
+    pub add_rmsnorm: CudaFunc,
+    pub bf16_cache: CacheKernels,
+    pub fp8_cache: CacheKernels,
+    pub silu_mul: CudaFunc,
+    pub silu_mul_scalar: CudaFunc,
+    pub gather_rows: CudaFunc,
     pub attn_combine: CudaFunc,
     pub moe_topk: CudaFunc,
     pub moe_align: CudaFunc,
@@ -110,16 +184,31 @@ impl Kernels {
             f.func.set_attribute(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32).w()?;
             Ok((hd, f))
         };
-        let (mut attention, mut decode, mut decode2) = (Vec::new(), Vec::new(), Vec::new());
-        for hd in [16usize, 32, 64, 128, 256] {
-            attention.push(a_smem(format!("paged_attention_hd{hd}"), hd, attention::smem_bytes(hd))?);
-            decode.push(a_smem(format!("paged_decode_hd{hd}"), hd, attention::decode_smem_bytes(hd))?);
-            // One CTA of up to 210 KB per SM: ask for the largest shared
-            // memory carveout (a hint; L1 barely serves this kernel).
-            let f = a_smem(format!("paged_decode2_hd{hd}"), hd, attention::decode2_smem_bytes(hd))?;
-            f.1.func.set_attribute(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100).w()?;
-            decode2.push(f);
-        }
+        // `suffix`: "" for a bf16 cache, "_fp8" for an e4m3 one.
+        let cache_kernels = |suffix: &str| -> Result<CacheKernels> {
+            let fp8 = !suffix.is_empty();
+            let (mut attention, mut decode, mut decode2) = (Vec::new(), Vec::new(), Vec::new());
+            for hd in [16usize, 32, 64, 128, 256] {
+                attention.push(a_smem(format!("paged_attention{suffix}_hd{hd}"), hd, attention::smem_bytes(hd))?);
+                decode.push(a_smem(format!("paged_decode{suffix}_hd{hd}"), hd, attention::decode_smem_bytes(hd))?);
+                // One CTA of up to 210 KB per SM: ask for the largest shared
+                // memory carveout (a hint; L1 barely serves this kernel).
+                let f = a_smem(format!("paged_decode2{suffix}_hd{hd}"), hd, attention::decode2_smem_bytes(hd, fp8))?;
+                f.1.func.set_attribute(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100).w()?;
+                decode2.push(f);
+            }
+            Ok(CacheKernels {
+                qk_norm_rope_store: l(&format!("qk_norm_rope_store{suffix}"))?,
+                qk_norm_rope_store_vec: [2usize, 4, 8]
+                    .iter()
+                    .map(|&v| Ok((32 * v, l(&format!("qk_norm_rope_store{suffix}_v{v}"))?)))
+                    .collect::<Result<_>>()?,
+                kv_gather: l(&format!("kv_gather{suffix}"))?,
+                attention,
+                decode,
+                decode2,
+            })
+        };
         let small_m_gemm = get("small_m_gemm", "kvc_gemv", PTX_GEMV)?;
         let small_m_gemm_fp8 = get("small_m_gemm_fp8", "kvc_gemv", PTX_GEMV)?;
         let sms = stream.context().attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).w()? as u32;
@@ -128,18 +217,11 @@ impl Kernels {
         Ok(Self {
             rmsnorm: l("rmsnorm")?,
             add_rmsnorm: l("add_rmsnorm")?,
-            qk_norm_rope_store: l("qk_norm_rope_store")?,
-            qk_norm_rope_store_vec: [2usize, 4, 8]
-                .iter()
-                .map(|&v| Ok((32 * v, l(&format!("qk_norm_rope_store_v{v}"))?)))
-                .collect::<Result<_>>()?,
+            bf16_cache: cache_kernels("")?,
+            fp8_cache: cache_kernels("_fp8")?,
             silu_mul: l("silu_mul")?,
             silu_mul_scalar: l("silu_mul_scalar")?,
             gather_rows: l("gather_rows")?,
-            kv_gather: l("kv_gather")?,
-            attention,
-            decode,
-            decode2,
             attn_combine: a("attn_combine")?,
             moe_topk: m("moe_topk")?,
             moe_align: m("moe_align")?,
@@ -152,6 +234,16 @@ impl Kernels {
             moe_sum: m("moe_sum")?,
             moe_sum_scalar: m("moe_sum_scalar")?,
         })
+    }
+}
+
+impl Kernels {
+    /// The pool kernels for layers of `format`.
+    pub fn cache(&self, format: CacheFormat) -> &CacheKernels {
+        match format {
+            CacheFormat::Bf16 => &self.bf16_cache,
+            CacheFormat::Fp8 { .. } => &self.fp8_cache,
+        }
     }
 }
 
@@ -223,6 +315,7 @@ pub fn zeros_shareable(device: &Device, n: usize, dtype: DType) -> Result<Tensor
             DType::BF16 => CudaStorage::wrap_cuda_slice(stream.upgrade_device_ptr::<bf16>(p, n.max(1)), dev.clone()),
             DType::F32 => CudaStorage::wrap_cuda_slice(stream.upgrade_device_ptr::<f32>(p, n.max(1)), dev.clone()),
             DType::F16 => CudaStorage::wrap_cuda_slice(stream.upgrade_device_ptr::<half::f16>(p, n.max(1)), dev.clone()),
+            DType::F8E4M3 => CudaStorage::wrap_cuda_slice(stream.upgrade_device_ptr::<float8::F8E4M3>(p, n.max(1)), dev.clone()),
             other => bail!("zeros_shareable: unsupported dtype {other:?}"),
         }
     };

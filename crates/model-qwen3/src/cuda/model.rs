@@ -14,8 +14,8 @@ use super::fp8_linear::{ExpertWeights, GpuLinear, ProjectionLoader, WeightBytes}
 use super::layers::{silu_mul, Form, RopeStore};
 use super::moe::{Fp8Moe, GpuMoe};
 use super::{
-    cuda_dev, empty, gather_rows, launch, overwrite_u32, ptr, upload_u32, AttentionPlan, CudnnAttention, Kernels, PagedAttention,
-    PrefillBackend, PrefillContext,
+    cuda_dev, empty, gather_rows, launch, overwrite_u32, ptr, upload_u32, AttentionPlan, CacheFormat, CudnnAttention, Kernels,
+    PagedAttention, PrefillBackend, PrefillContext,
 };
 use crate::batch::BatchInput;
 use crate::config::Qwen3Config;
@@ -326,6 +326,7 @@ impl GpuModel {
         let device = embed.embeddings().device();
         let prefill = self.cudnn.as_ref().map(|attention| PrefillContext {
             attention,
+            fp8_cache: kv.layout().dtype == DType::F8E4M3,
             head_dim: self.head_dim,
             block_size: kv.layout().block_size,
             num_blocks: kv.num_blocks(),
@@ -354,8 +355,8 @@ impl GpuModel {
         let t = inputs.tokens;
         let layout = *kv.layout();
         let Some(cache) = kv.device_tensor() else { bail!("the CUDA model needs a KV pool on the device (KvStorage::new_on)") };
-        if cache.dtype() != DType::BF16 || !cache.device().same_device(&device) {
-            bail!("KV pool must be bf16 on the model's device");
+        if !matches!(cache.dtype(), DType::BF16 | DType::F8E4M3) || !cache.device().same_device(&device) {
+            bail!("KV pool must be bf16 or fp8 (e4m3) on the model's device, not {:?} on {:?}", cache.dtype(), cache.device());
         }
         let cache_base = ptr(cache)?;
         let layer_bytes = (kv.num_blocks() * layout.layer_block_bytes()) as u64;
@@ -367,6 +368,7 @@ impl GpuModel {
             let qkv = self.linear(&h, &layer.qkv, layer.qkv_bias.as_ref())?;
             let q = empty(dev, (t, nh * hd), DType::BF16)?;
             let layer_ptr = cache_base + l as u64 * layer_bytes;
+            let format = CacheFormat::of(kv, l)?;
             RopeStore {
                 qkv: &qkv,
                 q_norm: &layer.q_norm,
@@ -375,6 +377,7 @@ impl GpuModel {
                 slots,
                 q_out: &q,
                 layer_ptr,
+                cache: format,
                 num_heads: nh,
                 num_kv_heads: nkv,
                 head_dim: hd,
@@ -384,7 +387,8 @@ impl GpuModel {
                 attn_scale: self.rope_scale,
             }
             .launch(&self.kernels, Form::Auto)?;
-            let attn = PagedAttention { layer_ptr, block_size: layout.block_size, head_dim: hd, scale: 1.0 / (hd as f32).sqrt() };
+            let attn =
+                PagedAttention { layer_ptr, cache: format, block_size: layout.block_size, head_dim: hd, scale: 1.0 / (hd as f32).sqrt() };
             let a = attn.forward(&self.kernels, &q, plan)?;
             let o = self.linear(&a, &layer.o_proj, layer.o_bias.as_ref())?;
             let hn = self.add_rmsnorm(&x, &o, &layer.post_norm)?;

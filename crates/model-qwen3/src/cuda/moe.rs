@@ -12,7 +12,7 @@ use candle_core::cuda::cudarc::driver::LaunchConfig;
 use candle_core::{DType, Result, Tensor};
 
 use super::fp8_linear::Fp8Weight;
-use super::gemv::{fits_fp8, small_m_grouped, small_m_grouped_fp8};
+use super::gemv::{fits_fp8, small_m_grouped, Weight};
 use super::layers::{moe_sum, silu_mul, Form};
 use super::moe_cublas::{cublas_grouped, host_offsets};
 use super::moe_gemm::{cutlass_grouped, cutlass_tiling, gathered_experts, moe_gemm, MoeGemm};
@@ -145,10 +145,10 @@ impl Fp8Moe {
             let (tk, groups) = (t * kk, (t * kk).min(e));
             let routing = (&r.offsets, &r.sorted, &r.meta);
             let gu = empty(dev, (tk, 2 * i), DType::BF16)?;
-            small_m_grouped_fp8(k, x, self.gate_up.parts(), routing, &gu, kk, groups)?;
+            small_m_grouped(k, x, Weight::fp8(self.gate_up.parts()), routing, &gu, kk, groups)?;
             let act = silu_mul(k, &gu, Form::Auto)?;
             let dn = empty(dev, (tk, h), DType::BF16)?;
-            small_m_grouped_fp8(k, &act, self.down.parts(), routing, &dn, 1, groups)?;
+            small_m_grouped(k, &act, Weight::fp8(self.down.parts()), routing, &dn, 1, groups)?;
             let y = empty(dev, (t, h), DType::BF16)?;
             moe_sum(k, &dn, &r.w, None, &y, kk, Form::Auto)?;
             return Ok(y);
@@ -230,7 +230,7 @@ impl GpuMoe {
             // flat few-row kernel streams the experts' weights fastest
             // (a batch-1 decode step 4.64 ms against 4.83, H200); from
             // two rows an expert on, the per-expert kernel below does.
-            small_m_grouped(k, x, w, (offsets, sorted, meta), out, row_div, e.min(pairs))
+            small_m_grouped(k, x, Weight::Bf16(w), (offsets, sorted, meta), out, row_div, e.min(pairs))
         } else {
             let p = [ptr(x)?, ptr(w)?, ptr(offsets)?, ptr(sorted)?, ptr(meta)?, ptr(out)?];
             let (n32, kd32, rd32, e32) = (n as i32, kd as i32, row_div as i32, e as i32);

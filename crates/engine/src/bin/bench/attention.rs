@@ -157,12 +157,18 @@ fn rel_diff(a: &Tensor, b: &Tensor) -> f64 {
 /// from kvc's own kernels, first-call seconds including a graph build).
 #[cfg(feature = "cuda")]
 fn measure(case: &Case, device: &Device) -> Vec<(String, f64, Option<f64>, f64)> {
-    use kvc_model_qwen3::cuda::{ptr, AttentionPlan, CudnnAttention, Kernels, PagedAttention, PrefillBackend, PrefillContext};
+    use kvc_model_qwen3::cuda::{ptr, AttentionPlan, CacheFormat, CudnnAttention, Kernels, PagedAttention, PrefillBackend, PrefillContext};
     let kernels = Kernels::load(device.as_cuda_device().unwrap()).unwrap();
     let s = setup(case, device);
     let b = batch(case, &s.tables);
     let pool = s.kv.device_tensor().unwrap();
-    let attn = PagedAttention { layer_ptr: ptr(pool).unwrap(), block_size: BS, head_dim: HD, scale: 1.0 / (HD as f32).sqrt() };
+    let attn = PagedAttention {
+        layer_ptr: ptr(pool).unwrap(),
+        cache: CacheFormat::Bf16,
+        block_size: BS,
+        head_dim: HD,
+        scale: 1.0 / (HD as f32).sqrt(),
+    };
     let mut out = Vec::new();
     let kvc_plan = AttentionPlan::new(&b, NH, NKV, device).unwrap();
     let reference = attn.forward(&kernels, &s.q, &kvc_plan).unwrap();
@@ -177,7 +183,7 @@ fn measure(case: &Case, device: &Device) -> Vec<(String, f64, Option<f64>, f64)>
             continue;
         };
         let t0 = Instant::now();
-        let ctx = PrefillContext { attention: &att, head_dim: HD, block_size: BS, num_blocks: s.kv.num_blocks() };
+        let ctx = PrefillContext { attention: &att, fp8_cache: false, head_dim: HD, block_size: BS, num_blocks: s.kv.num_blocks() };
         let plan = AttentionPlan::with_prefill(&b, NH, NKV, Some(ctx), device).unwrap();
         if !plan.uses_cudnn() {
             println!("  {name}: no cuDNN engine for this shape (see the warning above)");

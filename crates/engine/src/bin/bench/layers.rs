@@ -18,7 +18,7 @@ mod gpu {
     use candle_core::cuda::cudarc::driver::sys;
     use candle_core::cuda::WrapErr;
     use candle_core::{DType, Device, Tensor};
-    use kvc_model_qwen3::cuda::{moe_sum, ptr, silu_mul, small_m_linear, Form, Kernels, RopeStore};
+    use kvc_model_qwen3::cuda::{moe_sum, ptr, silu_mul, small_m_linear, CacheFormat, Form, Kernels, RopeStore};
     use kvc_model_qwen3::{Rope, RopeScaling};
     use std::time::Instant;
 
@@ -100,6 +100,7 @@ mod gpu {
                     slots: &slots,
                     q_out: &q,
                     layer_ptr: ptr(&cache).unwrap(),
+                    cache: CacheFormat::Bf16,
                     num_heads: nh,
                     num_kv_heads: nkv,
                     head_dim: hd,

@@ -10,6 +10,8 @@
 //! (the dummy weights quantized to e4m3 with 128x128 block scales on the
 //! device) and run on the FP8 GEMMs; `--dtype bf16,fp8` measures both in
 //! turn, one model at a time, and prints FP8 against bf16 at the end.
+//! `--kv-cache-dtype fp8` holds the KV pool in e4m3 (the attention kernels
+//! read it widened; `auto,fp8` runs each weight dtype over both pools).
 //!
 //! With `--cuda-graph`, each batch size's last decode step is also
 //! captured as a CUDA graph and replayed `steps` times (same inputs, same
@@ -20,6 +22,7 @@
 use std::time::Instant;
 
 use candle_core::{DType, Device, Tensor, D};
+use kvc_engine::KvCacheDtype;
 use kvc_kv_pool::{BlockId, KvPool};
 use kvc_model_qwen3::{BatchInput, Qwen3Config, Qwen3Model, SeqChunk, QWEN3_30B_A3B};
 
@@ -47,6 +50,8 @@ pub struct Opts {
     pub mixed: Option<(usize, usize, usize, usize)>,
     /// The weights of each run, in order.
     pub dtypes: Vec<Weights>,
+    /// The KV pool of each run: every weight dtype runs over each.
+    pub kv_dtypes: Vec<KvCacheDtype>,
 }
 
 /// The weights a run holds.
@@ -64,6 +69,22 @@ impl Weights {
         match self {
             Weights::Bf16 => "bf16",
             Weights::Fp8 => "fp8",
+        }
+    }
+}
+
+/// What one run holds: its weights and its KV pool.
+#[derive(Debug, Clone, Copy)]
+struct Run {
+    weights: Weights,
+    kv: KvCacheDtype,
+}
+
+impl Run {
+    fn label(self) -> String {
+        match self.kv {
+            KvCacheDtype::Fp8E4m3 => format!("{}/kv-fp8", self.weights.label()),
+            _ => self.weights.label().to_string(),
         }
     }
 }
@@ -163,17 +184,25 @@ fn profiled<T>(device: &Device, tag: &str, f: impl FnOnce() -> T) -> T {
     r
 }
 
-/// Fills the pool with random bf16 values (timing on zeros flatters kernels).
+/// Fills the pool with random values (timing on zeros flatters kernels).
+/// An e4m3 pool repeats one chunk made on the host (candle's CUDA casts
+/// have no e4m3).
 fn randomize_pool(pool: &KvPool) -> candle_core::Result<()> {
     let Some(t) = pool.storage.device_tensor() else {
         return Ok(());
     };
     let n = t.elem_count();
     let chunk = 1 << 28;
+    let fp8 = (t.dtype() == DType::F8E4M3)
+        .then(|| Tensor::rand(-1f32, 1f32, chunk.min(n), &Device::Cpu)?.to_dtype(DType::F8E4M3)?.to_device(t.device()))
+        .transpose()?;
     let mut off = 0;
     while off < n {
         let len = chunk.min(n - off);
-        let r = Tensor::rand(-1f32, 1f32, len, t.device())?.to_dtype(DType::BF16)?;
+        let r = match &fp8 {
+            Some(c) => c.narrow(0, 0, len)?,
+            None => Tensor::rand(-1f32, 1f32, len, t.device())?.to_dtype(t.dtype())?,
+        };
         t.slice_set(&r, 0, off)?;
         off += len;
     }
@@ -383,7 +412,12 @@ pub fn run(o: &Opts) {
         eprintln!("{e}");
         std::process::exit(1)
     });
-    let runs: Vec<(Weights, Summary)> = o.dtypes.iter().map(|&w| (w, run_weights(o, &mix, &device, w))).collect();
+    let runs: Vec<(Run, Summary)> = o
+        .dtypes
+        .iter()
+        .flat_map(|&weights| o.kv_dtypes.iter().map(move |&kv| Run { weights, kv }))
+        .map(|run| (run, run_weights(o, &mix, &device, run)))
+        .collect();
     if runs.len() < 2 {
         return;
     }
@@ -413,8 +447,9 @@ fn ratio_cell(value: Option<f64>, base: f64) -> String {
     }
 }
 
-/// Every measurement of `o` on one model holding `weights`.
-fn run_weights(o: &Opts, mix: &[(usize, usize)], device: &Device, weights: Weights) -> Summary {
+/// Every measurement of `o` on one model holding `run`'s weights over its KV pool.
+fn run_weights(o: &Opts, mix: &[(usize, usize)], device: &Device, run: Run) -> Summary {
+    let weights = run.weights;
     let mut summary = Summary::default();
     let device = device.clone();
     let mut cfg = Qwen3Config::from_json(QWEN3_30B_A3B).expect("config");
@@ -440,7 +475,7 @@ fn run_weights(o: &Opts, mix: &[(usize, usize)], device: &Device, weights: Weigh
     sync(&device);
     println!(
         "\n=== weights {} ===\nQwen3-30B-A3B shape, dummy {dtype:?} weights{} on {device:?}: loaded in {:.1} s; {:.2} B active params/token",
-        weights.label(),
+        run.label(),
         if weights == Weights::Fp8 { " (projections and experts block-FP8)" } else { "" },
         t0.elapsed().as_secs_f64(),
         shape.active_params() / 1e9
@@ -458,6 +493,13 @@ fn run_weights(o: &Opts, mix: &[(usize, usize)], device: &Device, weights: Weigh
     }
     let bs = o.block_size;
     let layout = model.kv_layout(bs);
+    let layout = kvc_kv_pool::KvLayout {
+        dtype: run.kv.resolve(dtype, layout.head_dim, &device).unwrap_or_else(|e| {
+            eprintln!("{e}");
+            std::process::exit(2)
+        }),
+        ..layout
+    };
     let mixed_tokens = o.mixed.map_or(0, |(n, d, b, c)| n + d + b * (c + 1) + (b + 1) * bs);
     let max_prefill = o.prefill.iter().copied().max().unwrap_or(0).max(mix_len).max(mixed_tokens);
     let per_seq = |ctx: usize| (ctx + o.steps + 8).div_ceil(bs);
@@ -465,7 +507,11 @@ fn run_weights(o: &Opts, mix: &[(usize, usize)], device: &Device, weights: Weigh
     let mut pool = KvPool::new_on(layout, blocks, &device).expect("KV pool");
     randomize_pool(&pool).expect("randomize pool");
     sync(&device);
-    println!("KV pool: {blocks} blocks of {bs} tokens, {:.1} GiB", (blocks * layout.bytes_per_block()) as f64 / (1u64 << 30) as f64);
+    println!(
+        "KV pool: {blocks} blocks of {bs} tokens, {:?}, {:.1} GiB",
+        layout.dtype,
+        (blocks * layout.bytes_per_block()) as f64 / (1u64 << 30) as f64
+    );
 
     // Warm-up: loads modules, creates cuBLAS handles, grows the memory pool.
     let table: Vec<BlockId> = (0..blocks.min(64) as BlockId).collect();
