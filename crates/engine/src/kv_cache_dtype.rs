@@ -7,6 +7,7 @@
 //! pool's layout, whose dtype the P/D handshake compares.
 
 use candle_core::{DType, Device};
+use kvc_kv_pool::KvStorage;
 
 use crate::EngineError;
 
@@ -34,23 +35,54 @@ impl KvCacheDtype {
         }
     }
 
-    /// The pool's dtype for a model computing in `compute` on `device`.
-    /// kvc's CUDA kernels read and write the cache in the compute dtype
-    /// (bf16), so a GPU pool of another dtype is refused by name.
-    pub fn resolve(self, compute: DType, device: &Device) -> Result<DType, EngineError> {
+    /// The pool's dtype for a model computing in `compute` on `device`
+    /// with heads of `head_dim`. kvc's CUDA kernels read and write a bf16
+    /// cache or an e4m3 one (in 16-byte rows: head_dim % 16 == 0); any
+    /// other GPU pool is refused by name.
+    pub fn resolve(self, compute: DType, head_dim: usize, device: &Device) -> Result<DType, EngineError> {
         let dtype = match self {
             Self::Auto => compute,
             Self::Bf16 => DType::BF16,
             Self::Fp8E4m3 => DType::F8E4M3,
         };
-        if !device.is_cpu() && dtype != compute {
-            return Err(EngineError::Load(format!(
-                "--kv-cache-dtype {self:?} ({dtype:?}) on {device:?}: kvc's CUDA attention and KV kernels read and write the cache \
-                 in the compute dtype {compute:?} only (an FP8 cache on the GPU is not implemented yet); use --kv-cache-dtype auto"
-            )));
+        if device.is_cpu() {
+            return Ok(dtype);
         }
-        Ok(dtype)
+        let refuse = |why: String| EngineError::Load(format!("--kv-cache-dtype {self:?} ({dtype:?}) on {device:?}: {why}"));
+        match dtype {
+            DType::F8E4M3 if head_dim % 16 != 0 => Err(refuse(format!(
+                "kvc's CUDA kernels read an FP8 cache in rows of 16 elements; head_dim {head_dim} is not a multiple of 16"
+            ))),
+            DType::F8E4M3 => Ok(dtype),
+            _ if dtype != compute => Err(refuse(format!(
+                "kvc's CUDA attention and KV kernels read and write the cache in the compute dtype {compute:?} or in fp8 (e4m3)"
+            ))),
+            _ => Ok(dtype),
+        }
     }
+}
+
+/// Where an FP8 cache's per-layer scales came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvScales {
+    /// The checkpoint's `k_scale` / `v_scale` (model-qwen3's kv_scales.rs).
+    Checkpoint,
+    /// 1.0: the checkpoint has none (vLLM's default).
+    One,
+    /// The cache is not FP8: scales are not used (vLLM ignores a
+    /// checkpoint's then too).
+    Unused,
+}
+
+/// Gives `storage` the checkpoint's KV scales (`checkpoint`, per layer)
+/// when it is an FP8 cache, and says where its scales came from.
+pub fn apply_kv_scales(checkpoint: Option<&[(f32, f32)]>, storage: &mut KvStorage) -> Result<KvScales, EngineError> {
+    if storage.layout().dtype != DType::F8E4M3 {
+        return Ok(KvScales::Unused);
+    }
+    let Some(scales) = checkpoint else { return Ok(KvScales::One) };
+    storage.set_kv_scales(scales.to_vec()).map_err(|e| EngineError::Load(format!("the checkpoint's KV cache scales: {e}")))?;
+    Ok(KvScales::Checkpoint)
 }
 
 #[cfg(test)]
@@ -68,10 +100,26 @@ mod tests {
     }
 
     #[test]
+    fn a_checkpoints_scales_go_to_an_fp8_cache_only() {
+        let layout = |dtype| kvc_kv_pool::KvLayout { num_layers: 2, num_kv_heads: 1, head_dim: 8, block_size: 4, dtype };
+        let scales = [(0.5, 2.0), (4.0, 0.25)];
+        let mut fp8 = KvStorage::new(layout(DType::F8E4M3), 2).unwrap();
+        assert_eq!(apply_kv_scales(Some(&scales), &mut fp8).unwrap(), KvScales::Checkpoint);
+        assert_eq!((fp8.kv_scales(0), fp8.kv_scales(1)), (scales[0], scales[1]));
+        let mut plain = KvStorage::new(layout(DType::F8E4M3), 2).unwrap();
+        assert_eq!(apply_kv_scales(None, &mut plain).unwrap(), KvScales::One);
+        assert_eq!((plain.kv_scales(0), plain.kv_scales(1)), ((1.0, 1.0), (1.0, 1.0)));
+        let mut bf16 = KvStorage::new(layout(DType::BF16), 2).unwrap();
+        assert_eq!(apply_kv_scales(Some(&scales), &mut bf16).unwrap(), KvScales::Unused);
+        let e = apply_kv_scales(Some(&scales[..1]), &mut fp8).unwrap_err().to_string();
+        assert!(e.contains("KV cache scales") && e.contains("2 layers"), "{e}");
+    }
+
+    #[test]
     fn the_cpu_stores_any_of_them_and_auto_is_the_compute_dtype() {
         let cpu = Device::Cpu;
-        assert_eq!(KvCacheDtype::Auto.resolve(DType::F32, &cpu).unwrap(), DType::F32);
-        assert_eq!(KvCacheDtype::Bf16.resolve(DType::F32, &cpu).unwrap(), DType::BF16);
-        assert_eq!(KvCacheDtype::Fp8E4m3.resolve(DType::BF16, &cpu).unwrap(), DType::F8E4M3);
+        assert_eq!(KvCacheDtype::Auto.resolve(DType::F32, 8, &cpu).unwrap(), DType::F32);
+        assert_eq!(KvCacheDtype::Bf16.resolve(DType::F32, 8, &cpu).unwrap(), DType::BF16);
+        assert_eq!(KvCacheDtype::Fp8E4m3.resolve(DType::BF16, 8, &cpu).unwrap(), DType::F8E4M3);
     }
 }

@@ -12,6 +12,7 @@ use kvc_model_loading::model_source::{self, HubSettings, LoadFormat, ResolvedSou
 use kvc_model_loading::progress::Progress;
 use kvc_model_qwen3::{parse_dtype, Qwen3Config, Qwen3Model};
 
+use crate::kv_cache_dtype::KvScales;
 use crate::{EngineConfig, EngineError};
 use kvc_text_front::chat_template::ChatTemplate;
 use kvc_text_front::tokenizer::TextTokenizer;
@@ -106,7 +107,8 @@ pub(crate) fn load(config: &EngineConfig) -> Result<Loaded, EngineError> {
             eos_token_ids.push(*id);
         }
     }
-    let layout = KvLayout { dtype: config.kv_cache_dtype.resolve(dtype, &device)?, ..model.kv_layout(config.block_size.max(1)) };
+    let layout = model.kv_layout(config.block_size.max(1));
+    let layout = KvLayout { dtype: config.kv_cache_dtype.resolve(dtype, layout.head_dim, &device)?, ..layout };
     let num_blocks = match config.num_kv_blocks {
         Some(n) => n,
         None if device.is_cpu() => KvPool::blocks_for_budget(&layout, config.kv_cache_memory_bytes),
@@ -116,7 +118,18 @@ pub(crate) fn load(config: &EngineConfig) -> Result<Loaded, EngineError> {
         }
     };
     let allocating = Instant::now();
-    let pool = crate::device::kv_pool(layout, num_blocks, &device)?;
+    let mut pool = crate::device::kv_pool(layout, num_blocks, &device)?;
+    let kv_scales = crate::kv_cache_dtype::apply_kv_scales(model.kv_scales(), &mut pool.storage)?;
+    match kv_scales {
+        KvScales::One => tracing::warn!(
+            "FP8 KV cache with scale 1.0 in every layer: the checkpoint gives no k_scale / v_scale (K and V beyond +-448 saturate)"
+        ),
+        KvScales::Unused if model.kv_scales().is_some() => tracing::info!(
+            kv_dtype = ?layout.dtype,
+            "the checkpoint's FP8 KV cache scales are not used: the cache is not FP8 (--kv-cache-dtype fp8 uses them)"
+        ),
+        KvScales::Checkpoint | KvScales::Unused => {}
+    }
     let (kv_bytes, took) = (num_blocks * layout.bytes_per_block(), allocating.elapsed());
     tracing::info!(
         what = "allocate kv pool", kv_blocks = num_blocks, bytes = kv_bytes, seconds = %format!("{:.3}", took.as_secs_f64()),
@@ -129,6 +142,7 @@ pub(crate) fn load(config: &EngineConfig) -> Result<Loaded, EngineError> {
         %fingerprint,
         ?dtype,
         kv_dtype = ?layout.dtype,
+        ?kv_scales,
         ?device,
         kv_blocks = num_blocks,
         block_size = layout.block_size,

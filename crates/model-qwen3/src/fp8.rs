@@ -14,7 +14,9 @@
 //! (cuda/fp8_linear.rs) they stay e4m3 in GPU memory with their scales,
 //! where their shape fits the kernels ([`BlockFp8::gemm_fit`]). Anything
 //! else in `quantization_config` that would change the answer (static
-//! activation scales, another format, FP8 KV scales) is refused by name.
+//! activation scales, another format, a KV cache scheme) is refused by
+//! name; the FP8 KV cache scales a checkpoint stores as tensors are
+//! kv_scales.rs's.
 
 use candle_core::{DType, Device, Tensor};
 use serde_json::Value;

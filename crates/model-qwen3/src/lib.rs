@@ -11,6 +11,7 @@ mod config;
 pub mod cuda;
 pub mod fp8;
 mod graph_bucket;
+pub mod kv_scales;
 mod mlp;
 mod model;
 mod rope;

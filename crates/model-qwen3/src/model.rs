@@ -29,6 +29,8 @@ pub struct Qwen3Model {
     rope: Rope,
     device: Device,
     dtype: DType,
+    /// The checkpoint's FP8 KV cache scales per layer (kv_scales.rs).
+    kv_scales: Option<Vec<(f32, f32)>>,
     /// The decoder layers in bf16 with kvc's kernels, when on a GPU
     /// (`layers` is then empty).
     #[cfg(feature = "cuda")]
@@ -86,6 +88,7 @@ impl Qwen3Model {
             rope,
             device,
             dtype,
+            kv_scales: None,
             #[cfg(feature = "cuda")]
             gpu,
             #[cfg(feature = "cuda")]
@@ -131,7 +134,9 @@ impl Qwen3Model {
         }
         let checkpoint = weights::Checkpoint::open(dir, dtype, device, config.fp8, on_tensor)?;
         let tied = config.tie_word_embeddings;
-        let model = Self::new(config, checkpoint.vb.clone())?;
+        let layers = config.num_hidden_layers;
+        let mut model = Self::new(config, checkpoint.vb.clone())?;
+        model.kv_scales = crate::kv_scales::read(&checkpoint.vb, layers)?;
         // Rotary tables some exporters save (recomputed here), and a tied
         // model's copy of the embeddings as its head.
         checkpoint.check_all_read(|n| n.ends_with(".rotary_emb.inv_freq") || (tied && n == "lm_head.weight"))?;
@@ -144,6 +149,12 @@ impl Qwen3Model {
     pub fn dummy(config: Qwen3Config, seed: u64, dtype: DType, device: &Device) -> Result<Self, ModelError> {
         let vb = weights::dummy_var_builder(seed, dtype, device, config.fp8);
         Self::new(config, vb)
+    }
+
+    /// The (K, V) scales per layer an FP8 KV cache stores K and V over,
+    /// as the checkpoint gives them (kv_scales.rs); None: it gives none.
+    pub fn kv_scales(&self) -> Option<&[(f32, f32)]> {
+        self.kv_scales.as_deref()
     }
 
     pub fn config(&self) -> &Qwen3Config {

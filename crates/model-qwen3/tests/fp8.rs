@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, Tensor};
-use common::{cases, fixture_dir, max_abs_diff, run_chunk, scattered_table, BLOCK_SIZE};
+use common::{fixture_dir, max_abs_diff, run_chunk, scattered_table, BLOCK_SIZE};
 use kvc_kv_pool::KvStorage;
 use kvc_model_qwen3::Qwen3Model;
 
@@ -87,20 +87,7 @@ fn fixtures(tag: &str) -> (PathBuf, PathBuf) {
 
 /// Teacher-forced logits of every case (prefill, then each reference token).
 fn logits(model: &Qwen3Model) -> Vec<Vec<f32>> {
-    let mut out = Vec::new();
-    for case in cases("moe-norm") {
-        let n = case.prompt.len() + case.greedy.len();
-        let nb = 2 * n.div_ceil(BLOCK_SIZE) + 1;
-        let mut kv = KvStorage::new(model.kv_layout(BLOCK_SIZE), nb).unwrap();
-        let table = scattered_table(n, nb);
-        let mut seq = case.prompt.clone();
-        out.push(run_chunk(model, &mut kv, &table, &seq, 0, seq.len()).pop().unwrap());
-        for &tok in &case.greedy[..case.greedy.len() - 1] {
-            seq.push(tok);
-            out.push(run_chunk(model, &mut kv, &table, &seq, seq.len() - 1, seq.len()).pop().unwrap());
-        }
-    }
-    out
+    common::teacher_forced(model, "moe-norm", |nb| KvStorage::new(model.kv_layout(BLOCK_SIZE), nb).unwrap())
 }
 
 fn load(dir: &Path) -> Qwen3Model {

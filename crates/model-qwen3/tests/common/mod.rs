@@ -115,3 +115,23 @@ pub fn run_chunk(model: &Qwen3Model, kv: &mut KvStorage, table: &[BlockId], toke
     };
     model.forward(&batch, kv).unwrap().to_vec2::<f32>().unwrap()
 }
+
+/// Teacher-forced logits of every case of `fixture` (its prefill, then each
+/// reference token in turn), over a fresh cache from `new_kv(blocks)` per
+/// case.
+pub fn teacher_forced(model: &Qwen3Model, fixture: &str, new_kv: impl Fn(usize) -> KvStorage) -> Vec<Vec<f32>> {
+    let mut out = Vec::new();
+    for case in cases(fixture) {
+        let n = case.prompt.len() + case.greedy.len();
+        let nb = 2 * n.div_ceil(BLOCK_SIZE) + 1;
+        let mut kv = new_kv(nb);
+        let table = scattered_table(n, nb);
+        let mut seq = case.prompt.clone();
+        out.push(run_chunk(model, &mut kv, &table, &seq, 0, seq.len()).pop().unwrap());
+        for &tok in &case.greedy[..case.greedy.len() - 1] {
+            seq.push(tok);
+            out.push(run_chunk(model, &mut kv, &table, &seq, seq.len() - 1, seq.len()).pop().unwrap());
+        }
+    }
+    out
+}
