@@ -21,7 +21,7 @@ use candle_nn::{Init, VarBuilder};
 use cutlass_sys::fp8;
 
 use super::gemv::{fits_fp8, small_m_linear_fp8};
-use super::{cuda_dev, empty, ptr, Kernels};
+use super::{cuda_dev, empty, gather_rows, ptr, Kernels};
 use crate::fp8::{BlockFp8, GEMM_BLOCK};
 
 /// Rows up to which an FP8 projection runs on the few-row kernel
@@ -91,6 +91,15 @@ fn quant_rows(dev: &CudaDevice, x: &Tensor) -> Result<QuantRows> {
         unsafe { fp8::quant_rows(ptr(&x)?, ptr(&q)?, ptr(&s)?, m, k, stream(dev)?) }.map_err(err)?;
     }
     Ok(QuantRows { q, s })
+}
+
+impl QuantRows {
+    /// Rows `idx[i] / row_div` of these, for the `r` entries of `idx` (the
+    /// MoE's gather into expert order, on e4m3 rows and their scales: half
+    /// of the bf16 rows' bytes).
+    fn gather(&self, k: &Kernels, idx: &Tensor, row_div: usize, r: usize) -> Result<QuantRows> {
+        Ok(QuantRows { q: gather_rows(k, &self.q, idx, row_div, r)?, s: gather_rows(k, &self.s, idx, row_div, r)? })
+    }
 }
 
 /// `w: [.., N, K]` on the GPU quantized into 128x128 blocks as block-FP8
@@ -221,16 +230,36 @@ impl Fp8Weight {
     /// over its rows `offsets[e]..offsets[e + 1]` (offsets on the device),
     /// `a: [rows, K]` bf16 quantized here, `out: [rows, N]` bf16.
     pub fn grouped(&self, offsets: &Tensor, a: &Tensor, out: &Tensor) -> Result<()> {
-        let dev = cuda_dev(a.device())?;
+        if a.dim(0)? == 0 {
+            return Ok(());
+        }
+        self.grouped_quantized(offsets, &quant_rows(cuda_dev(a.device())?, a)?, out)
+    }
+
+    /// [`Self::grouped`] over the rows `idx[r] / row_div` of `x: [T, K]`
+    /// bf16 (the MoE's gather of each pair's token into expert order, one
+    /// row per entry of `idx` and of `out`): `x` is quantized once per
+    /// token, before the gather, and the gather moves e4m3 rows and their
+    /// scales.
+    pub fn grouped_gathered(&self, k: &Kernels, offsets: &Tensor, x: &Tensor, idx: &Tensor, row_div: usize, out: &Tensor) -> Result<()> {
+        let rows = out.dim(0)?;
+        if rows == 0 {
+            return Ok(());
+        }
+        let aq = quant_rows(cuda_dev(x.device())?, x)?.gather(k, idx, row_div, rows)?;
+        self.grouped_quantized(offsets, &aq, out)
+    }
+
+    fn grouped_quantized(&self, offsets: &Tensor, aq: &QuantRows, out: &Tensor) -> Result<()> {
+        let dev = cuda_dev(out.device())?;
         let (e, n, k) = self.q.dims3()?;
-        let rows = a.dim(0)?;
-        if a.dim(1)? != k || out.dims2()? != (rows, n) {
-            bail!("FP8 grouped GEMM: input {:?}, output {:?} against experts [{e}, {n}, {k}]", a.shape(), out.shape());
+        let (rows, ka) = aq.q.dims2()?;
+        if ka != k || out.dims2()? != (rows, n) {
+            bail!("FP8 grouped GEMM: input [{rows}, {ka}], output {:?} against experts [{e}, {n}, {k}]", out.shape());
         }
         if rows == 0 {
             return Ok(());
         }
-        let aq = quant_rows(dev, a)?;
         let (ws, ws_bytes) = workspace(dev, fp8::grouped_workspace_bytes(e).map_err(err)?)?;
         let args = fp8::GroupedArgs {
             experts: e as i32,
@@ -238,7 +267,7 @@ impl Fp8Weight {
             k: k as i32,
             reserved: 0,
             offsets: ptr(offsets)?,
-            op: self.operands(&aq, out, (&ws, ws_bytes))?,
+            op: self.operands(aq, out, (&ws, ws_bytes))?,
         };
         // SAFETY: as in `linear`; `offsets` holds E + 1 row offsets into `a` and `out`.
         unsafe { fp8::grouped_run(&args, stream(dev)?) }.map_err(err)

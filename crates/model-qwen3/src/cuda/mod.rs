@@ -351,12 +351,20 @@ pub(crate) fn overwrite_u32(dst: &Tensor, src: &[u32]) -> Result<()> {
 
 /// `out[i] = x[idx[i] / row_div]` for the `r` rows of `idx` (u32): a row
 /// gather that, unlike candle's `index_select`, copies nothing from the
-/// host, so a CUDA graph can capture it. `x` is `[_, k]` bf16.
+/// host, so a CUDA graph can capture it. `x` is `[_, k]` of any dtype
+/// whose rows are a whole number of 2-byte units (the kernel copies bf16
+/// units: bf16 rows, e4m3 rows of even width, f32 rows); `out` has its
+/// dtype.
 pub(crate) fn gather_rows(k: &Kernels, x: &Tensor, idx: &Tensor, row_div: usize, r: usize) -> Result<Tensor> {
     let (_, kd) = x.dims2()?;
-    let out = empty(cuda_dev(x.device())?, (r, kd), DType::BF16)?;
+    let row_bytes = kd * x.dtype().size_in_bytes();
+    if row_bytes % 2 != 0 {
+        bail!("gather_rows: rows of {kd} {:?} are {row_bytes} bytes, not whole 2-byte units", x.dtype());
+    }
+    let x = x.contiguous()?;
+    let out = empty(cuda_dev(x.device())?, (r, kd), x.dtype())?;
     let cfg = LaunchConfig { grid_dim: (r as u32, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
-    launch!(k.gather_rows, cfg, ptr(x)?, ptr(idx)?, row_div as i32, ptr(&out)?, r as i32, kd as i32)?;
+    launch!(k.gather_rows, cfg, ptr(&x)?, ptr(idx)?, row_div as i32, ptr(&out)?, r as i32, (row_bytes / 2) as i32)?;
     Ok(out)
 }
 

@@ -15,7 +15,7 @@ use super::fp8_linear::Fp8Weight;
 use super::gemv::{fits_fp8, small_m_grouped, Weight};
 use super::layers::{moe_sum, silu_mul, Form};
 use super::moe_cublas::{cublas_grouped, host_offsets};
-use super::moe_gemm::{cutlass_grouped, cutlass_tiling, gathered_experts, moe_gemm, MoeGemm};
+use super::moe_gemm::{cutlass_grouped, cutlass_tiling, experts_down, gathered_experts, moe_gemm, MoeGemm};
 use super::{cuda_dev, empty, grid1, launch, ptr, Kernels};
 
 /// Pairs (token x chosen expert) up to which the CUDA-core grouped kernel
@@ -153,8 +153,11 @@ impl Fp8Moe {
             moe_sum(k, &dn, &r.w, None, &y, kk, Form::Auto)?;
             return Ok(y);
         }
-        let run = |a: &Tensor, w: &Fp8Weight, out: &Tensor| w.grouped(&r.offsets, a, out);
-        gathered_experts(k, dev, x, &self.gate_up, &self.down, 2 * i, &r.sorted, &r.inv, &r.w, kk, run)
+        // Each token quantized once, then gathered into expert order as
+        // e4m3 rows (not each of its top-k copies quantized after a bf16 gather).
+        let gu = empty(dev, (t * kk, 2 * i), DType::BF16)?;
+        self.gate_up.grouped_gathered(k, &r.offsets, x, &r.sorted, kk, &gu)?;
+        experts_down(k, dev, &gu, (t, h), &r.w, &r.inv, kk, |act, dn| self.down.grouped(&r.offsets, act, dn))
     }
 }
 

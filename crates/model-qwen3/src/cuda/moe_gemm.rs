@@ -108,9 +108,10 @@ pub fn cutlass_tiling(pairs: usize, experts: usize) -> CutlassTiling {
 
 /// The expert part of the MoE block over gathered rows: `pairs` routed by
 /// `moe_align` (`sorted`, `inv`), weighted by `w`, each projection run by
-/// `gemm(a, weights, out)` (every expert's rows contiguous in `a`; the
-/// weights bf16 tensors or FP8 stacks, gate|up `i2` rows wide):
-/// `[T, H]` bf16.
+/// `gemm(a, weights, out)` (every expert's rows contiguous in `a`,
+/// gate|up `i2` rows wide): `[T, H]` bf16. The FP8 experts gather their
+/// rows after quantizing them instead (moe.rs's `Fp8Moe`) and share
+/// [`experts_down`].
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn gathered_experts<W>(
     k: &Kernels,
@@ -130,9 +131,27 @@ pub(crate) fn gathered_experts<W>(
     let xs = super::gather_rows(k, x, sorted, top_k, tk)?;
     let gu = empty(dev, (tk, i2), DType::BF16)?;
     gemm(&xs, gate_up, &gu)?;
-    let act = silu_mul(k, &gu, Form::Auto)?;
-    let dn = empty(dev, (tk, h), DType::BF16)?;
-    gemm(&act, down, &dn)?;
+    experts_down(k, dev, &gu, (t, h), w, inv, top_k, |act, dn| gemm(act, down, dn))
+}
+
+/// The rest of the MoE block after its gate|up projection `gu: [T k, 2I]`
+/// (rows in expert order): SiLU * up, the down projection into `[T k, H]`
+/// by `down(act, out)`, and the routing-weighted sum back into token order
+/// (`inv`), `[T, H]` for `(t, h)` = (T, H).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn experts_down(
+    k: &Kernels,
+    dev: &CudaDevice,
+    gu: &Tensor,
+    (t, h): (usize, usize),
+    w: &Tensor,
+    inv: &Tensor,
+    top_k: usize,
+    down: impl FnOnce(&Tensor, &Tensor) -> Result<()>,
+) -> Result<Tensor> {
+    let act = silu_mul(k, gu, Form::Auto)?;
+    let dn = empty(dev, (gu.dim(0)?, h), DType::BF16)?;
+    down(&act, &dn)?;
     let y = empty(dev, (t, h), DType::BF16)?;
     moe_sum(k, &dn, w, Some(inv), &y, top_k, Form::Auto)?;
     Ok(y)
