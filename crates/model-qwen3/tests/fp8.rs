@@ -109,6 +109,35 @@ fn a_block_fp8_checkpoint_answers_as_its_dequantized_weights() {
     println!("block-FP8 moe-norm: max |logit diff| {worst:.2e} against its dequantized twin, {moved:.2e} against the unquantized model");
 }
 
+/// kvc against transformers on the same block-FP8 checkpoint
+/// (fixtures/moe-norm-fp8, written by scripts/make_fp8_fixture.py: moe-norm
+/// quantized in 16x16 blocks; its reference is transformers 5.17 loading the
+/// directory on the CPU, which dequantizes the weights at load, after the
+/// script checked that transformers' weights are exactly q x scale). Both
+/// compute in f32 over the same dequantized weights: the tolerance is the
+/// plain fixtures' (reference.rs), and every greedy token agrees (the
+/// recorded top-2 gaps are >= 6e-3).
+#[test]
+fn a_block_fp8_checkpoint_answers_as_transformers_answers_it() {
+    let name = "moe-norm-fp8";
+    let model = load(&fixture_dir(name));
+    let got = common::teacher_forced(&model, name, |nb| KvStorage::new(model.kv_layout(BLOCK_SIZE), nb).unwrap());
+    let want: Vec<(Vec<f32>, u32)> =
+        common::cases(name).into_iter().flat_map(|c| c.logits.into_iter().zip(c.greedy).collect::<Vec<_>>()).collect();
+    assert_eq!(got.len(), want.len());
+    let mut worst = 0f32;
+    for (i, (g, (w, tok))) in got.iter().zip(&want).enumerate() {
+        worst = worst.max(max_abs_diff(g, w));
+        assert_eq!(common::argmax(g), *tok, "position {i}: greedy token differs from transformers'");
+    }
+    assert!(worst < 1e-4, "block-FP8 moe-norm vs transformers: max |logit diff| {worst:.2e}");
+    // The checkpoint is really quantized: moe-norm's own answer is far from it.
+    let plain = logits(&load(&fixture_dir("moe-norm")));
+    let moved = got.iter().zip(&plain).map(|(a, b)| max_abs_diff(a, b)).fold(0f32, f32::max);
+    assert!(moved > 1e-3, "the FP8 fixture answers as the unquantized moe-norm ({moved:.2e})");
+    println!("block-FP8 moe-norm against transformers: max |logit diff| {worst:.2e} over {} positions", got.len());
+}
+
 #[test]
 fn a_scale_of_the_wrong_shape_is_refused_by_name() {
     let (fp8_dir, _) = fixtures("bad-scale");
