@@ -39,6 +39,8 @@ pub struct EngineConfig {
     pub dtype: Option<String>,
     /// What the KV pool stores (`--kv-cache-dtype`).
     pub kv_cache_dtype: crate::KvCacheDtype,
+    /// Weights quantized at load (`--quantization`).
+    pub quantization: crate::Quantization,
     /// KV block size in tokens.
     pub block_size: usize,
     /// Number of KV blocks; when None, derived from `kv_cache_memory_bytes`.
@@ -127,6 +129,7 @@ impl Default for EngineConfig {
             download_dir: None,
             dtype: None,
             kv_cache_dtype: crate::KvCacheDtype::Auto,
+            quantization: crate::Quantization::None,
             block_size: 16,
             num_kv_blocks: None,
             kv_cache_memory_bytes: 512 << 20,

@@ -25,6 +25,7 @@ pub mod kernel_plan;
 pub mod kv_cache_dtype;
 mod kv_handoff;
 mod loaded;
+pub mod quantization;
 pub mod reference_score;
 pub mod request;
 pub mod sampler;
@@ -46,5 +47,6 @@ pub use kvc_session_cache::{client_session_id, is_valid_client_part, scoped_sess
 pub use kvc_session_cache::{CacheStats, ReusePath, SessionInfo, SnapshotInfo, SnapshotStats, Tier};
 pub use kvc_text_front::{CompiledGrammar, GrammarCompiler};
 pub use kvc_wire::{Constraint, Grammar, ReasoningGate};
+pub use quantization::Quantization;
 pub use request::{FinishReason, GenerateRequest, Logprobs, MatchedStop, SamplingParams, ServePath, StreamEvent, TokenLogprob, Usage};
 pub use stats::EngineStats;

@@ -13,6 +13,7 @@ use kvc_model_loading::progress::Progress;
 use kvc_model_qwen3::{parse_dtype, Qwen3Config, Qwen3Model};
 
 use crate::kv_cache_dtype::KvScales;
+use crate::quantization::Quantization;
 use crate::{EngineConfig, EngineError};
 use kvc_text_front::chat_template::ChatTemplate;
 use kvc_text_front::tokenizer::TextTokenizer;
@@ -35,7 +36,7 @@ fn load_err(e: impl std::fmt::Display) -> EngineError {
 
 /// Reads the checkpoint's weights with a progress bar (or log lines) and
 /// a summary of the time and GB/s.
-fn load_weights(dir: &Path, dtype: DType, device: &Device) -> Result<Qwen3Model, EngineError> {
+fn load_weights(dir: &Path, dtype: DType, device: &Device, quantization: Quantization) -> Result<Qwen3Model, EngineError> {
     let total = kvc_model_qwen3::weights::checkpoint_bytes(dir).map_err(load_err)?;
     let files = kvc_model_qwen3::weights::safetensors_files(dir).map_err(load_err)?.len();
     let item = format!("{files} safetensors file{}", if files == 1 { "" } else { "s" });
@@ -46,7 +47,7 @@ fn load_weights(dir: &Path, dtype: DType, device: &Device) -> Result<Qwen3Model,
             p.inc(bytes);
         }
     });
-    let loaded = Qwen3Model::load_observed(dir, dtype, device, on_tensor);
+    let loaded = Qwen3Model::load_observed(dir, dtype, device, quantization.at_load(), on_tensor);
     let progress = progress.lock().unwrap_or_else(|e| e.into_inner()).take();
     match (loaded, progress) {
         (Ok(model), Some(p)) => {
@@ -76,14 +77,24 @@ pub(crate) fn load(config: &EngineConfig) -> Result<Loaded, EngineError> {
     crate::kernel_plan::apply(&config.kernels, &device)?;
     let hub = HubSettings { revision: config.revision.clone(), cache_dir: config.download_dir.clone() };
     let ResolvedSource { dir, served_default, config_json } = model_source::resolve(&config.model, config.load_format, hub)?;
-    let model_config = Qwen3Config::from_json(&config_json).map_err(load_err)?;
+    let mut model_config = Qwen3Config::from_json(&config_json).map_err(load_err)?;
     let dtype = compute_dtype(config.dtype.as_deref(), &model_config, &device)?;
     let real_weights = dir.is_some() && config.load_format == LoadFormat::Auto;
     let model = match (&dir, config.load_format) {
-        (Some(d), LoadFormat::Auto) => load_weights(d, dtype, &device)?,
-        _ => Qwen3Model::dummy(model_config.clone(), config.seed, dtype, &device).map_err(load_err)?,
+        (Some(d), LoadFormat::Auto) => load_weights(d, dtype, &device, config.quantization)?,
+        _ => {
+            // Dummy weights: the GPU path draws them and quantizes its
+            // projections to block FP8, as it does for a block-FP8 config.
+            if model_config.fp8.is_none() {
+                model_config.fp8 = config.quantization.at_load();
+            }
+            Qwen3Model::dummy(model_config.clone(), config.seed, dtype, &device).map_err(load_err)?
+        }
     };
-    let weights = if real_weights { "checkpoint".to_string() } else { format!("dummy seed {}", config.seed) };
+    let mut weights = if real_weights { "checkpoint".to_string() } else { format!("dummy seed {}", config.seed) };
+    if config.quantization != Quantization::None {
+        weights += &format!(" quantization {:?}", config.quantization);
+    }
     let checkpoint = dir.as_deref().map_or_else(|| "embedded".to_string(), crate::fingerprint::checkpoint_identity);
     let fingerprint = crate::fingerprint::system_fingerprint(&format!("{weights} dtype {dtype:?}\n{checkpoint}"), &format!("{device:?}"));
     #[cfg(feature = "cuda")]

@@ -37,6 +37,20 @@ pub const E4M3_MAX: f32 = 448.0;
 /// blocks, activations in 128-wide groups).
 pub const GEMM_BLOCK: usize = 128;
 
+/// The blocks `--quantization fp8` quantizes a plain checkpoint's weights
+/// in at load ([`stored_in_fp8`]'s tensors): the official checkpoints'
+/// 128x128, the FP8 GEMMs' own.
+pub const AT_LOAD: BlockFp8 = BlockFp8 { block: (GEMM_BLOCK, GEMM_BLOCK) };
+
+/// Whether a block-FP8 checkpoint stores tensor `name` in FP8, as Qwen's
+/// official checkpoints and transformers' `FineGrainedFP8Config` do: the
+/// decoder layers' linear projections (attention, dense MLP, each expert's
+/// or the fused experts'); never the embeddings, norms, router or LM head.
+pub fn stored_in_fp8(name: &str) -> bool {
+    name.starts_with("model.layers.")
+        && (name.ends_with("_proj.weight") || name.ends_with("experts.gate_up_proj") || name.ends_with("experts.down_proj"))
+}
+
 /// The keys kvc reads or may ignore (the modules left unquantized are
 /// stored plainly, so their lists change nothing here).
 const KNOWN_KEYS: [&str; 6] = ["quant_method", "fmt", "activation_scheme", "weight_block_size", "modules_to_not_convert", "ignored_layers"];
@@ -81,31 +95,40 @@ impl BlockFp8 {
         format!("{weight}_scale_inv")
     }
 
-    /// `q * scale` per block, for `q: [N, K]` (FP8, any device) and
-    /// `scale: [ceil(N / bn), ceil(K / bk)]`: f32 `[N, K]` on the CPU.
+    /// `q * scale` per block, for `q: [.., N, K]` (FP8, any device) and
+    /// `scale: [.., ceil(N / bn), ceil(K / bk)]`: f32 `[.., N, K]` on the
+    /// CPU (a leading dim: fused experts, each its own blocks).
     pub fn dequantize(&self, name: &str, q: &Tensor, scale: &Tensor) -> Result<Tensor, ModelError> {
         let err = |m: String| ModelError::Weights(format!("{name}: {m}"));
-        let (rows, cols) =
-            q.dims2().map_err(|_| err(format!("an FP8 weight of shape {:?}: only 2-D weights are implemented", q.shape())))?;
+        let dims = q.dims();
+        if dims.len() < 2 {
+            return Err(err(format!("an FP8 weight of shape {:?}: it takes [.., N, K]", q.shape())));
+        }
+        let (rows, cols) = (dims[dims.len() - 2], dims[dims.len() - 1]);
+        let batch = dims[..dims.len() - 2].iter().product::<usize>();
         let (br, bc) = self.block;
-        let want = (rows.div_ceil(br), cols.div_ceil(bc));
-        if scale.dims2().ok() != Some(want) {
+        let (sr, sc) = (rows.div_ceil(br), cols.div_ceil(bc));
+        let mut want = dims[..dims.len() - 2].to_vec();
+        want.extend([sr, sc]);
+        if scale.dims() != want.as_slice() {
             return Err(err(format!(
-                "{} has shape {:?}, but {rows}x{cols} in {br}x{bc} blocks needs {want:?}",
+                "{} has shape {:?}, but {:?} in {br}x{bc} blocks needs {want:?}",
                 Self::scale_name(name),
-                scale.shape()
+                scale.shape(),
+                q.shape()
             )));
         }
         let c = |e: candle_core::Error| err(e.to_string());
         let q = q.to_device(&Device::Cpu).map_err(c)?.to_dtype(DType::F32).map_err(c)?;
         let s = scale.to_device(&Device::Cpu).map_err(c)?.to_dtype(DType::F32).map_err(c)?;
-        // Each scale over its block: [sr, sc] -> [sr, br, sc, bc] -> [sr br, sc bc], cut to [N, K].
+        // Each scale over its block: [b, sr, sc] -> [b, sr, br, sc, bc] -> [b, sr br, sc bc], cut to [b, N, K].
         let full = s
-            .reshape((want.0, 1, want.1, 1))
-            .and_then(|t| t.broadcast_as((want.0, br, want.1, bc)))
-            .and_then(|t| t.reshape((want.0 * br, want.1 * bc)))
-            .and_then(|t| t.narrow(0, 0, rows))
-            .and_then(|t| t.narrow(1, 0, cols))
+            .reshape((batch, sr, 1, sc, 1))
+            .and_then(|t| t.broadcast_as((batch, sr, br, sc, bc)))
+            .and_then(|t| t.reshape((batch, sr * br, sc * bc)))
+            .and_then(|t| t.narrow(1, 0, rows))
+            .and_then(|t| t.narrow(2, 0, cols))
+            .and_then(|t| t.reshape(dims))
             .map_err(c)?;
         (q * full).map_err(c)
     }
@@ -221,8 +244,11 @@ mod tests {
         let v = &v;
         let (q, s) = fp8.quantize(&w).unwrap();
         assert_eq!((q.dtype(), q.dims(), s.dims()), (DType::F8E4M3, &[2, 6, 10][..], &[2, 2, 2][..]));
+        // Both experts at once equal each one alone.
+        let all = fp8.dequantize("w", &q, &s).unwrap();
         for e in 0..2 {
             let back = fp8.dequantize("w", &q.get(e).unwrap(), &s.get(e).unwrap()).unwrap().to_vec2::<f32>().unwrap();
+            assert_eq!(all.get(e).unwrap().to_vec2::<f32>().unwrap(), back, "expert {e}");
             for r in 0..6 {
                 for c in 0..10 {
                     let x = v[e * 60 + r * 10 + c];
@@ -247,6 +273,6 @@ mod tests {
         assert_eq!(w, vec![vec![1., 1., 1., 2.], vec![1., 1., 1., 2.], vec![3., 3., 3., 4.]]);
         let bad = Tensor::ones((1, 2), DType::F32, &Device::Cpu).unwrap();
         let e = fp8.dequantize("w", &q, &bad).unwrap_err().to_string();
-        assert!(e.contains("w_scale_inv") && e.contains("(2, 2)"), "{e}");
+        assert!(e.contains("w_scale_inv") && e.contains("[2, 2]"), "{e}");
     }
 }

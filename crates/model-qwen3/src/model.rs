@@ -104,14 +104,39 @@ impl Qwen3Model {
             Some(d) => d,
             None => config.dtype.as_deref().map(parse_dtype).transpose()?.unwrap_or(DType::F32),
         };
-        Self::load_observed(dir, dtype, device, Box::new(|_| {}))
+        Self::load_observed(dir, dtype, device, None, Box::new(|_| {}))
     }
 
     /// As [`Qwen3Model::load`] in `dtype`, reporting each tensor's bytes
     /// to `on_tensor` as it is read. A checkpoint with tensors the model
     /// does not read, or in dtypes it does not load, is refused by name.
-    pub fn load_observed(dir: &Path, dtype: DType, device: &Device, on_tensor: weights::OnTensor) -> Result<Self, ModelError> {
-        let config = Qwen3Config::from_json(&read_config(dir)?)?;
+    ///
+    /// `quantize` (`--quantization fp8`, in [`crate::fp8::AT_LOAD`]'s
+    /// blocks): a plain checkpoint's projections are quantized to block FP8
+    /// as they are read, so the model is the block-FP8 checkpoint that
+    /// quantizing it would make (FP8 GEMMs on the GPU, the quantized values
+    /// on the CPU); a checkpoint already in block FP8 keeps its own scales.
+    pub fn load_observed(
+        dir: &Path,
+        dtype: DType,
+        device: &Device,
+        quantize: Option<crate::fp8::BlockFp8>,
+        on_tensor: weights::OnTensor,
+    ) -> Result<Self, ModelError> {
+        let mut config = Qwen3Config::from_json(&read_config(dir)?)?;
+        let stored = config.fp8;
+        let at_load = match (quantize, stored) {
+            (Some(q), None) => {
+                tracing::info!(block = ?q.block, "--quantization fp8: the checkpoint's projections are quantized to block FP8 as they load");
+                config.fp8 = Some(q);
+                Some(q)
+            }
+            (Some(_), Some(own)) => {
+                tracing::info!(block = ?own.block, "--quantization fp8: the checkpoint is block FP8 already; its own weights and scales are used");
+                None
+            }
+            (None, _) => None,
+        };
         if let Some(fp8) = config.fp8 {
             #[cfg(feature = "cuda")]
             let why = if !device.is_cuda() {
@@ -127,12 +152,12 @@ impl Qwen3Model {
                 tracing::warn!(
                     block = ?fp8.block,
                     ?dtype,
-                    "a block-FP8 checkpoint: its FP8 weights are dequantized at load to the compute dtype ({why}), so they \
-                     take that dtype's memory"
+                    "block-FP8 weights (the checkpoint's, or quantized at load): dequantized at load to the compute dtype \
+                     ({why}), so they take that dtype's memory"
                 );
             }
         }
-        let checkpoint = weights::Checkpoint::open(dir, dtype, device, config.fp8, on_tensor)?;
+        let checkpoint = weights::Checkpoint::open(dir, dtype, device, stored, at_load, on_tensor)?;
         let tied = config.tie_word_embeddings;
         let layers = config.num_hidden_layers;
         let mut model = Self::new(config, checkpoint.vb.clone())?;

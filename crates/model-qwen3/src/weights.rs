@@ -1,8 +1,10 @@
 //! Where weights come from: safetensors files (single or sharded, any of
 //! f32 / bf16 / f16, converted to the compute dtype on load; block-FP8
 //! weights dequantized, or handed over as they are stored when asked for
-//! in `DType::F8E4M3`) or dummy random weights for any config (quantized
-//! to block FP8 when the config says so and the GPU path asks for FP8).
+//! in `DType::F8E4M3`; a plain checkpoint's projections quantized to
+//! block FP8 as they are read, with `--quantization fp8`) or dummy random
+//! weights for any config (quantized to block FP8 when the config says so
+//! and the GPU path asks for FP8).
 
 use std::collections::hash_map::DefaultHasher;
 use std::collections::{HashMap, HashSet};
@@ -15,7 +17,7 @@ use candle_nn::var_builder::SimpleBackend;
 use candle_nn::{Init, VarBuilder};
 use rand::{Rng, SeedableRng};
 
-use crate::fp8::BlockFp8;
+use crate::fp8::{stored_in_fp8, BlockFp8};
 use crate::ModelError;
 
 /// The safetensors files of a checkpoint directory: the shards listed in
@@ -71,7 +73,17 @@ impl Checkpoint {
     /// tensor in a dtype kvc does not load as it is.
     /// With `fp8` (a block-FP8 `quantization_config`), FP8 weights are
     /// taken too, each dequantized at load with its `weight_scale_inv`.
-    pub fn open(dir: &Path, dtype: DType, device: &Device, fp8: Option<BlockFp8>, on_tensor: OnTensor) -> Result<Self, ModelError> {
+    /// With `at_load` (`--quantization fp8` over a plain checkpoint), the
+    /// tensors a block-FP8 checkpoint would store in FP8 are quantized in
+    /// those blocks as they are read ([`Observed::quantized_at_load`]).
+    pub fn open(
+        dir: &Path,
+        dtype: DType,
+        device: &Device,
+        fp8: Option<BlockFp8>,
+        at_load: Option<BlockFp8>,
+        on_tensor: OnTensor,
+    ) -> Result<Self, ModelError> {
         let files = safetensors_files(dir)?;
         // SAFETY: the files are memory-mapped read-only; modifying them while
         // the server runs is undefined, as with every mmap-based loader.
@@ -96,7 +108,8 @@ impl Checkpoint {
             )));
         }
         let read = Arc::new(Mutex::new(HashSet::new()));
-        let backend: Box<dyn SimpleBackend> = Box::new(Observed { inner, on_tensor, read: read.clone(), fp8 });
+        let at_load = at_load.map(|b| (b, Mutex::new(HashMap::new())));
+        let backend: Box<dyn SimpleBackend> = Box::new(Observed { inner, on_tensor, read: read.clone(), fp8, at_load });
         Ok(Self { vb: VarBuilder::from_backend(backend, dtype, device.clone()), names, read })
     }
 
@@ -137,6 +150,9 @@ struct Observed {
     on_tensor: OnTensor,
     read: Arc<Mutex<HashSet<String>>>,
     fp8: Option<BlockFp8>,
+    /// `--quantization fp8`: the blocks, and the scales of weights
+    /// quantized so far that have not been asked for yet.
+    at_load: Option<(BlockFp8, Mutex<HashMap<String, Tensor>>)>,
 }
 
 impl Observed {
@@ -184,8 +200,60 @@ impl Observed {
     }
 }
 
+impl Observed {
+    /// Whether `name` is quantized at load: `--quantization fp8`, and a
+    /// tensor a block-FP8 checkpoint stores in FP8 that this one stores
+    /// plainly.
+    fn quantizes(&self, name: &str) -> bool {
+        self.at_load.is_some() && stored_in_fp8(name) && self.inner.get(name).is_ok_and(|v| PLAIN_DTYPES.contains(&v.dtype()))
+    }
+
+    /// `name` read and quantized as block-FP8 checkpoints are made (per
+    /// block: scale = amax / 448, e4m3 of w / scale): asked for in
+    /// `DType::F8E4M3` (the GPU path's FP8 GEMMs), the e4m3 weight, its
+    /// scales kept for the `_scale_inv` request that follows; asked for in
+    /// another dtype (the CPU path, or a projection the GEMMs do not
+    /// take), the quantized weight's values, as a checkpoint stored in FP8
+    /// would be dequantized.
+    fn quantized_at_load(&self, s: Shape, name: &str, dtype: DType, dev: &Device) -> candle_core::Result<Tensor> {
+        let Some((blocks, scales)) = &self.at_load else { candle_core::bail!("{name}: no quantization at load") };
+        let w = SimpleBackend::get(&self.inner, s, name, Init::Const(0.), DType::F32, dev)?;
+        self.report(name);
+        #[cfg(feature = "cuda")]
+        let (q, scale) = if dev.is_cuda() && blocks.block == (crate::fp8::GEMM_BLOCK, crate::fp8::GEMM_BLOCK) {
+            crate::cuda::quantize_blocks(&w)?
+        } else {
+            blocks.quantize(&w.to_device(&Device::Cpu)?)?
+        };
+        #[cfg(not(feature = "cuda"))]
+        let (q, scale) = blocks.quantize(&w)?;
+        if dtype == DType::F8E4M3 {
+            scales.lock().unwrap_or_else(|e| e.into_inner()).insert(BlockFp8::scale_name(name), scale);
+            return q.to_device(dev);
+        }
+        let w = blocks.dequantize(name, &q, &scale).map_err(|e| candle_core::Error::Msg(e.to_string()))?;
+        w.to_dtype(dtype)?.to_device(dev)
+    }
+
+    /// The scales [`Self::quantized_at_load`] kept for `name`
+    /// (`{weight}_scale_inv`), if it made them.
+    fn scales_made_at_load(&self, name: &str) -> Option<Tensor> {
+        let (_, scales) = self.at_load.as_ref()?;
+        scales.lock().unwrap_or_else(|e| e.into_inner()).remove(name)
+    }
+}
+
 impl SimpleBackend for Observed {
     fn get(&self, s: Shape, name: &str, h: Init, dtype: DType, dev: &Device) -> candle_core::Result<Tensor> {
+        if let Some(t) = self.scales_made_at_load(name) {
+            if t.shape() != &s {
+                candle_core::bail!("shape mismatch for {name}, expected {s:?}, got {:?}", t.shape());
+            }
+            return t.to_dtype(dtype)?.to_device(dev);
+        }
+        if self.quantizes(name) {
+            return self.quantized_at_load(s, name, dtype, dev);
+        }
         if dtype == DType::F8E4M3 {
             return self.fp8_stored(&s, name, dev);
         }
@@ -201,6 +269,13 @@ impl SimpleBackend for Observed {
     }
 
     fn get_unchecked(&self, name: &str, dtype: DType, dev: &Device) -> candle_core::Result<Tensor> {
+        if let Some(t) = self.scales_made_at_load(name) {
+            return t.to_dtype(dtype)?.to_device(dev);
+        }
+        if self.quantizes(name) {
+            let s = Shape::from(self.inner.get(name)?.shape().to_vec());
+            return self.quantized_at_load(s, name, dtype, dev);
+        }
         if let Some(t) = self.fp8_weight(name, dtype, dev)? {
             return Ok(t);
         }
@@ -210,6 +285,11 @@ impl SimpleBackend for Observed {
     }
 
     fn contains_tensor(&self, name: &str) -> bool {
+        if let Some(base) = name.strip_suffix("_scale_inv") {
+            if self.quantizes(base) {
+                return true;
+            }
+        }
         SimpleBackend::contains_tensor(&self.inner, name)
     }
 }
@@ -234,13 +314,6 @@ struct DummyBackend {
     /// The block-FP8 config, and the scales of weights quantized so far
     /// that have not been asked for yet.
     fp8: Option<(BlockFp8, Mutex<HashMap<String, Tensor>>)>,
-}
-
-/// The dummy tensors a block-FP8 checkpoint would store in FP8: the
-/// decoder layers' linear projections, per expert or fused.
-fn dummy_quantized(name: &str) -> bool {
-    name.starts_with("model.layers.")
-        && (name.ends_with("_proj.weight") || name.ends_with("experts.gate_up_proj") || name.ends_with("experts.down_proj"))
 }
 
 impl SimpleBackend for DummyBackend {
@@ -294,7 +367,7 @@ impl SimpleBackend for DummyBackend {
 
     fn contains_tensor(&self, name: &str) -> bool {
         if let Some(base) = name.strip_suffix("_scale_inv") {
-            return self.fp8.is_some() && dummy_quantized(base);
+            return self.fp8.is_some() && stored_in_fp8(base);
         }
         // Expert weights are requested in the per-expert layout on a CPU,
         // fused on a GPU.

@@ -122,14 +122,7 @@ fn a_block_fp8_checkpoint_answers_as_transformers_answers_it() {
     let name = "moe-norm-fp8";
     let model = load(&fixture_dir(name));
     let got = common::teacher_forced(&model, name, |nb| KvStorage::new(model.kv_layout(BLOCK_SIZE), nb).unwrap());
-    let want: Vec<(Vec<f32>, u32)> =
-        common::cases(name).into_iter().flat_map(|c| c.logits.into_iter().zip(c.greedy).collect::<Vec<_>>()).collect();
-    assert_eq!(got.len(), want.len());
-    let mut worst = 0f32;
-    for (i, (g, (w, tok))) in got.iter().zip(&want).enumerate() {
-        worst = worst.max(max_abs_diff(g, w));
-        assert_eq!(common::argmax(g), *tok, "position {i}: greedy token differs from transformers'");
-    }
+    let worst = common::against_transformers(&got, name);
     assert!(worst < 1e-4, "block-FP8 moe-norm vs transformers: max |logit diff| {worst:.2e}");
     // The checkpoint is really quantized: moe-norm's own answer is far from it.
     let plain = logits(&load(&fixture_dir("moe-norm")));

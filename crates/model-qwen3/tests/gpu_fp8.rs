@@ -32,6 +32,7 @@ use common::fp8_checkpoint::{tiny_fp8_checkpoint, tiny_prompts};
 use common::{argmax, gpu, rel_err};
 use kvc_kv_pool::{BlockId, KvStorage};
 use kvc_model_qwen3::cuda::{fp8_gemm_runs, set_fp8_weights};
+use kvc_model_qwen3::fp8::AT_LOAD;
 use kvc_model_qwen3::{BatchInput, Qwen3Model, SeqChunk};
 
 /// The FP8 choice is process-wide (the kernel plan's): one test at a time.
@@ -95,14 +96,33 @@ fn run(model: &Qwen3Model, prompts: &[Vec<u32>], forced: Option<&[Vec<u32>]>, de
     (logits, fed)
 }
 
-#[test]
-#[ignore = "needs an sm90 GPU: run with scripts/gpu_run.sh"]
-fn fp8_weights_answer_as_the_dequantized_load_within_activation_rounding() {
-    let _one = CHOICE.lock().unwrap_or_else(|e| e.into_inner());
+/// (sum of squared differences, sum of squares of `want`) over every
+/// position's logits: their ratio's root is the relative RMS error.
+fn squares(got: &[Vec<f32>], want: &[Vec<f32>]) -> (f64, f64) {
+    got.iter().zip(want).fold((0f64, 0f64), |(n, d), (a, b)| {
+        (n + a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum::<f64>(), d + b.iter().map(|y| (*y as f64).powi(2)).sum::<f64>())
+    })
+}
+
+/// The GPU, held for one FP8 test at a time (the FP8 choice is
+/// process-wide), where the FP8 GEMMs run.
+fn fp8_gpu() -> (std::sync::MutexGuard<'static, ()>, Device) {
+    let one = CHOICE.lock().unwrap_or_else(|e| e.into_inner());
     if let Err(e) = fp8_gemm_runs() {
         panic!("the FP8 GEMMs do not run here: {e}");
     }
-    let dev = gpu();
+    (one, gpu())
+}
+
+/// Positions whose greedy tokens agree.
+fn greedy_agreement(got: &[Vec<f32>], want: &[Vec<f32>]) -> usize {
+    got.iter().zip(want).filter(|(a, b)| argmax(a) == argmax(b)).count()
+}
+
+#[test]
+#[ignore = "needs an sm90 GPU: run with scripts/gpu_run.sh"]
+fn fp8_weights_answer_as_the_dequantized_load_within_activation_rounding() {
+    let (_one, dev) = fp8_gpu();
     let tiny = tiny_fp8_checkpoint("gpu-answers");
     let prompts = tiny_prompts(PROMPTS);
     let reference = load(&tiny.fp8, false, &dev);
@@ -118,13 +138,11 @@ fn fp8_weights_answer_as_the_dequantized_load_within_activation_rounding() {
 
     let prefill_rows: usize = prompts.iter().map(Vec::len).sum();
     let errs: Vec<f64> = got.iter().zip(&want).map(|(a, b)| rel_err(a, b)).collect();
-    let (num, den) = got.iter().zip(&want).fold((0f64, 0f64), |(n, d), (a, b)| {
-        (n + a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum::<f64>(), d + b.iter().map(|y| (*y as f64).powi(2)).sum::<f64>())
-    });
+    let (num, den) = squares(&got, &want);
     let overall = (num / den).sqrt();
     let (worst_at, worst) = errs.iter().copied().enumerate().max_by(|a, b| a.1.total_cmp(&b.1)).unwrap();
-    let agree = got.iter().zip(&want).filter(|(a, b)| argmax(a) == argmax(b)).count();
-    let agree_decode = got[prefill_rows..].iter().zip(&want[prefill_rows..]).filter(|(a, b)| argmax(a) == argmax(b)).count();
+    let agree = greedy_agreement(&got, &want);
+    let agree_decode = greedy_agreement(&got[prefill_rows..], &want[prefill_rows..]);
     let max_abs = got.iter().zip(&want).map(|(a, b)| common::max_abs_diff(a, b)).fold(0f32, f32::max);
     let logit_rms = (den / (want.len() * want[0].len()) as f64).sqrt();
     // The noise floor: the dequantized load against itself, run again.
@@ -156,11 +174,7 @@ fn fp8_weights_answer_as_the_dequantized_load_within_activation_rounding() {
 #[test]
 #[ignore = "needs an sm90 GPU: run with scripts/gpu_run.sh"]
 fn fp8_weights_take_half_the_device_bytes_of_the_dequantized_load() {
-    let _one = CHOICE.lock().unwrap_or_else(|e| e.into_inner());
-    if let Err(e) = fp8_gemm_runs() {
-        panic!("the FP8 GEMMs do not run here: {e}");
-    }
-    let dev = gpu();
+    let (_one, dev) = fp8_gpu();
     let tiny = tiny_fp8_checkpoint("gpu-bytes");
     let deq = load(&tiny.fp8, false, &dev).gpu_weight_bytes().expect("a GPU model");
     let fp8 = load(&tiny.fp8, true, &dev).gpu_weight_bytes().expect("a GPU model");
@@ -174,4 +188,28 @@ fn fp8_weights_take_half_the_device_bytes_of_the_dequantized_load() {
     assert!((ratio - (0.5 + scales)).abs() < 1e-3, "FP8 projections take {ratio:.4} of the bf16 bytes (want {:.4})", 0.5 + scales);
     // The rest (embeddings, LM head, norms, router) is the same in both.
     assert_eq!(fp8.total - fp8.projections, deq.total - deq.projections);
+}
+
+#[test]
+#[ignore = "needs an sm90 GPU: run with scripts/gpu_run.sh"]
+fn a_plain_checkpoint_quantized_at_load_runs_on_the_fp8_gemms_as_the_fp8_checkpoint_it_equals() {
+    let (_one, dev) = fp8_gpu();
+    let tiny = tiny_fp8_checkpoint("gpu-at-load");
+    let prompts = tiny_prompts(PROMPTS);
+    // The plain twin holds q x scale: quantized again in the same 128x128
+    // blocks (--quantization fp8), each block's largest value gives back its
+    // scale and every weight its e4m3 value.
+    let fp8 = load(&tiny.fp8, true, &dev);
+    let at_load = Qwen3Model::load_observed(&tiny.dequantized, DType::BF16, &dev, Some(AT_LOAD), Box::new(|_| {}))
+        .unwrap_or_else(|e| panic!("{}: {e}", tiny.dequantized.display()));
+    let bytes = at_load.gpu_weight_bytes().expect("a GPU model");
+    assert_eq!((bytes.fp8_weights, bytes.bf16_weights), (8, 0), "every projection quantized at load runs in FP8: {bytes:?}");
+    let (want, greedy) = run(&fp8, &prompts, None, &dev);
+    let (got, _) = run(&at_load, &prompts, Some(&greedy), &dev);
+    let (num, den) = squares(&got, &want);
+    let overall = (num / den).sqrt();
+    let agree = greedy_agreement(&got, &want);
+    println!("quantized at load vs the block-FP8 checkpoint: relative RMS logit error {overall:.2e}, greedy {agree}/{}", got.len());
+    assert!(overall <= 1e-3, "quantized at load, the model answers {overall:.2e} away from the FP8 checkpoint it equals");
+    assert!(agree as f64 >= GREEDY_AGREEMENT * got.len() as f64, "greedy agreement {agree}/{}", got.len());
 }

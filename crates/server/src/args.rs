@@ -2,7 +2,7 @@
 //! [`EngineConfig`].
 
 use clap::{Parser, ValueEnum};
-use kvc_engine::{EngineConfig, KvCacheDtype, LoadFormat, ModelSource};
+use kvc_engine::{EngineConfig, KvCacheDtype, LoadFormat, ModelSource, Quantization};
 
 mod serving;
 pub use serving::{ChatTemplateArg, KeyFile, ServingArgs, ToolCallParserArg};
@@ -178,10 +178,21 @@ pub struct Args {
     /// dtype), `bf16` (`bfloat16`) or `fp8` (`fp8_e4m3`: e4m3 with a scale
     /// per layer of 1.0, half of bf16's bytes per block, so twice the
     /// sessions fit the same memory and the host tier and P/D transfers
-    /// move half the bytes). The CPU path takes all three; on a GPU only
-    /// `auto` for now. A P/D pair must agree (the handshake refuses).
+    /// move half the bytes). The CPU path takes all three; a GPU the
+    /// compute dtype or `fp8`. A P/D pair must agree (the handshake
+    /// refuses).
     #[arg(long, default_value = "auto", value_parser = KvCacheDtype::parse)]
     pub kv_cache_dtype: KvCacheDtype,
+
+    /// Quantize the weights at load (vLLM's flag): `fp8` makes a plain
+    /// bf16 / f16 / f32 checkpoint's decoder projections block FP8 as they
+    /// are read (e4m3, one scale per 128x128 block, as Qwen's official FP8
+    /// checkpoints are made): on an H100/H200 they run on the FP8 GEMMs in
+    /// half the weight memory, on the CPU the same quantized values are
+    /// served. A block-FP8 checkpoint needs no flag (it keeps its own
+    /// scales). Other methods are refused by name.
+    #[arg(long, value_parser = Quantization::parse)]
+    pub quantization: Option<Quantization>,
 
     /// `auto` (CUDA device 0 when built with `--features cuda` and one is
     /// present, else the CPU), `cpu`, `cuda` or `cuda:N`.
@@ -374,6 +385,7 @@ impl Args {
                 DtypeArg::Float16 => Some("f16".to_string()),
             },
             kv_cache_dtype: self.kv_cache_dtype,
+            quantization: self.quantization.unwrap_or_default(),
             block_size: self.block_size,
             num_kv_blocks: self.num_kv_blocks,
             kv_cache_memory_bytes: self.kv_cache_memory,
@@ -474,6 +486,14 @@ mod tests {
         }
         let e = parse(&["--kv-cache-dtype", "fp8_e5m2"]).unwrap_err().to_string();
         assert!(e.contains("fp8_e5m2") && e.contains("not implemented"), "{e}");
+    }
+
+    #[test]
+    fn quantization_takes_fp8_and_refuses_the_methods_kvc_lacks_by_name() {
+        assert_eq!(parse(&[]).unwrap().engine_config().quantization, Quantization::None);
+        assert_eq!(parse(&["--quantization", "fp8"]).unwrap().engine_config().quantization, Quantization::Fp8);
+        let e = parse(&["--quantization", "awq"]).unwrap_err().to_string();
+        assert!(e.contains("awq") && e.contains("not implemented"), "{e}");
     }
 
     #[test]

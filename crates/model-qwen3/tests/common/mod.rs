@@ -72,6 +72,22 @@ pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
 }
 
+/// The largest |logit difference| of `got` (teacher-forced logits of
+/// `fixture`'s cases, as [`teacher_forced`] makes them) from transformers'
+/// logits in the fixture, after asserting that every position's greedy
+/// token is transformers'.
+pub fn against_transformers(got: &[Vec<f32>], fixture: &str) -> f32 {
+    let want: Vec<(Vec<f32>, u32)> =
+        cases(fixture).into_iter().flat_map(|c| c.logits.into_iter().zip(c.greedy).collect::<Vec<_>>()).collect();
+    assert_eq!(got.len(), want.len(), "{fixture}: positions");
+    let mut worst = 0f32;
+    for (i, (g, (w, tok))) in got.iter().zip(&want).enumerate() {
+        worst = worst.max(max_abs_diff(g, w));
+        assert_eq!(argmax(g), *tok, "{fixture}, position {i}: greedy token differs from transformers'");
+    }
+    worst
+}
+
 /// ‖a − b‖ / ‖b‖.
 pub fn rel_err(a: &[f32], b: &[f32]) -> f64 {
     let num: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
