@@ -433,11 +433,19 @@ def test_an_fp8_kv_pair_moves_half_of_bf16s_bytes_and_answers_as_a_colocated_wor
     assert per_token["fp8"] * 2 == per_token["bf16"], per_token
 
 
-def test_a_pair_whose_kv_dtypes_differ_is_refused_at_the_handshake_and_answers_locally(start_server, both):
-    p = start_server(*prefill_flags("--kv-cache-dtype", "fp8"))
+@pytest.mark.parametrize("flag,value,field", [
+    # Other KV bytes: a bf16 pool and an e4m3 one.
+    ("--kv-cache-dtype", "fp8", "dtype"),
+    # The same layout, but the prefill worker quantizes its weights at
+    # load: its KV would be another model's.
+    ("--quantization", "fp8", "weights"),
+])
+def test_a_pair_that_differs_is_refused_at_the_handshake_naming_the_field_and_answers_locally(
+        start_server, both, flag, value, field):
+    p = start_server(*prefill_flags(flag, value))
     d = start_decode(start_server, p)
     prompt = ids(78, 160)
-    out = complete(d, prompt, session="kv-mismatch")
+    out = complete(d, prompt, session=f"{field}-mismatch")
     assert out["kvc"]["path"] != "remote_prefill", out["kvc"]
     assert text(out) == text(complete(both, prompt))
-    assert "dtype" in d.log_tail() or "dtype" in p.log_tail(), d.log_tail()
+    assert f"incompatible KV peer: {field} is " in d.log_tail() + p.log_tail(), d.log_tail()

@@ -13,12 +13,13 @@ pub enum DisaggError {
     #[error("Mooncake {call} failed (code {code}){detail}")]
     Engine { call: &'static str, code: i64, detail: String },
 
-    /// The peer's pool cannot receive ours (or send to it) byte for byte.
-    #[error("incompatible KV layout: {field} is {local} here but {remote} at the peer")]
+    /// The peer's pool cannot receive ours (or send to it) byte for byte,
+    /// or other weights compute its KV.
+    #[error("incompatible KV peer: {field} is {local} here but {remote} at the peer")]
     Incompatible { field: &'static str, local: String, remote: String },
 
     /// The peer checked our record and refused it.
-    #[error("the peer refused our KV layout: {reason}")]
+    #[error("the peer refused our KV pool: {reason}")]
     RefusedByPeer { reason: String },
 
     /// A handshake record that contradicts itself.

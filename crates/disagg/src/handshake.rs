@@ -1,8 +1,10 @@
 //! The record two workers exchange before moving KV: what each pool looks
 //! like in memory and where it is. A transfer writes raw bytes at computed
 //! offsets, so any disagreement on the layout would corrupt the receiver's
-//! KV silently; [`HandshakeRecord::check_compatible`] refuses it up front,
-//! naming the field.
+//! KV silently, and KV computed by other weights (another checkpoint, or
+//! the same one quantized) would answer wrongly without a word;
+//! [`HandshakeRecord::check_compatible`] refuses either up front, naming
+//! the field.
 
 use candle_core::DType;
 use kvc_kv_pool::{KvLayout, MemoryRegion};
@@ -12,7 +14,7 @@ use crate::control::ControlChannel;
 use crate::{DisaggError, Result};
 
 /// Bumped whenever the record's meaning or the transfer protocol changes.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// kv-pool's storage order, outermost first. A pool stored another way
 /// (a future device layout) says so here and is refused by this one.
@@ -43,6 +45,12 @@ pub struct HandshakeRecord {
     /// Bytes from (layer l, block b) to (layer l, block b + 1): one block's
     /// K and V in one layer.
     pub block_stride: u64,
+    /// What computes the KV: the engine's weights identity (the
+    /// checkpoint's config and weight files, the compute dtype and any
+    /// quantization at load; not its path or device). Empty where nobody
+    /// set it (tools, tests); compared as it is.
+    #[serde(default)]
+    pub weights: String,
 }
 
 impl HandshakeRecord {
@@ -63,6 +71,7 @@ impl HandshakeRecord {
             region_len: region.len as u64,
             layer_stride: block_stride * num_blocks as u64,
             block_stride,
+            weights: String::new(),
         }
     }
 
@@ -117,9 +126,10 @@ impl HandshakeRecord {
         Ok(())
     }
 
-    /// Refuses a peer whose blocks are not byte-compatible with ours: the
-    /// first differing field (protocol version, storage order, dtype,
-    /// layers, kv heads, head dim, block size) is named in the error. Pool
+    /// Refuses a peer whose blocks are not byte-compatible with ours, or
+    /// whose KV other weights compute: the first differing field (protocol
+    /// version, storage order, dtype, weights, layers, kv heads, head dim,
+    /// block size) is named in the error. Pool
     /// sizes (`num_blocks`) and addresses may differ.
     pub fn check_compatible(&self, remote: &HandshakeRecord) -> Result<()> {
         fn same<T: PartialEq + ToString>(field: &'static str, local: T, remote: T) -> Result<()> {
@@ -132,6 +142,7 @@ impl HandshakeRecord {
         same("protocol_version", self.protocol_version, remote.protocol_version)?;
         same("storage_order", self.storage_order.as_str(), remote.storage_order.as_str())?;
         same("dtype", self.dtype.as_str(), remote.dtype.as_str())?;
+        same("weights", self.weights.as_str(), remote.weights.as_str())?;
         same("num_layers", self.num_layers, remote.num_layers)?;
         same("num_kv_heads", self.num_kv_heads, remote.num_kv_heads)?;
         same("head_dim", self.head_dim, remote.head_dim)?;
@@ -228,6 +239,8 @@ mod tests {
             ("block_size", record(KvLayout { block_size: 16, ..layout() }, 8)),
             ("protocol_version", HandshakeRecord { protocol_version: PROTOCOL_VERSION + 1, ..record(layout(), 8) }),
             ("storage_order", HandshakeRecord { storage_order: "block,layer".into(), ..record(layout(), 8) }),
+            // The same layout, computed by a checkpoint quantized at load.
+            ("weights", HandshakeRecord { weights: "w_0123456789ab".into(), ..record(layout(), 8) }),
         ];
         for (field, remote) in cases {
             match local.check_compatible(&remote) {

@@ -37,7 +37,13 @@ fn build_id() -> &'static str {
 /// What identifies a checkpoint directory: its path (a hub snapshot's
 /// names the commit), config.json, and each weight file's name and size.
 pub(crate) fn checkpoint_identity(dir: &Path) -> String {
-    let mut id = format!("dir={}\n", dir.display());
+    format!("dir={}\n{}", dir.display(), checkpoint_content(dir))
+}
+
+/// A checkpoint's config.json and each weight file's name and size,
+/// wherever the directory is.
+fn checkpoint_content(dir: &Path) -> String {
+    let mut id = String::new();
     if let Ok(config) = std::fs::read_to_string(dir.join("config.json")) {
         id.push_str(&config);
     }
@@ -66,6 +72,20 @@ pub(crate) fn system_fingerprint(model: &str, device: &str) -> String {
         h.update([0]);
     }
     format!("fp_{}", &hex(&h.finalize())[..12])
+}
+
+/// What computes a model's KV, for the P/D handshake: "w_" and 12 hex
+/// digits of a SHA-256 over `weights` (checkpoint or dummy seed, compute
+/// dtype, quantization at load) and the checkpoint's content (config.json,
+/// weight files' names and sizes), not its path, the build or the device:
+/// two workers serving one model from different directories or GPUs agree,
+/// a worker that quantizes it at load does not.
+pub(crate) fn weights_identity(weights: &str, checkpoint: Option<&Path>) -> String {
+    let mut h = Sha256::new();
+    h.update(weights.as_bytes());
+    h.update([0]);
+    h.update(checkpoint.map(checkpoint_content).unwrap_or_default().as_bytes());
+    format!("w_{}", &hex(&h.finalize())[..12])
 }
 
 fn cpu_features() -> String {
@@ -99,5 +119,24 @@ mod tests {
         assert_eq!(a, system_fingerprint("embedded seed=0 dtype=F32", "Cpu"));
         assert_ne!(a, system_fingerprint("embedded seed=1 dtype=F32", "Cpu"));
         assert_ne!(a, system_fingerprint("embedded seed=0 dtype=F32", "Cuda(0)"));
+    }
+
+    #[test]
+    fn the_weights_identity_follows_the_checkpoints_content_not_its_place() {
+        let base = std::env::temp_dir().join(format!("kvc-weights-id-{}", std::process::id()));
+        let (a, b) = (base.join("a"), base.join("elsewhere"));
+        for d in [&a, &b] {
+            std::fs::create_dir_all(d).unwrap();
+            std::fs::write(d.join("config.json"), "{\"hidden_size\": 8}").unwrap();
+            std::fs::write(d.join("model.safetensors"), [0u8; 64]).unwrap();
+        }
+        let id = weights_identity("checkpoint dtype BF16", Some(&a));
+        assert!(id.starts_with("w_") && id.len() == 14, "{id}");
+        assert_eq!(id, weights_identity("checkpoint dtype BF16", Some(&b)), "the same files in another directory");
+        assert_ne!(id, weights_identity("checkpoint quantization Fp8 dtype BF16", Some(&a)), "quantized at load");
+        assert_ne!(id, weights_identity("checkpoint dtype F32", Some(&a)), "another compute dtype");
+        std::fs::write(b.join("model.safetensors"), [0u8; 65]).unwrap();
+        assert_ne!(id, weights_identity("checkpoint dtype BF16", Some(&b)), "other weight files");
+        std::fs::remove_dir_all(&base).ok();
     }
 }

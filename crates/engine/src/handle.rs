@@ -31,6 +31,9 @@ pub struct ModelInfo {
     pub created: u64,
     /// `system_fingerprint`: this build, model and device (crate::fingerprint).
     pub fingerprint: String,
+    /// What computes the KV: the weights' identity, not the build's or
+    /// device's (crate::fingerprint::weights_identity); P/D peers compare it.
+    pub weights: String,
     pub block_size: usize,
     pub num_kv_blocks: usize,
     pub max_num_seqs: usize,
@@ -146,7 +149,8 @@ impl EngineHandle {
             vocab_size: loaded.vocab_size,
             eos_token_ids: loaded.eos_token_ids,
             created: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
-            fingerprint: loaded.fingerprint,
+            fingerprint: loaded.identity.fingerprint,
+            weights: loaded.identity.weights,
             block_size: engine_loop.block_size(),
             num_kv_blocks: engine_loop.num_blocks(),
             max_num_seqs: config.max_num_seqs,

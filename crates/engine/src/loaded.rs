@@ -26,8 +26,15 @@ pub(crate) struct Loaded {
     pub eos_token_ids: Vec<u32>,
     pub vocab_size: usize,
     pub served_name: String,
-    /// `system_fingerprint` (crate::fingerprint).
+    pub identity: Identity,
+}
+
+/// Who answers (crate::fingerprint).
+pub(crate) struct Identity {
+    /// `system_fingerprint`: this build, model and device.
     pub fingerprint: String,
+    /// What computes the KV: the weights alone (`weights_identity`).
+    pub weights: String,
 }
 
 fn load_err(e: impl std::fmt::Display) -> EngineError {
@@ -97,6 +104,7 @@ pub(crate) fn load(config: &EngineConfig) -> Result<Loaded, EngineError> {
     }
     let checkpoint = dir.as_deref().map_or_else(|| "embedded".to_string(), crate::fingerprint::checkpoint_identity);
     let fingerprint = crate::fingerprint::system_fingerprint(&format!("{weights} dtype {dtype:?}\n{checkpoint}"), &format!("{device:?}"));
+    let weights = crate::fingerprint::weights_identity(&format!("{weights} dtype {dtype:?}"), dir.as_deref());
     #[cfg(feature = "cuda")]
     if !config.enforce_eager {
         model.set_cuda_graphs(crate::config::CUDA_GRAPH_MAX_BATCH.min(config.max_num_seqs));
@@ -151,6 +159,7 @@ pub(crate) fn load(config: &EngineConfig) -> Result<Loaded, EngineError> {
         model = %served_default,
         params = model_config.num_parameters(),
         %fingerprint,
+        %weights,
         ?dtype,
         kv_dtype = ?layout.dtype,
         ?kv_scales,
@@ -168,6 +177,6 @@ pub(crate) fn load(config: &EngineConfig) -> Result<Loaded, EngineError> {
         template,
         eos_token_ids,
         served_name: config.served_model_name.clone().unwrap_or(served_default),
-        fingerprint,
+        identity: Identity { fingerprint, weights },
     })
 }

@@ -172,6 +172,13 @@ fn cstring(what: &'static str, s: &str) -> Result<CString> {
 }
 
 impl MooncakeTransport {
+    /// Names what computes the KV in this pool (the engine's weights
+    /// identity), so that the handshake refuses a peer whose KV other
+    /// weights compute.
+    pub fn set_weights(&mut self, weights: impl Into<String>) {
+        self.local.weights = weights.into();
+    }
+
     /// Starts an engine and registers `memory` with it.
     pub fn new(config: &MooncakeConfig, memory: PoolMemory) -> Result<Self> {
         sys::ensure_available()?;

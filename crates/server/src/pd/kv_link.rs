@@ -42,9 +42,10 @@ impl KvLink {
         let config = MooncakeConfig { host: host.to_string(), protocol: protocol.to_string(), ..MooncakeConfig::default() };
         // The region lives as long as the engine; the link is dropped
         // before the engine (field order of `PdState`).
-        let transport = MooncakeTransport::new(&config, memory).map_err(|e| {
+        let mut transport = MooncakeTransport::new(&config, memory).map_err(|e| {
             anyhow::anyhow!("cannot start the KV transport ({e}); prefill/decode roles need Mooncake: run scripts/mooncake_setup.sh")
         })?;
+        transport.set_weights(info.weights.clone());
         let l = transport.listeners();
         let bound: Vec<String> = l.bound.iter().map(|a| a.to_string()).collect();
         tracing::info!(event = "kv_link_started", segment = %transport.local_record().segment, protocol, location = ?region.location, listening = ?bound, "KV transport ready");
