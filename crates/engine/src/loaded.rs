@@ -102,9 +102,10 @@ pub(crate) fn load(config: &EngineConfig) -> Result<Loaded, EngineError> {
     if config.quantization != Quantization::None {
         weights += &format!(" quantization {:?}", config.quantization);
     }
+    let weights = format!("{weights} dtype {dtype:?}");
     let checkpoint = dir.as_deref().map_or_else(|| "embedded".to_string(), crate::fingerprint::checkpoint_identity);
-    let fingerprint = crate::fingerprint::system_fingerprint(&format!("{weights} dtype {dtype:?}\n{checkpoint}"), &format!("{device:?}"));
-    let weights = crate::fingerprint::weights_identity(&format!("{weights} dtype {dtype:?}"), dir.as_deref());
+    let fingerprint = crate::fingerprint::system_fingerprint(&format!("{weights}\n{checkpoint}"), &format!("{device:?}"));
+    let weights = crate::fingerprint::weights_identity(&weights, dir.as_deref());
     #[cfg(feature = "cuda")]
     if !config.enforce_eager {
         model.set_cuda_graphs(crate::config::CUDA_GRAPH_MAX_BATCH.min(config.max_num_seqs));

@@ -108,7 +108,7 @@ impl Checkpoint {
             )));
         }
         let read = Arc::new(Mutex::new(HashSet::new()));
-        let at_load = at_load.map(|b| (b, Mutex::new(HashMap::new())));
+        let at_load = at_load.map(BlockQuantizer::new);
         let backend: Box<dyn SimpleBackend> = Box::new(Observed { inner, on_tensor, read: read.clone(), fp8, at_load });
         Ok(Self { vb: VarBuilder::from_backend(backend, dtype, device.clone()), names, read })
     }
@@ -150,9 +150,50 @@ struct Observed {
     on_tensor: OnTensor,
     read: Arc<Mutex<HashSet<String>>>,
     fp8: Option<BlockFp8>,
-    /// `--quantization fp8`: the blocks, and the scales of weights
-    /// quantized so far that have not been asked for yet.
-    at_load: Option<(BlockFp8, Mutex<HashMap<String, Tensor>>)>,
+    /// `--quantization fp8`.
+    at_load: Option<BlockQuantizer>,
+}
+
+/// Weights quantized to block FP8 as they are asked for (`--quantization
+/// fp8`, and dummy FP8 weights), each one's scales kept until the
+/// `{weight}_scale_inv` request that follows takes them.
+struct BlockQuantizer {
+    blocks: BlockFp8,
+    scales: Mutex<HashMap<String, Tensor>>,
+}
+
+impl BlockQuantizer {
+    fn new(blocks: BlockFp8) -> Self {
+        Self { blocks, scales: Mutex::new(HashMap::new()) }
+    }
+
+    /// `w: [.., N, K]` as block-FP8 checkpoints are made (per block: scale
+    /// = amax / 448, e4m3 of w / scale), on `w`'s device: on a GPU by kvc's
+    /// kernel in 128x128 blocks (candle has no e4m3 cast there), else on
+    /// the host.
+    fn quantize(&self, w: &Tensor) -> candle_core::Result<(Tensor, Tensor)> {
+        #[cfg(feature = "cuda")]
+        if w.device().is_cuda() && self.blocks.block == (crate::fp8::GEMM_BLOCK, crate::fp8::GEMM_BLOCK) {
+            return crate::cuda::quantize_blocks(w);
+        }
+        let (q, scale) = self.blocks.quantize(&w.to_device(&Device::Cpu)?)?;
+        Ok((q.to_device(w.device())?, scale.to_device(w.device())?))
+    }
+
+    /// Keeps `weight`'s scales for its `_scale_inv` request.
+    fn keep(&self, weight: &str, scale: Tensor) {
+        self.scales.lock().unwrap_or_else(|e| e.into_inner()).insert(BlockFp8::scale_name(weight), scale);
+    }
+
+    /// The scales kept under `name` (`{weight}_scale_inv`), if any, checked
+    /// against the shape asked for.
+    fn take(&self, name: &str, s: Option<&Shape>) -> candle_core::Result<Option<Tensor>> {
+        let Some(t) = self.scales.lock().unwrap_or_else(|e| e.into_inner()).remove(name) else { return Ok(None) };
+        if let Some(s) = s.filter(|s| t.shape() != *s) {
+            candle_core::bail!("shape mismatch for {name}, expected {s:?}, got {:?}", t.shape());
+        }
+        Ok(Some(t))
+    }
 }
 
 impl Observed {
@@ -198,9 +239,7 @@ impl Observed {
         self.report(&scale_name);
         Ok(Some(w.to_dtype(dtype)?.to_device(dev)?))
     }
-}
 
-impl Observed {
     /// Whether `name` is quantized at load: `--quantization fp8`, and a
     /// tensor a block-FP8 checkpoint stores in FP8 that this one stores
     /// plainly.
@@ -216,39 +255,28 @@ impl Observed {
     /// take), the quantized weight's values, as a checkpoint stored in FP8
     /// would be dequantized.
     fn quantized_at_load(&self, s: Shape, name: &str, dtype: DType, dev: &Device) -> candle_core::Result<Tensor> {
-        let Some((blocks, scales)) = &self.at_load else { candle_core::bail!("{name}: no quantization at load") };
+        let Some(at_load) = &self.at_load else { candle_core::bail!("{name}: no quantization at load") };
         let w = SimpleBackend::get(&self.inner, s, name, Init::Const(0.), DType::F32, dev)?;
         self.report(name);
-        #[cfg(feature = "cuda")]
-        let (q, scale) = if dev.is_cuda() && blocks.block == (crate::fp8::GEMM_BLOCK, crate::fp8::GEMM_BLOCK) {
-            crate::cuda::quantize_blocks(&w)?
-        } else {
-            blocks.quantize(&w.to_device(&Device::Cpu)?)?
-        };
-        #[cfg(not(feature = "cuda"))]
-        let (q, scale) = blocks.quantize(&w)?;
+        let (q, scale) = at_load.quantize(&w)?;
         if dtype == DType::F8E4M3 {
-            scales.lock().unwrap_or_else(|e| e.into_inner()).insert(BlockFp8::scale_name(name), scale);
-            return q.to_device(dev);
+            at_load.keep(name, scale);
+            return Ok(q);
         }
-        let w = blocks.dequantize(name, &q, &scale).map_err(|e| candle_core::Error::Msg(e.to_string()))?;
+        let w = at_load.blocks.dequantize(name, &q, &scale).map_err(|e| candle_core::Error::Msg(e.to_string()))?;
         w.to_dtype(dtype)?.to_device(dev)
     }
 
     /// The scales [`Self::quantized_at_load`] kept for `name`
     /// (`{weight}_scale_inv`), if it made them.
-    fn scales_made_at_load(&self, name: &str) -> Option<Tensor> {
-        let (_, scales) = self.at_load.as_ref()?;
-        scales.lock().unwrap_or_else(|e| e.into_inner()).remove(name)
+    fn scales_made_at_load(&self, name: &str, s: Option<&Shape>) -> candle_core::Result<Option<Tensor>> {
+        self.at_load.as_ref().map_or(Ok(None), |q| q.take(name, s))
     }
 }
 
 impl SimpleBackend for Observed {
     fn get(&self, s: Shape, name: &str, h: Init, dtype: DType, dev: &Device) -> candle_core::Result<Tensor> {
-        if let Some(t) = self.scales_made_at_load(name) {
-            if t.shape() != &s {
-                candle_core::bail!("shape mismatch for {name}, expected {s:?}, got {:?}", t.shape());
-            }
+        if let Some(t) = self.scales_made_at_load(name, Some(&s))? {
             return t.to_dtype(dtype)?.to_device(dev);
         }
         if self.quantizes(name) {
@@ -269,7 +297,7 @@ impl SimpleBackend for Observed {
     }
 
     fn get_unchecked(&self, name: &str, dtype: DType, dev: &Device) -> candle_core::Result<Tensor> {
-        if let Some(t) = self.scales_made_at_load(name) {
+        if let Some(t) = self.scales_made_at_load(name, None)? {
             return t.to_dtype(dtype)?.to_device(dev);
         }
         if self.quantizes(name) {
@@ -303,7 +331,7 @@ impl SimpleBackend for Observed {
 pub fn dummy_var_builder(seed: u64, dtype: DType, device: &Device, fp8: Option<BlockFp8>) -> VarBuilder<'static> {
     // On a GPU, weights are drawn there (curand) and experts come fused:
     // the 30B-shaped model would take minutes to draw on one host thread.
-    let fp8 = fp8.map(|f| (f, Mutex::new(HashMap::new())));
+    let fp8 = fp8.map(BlockQuantizer::new);
     let backend: Box<dyn SimpleBackend> = Box::new(DummyBackend { seed, on_device: !device.is_cpu(), fp8 });
     VarBuilder::from_backend(backend, dtype, device.clone())
 }
@@ -311,36 +339,20 @@ pub fn dummy_var_builder(seed: u64, dtype: DType, device: &Device, fp8: Option<B
 struct DummyBackend {
     seed: u64,
     on_device: bool,
-    /// The block-FP8 config, and the scales of weights quantized so far
-    /// that have not been asked for yet.
-    fp8: Option<(BlockFp8, Mutex<HashMap<String, Tensor>>)>,
+    /// The block-FP8 config's quantizer.
+    fp8: Option<BlockQuantizer>,
 }
 
 impl SimpleBackend for DummyBackend {
     fn get(&self, s: Shape, name: &str, h: Init, dtype: DType, dev: &Device) -> candle_core::Result<Tensor> {
-        if let (Some(base), Some((_, scales))) = (name.strip_suffix("_scale_inv"), &self.fp8) {
-            let Some(t) = scales.lock().unwrap_or_else(|e| e.into_inner()).remove(name) else {
-                candle_core::bail!("dummy FP8 scales {name}: ask for {base} in FP8 first")
-            };
-            if t.shape() != &s {
-                candle_core::bail!("shape mismatch for {name}, expected {s:?}, got {:?}", t.shape());
-            }
+        if let (Some(base), Some(fp8)) = (name.strip_suffix("_scale_inv"), &self.fp8) {
+            let Some(t) = fp8.take(name, Some(&s))? else { candle_core::bail!("dummy FP8 scales {name}: ask for {base} in FP8 first") };
             return t.to_dtype(dtype);
         }
         if dtype == DType::F8E4M3 {
-            let Some((fp8, scales)) = &self.fp8 else {
-                candle_core::bail!("dummy weight {name} asked for in FP8 without a block-FP8 config")
-            };
-            let w = self.get(s, name, h, DType::F32, dev)?;
-            #[cfg(feature = "cuda")]
-            let (q, scale) = if dev.is_cuda() && fp8.block == (crate::fp8::GEMM_BLOCK, crate::fp8::GEMM_BLOCK) {
-                crate::cuda::quantize_blocks(&w)?
-            } else {
-                fp8.quantize(&w)?
-            };
-            #[cfg(not(feature = "cuda"))]
-            let (q, scale) = fp8.quantize(&w)?;
-            scales.lock().unwrap_or_else(|e| e.into_inner()).insert(BlockFp8::scale_name(name), scale);
+            let Some(fp8) = &self.fp8 else { candle_core::bail!("dummy weight {name} asked for in FP8 without a block-FP8 config") };
+            let (q, scale) = fp8.quantize(&self.get(s, name, h, DType::F32, dev)?)?;
+            fp8.keep(name, scale);
             return Ok(q);
         }
         if name.ends_with("norm.weight") {
