@@ -33,6 +33,30 @@ pub(crate) fn int(v: usize, what: &str) -> Result<i32, Error> {
     i32::try_from(v).map_err(|_| Error::Cutlass(format!("{what} = {v} does not fit an i32")))
 }
 
+/// A shim call that writes a byte count (a workspace size) through its
+/// first pointer.
+#[cfg(kvc_cutlass)]
+pub(crate) fn bytes(f: impl FnOnce(*mut u64, *mut c_char) -> i32) -> Result<usize, Error> {
+    let mut n = 0u64;
+    call(|e| f(&mut n, e), Error::Cutlass)?;
+    Ok(n as usize)
+}
+
+/// An entry's body: `$body` where the shim is built in; in a build without
+/// it the arguments are only marked used and the entry answers
+/// [`unavailable`].
+macro_rules! shim {
+    ([$($arg:ident),*], $body:block) => {{
+        #[cfg(kvc_cutlass)]
+        $body
+        #[cfg(not(kvc_cutlass))]
+        {
+            let _ = ($(&$arg,)*);
+            $crate::error::unavailable()
+        }
+    }};
+}
+
 /// What every entry answers in a build without CUTLASS's headers.
 #[cfg(not(kvc_cutlass))]
 pub(crate) fn unavailable<T>() -> Result<T, Error> {

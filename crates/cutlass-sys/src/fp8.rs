@@ -26,11 +26,9 @@
 use std::ffi::c_char;
 use std::ffi::c_void;
 
-#[cfg(not(kvc_cutlass))]
-use crate::error::unavailable;
 pub use crate::error::Error;
 #[cfg(kvc_cutlass)]
-use crate::error::{call, int, ERR_LEN};
+use crate::error::{bytes, call, int, ERR_LEN};
 
 /// One dense call's operands (cpp/fp8_gemm.h's kvc_fp8_gemm_args), all
 /// device addresses: `a: e4m3 [m, k]`, `sa: f32 [m, k/128]`,
@@ -137,11 +135,10 @@ mod ffi {
 
 /// Ok when the FP8 GEMMs are built in and the current device is sm90.
 pub fn check() -> Result<(), Error> {
-    #[cfg(kvc_cutlass)]
-    // SAFETY: err is ERR_LEN bytes.
-    return call(|e| unsafe { ffi::kvc_fp8_gemm_check(e, ERR_LEN) }, Error::Unavailable);
-    #[cfg(not(kvc_cutlass))]
-    unavailable()
+    shim!([], {
+        // SAFETY: err is ERR_LEN bytes.
+        call(|e| unsafe { ffi::kvc_fp8_gemm_check(e, ERR_LEN) }, Error::Unavailable)
+    })
 }
 
 /// Queues the per-token, per-128-group quantization of `x: bf16 [m, k]`
@@ -151,16 +148,10 @@ pub fn check() -> Result<(), Error> {
 /// `x`, `q`, `s` must be live device allocations of those sizes in the
 /// current context until the stream has run it.
 pub unsafe fn quant_rows(x: u64, q: u64, s: u64, m: usize, k: usize, stream: *mut c_void) -> Result<(), Error> {
-    #[cfg(kvc_cutlass)]
-    {
+    shim!([x, q, s, m, k, stream], {
         let (m, k) = (int(m, "m")?, int(k, "k")?);
         call(|e| ffi::kvc_fp8_quant_rows(x, q, s, m, k, stream, e, ERR_LEN), Error::Cutlass)
-    }
-    #[cfg(not(kvc_cutlass))]
-    {
-        let _ = (x, q, s, m, k, stream);
-        unavailable()
-    }
+    })
 }
 
 /// Queues the quantization of `experts` bf16 weights `w: [experts, n, k]`
@@ -171,33 +162,19 @@ pub unsafe fn quant_rows(x: u64, q: u64, s: u64, m: usize, k: usize, stream: *mu
 /// `w`, `q`, `sw` must be live device allocations of those sizes in the
 /// current context until the stream has run it.
 pub unsafe fn quant_blocks(w: u64, q: u64, sw: u64, experts: usize, n: usize, k: usize, stream: *mut c_void) -> Result<(), Error> {
-    #[cfg(kvc_cutlass)]
-    {
+    shim!([w, q, sw, experts, n, k, stream], {
         let (experts, n, k) = (int(experts, "experts")?, int(n, "n")?, int(k, "k")?);
         call(|e| ffi::kvc_fp8_quant_blocks(w, q, sw, experts, n, k, stream, e, ERR_LEN), Error::Cutlass)
-    }
-    #[cfg(not(kvc_cutlass))]
-    {
-        let _ = (w, q, sw, experts, n, k, stream);
-        unavailable()
-    }
+    })
 }
 
 /// Device scratch bytes one dense call of this shape needs.
 pub fn dense_workspace_bytes(m: usize, n: usize, k: usize) -> Result<usize, Error> {
-    #[cfg(kvc_cutlass)]
-    {
+    shim!([m, n, k], {
         let (m, n, k) = (int(m, "m")?, int(n, "n")?, int(k, "k")?);
-        let mut bytes = 0u64;
-        // SAFETY: bytes and err are valid for writes.
-        call(|e| unsafe { ffi::kvc_fp8_gemm_workspace(m, n, k, &mut bytes, e, ERR_LEN) }, Error::Cutlass)?;
-        Ok(bytes as usize)
-    }
-    #[cfg(not(kvc_cutlass))]
-    {
-        let _ = (m, n, k);
-        unavailable()
-    }
+        // SAFETY: the byte count and err are valid for writes.
+        bytes(|b, e| unsafe { ffi::kvc_fp8_gemm_workspace(m, n, k, b, e, ERR_LEN) })
+    })
 }
 
 /// Queues the dense FP8 GEMM on `stream` (a CUstream of the current context).
@@ -206,30 +183,16 @@ pub fn dense_workspace_bytes(m: usize, n: usize, k: usize) -> Result<usize, Erro
 /// Every address in `args` must point to live device memory of the sizes
 /// described there, in the current context, until the stream has run it.
 pub unsafe fn dense_run(args: &DenseArgs, stream: *mut c_void) -> Result<(), Error> {
-    #[cfg(kvc_cutlass)]
-    return call(|e| ffi::kvc_fp8_gemm_run(args, stream, e, ERR_LEN), Error::Cutlass);
-    #[cfg(not(kvc_cutlass))]
-    {
-        let _ = (args, stream);
-        unavailable()
-    }
+    shim!([args, stream], { call(|e| ffi::kvc_fp8_gemm_run(args, stream, e, ERR_LEN), Error::Cutlass) })
 }
 
 /// Device scratch bytes one grouped call over `experts` groups needs.
 pub fn grouped_workspace_bytes(experts: usize) -> Result<usize, Error> {
-    #[cfg(kvc_cutlass)]
-    {
+    shim!([experts], {
         let experts = int(experts, "experts")?;
-        let mut bytes = 0u64;
-        // SAFETY: bytes and err are valid for writes.
-        call(|e| unsafe { ffi::kvc_fp8_grouped_workspace(experts, &mut bytes, e, ERR_LEN) }, Error::Cutlass)?;
-        Ok(bytes as usize)
-    }
-    #[cfg(not(kvc_cutlass))]
-    {
-        let _ = experts;
-        unavailable()
-    }
+        // SAFETY: the byte count and err are valid for writes.
+        bytes(|b, e| unsafe { ffi::kvc_fp8_grouped_workspace(experts, b, e, ERR_LEN) })
+    })
 }
 
 /// Queues the grouped (per-expert) FP8 GEMM on `stream`.
@@ -238,13 +201,7 @@ pub fn grouped_workspace_bytes(experts: usize) -> Result<usize, Error> {
 /// As [`dense_run`]: every address in `args` must be live device memory of
 /// the described sizes until the stream has run it.
 pub unsafe fn grouped_run(args: &GroupedArgs, stream: *mut c_void) -> Result<(), Error> {
-    #[cfg(kvc_cutlass)]
-    return call(|e| ffi::kvc_fp8_grouped_run(args, stream, e, ERR_LEN), Error::Cutlass);
-    #[cfg(not(kvc_cutlass))]
-    {
-        let _ = (args, stream);
-        unavailable()
-    }
+    shim!([args, stream], { call(|e| ffi::kvc_fp8_grouped_run(args, stream, e, ERR_LEN), Error::Cutlass) })
 }
 
 /// Self-test of the dense path on the current device: quantizes
@@ -253,19 +210,13 @@ pub unsafe fn grouped_run(args: &GroupedArgs, stream: *mut c_void) -> Result<(),
 /// quantized values, and times `iters` calls of it and of CUTLASS's bf16
 /// GEMM of the same shape. Allocates and frees its own device memory.
 pub fn selftest_dense(m: usize, n: usize, k: usize, iters: usize) -> Result<SelfTest, Error> {
-    #[cfg(kvc_cutlass)]
-    {
+    shim!([m, n, k, iters], {
         let (m, n, k, iters) = (int(m, "m")?, int(n, "n")?, int(k, "k")?, int(iters, "iters")?);
         let mut out = SelfTest::default();
         // SAFETY: out and err are valid for writes; the shim owns its device memory.
         call(|e| unsafe { ffi::kvc_fp8_gemm_selftest_ex(m, n, k, iters, &mut out, e, ERR_LEN) }, Error::Cutlass)?;
         Ok(out)
-    }
-    #[cfg(not(kvc_cutlass))]
-    {
-        let _ = (m, n, k, iters);
-        unavailable()
-    }
+    })
 }
 
 /// Self-test of the grouped path: `tokens` tokens each routed to `topk`
@@ -273,20 +224,14 @@ pub fn selftest_dense(m: usize, n: usize, k: usize, iters: usize) -> Result<Self
 /// expert weights `[n, k]`; otherwise as [`selftest_dense`] (the bf16
 /// baseline is [`crate::run`] over the same expert offsets).
 pub fn selftest_grouped(experts: usize, tokens: usize, topk: usize, n: usize, k: usize, iters: usize) -> Result<SelfTest, Error> {
-    #[cfg(kvc_cutlass)]
-    {
+    shim!([experts, tokens, topk, n, k, iters], {
         let (experts, tokens, topk) = (int(experts, "experts")?, int(tokens, "tokens")?, int(topk, "topk")?);
         let (n, k, iters) = (int(n, "n")?, int(k, "k")?, int(iters, "iters")?);
         let mut out = SelfTest::default();
         // SAFETY: out and err are valid for writes; the shim owns its device memory.
         call(|e| unsafe { ffi::kvc_fp8_grouped_selftest(experts, tokens, topk, n, k, iters, &mut out, e, ERR_LEN) }, Error::Cutlass)?;
         Ok(out)
-    }
-    #[cfg(not(kvc_cutlass))]
-    {
-        let _ = (experts, tokens, topk, n, k, iters);
-        unavailable()
-    }
+    })
 }
 
 #[cfg(test)]

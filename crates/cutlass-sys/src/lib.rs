@@ -14,14 +14,13 @@
 use std::ffi::c_char;
 use std::ffi::c_void;
 
+#[macro_use]
 mod error;
 pub mod fp8;
 
-#[cfg(not(kvc_cutlass))]
-use error::unavailable;
 pub use error::Error;
 #[cfg(kvc_cutlass)]
-use error::{call, int, ERR_LEN};
+use error::{bytes, call, int, ERR_LEN};
 
 /// How the routed rows meet the tile (cpp/moe_gemm.h).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -66,28 +65,19 @@ mod ffi {
 
 /// Ok when the grouped GEMM is built in and the current device is sm90.
 pub fn check() -> Result<(), Error> {
-    #[cfg(kvc_cutlass)]
-    // SAFETY: err is ERR_LEN bytes.
-    return call(|e| unsafe { ffi::kvc_moe_gemm_check(e, ERR_LEN) }, Error::Unavailable);
-    #[cfg(not(kvc_cutlass))]
-    unavailable()
+    shim!([], {
+        // SAFETY: err is ERR_LEN bytes.
+        call(|e| unsafe { ffi::kvc_moe_gemm_check(e, ERR_LEN) }, Error::Unavailable)
+    })
 }
 
 /// Device scratch bytes one call over `experts` groups needs.
 pub fn workspace_bytes(experts: usize, variant: Variant) -> Result<usize, Error> {
-    #[cfg(kvc_cutlass)]
-    {
+    shim!([experts, variant], {
         let experts = int(experts, "experts")?;
-        let mut bytes = 0u64;
-        // SAFETY: bytes and err are valid for writes.
-        call(|e| unsafe { ffi::kvc_moe_gemm_workspace(experts, variant as i32, &mut bytes, e, ERR_LEN) }, Error::Cutlass)?;
-        Ok(bytes as usize)
-    }
-    #[cfg(not(kvc_cutlass))]
-    {
-        let _ = (experts, variant);
-        unavailable()
-    }
+        // SAFETY: the byte count and err are valid for writes.
+        bytes(|b, e| unsafe { ffi::kvc_moe_gemm_workspace(experts, variant as i32, b, e, ERR_LEN) })
+    })
 }
 
 /// Queues the grouped GEMM on `stream` (a CUstream of the current context).
@@ -96,13 +86,7 @@ pub fn workspace_bytes(experts: usize, variant: Variant) -> Result<usize, Error>
 /// Every address in `args` must point to live device memory of the sizes
 /// described there, in the current context, until the stream has run it.
 pub unsafe fn run(args: &GroupedArgs, stream: *mut c_void) -> Result<(), Error> {
-    #[cfg(kvc_cutlass)]
-    return call(|e| ffi::kvc_moe_gemm_run(args, stream, e, ERR_LEN), Error::Cutlass);
-    #[cfg(not(kvc_cutlass))]
-    {
-        let _ = (args, stream);
-        unavailable()
-    }
+    shim!([args, stream], { call(|e| ffi::kvc_moe_gemm_run(args, stream, e, ERR_LEN), Error::Cutlass) })
 }
 
 #[cfg(test)]
