@@ -299,6 +299,47 @@ extern "C" __global__ void silu_mul(const bf16* __restrict__ gu, bf16* __restric
     }
 }
 
+// silu_mul's bf16 outputs quantized as the FP8 GEMMs take their input
+// (cutlass-sys fp8_gemm.cu's quant_rows over silu_mul's result, in one
+// pass): e4m3 q [R, I] and f32 scales s [R, I / 128], scale = amax / 448
+// per 128-wide group, x / scale rounded to nearest even and saturated.
+// For I % 128 == 0: eight outputs a thread (one 8-byte store), a group per
+// half-warp, no grid stride, so every lane of a launched warp reaches the
+// shuffle (a thread past the end carries zeros and stores nothing).
+extern "C" __global__ void silu_mul_quant(const bf16* __restrict__ gu, uint2* __restrict__ q, float* __restrict__ s, int R,
+                                          int I) {
+    const size_t vecs = (size_t)(I / 8), n = (size_t)R * vecs;
+    const size_t v = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const bool live = v < n;
+    float y[8];
+    float amax = 0.f;
+    if (live) {
+        const size_t r = v / vecs, c = (v - r * vecs) * 8;
+        const bf16* row = gu + r * 2 * I;
+        uint4 g = *(const uint4*)(row + c), u = *(const uint4*)(row + I + c);
+        const bf16* gb = (const bf16*)&g;
+        const bf16* ub = (const bf16*)&u;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            y[i] = to_f(to_bf(silu_times(to_f(gb[i]), to_f(ub[i]))));
+            amax = fmaxf(amax, fabsf(y[i]));
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < 8; i++) y[i] = 0.f;
+    }
+#pragma unroll
+    for (int o = 8; o > 0; o /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    if (!live) return;
+    const float scale = amax > 0.f ? amax / 448.f : 1.f;
+    __nv_fp8x2_storage_t out[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+        out[i] = __nv_cvt_float2_to_fp8x2(make_float2(y[2 * i] / scale, y[2 * i + 1] / scale), __NV_SATFINITE, __NV_E4M3);
+    q[v] = *(const uint2*)out;
+    if ((v & 15) == 0) s[v / 16] = scale;
+}
+
 // out[i, :] = x[idx[i] / row_div, :] for i < R: the embedding lookup, the
 // rows that need logits, and the MoE pairs' input rows in expert order
 // (row_div = top-k). Indices are checked on the host. One block per row;

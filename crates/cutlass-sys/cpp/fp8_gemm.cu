@@ -14,7 +14,9 @@
 // scale traffic is 1/128 of A's.
 //
 // Tiles: 128x128x128 (K must be a whole 128-block per k-tile for the
-// per-block promotion; N 128 = the weight scale granularity), 1x1 cluster.
+// per-block promotion; N 128 = the weight scale granularity), 1x1 cluster;
+// the grouped GEMM's swapped tiling (GroupedSwap below) 128x64x128 with
+// the weights on M.
 #include "fp8_gemm.h"
 #include "moe_gemm.h"
 #include "cutlass_call.h"
@@ -85,15 +87,29 @@ struct Dense {
 using ProblemShape = cutlass::gemm::GroupProblemShape<Shape<int, int, int>>;
 using Problem = ProblemShape::UnderlyingProblemShape;
 
-struct Grouped {
+// The grouped GEMM in one of two tilings, as moe_gemm.cu's bf16 one:
+// ROWS puts each expert's routed rows on the tile's M (128x128x128,
+// prefill); SWAP computes d^T = w_q . a_q^T, the expert's weight rows on M
+// and its few routed rows on N (128x64x128), writing d transposed (a
+// column-major d^T is the row-major d): a decode step streams each touched
+// expert's weights once at full tile width instead of padding its 2-8 rows
+// to 128. The swap's scales trade places: the weights' 128x128 blocks are
+// SFA (granularity 128 on M), the tokens' groups SFB (granularity 1 on N),
+// both still K-major, so the same arrays serve both tilings.
+template <class TileT, class ScaleConfigT, class LayoutAT, class LayoutBT, class LayoutDT>
+struct GroupedT {
+    using Tile = TileT;
+    using Scales = ScaleConfigT;
+    using LayoutSFA = decltype(ScaleConfigT::deduce_layoutSFA());
+    using LayoutSFB = decltype(ScaleConfigT::deduce_layoutSFB());
     using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
         cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Tile, Cluster,
-        cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, LayoutD*, kAlignD, Bf16, LayoutD*,
+        cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, LayoutDT*, kAlignD, Bf16, LayoutDT*,
         kAlignD, cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative,
         cutlass::epilogue::fusion::LinearCombination<Bf16, float, void, float>>::CollectiveOp;
     using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-        cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, E4m3, cute::tuple<LayoutA*, LayoutSFA*>, kAlignAB, E4m3,
-        cute::tuple<LayoutB*, LayoutSFB*>, kAlignAB, float, Tile, Cluster,
+        cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, E4m3, cute::tuple<LayoutAT*, LayoutSFA*>, kAlignAB, E4m3,
+        cute::tuple<LayoutBT*, LayoutSFB*>, kAlignAB, float, Tile, Cluster,
         cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
         cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8BlockScaledAccum>::CollectiveOp;
     using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, Mainloop, Epilogue>;
@@ -102,6 +118,15 @@ struct Grouped {
     using StrideB = typename Kernel::InternalStrideB;
     using StrideD = typename Kernel::InternalStrideD;
 };
+
+using SwapScaleConfig =
+    cutlass::detail::Sm90BlockwiseScaleConfig<kBlock, 1, kBlock, cute::GMMA::Major::K, cute::GMMA::Major::K>;
+// Rows: a = the expert's rows [m, k], b = its weights [n, k], d = [m, n].
+using GroupedRows = GroupedT<Tile, ScaleConfig, LayoutA, LayoutB, LayoutD>;
+// Swap: a = the weights [n, k] (row-major M x K), b = the rows [m, k]
+// (column-major K x N), d^T = [n, m] column-major.
+using GroupedSwap = GroupedT<Shape<_128, _64, _128>, SwapScaleConfig, cutlass::layout::RowMajor,
+                             cutlass::layout::ColumnMajor, cutlass::layout::ColumnMajor>;
 
 int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
@@ -229,6 +254,7 @@ int dense_run(const kvc_fp8_gemm_args* a, cudaStream_t stream, char* err, size_t
 // Grouped GEMM: the per-expert arrays at the start of the workspace, then
 // CUTLASS's own.
 
+template <class G>
 struct GroupedLayout {
     uint64_t problems, pa, pb, psa, psb, pd, sa, sb, sd, lsa, lsb, cutlass;
     explicit GroupedLayout(int e) {
@@ -239,59 +265,95 @@ struct GroupedLayout {
         psb = up(psa + e * sizeof(void*));
         pd = up(psb + e * sizeof(void*));
         sa = up(pd + e * sizeof(void*));
-        sb = up(sa + e * sizeof(Grouped::StrideA));
-        sd = up(sb + e * sizeof(Grouped::StrideB));
-        lsa = up(sd + e * sizeof(Grouped::StrideD));
-        lsb = up(lsa + e * sizeof(LayoutSFA));
-        cutlass = up(lsb + e * sizeof(LayoutSFB));
+        sb = up(sa + e * sizeof(typename G::StrideA));
+        sd = up(sb + e * sizeof(typename G::StrideB));
+        lsa = up(sd + e * sizeof(typename G::StrideD));
+        lsb = up(lsa + e * sizeof(typename G::LayoutSFA));
+        cutlass = up(lsb + e * sizeof(typename G::LayoutSFB));
     }
 };
 
+// One thread per expert: its problem, pointers, strides and scale layouts.
+// kSwap: the weights are the GEMM's A (M = n) and the rows its B (N = m).
+template <class G, bool kSwap>
 __global__ void fill_groups(int experts, int n, int k, const uint32_t* offsets, const E4m3* a, const float* sa,
-                            const E4m3* w, const float* sw, Bf16* d, char* base, GroupedLayout l) {
+                            const E4m3* w, const float* sw, Bf16* d, char* base, GroupedLayout<G> l) {
     int e = blockIdx.x * blockDim.x + threadIdx.x;
     if (e >= experts) return;
     int r0 = static_cast<int>(offsets[e]);
     int m = static_cast<int>(offsets[e + 1]) - r0;
     int kb = (k + kBlock - 1) / kBlock, nb = (n + kBlock - 1) / kBlock;
-    reinterpret_cast<Problem*>(base + l.problems)[e] = Problem{m, n, k};
-    reinterpret_cast<const E4m3**>(base + l.pa)[e] = a + static_cast<int64_t>(r0) * k;
-    reinterpret_cast<const E4m3**>(base + l.pb)[e] = w + static_cast<int64_t>(e) * n * k;
-    reinterpret_cast<const float**>(base + l.psa)[e] = sa + static_cast<int64_t>(r0) * kb;
-    reinterpret_cast<const float**>(base + l.psb)[e] = sw + static_cast<int64_t>(e) * nb * kb;
+    const E4m3* rows = a + static_cast<int64_t>(r0) * k;
+    const float* row_scales = sa + static_cast<int64_t>(r0) * kb;
+    const E4m3* weight = w + static_cast<int64_t>(e) * n * k;
+    const float* weight_scales = sw + static_cast<int64_t>(e) * nb * kb;
+    int gm = kSwap ? n : m, gn = kSwap ? m : n;  // (M, N) of this group's GEMM
+    reinterpret_cast<Problem*>(base + l.problems)[e] = Problem{gm, gn, k};
+    reinterpret_cast<const E4m3**>(base + l.pa)[e] = kSwap ? weight : rows;
+    reinterpret_cast<const E4m3**>(base + l.pb)[e] = kSwap ? rows : weight;
+    reinterpret_cast<const float**>(base + l.psa)[e] = kSwap ? weight_scales : row_scales;
+    reinterpret_cast<const float**>(base + l.psb)[e] = kSwap ? row_scales : weight_scales;
     reinterpret_cast<Bf16**>(base + l.pd)[e] = d + static_cast<int64_t>(r0) * n;
-    reinterpret_cast<Grouped::StrideA*>(base + l.sa)[e] =
-        cutlass::make_cute_packed_stride(Grouped::StrideA{}, make_shape(m, k, 1));
-    reinterpret_cast<Grouped::StrideB*>(base + l.sb)[e] =
-        cutlass::make_cute_packed_stride(Grouped::StrideB{}, make_shape(n, k, 1));
-    reinterpret_cast<Grouped::StrideD*>(base + l.sd)[e] =
-        cutlass::make_cute_packed_stride(Grouped::StrideD{}, make_shape(m, n, 1));
-    reinterpret_cast<LayoutSFA*>(base + l.lsa)[e] = ScaleConfig::tile_atom_to_shape_SFA(make_shape(m, n, k, 1));
-    reinterpret_cast<LayoutSFB*>(base + l.lsb)[e] = ScaleConfig::tile_atom_to_shape_SFB(make_shape(m, n, k, 1));
+    reinterpret_cast<typename G::StrideA*>(base + l.sa)[e] =
+        cutlass::make_cute_packed_stride(typename G::StrideA{}, make_shape(gm, k, 1));
+    reinterpret_cast<typename G::StrideB*>(base + l.sb)[e] =
+        cutlass::make_cute_packed_stride(typename G::StrideB{}, make_shape(gn, k, 1));
+    reinterpret_cast<typename G::StrideD*>(base + l.sd)[e] =
+        cutlass::make_cute_packed_stride(typename G::StrideD{}, make_shape(gm, gn, 1));
+    reinterpret_cast<typename G::LayoutSFA*>(base + l.lsa)[e] =
+        G::Scales::tile_atom_to_shape_SFA(make_shape(gm, gn, k, 1));
+    reinterpret_cast<typename G::LayoutSFB*>(base + l.lsb)[e] =
+        G::Scales::tile_atom_to_shape_SFB(make_shape(gm, gn, k, 1));
 }
 
-typename Grouped::Gemm::Arguments grouped_arguments(int experts, char* base) {
-    GroupedLayout l(experts);
-    typename Grouped::Gemm::Arguments args;
+template <class G>
+typename G::Gemm::Arguments grouped_arguments(int experts, char* base) {
+    GroupedLayout<G> l(experts);
+    typename G::Gemm::Arguments args;
     decltype(args.epilogue.thread) fusion;
     kvc_cutlass::plain_product(fusion);
-    args = typename Grouped::Gemm::Arguments{
+    args = typename G::Gemm::Arguments{
         cutlass::gemm::GemmUniversalMode::kGrouped,
         {experts, reinterpret_cast<Problem*>(base + l.problems), nullptr},
-        {reinterpret_cast<const E4m3**>(base + l.pa), reinterpret_cast<Grouped::StrideA*>(base + l.sa),
-         reinterpret_cast<const E4m3**>(base + l.pb), reinterpret_cast<Grouped::StrideB*>(base + l.sb),
-         reinterpret_cast<const float**>(base + l.psa), reinterpret_cast<LayoutSFA*>(base + l.lsa),
-         reinterpret_cast<const float**>(base + l.psb), reinterpret_cast<LayoutSFB*>(base + l.lsb)},
+        {reinterpret_cast<const E4m3**>(base + l.pa), reinterpret_cast<typename G::StrideA*>(base + l.sa),
+         reinterpret_cast<const E4m3**>(base + l.pb), reinterpret_cast<typename G::StrideB*>(base + l.sb),
+         reinterpret_cast<const float**>(base + l.psa), reinterpret_cast<typename G::LayoutSFA*>(base + l.lsa),
+         reinterpret_cast<const float**>(base + l.psb), reinterpret_cast<typename G::LayoutSFB*>(base + l.lsb)},
         {fusion, nullptr, nullptr, reinterpret_cast<Bf16**>(base + l.pd),
-         reinterpret_cast<Grouped::StrideD*>(base + l.sd)},
+         reinterpret_cast<typename G::StrideD*>(base + l.sd)},
         hardware()};
     return args;
 }
 
+template <class G>
 uint64_t grouped_workspace_bytes(int experts) {
-    GroupedLayout l(experts);
-    auto args = grouped_arguments(experts, nullptr);
-    return l.cutlass + up(Grouped::Gemm::get_workspace_size(args));
+    GroupedLayout<G> l(experts);
+    auto args = grouped_arguments<G>(experts, nullptr);
+    return l.cutlass + up(G::Gemm::get_workspace_size(args));
+}
+
+// Bytes for `variant`, 0 for a variant that does not exist.
+uint64_t grouped_workspace_bytes(int experts, int variant) {
+    switch (variant) {
+        case KVC_MOE_GEMM_ROWS: return grouped_workspace_bytes<GroupedRows>(experts);
+        case KVC_MOE_GEMM_SWAP: return grouped_workspace_bytes<GroupedSwap>(experts);
+        default: return 0;
+    }
+}
+
+template <class G, bool kSwap>
+int grouped_launch(const kvc_fp8_grouped_args* a, cudaStream_t stream, char* err, size_t errlen) {
+    GroupedLayout<G> l(a->experts);
+    char* base = reinterpret_cast<char*>(a->op.workspace);
+    int threads = 128;
+    fill_groups<G, kSwap><<<(a->experts + threads - 1) / threads, threads, 0, stream>>>(
+        a->experts, a->n, a->k, reinterpret_cast<const uint32_t*>(a->offsets), reinterpret_cast<const E4m3*>(a->op.a),
+        reinterpret_cast<const float*>(a->op.sa), reinterpret_cast<const E4m3*>(a->op.w),
+        reinterpret_cast<const float*>(a->op.sw), reinterpret_cast<Bf16*>(a->op.d), base, l);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return fail(err, errlen, "fill_groups launch", cudaGetErrorString(e));
+    return kvc_cutlass::run_gemm<typename G::Gemm>(grouped_arguments<G>(a->experts, base), base + l.cutlass, stream,
+                                                   err, errlen);
 }
 
 int grouped_run(const kvc_fp8_grouped_args* a, cudaStream_t stream, char* err, size_t errlen) {
@@ -300,19 +362,11 @@ int grouped_run(const kvc_fp8_grouped_args* a, cudaStream_t stream, char* err, s
     if (a->k % kBlock) return fail(err, errlen, "kvc_fp8_grouped_run", "k must be a multiple of 128");
     if ((a->op.a | a->op.w | a->op.d | a->op.workspace) % 16 || (a->op.sa | a->op.sw) % 4)
         return fail(err, errlen, "kvc_fp8_grouped_run", "a, w, d, workspace must be 16-byte aligned, the scales 4-byte");
-    if (a->op.workspace_bytes < grouped_workspace_bytes(a->experts))
-        return fail(err, errlen, "kvc_fp8_grouped_run", "workspace too small");
-    GroupedLayout l(a->experts);
-    char* base = reinterpret_cast<char*>(a->op.workspace);
-    int threads = 128;
-    fill_groups<<<(a->experts + threads - 1) / threads, threads, 0, stream>>>(
-        a->experts, a->n, a->k, reinterpret_cast<const uint32_t*>(a->offsets), reinterpret_cast<const E4m3*>(a->op.a),
-        reinterpret_cast<const float*>(a->op.sa), reinterpret_cast<const E4m3*>(a->op.w),
-        reinterpret_cast<const float*>(a->op.sw), reinterpret_cast<Bf16*>(a->op.d), base, l);
-    cudaError_t e = cudaGetLastError();
-    if (e != cudaSuccess) return fail(err, errlen, "fill_groups launch", cudaGetErrorString(e));
-    return kvc_cutlass::run_gemm<Grouped::Gemm>(grouped_arguments(a->experts, base), base + l.cutlass, stream, err,
-                                                 errlen);
+    uint64_t need = grouped_workspace_bytes(a->experts, a->variant);
+    if (need == 0) return fail(err, errlen, "kvc_fp8_grouped_run", "unknown variant");
+    if (a->op.workspace_bytes < need) return fail(err, errlen, "kvc_fp8_grouped_run", "workspace too small");
+    if (a->variant == KVC_MOE_GEMM_SWAP) return grouped_launch<GroupedSwap, true>(a, stream, err, errlen);
+    return grouped_launch<GroupedRows, false>(a, stream, err, errlen);
 }
 
 // ---------------------------------------------------------------------------
@@ -706,8 +760,8 @@ int dense_selftest(int m, int n, int k, int iters, kvc_fp8_selftest_result* out,
     return 0;
 }
 
-int grouped_selftest(int experts, int tokens, int topk, int n, int k, int iters, kvc_fp8_selftest_result* out,
-                     char* err, size_t errlen) {
+int grouped_selftest(int experts, int tokens, int topk, int n, int k, int variant, int iters,
+                     kvc_fp8_selftest_result* out, char* err, size_t errlen) {
     memset(out, 0, sizeof *out);
     if (experts <= 0 || tokens <= 0 || topk <= 0 || topk > experts)
         return fail(err, errlen, "kvc_fp8_grouped_selftest", "need experts > 0, tokens > 0, 0 < topk <= experts");
@@ -743,8 +797,10 @@ int grouped_selftest(int experts, int tokens, int topk, int n, int k, int iters,
     a.experts = experts;
     a.n = n;
     a.k = k;
+    a.variant = variant;
     a.offsets = reinterpret_cast<uint64_t>(offsets);
-    uint64_t ws_bytes = grouped_workspace_bytes(experts);
+    uint64_t ws_bytes = grouped_workspace_bytes(experts, variant);
+    if (ws_bytes == 0) return fail(err, errlen, "kvc_fp8_grouped_selftest", "unknown variant");
     KVC_CK(ar.alloc(&ws, ws_bytes));
     a.op = operands(o, ws, ws_bytes);
     if (grouped_run(&a, ar.stream, err, errlen)) return 1;
@@ -809,9 +865,11 @@ extern "C" int kvc_fp8_gemm_run(const kvc_fp8_gemm_args* args, void* stream, cha
     return dense_run(args, static_cast<cudaStream_t>(stream), err, errlen);
 }
 
-extern "C" int kvc_fp8_grouped_workspace(int32_t experts, uint64_t* bytes, char* err, size_t errlen) {
+extern "C" int kvc_fp8_grouped_workspace(int32_t experts, int32_t variant, uint64_t* bytes, char* err,
+                                         size_t errlen) {
     if (experts <= 0) return fail(err, errlen, "kvc_fp8_grouped_workspace", "no experts");
-    *bytes = grouped_workspace_bytes(experts);
+    *bytes = grouped_workspace_bytes(experts, variant);
+    if (*bytes == 0) return fail(err, errlen, "kvc_fp8_grouped_workspace", "unknown variant");
     return 0;
 }
 
@@ -834,7 +892,7 @@ extern "C" int kvc_fp8_gemm_selftest(int m, int n, int k, int iters, double* max
     return rc;
 }
 
-extern "C" int kvc_fp8_grouped_selftest(int experts, int tokens, int topk, int n, int k, int iters,
+extern "C" int kvc_fp8_grouped_selftest(int experts, int tokens, int topk, int n, int k, int variant, int iters,
                                         kvc_fp8_selftest_result* out, char* err, size_t errlen) {
-    return grouped_selftest(experts, tokens, topk, n, k, iters, out, err, errlen);
+    return grouped_selftest(experts, tokens, topk, n, k, variant, iters, out, err, errlen);
 }

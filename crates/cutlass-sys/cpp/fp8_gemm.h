@@ -71,17 +71,19 @@ int kvc_fp8_gemm_run(const kvc_fp8_gemm_args* args, void* stream, char* err, siz
 // every expert e with rows r in offsets[e] .. offsets[e + 1],
 //   d[r, :] = a_q[r, :] . w_q[e]^T with sa[r, :] and sw[e] applied per block.
 // offsets: experts + 1 u32 on the device (offsets[0] = 0); the problem
-// sizes, pointers and strides are written on the device.
+// sizes, pointers and strides are written on the device. variant: the
+// tiling, moe_gemm.h's KVC_MOE_GEMM_ROWS (rows on M, 128x128x128) or
+// KVC_MOE_GEMM_SWAP (weights on M, rows on N, 128x64x128).
 typedef struct {
     int32_t experts;
     int32_t n;
     int32_t k;
-    int32_t reserved;
+    int32_t variant;
     uint64_t offsets;
     kvc_fp8_operands op;
 } kvc_fp8_grouped_args;
 
-int kvc_fp8_grouped_workspace(int32_t experts, uint64_t* bytes, char* err, size_t errlen);
+int kvc_fp8_grouped_workspace(int32_t experts, int32_t variant, uint64_t* bytes, char* err, size_t errlen);
 int kvc_fp8_grouped_run(const kvc_fp8_grouped_args* args, void* stream, char* err, size_t errlen);
 
 // Self-tests (allocate, fill deterministic pseudo-random inputs, quantize
@@ -106,9 +108,10 @@ int kvc_fp8_gemm_selftest(int m, int n, int k, int iters, double* max_rel_err, d
                           char* err, size_t errlen);
 int kvc_fp8_gemm_selftest_ex(int m, int n, int k, int iters, kvc_fp8_selftest_result* out, char* err, size_t errlen);
 // Grouped: `tokens` tokens each routed to `topk` distinct experts of
-// `experts` (deterministic pseudo-random routing), expert weights [n, k].
-int kvc_fp8_grouped_selftest(int experts, int tokens, int topk, int n, int k, int iters, kvc_fp8_selftest_result* out,
-                             char* err, size_t errlen);
+// `experts` (deterministic pseudo-random routing), expert weights [n, k],
+// in tiling `variant`.
+int kvc_fp8_grouped_selftest(int experts, int tokens, int topk, int n, int k, int variant, int iters,
+                             kvc_fp8_selftest_result* out, char* err, size_t errlen);
 
 #ifdef __cplusplus
 }

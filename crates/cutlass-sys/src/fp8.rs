@@ -12,7 +12,9 @@
 //!   through CUTLASS's sm90 blockwise-scaled FP8 kernels
 //!   (`KernelTmaWarpSpecializedCooperativeFP8BlockScaledAccum`, 128x128x128
 //!   tiles), dense ([`dense_run`]) and grouped over experts
-//!   ([`grouped_run`], the calling convention of [`crate::run`]).
+//!   ([`grouped_run`], the calling convention of [`crate::run`], in both of
+//!   its tilings: rows on M, or the weights on M and a decode step's few
+//!   rows per expert on N, 128x64x128).
 //!
 //! Every call only queues kernels (nothing is read back), so calls can be
 //! captured in a CUDA graph. [`selftest_dense`] and [`selftest_grouped`]
@@ -29,6 +31,7 @@ use std::ffi::c_void;
 pub use crate::error::Error;
 #[cfg(kvc_cutlass)]
 use crate::error::{bytes, call, int, ERR_LEN};
+pub use crate::Variant;
 
 /// One dense call's operands (cpp/fp8_gemm.h's kvc_fp8_gemm_args), all
 /// device addresses: `a: e4m3 [m, k]`, `sa: f32 [m, k/128]`,
@@ -67,13 +70,15 @@ pub struct Operands {
 /// `offsets[e]..offsets[e+1]` (`experts + 1` u32 on the device).
 /// `a: e4m3 [rows, k]`, `sa: f32 [rows, k/128]`, `w: e4m3 [experts, n, k]`,
 /// `sw: f32 [experts, ceil(n/128), k/128]`, `d: bf16 [rows, n]`.
+/// `variant`: the tiling, [`crate::Variant`] as i32 (rows on M,
+/// 128x128x128; or swapped, the weights on M and the rows on N, 128x64x128).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 pub struct GroupedArgs {
     pub experts: i32,
     pub n: i32,
     pub k: i32,
-    pub reserved: i32,
+    pub variant: i32,
     pub offsets: u64,
     pub op: Operands,
 }
@@ -116,7 +121,7 @@ mod ffi {
         ) -> i32;
         pub fn kvc_fp8_gemm_workspace(m: i32, n: i32, k: i32, bytes: *mut u64, err: *mut c_char, len: usize) -> i32;
         pub fn kvc_fp8_gemm_run(args: *const DenseArgs, stream: *mut c_void, err: *mut c_char, len: usize) -> i32;
-        pub fn kvc_fp8_grouped_workspace(experts: i32, bytes: *mut u64, err: *mut c_char, len: usize) -> i32;
+        pub fn kvc_fp8_grouped_workspace(experts: i32, variant: i32, bytes: *mut u64, err: *mut c_char, len: usize) -> i32;
         pub fn kvc_fp8_grouped_run(args: *const GroupedArgs, stream: *mut c_void, err: *mut c_char, len: usize) -> i32;
         pub fn kvc_fp8_gemm_selftest_ex(m: i32, n: i32, k: i32, iters: i32, out: *mut SelfTest, err: *mut c_char, len: usize) -> i32;
         pub fn kvc_fp8_grouped_selftest(
@@ -125,6 +130,7 @@ mod ffi {
             topk: i32,
             n: i32,
             k: i32,
+            variant: i32,
             iters: i32,
             out: *mut SelfTest,
             err: *mut c_char,
@@ -186,12 +192,13 @@ pub unsafe fn dense_run(args: &DenseArgs, stream: *mut c_void) -> Result<(), Err
     shim!([args, stream], { call(|e| ffi::kvc_fp8_gemm_run(args, stream, e, ERR_LEN), Error::Cutlass) })
 }
 
-/// Device scratch bytes one grouped call over `experts` groups needs.
-pub fn grouped_workspace_bytes(experts: usize) -> Result<usize, Error> {
-    shim!([experts], {
+/// Device scratch bytes one grouped call over `experts` groups in tiling
+/// `variant` needs.
+pub fn grouped_workspace_bytes(experts: usize, variant: Variant) -> Result<usize, Error> {
+    shim!([experts, variant], {
         let experts = int(experts, "experts")?;
         // SAFETY: the byte count and err are valid for writes.
-        bytes(|b, e| unsafe { ffi::kvc_fp8_grouped_workspace(experts, b, e, ERR_LEN) })
+        bytes(|b, e| unsafe { ffi::kvc_fp8_grouped_workspace(experts, variant as i32, b, e, ERR_LEN) })
     })
 }
 
@@ -221,15 +228,27 @@ pub fn selftest_dense(m: usize, n: usize, k: usize, iters: usize) -> Result<Self
 
 /// Self-test of the grouped path: `tokens` tokens each routed to `topk`
 /// distinct experts of `experts` (deterministic pseudo-random routing),
-/// expert weights `[n, k]`; otherwise as [`selftest_dense`] (the bf16
-/// baseline is [`crate::run`] over the same expert offsets).
-pub fn selftest_grouped(experts: usize, tokens: usize, topk: usize, n: usize, k: usize, iters: usize) -> Result<SelfTest, Error> {
-    shim!([experts, tokens, topk, n, k, iters], {
+/// expert weights `[n, k]`, the GEMM in tiling `variant`; otherwise as
+/// [`selftest_dense`] (the bf16 baseline is [`crate::run`] over the same
+/// expert offsets, the faster of its tilings).
+pub fn selftest_grouped(
+    experts: usize,
+    tokens: usize,
+    topk: usize,
+    n: usize,
+    k: usize,
+    variant: Variant,
+    iters: usize,
+) -> Result<SelfTest, Error> {
+    shim!([experts, tokens, topk, n, k, variant, iters], {
         let (experts, tokens, topk) = (int(experts, "experts")?, int(tokens, "tokens")?, int(topk, "topk")?);
         let (n, k, iters) = (int(n, "n")?, int(k, "k")?, int(iters, "iters")?);
         let mut out = SelfTest::default();
         // SAFETY: out and err are valid for writes; the shim owns its device memory.
-        call(|e| unsafe { ffi::kvc_fp8_grouped_selftest(experts, tokens, topk, n, k, iters, &mut out, e, ERR_LEN) }, Error::Cutlass)?;
+        call(
+            |e| unsafe { ffi::kvc_fp8_grouped_selftest(experts, tokens, topk, n, k, variant as i32, iters, &mut out, e, ERR_LEN) },
+            Error::Cutlass,
+        )?;
         Ok(out)
     })
 }
@@ -246,9 +265,9 @@ mod tests {
         assert!(matches!(e, Error::Unavailable(_)), "{e}");
         assert!(e.to_string().contains("scripts/cutlass_setup.sh"), "{e}");
         assert!(matches!(dense_workspace_bytes(1, 2048, 2048), Err(Error::Unavailable(_))));
-        assert!(matches!(grouped_workspace_bytes(128), Err(Error::Unavailable(_))));
+        assert!(matches!(grouped_workspace_bytes(128, Variant::Swap), Err(Error::Unavailable(_))));
         assert!(matches!(selftest_dense(1, 2048, 2048, 1), Err(Error::Unavailable(_))));
-        assert!(matches!(selftest_grouped(128, 1, 8, 1536, 2048, 1), Err(Error::Unavailable(_))));
+        assert!(matches!(selftest_grouped(128, 1, 8, 1536, 2048, Variant::Rows, 1), Err(Error::Unavailable(_))));
     }
 
     /// The C structs keep the layout cpp/fp8_gemm.h declares.

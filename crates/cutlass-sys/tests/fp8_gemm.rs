@@ -32,7 +32,7 @@ fn iters(flops: f64) -> usize {
 
 fn row(name: &str, shape: &str, flops: f64, r: &fp8::SelfTest) {
     println!(
-        "{name:<10} {shape:<28} {:>10.1} {:>10.1} {:>8.2}x {:>9.1} {:>9.1} {:>8.1} {:>10.2e} {:>8.4}",
+        "{name:<10} {shape:<34} {:>10.1} {:>10.1} {:>8.2}x {:>9.1} {:>9.1} {:>8.1} {:>10.2e} {:>8.4}",
         r.fp8_us,
         r.bf16_us,
         r.bf16_us / r.fp8_us,
@@ -54,7 +54,7 @@ fn wanted(name: &str) -> bool {
 
 fn header() {
     println!(
-        "{:<10} {:<28} {:>10} {:>10} {:>9} {:>9} {:>9} {:>8} {:>10} {:>8}",
+        "{:<10} {:<34} {:>10} {:>10} {:>9} {:>9} {:>9} {:>8} {:>10} {:>8}",
         "gemm", "shape", "fp8 us", "bf16 us", "speedup", "fp8 TF/s", "bf16 TF/s", "quant us", "max rel", "q err"
     );
 }
@@ -89,10 +89,14 @@ fn fp8_block_scaled_gemms_match_the_reference_and_are_timed() {
     // [2048, 768] (K = 768: six 128-blocks).
     let (experts, topk) = (128usize, 8usize);
     for &(name, n, k) in [("gate_up", 1536usize, 2048usize), ("down", 2048, 768)].iter().filter(|d| wanted(d.0)) {
-        for tokens in [1usize, 16, 128, 2048, 8192] {
+        // Both tilings at every size: the swap is the one decode steps and
+        // mixed steps take (a few rows per expert), the rows one prefill's.
+        for (tokens, variant) in
+            [1usize, 16, 64, 128, 2048, 8192].into_iter().flat_map(|t| [(t, fp8::Variant::Swap), (t, fp8::Variant::Rows)])
+        {
             let flops = 2.0 * (tokens * topk * n * k) as f64;
-            let shape = format!("t={tokens}x{topk} n={n} k={k}");
-            match fp8::selftest_grouped(experts, tokens, topk, n, k, iters(flops)) {
+            let shape = format!("t={tokens}x{topk} n={n} k={k} {}", if variant == fp8::Variant::Swap { "swap" } else { "rows" });
+            match fp8::selftest_grouped(experts, tokens, topk, n, k, variant, iters(flops)) {
                 Ok(r) => {
                     row(name, &shape, flops, &r);
                     if !(r.max_rel_err < MAX_REL_ERR) || !(r.quant_err <= MAX_QUANT_ERR) {

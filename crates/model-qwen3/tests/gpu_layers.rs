@@ -10,7 +10,7 @@ mod common;
 use candle_core::{DType, Device, Tensor};
 use common::gpu;
 use half::bf16;
-use kvc_model_qwen3::cuda::{moe_sum, ptr, silu_mul, CacheFormat, Form, Kernels, RopeStore};
+use kvc_model_qwen3::cuda::{moe_sum, ptr, quantize_rows, silu_mul, silu_mul_quantized, CacheFormat, Form, Kernels, RopeStore};
 use kvc_model_qwen3::{Rope, RopeScaling};
 use rand::{Rng, SeedableRng};
 
@@ -36,6 +36,27 @@ fn setup(seed: u64) -> (Device, Kernels, rand::rngs::StdRng) {
     let dev = gpu();
     let k = Kernels::load(dev.as_cuda_device().unwrap()).unwrap();
     (dev, k, rand::rngs::StdRng::seed_from_u64(seed))
+}
+
+#[test]
+#[ignore = "needs a CUDA device: run with scripts/gpu_run.sh"]
+fn silu_mul_quantized_in_one_pass_equals_silu_mul_then_the_fp8_quantizer_bit_for_bit() {
+    let (dev, k, mut rng) = setup(11);
+    // The expert width, a row count no block divides, one group, and a
+    // width the fused kernel does not take (the two steps then).
+    for (rows, inter) in [(4099usize, 768usize), (3, 128), (1, 256), (77, 8)] {
+        let gu = randn(&mut rng, rows * 2 * inter, 6.0);
+        let t = upload_bf16(&gu, &[rows, 2 * inter], &dev);
+        let (q, s) = silu_mul_quantized(&k, &t).unwrap();
+        let (q2, s2) = quantize_rows(&silu_mul(&k, &t, Form::Auto).unwrap()).unwrap();
+        let bytes = |t: &Tensor| t.to_device(&Device::Cpu).unwrap().flatten_all().unwrap().to_vec1::<u8>().unwrap();
+        let floats = |t: &Tensor| t.to_device(&Device::Cpu).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        assert_eq!((q.dims(), s.dims()), (q2.dims(), s2.dims()), "{rows}x{inter}: shapes");
+        let (qa, qb) = (bytes(&q), bytes(&q2));
+        let differ = qa.iter().zip(&qb).filter(|(a, b)| a != b).count();
+        assert_eq!(differ, 0, "{rows}x{inter}: {differ} of {} e4m3 values differ", qa.len());
+        assert!(floats(&s).iter().zip(&floats(&s2)).all(|(a, b)| a.to_bits() == b.to_bits()), "{rows}x{inter}: scales differ");
+    }
 }
 
 #[test]

@@ -21,7 +21,9 @@ use candle_nn::{Init, VarBuilder};
 use cutlass_sys::fp8;
 
 use super::gemv::{fits_fp8, small_m_linear_fp8};
-use super::{cuda_dev, empty, gather_rows, ptr, Kernels};
+use super::layers::{silu_mul, Form};
+use super::moe_gemm::{cutlass_tiling, moe_gemm, MoeGemm};
+use super::{cuda_dev, empty, gather_rows, grid1, launch, ptr, Kernels};
 use crate::fp8::{BlockFp8, GEMM_BLOCK};
 
 /// Rows up to which an FP8 projection runs on the few-row kernel
@@ -91,6 +93,43 @@ fn quant_rows(dev: &CudaDevice, x: &Tensor) -> Result<QuantRows> {
         unsafe { fp8::quant_rows(ptr(&x)?, ptr(&q)?, ptr(&s)?, m, k, stream(dev)?) }.map_err(err)?;
     }
     Ok(QuantRows { q, s })
+}
+
+/// `x: [m, k]` bf16 quantized per token and 128-wide group, as the FP8
+/// GEMMs take it: (e4m3 `[m, k]` as u8, f32 scales `[m, ceil(k / 128)]`).
+pub fn quantize_rows(x: &Tensor) -> Result<(Tensor, Tensor)> {
+    let QuantRows { q, s } = quant_rows(cuda_dev(x.device())?, x)?;
+    Ok((q, s))
+}
+
+/// SiLU(gate) * up of `gu: [r, 2i]` (gate columns first) quantized as
+/// [`quantize_rows`] quantizes `silu_mul`'s bf16 result, in one kernel
+/// where `i % 128 == 0` (else the two steps).
+fn silu_mul_quant(k: &Kernels, gu: &Tensor) -> Result<QuantRows> {
+    let (r, i2) = gu.dims2()?;
+    let i = i2 / 2;
+    // One thread per 8 outputs with no grid stride: grid1's block cap bounds it.
+    if i % GEMM_BLOCK != 0 || i2 % 2 != 0 || r * i / 8 > MAX_GRID_BLOCKS * 256 {
+        return quant_rows(cuda_dev(gu.device())?, &silu_mul(k, gu, Form::Auto)?);
+    }
+    let dev = cuda_dev(gu.device())?;
+    let gu = gu.contiguous()?;
+    let q = empty(dev, (r, i), DType::U8)?;
+    let s = empty(dev, (r, i / GEMM_BLOCK), DType::F32)?;
+    if r > 0 {
+        let (ri, ii) = (r as i32, i as i32);
+        launch!(k.silu_mul_quant, grid1(r * i / 8, 256), ptr(&gu)?, ptr(&q)?, ptr(&s)?, ri, ii)?;
+    }
+    Ok(QuantRows { q, s })
+}
+
+/// The most blocks [`grid1`] launches.
+const MAX_GRID_BLOCKS: usize = 65535 * 16;
+
+/// [`silu_mul_quant`]'s e4m3 rows and scales (for the GPU tests).
+pub fn silu_mul_quantized(k: &Kernels, gu: &Tensor) -> Result<(Tensor, Tensor)> {
+    let QuantRows { q, s } = silu_mul_quant(k, gu)?;
+    Ok((q, s))
 }
 
 impl QuantRows {
@@ -250,6 +289,15 @@ impl Fp8Weight {
         self.grouped_quantized(offsets, &aq, out)
     }
 
+    /// [`Self::grouped`] over SiLU(gate) * up of `gu: [rows, 2K]` (the MoE's
+    /// down projection), quantized in the same pass as the SiLU.
+    pub fn grouped_silu(&self, k: &Kernels, offsets: &Tensor, gu: &Tensor, out: &Tensor) -> Result<()> {
+        if gu.dim(0)? == 0 {
+            return Ok(());
+        }
+        self.grouped_quantized(offsets, &silu_mul_quant(k, gu)?, out)
+    }
+
     fn grouped_quantized(&self, offsets: &Tensor, aq: &QuantRows, out: &Tensor) -> Result<()> {
         let dev = cuda_dev(out.device())?;
         let (e, n, k) = self.q.dims3()?;
@@ -260,12 +308,19 @@ impl Fp8Weight {
         if rows == 0 {
             return Ok(());
         }
-        let (ws, ws_bytes) = workspace(dev, fp8::grouped_workspace_bytes(e).map_err(err)?)?;
+        // The bf16 experts' rule and override (moe_gemm.rs): the weights on
+        // the tile's M where each expert has only a few rows (decode, mixed
+        // steps), the rows on M for prefill.
+        let variant = match moe_gemm()? {
+            MoeGemm::Cutlass(Some(t)) => t,
+            _ => cutlass_tiling(rows, e),
+        };
+        let (ws, ws_bytes) = workspace(dev, fp8::grouped_workspace_bytes(e, variant).map_err(err)?)?;
         let args = fp8::GroupedArgs {
             experts: e as i32,
             n: n as i32,
             k: k as i32,
-            reserved: 0,
+            variant: variant as i32,
             offsets: ptr(offsets)?,
             op: self.operands(aq, out, (&ws, ws_bytes))?,
         };

@@ -16,7 +16,7 @@ mod moe_gemm;
 
 pub use attention::{set_decode_kernel_v1, AttentionPlan, PagedAttention};
 pub use cudnn_attention::{CudnnAttention, PrefillBackend, PrefillContext};
-pub use fp8_linear::{fp8_gemm_runs, fp8_weights, quantize_blocks, set_fp8_weights, Fp8Weight, GpuLinear, WeightBytes};
+pub use fp8_linear::{fp8_gemm_runs, fp8_weights, quantize_blocks, quantize_rows, set_fp8_weights, silu_mul_quantized, Fp8Weight, GpuLinear, WeightBytes};
 pub use gemv::{small_m_linear, small_m_linear_fp8};
 pub use graph::CapturedStep;
 pub(crate) use graph::DecodeGraphs;
@@ -150,6 +150,8 @@ pub struct Kernels {
     pub fp8_cache: CacheKernels,
     pub silu_mul: CudaFunc,
     pub silu_mul_scalar: CudaFunc,
+    /// `silu_mul` quantized for the FP8 GEMMs in the same pass.
+    pub silu_mul_quant: CudaFunc,
     pub gather_rows: CudaFunc,
     pub attn_combine: CudaFunc,
     pub moe_topk: CudaFunc,
@@ -221,6 +223,7 @@ impl Kernels {
             fp8_cache: cache_kernels("_fp8")?,
             silu_mul: l("silu_mul")?,
             silu_mul_scalar: l("silu_mul_scalar")?,
+            silu_mul_quant: l("silu_mul_quant")?,
             gather_rows: l("gather_rows")?,
             attn_combine: a("attn_combine")?,
             moe_topk: m("moe_topk")?,

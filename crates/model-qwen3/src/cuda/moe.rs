@@ -157,7 +157,7 @@ impl Fp8Moe {
         // e4m3 rows (not each of its top-k copies quantized after a bf16 gather).
         let gu = empty(dev, (t * kk, 2 * i), DType::BF16)?;
         self.gate_up.grouped_gathered(k, &r.offsets, x, &r.sorted, kk, &gu)?;
-        experts_down(k, dev, &gu, (t, h), &r.w, &r.inv, kk, |act, dn| self.down.grouped(&r.offsets, act, dn))
+        experts_down(k, dev, &gu, (t, h), &r.w, &r.inv, kk, |gu, dn| self.down.grouped_silu(k, &r.offsets, gu, dn))
     }
 }
 

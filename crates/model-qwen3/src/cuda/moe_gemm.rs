@@ -131,13 +131,13 @@ pub(crate) fn gathered_experts<W>(
     let xs = super::gather_rows(k, x, sorted, top_k, tk)?;
     let gu = empty(dev, (tk, i2), DType::BF16)?;
     gemm(&xs, gate_up, &gu)?;
-    experts_down(k, dev, &gu, (t, h), w, inv, top_k, |act, dn| gemm(act, down, dn))
+    experts_down(k, dev, &gu, (t, h), w, inv, top_k, |gu, dn| gemm(&silu_mul(k, gu, Form::Auto)?, down, dn))
 }
 
 /// The rest of the MoE block after its gate|up projection `gu: [T k, 2I]`
-/// (rows in expert order): SiLU * up, the down projection into `[T k, H]`
-/// by `down(act, out)`, and the routing-weighted sum back into token order
-/// (`inv`), `[T, H]` for `(t, h)` = (T, H).
+/// (rows in expert order): SiLU * up and the down projection into
+/// `[T k, H]` by `down(gu, out)`, then the routing-weighted sum back into
+/// token order (`inv`), `[T, H]` for `(t, h)` = (T, H).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn experts_down(
     k: &Kernels,
@@ -149,9 +149,8 @@ pub(crate) fn experts_down(
     top_k: usize,
     down: impl FnOnce(&Tensor, &Tensor) -> Result<()>,
 ) -> Result<Tensor> {
-    let act = silu_mul(k, gu, Form::Auto)?;
     let dn = empty(dev, (gu.dim(0)?, h), DType::BF16)?;
-    down(&act, &dn)?;
+    down(gu, &dn)?;
     let y = empty(dev, (t, h), DType::BF16)?;
     moe_sum(k, &dn, w, Some(inv), &y, top_k, Form::Auto)?;
     Ok(y)
