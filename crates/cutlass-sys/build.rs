@@ -25,6 +25,7 @@ fn main() {
     println!("cargo:rerun-if-changed=cpp/fp8_gemm.cu");
     println!("cargo:rerun-if-changed=cpp/fp8_gemm.h");
     println!("cargo:rerun-if-changed=cpp/cutlass_call.h");
+    println!("cargo:rerun-if-changed=cpp/expert_groups.h");
     println!("cargo:rerun-if-env-changed=KVC_CUTLASS_INCLUDE");
     println!("cargo:rerun-if-env-changed=CUDA_ROOT");
     let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());

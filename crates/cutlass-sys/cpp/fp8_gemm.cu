@@ -20,6 +20,7 @@
 #include "fp8_gemm.h"
 #include "moe_gemm.h"
 #include "cutlass_call.h"
+#include "expert_groups.h"
 
 #include <cstdint>
 #include <cstdio>
@@ -84,8 +85,8 @@ struct Dense {
     using StrideD = typename Kernel::StrideD;
 };
 
-using ProblemShape = cutlass::gemm::GroupProblemShape<Shape<int, int, int>>;
-using Problem = ProblemShape::UnderlyingProblemShape;
+using ProblemShape = kvc_cutlass::GroupShape;
+using Problem = kvc_cutlass::GroupProblem;
 
 // The grouped GEMM in one of two tilings, as moe_gemm.cu's bf16 one:
 // ROWS puts each expert's routed rows on the tile's M (128x128x128,
@@ -251,83 +252,56 @@ int dense_run(const kvc_fp8_gemm_args* a, cudaStream_t stream, char* err, size_t
 }
 
 // ---------------------------------------------------------------------------
-// Grouped GEMM: the per-expert arrays at the start of the workspace, then
-// CUTLASS's own.
+// Grouped GEMM: the per-expert arrays (expert_groups.h, with the scales)
+// at the start of the workspace, then CUTLASS's own.
 
 template <class G>
-struct GroupedLayout {
-    uint64_t problems, pa, pb, psa, psb, pd, sa, sb, sd, lsa, lsb, cutlass;
-    explicit GroupedLayout(int e) {
-        problems = 0;
-        pa = up(problems + e * sizeof(Problem));
-        pb = up(pa + e * sizeof(void*));
-        psa = up(pb + e * sizeof(void*));
-        psb = up(psa + e * sizeof(void*));
-        pd = up(psb + e * sizeof(void*));
-        sa = up(pd + e * sizeof(void*));
-        sb = up(sa + e * sizeof(typename G::StrideA));
-        sd = up(sb + e * sizeof(typename G::StrideB));
-        lsa = up(sd + e * sizeof(typename G::StrideD));
-        lsb = up(lsa + e * sizeof(typename G::LayoutSFA));
-        cutlass = up(lsb + e * sizeof(typename G::LayoutSFB));
-    }
-};
+using Arrays = kvc_cutlass::GroupArrays<G, true>;
 
 // One thread per expert: its problem, pointers, strides and scale layouts.
-// kSwap: the weights are the GEMM's A (M = n) and the rows its B (N = m).
+// kSwap: the weights are the GEMM's A (M = n) and the rows its B (N = m),
+// and so are their scales.
 template <class G, bool kSwap>
 __global__ void fill_groups(int experts, int n, int k, const uint32_t* offsets, const E4m3* a, const float* sa,
-                            const E4m3* w, const float* sw, Bf16* d, char* base, GroupedLayout<G> l) {
+                            const E4m3* w, const float* sw, Bf16* d, char* base, Arrays<G> l) {
     int e = blockIdx.x * blockDim.x + threadIdx.x;
     if (e >= experts) return;
-    int r0 = static_cast<int>(offsets[e]);
-    int m = static_cast<int>(offsets[e + 1]) - r0;
+    kvc_cutlass::ExpertGroup<kSwap> g(e, n, offsets);
     int kb = (k + kBlock - 1) / kBlock, nb = (n + kBlock - 1) / kBlock;
-    const E4m3* rows = a + static_cast<int64_t>(r0) * k;
-    const float* row_scales = sa + static_cast<int64_t>(r0) * kb;
+    const E4m3* rows = a + g.row0 * k;
+    const float* row_scales = sa + g.row0 * kb;
     const E4m3* weight = w + static_cast<int64_t>(e) * n * k;
     const float* weight_scales = sw + static_cast<int64_t>(e) * nb * kb;
-    int gm = kSwap ? n : m, gn = kSwap ? m : n;  // (M, N) of this group's GEMM
-    reinterpret_cast<Problem*>(base + l.problems)[e] = Problem{gm, gn, k};
-    reinterpret_cast<const E4m3**>(base + l.pa)[e] = kSwap ? weight : rows;
-    reinterpret_cast<const E4m3**>(base + l.pb)[e] = kSwap ? rows : weight;
-    reinterpret_cast<const float**>(base + l.psa)[e] = kSwap ? weight_scales : row_scales;
-    reinterpret_cast<const float**>(base + l.psb)[e] = kSwap ? row_scales : weight_scales;
-    reinterpret_cast<Bf16**>(base + l.pd)[e] = d + static_cast<int64_t>(r0) * n;
-    reinterpret_cast<typename G::StrideA*>(base + l.sa)[e] =
-        cutlass::make_cute_packed_stride(typename G::StrideA{}, make_shape(gm, k, 1));
-    reinterpret_cast<typename G::StrideB*>(base + l.sb)[e] =
-        cutlass::make_cute_packed_stride(typename G::StrideB{}, make_shape(gn, k, 1));
-    reinterpret_cast<typename G::StrideD*>(base + l.sd)[e] =
-        cutlass::make_cute_packed_stride(typename G::StrideD{}, make_shape(gm, gn, 1));
-    reinterpret_cast<typename G::LayoutSFA*>(base + l.lsa)[e] =
-        G::Scales::tile_atom_to_shape_SFA(make_shape(gm, gn, k, 1));
-    reinterpret_cast<typename G::LayoutSFB*>(base + l.lsb)[e] =
-        G::Scales::tile_atom_to_shape_SFB(make_shape(gm, gn, k, 1));
+    l.write(base, e, g, k, g.a(rows, weight), g.b(rows, weight), d + g.row0 * n);
+    Arrays<G>::template in<const float*>(base, l.psa)[e] = g.a(row_scales, weight_scales);
+    Arrays<G>::template in<const float*>(base, l.psb)[e] = g.b(row_scales, weight_scales);
+    auto shape = make_shape(g.gm, g.gn, k, 1);
+    Arrays<G>::template in<typename G::LayoutSFA>(base, l.lsa)[e] = G::Scales::tile_atom_to_shape_SFA(shape);
+    Arrays<G>::template in<typename G::LayoutSFB>(base, l.lsb)[e] = G::Scales::tile_atom_to_shape_SFB(shape);
 }
 
 template <class G>
 typename G::Gemm::Arguments grouped_arguments(int experts, char* base) {
-    GroupedLayout<G> l(experts);
+    Arrays<G> l(experts);
     typename G::Gemm::Arguments args;
     decltype(args.epilogue.thread) fusion;
     kvc_cutlass::plain_product(fusion);
     args = typename G::Gemm::Arguments{
         cutlass::gemm::GemmUniversalMode::kGrouped,
-        {experts, reinterpret_cast<Problem*>(base + l.problems), nullptr},
-        {reinterpret_cast<const E4m3**>(base + l.pa), reinterpret_cast<typename G::StrideA*>(base + l.sa),
-         reinterpret_cast<const E4m3**>(base + l.pb), reinterpret_cast<typename G::StrideB*>(base + l.sb),
-         reinterpret_cast<const float**>(base + l.psa), reinterpret_cast<typename G::LayoutSFA*>(base + l.lsa),
-         reinterpret_cast<const float**>(base + l.psb), reinterpret_cast<typename G::LayoutSFB*>(base + l.lsb)},
-        {fusion, nullptr, nullptr, reinterpret_cast<Bf16**>(base + l.pd),
-         reinterpret_cast<typename G::StrideD*>(base + l.sd)},
+        {experts, Arrays<G>::template in<Problem>(base, l.problems), nullptr},
+        {Arrays<G>::template in<const E4m3*>(base, l.pa), Arrays<G>::template in<typename G::StrideA>(base, l.sa),
+         Arrays<G>::template in<const E4m3*>(base, l.pb), Arrays<G>::template in<typename G::StrideB>(base, l.sb),
+         Arrays<G>::template in<const float*>(base, l.psa), Arrays<G>::template in<typename G::LayoutSFA>(base, l.lsa),
+         Arrays<G>::template in<const float*>(base, l.psb), Arrays<G>::template in<typename G::LayoutSFB>(base, l.lsb)},
+        {fusion, nullptr, nullptr, Arrays<G>::template in<Bf16*>(base, l.pd),
+         Arrays<G>::template in<typename G::StrideD>(base, l.sd)},
         hardware()};
     return args;
 }
 
 template <class G>
 uint64_t grouped_workspace_bytes(int experts) {
-    GroupedLayout<G> l(experts);
+    Arrays<G> l(experts);
     auto args = grouped_arguments<G>(experts, nullptr);
     return l.cutlass + up(G::Gemm::get_workspace_size(args));
 }
@@ -343,7 +317,7 @@ uint64_t grouped_workspace_bytes(int experts, int variant) {
 
 template <class G, bool kSwap>
 int grouped_launch(const kvc_fp8_grouped_args* a, cudaStream_t stream, char* err, size_t errlen) {
-    GroupedLayout<G> l(a->experts);
+    Arrays<G> l(a->experts);
     char* base = reinterpret_cast<char*>(a->op.workspace);
     int threads = 128;
     fill_groups<G, kSwap><<<(a->experts + threads - 1) / threads, threads, 0, stream>>>(

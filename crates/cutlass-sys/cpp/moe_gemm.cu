@@ -13,6 +13,7 @@
 // at full tile width instead of padding one or two rows to 128.
 #include "moe_gemm.h"
 #include "cutlass_call.h"
+#include "expert_groups.h"
 
 #include <cstdio>
 #include <cuda_runtime.h>
@@ -35,8 +36,8 @@ using kvc_cutlass::fail;
 using kvc_cutlass::up;
 
 using Bf16 = cutlass::bfloat16_t;
-using ProblemShape = cutlass::gemm::GroupProblemShape<Shape<int, int, int>>;
-using Problem = ProblemShape::UnderlyingProblemShape;
+using ProblemShape = kvc_cutlass::GroupShape;
+using Problem = kvc_cutlass::GroupProblem;
 
 template <class Tile, class LayoutD>
 struct Grouped {
@@ -64,81 +65,53 @@ struct Grouped {
 using Rows = Grouped<Shape<_128, _256, _64>, cutlass::layout::RowMajor>;
 using Swap = Grouped<Shape<_128, _64, _128>, cutlass::layout::ColumnMajor>;
 
-// The per-expert arrays at the start of the workspace, then CUTLASS's own.
 template <class G>
-struct Layout {
-    uint64_t problems, pa, pb, pd, sa, sb, sd, cutlass, end;
-    explicit Layout(int e) {
-        problems = 0;
-        pa = up(problems + e * sizeof(Problem));
-        pb = up(pa + e * sizeof(void*));
-        pd = up(pb + e * sizeof(void*));
-        sa = up(pd + e * sizeof(void*));
-        sb = up(sa + e * sizeof(typename G::StrideA));
-        sd = up(sb + e * sizeof(typename G::StrideB));
-        cutlass = up(sd + e * sizeof(typename G::StrideD));
-        end = cutlass;
-    }
-};
+using Arrays = kvc_cutlass::GroupArrays<G, false>;
 
+// One thread per expert: its group's problem, pointers and strides.
 template <class G, bool kSwap>
 __global__ void fill_groups(int experts, int n, int k, const uint32_t* offsets, const Bf16* a, const Bf16* w, Bf16* d,
-                            Problem* problems, const Bf16** pa, const Bf16** pb, Bf16** pd, typename G::StrideA* sa,
-                            typename G::StrideB* sb, typename G::StrideD* sd) {
+                            char* base, Arrays<G> l) {
     int e = blockIdx.x * blockDim.x + threadIdx.x;
     if (e >= experts) return;
-    int r0 = static_cast<int>(offsets[e]);
-    int m = static_cast<int>(offsets[e + 1]) - r0;
-    const Bf16* rows = a + static_cast<int64_t>(r0) * k;
+    kvc_cutlass::ExpertGroup<kSwap> g(e, n, offsets);
+    const Bf16* rows = a + g.row0 * k;
     const Bf16* weight = w + static_cast<int64_t>(e) * n * k;
-    Bf16* out = d + static_cast<int64_t>(r0) * n;
-    // (M, N, K) of the GEMM this group runs.
-    int gm = kSwap ? n : m, gn = kSwap ? m : n;
-    problems[e] = Problem{gm, gn, k};
-    pa[e] = kSwap ? weight : rows;
-    pb[e] = kSwap ? rows : weight;
-    pd[e] = out;
-    sa[e] = cutlass::make_cute_packed_stride(typename G::StrideA{}, make_shape(gm, k, 1));
-    sb[e] = cutlass::make_cute_packed_stride(typename G::StrideB{}, make_shape(gn, k, 1));
-    sd[e] = cutlass::make_cute_packed_stride(typename G::StrideD{}, make_shape(gm, gn, 1));
+    l.write(base, e, g, k, g.a(rows, weight), g.b(rows, weight), d + g.row0 * n);
 }
 
 template <class G>
 typename G::Gemm::Arguments arguments(int experts, char* base) {
-    Layout<G> l(experts);
+    Arrays<G> l(experts);
     typename G::Gemm::Arguments args;
     decltype(args.epilogue.thread) fusion;
     kvc_cutlass::plain_product(fusion);
     args = typename G::Gemm::Arguments{
         cutlass::gemm::GemmUniversalMode::kGrouped,
-        {experts, reinterpret_cast<Problem*>(base + l.problems), nullptr},
-        {reinterpret_cast<const Bf16**>(base + l.pa), reinterpret_cast<typename G::StrideA*>(base + l.sa),
-         reinterpret_cast<const Bf16**>(base + l.pb), reinterpret_cast<typename G::StrideB*>(base + l.sb)},
-        {fusion, nullptr, nullptr, reinterpret_cast<Bf16**>(base + l.pd),
-         reinterpret_cast<typename G::StrideD*>(base + l.sd)},
+        {experts, Arrays<G>::template in<Problem>(base, l.problems), nullptr},
+        {Arrays<G>::template in<const Bf16*>(base, l.pa), Arrays<G>::template in<typename G::StrideA>(base, l.sa),
+         Arrays<G>::template in<const Bf16*>(base, l.pb), Arrays<G>::template in<typename G::StrideB>(base, l.sb)},
+        {fusion, nullptr, nullptr, Arrays<G>::template in<Bf16*>(base, l.pd), Arrays<G>::template in<typename G::StrideD>(base, l.sd)},
         kvc_cutlass::hardware()};
     return args;
 }
 
 template <class G>
 uint64_t workspace_bytes(int experts) {
-    Layout<G> l(experts);
+    Arrays<G> l(experts);
     auto args = arguments<G>(experts, nullptr);
-    return l.end + up(G::Gemm::get_workspace_size(args));
+    return l.cutlass + up(G::Gemm::get_workspace_size(args));
 }
 
 template <class G, bool kSwap>
 int run(const kvc_moe_gemm_args* a, cudaStream_t stream, char* err, size_t n) {
-    Layout<G> l(a->experts);
+    Arrays<G> l(a->experts);
     if (a->workspace_bytes < workspace_bytes<G>(a->experts)) return fail(err, n, "kvc_moe_gemm_run", "workspace too small");
     char* base = reinterpret_cast<char*>(a->workspace);
     int threads = 128;
     fill_groups<G, kSwap><<<(a->experts + threads - 1) / threads, threads, 0, stream>>>(
         a->experts, a->n, a->k, reinterpret_cast<const uint32_t*>(a->offsets), reinterpret_cast<const Bf16*>(a->a),
-        reinterpret_cast<const Bf16*>(a->w), reinterpret_cast<Bf16*>(a->d), reinterpret_cast<Problem*>(base + l.problems),
-        reinterpret_cast<const Bf16**>(base + l.pa), reinterpret_cast<const Bf16**>(base + l.pb),
-        reinterpret_cast<Bf16**>(base + l.pd), reinterpret_cast<typename G::StrideA*>(base + l.sa),
-        reinterpret_cast<typename G::StrideB*>(base + l.sb), reinterpret_cast<typename G::StrideD*>(base + l.sd));
+        reinterpret_cast<const Bf16*>(a->w), reinterpret_cast<Bf16*>(a->d), base, l);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return fail(err, n, "fill_groups launch", cudaGetErrorString(e));
     return kvc_cutlass::run_gemm<typename G::Gemm>(arguments<G>(a->experts, base), base + l.cutlass, stream, err, n);
