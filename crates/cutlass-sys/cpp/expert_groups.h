@@ -10,7 +10,9 @@
 #include <cstdint>
 
 #include "cute/tensor.hpp"
+#include "cutlass/gemm/gemm.h"
 #include "cutlass/gemm/group_array_problem_shape.hpp"
+#include "cutlass/numeric_types.h"
 #include "cutlass/util/packed_stride.hpp"
 
 namespace kvc_cutlass {
@@ -96,5 +98,25 @@ struct GroupArrays {
             cutlass::make_cute_packed_stride(typename G::StrideD{}, cute::make_shape(g.gm, g.gn, 1));
     }
 };
+
+// The arguments of grouped kernel G over the arrays `l` at `base`: its
+// problems, `mainloop` (the operands as G's mainloop reads them) and a
+// plain bf16 product into the D pointers.
+template <class G, bool kScaled>
+typename G::Gemm::Arguments group_arguments(int experts, char* base, const GroupArrays<G, kScaled>& l,
+                                            const typename G::Mainloop::Arguments& mainloop) {
+    using A = GroupArrays<G, kScaled>;
+    typename G::Gemm::Arguments args;
+    decltype(args.epilogue.thread) fusion;
+    plain_product(fusion);
+    args = typename G::Gemm::Arguments{
+        cutlass::gemm::GemmUniversalMode::kGrouped,
+        {experts, A::template in<GroupProblem>(base, l.problems), nullptr},
+        mainloop,
+        {fusion, nullptr, nullptr, A::template in<cutlass::bfloat16_t*>(base, l.pd),
+         A::template in<typename G::StrideD>(base, l.sd)},
+        hardware()};
+    return args;
+}
 
 }  // namespace kvc_cutlass

@@ -283,20 +283,13 @@ __global__ void fill_groups(int experts, int n, int k, const uint32_t* offsets, 
 template <class G>
 typename G::Gemm::Arguments grouped_arguments(int experts, char* base) {
     Arrays<G> l(experts);
-    typename G::Gemm::Arguments args;
-    decltype(args.epilogue.thread) fusion;
-    kvc_cutlass::plain_product(fusion);
-    args = typename G::Gemm::Arguments{
-        cutlass::gemm::GemmUniversalMode::kGrouped,
-        {experts, Arrays<G>::template in<Problem>(base, l.problems), nullptr},
-        {Arrays<G>::template in<const E4m3*>(base, l.pa), Arrays<G>::template in<typename G::StrideA>(base, l.sa),
-         Arrays<G>::template in<const E4m3*>(base, l.pb), Arrays<G>::template in<typename G::StrideB>(base, l.sb),
-         Arrays<G>::template in<const float*>(base, l.psa), Arrays<G>::template in<typename G::LayoutSFA>(base, l.lsa),
-         Arrays<G>::template in<const float*>(base, l.psb), Arrays<G>::template in<typename G::LayoutSFB>(base, l.lsb)},
-        {fusion, nullptr, nullptr, Arrays<G>::template in<Bf16*>(base, l.pd),
-         Arrays<G>::template in<typename G::StrideD>(base, l.sd)},
-        hardware()};
-    return args;
+    using A = Arrays<G>;
+    return kvc_cutlass::group_arguments(
+        experts, base, l,
+        {A::template in<const E4m3*>(base, l.pa), A::template in<typename G::StrideA>(base, l.sa),
+         A::template in<const E4m3*>(base, l.pb), A::template in<typename G::StrideB>(base, l.sb),
+         A::template in<const float*>(base, l.psa), A::template in<typename G::LayoutSFA>(base, l.lsa),
+         A::template in<const float*>(base, l.psb), A::template in<typename G::LayoutSFB>(base, l.lsb)});
 }
 
 template <class G>
@@ -317,29 +310,31 @@ uint64_t grouped_workspace_bytes(int experts, int variant) {
 
 template <class G, bool kSwap>
 int grouped_launch(const kvc_fp8_grouped_args* a, cudaStream_t stream, char* err, size_t errlen) {
-    Arrays<G> l(a->experts);
+    const kvc_expert_groups& g = a->groups;
+    Arrays<G> l(g.experts);
     char* base = reinterpret_cast<char*>(a->op.workspace);
     int threads = 128;
-    fill_groups<G, kSwap><<<(a->experts + threads - 1) / threads, threads, 0, stream>>>(
-        a->experts, a->n, a->k, reinterpret_cast<const uint32_t*>(a->offsets), reinterpret_cast<const E4m3*>(a->op.a),
+    fill_groups<G, kSwap><<<(g.experts + threads - 1) / threads, threads, 0, stream>>>(
+        g.experts, g.n, g.k, reinterpret_cast<const uint32_t*>(g.offsets), reinterpret_cast<const E4m3*>(a->op.a),
         reinterpret_cast<const float*>(a->op.sa), reinterpret_cast<const E4m3*>(a->op.w),
         reinterpret_cast<const float*>(a->op.sw), reinterpret_cast<Bf16*>(a->op.d), base, l);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return fail(err, errlen, "fill_groups launch", cudaGetErrorString(e));
-    return kvc_cutlass::run_gemm<typename G::Gemm>(grouped_arguments<G>(a->experts, base), base + l.cutlass, stream,
+    return kvc_cutlass::run_gemm<typename G::Gemm>(grouped_arguments<G>(g.experts, base), base + l.cutlass, stream,
                                                    err, errlen);
 }
 
 int grouped_run(const kvc_fp8_grouped_args* a, cudaStream_t stream, char* err, size_t errlen) {
-    if (a->experts <= 0 || a->n <= 0 || a->k <= 0) return fail(err, errlen, "kvc_fp8_grouped_run", "empty problem");
-    if (a->n % 16) return fail(err, errlen, "kvc_fp8_grouped_run", "n must be a multiple of 16");
-    if (a->k % kBlock) return fail(err, errlen, "kvc_fp8_grouped_run", "k must be a multiple of 128");
+    const kvc_expert_groups& g = a->groups;
+    if (g.experts <= 0 || g.n <= 0 || g.k <= 0) return fail(err, errlen, "kvc_fp8_grouped_run", "empty problem");
+    if (g.n % 16) return fail(err, errlen, "kvc_fp8_grouped_run", "n must be a multiple of 16");
+    if (g.k % kBlock) return fail(err, errlen, "kvc_fp8_grouped_run", "k must be a multiple of 128");
     if ((a->op.a | a->op.w | a->op.d | a->op.workspace) % 16 || (a->op.sa | a->op.sw) % 4)
         return fail(err, errlen, "kvc_fp8_grouped_run", "a, w, d, workspace must be 16-byte aligned, the scales 4-byte");
-    uint64_t need = grouped_workspace_bytes(a->experts, a->variant);
+    uint64_t need = grouped_workspace_bytes(g.experts, g.variant);
     if (need == 0) return fail(err, errlen, "kvc_fp8_grouped_run", "unknown variant");
     if (a->op.workspace_bytes < need) return fail(err, errlen, "kvc_fp8_grouped_run", "workspace too small");
-    if (a->variant == KVC_MOE_GEMM_SWAP) return grouped_launch<GroupedSwap, true>(a, stream, err, errlen);
+    if (g.variant == KVC_MOE_GEMM_SWAP) return grouped_launch<GroupedSwap, true>(a, stream, err, errlen);
     return grouped_launch<GroupedRows, false>(a, stream, err, errlen);
 }
 
@@ -644,11 +639,7 @@ int time_bf16(Arena& ar, int experts, int n, int k, const uint32_t* offsets, con
     double best = -1.0;
     for (int variant = 0; variant < KVC_MOE_GEMM_VARIANTS; ++variant) {
         kvc_moe_gemm_args a{};
-        a.experts = experts;
-        a.n = n;
-        a.k = k;
-        a.variant = variant;
-        a.offsets = reinterpret_cast<uint64_t>(offsets);
+        a.groups = kvc_expert_groups{experts, n, k, variant, reinterpret_cast<uint64_t>(offsets)};
         a.a = reinterpret_cast<uint64_t>(x);
         a.w = reinterpret_cast<uint64_t>(w);
         a.d = reinterpret_cast<uint64_t>(d);
@@ -768,11 +759,7 @@ int grouped_selftest(int experts, int tokens, int topk, int n, int k, int varian
     if (quantize_and_check(ar, x, q, s, rows, k, iters, out, err, errlen)) return 1;
 
     kvc_fp8_grouped_args a{};
-    a.experts = experts;
-    a.n = n;
-    a.k = k;
-    a.variant = variant;
-    a.offsets = reinterpret_cast<uint64_t>(offsets);
+    a.groups = kvc_expert_groups{experts, n, k, variant, reinterpret_cast<uint64_t>(offsets)};
     uint64_t ws_bytes = grouped_workspace_bytes(experts, variant);
     if (ws_bytes == 0) return fail(err, errlen, "kvc_fp8_grouped_selftest", "unknown variant");
     KVC_CK(ar.alloc(&ws, ws_bytes));

@@ -18,6 +18,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "moe_gemm.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -70,16 +72,11 @@ int kvc_fp8_gemm_run(const kvc_fp8_gemm_args* args, void* stream, char* err, siz
 // Grouped (MoE experts), the calling convention of kvc_moe_gemm_run: for
 // every expert e with rows r in offsets[e] .. offsets[e + 1],
 //   d[r, :] = a_q[r, :] . w_q[e]^T with sa[r, :] and sw[e] applied per block.
-// offsets: experts + 1 u32 on the device (offsets[0] = 0); the problem
-// sizes, pointers and strides are written on the device. variant: the
-// tiling, moe_gemm.h's KVC_MOE_GEMM_ROWS (rows on M, 128x128x128) or
-// KVC_MOE_GEMM_SWAP (weights on M, rows on N, 128x64x128).
+// The groups as moe_gemm.h's kvc_expert_groups; the problem sizes,
+// pointers and strides are written on the device. Tilings: ROWS (rows on
+// M, 128x128x128) or SWAP (weights on M, rows on N, 128x64x128).
 typedef struct {
-    int32_t experts;
-    int32_t n;
-    int32_t k;
-    int32_t variant;
-    uint64_t offsets;
+    kvc_expert_groups groups;
     kvc_fp8_operands op;
 } kvc_fp8_grouped_args;
 

@@ -83,17 +83,11 @@ __global__ void fill_groups(int experts, int n, int k, const uint32_t* offsets, 
 template <class G>
 typename G::Gemm::Arguments arguments(int experts, char* base) {
     Arrays<G> l(experts);
-    typename G::Gemm::Arguments args;
-    decltype(args.epilogue.thread) fusion;
-    kvc_cutlass::plain_product(fusion);
-    args = typename G::Gemm::Arguments{
-        cutlass::gemm::GemmUniversalMode::kGrouped,
-        {experts, Arrays<G>::template in<Problem>(base, l.problems), nullptr},
-        {Arrays<G>::template in<const Bf16*>(base, l.pa), Arrays<G>::template in<typename G::StrideA>(base, l.sa),
-         Arrays<G>::template in<const Bf16*>(base, l.pb), Arrays<G>::template in<typename G::StrideB>(base, l.sb)},
-        {fusion, nullptr, nullptr, Arrays<G>::template in<Bf16*>(base, l.pd), Arrays<G>::template in<typename G::StrideD>(base, l.sd)},
-        kvc_cutlass::hardware()};
-    return args;
+    using A = Arrays<G>;
+    return kvc_cutlass::group_arguments(
+        experts, base, l,
+        {A::template in<const Bf16*>(base, l.pa), A::template in<typename G::StrideA>(base, l.sa),
+         A::template in<const Bf16*>(base, l.pb), A::template in<typename G::StrideB>(base, l.sb)});
 }
 
 template <class G>
@@ -105,16 +99,17 @@ uint64_t workspace_bytes(int experts) {
 
 template <class G, bool kSwap>
 int run(const kvc_moe_gemm_args* a, cudaStream_t stream, char* err, size_t n) {
-    Arrays<G> l(a->experts);
-    if (a->workspace_bytes < workspace_bytes<G>(a->experts)) return fail(err, n, "kvc_moe_gemm_run", "workspace too small");
+    const kvc_expert_groups& g = a->groups;
+    Arrays<G> l(g.experts);
+    if (a->workspace_bytes < workspace_bytes<G>(g.experts)) return fail(err, n, "kvc_moe_gemm_run", "workspace too small");
     char* base = reinterpret_cast<char*>(a->workspace);
     int threads = 128;
-    fill_groups<G, kSwap><<<(a->experts + threads - 1) / threads, threads, 0, stream>>>(
-        a->experts, a->n, a->k, reinterpret_cast<const uint32_t*>(a->offsets), reinterpret_cast<const Bf16*>(a->a),
+    fill_groups<G, kSwap><<<(g.experts + threads - 1) / threads, threads, 0, stream>>>(
+        g.experts, g.n, g.k, reinterpret_cast<const uint32_t*>(g.offsets), reinterpret_cast<const Bf16*>(a->a),
         reinterpret_cast<const Bf16*>(a->w), reinterpret_cast<Bf16*>(a->d), base, l);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return fail(err, n, "fill_groups launch", cudaGetErrorString(e));
-    return kvc_cutlass::run_gemm<typename G::Gemm>(arguments<G>(a->experts, base), base + l.cutlass, stream, err, n);
+    return kvc_cutlass::run_gemm<typename G::Gemm>(arguments<G>(g.experts, base), base + l.cutlass, stream, err, n);
 }
 
 }  // namespace kvc_moe
@@ -135,11 +130,12 @@ extern "C" int kvc_moe_gemm_workspace(int32_t experts, int32_t variant, uint64_t
 }
 
 extern "C" int kvc_moe_gemm_run(const kvc_moe_gemm_args* a, void* stream, char* err, size_t n) {
-    if (a->experts <= 0 || a->n <= 0 || a->k <= 0) return fail(err, n, "kvc_moe_gemm_run", "empty problem");
-    if (a->n % 8 || a->k % 8) return fail(err, n, "kvc_moe_gemm_run", "n and k must be multiples of 8");
+    const kvc_expert_groups& g = a->groups;
+    if (g.experts <= 0 || g.n <= 0 || g.k <= 0) return fail(err, n, "kvc_moe_gemm_run", "empty problem");
+    if (g.n % 8 || g.k % 8) return fail(err, n, "kvc_moe_gemm_run", "n and k must be multiples of 8");
     if ((a->a | a->w | a->d | a->workspace) % 16) return fail(err, n, "kvc_moe_gemm_run", "pointers must be 16-byte aligned");
     auto s = static_cast<cudaStream_t>(stream);
-    switch (a->variant) {
+    switch (g.variant) {
         case KVC_MOE_GEMM_ROWS: return run<Rows, false>(a, s, err, n);
         case KVC_MOE_GEMM_SWAP: return run<Swap, true>(a, s, err, n);
         default: return fail(err, n, "kvc_moe_gemm_run", "unknown variant");

@@ -17,16 +17,22 @@ extern "C" {
 //             where the point is to stream each touched expert's weights.
 enum { KVC_MOE_GEMM_ROWS = 0, KVC_MOE_GEMM_SWAP = 1, KVC_MOE_GEMM_VARIANTS = 2 };
 
-// For every expert e with rows r in offsets[e] .. offsets[e + 1]:
-//   d[r, :] = a[r, :] . w[e]^T
-// a: [rows, k], w: [experts, n, k], d: [rows, n], all bf16 row-major;
-// offsets: experts + 1 u32 on the device (offsets[0] = 0).
+// The experts of a grouped call (this one and fp8_gemm.h's): expert e's
+// rows are offsets[e] .. offsets[e + 1] (experts + 1 u32 on the device,
+// offsets[0] = 0), its weights [n, k]; variant: the tiling above.
 typedef struct {
     int32_t experts;
     int32_t n;
     int32_t k;
     int32_t variant;
     uint64_t offsets;
+} kvc_expert_groups;
+
+// For every expert e with rows r in offsets[e] .. offsets[e + 1]:
+//   d[r, :] = a[r, :] . w[e]^T
+// a: [rows, k], w: [experts, n, k], d: [rows, n], all bf16 row-major.
+typedef struct {
+    kvc_expert_groups groups;
     uint64_t a;
     uint64_t w;
     uint64_t d;

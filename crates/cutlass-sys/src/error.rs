@@ -28,7 +28,6 @@ pub(crate) fn call(f: impl FnOnce(*mut c_char) -> i32, wrap: fn(String) -> Error
 }
 
 /// `v` as the shim's i32, or an error naming `what`.
-#[cfg_attr(not(kvc_cutlass), allow(dead_code))]
 pub(crate) fn int(v: usize, what: &str) -> Result<i32, Error> {
     i32::try_from(v).map_err(|_| Error::Cutlass(format!("{what} = {v} does not fit an i32")))
 }

@@ -65,21 +65,16 @@ pub struct Operands {
     pub workspace_bytes: u64,
 }
 
-/// One grouped call's operands (kvc_fp8_grouped_args): for every expert e,
-/// `d[r] = a_q[r] w_q[e]^T` with the block scales, over its rows
-/// `offsets[e]..offsets[e+1]` (`experts + 1` u32 on the device).
-/// `a: e4m3 [rows, k]`, `sa: f32 [rows, k/128]`, `w: e4m3 [experts, n, k]`,
+/// One grouped call's operands (kvc_fp8_grouped_args): for every expert e
+/// of `groups` ([`crate::Groups`]: rows on M, 128x128x128; or swapped, the
+/// weights on M and the rows on N, 128x64x128), `d[r] = a_q[r] w_q[e]^T`
+/// with the block scales, over its rows. `a: e4m3 [rows, k]`,
+/// `sa: f32 [rows, k/128]`, `w: e4m3 [experts, n, k]`,
 /// `sw: f32 [experts, ceil(n/128), k/128]`, `d: bf16 [rows, n]`.
-/// `variant`: the tiling, [`crate::Variant`] as i32 (rows on M,
-/// 128x128x128; or swapped, the weights on M and the rows on N, 128x64x128).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 pub struct GroupedArgs {
-    pub experts: i32,
-    pub n: i32,
-    pub k: i32,
-    pub variant: i32,
-    pub offsets: u64,
+    pub groups: crate::Groups,
     pub op: Operands,
 }
 

@@ -18,9 +18,10 @@ use std::ffi::c_void;
 mod error;
 pub mod fp8;
 
+use error::int;
 pub use error::Error;
 #[cfg(kvc_cutlass)]
-use error::{bytes, call, int, ERR_LEN};
+use error::{bytes, call, ERR_LEN};
 
 /// How the routed rows meet the tile (cpp/moe_gemm.h).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -33,18 +34,36 @@ pub enum Variant {
     Swap = 1,
 }
 
-/// One call's operands (cpp/moe_gemm.h's kvc_moe_gemm_args): for every
-/// expert e, `d[r] = a[r] w[e]^T` over its rows `offsets[e]..offsets[e+1]`.
-/// `a: [rows, k]`, `w: [experts, n, k]`, `d: [rows, n]`, bf16 row-major,
-/// `offsets`: `experts + 1` u32; all device addresses, 16-byte aligned.
+/// The experts of a grouped call, bf16 or FP8 (cpp/moe_gemm.h's
+/// kvc_expert_groups): expert e's rows are `offsets[e]..offsets[e+1]`
+/// (`offsets`: the device address of `experts + 1` u32), its weights
+/// `[n, k]`, the GEMM in tiling `variant`.
 #[repr(C)]
-#[derive(Debug, Clone, Copy)]
-pub struct GroupedArgs {
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Groups {
     pub experts: i32,
     pub n: i32,
     pub k: i32,
     pub variant: i32,
     pub offsets: u64,
+}
+
+impl Groups {
+    /// `experts` groups of `[n, k]` weights over the row offsets at
+    /// `offsets`, in tiling `variant`.
+    pub fn new(offsets: u64, (experts, n, k): (usize, usize, usize), variant: Variant) -> Result<Self, Error> {
+        Ok(Self { experts: int(experts, "experts")?, n: int(n, "n")?, k: int(k, "k")?, variant: variant as i32, offsets })
+    }
+}
+
+/// One call's operands (cpp/moe_gemm.h's kvc_moe_gemm_args): for every
+/// expert e of `groups`, `d[r] = a[r] w[e]^T` over its rows.
+/// `a: [rows, k]`, `w: [experts, n, k]`, `d: [rows, n]`, bf16 row-major;
+/// all device addresses, 16-byte aligned.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct GroupedArgs {
+    pub groups: Groups,
     pub a: u64,
     pub w: u64,
     pub d: u64,
@@ -101,5 +120,17 @@ mod tests {
         let e = check().unwrap_err().to_string();
         assert!(e.contains("scripts/cutlass_setup.sh"), "{e}");
         assert!(workspace_bytes(128, Variant::Rows).is_err());
+    }
+
+    /// The C structs keep the layout cpp/moe_gemm.h declares, and the
+    /// groups' sizes are checked, not truncated.
+    #[test]
+    fn groups_match_the_c_layout_and_refuse_sizes_past_i32() {
+        assert_eq!(std::mem::size_of::<Groups>(), 16 + 8);
+        assert_eq!(std::mem::size_of::<GroupedArgs>(), 16 + 8 + 5 * 8);
+        let g = Groups::new(64, (128, 1536, 2048), Variant::Swap).unwrap();
+        assert_eq!((g.experts, g.n, g.k, g.variant, g.offsets), (128, 1536, 2048, 1, 64));
+        let e = Groups::new(0, (128, 1 << 31, 2048), Variant::Rows).unwrap_err().to_string();
+        assert!(e.contains("n = 2147483648"), "{e}");
     }
 }

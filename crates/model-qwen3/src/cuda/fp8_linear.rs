@@ -316,14 +316,8 @@ impl Fp8Weight {
             _ => cutlass_tiling(rows, e),
         };
         let (ws, ws_bytes) = workspace(dev, fp8::grouped_workspace_bytes(e, variant).map_err(err)?)?;
-        let args = fp8::GroupedArgs {
-            experts: e as i32,
-            n: n as i32,
-            k: k as i32,
-            variant: variant as i32,
-            offsets: ptr(offsets)?,
-            op: self.operands(aq, out, (&ws, ws_bytes))?,
-        };
+        let groups = cutlass_sys::Groups::new(ptr(offsets)?, (e, n, k), variant).map_err(err)?;
+        let args = fp8::GroupedArgs { groups, op: self.operands(aq, out, (&ws, ws_bytes))? };
         // SAFETY: as in `linear`; `offsets` holds E + 1 row offsets into `a` and `out`.
         unsafe { fp8::grouped_run(&args, stream(dev)?) }.map_err(err)
     }

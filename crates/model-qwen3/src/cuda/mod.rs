@@ -16,7 +16,9 @@ mod moe_gemm;
 
 pub use attention::{set_decode_kernel_v1, AttentionPlan, PagedAttention};
 pub use cudnn_attention::{CudnnAttention, PrefillBackend, PrefillContext};
-pub use fp8_linear::{fp8_gemm_runs, fp8_weights, quantize_blocks, quantize_rows, set_fp8_weights, silu_mul_quantized, Fp8Weight, GpuLinear, WeightBytes};
+pub use fp8_linear::{
+    fp8_gemm_runs, fp8_weights, quantize_blocks, quantize_rows, set_fp8_weights, silu_mul_quantized, Fp8Weight, GpuLinear, WeightBytes,
+};
 pub use gemv::{small_m_linear, small_m_linear_fp8};
 pub use graph::CapturedStep;
 pub(crate) use graph::DecodeGraphs;

@@ -172,11 +172,7 @@ pub(crate) fn cutlass_grouped(
     // u32 words; freed in stream order after the GEMM has used it.
     let ws = empty(dev, bytes.div_ceil(4).max(64), DType::U32)?;
     let args = cutlass_sys::GroupedArgs {
-        experts: e as i32,
-        n: n as i32,
-        k: kd as i32,
-        variant: tiling as i32,
-        offsets: ptr(offsets)?,
+        groups: cutlass_sys::Groups::new(ptr(offsets)?, (e, n, kd), tiling).map_err(err)?,
         a: ptr(a)?,
         w: ptr(w)?,
         d: ptr(out)?,
