@@ -407,3 +407,62 @@ extern "C" __global__ void kv_gather_fp8(const fp8* __restrict__ layer, const un
                                          float k_scale, float v_scale) {
     kv_gather_any(layer, slots, n, k_out, v_out, row, block_size, k_scale, v_scale);
 }
+
+// FP8 prefill attention (cuDNN's e4m3 SDPA, cudnn_attention.rs): its
+// per-tensor-scaled operands in and out.
+//
+// y = e4m3(x * inv_scale) (RNE, saturated) for n8 vectors of 8 elements:
+// one 16-byte load of bf16, one 8-byte store of e4m3. Grid-stride.
+extern "C" __global__ void bf16_to_e4m3(const uint4* __restrict__ x, uint2* __restrict__ y, size_t n8, float inv_scale) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n8; i += (size_t)gridDim.x * blockDim.x) {
+        const uint4 v = x[i];
+        const bf16* e = (const bf16*)&v;
+        unsigned w[2] = {0, 0};
+#pragma unroll
+        for (int j = 0; j < 8; j++) w[j / 4] |= (unsigned)to_e4m3(to_f(e[j]) * inv_scale) << (8 * (j % 4));
+        y[i] = make_uint2(w[0], w[1]);
+    }
+}
+
+// *m = max(*m, the largest magnitude byte (b & 0x7f) of n16 16-byte
+// vectors of e4m3): e4m3's magnitude bits order as its values, and RNE
+// with saturation never writes 0x7f (NaN). Grid-stride; one atomic a warp.
+extern "C" __global__ void e4m3_amax(const uint4* __restrict__ x, size_t n16, unsigned* __restrict__ m) {
+    unsigned best = 0;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n16; i += (size_t)gridDim.x * blockDim.x) {
+        const uint4 v = x[i];
+        best = __vmaxu4(best, __vmaxu4(__vmaxu4(v.x & 0x7f7f7f7fu, v.y & 0x7f7f7f7fu), __vmaxu4(v.z & 0x7f7f7f7fu, v.w & 0x7f7f7f7fu)));
+    }
+    best = max(max(best & 0xffu, (best >> 8) & 0xffu), max((best >> 16) & 0xffu, best >> 24));
+    best = __reduce_max_sync(0xffffffffu, best);
+    if ((threadIdx.x & 31) == 0 && best) atomicMax(m, best);
+}
+
+// O's e4m3 scale from V's largest e4m3 byte (s[8], from e4m3_amax): |O| <=
+// max |V| = e4m3(s[8]) x v_scale (O averages V's rows), so s[5] (cuDNN's
+// scale O) = 384 / max |V| keeps every O finite in e4m3 with 1/8 headroom
+// for the rounded softmax probabilities' sum, and s[9] = 1 / s[5] widens it
+// back. One thread.
+extern "C" __global__ void fp8_o_scale(float* s, float v_scale) {
+    const unsigned b = *(const unsigned*)(s + 8);
+    __half_raw h = __nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)b, __NV_E4M3);
+    const float vmax = __half2float(*reinterpret_cast<const __half*>(&h)) * v_scale;
+    const float so = vmax > 0.f ? 384.f / vmax : 1.f;
+    s[5] = so;
+    s[9] = 1.f / so;
+}
+
+// out[r] = bf16(x[r] * *scale) for the rows r = rows[i], i < nrows, of
+// `row` e4m3 elements (row % 16 == 0): the rows cuDNN's FP8 attention wrote,
+// leaving the other rows of out (kvc's kernels') alone. Grid-stride over
+// 16-element vectors.
+extern "C" __global__ void e4m3_rows_to_bf16(const fp8* __restrict__ x, const unsigned* __restrict__ rows, int nrows,
+                                             int row, const float* __restrict__ scale, bf16* __restrict__ out) {
+    const int vecs = row / 16;
+    const size_t total = (size_t)nrows * vecs;
+    const float sc = *scale;
+    for (size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (size_t)gridDim.x * blockDim.x) {
+        const size_t off = (size_t)rows[e / vecs] * row + (e % vecs) * 16;
+        widen_row(x + off, out + off, sc);
+    }
+}

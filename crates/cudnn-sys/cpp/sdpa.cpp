@@ -12,6 +12,7 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <unordered_map>
 
@@ -26,7 +27,10 @@ namespace {
 
 enum Uid : int64_t {
     Q = 1, K, V, O, SEQ_Q, SEQ_KV, Q_OFF, K_OFF, V_OFF, O_OFF, TABLE_K, TABLE_V,
+    // FP8: the scales in kvc_sdpa_args::scales' order.
+    DESCALE_Q, DESCALE_K, DESCALE_V, DESCALE_S, SCALE_S, SCALE_O, AMAX_S, AMAX_O,
 };
+constexpr int64_t FP8_SCALES = 8;
 
 struct Ctx {
     cudnnHandle_t handle = nullptr;
@@ -36,7 +40,7 @@ struct Ctx {
 
 struct Graph {
     std::shared_ptr<fe::graph::Graph> g;
-    bool paged;
+    bool paged, fp8;
 };
 
 void set_err(char *err, size_t n, const std::string &msg) {
@@ -63,11 +67,23 @@ std::shared_ptr<fe::graph::Tensor_attributes> lengths(fe::graph::Graph &g, int64
                         .set_data_type(fe::DataType_t::INT32));
 }
 
+// One f32 scalar on the device (an FP8 scale or amax).
+std::shared_ptr<fe::graph::Tensor_attributes> scalar(fe::graph::Graph &g, int64_t uid, const char *name) {
+    return g.tensor(fe::graph::Tensor_attributes()
+                        .set_name(name)
+                        .set_uid(uid)
+                        .set_dim({1, 1, 1, 1})
+                        .set_stride({1, 1, 1, 1})
+                        .set_data_type(fe::DataType_t::FLOAT));
+}
+
 // The graph of one bucket: Q/O ragged rows of [h_q][d] (token stride
-// h_q * d, as the model lays them out), K/V ragged or paged.
+// h_q * d, as the model lays them out), K/V ragged or paged; bf16, or e4m3
+// with per-tensor scales (ragged only, top-left causal: see sdpa.h).
 std::shared_ptr<fe::graph::Graph> make_graph(const kvc_sdpa_desc &d) {
+    if (d.fp8 && d.paged) throw std::invalid_argument("kvc's FP8 attention graph reads gathered K/V, not a paged pool");
     auto g = std::make_shared<fe::graph::Graph>();
-    g->set_io_data_type(fe::DataType_t::BFLOAT16)
+    g->set_io_data_type(d.fp8 ? fe::DataType_t::FP8_E4M3 : fe::DataType_t::BFLOAT16)
         .set_intermediate_data_type(fe::DataType_t::FLOAT)
         .set_compute_data_type(fe::DataType_t::FLOAT);
     const int64_t tq = d.h_q * d.d, tkv = d.h_kv * d.d;
@@ -85,7 +101,8 @@ std::shared_ptr<fe::graph::Graph> make_graph(const kvc_sdpa_desc &d) {
                     .set_padding_mask(true)
                     .set_seq_len_q(lengths(*g, SEQ_Q, d.b, "seq_len_q"))
                     .set_seq_len_kv(lengths(*g, SEQ_KV, d.b, "seq_len_kv"))
-                    .set_diagonal_alignment(fe::DiagonalAlignment_t::BOTTOM_RIGHT)
+                    .set_diagonal_alignment(d.fp8 ? fe::DiagonalAlignment_t::TOP_LEFT
+                                                  : fe::DiagonalAlignment_t::BOTTOM_RIGHT)
                     .set_diagonal_band_right_bound(0);
     if (d.paged) {
         // kvc's pool: block = [K | V], each [block_size][h_kv][d].
@@ -121,8 +138,19 @@ std::shared_ptr<fe::graph::Graph> make_graph(const kvc_sdpa_desc &d) {
         k = ragged(K, K_OFF, "K", "k_offsets");
         v = ragged(V, V_OFF, "V", "v_offsets");
     }
-    auto [o, stats] = g->sdpa(q, k, v, opts);
-    (void)stats;
+    std::shared_ptr<fe::graph::Tensor_attributes> o;
+    if (d.fp8) {
+        auto outs = g->sdpa_fp8(q, k, v, scalar(*g, DESCALE_Q, "descale_q"), scalar(*g, DESCALE_K, "descale_k"),
+                                scalar(*g, DESCALE_V, "descale_v"), scalar(*g, DESCALE_S, "descale_s"),
+                                scalar(*g, SCALE_S, "scale_s"), scalar(*g, SCALE_O, "scale_o"), opts);
+        o = outs[0];
+        for (auto [t, uid] : {std::pair{outs[2], AMAX_S}, std::pair{outs[3], AMAX_O}}) {
+            t->set_output(true).set_uid(uid).set_dim({1, 1, 1, 1}).set_stride({1, 1, 1, 1}).set_data_type(
+                fe::DataType_t::FLOAT);
+        }
+    } else {
+        o = g->sdpa(q, k, v, opts)[0];
+    }
     o->set_output(true)
         .set_uid(O)
         .set_dim({d.b, d.h_q, d.s_q, d.d})
@@ -186,7 +214,7 @@ extern "C" int kvc_cudnn_sdpa_build(void *ctx_, const kvc_sdpa_desc *desc, void 
         int64_t ws = 0;
         if (int e = step(g->get_workspace_size(ws), "workspace size")) return e;
         *workspace = ws;
-        *out = new Graph{g, desc->paged != 0};
+        *out = new Graph{g, desc->paged != 0, desc->fp8 != 0};
         return 0;
     } catch (const std::exception &e) {
         set_err(err, err_len, std::string("cuDNN graph: ") + e.what());
@@ -215,6 +243,9 @@ extern "C" int kvc_cudnn_sdpa_run(void *ctx_, void *graph, void *stream, const k
         } else {
             pack[K_OFF] = a->kv_offsets;
             pack[V_OFF] = a->kv_offsets;
+        }
+        if (g->fp8) {
+            for (int64_t i = 0; i < FP8_SCALES; i++) pack[DESCALE_Q + i] = static_cast<float *>(a->scales) + i;
         }
         auto r = g->g->execute(ctx->handle, pack, a->workspace);
         if (r.is_bad()) {

@@ -2,7 +2,8 @@
 // graph), for prefill over a varlen batch: Q and O ragged over the batch's
 // token rows, K and V either ragged (gathered contiguously) or read in
 // place from a paged KV pool through per-sequence page tables. Causal with
-// bottom-right alignment, so a chunk attends to its cached context.
+// bottom-right alignment, so a chunk attends to its cached context; or, in
+// FP8 (e4m3 Q/K/V/O, per-tensor scales), causal over chunks without context.
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
@@ -21,6 +22,9 @@ typedef struct kvc_sdpa_desc {
     int64_t block_stride;  // paged: elements from one block's K to the next's
     int64_t table_len;     // paged: page-table entries per sequence
     float scale;           // softmax scale
+    int32_t fp8;           // 0: bf16 Q/K/V/O; 1: e4m3 Q/K/V/O with per-tensor scales (ragged K/V only).
+                           // cuDNN's FP8 forward on Hopper has top-left causal alignment only: the
+                           // caller sends sequences with as many keys as queries (no cached context)
 } kvc_sdpa_desc;
 
 typedef struct kvc_sdpa_args {
@@ -32,6 +36,9 @@ typedef struct kvc_sdpa_args {
     void *kv_offsets;         // ragged: int64 [b + 1]
     void *page_table;         // paged: int32 [b][table_len]
     void *workspace;          // get from kvc_cudnn_sdpa_build
+    void *scales;             // fp8: float[8] on the device: descale Q, K, V (what one e4m3 unit is
+                              // worth), descale S, scale S (the softmax probabilities' e4m3 scaling),
+                              // scale O (O is written as e4m3(O x scale O)); then amax S, amax O (written)
 } kvc_sdpa_args;
 
 // Loads libcudnn (KVC_CUDNN_LIB, else "libcudnn.so.9" through the loader's

@@ -1,7 +1,8 @@
 //! cuDNN's fused attention (the frontend's SDPA graph) for kvc's prefill:
 //! Q and O ragged over a varlen batch's token rows, K and V ragged or read
 //! in place from the paged KV pool, causal with bottom-right alignment (a
-//! chunk attends to its cached context). A thin, safe layer over
+//! chunk attends to its cached context), in bf16 or, over chunks without
+//! cached context, e4m3 with per-tensor scales. A thin, safe layer over
 //! cpp/sdpa.h; libcudnn is opened at run time, so binaries start without
 //! it and the caller falls back to its own kernels.
 
@@ -36,6 +37,10 @@ pub struct SdpaDesc {
     pub table_len: i64,
     /// Bits of the f32 softmax scale (so the key hashes).
     pub scale_bits: u32,
+    /// 1: e4m3 Q/K/V/O with per-tensor scales (gathered K/V, sequences
+    /// without cached context: cuDNN's FP8 forward on Hopper aligns the
+    /// causal mask top-left only); 0: bf16.
+    pub fp8: i32,
 }
 
 /// Device pointers of one run (cpp/sdpa.h's kvc_sdpa_args); 0 where unused.
@@ -52,6 +57,32 @@ pub struct SdpaArgs {
     pub kv_offsets: u64,
     pub page_table: u64,
     pub workspace: u64,
+    /// FP8: `f32[8]` on the device, [`Fp8Scales`]'s order.
+    pub scales: u64,
+}
+
+/// The per-tensor scales of an FP8 run, in the order `SdpaArgs::scales`
+/// holds them on the device.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Fp8Scales {
+    /// What one e4m3 unit of Q, K and V is worth.
+    pub descale_q: f32,
+    pub descale_k: f32,
+    pub descale_v: f32,
+    /// O is written as e4m3(O x scale_o).
+    pub scale_o: f32,
+}
+
+impl Fp8Scales {
+    /// The softmax probabilities (in [0, 1]) as e4m3 x 1/448: 1.0 maps to
+    /// e4m3's largest value, the most precision the format gives them.
+    pub const SCALE_S: f32 = 448.0;
+
+    /// The eight floats of `SdpaArgs::scales`: the six scales, then the
+    /// two amax slots cuDNN writes.
+    pub fn to_device_order(&self) -> [f32; 8] {
+        [self.descale_q, self.descale_k, self.descale_v, 1.0 / Self::SCALE_S, Self::SCALE_S, self.scale_o, 0.0, 0.0]
+    }
 }
 
 #[cfg_attr(not(kvc_cudnn), allow(dead_code))]
@@ -223,8 +254,9 @@ mod tests {
 
     #[test]
     fn the_descriptor_matches_the_c_layout() {
-        // kvc_sdpa_desc: 6 x i64, i32 (+4 padding), 4 x i64, f32 (+4) = 96 bytes.
+        // kvc_sdpa_desc: 6 x i64, i32 (+4 padding), 4 x i64, f32, i32 = 96 bytes.
         assert_eq!(std::mem::size_of::<SdpaDesc>(), 96);
-        assert_eq!(std::mem::size_of::<SdpaArgs>(), 80);
+        assert_eq!(std::mem::offset_of!(SdpaDesc, fp8), 92);
+        assert_eq!(std::mem::size_of::<SdpaArgs>(), 88);
     }
 }

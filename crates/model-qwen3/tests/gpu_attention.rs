@@ -63,6 +63,14 @@ fn reference_attention(q: &[f32], k: &[f32], v: &[f32], q_len: usize, ctx: usize
     out
 }
 
+/// `x` through e4m3 over `scale` and back (saturated, round to nearest
+/// even): what cuDNN's FP8 attention reads of Q.
+fn e4m3_round_trip(x: &[f32], scale: f32) -> Vec<f32> {
+    let t = Tensor::from_slice(x, x.len(), &Device::Cpu).unwrap();
+    let q = (t / scale as f64).unwrap().clamp(-448f32, 448f32).unwrap().to_dtype(DType::F8E4M3).unwrap();
+    (q.to_dtype(DType::F32).unwrap() * scale as f64).unwrap().to_vec1::<f32>().unwrap()
+}
+
 /// Block tables for sequences of `ctxs` tokens, drawn in a shuffled order
 /// from a pool of `num_blocks` (a pool that has been in use).
 fn shuffled_tables(ctxs: &[usize], bs: usize, num_blocks: usize, rng: &mut rand::rngs::StdRng) -> Vec<Vec<BlockId>> {
@@ -136,6 +144,9 @@ fn check_attention_over(
         let total: usize = seqs.iter().map(|s| s.0).sum();
         let q = Tensor::randn(0f32, 1.0, (total, nh * hd), &Device::Cpu).unwrap().to_dtype(DType::BF16).unwrap();
         let qh = host_f32(&q);
+        let q_absmax = qh.iter().fold(0f32, |m, x| m.max(x.abs()));
+        // cuDNN's FP8 route reads Q in e4m3 over q_absmax / 448.
+        let qh_e4m3 = e4m3_round_trip(&qh, q_absmax / 448.0);
         let mut start = 0;
         let chunks: Vec<SeqChunk> = seqs
             .iter()
@@ -156,8 +167,9 @@ fn check_attention_over(
             block_size: bs,
             head_dim: hd,
             scale: 1.0 / (hd as f32).sqrt(),
+            q_absmax: Some(q_absmax),
         };
-        let refs: Vec<Vec<f32>> = {
+        let refs_over = |qh: &[f32]| -> Vec<Vec<f32>> {
             let mut start = 0;
             seqs.iter()
                 .enumerate()
@@ -168,13 +180,30 @@ fn check_attention_over(
                 })
                 .collect()
         };
+        let refs = refs_over(&qh);
+        let on_cudnn = |l: usize| l * (nh / nkv) >= 17;
+        // FP8 where cuDNN takes every prefill chunk and none has cached context.
+        let wants_fp8 = cudnn.is_some() && fp8 && hd == 128 && seqs.iter().filter(|&&(l, _)| on_cudnn(l)).all(|&(l, c)| l == c);
+        let mut refs_fp8 = None;
         // Both decode kernels (v2, the default, merges its splits itself).
         for v1 in [false, true] {
             set_decode_kernel_v1(v1);
             let name = if v1 { "decode v1" } else { "decode v2" };
             let plan = AttentionPlan::with_prefill(&batch, nh, nkv, prefill, &dev).unwrap();
-            let wants_cudnn = cudnn.is_some() && cudnn_head_dims.contains(&hd) && seqs.iter().any(|&(l, _)| l * (nh / nkv) >= 17);
+            let wants_cudnn = cudnn.is_some() && cudnn_head_dims.contains(&hd) && seqs.iter().any(|&(l, _)| on_cudnn(l));
             assert!(!wants_cudnn || plan.uses_cudnn(), "cuDNN took no sequence of nh={nh} nkv={nkv} hd={hd} bs={bs} {seqs:?}");
+            assert!(
+                !wants_cudnn || plan.uses_cudnn_fp8() == wants_fp8,
+                "cuDNN's FP8 attention {} nh={nh} nkv={nkv} hd={hd} bs={bs} {seqs:?} (a refused FP8 graph is logged as a warning)",
+                if wants_fp8 { "did not take" } else { "took" }
+            );
+            // An FP8 plan is held to the reference over its e4m3 Q, within
+            // one e4m3 rounding of O (2^-4 relative) beside the bf16 route's 1e-2.
+            let (refs, tol) = if plan.uses_cudnn_fp8() {
+                (&*refs_fp8.get_or_insert_with(|| refs_over(&qh_e4m3)), 1e-2 + 0.0625)
+            } else {
+                (&refs, 1e-2)
+            };
             // Twice: the second launch finds the split counters the first
             // one left (they must be back at zero).
             for round in 0..2 {
@@ -187,12 +216,13 @@ fn check_attention_over(
                     let e = rel_err(o, &refs[i]);
                     if round == 0 {
                         println!(
-                            "attention {backend:?} {pool_dtype:?} pool (cuDNN: {}, {name}) nh={nh} nkv={nkv} hd={hd} bs={bs} len={len} ctx={c}: relative error {e:.2e}",
-                            plan.uses_cudnn()
+                            "attention {backend:?} {pool_dtype:?} pool (cuDNN: {}, FP8: {}, {name}) nh={nh} nkv={nkv} hd={hd} bs={bs} len={len} ctx={c}: relative error {e:.2e}",
+                            plan.uses_cudnn(),
+                            plan.uses_cudnn_fp8()
                         );
                     }
                     assert!(
-                        e < 1e-2,
+                        e < tol,
                         "{backend:?} {pool_dtype:?} {name} nh={nh} nkv={nkv} hd={hd} bs={bs} seq {i} (len {len}, ctx {c}), launch {round}: relative error {e}"
                     );
                     start += len;
@@ -238,6 +268,7 @@ fn decode_attention_at_serving_sizes_matches_reference_and_is_timed() {
             block_size: bs,
             head_dim: hd,
             scale: 1.0 / (hd as f32).sqrt(),
+            q_absmax: None,
         };
         let bytes: usize = ctxs.iter().sum::<usize>() * nkv * hd * 2 * dtype.size_in_bytes();
         let checked = [0, batch / 2, batch - 1];
@@ -302,7 +333,8 @@ fn paged_attention_kernels_match_reference_on_random_data() {
 /// The prefill route on cuDNN, gathered and paged: varlen batches with
 /// decodes between the prefill chunks (kvc's kernels write those rows),
 /// chunks after cached context, lengths off the block size, GQA 2 to 8,
-/// block sizes 8 to 32. Head dims 8 and 16 (the fixtures') may fall back
+/// block sizes 8 to 32; over an FP8 pool, batches whose chunks all start
+/// their prompts on cuDNN's FP8 attention (head dim 128). Head dims 8 and 16 (the fixtures') may fall back
 /// to kvc's kernels but must stay right.
 #[test]
 #[ignore = "needs a CUDA device and cuDNN 9: run with scripts/gpu_run.sh"]
@@ -313,10 +345,77 @@ fn cudnn_prefill_attention_matches_reference_gathered_and_paged() {
         (24, 4, 128, 32, &[(45, 1000), (513, 513)]),
         (8, 2, 128, 16, &[(3, 3), (64, 64), (17, 4000)]),
         (32, 4, 128, 16, &[(512, 3000)]),
+        // Prompts' first chunks only (beside decodes): cuDNN's FP8 route over an FP8 pool.
+        (32, 4, 128, 16, &[(1000, 1000), (1, 700), (129, 129), (2048, 2048), (1, 33)]),
+        (8, 2, 128, 16, &[(3, 3), (64, 64), (17, 17)]),
         (4, 2, 16, 4, &[(13, 13), (1, 22), (5, 50)]),
         (4, 2, 8, 4, &[(30, 40), (1, 6)]),
     ];
     for backend in [PrefillBackend::Cudnn, PrefillBackend::CudnnPaged] {
         check_attention(Some(backend), shapes, &[64, 128]);
+    }
+}
+
+/// cuDNN's FP8 attention at a prompt's first 8K chunk, the Qwen3-30B-A3B
+/// shape (32 query heads over 4 KV heads of 128, blocks of 16): its output
+/// against the bf16 route over the same e4m3 pool (within one e4m3 rounding
+/// of O), and the time per layer of the three routes a prefill can take:
+/// bf16 pool, FP8 pool widened to bf16, FP8 pool in e4m3.
+#[test]
+#[ignore = "needs a CUDA device and cuDNN 9: run with scripts/gpu_run.sh"]
+fn cudnn_fp8_prefill_attention_is_timed_against_the_bf16_routes() {
+    let dev = gpu();
+    let kernels = Kernels::load(dev.as_cuda_device().unwrap()).unwrap();
+    let attention = CudnnAttention::open(PrefillBackend::Cudnn, &dev).expect("cuDNN must load for this test (scripts/gpu_run.sh)");
+    let (nh, nkv, hd, bs) = (32, 4, 128, 16);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+    for len in [2048usize, 8192] {
+        let nb = len.div_ceil(bs) + 1;
+        let tables = shuffled_tables(&[len], bs, nb, &mut rng);
+        let b = BatchInput { tokens: vec![0; len], seqs: vec![SeqChunk { start: 0, len, context_len: len, block_table: &tables[0] }], logits_rows: vec![0] };
+        let q = Tensor::randn(0f32, 1.0, (len, nh * hd), &dev).unwrap().to_dtype(DType::BF16).unwrap();
+        let q_absmax = q.abs().unwrap().max_all().unwrap().to_dtype(DType::F32).unwrap().to_scalar::<f32>().unwrap();
+        let pool = |dtype: DType| {
+            let layout = KvLayout { num_layers: 1, num_kv_heads: nkv, head_dim: hd, block_size: bs, dtype };
+            let values = Tensor::randn(0f32, 1.0, nb * layout.block_elems(), &Device::Cpu).unwrap();
+            KvStorage::from_device_tensor(layout, nb, values.to_dtype(dtype).unwrap().to_device(&dev).unwrap()).unwrap()
+        };
+        let (bf16_pool, fp8_pool) = (pool(DType::BF16), pool(DType::F8E4M3));
+        let mut outs = Vec::new();
+        for (kv, fp8_route) in [(&bf16_pool, false), (&fp8_pool, false), (&fp8_pool, true)] {
+            let dtype = kv.layout().dtype;
+            attention.allow_fp8(fp8_route);
+            let ctx = PrefillContext { attention: &attention, fp8_cache: dtype == DType::F8E4M3, head_dim: hd, block_size: bs, num_blocks: nb };
+            let plan = AttentionPlan::with_prefill(&b, nh, nkv, Some(ctx), &dev).unwrap();
+            assert_eq!(plan.uses_cudnn_fp8(), fp8_route, "cuDNN's FP8 attention graph at {len} tokens (a refusal is logged as a warning)");
+            let attn = PagedAttention {
+                layer_ptr: ptr(kv.device_tensor().unwrap()).unwrap(),
+                cache: CacheFormat::of(&kv, 0).unwrap(),
+                block_size: bs,
+                head_dim: hd,
+                scale: 1.0 / (hd as f32).sqrt(),
+                q_absmax: Some(q_absmax),
+            };
+            let out = attn.forward(&kernels, &q, &plan).unwrap();
+            let iters = 20;
+            dev.synchronize().unwrap();
+            let t0 = std::time::Instant::now();
+            for _ in 0..iters {
+                attn.forward(&kernels, &q, &plan).unwrap();
+            }
+            dev.synchronize().unwrap();
+            let us = t0.elapsed().as_secs_f64() * 1e6 / iters as f64;
+            let flops = 4.0 * (len * len / 2) as f64 * (nh * hd) as f64;
+            println!(
+                "prefill attention {len} tokens, {dtype:?} pool, {} route: {us:.0} us per layer ({:.0} TFLOP/s causal)",
+                if fp8_route { "e4m3" } else { "bf16" },
+                flops / us / 1e6
+            );
+            outs.push(host_f32(&out));
+        }
+        attention.allow_fp8(true);
+        let e = rel_err(&outs[2], &outs[1]);
+        println!("prefill attention {len} tokens: FP8 route against the bf16 route over the same e4m3 pool, relative error {e:.2e}");
+        assert!(e.is_finite() && e < 1e-2 + 0.0625, "FP8 route at {len} tokens: relative error {e} against the bf16 route");
     }
 }

@@ -291,6 +291,11 @@ impl AttentionPlan {
     pub fn uses_cudnn(&self) -> bool {
         self.cudnn.is_some()
     }
+
+    /// Whether they run cuDNN's FP8 attention.
+    pub fn uses_cudnn_fp8(&self) -> bool {
+        self.cudnn.as_ref().is_some_and(|c| c.fp8())
+    }
 }
 
 /// The paged KV cache of one layer as the kernels see it.
@@ -415,6 +420,10 @@ pub struct PagedAttention {
     pub block_size: usize,
     pub head_dim: usize,
     pub scale: f32,
+    /// A bound on every element of the layer's queries
+    /// (`cudnn_attention::q_absmax`): cuDNN's FP8 attention quantizes Q
+    /// over it; None where unknown (an FP8 plan then fails).
+    pub q_absmax: Option<f32>,
 }
 
 impl PagedAttention {
@@ -437,7 +446,7 @@ impl PagedAttention {
         let out = empty(dev, (t, nh * hd), DType::BF16)?;
         // cuDNN first: kvc's kernels then write their rows after it.
         if let Some(c) = &plan.cudnn {
-            c.run(k, q, &out, self.layer_ptr, self.cache, nkv, hd, self.block_size)?;
+            c.run(k, q, &out, self.layer_ptr, self.cache, self.q_absmax, nkv, hd, self.block_size)?;
         }
         let parts = plan.num_parts.max(1) * nkv * BR;
         let part_o = if plan.num_parts > 0 { empty(dev, parts * hd, DType::F32)? } else { empty(dev, 1, DType::F32)? };

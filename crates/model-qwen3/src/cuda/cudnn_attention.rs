@@ -8,6 +8,16 @@
 //! bottom-right alignment so a chunk attends to its whole cached context.
 //! Decodes keep kvc's kernels.
 //!
+//! Over an FP8 pool (`--kv-cache-dtype fp8`) a step whose prefill chunks
+//! have no cached context (a prompt's first chunk) runs cuDNN's FP8
+//! attention: Q quantized to e4m3 over a static per-layer scale (its
+//! bound, see [`q_absmax`]), K/V gathered as the pool's e4m3 bytes with the
+//! layer's scales, the softmax probabilities and O in e4m3 (O over the
+//! V scale: |O| <= max |V|), widened to bf16 for o_proj. cuDNN's FP8
+//! forward on Hopper aligns the causal mask top-left only and writes e4m3
+//! only, so a chunk after cached context widens K/V to bf16 as before.
+//! `KVC_FP8_ATTENTION=0` keeps every step on the bf16 route.
+//!
 //! The engine's kernel plan picks the route (`KVC_ATTENTION_BACKEND`, as
 //! vLLM's `VLLM_ATTENTION_BACKEND`, requests it, read once at start):
 //! `cudnn` (default), `cudnn-paged`, or `kvc` (kvc's kernels only).
@@ -15,13 +25,13 @@
 //! falls back to kvc's kernels with one warning.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use candle_core::cuda::WrapErr;
 use candle_core::{bail, DType, Device, Result, Tensor};
-use cudnn_sys::{Cudnn, SdpaArgs, SdpaDesc, SdpaGraph};
+use cudnn_sys::{Cudnn, Fp8Scales, SdpaArgs, SdpaDesc, SdpaGraph};
 
 use super::{cuda_dev, empty, grid1, launch, ptr, upload_u32, CacheFormat, Kernels};
 use crate::batch::SeqChunk;
@@ -78,6 +88,8 @@ fn bucket(n: usize) -> usize {
 pub struct CudnnAttention {
     cudnn: Cudnn,
     paged: bool,
+    /// FP8 pools' first chunks may take cuDNN's FP8 attention.
+    fp8: AtomicBool,
     /// None: cuDNN has no engine for that shape (said once, then kvc's kernels).
     graphs: Mutex<HashMap<SdpaDesc, Option<Arc<SdpaGraph>>>>,
 }
@@ -95,8 +107,10 @@ impl CudnnAttention {
             .and_then(|_| Cudnn::open().map_err(|e| e.to_string()));
         match opened {
             Ok(cudnn) => {
-                tracing::info!(version = cudnn.version(), paged = backend == PrefillBackend::CudnnPaged, "prefill attention on cuDNN");
-                Some(Arc::new(Self { cudnn, paged: backend == PrefillBackend::CudnnPaged, graphs: Mutex::new(HashMap::new()) }))
+                let paged = backend == PrefillBackend::CudnnPaged;
+                let fp8 = std::env::var("KVC_FP8_ATTENTION").map_or(true, |v| v != "0");
+                tracing::info!(version = cudnn.version(), paged, fp8, "prefill attention on cuDNN");
+                Some(Arc::new(Self { cudnn, paged, fp8: AtomicBool::new(fp8), graphs: Mutex::new(HashMap::new()) }))
             }
             Err(e) => {
                 tracing::warn!("prefill attention on kvc's kernels: {e}");
@@ -118,10 +132,16 @@ impl CudnnAttention {
         let t0 = Instant::now();
         let mut s = 64;
         while s <= bucket(max_tokens) {
-            let _ = self.graph(desc(1, nh, nkv, hd, s, s, None));
+            let _ = self.graph(desc(1, nh, nkv, hd, s, s, None, false));
             s *= 2;
         }
         tracing::info!(ms = t0.elapsed().as_secs_f64() * 1e3, "cuDNN attention graphs warmed up");
+    }
+
+    /// Whether plans built from now on over an FP8 pool may take cuDNN's
+    /// FP8 attention (`KVC_FP8_ATTENTION=0` at open: no).
+    pub fn allow_fp8(&self, on: bool) {
+        self.fp8.store(on, Ordering::Relaxed);
     }
 
     /// The plan for `desc`, built on first use.
@@ -138,6 +158,7 @@ impl CudnnAttention {
                     s_q = desc.s_q,
                     s_kv = desc.s_kv,
                     paged = desc.paged,
+                    fp8 = desc.fp8,
                     workspace = g.workspace,
                     ms = t0.elapsed().as_secs_f64() * 1e3,
                     "cuDNN attention graph built"
@@ -156,8 +177,9 @@ impl CudnnAttention {
 
 /// The graph shape of `b` sequences of at most `s_q` new tokens over at
 /// most `s_kv` of context; `pool`: (blocks, block size) of the pool read in
-/// place, None for gathered K/V.
-fn desc(b: usize, nh: usize, nkv: usize, hd: usize, s_q: usize, s_kv: usize, pool: Option<(usize, usize)>) -> SdpaDesc {
+/// place, None for gathered K/V; `fp8`: e4m3 operands.
+#[allow(clippy::too_many_arguments)]
+fn desc(b: usize, nh: usize, nkv: usize, hd: usize, s_q: usize, s_kv: usize, pool: Option<(usize, usize)>, fp8: bool) -> SdpaDesc {
     let (num_blocks, bs) = pool.unwrap_or((0, 0));
     SdpaDesc {
         b: b as i64,
@@ -172,7 +194,17 @@ fn desc(b: usize, nh: usize, nkv: usize, hd: usize, s_q: usize, s_kv: usize, poo
         block_stride: (2 * bs * nkv * hd) as i64,
         table_len: if bs > 0 { s_kv.div_ceil(bs) as i64 } else { 0 },
         scale_bits: (1.0 / (hd as f32).sqrt()).to_bits(),
+        fp8: fp8 as i32,
     }
+}
+
+/// A bound on every element of a layer's queries, for their static e4m3
+/// scale: q_norm's output is at most sqrt(head_dim) x max |weight| in each
+/// element (a normalised vector's element is at most sqrt(n) times its
+/// RMS), RoPE rotates pairs of elements (a pair's length is at most that
+/// bound too) and scales by `rope_scale` (YaRN's attention factor).
+pub fn q_absmax(head_dim: usize, q_norm_absmax: f32, rope_scale: f32) -> f32 {
+    (head_dim as f32).sqrt() * q_norm_absmax * rope_scale.abs().max(1.0)
 }
 
 /// What the model's layout adds to a batch for cuDNN.
@@ -200,6 +232,10 @@ pub struct CudnnPlan {
     kv_tokens: usize,
     /// Paged: `[b][table_len]` block ids.
     table: Option<Tensor>,
+    /// FP8: the batch's token rows of the plan's sequences (the rows the
+    /// e4m3 O is widened back into).
+    fp8_rows: Option<Tensor>,
+    fp8_row_count: usize,
 }
 
 impl CudnnPlan {
@@ -215,9 +251,14 @@ impl CudnnPlan {
         let s_kv = bucket(seqs.iter().map(|s| s.context_len).max().unwrap_or(1));
         let bs = ctx.block_size;
         let paged = ctx.attention.paged && !ctx.fp8_cache;
-        let shape = desc(b, nh, nkv, hd, s_q, s_kv, paged.then_some((ctx.num_blocks, bs)));
+        // FP8 when every chunk starts its sequence (top-left causal is
+        // then bottom-right) and cuDNN has an FP8 engine for the shape.
+        let fp8 = ctx.fp8_cache && ctx.attention.fp8.load(Ordering::Relaxed) && hd % 16 == 0 && seqs.iter().all(|s| s.context_len == s.len);
+        let fp8_graph = if fp8 { ctx.attention.graph(desc(b, nh, nkv, hd, s_q, s_kv, None, true)) } else { None };
+        let fp8 = fp8_graph.is_some();
+        let shape = desc(b, nh, nkv, hd, s_q, s_kv, paged.then_some((ctx.num_blocks, bs)), false);
         let table_len = shape.table_len as usize;
-        let Some(graph) = ctx.attention.graph(shape) else { return Ok(None) };
+        let Some(graph) = fp8_graph.or_else(|| ctx.attention.graph(shape)) else { return Ok(None) };
         let row_q = (nh * hd) as i64;
         let mut q_offsets: Vec<i64> = seqs.iter().map(|s| s.start as i64 * row_q).collect();
         let last = seqs[b - 1];
@@ -246,9 +287,12 @@ impl CudnnPlan {
             kv_offsets = Some(Tensor::from_vec(offs, b + 1, device)?);
             slots = Some(upload_u32(sl, device)?);
         }
+        let rows: Vec<u32> = if fp8 { seqs.iter().flat_map(|s| (s.start..s.start + s.len).map(|r| r as u32)).collect() } else { Vec::new() };
         Ok(Some(Self {
             attention: ctx.attention.clone(),
             graph,
+            fp8_row_count: rows.len(),
+            fp8_rows: if fp8 { Some(upload_u32(rows, device)?) } else { None },
             seq_len_q: upload_u32(u32s(&|s| s.len), device)?,
             seq_len_kv: upload_u32(u32s(&|s| s.context_len), device)?,
             q_offsets: Tensor::from_vec(q_offsets, b + 1, device)?,
@@ -259,9 +303,15 @@ impl CudnnPlan {
         }))
     }
 
+    /// Whether the plan runs cuDNN's FP8 attention.
+    pub fn fp8(&self) -> bool {
+        self.fp8_rows.is_some()
+    }
+
     /// Writes the attention of the plan's sequences into their rows of
     /// `out` (`[tokens, nh * hd]` bf16, like `q`), reading one layer of
-    /// the pool at `layer_ptr` (holding `cache`).
+    /// the pool at `layer_ptr` (holding `cache`); `q_absmax` bounds every
+    /// element of `q` (an FP8 plan's static Q scale, see [`q_absmax`]).
     #[allow(clippy::too_many_arguments)]
     pub fn run(
         &self,
@@ -270,12 +320,18 @@ impl CudnnPlan {
         out: &Tensor,
         layer_ptr: u64,
         cache: CacheFormat,
+        q_absmax: Option<f32>,
         nkv: usize,
         hd: usize,
         block_size: usize,
     ) -> Result<()> {
         let dev = cuda_dev(q.device())?;
         let stream = dev.cuda_stream();
+        let fp8 = match (&self.fp8_rows, cache) {
+            (None, _) => None,
+            (Some(rows), CacheFormat::Fp8 { k_scale, v_scale }) => Some(Fp8Operands::new(k, q, rows, q_absmax, k_scale, v_scale)?),
+            (Some(_), other) => bail!("an FP8 attention plan over a {other:?} layer"),
+        };
         let mut args = SdpaArgs {
             q: ptr(q)?,
             o: ptr(out)?,
@@ -289,21 +345,30 @@ impl CudnnPlan {
         let mut keep = Vec::new();
         if let (Some(slots), Some(offs)) = (&self.slots, &self.kv_offsets) {
             let row = nkv * hd;
-            let kb = empty(dev, (self.kv_tokens.max(1), row), DType::BF16)?;
-            let vb = empty(dev, (self.kv_tokens.max(1), row), DType::BF16)?;
+            // bf16 buffers, or an FP8 plan's e4m3 bytes as they are in the
+            // pool (the bf16 gather copying them in pairs, half the row).
+            let (dtype, gather, copy_row, scale_args) = match fp8 {
+                Some(_) => (DType::U8, k.cache(CacheFormat::Bf16), row / 2, Vec::new()),
+                None => (DType::BF16, k.cache(cache), row, cache.scale_args()),
+            };
+            let kb = empty(dev, (self.kv_tokens.max(1), row), dtype)?;
+            let vb = empty(dev, (self.kv_tokens.max(1), row), dtype)?;
             if self.kv_tokens > 0 {
                 launch!(
-                    k.cache(cache).kv_gather,
+                    gather.kv_gather,
                     grid1(self.kv_tokens * row * cache.elem_bytes() / 16, 256);
-                    &cache.scale_args(),
+                    &scale_args,
                     layer_ptr,
                     ptr(slots)?,
                     self.kv_tokens as i32,
                     ptr(&kb)?,
                     ptr(&vb)?,
-                    row as i32,
+                    copy_row as i32,
                     block_size as i32
                 )?;
+            }
+            if let Some(f) = &fp8 {
+                f.scale_o_from(k, &vb, self.kv_tokens * row)?;
             }
             args.k = ptr(&kb)?;
             args.v = ptr(&vb)?;
@@ -318,6 +383,9 @@ impl CudnnPlan {
             args.v = layer_ptr + (block_size * nkv * hd * 2) as u64;
             args.page_table = ptr(table)?;
         }
+        if let Some(f) = &fp8 {
+            (args.q, args.o, args.scales) = (ptr(&f.q)?, ptr(&f.o)?, ptr(&f.scales)?);
+        }
         if self.graph.workspace > 0 {
             let ws = empty(dev, self.graph.workspace.div_ceil(4), DType::F32)?;
             args.workspace = ptr(&ws)?;
@@ -330,7 +398,56 @@ impl CudnnPlan {
         // reused only in stream order.
         unsafe { self.attention.cudnn.run(&self.graph, stream.cu_stream() as *mut std::ffi::c_void, &args) }
             .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
+        if let Some(f) = fp8 {
+            f.widen_o(k, self.fp8_row_count, out)?;
+        }
         drop(keep);
         Ok(())
+    }
+}
+
+/// The e4m3 operands of one FP8 run and their scales on the device:
+/// `scales` holds cuDNN's eight floats (`Fp8Scales`), then V's largest
+/// e4m3 byte (`e4m3_amax`) and the factor that widens O back (written by
+/// `fp8_o_scale` with cuDNN's scale O).
+struct Fp8Operands<'a> {
+    q: Tensor,
+    o: Tensor,
+    scales: Tensor,
+    /// The token rows cuDNN writes.
+    rows: &'a Tensor,
+    v_scale: f32,
+}
+
+impl<'a> Fp8Operands<'a> {
+    /// Q in e4m3 over `q_absmax` / 448, and the scales before V's amax.
+    fn new(k: &Kernels, q: &Tensor, rows: &'a Tensor, q_absmax: Option<f32>, k_scale: f32, v_scale: f32) -> Result<Self> {
+        let dev = cuda_dev(q.device())?;
+        let Some(q_max) = q_absmax.filter(|m| m.is_finite() && *m > 0.0) else {
+            bail!("cuDNN's FP8 attention needs a bound on |q| (PagedAttention::q_absmax), got {q_absmax:?}")
+        };
+        let n = q.elem_count();
+        let qf = empty(dev, n, DType::U8)?;
+        launch!(k.bf16_to_e4m3, grid1(n / 8, 256); &[], ptr(q)?, ptr(&qf)?, (n / 8) as u64, 448.0 / q_max)?;
+        let cudnn = Fp8Scales { descale_q: q_max / 448.0, descale_k: k_scale, descale_v: v_scale, scale_o: 1.0 / v_scale };
+        let mut scales = cudnn.to_device_order().to_vec();
+        scales.extend([0.0, 1.0]); // V's amax byte (0 as u32 bits too), O's widening factor
+        Ok(Self { q: qf, o: empty(dev, n, DType::U8)?, scales: Tensor::from_vec(scales, 10, q.device())?, rows, v_scale })
+    }
+
+    /// Scale O from the largest of V's `n` gathered e4m3 bytes `v`.
+    fn scale_o_from(&self, k: &Kernels, v: &Tensor, n: usize) -> Result<()> {
+        let amax = ptr(&self.scales)? + 8 * 4;
+        if n > 0 {
+            launch!(k.e4m3_amax, grid1(n / 16, 256); &[], ptr(v)?, (n / 16) as u64, amax)?;
+        }
+        launch!(k.fp8_o_scale, grid1(1, 32); &[], ptr(&self.scales)?, self.v_scale)
+    }
+
+    /// O's rows of `rows` cuDNN wrote, widened into `out`.
+    fn widen_o(self, k: &Kernels, rows: usize, out: &Tensor) -> Result<()> {
+        let row = out.dim(1)?;
+        let widen = ptr(&self.scales)? + 9 * 4;
+        launch!(k.e4m3_rows_to_bf16, grid1(rows * row / 16, 256); &[], ptr(&self.o)?, ptr(self.rows)?, rows as i32, row as i32, widen, ptr(out)?)
     }
 }

@@ -15,7 +15,7 @@ mod moe_cublas;
 mod moe_gemm;
 
 pub use attention::{set_decode_kernel_v1, AttentionPlan, PagedAttention};
-pub use cudnn_attention::{CudnnAttention, PrefillBackend, PrefillContext};
+pub use cudnn_attention::{q_absmax, CudnnAttention, PrefillBackend, PrefillContext};
 pub use fp8_linear::{
     fp8_gemm_runs, fp8_weights, quantize_blocks, quantize_rows, set_fp8_weights, silu_mul_quantized, Fp8Weight, GpuLinear, WeightBytes,
 };
@@ -155,6 +155,12 @@ pub struct Kernels {
     /// `silu_mul` quantized for the FP8 GEMMs in the same pass.
     pub silu_mul_quant: CudaFunc,
     pub gather_rows: CudaFunc,
+    /// cuDNN's FP8 prefill attention: Q into e4m3, O's scale from V's
+    /// amax, its O rows out of e4m3.
+    pub bf16_to_e4m3: CudaFunc,
+    pub e4m3_amax: CudaFunc,
+    pub fp8_o_scale: CudaFunc,
+    pub e4m3_rows_to_bf16: CudaFunc,
     pub attn_combine: CudaFunc,
     pub moe_topk: CudaFunc,
     pub moe_align: CudaFunc,
@@ -227,6 +233,10 @@ impl Kernels {
             silu_mul_scalar: l("silu_mul_scalar")?,
             silu_mul_quant: l("silu_mul_quant")?,
             gather_rows: l("gather_rows")?,
+            bf16_to_e4m3: l("bf16_to_e4m3")?,
+            e4m3_amax: l("e4m3_amax")?,
+            fp8_o_scale: l("fp8_o_scale")?,
+            e4m3_rows_to_bf16: l("e4m3_rows_to_bf16")?,
             attn_combine: a("attn_combine")?,
             moe_topk: m("moe_topk")?,
             moe_align: m("moe_align")?,

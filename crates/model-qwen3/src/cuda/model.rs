@@ -138,6 +138,8 @@ struct Layer {
     o_bias: Option<Tensor>,
     q_norm: Tensor,
     k_norm: Tensor,
+    /// Bounds every element of the layer's queries (FP8 attention's Q scale).
+    q_absmax: f32,
     ffn: Ffn,
 }
 
@@ -205,6 +207,8 @@ impl GpuModel {
                     Ffn::Dense { gate_up, down: proj.linear(&format!("layers.{l}.mlp.down_proj"), &[(mv.pp("down_proj"), h)], i)? }
                 }
             };
+            let q_norm = a.pp("q_norm").get(hd, "weight")?;
+            let q_norm_absmax = q_norm.abs()?.max(0)?.to_dtype(DType::F32)?.to_scalar::<f32>()?;
             layers.push(Layer {
                 input_norm: lv.pp("input_layernorm").get(h, "weight")?,
                 post_norm: lv.pp("post_attention_layernorm").get(h, "weight")?,
@@ -212,7 +216,8 @@ impl GpuModel {
                 qkv_bias,
                 o_proj,
                 o_bias,
-                q_norm: a.pp("q_norm").get(hd, "weight")?,
+                q_absmax: super::q_absmax(hd, q_norm_absmax, rope.scale()),
+                q_norm,
                 k_norm: a.pp("k_norm").get(hd, "weight")?,
                 ffn,
             });
@@ -387,8 +392,14 @@ impl GpuModel {
                 attn_scale: self.rope_scale,
             }
             .launch(&self.kernels, Form::Auto)?;
-            let attn =
-                PagedAttention { layer_ptr, cache: format, block_size: layout.block_size, head_dim: hd, scale: 1.0 / (hd as f32).sqrt() };
+            let attn = PagedAttention {
+                layer_ptr,
+                cache: format,
+                block_size: layout.block_size,
+                head_dim: hd,
+                scale: 1.0 / (hd as f32).sqrt(),
+                q_absmax: Some(layer.q_absmax),
+            };
             let a = attn.forward(&self.kernels, &q, plan)?;
             let o = self.linear(&a, &layer.o_proj, layer.o_bias.as_ref())?;
             let hn = self.add_rmsnorm(&x, &o, &layer.post_norm)?;

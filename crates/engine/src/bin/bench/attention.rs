@@ -168,6 +168,7 @@ fn measure(case: &Case, device: &Device) -> Vec<(String, f64, Option<f64>, f64)>
         block_size: BS,
         head_dim: HD,
         scale: 1.0 / (HD as f32).sqrt(),
+        q_absmax: None,
     };
     let mut out = Vec::new();
     let kvc_plan = AttentionPlan::new(&b, NH, NKV, device).unwrap();
