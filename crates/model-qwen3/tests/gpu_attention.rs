@@ -199,11 +199,8 @@ fn check_attention_over(
             );
             // An FP8 plan is held to the reference over its e4m3 Q, within
             // one e4m3 rounding of O (2^-4 relative) beside the bf16 route's 1e-2.
-            let (refs, tol) = if plan.uses_cudnn_fp8() {
-                (&*refs_fp8.get_or_insert_with(|| refs_over(&qh_e4m3)), 1e-2 + 0.0625)
-            } else {
-                (&refs, 1e-2)
-            };
+            let (refs, tol) =
+                if plan.uses_cudnn_fp8() { (&*refs_fp8.get_or_insert_with(|| refs_over(&qh_e4m3)), 1e-2 + 0.0625) } else { (&refs, 1e-2) };
             // Twice: the second launch finds the split counters the first
             // one left (they must be back at zero).
             for round in 0..2 {
@@ -372,7 +369,11 @@ fn cudnn_fp8_prefill_attention_is_timed_against_the_bf16_routes() {
     for len in [2048usize, 8192] {
         let nb = len.div_ceil(bs) + 1;
         let tables = shuffled_tables(&[len], bs, nb, &mut rng);
-        let b = BatchInput { tokens: vec![0; len], seqs: vec![SeqChunk { start: 0, len, context_len: len, block_table: &tables[0] }], logits_rows: vec![0] };
+        let b = BatchInput {
+            tokens: vec![0; len],
+            seqs: vec![SeqChunk { start: 0, len, context_len: len, block_table: &tables[0] }],
+            logits_rows: vec![0],
+        };
         let q = Tensor::randn(0f32, 1.0, (len, nh * hd), &dev).unwrap().to_dtype(DType::BF16).unwrap();
         let q_absmax = q.abs().unwrap().max_all().unwrap().to_dtype(DType::F32).unwrap().to_scalar::<f32>().unwrap();
         let pool = |dtype: DType| {
@@ -385,7 +386,8 @@ fn cudnn_fp8_prefill_attention_is_timed_against_the_bf16_routes() {
         for (kv, fp8_route) in [(&bf16_pool, false), (&fp8_pool, false), (&fp8_pool, true)] {
             let dtype = kv.layout().dtype;
             attention.allow_fp8(fp8_route);
-            let ctx = PrefillContext { attention: &attention, fp8_cache: dtype == DType::F8E4M3, head_dim: hd, block_size: bs, num_blocks: nb };
+            let ctx =
+                PrefillContext { attention: &attention, fp8_cache: dtype == DType::F8E4M3, head_dim: hd, block_size: bs, num_blocks: nb };
             let plan = AttentionPlan::with_prefill(&b, nh, nkv, Some(ctx), &dev).unwrap();
             assert_eq!(plan.uses_cudnn_fp8(), fp8_route, "cuDNN's FP8 attention graph at {len} tokens (a refusal is logged as a warning)");
             let attn = PagedAttention {

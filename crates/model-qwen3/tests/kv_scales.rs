@@ -146,7 +146,10 @@ fn kv_scales_the_checkpoint_gives_for_some_layers_only_are_refused_by_name() {
 
     let dir = rewritten("shape", |l| {
         let p = format!("model.layers.{l}.self_attn");
-        vec![(format!("{p}.k_scale"), Tensor::new(&[S, S], &Device::Cpu).unwrap()), (format!("{p}.v_scale"), Tensor::new(S, &Device::Cpu).unwrap())]
+        vec![
+            (format!("{p}.k_scale"), Tensor::new(&[S, S], &Device::Cpu).unwrap()),
+            (format!("{p}.v_scale"), Tensor::new(S, &Device::Cpu).unwrap()),
+        ]
     });
     let e = load(&dir).err();
     std::fs::remove_dir_all(&dir).ok();

@@ -287,7 +287,8 @@ impl CudnnPlan {
             kv_offsets = Some(Tensor::from_vec(offs, b + 1, device)?);
             slots = Some(upload_u32(sl, device)?);
         }
-        let rows: Vec<u32> = if fp8 { seqs.iter().flat_map(|s| (s.start..s.start + s.len).map(|r| r as u32)).collect() } else { Vec::new() };
+        let rows: Vec<u32> =
+            if fp8 { seqs.iter().flat_map(|s| (s.start..s.start + s.len).map(|r| r as u32)).collect() } else { Vec::new() };
         Ok(Some(Self {
             attention: ctx.attention.clone(),
             graph,
