@@ -89,6 +89,18 @@ type AttentionShape<'a> = (usize, usize, usize, usize, &'a [(usize, usize)]);
 const POOLS: [(DType, (f32, f32)); 2] = [(DType::BF16, (1.0, 1.0)), (DType::F8E4M3, (0.5, 2.0))];
 
 /// f32 values of a host tensor.
+/// Microseconds per call of `f`, over 20 calls between device syncs.
+fn time_us(dev: &Device, f: impl Fn() -> candle_core::Result<()>) -> f64 {
+    let iters = 20;
+    dev.synchronize().unwrap();
+    let t0 = std::time::Instant::now();
+    for _ in 0..iters {
+        f().unwrap();
+    }
+    dev.synchronize().unwrap();
+    t0.elapsed().as_secs_f64() * 1e6 / iters as f64
+}
+
 fn host_f32(t: &Tensor) -> Vec<f32> {
     t.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap()
 }
@@ -286,14 +298,7 @@ fn decode_attention_at_serving_sizes_matches_reference_and_is_timed() {
                 let e = rel_err(&out[i * nh * hd..(i + 1) * nh * hd], r);
                 assert!(e < 1e-2, "{name} {dtype:?} pool, batch {batch} x {ctx}: sequence {i} relative error {e}");
             }
-            let iters = 20;
-            dev.synchronize().unwrap();
-            let t0 = std::time::Instant::now();
-            for _ in 0..iters {
-                attn.forward(&kernels, &q, &plan).unwrap();
-            }
-            dev.synchronize().unwrap();
-            let us = t0.elapsed().as_secs_f64() * 1e6 / iters as f64;
+            let us = time_us(&dev, || attn.forward(&kernels, &q, &plan).map(drop));
             println!(
                 "decode attention ({name}, {dtype:?} pool) batch {batch} x {ctx}: {us:.1} us per layer (launches included), {:.2} TB/s of K/V",
                 bytes as f64 / us / 1e6
@@ -399,14 +404,7 @@ fn cudnn_fp8_prefill_attention_is_timed_against_the_bf16_routes() {
                 q_absmax: Some(q_absmax),
             };
             let out = attn.forward(&kernels, &q, &plan).unwrap();
-            let iters = 20;
-            dev.synchronize().unwrap();
-            let t0 = std::time::Instant::now();
-            for _ in 0..iters {
-                attn.forward(&kernels, &q, &plan).unwrap();
-            }
-            dev.synchronize().unwrap();
-            let us = t0.elapsed().as_secs_f64() * 1e6 / iters as f64;
+            let us = time_us(&dev, || attn.forward(&kernels, &q, &plan).map(drop));
             let flops = 4.0 * (len * len / 2) as f64 * (nh * hd) as f64;
             println!(
                 "prefill attention {len} tokens, {dtype:?} pool, {} route: {us:.0} us per layer ({:.0} TFLOP/s causal)",
