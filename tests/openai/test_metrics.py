@@ -181,8 +181,8 @@ def test_decision_and_fallback_counters_list_every_reason_at_0_on_a_fresh_worker
 # a worker exports all of them but the router's, the router only its own.
 WORKER_DECISIONS = {"seq_admission", "preemption", "admission_probe", "eviction", "write_back", "spill", "host_drop",
                     "session_cap", "prefill_path", "prefill_fallback", "prefill_peer", "snapshot_push", "step_kind",
-                    "queue_delay", "step_budget", "kernel_plan", "kv_reuse"}
-DECISION = re.compile(r'^\{decision="([a-z_]+)",outcome="([a-z_]+)",reason="([a-z_]+)"\}$')
+                    "queue_delay", "step_budget", "kernel_plan", "kv_reuse", "fp8_attention"}
+DECISION = re.compile(r'^\{decision="([a-z0-9_]+)",outcome="([a-z0-9_]+)",reason="([a-z0-9_]+)"\}$')
 
 
 def test_every_decision_label_set_is_exported_at_0_on_a_fresh_server_of_each_role(start_server):

@@ -11,8 +11,8 @@ use crate::error::EngineError;
 
 /// The request the environment makes (`KVC_ATTENTION_BACKEND`,
 /// `KVC_DECODE_KERNEL`, `KVC_MOE_GEMM`, `KVC_MOE_SMALL_PAIRS`,
-/// `KVC_FP8_GEMM`); a value kvc does not know is an error naming the
-/// variable.
+/// `KVC_FP8_GEMM`, `KVC_FP8_ATTENTION`, `KVC_FP8_ATTENTION_MIN_TOKENS`); a
+/// value kvc does not know is an error naming the variable.
 pub fn request_from_env() -> Result<KernelRequest, EngineError> {
     KernelRequest::from_vars(|k| std::env::var(k).ok()).map_err(EngineError::Load)
 }
@@ -20,7 +20,7 @@ pub fn request_from_env() -> Result<KernelRequest, EngineError> {
 /// Decides the plan for `device` and sets it for the models built from now
 /// on. A CPU runs candle's kernels: nothing to decide, but a request is
 /// still checked (it names GPU kernels a CPU worker would ignore).
-pub(crate) fn apply(request: &KernelRequest, device: &Device) -> Result<(), EngineError> {
+pub fn apply(request: &KernelRequest, device: &Device) -> Result<(), EngineError> {
     if device.is_cpu() {
         if *request != KernelRequest::default() {
             tracing::warn!(vars = ?KERNEL_ENV_VARS, "GPU kernel choices are set but the model runs on the CPU: ignored");
@@ -38,7 +38,7 @@ fn apply_gpu(request: &KernelRequest) -> Result<(), EngineError> {
     let facts = KernelFacts { cutlass: k::cutlass_runs(), fp8_gemm: k::fp8_gemm_runs() };
     let d = decide_kernel_plan(request, &facts).map_err(EngineError::Load)?;
     let p = d.plan;
-    let [(_, attention), (_, decode), (_, gemm), (_, small), (_, fp8), (_, fp8_reason)] = d.terms();
+    let [(_, attention), (_, decode), (_, gemm), (_, small), (_, fp8), (_, fp8_reason), (_, fp8_attention)] = d.terms();
     kvc_policy::log_decision(&d.decision());
     tracing::info!(
         reason = d.reason.as_str(),
@@ -48,6 +48,7 @@ fn apply_gpu(request: &KernelRequest) -> Result<(), EngineError> {
         moe_small_pairs = %small,
         fp8_weights = %fp8,
         fp8_weights_reason = %fp8_reason,
+        fp8_attention = %fp8_attention,
         fp8_gemm_unavailable = facts.fp8_gemm.as_ref().err().map(String::as_str).unwrap_or(""),
         "kernel plan"
     );
@@ -67,6 +68,7 @@ fn apply_gpu(request: &KernelRequest) -> Result<(), EngineError> {
     });
     k::set_moe_small_pairs(p.moe_small_pairs);
     k::set_fp8_weights(p.fp8_weights == Fp8Weights::Fp8);
+    k::set_fp8_attention_min_tokens(p.fp8_attention_min_tokens);
     Ok(())
 }
 

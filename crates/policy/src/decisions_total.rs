@@ -46,6 +46,7 @@ fn table() -> &'static Table {
         sets_of::<crate::step_budget::StepBudgetReason>(&mut sets);
         sets_of::<crate::kernel_plan::KernelPlanReason>(&mut sets);
         sets_of::<crate::reuse::ReuseReason>(&mut sets);
+        sets_of::<crate::fp8_attention::Fp8AttentionReason>(&mut sets);
         let index = sets.iter().enumerate().map(|(i, s)| (*s, i)).collect();
         let counts = sets.iter().map(|_| AtomicU64::new(0)).collect();
         (sets, index, counts)
@@ -118,6 +119,7 @@ mod tests {
             "step_budget",
             "kernel_plan",
             "kv_reuse",
+            "fp8_attention",
         ] {
             assert!(decisions.contains(d), "{d}");
         }

@@ -14,7 +14,10 @@
 //! run, cuBLAS's grouped GEMM where they do not, and a forced CUTLASS
 //! route on a device without them refused; a block-FP8 checkpoint's
 //! weights kept in FP8 for CUTLASS's FP8 GEMMs where they run, else (or
-//! when `KVC_FP8_GEMM=dequantize` asks) dequantized at load.
+//! when `KVC_FP8_GEMM=dequantize` asks) dequantized at load; cuDNN's FP8
+//! attention over an FP8 KV cache from a measured prompt-token count
+//! (`KVC_FP8_ATTENTION=0|1`, `KVC_FP8_ATTENTION_MIN_TOKENS`; each step's
+//! route is then [`crate::fp8_attention`]'s decision).
 
 /// The route for prefill-shaped attention (`KVC_ATTENTION_BACKEND`, as
 /// vLLM's `VLLM_ATTENTION_BACKEND`).
@@ -165,11 +168,22 @@ pub struct KernelRequest {
     /// the grouped GEMM does (0: always the grouped GEMM).
     pub moe_small_pairs: Option<usize>,
     pub fp8_gemm: Option<Fp8Gemm>,
+    /// Whether cuDNN's FP8 attention may run over an FP8 KV cache (`0|1`).
+    pub fp8_attention: Option<bool>,
+    /// From how many prompt tokens in a step it runs.
+    pub fp8_attention_min_tokens: Option<usize>,
 }
 
 /// The environment variables [`KernelRequest::from_vars`] reads.
-pub const KERNEL_ENV_VARS: [&str; 5] =
-    ["KVC_ATTENTION_BACKEND", "KVC_DECODE_KERNEL", "KVC_MOE_GEMM", "KVC_MOE_SMALL_PAIRS", "KVC_FP8_GEMM"];
+pub const KERNEL_ENV_VARS: [&str; 7] = [
+    "KVC_ATTENTION_BACKEND",
+    "KVC_DECODE_KERNEL",
+    "KVC_MOE_GEMM",
+    "KVC_MOE_SMALL_PAIRS",
+    "KVC_FP8_GEMM",
+    "KVC_FP8_ATTENTION",
+    "KVC_FP8_ATTENTION_MIN_TOKENS",
+];
 
 /// `value` as one of `all` (by [`as_str`](PrefillAttention::as_str)), or
 /// an error naming the variable and what it takes.
@@ -186,7 +200,7 @@ impl KernelRequest {
     /// None when unset; an empty value counts as unset).
     pub fn from_vars(get: impl Fn(&str) -> Option<String>) -> Result<Self, String> {
         let var = |name: &str| get(name).filter(|v| !v.trim().is_empty());
-        let [attention, decode, gemm, small, fp8] = KERNEL_ENV_VARS;
+        let [attention, decode, gemm, small, fp8, fp8_attention, fp8_min] = KERNEL_ENV_VARS;
         Ok(Self {
             prefill_attention: var(attention)
                 .map(|v| parse_choice(attention, &v, &PrefillAttention::ALL, PrefillAttention::as_str))
@@ -197,6 +211,12 @@ impl KernelRequest {
                 .map(|v| v.trim().parse::<usize>().map_err(|_| format!("{small}={v:?}: expected a number of (token, expert) pairs")))
                 .transpose()?,
             fp8_gemm: var(fp8).map(|v| parse_choice(fp8, &v, &Fp8Gemm::ALL, Fp8Gemm::as_str)).transpose()?,
+            fp8_attention: var(fp8_attention)
+                .map(|v| parse_choice(fp8_attention, &v, &[false, true], |on| if on { "1" } else { "0" }))
+                .transpose()?,
+            fp8_attention_min_tokens: var(fp8_min)
+                .map(|v| v.trim().parse::<usize>().map_err(|_| format!("{fp8_min}={v:?}: expected a number of prompt tokens")))
+                .transpose()?,
         })
     }
 }
@@ -221,6 +241,9 @@ pub struct KernelPlan {
     /// A block-FP8 checkpoint's weights, and why.
     pub fp8_weights: Fp8Weights,
     pub fp8_weights_reason: Fp8WeightsReason,
+    /// From how many prompt tokens a step's attention over an FP8 KV cache
+    /// may take cuDNN's FP8 route; None: never.
+    pub fp8_attention_min_tokens: Option<usize>,
 }
 
 crate::decision::reasons! {
@@ -264,9 +287,10 @@ impl KernelPlanDecision {
     }
 
     /// The plan as named fields, for the one log line at start.
-    pub fn terms(&self) -> [(&'static str, String); 6] {
+    pub fn terms(&self) -> [(&'static str, String); 7] {
         let p = &self.plan;
         let small = p.moe_small_pairs.map_or_else(|| "default".to_string(), |n| n.to_string());
+        let fp8_attention = p.fp8_attention_min_tokens.map_or_else(|| "off".to_string(), |n| format!("from {n} tokens"));
         [
             ("prefill_attention", p.prefill_attention.as_str().to_string()),
             ("decode_kernel", p.decode_kernel.as_str().to_string()),
@@ -274,6 +298,7 @@ impl KernelPlanDecision {
             ("moe_small_pairs", small),
             ("fp8_weights", p.fp8_weights.as_str().to_string()),
             ("fp8_weights_reason", p.fp8_weights_reason.as_str().to_string()),
+            ("fp8_attention", fp8_attention),
         ]
     }
 }
@@ -306,6 +331,10 @@ pub fn decide_kernel_plan(request: &KernelRequest, facts: &KernelFacts) -> Resul
         moe_small_pairs: request.moe_small_pairs,
         fp8_weights,
         fp8_weights_reason,
+        fp8_attention_min_tokens: match request.fp8_attention {
+            Some(false) => None,
+            _ => Some(request.fp8_attention_min_tokens.unwrap_or(crate::fp8_attention::DEFAULT_MIN_TOKENS)),
+        },
     };
     Ok(KernelPlanDecision { plan, reason })
 }
@@ -344,6 +373,9 @@ mod tests {
         for f in Fp8Gemm::ALL {
             assert_eq!(vars(&[("KVC_FP8_GEMM", f.as_str())]).unwrap().fp8_gemm, Some(f));
         }
+        assert_eq!(vars(&[("KVC_FP8_ATTENTION", "0")]).unwrap().fp8_attention, Some(false));
+        assert_eq!(vars(&[("KVC_FP8_ATTENTION", "1")]).unwrap().fp8_attention, Some(true));
+        assert_eq!(vars(&[("KVC_FP8_ATTENTION_MIN_TOKENS", "2048")]).unwrap().fp8_attention_min_tokens, Some(2048));
     }
 
     #[test]
@@ -354,6 +386,8 @@ mod tests {
             ("KVC_MOE_GEMM", "triton", "cutlass-swap"),
             ("KVC_MOE_SMALL_PAIRS", "many", "pairs"),
             ("KVC_FP8_GEMM", "fp16", "dequantize"),
+            ("KVC_FP8_ATTENTION", "yes", "0, 1"),
+            ("KVC_FP8_ATTENTION_MIN_TOKENS", "4k", "prompt tokens"),
         ] {
             let e = vars(&[(var, value)]).unwrap_err();
             assert!(e.contains(var) && e.contains(value) && e.contains(choice), "{e}");
@@ -373,6 +407,7 @@ mod tests {
                 moe_small_pairs: None,
                 fp8_weights: Fp8Weights::Fp8,
                 fp8_weights_reason: Fp8WeightsReason::Default,
+                fp8_attention_min_tokens: Some(crate::fp8_attention::DEFAULT_MIN_TOKENS),
             }
         );
         let v1 = KernelRequest { decode_kernel: Some(DecodeKernel::V1), ..Default::default() };
@@ -420,6 +455,20 @@ mod tests {
         assert_eq!(t["moe_small_pairs"], "4");
         assert_eq!(t["fp8_weights"], "fp8");
         assert_eq!(t["fp8_weights_reason"], "default");
+        assert_eq!(t["fp8_attention"], format!("from {} tokens", crate::fp8_attention::DEFAULT_MIN_TOKENS));
+    }
+
+    #[test]
+    fn fp8_attention_runs_from_the_default_count_unless_turned_off_or_given_another() {
+        let plan = |r: KernelRequest| decide_kernel_plan(&r, &CUTLASS).unwrap().plan.fp8_attention_min_tokens;
+        let default = crate::fp8_attention::DEFAULT_MIN_TOKENS;
+        assert_eq!(plan(KernelRequest::default()), Some(default));
+        assert_eq!(plan(KernelRequest { fp8_attention: Some(true), ..Default::default() }), Some(default));
+        assert_eq!(plan(KernelRequest { fp8_attention_min_tokens: Some(0), ..Default::default() }), Some(0));
+        let off = KernelRequest { fp8_attention: Some(false), fp8_attention_min_tokens: Some(0), ..Default::default() };
+        assert_eq!(plan(off), None);
+        let d = decide_kernel_plan(&off, &CUTLASS).unwrap();
+        assert_eq!(d.terms().into_iter().find(|t| t.0 == "fp8_attention").unwrap().1, "off");
     }
 
     #[test]

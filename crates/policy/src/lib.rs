@@ -37,6 +37,8 @@
 //! - [`kernel_plan`]: which GPU kernels run the forward passes (the
 //!   environment's request resolved against the device, once at load), by
 //!   [`kernel_plan::decide_kernel_plan`];
+//! - [`fp8_attention`]: whether a step's prefill attention over an FP8 KV
+//!   cache runs cuDNN's FP8 graph, by [`fp8_attention::decide_fp8_attention`];
 //! - [`reusable_tokens`]: how much of a prompt a worker's resident KV spares
 //!   (engine admission, router placement, the prefill-path cost function);
 //! - [`Ewma`]: the moving average of measured rates and costs (prefill
@@ -67,6 +69,7 @@ pub mod decisions_total;
 mod drain_rate;
 pub mod eviction;
 mod ewma;
+pub mod fp8_attention;
 pub mod host_drop;
 pub mod kernel_plan;
 pub mod preemption;

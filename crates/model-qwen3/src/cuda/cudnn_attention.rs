@@ -16,7 +16,11 @@
 //! V scale: |O| <= max |V|), widened to bf16 for o_proj. cuDNN's FP8
 //! forward on Hopper aligns the causal mask top-left only and writes e4m3
 //! only, so a chunk after cached context widens K/V to bf16 as before.
-//! `KVC_FP8_ATTENTION=0` keeps every step on the bf16 route.
+//! The route pays a fixed price per layer (Q quantized, V's amax, O widened),
+//! so it is taken only from [`DEFAULT_FP8_MIN_TOKENS`] prompt tokens in the
+//! step (kvc-policy's `fp8_attention` decision; `KVC_FP8_ATTENTION_MIN_TOKENS`
+//! through the engine's kernel plan); `KVC_FP8_ATTENTION=0` keeps every step
+//! on the bf16 route.
 //!
 //! The engine's kernel plan picks the route (`KVC_ATTENTION_BACKEND`, as
 //! vLLM's `VLLM_ATTENTION_BACKEND`, requests it, read once at start):
@@ -25,13 +29,15 @@
 //! falls back to kvc's kernels with one warning.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use candle_core::cuda::WrapErr;
 use candle_core::{bail, DType, Device, Result, Tensor};
 use cudnn_sys::{Cudnn, Fp8Scales, SdpaArgs, SdpaDesc, SdpaGraph};
+use kvc_policy::fp8_attention::{decide_fp8_attention, Fp8AttentionInputs, Fp8AttentionReason};
+use kvc_policy::log_decision;
 
 use super::{cuda_dev, empty, grid1, launch, ptr, upload_u32, CacheFormat, Kernels};
 use crate::batch::SeqChunk;
@@ -84,12 +90,48 @@ fn bucket(n: usize) -> usize {
     n.max(64).next_power_of_two()
 }
 
+/// Prompt tokens a step needs in its fresh chunks before cuDNN's FP8
+/// attention pays for quantizing Q, V's amax and widening O (kvc-policy's
+/// measured default).
+pub const DEFAULT_FP8_MIN_TOKENS: usize = kvc_policy::fp8_attention::DEFAULT_MIN_TOKENS;
+
+/// `usize::MAX`: off.
+static FP8_MIN_TOKENS: AtomicUsize = AtomicUsize::new(DEFAULT_FP8_MIN_TOKENS);
+
+/// From how many prompt tokens in a step plans over an FP8 pool take
+/// cuDNN's FP8 attention; None: never. The engine's kernel plan sets it
+/// (`KVC_FP8_ATTENTION`, `KVC_FP8_ATTENTION_MIN_TOKENS`); unset,
+/// [`DEFAULT_FP8_MIN_TOKENS`].
+pub fn fp8_attention_min_tokens() -> Option<usize> {
+    Some(FP8_MIN_TOKENS.load(Ordering::Relaxed)).filter(|&n| n != usize::MAX)
+}
+
+/// Sets [`fp8_attention_min_tokens`] for the cuDNN handles opened from now
+/// on (a model's at load; the kernel plan, tests and benchmarks).
+pub fn set_fp8_attention_min_tokens(n: Option<usize>) {
+    FP8_MIN_TOKENS.store(n.map_or(usize::MAX, |n| n.min(usize::MAX - 1)), Ordering::Relaxed);
+}
+
+/// Whether a step's cuDNN sequences over an FP8 pool take the FP8 route
+/// (kvc-policy's `fp8_attention` decision, logged and counted in
+/// `kvc_decisions_total`), before cuDNN is asked for the graph.
+fn fp8_route(seqs: &[&SeqChunk], head_dim: usize, min_tokens: Option<usize>) -> bool {
+    let d = decide_fp8_attention(&Fp8AttentionInputs {
+        min_tokens,
+        head_dim,
+        fresh: seqs.iter().all(|s| s.context_len == s.len),
+        tokens: seqs.iter().map(|s| s.len).sum(),
+    });
+    log_decision(&d);
+    d.reason == Fp8AttentionReason::FreshPrompts
+}
+
 /// A cuDNN handle and the plans built so far, one per shape bucket.
 pub struct CudnnAttention {
     cudnn: Cudnn,
     paged: bool,
-    /// FP8 pools' first chunks may take cuDNN's FP8 attention.
-    fp8: AtomicBool,
+    /// [`fp8_attention_min_tokens`] at open (`usize::MAX`: off).
+    fp8_min_tokens: AtomicUsize,
     /// None: cuDNN has no engine for that shape (said once, then kvc's kernels).
     graphs: Mutex<HashMap<SdpaDesc, Option<Arc<SdpaGraph>>>>,
 }
@@ -108,9 +150,10 @@ impl CudnnAttention {
         match opened {
             Ok(cudnn) => {
                 let paged = backend == PrefillBackend::CudnnPaged;
-                let fp8 = std::env::var("KVC_FP8_ATTENTION").map_or(true, |v| v != "0");
-                tracing::info!(version = cudnn.version(), paged, fp8, "prefill attention on cuDNN");
-                Some(Arc::new(Self { cudnn, paged, fp8: AtomicBool::new(fp8), graphs: Mutex::new(HashMap::new()) }))
+                let fp8_min_tokens = fp8_attention_min_tokens();
+                tracing::info!(version = cudnn.version(), paged, ?fp8_min_tokens, "prefill attention on cuDNN");
+                let fp8_min_tokens = AtomicUsize::new(fp8_min_tokens.unwrap_or(usize::MAX));
+                Some(Arc::new(Self { cudnn, paged, fp8_min_tokens, graphs: Mutex::new(HashMap::new()) }))
             }
             Err(e) => {
                 tracing::warn!("prefill attention on kvc's kernels: {e}");
@@ -138,10 +181,14 @@ impl CudnnAttention {
         tracing::info!(ms = t0.elapsed().as_secs_f64() * 1e3, "cuDNN attention graphs warmed up");
     }
 
-    /// Whether plans built from now on over an FP8 pool may take cuDNN's
-    /// FP8 attention (`KVC_FP8_ATTENTION=0` at open: no).
-    pub fn allow_fp8(&self, on: bool) {
-        self.fp8.store(on, Ordering::Relaxed);
+    /// From how many prompt tokens plans built from now on over an FP8
+    /// pool take cuDNN's FP8 attention; None: never.
+    pub fn set_fp8_min_tokens(&self, n: Option<usize>) {
+        self.fp8_min_tokens.store(n.unwrap_or(usize::MAX), Ordering::Relaxed);
+    }
+
+    fn fp8_min_tokens(&self) -> Option<usize> {
+        Some(self.fp8_min_tokens.load(Ordering::Relaxed)).filter(|&n| n != usize::MAX)
     }
 
     /// The plan for `desc`, built on first use.
@@ -252,9 +299,13 @@ impl CudnnPlan {
         let bs = ctx.block_size;
         let paged = ctx.attention.paged && !ctx.fp8_cache;
         // FP8 when every chunk starts its sequence (top-left causal is
-        // then bottom-right) and cuDNN has an FP8 engine for the shape.
-        let fp8 = ctx.fp8_cache && ctx.attention.fp8.load(Ordering::Relaxed) && hd % 16 == 0 && seqs.iter().all(|s| s.context_len == s.len);
-        let fp8_graph = if fp8 { ctx.attention.graph(desc(b, nh, nkv, hd, s_q, s_kv, None, true)) } else { None };
+        // then bottom-right), there are enough of them to pay for it, and
+        // cuDNN has an FP8 engine for the shape.
+        let fp8_graph = if ctx.fp8_cache && fp8_route(seqs, hd, ctx.attention.fp8_min_tokens()) {
+            ctx.attention.graph(desc(b, nh, nkv, hd, s_q, s_kv, None, true))
+        } else {
+            None
+        };
         let fp8 = fp8_graph.is_some();
         let shape = desc(b, nh, nkv, hd, s_q, s_kv, paged.then_some((ctx.num_blocks, bs)), false);
         let table_len = shape.table_len as usize;

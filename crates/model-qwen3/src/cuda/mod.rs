@@ -15,7 +15,10 @@ mod moe_cublas;
 mod moe_gemm;
 
 pub use attention::{set_decode_kernel_v1, AttentionPlan, PagedAttention};
-pub use cudnn_attention::{q_absmax, CudnnAttention, PrefillBackend, PrefillContext};
+pub use cudnn_attention::{
+    fp8_attention_min_tokens, q_absmax, set_fp8_attention_min_tokens, CudnnAttention, PrefillBackend, PrefillContext,
+    DEFAULT_FP8_MIN_TOKENS,
+};
 pub use fp8_linear::{
     fp8_gemm_runs, fp8_weights, quantize_blocks, quantize_rows, set_fp8_weights, silu_mul_quantized, Fp8Weight, GpuLinear, WeightBytes,
 };

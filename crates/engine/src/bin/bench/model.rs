@@ -412,6 +412,16 @@ pub fn run(o: &Opts) {
         eprintln!("{e}");
         std::process::exit(1)
     });
+    // The kernels a served model would run, with the environment's
+    // requests (KVC_MOE_GEMM, KVC_FP8_ATTENTION, ...) as the engine takes them.
+    let kernels = kvc_engine::kernel_plan::request_from_env().unwrap_or_else(|e| {
+        eprintln!("{e}");
+        std::process::exit(2)
+    });
+    kvc_engine::kernel_plan::apply(&kernels, &device).unwrap_or_else(|e| {
+        eprintln!("{e}");
+        std::process::exit(2)
+    });
     let runs: Vec<(Run, Summary)> = o
         .dtypes
         .iter()
