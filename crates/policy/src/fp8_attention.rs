@@ -58,7 +58,19 @@ crate::decision::reasons! {
         /// Fewer prompt tokens than `min_tokens`: the fixed price is not earned back.
         FewTokens("few_tokens"),
     }
-    outcome: Fp8Attention = |r| if r == Fp8AttentionReason::FreshPrompts { Fp8Attention::Fp8 } else { Fp8Attention::Bf16 }
+    outcome: Fp8Attention = |r| r.route()
+}
+
+impl Fp8AttentionReason {
+    /// The route a decision with this reason takes: FP8 for fresh prompts
+    /// of enough tokens, bf16 for every other reason.
+    pub fn route(self) -> Fp8Attention {
+        if self == Fp8AttentionReason::FreshPrompts {
+            Fp8Attention::Fp8
+        } else {
+            Fp8Attention::Bf16
+        }
+    }
 }
 
 /// The route of a step's cuDNN attention over an FP8 pool (module doc).
@@ -71,8 +83,9 @@ pub fn decide_fp8_attention(i: &Fp8AttentionInputs) -> Decision<Fp8AttentionReas
         Some(min) if i.tokens < min => R::FewTokens,
         Some(_) => R::FreshPrompts,
     };
-    let outcome = if reason == R::FreshPrompts { Fp8Attention::Fp8 } else { Fp8Attention::Bf16 };
-    Decision::new(outcome.as_str(), reason).term("tokens", i.tokens as f64).term("min_tokens", i.min_tokens.map_or(-1.0, |m| m as f64))
+    Decision::new(reason.route().as_str(), reason)
+        .term("tokens", i.tokens as f64)
+        .term("min_tokens", i.min_tokens.map_or(-1.0, |m| m as f64))
 }
 
 #[cfg(test)]

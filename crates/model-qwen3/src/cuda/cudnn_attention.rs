@@ -36,7 +36,7 @@ use std::time::Instant;
 use candle_core::cuda::WrapErr;
 use candle_core::{bail, DType, Device, Result, Tensor};
 use cudnn_sys::{Cudnn, Fp8Scales, SdpaArgs, SdpaDesc, SdpaGraph};
-use kvc_policy::fp8_attention::{decide_fp8_attention, Fp8AttentionInputs, Fp8AttentionReason};
+use kvc_policy::fp8_attention::{decide_fp8_attention, Fp8Attention, Fp8AttentionInputs};
 use kvc_policy::log_decision;
 
 use super::{cuda_dev, empty, grid1, launch, ptr, upload_u32, CacheFormat, Kernels};
@@ -95,21 +95,30 @@ fn bucket(n: usize) -> usize {
 /// measured default).
 pub const DEFAULT_FP8_MIN_TOKENS: usize = kvc_policy::fp8_attention::DEFAULT_MIN_TOKENS;
 
-/// `usize::MAX`: off.
+/// [`min_tokens_word`] of the handles opened from now on.
 static FP8_MIN_TOKENS: AtomicUsize = AtomicUsize::new(DEFAULT_FP8_MIN_TOKENS);
+
+/// A token bound as one atomic word: `usize::MAX` for None (off).
+fn min_tokens_word(n: Option<usize>) -> usize {
+    n.map_or(usize::MAX, |n| n.min(usize::MAX - 1))
+}
+
+fn min_tokens_of(word: &AtomicUsize) -> Option<usize> {
+    Some(word.load(Ordering::Relaxed)).filter(|&n| n != usize::MAX)
+}
 
 /// From how many prompt tokens in a step plans over an FP8 pool take
 /// cuDNN's FP8 attention; None: never. The engine's kernel plan sets it
 /// (`KVC_FP8_ATTENTION`, `KVC_FP8_ATTENTION_MIN_TOKENS`); unset,
 /// [`DEFAULT_FP8_MIN_TOKENS`].
 pub fn fp8_attention_min_tokens() -> Option<usize> {
-    Some(FP8_MIN_TOKENS.load(Ordering::Relaxed)).filter(|&n| n != usize::MAX)
+    min_tokens_of(&FP8_MIN_TOKENS)
 }
 
 /// Sets [`fp8_attention_min_tokens`] for the cuDNN handles opened from now
 /// on (a model's at load; the kernel plan, tests and benchmarks).
 pub fn set_fp8_attention_min_tokens(n: Option<usize>) {
-    FP8_MIN_TOKENS.store(n.map_or(usize::MAX, |n| n.min(usize::MAX - 1)), Ordering::Relaxed);
+    FP8_MIN_TOKENS.store(min_tokens_word(n), Ordering::Relaxed);
 }
 
 /// Whether a step's cuDNN sequences over an FP8 pool take the FP8 route
@@ -123,14 +132,14 @@ fn fp8_route(seqs: &[&SeqChunk], head_dim: usize, min_tokens: Option<usize>) -> 
         tokens: seqs.iter().map(|s| s.len).sum(),
     });
     log_decision(&d);
-    d.reason == Fp8AttentionReason::FreshPrompts
+    d.reason.route() == Fp8Attention::Fp8
 }
 
 /// A cuDNN handle and the plans built so far, one per shape bucket.
 pub struct CudnnAttention {
     cudnn: Cudnn,
     paged: bool,
-    /// [`fp8_attention_min_tokens`] at open (`usize::MAX`: off).
+    /// [`fp8_attention_min_tokens`] at open ([`min_tokens_word`]).
     fp8_min_tokens: AtomicUsize,
     /// None: cuDNN has no engine for that shape (said once, then kvc's kernels).
     graphs: Mutex<HashMap<SdpaDesc, Option<Arc<SdpaGraph>>>>,
@@ -152,7 +161,7 @@ impl CudnnAttention {
                 let paged = backend == PrefillBackend::CudnnPaged;
                 let fp8_min_tokens = fp8_attention_min_tokens();
                 tracing::info!(version = cudnn.version(), paged, ?fp8_min_tokens, "prefill attention on cuDNN");
-                let fp8_min_tokens = AtomicUsize::new(fp8_min_tokens.unwrap_or(usize::MAX));
+                let fp8_min_tokens = AtomicUsize::new(min_tokens_word(fp8_min_tokens));
                 Some(Arc::new(Self { cudnn, paged, fp8_min_tokens, graphs: Mutex::new(HashMap::new()) }))
             }
             Err(e) => {
@@ -184,11 +193,11 @@ impl CudnnAttention {
     /// From how many prompt tokens plans built from now on over an FP8
     /// pool take cuDNN's FP8 attention; None: never.
     pub fn set_fp8_min_tokens(&self, n: Option<usize>) {
-        self.fp8_min_tokens.store(n.unwrap_or(usize::MAX), Ordering::Relaxed);
+        self.fp8_min_tokens.store(min_tokens_word(n), Ordering::Relaxed);
     }
 
     fn fp8_min_tokens(&self) -> Option<usize> {
-        Some(self.fp8_min_tokens.load(Ordering::Relaxed)).filter(|&n| n != usize::MAX)
+        min_tokens_of(&self.fp8_min_tokens)
     }
 
     /// The plan for `desc`, built on first use.
