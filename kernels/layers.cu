@@ -194,15 +194,28 @@ __device__ __forceinline__ void put_kv_row(fp8* dst, const float* y, float scale
     *(typename Word<V>::T*)dst = out;
 }
 
+// A lane's V query elements: bf16, or (an FP8 attention step's e4m3 Q)
+// e4m3(bf16(y) x inv) in one store, as bf16_to_e4m3 quantizes the bf16 Q.
+template <int V>
+__device__ __forceinline__ void put_q_row(bf16* dst, const float* y, float) { put_kv_row<V>(dst, y, 1.f); }
+template <int V>
+__device__ __forceinline__ void put_q_row(fp8* dst, const float* y, float inv) {
+    typename Word<V>::T out;
+    fp8* ob = (fp8*)&out;
+#pragma unroll
+    for (int i = 0; i < V; i++) ob[i] = to_e4m3(round_bf(y[i]) * inv);
+    *(typename Word<V>::T*)dst = out;
+}
+
 // hd = 32 V: lane l holds elements [l V, l V + V) of a head in registers,
 // its rotate-half partners in lane l ^ 16; vector loads and stores, no
 // shared staging. Same arithmetic per element as the kernel above (the
 // RMS sum adds in another order).
-template <int V, typename C>
+template <int V, typename C, typename Q = bf16>
 __device__ __forceinline__ void qk_norm_rope_store_vec(
     const bf16* qkv, const bf16* q_w, const bf16* k_w, const int* pos, const int* slots,
-    bf16* q_out, C* cache, int nh, int nkv, int block_size, float eps, const float* inv_freq, float attn_scale,
-    float k_scale, float v_scale) {
+    Q* q_out, C* cache, int nh, int nkv, int block_size, float eps, const float* inv_freq, float attn_scale,
+    float k_scale, float v_scale, float q_inv = 1.f) {
     typedef typename Word<2 * V>::T VT;
     constexpr int hd = 32 * V, half = hd / 2;
     __shared__ float cos_t[half], sin_t[half];
@@ -246,7 +259,7 @@ __device__ __forceinline__ void qk_norm_rope_store_vec(
             y[i] = first_half ? x[i] * c - partner * s : x[i] * c + partner * s;
         }
         if (j < nh)
-            put_kv_row<V>(q_out + ((size_t)t * nh + j) * hd + e0, y, 1.f);
+            put_q_row<V>(q_out + ((size_t)t * nh + j) * hd + e0, y, q_inv);
         else
             put_kv_row<V>(kv_row(cache, slot, j, nh, nkv, hd, block_size) + e0, y, k_scale);
     }
@@ -265,6 +278,14 @@ __device__ __forceinline__ void qk_norm_rope_store_vec(
         float v_scale) {                                                                                                 \
         qk_norm_rope_store_vec<V>(qkv, q_w, k_w, pos, slots, q_out, cache, nh, nkv, block_size, eps, inv_freq,           \
                                   attn_scale, k_scale, v_scale);                                                         \
+    }                                                                                                                    \
+    /* Q in e4m3 over 1 / q_inv: a step whose attention is all cuDNN's FP8 route. */                                    \
+    extern "C" __global__ void qk_norm_rope_store_fp8_e4m3q_v##V(                                                        \
+        const bf16* qkv, const bf16* q_w, const bf16* k_w, const int* pos, const int* slots, fp8* q_out, fp8* cache,     \
+        int nh, int nkv, int block_size, float eps, const float* inv_freq, float attn_scale, float k_scale,              \
+        float v_scale, float q_inv) {                                                                                    \
+        qk_norm_rope_store_vec<V>(qkv, q_w, k_w, pos, slots, q_out, cache, nh, nkv, block_size, eps, inv_freq,           \
+                                  attn_scale, k_scale, v_scale, q_inv);                                                  \
     }
 QK_VEC(2)
 QK_VEC(4)
@@ -450,6 +471,14 @@ extern "C" __global__ void fp8_o_scale(float* s, float v_scale) {
     const float so = vmax > 0.f ? 384.f / vmax : 1.f;
     s[5] = so;
     s[9] = 1.f / so;
+}
+
+// dst[i] = *src for i < n: a per-tensor scale the device computed spread
+// over a per-group scale array (cuDNN's e4m3 O handed to o_proj's FP8
+// GEMM, which takes a scale per token and 128-wide group). Grid-stride.
+extern "C" __global__ void fill_from(const float* __restrict__ src, float* __restrict__ dst, size_t n) {
+    const float v = *src;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) dst[i] = v;
 }
 
 // out[r] = bf16(x[r] * *scale) for the rows r = rows[i], i < nrows, of

@@ -12,7 +12,8 @@ use candle_core::{DType, Device, Tensor};
 use common::{gpu, rel_err};
 use kvc_kv_pool::{BlockId, KvLayout, KvStorage};
 use kvc_model_qwen3::cuda::{
-    ptr, set_decode_kernel_v1, AttentionPlan, CacheFormat, CudnnAttention, Kernels, PagedAttention, PrefillBackend, PrefillContext,
+    ptr, quantize_q, set_decode_kernel_v1, AttentionPlan, CacheFormat, CudnnAttention, Kernels, PagedAttention, PrefillBackend,
+    PrefillContext,
 };
 use kvc_model_qwen3::{BatchInput, SeqChunk};
 use rand::{Rng, SeedableRng};
@@ -222,6 +223,9 @@ fn check_attention_over(
             for round in 0..2 {
                 let out = attn.forward(&kernels, &q.to_device(&dev).unwrap(), &plan).unwrap();
                 let out = out.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+                if round == 0 && plan.e4m3_io() {
+                    check_e4m3_io(&kernels, &attn, &plan, &q.to_device(&dev).unwrap(), q_absmax, &out);
+                }
                 let mut start = 0;
                 for (i, &(len, c)) in seqs.iter().enumerate() {
                     let o = &out[start * nh * hd..(start + len) * nh * hd];
@@ -244,6 +248,28 @@ fn check_attention_over(
         }
         set_decode_kernel_v1(false);
     }
+}
+
+/// A plan wholly on cuDNN's FP8 route, fed Q in e4m3 (what RoPE's e4m3
+/// form writes): its e4m3 O widened is the bf16 route's `want` bit for
+/// bit, and the per-group scales it hands an FP8 o_proj are O's scale,
+/// the factor that widening applied.
+fn check_e4m3_io(kernels: &Kernels, attn: &PagedAttention, plan: &AttentionPlan, q: &Tensor, q_absmax: f32, want: &[f32]) {
+    let q8 = Tensor::zeros(q.dims(), DType::U8, q.device()).unwrap();
+    quantize_q(kernels, q, &q8, 448.0 / q_absmax).unwrap();
+    let o = attn.forward_fp8(kernels, &q8, plan).unwrap();
+    let widened = host_f32(&o.to_bf16(kernels).unwrap());
+    let differ = widened.iter().zip(want).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+    assert_eq!(differ, 0, "e4m3 Q in, widened e4m3 O out: {differ} of {} elements differ from the bf16-in/out call", want.len());
+    let scales = host_f32(&o.group_scales(kernels, 128).unwrap());
+    let scale = scales[0];
+    assert!(scale > 0.0 && scales.iter().all(|&s| s == scale), "group scales: not all O's scale {scale}");
+    let bytes = o.o.flatten_all().unwrap().to_vec1::<u8>().unwrap();
+    let e4m3 = Tensor::from_raw_buffer(&bytes, DType::F8E4M3, &[bytes.len()], &Device::Cpu).unwrap();
+    let by_scale = (e4m3.to_dtype(DType::F32).unwrap() * scale as f64).unwrap().to_dtype(DType::BF16).unwrap();
+    let by_scale = by_scale.to_dtype(DType::F32).unwrap().to_vec1::<f32>().unwrap();
+    let differ = by_scale.iter().zip(&widened).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+    assert_eq!(differ, 0, "{differ} elements of the widened O are not bf16(e4m3 O x the group scale {scale})");
 }
 
 /// Decode attention at the Qwen3-30B-A3B shape (32 query heads over 4 KV
@@ -354,6 +380,9 @@ fn cudnn_prefill_attention_matches_reference_gathered_and_paged() {
         // Prompts' first chunks only (beside decodes): cuDNN's FP8 route over an FP8 pool.
         (32, 4, 128, 16, &[(1000, 1000), (1, 700), (129, 129), (2048, 2048), (1, 33)]),
         (8, 2, 128, 16, &[(3, 3), (64, 64), (17, 17)]),
+        // Every row on the FP8 route: e4m3 Q in, e4m3 O out (check_e4m3_io).
+        (32, 4, 128, 16, &[(700, 700), (129, 129), (2048, 2048)]),
+        (8, 2, 128, 16, &[(64, 64), (17, 17)]),
         (4, 2, 16, 4, &[(13, 13), (1, 22), (5, 50)]),
         (4, 2, 8, 4, &[(30, 40), (1, 6)]),
     ];
@@ -415,6 +444,17 @@ fn cudnn_fp8_prefill_attention_is_timed_against_the_bf16_routes() {
                 if fp8_route { "e4m3" } else { "bf16" },
                 flops / us / 1e6
             );
+            if fp8_route {
+                // As a step wholly on the route runs it: Q already e4m3
+                // (RoPE writes it), O left e4m3 for an FP8 o_proj.
+                let q8 = Tensor::zeros(q.dims(), DType::U8, &dev).unwrap();
+                quantize_q(&kernels, &q, &q8, 448.0 / q_absmax).unwrap();
+                let us = time_us(&dev, || attn.forward_fp8(&kernels, &q8, &plan).map(drop));
+                println!(
+                    "prefill attention {len} tokens, {dtype:?} pool, e4m3 route, e4m3 Q in and O out: {us:.0} us per layer ({:.0} TFLOP/s causal)",
+                    flops / us / 1e6
+                );
+            }
             outs.push(host_f32(&out));
         }
         let e = rel_err(&outs[2], &outs[1]);

@@ -193,9 +193,11 @@ fn rope_store_vector_kernels_match_the_scalar_one_and_the_host_with_default_and_
                 let slots_t = Tensor::from_slice(&slots, tokens, &dev).unwrap();
                 let inv_freq = Tensor::from_slice(rope.inv_freq(), hd / 2, &dev).unwrap();
                 // The same step into a bf16 cache and into an FP8 one.
-                let run = |dtype: DType, format: CacheFormat| {
+                // `q_e4m3`: Q written as e4m3 bytes over that inverse scale.
+                let run_q = |dtype: DType, format: CacheFormat, q_e4m3: Option<f32>| {
                     let cache = Tensor::zeros(blocks * block_elems, dtype, &dev).unwrap();
-                    let q = Tensor::zeros((tokens, nh * hd), DType::BF16, &dev).unwrap();
+                    let q_dtype = if q_e4m3.is_some() { DType::U8 } else { DType::BF16 };
+                    let q = Tensor::zeros((tokens, nh * hd), q_dtype, &dev).unwrap();
                     RopeStore {
                         qkv: &qkv_t,
                         q_norm: &qw_t,
@@ -212,13 +214,32 @@ fn rope_store_vector_kernels_match_the_scalar_one_and_the_host_with_default_and_
                         eps,
                         inv_freq: &inv_freq,
                         attn_scale: rope.scale(),
+                        q_e4m3,
                     }
                     .launch(&k, form)
                     .unwrap();
-                    (host(&q), host(&cache))
+                    (q, host(&cache))
+                };
+                let run = |dtype: DType, format: CacheFormat| {
+                    let (q, cache) = run_q(dtype, format, None);
+                    (host(&q), cache)
                 };
                 let (q, cache) = run(DType::BF16, CacheFormat::Bf16);
                 let (q8, cache8) = run(DType::F8E4M3, CacheFormat::Fp8 { k_scale, v_scale });
+                // Q in e4m3 (an FP8 attention step): the bf16 q's
+                // e4m3(q x inv), saturated, round to nearest even; the cache
+                // as before.
+                let inv = 448.0 / 20.0;
+                let (qe, cache_e) = run_q(DType::F8E4M3, CacheFormat::Fp8 { k_scale, v_scale }, Some(inv));
+                let qe = qe.flatten_all().unwrap().to_vec1::<u8>().unwrap();
+                let want_qe = Tensor::from_slice(&q, q.len(), &Device::Cpu).unwrap();
+                let want_qe = (want_qe * inv as f64).unwrap().clamp(-448f32, 448f32).unwrap().to_dtype(DType::F8E4M3).unwrap();
+                let want_qe = want_qe.to_dtype(DType::F32).unwrap().to_vec1::<f32>().unwrap();
+                let got_qe = Tensor::from_raw_buffer(&qe, DType::F8E4M3, &[qe.len()], &Device::Cpu).unwrap();
+                let got_qe = got_qe.to_dtype(DType::F32).unwrap().to_vec1::<f32>().unwrap();
+                let mismatched = got_qe.iter().zip(&want_qe).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+                assert_eq!(mismatched, 0, "hd {hd} {form:?}: e4m3 Q elements that are not e4m3(bf16 q x {inv})");
+                assert!(cache_e.iter().zip(&cache8).all(|(a, b)| a.to_bits() == b.to_bits()), "hd {hd} {form:?}: cache with an e4m3 Q");
                 // The FP8 cache holds e4m3 of the bf16 cache's values over
                 // the layer's scales (kv-pool's rounding and saturation), bit
                 // for bit; q is the same.

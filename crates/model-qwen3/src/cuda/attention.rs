@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use candle_core::cuda::cudarc::driver::LaunchConfig;
 use candle_core::{bail, DType, Device, Result, Tensor};
 
-use super::cudnn_attention::{CudnnPlan, PrefillContext, MIN_CUDNN_ROWS};
+use super::cudnn_attention::{CudnnPlan, E4m3Output, PrefillContext, MIN_CUDNN_ROWS};
 use super::{cuda_dev, empty, launch, launch_slices, overwrite_u32, ptr, upload_u32, CacheFormat, Kernels};
 use crate::batch::{BatchInput, SeqChunk};
 
@@ -181,6 +181,8 @@ pub struct AttentionPlan {
     num_kv_heads: usize,
     /// The prefill-shaped sequences, where cuDNN takes them.
     cudnn: Option<CudnnPlan>,
+    /// Every row of the batch is on cuDNN's FP8 route ([`Self::e4m3_io`]).
+    e4m3_io: bool,
 }
 
 impl AttentionPlan {
@@ -211,6 +213,11 @@ impl AttentionPlan {
             None => None,
         };
         let kvc_takes = |s: &SeqChunk| cudnn.is_none() || !on_cudnn(s);
+        let e4m3_io =
+            cudnn.as_ref().is_some_and(|c| c.fp8() && c.fp8_row_count() == batch.tokens.len()) && !batch.seqs.iter().any(kvc_takes);
+        if e4m3_io {
+            super::cudnn_attention::count_e4m3_io_plan();
+        }
         let tok_per_tile = BR / group;
         let v2 = decode_v2();
         let mut seqs = Vec::with_capacity(batch.seqs.len() * 4);
@@ -284,6 +291,7 @@ impl AttentionPlan {
             num_heads,
             num_kv_heads,
             cudnn,
+            e4m3_io,
         })
     }
 
@@ -295,6 +303,12 @@ impl AttentionPlan {
     /// Whether they run cuDNN's FP8 attention.
     pub fn uses_cudnn_fp8(&self) -> bool {
         self.cudnn.as_ref().is_some_and(|c| c.fp8())
+    }
+
+    /// Whether every row of the batch is on cuDNN's FP8 route: Q can come
+    /// in e4m3 ([`PagedAttention::forward_fp8`]) and O stay e4m3.
+    pub fn e4m3_io(&self) -> bool {
+        self.e4m3_io
     }
 }
 
@@ -396,6 +410,7 @@ impl FixedPlanHost {
             num_heads,
             num_kv_heads,
             cudnn: None,
+            e4m3_io: false,
         })
     }
 
@@ -427,6 +442,20 @@ pub struct PagedAttention {
 }
 
 impl PagedAttention {
+    /// [`Self::forward`] for a plan whose every row is on cuDNN's FP8
+    /// route ([`AttentionPlan::e4m3_io`]): `q8` u8 `[tokens, num_heads *
+    /// head_dim]` holding e4m3(q x 448 / q_absmax) (RoPE's e4m3 form), O in
+    /// e4m3 with its scale.
+    pub fn forward_fp8(&self, k: &Kernels, q8: &Tensor, plan: &AttentionPlan) -> Result<E4m3Output> {
+        let (nkv, hd) = (plan.num_kv_heads, self.head_dim);
+        match &plan.cudnn {
+            Some(c) if plan.e4m3_io && q8.dtype() == DType::U8 && q8.dims2()? == (c.fp8_row_count(), plan.num_heads * hd) => {
+                c.run_fp8(k, q8, self.layer_ptr, self.cache, self.q_absmax, nkv, hd, self.block_size)
+            }
+            _ => bail!("attention: an e4m3 Q {:?} {:?} for a plan not wholly on cuDNN's FP8 route", q8.shape(), q8.dtype()),
+        }
+    }
+
     /// `q: [tokens, num_heads * head_dim]` bf16 -> attention output of the
     /// same shape, every sequence attending causally over its paged context.
     pub fn forward(&self, k: &Kernels, q: &Tensor, plan: &AttentionPlan) -> Result<Tensor> {

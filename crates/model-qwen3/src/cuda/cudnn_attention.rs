@@ -20,7 +20,10 @@
 //! so it is taken only from [`DEFAULT_FP8_MIN_TOKENS`] prompt tokens in the
 //! step (kvc-policy's `fp8_attention` decision; `KVC_FP8_ATTENTION_MIN_TOKENS`
 //! through the engine's kernel plan); `KVC_FP8_ATTENTION=0` keeps every step
-//! on the bf16 route.
+//! on the bf16 route. Where the whole step is on it
+//! (`AttentionPlan::e4m3_io`), RoPE writes Q in e4m3 itself and O stays
+//! e4m3 for an FP8 o_proj ([`E4m3Output`]), so neither is widened and
+//! quantized again.
 //!
 //! The engine's kernel plan picks the route (`KVC_ATTENTION_BACKEND`, as
 //! vLLM's `VLLM_ATTENTION_BACKEND`, requests it, read once at start):
@@ -29,7 +32,7 @@
 //! falls back to kvc's kernels with one warning.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -91,7 +94,7 @@ fn bucket(n: usize) -> usize {
 }
 
 /// Prompt tokens a step needs in its fresh chunks before cuDNN's FP8
-/// attention pays for quantizing Q, V's amax and widening O (kvc-policy's
+/// attention pays for quantizing Q, V's amax and O's scale (kvc-policy's
 /// measured default).
 pub const DEFAULT_FP8_MIN_TOKENS: usize = kvc_policy::fp8_attention::DEFAULT_MIN_TOKENS;
 
@@ -121,9 +124,21 @@ pub fn set_fp8_attention_min_tokens(n: Option<usize>) {
     FP8_MIN_TOKENS.store(min_tokens_word(n), Ordering::Relaxed);
 }
 
+static E4M3_IO_PLANS: AtomicU64 = AtomicU64::new(0);
+
+/// Plans so far whose every row was on the FP8 route (e4m3 Q from RoPE, e4m3
+/// O into o_proj: [`CudnnPlan::fp8_row_count`] covering the batch).
+pub fn e4m3_io_plans() -> u64 {
+    E4M3_IO_PLANS.load(Ordering::Relaxed)
+}
+
+pub(crate) fn count_e4m3_io_plan() {
+    E4M3_IO_PLANS.fetch_add(1, Ordering::Relaxed);
+}
+
 /// Whether a step's cuDNN sequences over an FP8 pool take the FP8 route
-/// (kvc-policy's `fp8_attention` decision, logged and counted in
-/// `kvc_decisions_total`), before cuDNN is asked for the graph.
+/// (kvc-policy's `fp8_attention` decision, logged and counted), before
+/// cuDNN is asked for the graph.
 fn fp8_route(seqs: &[&SeqChunk], head_dim: usize, min_tokens: Option<usize>) -> bool {
     let d = decide_fp8_attention(&Fp8AttentionInputs {
         min_tokens,
@@ -308,8 +323,8 @@ impl CudnnPlan {
         let bs = ctx.block_size;
         let paged = ctx.attention.paged && !ctx.fp8_cache;
         // FP8 when every chunk starts its sequence (top-left causal is
-        // then bottom-right), there are enough of them to pay for it, and
-        // cuDNN has an FP8 engine for the shape.
+        // then bottom-right), there are enough of them, and cuDNN has an
+        // FP8 engine for the shape.
         let fp8_graph = if ctx.fp8_cache && fp8_route(seqs, hd, ctx.attention.fp8_min_tokens()) {
             ctx.attention.graph(desc(b, nh, nkv, hd, s_q, s_kv, None, true))
         } else {
@@ -369,6 +384,11 @@ impl CudnnPlan {
         self.fp8_rows.is_some()
     }
 
+    /// The batch rows an FP8 plan writes (0 for a bf16 plan).
+    pub fn fp8_row_count(&self) -> usize {
+        self.fp8_row_count
+    }
+
     /// Writes the attention of the plan's sequences into their rows of
     /// `out` (`[tokens, nh * hd]` bf16, like `q`), reading one layer of
     /// the pool at `layer_ptr` (holding `cache`); `q_absmax` bounds every
@@ -386,13 +406,80 @@ impl CudnnPlan {
         hd: usize,
         block_size: usize,
     ) -> Result<()> {
+        let Some(rows) = &self.fp8_rows else {
+            return self.enqueue(k, q, out, None, layer_ptr, cache, nkv, hd, block_size);
+        };
+        let q_max = checked_q_absmax(q_absmax)?;
+        let q8 = empty(cuda_dev(q.device())?, q.dims(), DType::U8)?;
+        quantize_q(k, q, &q8, 448.0 / q_max)?;
+        let o = self.run_e4m3(k, &q8, rows, layer_ptr, cache, q_max, nkv, hd, block_size)?;
+        o.widen_into(k, out)
+    }
+
+    /// An FP8 plan over Q already in e4m3 (`q8`: u8 `[tokens, nh * hd]`,
+    /// e4m3(q x 448 / q_absmax), as [`quantize_q`] or RoPE's e4m3 form
+    /// writes it): O of the plan's rows in e4m3 with its scale.
+    #[allow(clippy::too_many_arguments)]
+    pub fn run_fp8(
+        &self,
+        k: &Kernels,
+        q8: &Tensor,
+        layer_ptr: u64,
+        cache: CacheFormat,
+        q_absmax: Option<f32>,
+        nkv: usize,
+        hd: usize,
+        block_size: usize,
+    ) -> Result<E4m3Output> {
+        let Some(rows) = &self.fp8_rows else { bail!("an e4m3 Q for a plan off cuDNN's FP8 route") };
+        self.run_e4m3(k, q8, rows, layer_ptr, cache, checked_q_absmax(q_absmax)?, nkv, hd, block_size)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn run_e4m3(
+        &self,
+        k: &Kernels,
+        q8: &Tensor,
+        rows: &Tensor,
+        layer_ptr: u64,
+        cache: CacheFormat,
+        q_max: f32,
+        nkv: usize,
+        hd: usize,
+        block_size: usize,
+    ) -> Result<E4m3Output> {
+        let CacheFormat::Fp8 { k_scale, v_scale } = cache else { bail!("an FP8 attention plan over a {cache:?} layer") };
+        let dev = cuda_dev(q8.device())?;
+        let cudnn = Fp8Scales { descale_q: q_max / 448.0, descale_k: k_scale, descale_v: v_scale, scale_o: 1.0 / v_scale };
+        let mut scales = cudnn.to_device_order().to_vec();
+        scales.extend([0.0, 1.0]); // V's amax byte (0 as u32 bits too), O's widening factor
+        let out = E4m3Output {
+            o: empty(dev, q8.dims(), DType::U8)?,
+            scales: Tensor::from_vec(scales, 10, q8.device())?,
+            rows: rows.clone(),
+            row_count: self.fp8_row_count,
+        };
+        let f = Fp8Operands { out: &out, v_scale };
+        self.enqueue(k, q8, &out.o, Some(&f), layer_ptr, cache, nkv, hd, block_size)?;
+        Ok(out)
+    }
+
+    /// Queues the graph: Q from `q`, O into `out` (bf16, or e4m3 with `fp8`).
+    #[allow(clippy::too_many_arguments)]
+    fn enqueue(
+        &self,
+        k: &Kernels,
+        q: &Tensor,
+        out: &Tensor,
+        fp8: Option<&Fp8Operands>,
+        layer_ptr: u64,
+        cache: CacheFormat,
+        nkv: usize,
+        hd: usize,
+        block_size: usize,
+    ) -> Result<()> {
         let dev = cuda_dev(q.device())?;
         let stream = dev.cuda_stream();
-        let fp8 = match (&self.fp8_rows, cache) {
-            (None, _) => None,
-            (Some(rows), CacheFormat::Fp8 { k_scale, v_scale }) => Some(Fp8Operands::new(k, q, rows, q_absmax, k_scale, v_scale)?),
-            (Some(_), other) => bail!("an FP8 attention plan over a {other:?} layer"),
-        };
         let mut args = SdpaArgs {
             q: ptr(q)?,
             o: ptr(out)?,
@@ -428,7 +515,7 @@ impl CudnnPlan {
                     block_size as i32
                 )?;
             }
-            if let Some(f) = &fp8 {
+            if let Some(f) = fp8 {
                 f.scale_o_from(k, &vb, self.kv_tokens * row)?;
             }
             args.k = ptr(&kb)?;
@@ -444,8 +531,8 @@ impl CudnnPlan {
             args.v = layer_ptr + (block_size * nkv * hd * 2) as u64;
             args.page_table = ptr(table)?;
         }
-        if let Some(f) = &fp8 {
-            (args.q, args.o, args.scales) = (ptr(&f.q)?, ptr(&f.o)?, ptr(&f.scales)?);
+        if let Some(f) = fp8 {
+            args.scales = ptr(&f.out.scales)?;
         }
         if self.graph.workspace > 0 {
             let ws = empty(dev, self.graph.workspace.div_ceil(4), DType::F32)?;
@@ -459,56 +546,99 @@ impl CudnnPlan {
         // reused only in stream order.
         unsafe { self.attention.cudnn.run(&self.graph, stream.cu_stream() as *mut std::ffi::c_void, &args) }
             .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
-        if let Some(f) = fp8 {
-            f.widen_o(k, self.fp8_row_count, out)?;
-        }
         drop(keep);
         Ok(())
     }
 }
 
-/// The e4m3 operands of one FP8 run and their scales on the device:
-/// `scales` holds cuDNN's eight floats (`Fp8Scales`), then V's largest
-/// e4m3 byte (`e4m3_amax`) and the factor that widens O back (written by
-/// `fp8_o_scale` with cuDNN's scale O).
-struct Fp8Operands<'a> {
-    q: Tensor,
-    o: Tensor,
+/// `q_absmax` where it can scale Q.
+fn checked_q_absmax(q_absmax: Option<f32>) -> Result<f32> {
+    match q_absmax.filter(|m| m.is_finite() && *m > 0.0) {
+        Some(m) => Ok(m),
+        None => bail!("cuDNN's FP8 attention needs a bound on |q| (PagedAttention::q_absmax), got {q_absmax:?}"),
+    }
+}
+
+/// `q8 = e4m3(q x inv)` for bf16 `q` (elements a multiple of 8) into u8
+/// `q8` of as many elements: cuDNN's FP8 attention's Q.
+pub fn quantize_q(k: &Kernels, q: &Tensor, q8: &Tensor, inv: f32) -> Result<()> {
+    let n = q.elem_count();
+    if q.dtype() != DType::BF16 || q8.dtype() != DType::U8 || q8.elem_count() != n || n % 8 != 0 {
+        bail!("e4m3 Q: bf16 {:?} into u8 {:?} (elements a multiple of 8)", q.shape(), q8.shape());
+    }
+    launch!(k.bf16_to_e4m3, grid1(n / 8, 256); &[], ptr(q)?, ptr(q8)?, (n / 8) as u64, inv)
+}
+
+/// cuDNN's FP8 attention output: O of the plan's rows in e4m3, worth
+/// `scales[9]` (a device float: O's scale comes from V's amax) a unit.
+pub struct E4m3Output {
+    /// u8 `[tokens, nh * hd]`: the plan's rows written.
+    pub o: Tensor,
+    /// cuDNN's eight floats (`Fp8Scales`), V's largest e4m3 byte
+    /// (`e4m3_amax`) and the factor that widens O (`fp8_o_scale`).
     scales: Tensor,
     /// The token rows cuDNN writes.
-    rows: &'a Tensor,
+    rows: Tensor,
+    row_count: usize,
+}
+
+impl E4m3Output {
+    /// The device address of O's widening factor.
+    fn widen_ptr(&self) -> Result<u64> {
+        Ok(ptr(&self.scales)? + 9 * 4)
+    }
+
+    /// O's rows widened into those rows of bf16 `out` (same shape as `o`).
+    pub fn widen_into(&self, k: &Kernels, out: &Tensor) -> Result<()> {
+        let row = out.dim(1)?;
+        if self.row_count == 0 {
+            return Ok(());
+        }
+        launch!(
+            k.e4m3_rows_to_bf16,
+            grid1(self.row_count * row / 16, 256); &[],
+            ptr(&self.o)?,
+            ptr(&self.rows)?,
+            self.row_count as i32,
+            row as i32,
+            self.widen_ptr()?,
+            ptr(out)?
+        )
+    }
+
+    /// O widened to bf16 `[tokens, nh * hd]` (a plan covering every row).
+    pub fn to_bf16(&self, k: &Kernels) -> Result<Tensor> {
+        let out = empty(cuda_dev(self.o.device())?, self.o.dims(), DType::BF16)?;
+        self.widen_into(k, &out)?;
+        Ok(out)
+    }
+
+    /// O's scale spread over `[tokens, nh * hd / group]` f32: the per-token,
+    /// per-group activation scales an FP8 GEMM takes, all equal here.
+    pub fn group_scales(&self, k: &Kernels, group: usize) -> Result<Tensor> {
+        let (t, row) = self.o.dims2()?;
+        let s = empty(cuda_dev(self.o.device())?, (t, row.div_ceil(group)), DType::F32)?;
+        let n = s.elem_count();
+        if n > 0 {
+            launch!(k.fill_from, grid1(n, 256); &[], self.widen_ptr()?, ptr(&s)?, n as u64)?;
+        }
+        Ok(s)
+    }
+}
+
+/// What an FP8 run adds: O with its scales, and V's layer scale.
+struct Fp8Operands<'a> {
+    out: &'a E4m3Output,
     v_scale: f32,
 }
 
-impl<'a> Fp8Operands<'a> {
-    /// Q in e4m3 over `q_absmax` / 448, and the scales before V's amax.
-    fn new(k: &Kernels, q: &Tensor, rows: &'a Tensor, q_absmax: Option<f32>, k_scale: f32, v_scale: f32) -> Result<Self> {
-        let dev = cuda_dev(q.device())?;
-        let Some(q_max) = q_absmax.filter(|m| m.is_finite() && *m > 0.0) else {
-            bail!("cuDNN's FP8 attention needs a bound on |q| (PagedAttention::q_absmax), got {q_absmax:?}")
-        };
-        let n = q.elem_count();
-        let qf = empty(dev, n, DType::U8)?;
-        launch!(k.bf16_to_e4m3, grid1(n / 8, 256); &[], ptr(q)?, ptr(&qf)?, (n / 8) as u64, 448.0 / q_max)?;
-        let cudnn = Fp8Scales { descale_q: q_max / 448.0, descale_k: k_scale, descale_v: v_scale, scale_o: 1.0 / v_scale };
-        let mut scales = cudnn.to_device_order().to_vec();
-        scales.extend([0.0, 1.0]); // V's amax byte (0 as u32 bits too), O's widening factor
-        Ok(Self { q: qf, o: empty(dev, n, DType::U8)?, scales: Tensor::from_vec(scales, 10, q.device())?, rows, v_scale })
-    }
-
+impl Fp8Operands<'_> {
     /// Scale O from the largest of V's `n` gathered e4m3 bytes `v`.
     fn scale_o_from(&self, k: &Kernels, v: &Tensor, n: usize) -> Result<()> {
-        let amax = ptr(&self.scales)? + 8 * 4;
+        let amax = ptr(&self.out.scales)? + 8 * 4;
         if n > 0 {
             launch!(k.e4m3_amax, grid1(n / 16, 256); &[], ptr(v)?, (n / 16) as u64, amax)?;
         }
-        launch!(k.fp8_o_scale, grid1(1, 32); &[], ptr(&self.scales)?, self.v_scale)
-    }
-
-    /// O's rows of `rows` cuDNN wrote, widened into `out`.
-    fn widen_o(self, k: &Kernels, rows: usize, out: &Tensor) -> Result<()> {
-        let row = out.dim(1)?;
-        let widen = ptr(&self.scales)? + 9 * 4;
-        launch!(k.e4m3_rows_to_bf16, grid1(rows * row / 16, 256); &[], ptr(&self.o)?, ptr(self.rows)?, rows as i32, row as i32, widen, ptr(out)?)
+        launch!(k.fp8_o_scale, grid1(1, 32); &[], ptr(&self.out.scales)?, self.v_scale)
     }
 }

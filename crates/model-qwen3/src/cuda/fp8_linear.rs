@@ -20,6 +20,7 @@ use candle_core::{bail, CudaDevice, DType, Result, Tensor};
 use candle_nn::{Init, VarBuilder};
 use cutlass_sys::fp8;
 
+use super::cudnn_attention::E4m3Output;
 use super::gemv::{fits_fp8, small_m_linear_fp8};
 use super::layers::{silu_mul, Form};
 use super::moe_gemm::{cutlass_tiling, moe_gemm, MoeGemm};
@@ -30,6 +31,29 @@ use crate::fp8::{BlockFp8, GEMM_BLOCK};
 /// (gemv.cu's `small_m_gemm_fp8`) instead of quantizing its input for
 /// CUTLASS's 128-row tiles: decode steps of a few sequences.
 pub const FEW_ROWS: usize = 4;
+
+/// The tiling of the FP8 expert GEMMs where the rule puts the rows on M
+/// (prefill): `KVC_FP8_GROUPED_ROWS` = `rows` (cooperative 128x128x128),
+/// `rows-pingpong` (64x128x128) or `rows-cluster` (1x2 clusters), read once.
+pub const DEFAULT_FP8_ROWS_TILING: fp8::Tiling = fp8::Tiling::Rows;
+
+fn fp8_rows_tiling() -> fp8::Tiling {
+    static TILING: std::sync::OnceLock<fp8::Tiling> = std::sync::OnceLock::new();
+    *TILING.get_or_init(|| {
+        let Ok(v) = std::env::var("KVC_FP8_GROUPED_ROWS") else { return DEFAULT_FP8_ROWS_TILING };
+        match fp8::Tiling::parse(v.trim()).filter(|t| *t != fp8::Tiling::Swap) {
+            Some(t) => t,
+            None => {
+                tracing::warn!(
+                    value = v,
+                    default = DEFAULT_FP8_ROWS_TILING.name(),
+                    "KVC_FP8_GROUPED_ROWS: not rows, rows-pingpong or rows-cluster"
+                );
+                DEFAULT_FP8_ROWS_TILING
+            }
+        }
+    })
+}
 
 /// 0: not chosen (FP8 where the GEMMs run); 1: FP8; 2: dequantize.
 static CHOICE: AtomicU8 = AtomicU8::new(0);
@@ -251,14 +275,35 @@ impl Fp8Weight {
         if (1..=FEW_ROWS).contains(&m) && fits_fp8(n, k) {
             return small_m_linear_fp8(kernels, x, &self.q, &self.scale);
         }
-        let d = empty(dev, (m, n), DType::BF16)?;
         if m == 0 {
-            return Ok(d);
+            return empty(dev, (m, n), DType::BF16);
         }
-        let a = quant_rows(dev, x)?;
+        self.dense(&quant_rows(dev, x)?)
+    }
+
+    /// `x W^T` of rows already in e4m3 (`q`: u8 `[M, K]`) with their f32
+    /// scales `[M, K / 128]` (one per token and 128-wide group) -> bf16
+    /// `[M, N]`, on CUTLASS at any M (cuDNN's e4m3 attention output into
+    /// o_proj).
+    pub fn linear_e4m3(&self, q: &Tensor, s: &Tensor) -> Result<Tensor> {
+        let ((m, k), (n, kw)) = (q.dims2()?, self.q.dims2()?);
+        if k != kw || q.dtype() != DType::U8 || s.dtype() != DType::F32 || s.dims2()? != (m, k.div_ceil(GEMM_BLOCK)) {
+            bail!("FP8 linear: e4m3 input {:?} {:?} with scales {:?} against weight [{n}, {kw}]", q.shape(), q.dtype(), s.shape());
+        }
+        if m == 0 {
+            return empty(cuda_dev(q.device())?, (m, n), DType::BF16);
+        }
+        self.dense(&QuantRows { q: q.clone(), s: s.clone() })
+    }
+
+    /// CUTLASS's dense FP8 GEMM over quantized rows.
+    fn dense(&self, a: &QuantRows) -> Result<Tensor> {
+        let dev = cuda_dev(a.q.device())?;
+        let ((m, k), (n, _)) = (a.q.dims2()?, self.q.dims2()?);
+        let d = empty(dev, (m, n), DType::BF16)?;
         let (ws, ws_bytes) = workspace(dev, fp8::dense_workspace_bytes(m, n, k).map_err(err)?)?;
         let int = |v: usize| i32::try_from(v).map_err(|_| candle_core::Error::Msg(format!("FP8 linear: {v} does not fit an i32")));
-        let args = fp8::DenseArgs { m: int(m)?, n: int(n)?, k: int(k)?, reserved: 0, op: self.operands(&a, &d, (&ws, ws_bytes))? };
+        let args = fp8::DenseArgs { m: int(m)?, n: int(n)?, k: int(k)?, reserved: 0, op: self.operands(a, &d, (&ws, ws_bytes))? };
         // SAFETY: every address is a live contiguous tensor of the sizes in
         // `args` on this device; the stream orders their frees after the GEMM.
         unsafe { fp8::dense_run(&args, stream(dev)?) }.map_err(err)?;
@@ -311,12 +356,13 @@ impl Fp8Weight {
         // The bf16 experts' rule and override (moe_gemm.rs): the weights on
         // the tile's M where each expert has only a few rows (decode, mixed
         // steps), the rows on M for prefill.
-        let variant = match moe_gemm()? {
-            MoeGemm::Cutlass(Some(t)) => t,
-            _ => cutlass_tiling(rows, e),
+        let variant: fp8::Tiling = match moe_gemm()? {
+            MoeGemm::Cutlass(Some(t)) => t.into(),
+            _ => cutlass_tiling(rows, e).into(),
         };
+        let variant = if variant == fp8::Tiling::Rows { fp8_rows_tiling() } else { variant };
         let (ws, ws_bytes) = workspace(dev, fp8::grouped_workspace_bytes(e, variant).map_err(err)?)?;
-        let groups = cutlass_sys::Groups::new(ptr(offsets)?, (e, n, k), variant).map_err(err)?;
+        let groups = fp8::groups(ptr(offsets)?, (e, n, k), variant).map_err(err)?;
         let args = fp8::GroupedArgs { groups, op: self.operands(aq, out, (&ws, ws_bytes))? };
         // SAFETY: as in `linear`; `offsets` holds E + 1 row offsets into `a` and `out`.
         unsafe { fp8::grouped_run(&args, stream(dev)?) }.map_err(err)
@@ -335,6 +381,16 @@ impl GpuLinear {
         match self {
             GpuLinear::Bf16(w) => x.matmul(&w.t()?),
             GpuLinear::Fp8(w) => w.linear(kernels, x),
+        }
+    }
+
+    /// [`Self::forward`] of cuDNN's e4m3 attention output: straight into
+    /// an FP8 weight's GEMM (O's scale as every group's), else widened to
+    /// bf16 first (bf16 weights, or few rows for the few-row kernel).
+    pub fn forward_e4m3(&self, kernels: &Kernels, a: &E4m3Output) -> Result<Tensor> {
+        match self {
+            GpuLinear::Fp8(w) if a.o.dim(0)? > FEW_ROWS => w.linear_e4m3(&a.o, &a.group_scales(kernels, GEMM_BLOCK)?),
+            _ => self.forward(kernels, &a.to_bf16(kernels)?),
         }
     }
 

@@ -64,8 +64,13 @@ pub struct RopeStore<'a> {
     /// `[T]` u32 positions and slots.
     pub pos: &'a Tensor,
     pub slots: &'a Tensor,
-    /// `[T, nh * hd]` bf16
+    /// `[T, nh * hd]` bf16, or u8 holding e4m3 with `q_e4m3`.
     pub q_out: &'a Tensor,
+    /// Some(inv): Q written as e4m3(bf16(q) x inv), what cuDNN's FP8
+    /// attention reads (a step whose attention is all that route, over an
+    /// FP8 cache); one pass where a vector kernel has the head dim, else
+    /// the bf16 rows quantized after.
+    pub q_e4m3: Option<f32>,
     /// The layer's first K/V byte in the pool.
     pub layer_ptr: u64,
     /// What the layer holds.
@@ -83,6 +88,24 @@ pub struct RopeStore<'a> {
 
 impl RopeStore<'_> {
     pub fn launch(&self, k: &Kernels, form: Form) -> Result<()> {
+        let Some(inv) = self.q_e4m3 else { return self.launch_into(k, form, self.q_out, None) };
+        if !matches!(self.cache, CacheFormat::Fp8 { .. }) || self.q_out.dtype() != DType::U8 {
+            candle_core::bail!("an e4m3 Q is written over an FP8 cache into u8 rows, not {:?} / {:?}", self.cache, self.q_out.dtype());
+        }
+        let fused = k.qk_norm_rope_store_e4m3q.iter().find(|(d, _)| *d == self.head_dim).map(|(_, f)| f);
+        match fused.filter(|_| form == Form::Auto) {
+            Some(f) => self.launch_into(k, form, self.q_out, Some((f, inv))),
+            None => {
+                let q = empty(cuda_dev(self.qkv.device())?, self.q_out.shape(), DType::BF16)?;
+                self.launch_into(k, form, &q, None)?;
+                super::cudnn_attention::quantize_q(k, &q, self.q_out, inv)
+            }
+        }
+    }
+
+    /// The launch writing Q into `q_out`: bf16, or e4m3 by `e4m3q` (the
+    /// fused kernel and its inverse scale).
+    fn launch_into(&self, k: &Kernels, form: Form, q_out: &Tensor, e4m3q: Option<(&super::CudaFunc, f32)>) -> Result<()> {
         let t = self.qkv.dim(0)?;
         // 8 warps a block, a head a warp: few tokens spread their heads over
         // several blocks (a decode's 40 heads in 5), many tokens keep one
@@ -92,10 +115,14 @@ impl RopeStore<'_> {
         let cfg = LaunchConfig { grid_dim: (t as u32, groups as u32, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
         let (nh, nkv, hd, bs) = (self.num_heads as i32, self.num_kv_heads as i32, self.head_dim as i32, self.block_size as i32);
         let (qkv, qw, kw, pos, slots, q) =
-            (ptr(self.qkv)?, ptr(self.q_norm)?, ptr(self.k_norm)?, ptr(self.pos)?, ptr(self.slots)?, ptr(self.q_out)?);
+            (ptr(self.qkv)?, ptr(self.q_norm)?, ptr(self.k_norm)?, ptr(self.pos)?, ptr(self.slots)?, ptr(q_out)?);
         let inv_freq = ptr(self.inv_freq)?;
         let kernels = k.cache(self.cache);
         let scales = self.cache.scale_args();
+        if let Some((f, inv)) = e4m3q {
+            let args = [scales.as_slice(), &[inv]].concat();
+            return launch!(f, cfg; &args, qkv, qw, kw, pos, slots, q, self.layer_ptr, nh, nkv, bs, self.eps, inv_freq, self.attn_scale);
+        }
         let vector = kernels.qk_norm_rope_store_vec.iter().find(|(d, _)| *d == self.head_dim).map(|(_, f)| f);
         match vector.filter(|_| form == Form::Auto) {
             Some(f) => {

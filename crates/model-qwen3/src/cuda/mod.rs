@@ -16,8 +16,8 @@ mod moe_gemm;
 
 pub use attention::{set_decode_kernel_v1, AttentionPlan, PagedAttention};
 pub use cudnn_attention::{
-    fp8_attention_min_tokens, q_absmax, set_fp8_attention_min_tokens, CudnnAttention, PrefillBackend, PrefillContext,
-    DEFAULT_FP8_MIN_TOKENS,
+    e4m3_io_plans, fp8_attention_min_tokens, q_absmax, quantize_q, set_fp8_attention_min_tokens, CudnnAttention, E4m3Output,
+    PrefillBackend, PrefillContext, DEFAULT_FP8_MIN_TOKENS,
 };
 pub use fp8_linear::{
     fp8_gemm_runs, fp8_weights, quantize_blocks, quantize_rows, set_fp8_weights, silu_mul_quantized, Fp8Weight, GpuLinear, WeightBytes,
@@ -164,6 +164,11 @@ pub struct Kernels {
     pub e4m3_amax: CudaFunc,
     pub fp8_o_scale: CudaFunc,
     pub e4m3_rows_to_bf16: CudaFunc,
+    /// An FP8-cache `qk_norm_rope_store_vec` that writes Q in e4m3 (a step
+    /// whose attention is all cuDNN's FP8 route), by head dim.
+    pub qk_norm_rope_store_e4m3q: Vec<(usize, CudaFunc)>,
+    /// A device-computed float spread over an array (`fill_from`).
+    pub fill_from: CudaFunc,
     pub attn_combine: CudaFunc,
     pub moe_topk: CudaFunc,
     pub moe_align: CudaFunc,
@@ -240,6 +245,11 @@ impl Kernels {
             e4m3_amax: l("e4m3_amax")?,
             fp8_o_scale: l("fp8_o_scale")?,
             e4m3_rows_to_bf16: l("e4m3_rows_to_bf16")?,
+            qk_norm_rope_store_e4m3q: [2usize, 4, 8]
+                .iter()
+                .map(|&v| Ok((32 * v, l(&format!("qk_norm_rope_store_fp8_e4m3q_v{v}"))?)))
+                .collect::<Result<_>>()?,
+            fill_from: l("fill_from")?,
             attn_combine: a("attn_combine")?,
             moe_topk: m("moe_topk")?,
             moe_align: m("moe_align")?,

@@ -371,7 +371,10 @@ impl GpuModel {
         let mut h = self.rmsnorm(&x, &self.layers.first().map(|l| &l.input_norm).unwrap_or(&self.final_norm).clone())?;
         for (l, layer) in self.layers.iter().enumerate() {
             let qkv = self.linear(&h, &layer.qkv, layer.qkv_bias.as_ref())?;
-            let q = empty(dev, (t, nh * hd), DType::BF16)?;
+            // A step wholly on cuDNN's FP8 attention: Q written in e4m3 by
+            // RoPE, O kept e4m3 into o_proj.
+            let e4m3 = plan.e4m3_io();
+            let q = empty(dev, (t, nh * hd), if e4m3 { DType::U8 } else { DType::BF16 })?;
             let layer_ptr = cache_base + l as u64 * layer_bytes;
             let format = CacheFormat::of(kv, l)?;
             RopeStore {
@@ -390,6 +393,7 @@ impl GpuModel {
                 eps: self.eps,
                 inv_freq: &self.inv_freq,
                 attn_scale: self.rope_scale,
+                q_e4m3: e4m3.then(|| 448.0 / layer.q_absmax),
             }
             .launch(&self.kernels, Form::Auto)?;
             let attn = PagedAttention {
@@ -400,8 +404,15 @@ impl GpuModel {
                 scale: 1.0 / (hd as f32).sqrt(),
                 q_absmax: Some(layer.q_absmax),
             };
-            let a = attn.forward(&self.kernels, &q, plan)?;
-            let o = self.linear(&a, &layer.o_proj, layer.o_bias.as_ref())?;
+            let o = if e4m3 {
+                let o = layer.o_proj.forward_e4m3(&self.kernels, &attn.forward_fp8(&self.kernels, &q, plan)?)?;
+                match &layer.o_bias {
+                    Some(b) => o.broadcast_add(b)?,
+                    None => o,
+                }
+            } else {
+                self.linear(&attn.forward(&self.kernels, &q, plan)?, &layer.o_proj, layer.o_bias.as_ref())?
+            };
             let hn = self.add_rmsnorm(&x, &o, &layer.post_norm)?;
             let f = match &layer.ffn {
                 Ffn::Dense { gate_up, down } => {

@@ -108,6 +108,7 @@ mod gpu {
                     eps: 1e-6,
                     inv_freq: &inv_freq,
                     attn_scale: 1.0,
+                    q_e4m3: None,
                 }
                 .launch(&k, form)
                 .unwrap()
