@@ -97,23 +97,22 @@ using Problem = kvc_cutlass::GroupProblem;
 // to 128. The swap's scales trade places: the weights' 128x128 blocks are
 // SFA (granularity 128 on M), the tokens' groups SFB (granularity 1 on N),
 // both still K-major, so the same arrays serve both tilings.
-template <class TileT, class ScaleConfigT, class LayoutAT, class LayoutBT, class LayoutDT, class ClusterT = Cluster,
-          class EpilogueSchedule = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative,
-          class MainloopSchedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8BlockScaledAccum>
+template <class TileT, class ScaleConfigT, class LayoutAT, class LayoutBT, class LayoutDT>
 struct GroupedT {
     using Tile = TileT;
     using Scales = ScaleConfigT;
     using LayoutSFA = decltype(ScaleConfigT::deduce_layoutSFA());
     using LayoutSFB = decltype(ScaleConfigT::deduce_layoutSFB());
     using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
-        cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Tile, ClusterT,
+        cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Tile, Cluster,
         cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, LayoutDT*, kAlignD, Bf16, LayoutDT*,
-        kAlignD, EpilogueSchedule, cutlass::epilogue::fusion::LinearCombination<Bf16, float, void, float>>::CollectiveOp;
+        kAlignD, cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative,
+        cutlass::epilogue::fusion::LinearCombination<Bf16, float, void, float>>::CollectiveOp;
     using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
         cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, E4m3, cute::tuple<LayoutAT*, LayoutSFA*>, kAlignAB, E4m3,
-        cute::tuple<LayoutBT*, LayoutSFB*>, kAlignAB, float, Tile, ClusterT,
+        cute::tuple<LayoutBT*, LayoutSFB*>, kAlignAB, float, Tile, Cluster,
         cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
-        MainloopSchedule>::CollectiveOp;
+        cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8BlockScaledAccum>::CollectiveOp;
     using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, Mainloop, Epilogue>;
     using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
     using StrideA = typename Kernel::InternalStrideA;
@@ -129,13 +128,6 @@ using GroupedRows = GroupedT<Tile, ScaleConfig, LayoutA, LayoutB, LayoutD>;
 // (column-major K x N), d^T = [n, m] column-major.
 using GroupedSwap = GroupedT<Shape<_128, _64, _128>, SwapScaleConfig, cutlass::layout::RowMajor,
                              cutlass::layout::ColumnMajor, cutlass::layout::ColumnMajor>;
-// Rows on a pingpong schedule, 64x128x128 (fp8_gemm.h).
-using GroupedPingpong =
-    GroupedT<Shape<_64, _128, _128>, ScaleConfig, LayoutA, LayoutB, LayoutD, Cluster,
-             cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong,
-             cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpongFP8BlockScaledAccum>;
-// Rows with 1x2 clusters (fp8_gemm.h).
-using GroupedCluster = GroupedT<Tile, ScaleConfig, LayoutA, LayoutB, LayoutD, Shape<_1, _2, _1>>;
 
 int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
@@ -312,8 +304,6 @@ uint64_t grouped_workspace_bytes(int experts, int variant) {
     switch (variant) {
         case KVC_MOE_GEMM_ROWS: return grouped_workspace_bytes<GroupedRows>(experts);
         case KVC_MOE_GEMM_SWAP: return grouped_workspace_bytes<GroupedSwap>(experts);
-        case KVC_FP8_GROUPED_ROWS_PINGPONG: return grouped_workspace_bytes<GroupedPingpong>(experts);
-        case KVC_FP8_GROUPED_ROWS_CLUSTER: return grouped_workspace_bytes<GroupedCluster>(experts);
         default: return 0;
     }
 }
@@ -344,12 +334,8 @@ int grouped_run(const kvc_fp8_grouped_args* a, cudaStream_t stream, char* err, s
     uint64_t need = grouped_workspace_bytes(g.experts, g.variant);
     if (need == 0) return fail(err, errlen, "kvc_fp8_grouped_run", "unknown variant");
     if (a->op.workspace_bytes < need) return fail(err, errlen, "kvc_fp8_grouped_run", "workspace too small");
-    switch (g.variant) {
-        case KVC_MOE_GEMM_SWAP: return grouped_launch<GroupedSwap, true>(a, stream, err, errlen);
-        case KVC_FP8_GROUPED_ROWS_PINGPONG: return grouped_launch<GroupedPingpong, false>(a, stream, err, errlen);
-        case KVC_FP8_GROUPED_ROWS_CLUSTER: return grouped_launch<GroupedCluster, false>(a, stream, err, errlen);
-        default: return grouped_launch<GroupedRows, false>(a, stream, err, errlen);
-    }
+    if (g.variant == KVC_MOE_GEMM_SWAP) return grouped_launch<GroupedSwap, true>(a, stream, err, errlen);
+    return grouped_launch<GroupedRows, false>(a, stream, err, errlen);
 }
 
 // ---------------------------------------------------------------------------

@@ -75,12 +75,6 @@ int kvc_fp8_gemm_run(const kvc_fp8_gemm_args* args, void* stream, char* err, siz
 // The groups as moe_gemm.h's kvc_expert_groups; the problem sizes,
 // pointers and strides are written on the device. Tilings: ROWS (rows on
 // M, 128x128x128) or SWAP (weights on M, rows on N, 128x64x128).
-// Two more FP8-only tilings with the rows on M, beside moe_gemm.h's ROWS
-// (cooperative 128x128x128) and SWAP: a pingpong schedule on 64x128x128
-// tiles (one warp group's epilogue under the other's mainloop; a group's
-// last tile pads to 64 rows, not 128), and ROWS with 1x2 clusters (the
-// rows tile multicast to the two CTAs of neighbouring weight tiles).
-enum { KVC_FP8_GROUPED_ROWS_PINGPONG = 2, KVC_FP8_GROUPED_ROWS_CLUSTER = 3 };
 typedef struct {
     kvc_expert_groups groups;
     kvc_fp8_operands op;

@@ -33,56 +33,6 @@ pub use crate::error::Error;
 use crate::error::{bytes, call, int, ERR_LEN};
 pub use crate::Variant;
 
-/// The grouped FP8 GEMM's tilings: the two of [`Variant`] and two more
-/// with the rows on M (cpp/fp8_gemm.h), for prefill-sized groups.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Tiling {
-    /// Cooperative 128x128x128 ([`Variant::Rows`]).
-    Rows = 0,
-    /// Weights on M, 128x64x128 ([`Variant::Swap`]).
-    Swap = 1,
-    /// Pingpong 64x128x128: one warp group's epilogue under the other's
-    /// mainloop, a group's last tile padded to 64 rows.
-    RowsPingpong = 2,
-    /// Cooperative 128x128x128 on 1x2 clusters (the rows tile multicast).
-    RowsCluster = 3,
-}
-
-impl From<Variant> for Tiling {
-    fn from(v: Variant) -> Self {
-        match v {
-            Variant::Rows => Tiling::Rows,
-            Variant::Swap => Tiling::Swap,
-        }
-    }
-}
-
-impl Tiling {
-    pub const ALL: [Tiling; 4] = [Tiling::Rows, Tiling::Swap, Tiling::RowsPingpong, Tiling::RowsCluster];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Tiling::Rows => "rows",
-            Tiling::Swap => "swap",
-            Tiling::RowsPingpong => "rows-pingpong",
-            Tiling::RowsCluster => "rows-cluster",
-        }
-    }
-
-    /// The tiling named `name` ([`Self::name`]).
-    pub fn parse(name: &str) -> Option<Tiling> {
-        Self::ALL.into_iter().find(|t| t.name() == name)
-    }
-}
-
-/// The groups of a grouped FP8 call in tiling `t` (its `variant` field
-/// holds the tiling).
-pub fn groups(offsets: u64, dims: (usize, usize, usize), t: Tiling) -> Result<crate::Groups, Error> {
-    let mut g = crate::Groups::new(offsets, dims, Variant::Rows)?;
-    g.variant = t as i32;
-    Ok(g)
-}
-
 /// One dense call's operands (cpp/fp8_gemm.h's kvc_fp8_gemm_args), all
 /// device addresses: `a: e4m3 [m, k]`, `sa: f32 [m, k/128]`,
 /// `w: e4m3 [n, k]`, `sw: f32 [ceil(n/128), k/128]`, `d: bf16 [m, n]`, all
@@ -239,8 +189,7 @@ pub unsafe fn dense_run(args: &DenseArgs, stream: *mut c_void) -> Result<(), Err
 
 /// Device scratch bytes one grouped call over `experts` groups in tiling
 /// `variant` needs.
-pub fn grouped_workspace_bytes(experts: usize, variant: impl Into<Tiling>) -> Result<usize, Error> {
-    let variant: Tiling = variant.into();
+pub fn grouped_workspace_bytes(experts: usize, variant: Variant) -> Result<usize, Error> {
     shim!([experts, variant], {
         let experts = int(experts, "experts")?;
         // SAFETY: the byte count and err are valid for writes.
@@ -283,10 +232,9 @@ pub fn selftest_grouped(
     topk: usize,
     n: usize,
     k: usize,
-    variant: impl Into<Tiling>,
+    variant: Variant,
     iters: usize,
 ) -> Result<SelfTest, Error> {
-    let variant: Tiling = variant.into();
     shim!([experts, tokens, topk, n, k, variant, iters], {
         let (experts, tokens, topk) = (int(experts, "experts")?, int(tokens, "tokens")?, int(topk, "topk")?);
         let (n, k, iters) = (int(n, "n")?, int(k, "k")?, int(iters, "iters")?);

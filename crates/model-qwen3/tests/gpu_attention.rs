@@ -266,7 +266,10 @@ fn check_e4m3_io(kernels: &Kernels, attn: &PagedAttention, plan: &AttentionPlan,
     assert!(scale > 0.0 && scales.iter().all(|&s| s == scale), "group scales: not all O's scale {scale}");
     let bytes = o.o.flatten_all().unwrap().to_vec1::<u8>().unwrap();
     let e4m3 = Tensor::from_raw_buffer(&bytes, DType::F8E4M3, &[bytes.len()], &Device::Cpu).unwrap();
-    let by_scale = (e4m3.to_dtype(DType::F32).unwrap() * scale as f64).unwrap().to_dtype(DType::BF16).unwrap();
+    // A product, not `* f64` (candle's affine adds 0.0, turning the -0.0
+    // of e4m3's negative zero into +0.0, which the widening keeps).
+    let by_scale = e4m3.to_dtype(DType::F32).unwrap().broadcast_mul(&Tensor::new(scale, &Device::Cpu).unwrap()).unwrap();
+    let by_scale = by_scale.to_dtype(DType::BF16).unwrap();
     let by_scale = by_scale.to_dtype(DType::F32).unwrap().to_vec1::<f32>().unwrap();
     let differ = by_scale.iter().zip(&widened).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
     assert_eq!(differ, 0, "{differ} elements of the widened O are not bf16(e4m3 O x the group scale {scale})");

@@ -32,29 +32,6 @@ use crate::fp8::{BlockFp8, GEMM_BLOCK};
 /// CUTLASS's 128-row tiles: decode steps of a few sequences.
 pub const FEW_ROWS: usize = 4;
 
-/// The tiling of the FP8 expert GEMMs where the rule puts the rows on M
-/// (prefill): `KVC_FP8_GROUPED_ROWS` = `rows` (cooperative 128x128x128),
-/// `rows-pingpong` (64x128x128) or `rows-cluster` (1x2 clusters), read once.
-pub const DEFAULT_FP8_ROWS_TILING: fp8::Tiling = fp8::Tiling::Rows;
-
-fn fp8_rows_tiling() -> fp8::Tiling {
-    static TILING: std::sync::OnceLock<fp8::Tiling> = std::sync::OnceLock::new();
-    *TILING.get_or_init(|| {
-        let Ok(v) = std::env::var("KVC_FP8_GROUPED_ROWS") else { return DEFAULT_FP8_ROWS_TILING };
-        match fp8::Tiling::parse(v.trim()).filter(|t| *t != fp8::Tiling::Swap) {
-            Some(t) => t,
-            None => {
-                tracing::warn!(
-                    value = v,
-                    default = DEFAULT_FP8_ROWS_TILING.name(),
-                    "KVC_FP8_GROUPED_ROWS: not rows, rows-pingpong or rows-cluster"
-                );
-                DEFAULT_FP8_ROWS_TILING
-            }
-        }
-    })
-}
-
 /// 0: not chosen (FP8 where the GEMMs run); 1: FP8; 2: dequantize.
 static CHOICE: AtomicU8 = AtomicU8::new(0);
 
@@ -356,13 +333,12 @@ impl Fp8Weight {
         // The bf16 experts' rule and override (moe_gemm.rs): the weights on
         // the tile's M where each expert has only a few rows (decode, mixed
         // steps), the rows on M for prefill.
-        let variant: fp8::Tiling = match moe_gemm()? {
-            MoeGemm::Cutlass(Some(t)) => t.into(),
-            _ => cutlass_tiling(rows, e).into(),
+        let variant = match moe_gemm()? {
+            MoeGemm::Cutlass(Some(t)) => t,
+            _ => cutlass_tiling(rows, e),
         };
-        let variant = if variant == fp8::Tiling::Rows { fp8_rows_tiling() } else { variant };
         let (ws, ws_bytes) = workspace(dev, fp8::grouped_workspace_bytes(e, variant).map_err(err)?)?;
-        let groups = fp8::groups(ptr(offsets)?, (e, n, k), variant).map_err(err)?;
+        let groups = cutlass_sys::Groups::new(ptr(offsets)?, (e, n, k), variant).map_err(err)?;
         let args = fp8::GroupedArgs { groups, op: self.operands(aq, out, (&ws, ws_bytes))? };
         // SAFETY: as in `linear`; `offsets` holds E + 1 row offsets into `a` and `out`.
         unsafe { fp8::grouped_run(&args, stream(dev)?) }.map_err(err)
