@@ -68,7 +68,7 @@ fn apply_gpu(request: &KernelRequest) -> Result<(), EngineError> {
     });
     k::set_moe_small_pairs(p.moe_small_pairs);
     k::set_fp8_weights(p.fp8_weights == Fp8Weights::Fp8);
-    k::set_fp8_attention_min_tokens(p.fp8_attention_min_tokens);
+    k::set_fp8_attention_bounds(p.fp8_attention);
     Ok(())
 }
 

@@ -53,7 +53,7 @@ fn fixtures_on_an_fp8_kv_cache_stay_near_transformers_and_greedy_agrees() {
     // cuDNN's FP8 attention at these short prompts too (its default waits
     // for a few thousand tokens); their head dim of 16 keeps Q and O on
     // the separate quantize and widen kernels.
-    kvc_model_qwen3::cuda::set_fp8_attention_min_tokens(Some(0));
+    kvc_model_qwen3::cuda::set_fp8_attention_bounds(Some(kvc_model_qwen3::cuda::Fp8AttentionBounds::all(0)));
     let (agree, total) = fixtures_against_transformers(&["dense", "dense-yarn", "moe-norm"], DType::F8E4M3, FP8_KV_REL_TOL);
     assert!(agree > 0 && total > 0, "FP8 KV cache: greedy {agree}/{total} equal to transformers'");
 }

@@ -12,8 +12,8 @@ use candle_core::{DType, Device, Tensor};
 use common::{gpu, rel_err};
 use kvc_kv_pool::{BlockId, KvLayout, KvStorage};
 use kvc_model_qwen3::cuda::{
-    ptr, quantize_q, set_decode_kernel_v1, AttentionPlan, CacheFormat, CudnnAttention, Kernels, PagedAttention, PrefillBackend,
-    PrefillContext,
+    ptr, quantize_q, set_decode_kernel_v1, AttentionPlan, CacheFormat, CudnnAttention, Fp8AttentionBounds, Kernels, PagedAttention,
+    PrefillBackend, PrefillContext,
 };
 use kvc_model_qwen3::{BatchInput, SeqChunk};
 use rand::{Rng, SeedableRng};
@@ -134,7 +134,7 @@ fn check_attention_over(
     });
     // The FP8 route at any prompt size (the default waits for a few thousand tokens).
     if let Some(c) = &cudnn {
-        c.set_fp8_min_tokens(Some(0));
+        c.set_fp8_bounds(Some(Fp8AttentionBounds::all(0)));
     }
     let mut rng = rand::rngs::StdRng::seed_from_u64(42);
     let fp8 = pool_dtype == DType::F8E4M3;
@@ -426,7 +426,7 @@ fn cudnn_fp8_prefill_attention_is_timed_against_the_bf16_routes() {
         let mut outs = Vec::new();
         for (kv, fp8_route) in [(&bf16_pool, false), (&fp8_pool, false), (&fp8_pool, true)] {
             let dtype = kv.layout().dtype;
-            attention.set_fp8_min_tokens(fp8_route.then_some(0));
+            attention.set_fp8_bounds(fp8_route.then_some(Fp8AttentionBounds::all(0)));
             let ctx =
                 PrefillContext { attention: &attention, fp8_cache: dtype == DType::F8E4M3, head_dim: hd, block_size: bs, num_blocks: nb };
             let plan = AttentionPlan::with_prefill(&b, nh, nkv, Some(ctx), &dev).unwrap();

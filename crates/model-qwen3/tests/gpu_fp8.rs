@@ -31,7 +31,9 @@ use candle_core::{DType, Device};
 use common::fp8_checkpoint::{tiny_fp8_checkpoint, tiny_prompts};
 use common::{argmax, gpu, rel_err};
 use kvc_kv_pool::{BlockId, KvStorage};
-use kvc_model_qwen3::cuda::{e4m3_io_plans, fp8_gemm_runs, set_fp8_attention_min_tokens, set_fp8_weights, DEFAULT_FP8_MIN_TOKENS};
+use kvc_model_qwen3::cuda::{
+    e4m3_io_plans, fp8_gemm_runs, set_fp8_attention_bounds, set_fp8_weights, Fp8AttentionBounds, DEFAULT_FP8_BOUNDS,
+};
 use kvc_model_qwen3::fp8::AT_LOAD;
 use kvc_model_qwen3::{BatchInput, Qwen3Model, SeqChunk};
 
@@ -243,11 +245,14 @@ fn an_fp8_kv_prefill_on_the_e4m3_attention_route_answers_as_the_bf16_route() {
     // the step has no row on kvc's kernels, so it is e4m3 end to end.
     let prompts: Vec<Vec<u32>> = tiny_prompts(PROMPTS).into_iter().filter(|p| p.len() >= 9).collect();
     assert!(prompts.len() >= PROMPTS - 1);
-    set_fp8_attention_min_tokens(None);
+    let prefill_rows: usize = prompts.iter().map(Vec::len).sum();
+    set_fp8_attention_bounds(None);
     let bf16_route = load(&tiny.fp8, true, &dev);
-    set_fp8_attention_min_tokens(Some(0));
+    // The route for steps of fresh prompts alone, never for mixed steps of
+    // this size: the prefill step must count as a whole step to take it.
+    set_fp8_attention_bounds(Some(Fp8AttentionBounds { mixed: prefill_rows + 1, whole_step: 0 }));
     let e4m3_route = load(&tiny.fp8, true, &dev);
-    set_fp8_attention_min_tokens(Some(DEFAULT_FP8_MIN_TOKENS));
+    set_fp8_attention_bounds(Some(DEFAULT_FP8_BOUNDS));
     // kvc_decisions_total{decision="fp8_attention",outcome="fp8"}.
     let taken = || {
         kvc_policy::decisions_total::counts()
@@ -262,7 +267,6 @@ fn an_fp8_kv_prefill_on_the_e4m3_attention_route_answers_as_the_bf16_route() {
     let (got, _) = run_over(&e4m3_route, DType::F8E4M3, &prompts, Some(&greedy), &dev);
     assert_eq!(taken() - taken0, 1, "the prefill step did not take cuDNN's FP8 attention (a refused graph is logged)");
     assert_eq!(e4m3_io_plans() - io0, 1, "the prefill step was not e4m3 end to end");
-    let prefill_rows: usize = prompts.iter().map(Vec::len).sum();
     let errs: Vec<f64> = got.iter().zip(&want).map(|(a, b)| rel_err(a, b)).collect();
     let (num, den) = squares(&got, &want);
     let overall = (num / den).sqrt();

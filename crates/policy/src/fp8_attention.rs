@@ -7,29 +7,72 @@
 //! cuDNN's FP8 forward on Hopper aligns the causal mask top-left only, so a
 //! chunk after cached context (which needs bottom-right) cannot take it;
 //! it needs head dims that are multiples of 16. It pays a fixed price per
-//! layer (Q quantized, V's amax, O's scale) that a short prompt does not
-//! earn back: measured on one H100 at 32/4 heads of 128, the FP8 route
-//! loses below a few thousand prompt tokens in the step, so it is taken
-//! from `min_tokens` (`KVC_FP8_ATTENTION_MIN_TOKENS`). cuDNN may still
+//! layer that a short prompt does not earn back, and that price depends on
+//! the step: where the fresh prompts are every row of the step, Q and O
+//! stay in e4m3 (RoPE writes e4m3 Q, e4m3 O goes into o_proj's FP8 GEMM)
+//! and the route wins from about 2K prompt tokens (measured end to end on
+//! one H100 at 32/4 heads of 128: 1.00x at 1K, 1.06x at 2K); where decode
+//! rows or cached chunks share the step, Q is quantized and O widened in
+//! passes of their own and the crossover lies between 2K and 4K. So the
+//! route is taken from a bound per kind of step ([`Fp8AttentionBounds`];
+//! `KVC_FP8_ATTENTION_MIN_TOKENS=N` sets both to N). cuDNN may still
 //! refuse the graph for a shape: the model then keeps the bf16 route and
 //! warns once per shape.
 
 use crate::decision::Decision;
 
-/// Prompt tokens in a step from which the FP8 route is taken unless
-/// `KVC_FP8_ATTENTION_MIN_TOKENS` says otherwise (measured on one H100,
-/// docs/benchmarks.md "FP8 attention from a token count").
+/// Prompt tokens in a step that mixes fresh prompts with other rows from
+/// which the FP8 route is taken unless `KVC_FP8_ATTENTION_MIN_TOKENS` says
+/// otherwise (measured on one H100, docs/benchmarks.md "FP8 attention from
+/// a token count").
 pub const DEFAULT_MIN_TOKENS: usize = 4096;
+
+/// The same for a step of fresh prompts alone, whose Q and O stay in e4m3
+/// (measured on one H100, docs/benchmarks.md "e4m3 in and out of FP8
+/// attention": 1.00x at 1,024 tokens, 1.06x at 2,048).
+pub const DEFAULT_WHOLE_STEP_MIN_TOKENS: usize = 2048;
+
+/// From how many prompt tokens in a step the FP8 route is taken, per kind
+/// of step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fp8AttentionBounds {
+    /// Fresh prompts beside decode rows or cached chunks (bf16 Q in, O widened).
+    pub mixed: usize,
+    /// Fresh prompts that are every row of the step (e4m3 Q in and O out).
+    pub whole_step: usize,
+}
+
+impl Fp8AttentionBounds {
+    /// The measured defaults.
+    pub const DEFAULT: Self = Self { mixed: DEFAULT_MIN_TOKENS, whole_step: DEFAULT_WHOLE_STEP_MIN_TOKENS };
+
+    /// `n` for every kind of step (`KVC_FP8_ATTENTION_MIN_TOKENS=n`).
+    pub const fn all(n: usize) -> Self {
+        Self { mixed: n, whole_step: n }
+    }
+
+    /// The bound for a step that is (or is not) wholly these prompts.
+    pub fn for_step(self, whole_step: bool) -> usize {
+        if whole_step {
+            self.whole_step
+        } else {
+            self.mixed
+        }
+    }
+}
 
 /// What the model knows when it plans a step's cuDNN attention over an FP8 pool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Fp8AttentionInputs {
     /// Prompt tokens from which the route is taken (None: off,
     /// `KVC_FP8_ATTENTION=0`).
-    pub min_tokens: Option<usize>,
+    pub bounds: Option<Fp8AttentionBounds>,
     pub head_dim: usize,
     /// Every chunk on cuDNN starts its sequence (no cached context).
     pub fresh: bool,
+    /// Those chunks are every row of the step (no decode rows or chunks on
+    /// kvc's kernels beside them).
+    pub whole_step: bool,
     /// Query tokens of those chunks.
     pub tokens: usize,
 }
@@ -47,7 +90,7 @@ crate::decision::reasons! {
 crate::decision::reasons! {
     /// Why [`decide_fp8_attention`] chose the route.
     pub enum Fp8AttentionReason in "fp8_attention" {
-        /// Fresh prompt chunks of at least `min_tokens` tokens.
+        /// Fresh prompt chunks of at least the step's bound in tokens.
         FreshPrompts("fresh_prompts"),
         /// `KVC_FP8_ATTENTION=0`.
         Off("off"),
@@ -55,7 +98,7 @@ crate::decision::reasons! {
         HeadDim("head_dim"),
         /// A chunk after cached context (top-left causal only on Hopper).
         CachedContext("cached_context"),
-        /// Fewer prompt tokens than `min_tokens`: the fixed price is not earned back.
+        /// Fewer prompt tokens than the step's bound: the fixed price is not earned back.
         FewTokens("few_tokens"),
     }
     outcome: Fp8Attention = |r| r.route()
@@ -76,7 +119,8 @@ impl Fp8AttentionReason {
 /// The route of a step's cuDNN attention over an FP8 pool (module doc).
 pub fn decide_fp8_attention(i: &Fp8AttentionInputs) -> Decision<Fp8AttentionReason> {
     use Fp8AttentionReason as R;
-    let reason = match i.min_tokens {
+    let min_tokens = i.bounds.map(|b| b.for_step(i.whole_step));
+    let reason = match min_tokens {
         None => R::Off,
         Some(_) if i.head_dim % 16 != 0 => R::HeadDim,
         Some(_) if !i.fresh => R::CachedContext,
@@ -85,7 +129,8 @@ pub fn decide_fp8_attention(i: &Fp8AttentionInputs) -> Decision<Fp8AttentionReas
     };
     Decision::new(reason.route().as_str(), reason)
         .term("tokens", i.tokens as f64)
-        .term("min_tokens", i.min_tokens.map_or(-1.0, |m| m as f64))
+        .term("min_tokens", min_tokens.map_or(-1.0, |m| m as f64))
+        .term("whole_step", if i.whole_step { 1.0 } else { 0.0 })
 }
 
 #[cfg(test)]
@@ -93,8 +138,14 @@ mod tests {
     use super::*;
 
     fn at(min_tokens: Option<usize>, head_dim: usize, fresh: bool, tokens: usize) -> (&'static str, Fp8AttentionReason) {
-        let d = decide_fp8_attention(&Fp8AttentionInputs { min_tokens, head_dim, fresh, tokens });
+        let bounds = min_tokens.map(Fp8AttentionBounds::all);
+        let d = decide_fp8_attention(&Fp8AttentionInputs { bounds, head_dim, fresh, whole_step: false, tokens });
         (d.outcome, d.reason)
+    }
+
+    fn defaults(whole_step: bool, tokens: usize) -> Fp8AttentionReason {
+        let i = Fp8AttentionInputs { bounds: Some(Fp8AttentionBounds::DEFAULT), head_dim: 128, fresh: true, whole_step, tokens };
+        decide_fp8_attention(&i).reason
     }
 
     #[test]
@@ -109,6 +160,27 @@ mod tests {
         assert_eq!(at(Some(0), 128, false, 9000), ("bf16", Fp8AttentionReason::CachedContext));
         assert_eq!(at(Some(0), 72, true, 9000), ("bf16", Fp8AttentionReason::HeadDim));
         assert_eq!(at(None, 128, true, 9000), ("bf16", Fp8AttentionReason::Off));
+    }
+
+    #[test]
+    fn a_step_of_fresh_prompts_alone_takes_the_route_from_its_own_bound() {
+        use Fp8AttentionReason::{FewTokens, FreshPrompts};
+        let (whole, mixed) = (DEFAULT_WHOLE_STEP_MIN_TOKENS, DEFAULT_MIN_TOKENS);
+        assert!(whole < mixed, "e4m3 in and out is the cheaper route");
+        assert_eq!(defaults(true, whole), FreshPrompts);
+        assert_eq!(defaults(true, whole - 1), FewTokens);
+        assert_eq!(defaults(false, whole), FewTokens);
+        assert_eq!(defaults(false, mixed), FreshPrompts);
+        // An operator's bound holds for both kinds of step.
+        let i = |whole_step| Fp8AttentionInputs {
+            bounds: Some(Fp8AttentionBounds::all(8192)),
+            head_dim: 128,
+            fresh: true,
+            whole_step,
+            tokens: 4096,
+        };
+        assert_eq!(decide_fp8_attention(&i(true)).reason, FewTokens);
+        assert_eq!(decide_fp8_attention(&i(false)).reason, FewTokens);
     }
 
     #[test]

@@ -19,6 +19,8 @@
 //! (`KVC_FP8_ATTENTION=0|1`, `KVC_FP8_ATTENTION_MIN_TOKENS`; each step's
 //! route is then [`crate::fp8_attention`]'s decision).
 
+use crate::fp8_attention::Fp8AttentionBounds;
+
 /// The route for prefill-shaped attention (`KVC_ATTENTION_BACKEND`, as
 /// vLLM's `VLLM_ATTENTION_BACKEND`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -242,8 +244,8 @@ pub struct KernelPlan {
     pub fp8_weights: Fp8Weights,
     pub fp8_weights_reason: Fp8WeightsReason,
     /// From how many prompt tokens a step's attention over an FP8 KV cache
-    /// may take cuDNN's FP8 route; None: never.
-    pub fp8_attention_min_tokens: Option<usize>,
+    /// may take cuDNN's FP8 route, per kind of step; None: never.
+    pub fp8_attention: Option<Fp8AttentionBounds>,
 }
 
 crate::decision::reasons! {
@@ -290,7 +292,9 @@ impl KernelPlanDecision {
     pub fn terms(&self) -> [(&'static str, String); 7] {
         let p = &self.plan;
         let small = p.moe_small_pairs.map_or_else(|| "default".to_string(), |n| n.to_string());
-        let fp8_attention = p.fp8_attention_min_tokens.map_or_else(|| "off".to_string(), |n| format!("from {n} tokens"));
+        let fp8_attention = p
+            .fp8_attention
+            .map_or_else(|| "off".to_string(), |b| format!("from {} tokens ({} in steps of fresh prompts alone)", b.mixed, b.whole_step));
         [
             ("prefill_attention", p.prefill_attention.as_str().to_string()),
             ("decode_kernel", p.decode_kernel.as_str().to_string()),
@@ -331,9 +335,9 @@ pub fn decide_kernel_plan(request: &KernelRequest, facts: &KernelFacts) -> Resul
         moe_small_pairs: request.moe_small_pairs,
         fp8_weights,
         fp8_weights_reason,
-        fp8_attention_min_tokens: match request.fp8_attention {
+        fp8_attention: match request.fp8_attention {
             Some(false) => None,
-            _ => Some(request.fp8_attention_min_tokens.unwrap_or(crate::fp8_attention::DEFAULT_MIN_TOKENS)),
+            _ => Some(request.fp8_attention_min_tokens.map_or(Fp8AttentionBounds::DEFAULT, Fp8AttentionBounds::all)),
         },
     };
     Ok(KernelPlanDecision { plan, reason })
@@ -407,7 +411,7 @@ mod tests {
                 moe_small_pairs: None,
                 fp8_weights: Fp8Weights::Fp8,
                 fp8_weights_reason: Fp8WeightsReason::Default,
-                fp8_attention_min_tokens: Some(crate::fp8_attention::DEFAULT_MIN_TOKENS),
+                fp8_attention: Some(Fp8AttentionBounds::DEFAULT),
             }
         );
         let v1 = KernelRequest { decode_kernel: Some(DecodeKernel::V1), ..Default::default() };
@@ -455,16 +459,19 @@ mod tests {
         assert_eq!(t["moe_small_pairs"], "4");
         assert_eq!(t["fp8_weights"], "fp8");
         assert_eq!(t["fp8_weights_reason"], "default");
-        assert_eq!(t["fp8_attention"], format!("from {} tokens", crate::fp8_attention::DEFAULT_MIN_TOKENS));
+        let b = Fp8AttentionBounds::DEFAULT;
+        assert_eq!(t["fp8_attention"], format!("from {} tokens ({} in steps of fresh prompts alone)", b.mixed, b.whole_step));
     }
 
     #[test]
     fn fp8_attention_runs_from_the_default_count_unless_turned_off_or_given_another() {
-        let plan = |r: KernelRequest| decide_kernel_plan(&r, &CUTLASS).unwrap().plan.fp8_attention_min_tokens;
-        let default = crate::fp8_attention::DEFAULT_MIN_TOKENS;
+        let plan = |r: KernelRequest| decide_kernel_plan(&r, &CUTLASS).unwrap().plan.fp8_attention;
+        let default = Fp8AttentionBounds::DEFAULT;
         assert_eq!(plan(KernelRequest::default()), Some(default));
         assert_eq!(plan(KernelRequest { fp8_attention: Some(true), ..Default::default() }), Some(default));
-        assert_eq!(plan(KernelRequest { fp8_attention_min_tokens: Some(0), ..Default::default() }), Some(0));
+        // An operator's count is the bound for every kind of step.
+        let zero = Some(Fp8AttentionBounds { mixed: 0, whole_step: 0 });
+        assert_eq!(plan(KernelRequest { fp8_attention_min_tokens: Some(0), ..Default::default() }), zero);
         let off = KernelRequest { fp8_attention: Some(false), fp8_attention_min_tokens: Some(0), ..Default::default() };
         assert_eq!(plan(off), None);
         let d = decide_kernel_plan(&off, &CUTLASS).unwrap();

@@ -208,7 +208,7 @@ impl AttentionPlan {
         let cudnn = match prefill {
             Some(ctx) => {
                 let seqs: Vec<&SeqChunk> = batch.seqs.iter().filter(|s| on_cudnn(s)).collect();
-                CudnnPlan::new(ctx, &seqs, num_heads, num_kv_heads, device)?
+                CudnnPlan::new(ctx, &seqs, batch.tokens.len(), num_heads, num_kv_heads, device)?
             }
             None => None,
         };

@@ -16,14 +16,16 @@
 //! V scale: |O| <= max |V|), widened to bf16 for o_proj. cuDNN's FP8
 //! forward on Hopper aligns the causal mask top-left only and writes e4m3
 //! only, so a chunk after cached context widens K/V to bf16 as before.
-//! The route pays a fixed price per layer (Q quantized, V's amax, O widened),
-//! so it is taken only from [`DEFAULT_FP8_MIN_TOKENS`] prompt tokens in the
-//! step (kvc-policy's `fp8_attention` decision; `KVC_FP8_ATTENTION_MIN_TOKENS`
-//! through the engine's kernel plan); `KVC_FP8_ATTENTION=0` keeps every step
-//! on the bf16 route. Where the whole step is on it
-//! (`AttentionPlan::e4m3_io`), RoPE writes Q in e4m3 itself and O stays
-//! e4m3 for an FP8 o_proj ([`E4m3Output`]), so neither is widened and
-//! quantized again.
+//! The route pays a fixed price per layer, so it is taken only from a
+//! count of prompt tokens in the step ([`DEFAULT_FP8_BOUNDS`]; kvc-policy's
+//! `fp8_attention` decision; `KVC_FP8_ATTENTION_MIN_TOKENS` through the
+//! engine's kernel plan); `KVC_FP8_ATTENTION=0` keeps every step on the
+//! bf16 route. Where the whole step is on it (`AttentionPlan::e4m3_io`),
+//! RoPE writes Q in e4m3 itself and O stays e4m3 for an FP8 o_proj
+//! ([`E4m3Output`]), so neither is widened and quantized again: that
+//! price is lower, and so is the bound for such steps; beside decode rows
+//! or cached chunks Q is quantized, V's amax taken and O widened in passes
+//! of their own.
 //!
 //! The engine's kernel plan picks the route (`KVC_ATTENTION_BACKEND`, as
 //! vLLM's `VLLM_ATTENTION_BACKEND`, requests it, read once at start):
@@ -39,7 +41,7 @@ use std::time::Instant;
 use candle_core::cuda::WrapErr;
 use candle_core::{bail, DType, Device, Result, Tensor};
 use cudnn_sys::{Cudnn, Fp8Scales, SdpaArgs, SdpaDesc, SdpaGraph};
-use kvc_policy::fp8_attention::{decide_fp8_attention, Fp8Attention, Fp8AttentionInputs};
+use kvc_policy::fp8_attention::{decide_fp8_attention, Fp8Attention, Fp8AttentionBounds, Fp8AttentionInputs};
 use kvc_policy::log_decision;
 
 use super::{cuda_dev, empty, grid1, launch, ptr, upload_u32, CacheFormat, Kernels};
@@ -94,34 +96,62 @@ fn bucket(n: usize) -> usize {
 }
 
 /// Prompt tokens a step needs in its fresh chunks before cuDNN's FP8
-/// attention pays for quantizing Q, V's amax and O's scale (kvc-policy's
-/// measured default).
-pub const DEFAULT_FP8_MIN_TOKENS: usize = kvc_policy::fp8_attention::DEFAULT_MIN_TOKENS;
+/// attention pays for its passes, per kind of step (kvc-policy's measured
+/// defaults).
+pub const DEFAULT_FP8_BOUNDS: Fp8AttentionBounds = Fp8AttentionBounds::DEFAULT;
 
-/// [`min_tokens_word`] of the handles opened from now on.
-static FP8_MIN_TOKENS: AtomicUsize = AtomicUsize::new(DEFAULT_FP8_MIN_TOKENS);
+/// Bounds in two atomic words (mixed, whole step): `usize::MAX` in both
+/// for None (off).
+struct BoundsWords([AtomicUsize; 2]);
 
-/// A token bound as one atomic word: `usize::MAX` for None (off).
-fn min_tokens_word(n: Option<usize>) -> usize {
-    n.map_or(usize::MAX, |n| n.min(usize::MAX - 1))
+impl BoundsWords {
+    const fn new(b: Option<Fp8AttentionBounds>) -> Self {
+        let [m, w] = Self::words(b);
+        Self([AtomicUsize::new(m), AtomicUsize::new(w)])
+    }
+
+    const fn words(b: Option<Fp8AttentionBounds>) -> [usize; 2] {
+        match b {
+            None => [usize::MAX; 2],
+            Some(b) => [Self::bound(b.mixed), Self::bound(b.whole_step)],
+        }
+    }
+
+    const fn bound(n: usize) -> usize {
+        if n == usize::MAX {
+            usize::MAX - 1
+        } else {
+            n
+        }
+    }
+
+    fn store(&self, b: Option<Fp8AttentionBounds>) {
+        for (word, v) in self.0.iter().zip(Self::words(b)) {
+            word.store(v, Ordering::Relaxed);
+        }
+    }
+
+    fn load(&self) -> Option<Fp8AttentionBounds> {
+        let [m, w] = [0, 1].map(|i| self.0[i].load(Ordering::Relaxed));
+        (m != usize::MAX).then_some(Fp8AttentionBounds { mixed: m, whole_step: w })
+    }
 }
 
-fn min_tokens_of(word: &AtomicUsize) -> Option<usize> {
-    Some(word.load(Ordering::Relaxed)).filter(|&n| n != usize::MAX)
-}
+/// The bounds of the handles opened from now on.
+static FP8_BOUNDS: BoundsWords = BoundsWords::new(Some(DEFAULT_FP8_BOUNDS));
 
 /// From how many prompt tokens in a step plans over an FP8 pool take
 /// cuDNN's FP8 attention; None: never. The engine's kernel plan sets it
 /// (`KVC_FP8_ATTENTION`, `KVC_FP8_ATTENTION_MIN_TOKENS`); unset,
-/// [`DEFAULT_FP8_MIN_TOKENS`].
-pub fn fp8_attention_min_tokens() -> Option<usize> {
-    min_tokens_of(&FP8_MIN_TOKENS)
+/// [`DEFAULT_FP8_BOUNDS`].
+pub fn fp8_attention_bounds() -> Option<Fp8AttentionBounds> {
+    FP8_BOUNDS.load()
 }
 
-/// Sets [`fp8_attention_min_tokens`] for the cuDNN handles opened from now
+/// Sets [`fp8_attention_bounds`] for the cuDNN handles opened from now
 /// on (a model's at load; the kernel plan, tests and benchmarks).
-pub fn set_fp8_attention_min_tokens(n: Option<usize>) {
-    FP8_MIN_TOKENS.store(min_tokens_word(n), Ordering::Relaxed);
+pub fn set_fp8_attention_bounds(b: Option<Fp8AttentionBounds>) {
+    FP8_BOUNDS.store(b);
 }
 
 static E4M3_IO_PLANS: AtomicU64 = AtomicU64::new(0);
@@ -139,12 +169,14 @@ pub(crate) fn count_e4m3_io_plan() {
 /// Whether a step's cuDNN sequences over an FP8 pool take the FP8 route
 /// (kvc-policy's `fp8_attention` decision, logged and counted), before
 /// cuDNN is asked for the graph.
-fn fp8_route(seqs: &[&SeqChunk], head_dim: usize, min_tokens: Option<usize>) -> bool {
+fn fp8_route(seqs: &[&SeqChunk], step_tokens: usize, head_dim: usize, bounds: Option<Fp8AttentionBounds>) -> bool {
+    let tokens = seqs.iter().map(|s| s.len).sum();
     let d = decide_fp8_attention(&Fp8AttentionInputs {
-        min_tokens,
+        bounds,
         head_dim,
         fresh: seqs.iter().all(|s| s.context_len == s.len),
-        tokens: seqs.iter().map(|s| s.len).sum(),
+        whole_step: tokens == step_tokens,
+        tokens,
     });
     log_decision(&d);
     d.reason.route() == Fp8Attention::Fp8
@@ -154,8 +186,8 @@ fn fp8_route(seqs: &[&SeqChunk], head_dim: usize, min_tokens: Option<usize>) -> 
 pub struct CudnnAttention {
     cudnn: Cudnn,
     paged: bool,
-    /// [`fp8_attention_min_tokens`] at open ([`min_tokens_word`]).
-    fp8_min_tokens: AtomicUsize,
+    /// [`fp8_attention_bounds`] at open.
+    fp8_bounds: BoundsWords,
     /// None: cuDNN has no engine for that shape (said once, then kvc's kernels).
     graphs: Mutex<HashMap<SdpaDesc, Option<Arc<SdpaGraph>>>>,
 }
@@ -174,10 +206,10 @@ impl CudnnAttention {
         match opened {
             Ok(cudnn) => {
                 let paged = backend == PrefillBackend::CudnnPaged;
-                let fp8_min_tokens = fp8_attention_min_tokens();
-                tracing::info!(version = cudnn.version(), paged, ?fp8_min_tokens, "prefill attention on cuDNN");
-                let fp8_min_tokens = AtomicUsize::new(min_tokens_word(fp8_min_tokens));
-                Some(Arc::new(Self { cudnn, paged, fp8_min_tokens, graphs: Mutex::new(HashMap::new()) }))
+                let fp8_bounds = fp8_attention_bounds();
+                tracing::info!(version = cudnn.version(), paged, ?fp8_bounds, "prefill attention on cuDNN");
+                let fp8_bounds = BoundsWords::new(fp8_bounds);
+                Some(Arc::new(Self { cudnn, paged, fp8_bounds, graphs: Mutex::new(HashMap::new()) }))
             }
             Err(e) => {
                 tracing::warn!("prefill attention on kvc's kernels: {e}");
@@ -207,12 +239,12 @@ impl CudnnAttention {
 
     /// From how many prompt tokens plans built from now on over an FP8
     /// pool take cuDNN's FP8 attention; None: never.
-    pub fn set_fp8_min_tokens(&self, n: Option<usize>) {
-        self.fp8_min_tokens.store(min_tokens_word(n), Ordering::Relaxed);
+    pub fn set_fp8_bounds(&self, b: Option<Fp8AttentionBounds>) {
+        self.fp8_bounds.store(b);
     }
 
-    fn fp8_min_tokens(&self) -> Option<usize> {
-        min_tokens_of(&self.fp8_min_tokens)
+    fn fp8_bounds(&self) -> Option<Fp8AttentionBounds> {
+        self.fp8_bounds.load()
     }
 
     /// The plan for `desc`, built on first use.
@@ -312,7 +344,16 @@ pub struct CudnnPlan {
 impl CudnnPlan {
     /// The plan for `seqs` (all prefill-shaped), or None where cuDNN has no
     /// engine for their shape.
-    pub fn new(ctx: PrefillContext, seqs: &[&SeqChunk], nh: usize, nkv: usize, device: &Device) -> Result<Option<Self>> {
+    /// `step_tokens`: every row of the step (the FP8 route's bound depends
+    /// on whether `seqs` are all of them).
+    pub fn new(
+        ctx: PrefillContext,
+        seqs: &[&SeqChunk],
+        step_tokens: usize,
+        nh: usize,
+        nkv: usize,
+        device: &Device,
+    ) -> Result<Option<Self>> {
         let hd = ctx.head_dim;
         if seqs.is_empty() || hd % 8 != 0 || hd > 256 {
             return Ok(None);
@@ -325,7 +366,7 @@ impl CudnnPlan {
         // FP8 when every chunk starts its sequence (top-left causal is
         // then bottom-right), there are enough of them, and cuDNN has an
         // FP8 engine for the shape.
-        let fp8_graph = if ctx.fp8_cache && fp8_route(seqs, hd, ctx.attention.fp8_min_tokens()) {
+        let fp8_graph = if ctx.fp8_cache && fp8_route(seqs, step_tokens, hd, ctx.attention.fp8_bounds()) {
             ctx.attention.graph(desc(b, nh, nkv, hd, s_q, s_kv, None, true))
         } else {
             None

@@ -16,8 +16,8 @@ mod moe_gemm;
 
 pub use attention::{set_decode_kernel_v1, AttentionPlan, PagedAttention};
 pub use cudnn_attention::{
-    e4m3_io_plans, fp8_attention_min_tokens, q_absmax, quantize_q, set_fp8_attention_min_tokens, CudnnAttention, E4m3Output,
-    PrefillBackend, PrefillContext, DEFAULT_FP8_MIN_TOKENS,
+    e4m3_io_plans, fp8_attention_bounds, q_absmax, quantize_q, set_fp8_attention_bounds, CudnnAttention, E4m3Output, PrefillBackend,
+    PrefillContext, DEFAULT_FP8_BOUNDS,
 };
 pub use fp8_linear::{
     fp8_gemm_runs, fp8_weights, quantize_blocks, quantize_rows, set_fp8_weights, silu_mul_quantized, Fp8Weight, GpuLinear, WeightBytes,
@@ -25,6 +25,7 @@ pub use fp8_linear::{
 pub use gemv::{small_m_linear, small_m_linear_fp8};
 pub use graph::CapturedStep;
 pub(crate) use graph::DecodeGraphs;
+pub use kvc_policy::fp8_attention::Fp8AttentionBounds;
 pub use layers::{moe_sum, silu_mul, Form, RopeStore};
 pub(crate) use model::GpuModel;
 pub use moe::{set_moe_small_pairs, Fp8Moe, GpuMoe, SMALL_PAIRS, SMALL_PAIRS_CUTLASS};
