@@ -141,6 +141,127 @@ extern "C" __global__ void __launch_bounds__(512) moe_route(const bf16* logits, 
     align_block(ids, T * K, E, offsets, sorted, inv, meta);
 }
 
+// One token's routing and grouping by a whole block (blockDim >= E, a
+// multiple of 32; K <= 32): topk_token's softmax, top-k (ties to the lower
+// expert id) and weights, and align_block's grouping, with every expert's
+// rank found at once (against the E logits in shared memory) instead of K
+// serial rounds of a warp. The K experts are distinct, so each has at most
+// one pair and one 64-row tile.
+__device__ __forceinline__ void route_one(const bf16* lg, int E, int K, int renorm, int* ids, float* weights,
+                                          int* offsets, int* sorted, int* inv, int* meta) {
+    __shared__ float red[32];
+    __shared__ float pk[32];
+    __shared__ int chosen_in[32];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
+    const float v = tid < E ? to_f(lg[tid]) : -INFINITY;
+    float mx = warp_max(v);
+    if (lane == 0) red[warp] = mx;
+    __syncthreads();
+    mx = warp_max(lane < nw ? red[lane] : -INFINITY);
+    __syncthreads();
+    const float ex = tid < E ? __expf(v - mx) : 0.f;
+    float sum = warp_sum(ex);
+    if (lane == 0) red[warp] = sum;
+    __syncthreads();
+    sum = warp_sum(lane < nw ? red[lane] : 0.f);
+    int rank = 0;
+    if (tid < E) {
+        for (int j = 0; j < E; j++) {
+            const float o = to_f(lg[j]);
+            rank += o > v || (o == v && j < tid);
+        }
+    }
+    const bool chosen = tid < E && rank < K;
+    const float p = ex / sum;
+    if (chosen) pk[rank] = p;
+    const unsigned ballot = __ballot_sync(0xffffffffu, chosen);
+    if (lane == 0) chosen_in[warp] = __popc(ballot);
+    __syncthreads();
+    // The chosen probabilities summed in rank order, as topk_token does.
+    float chosen_sum = 0.f;
+    for (int r = 0; r < K; r++) chosen_sum += pk[r];
+    int before = __popc(ballot & ((1u << lane) - 1u));
+    for (int w = 0; w < warp; w++) before += chosen_in[w];
+    if (tid < E) {
+        offsets[tid] = before;
+        meta[E + tid] = before;
+        if (chosen) {
+            ids[rank] = tid;
+            weights[rank] = round_bf(renorm ? p / chosen_sum : p);
+            meta[before] = tid;
+            sorted[before] = rank;
+            inv[rank] = before;
+        }
+    }
+    if (tid == 0) {
+        offsets[E] = K;
+        meta[2 * E] = K;
+    }
+    for (int i = K + tid; i < E; i += blockDim.x) meta[i] = -1;
+}
+
+// The router and the routing in one launch for a few tokens (a decode step
+// of up to RT_MAX_T sequences), where the router's GEMM, on cuBLAS, was a
+// launch of two CTAs of its own: every warp of the grid computes one
+// expert's logits for all T tokens (x [T, H] against router [E, H], bf16,
+// f32 sums rounded to bf16 as the GEMM's output), and the last block to
+// finish (counted in `counter`, which that block sets back to 0 for the
+// next launch) routes and groups as moe_route does, over the logits
+// copied into its shared memory (one token: route_one). Blocks of at
+// least E threads (E <= 512), H % 8 == 0, T <= RT_MAX_T.
+#define RT_MAX_T 8
+extern "C" __global__ void __launch_bounds__(512) moe_router_route(
+    const bf16* __restrict__ x, const bf16* __restrict__ router, bf16* logits, unsigned* counter, int* ids,
+    float* weights, int T, int E, int H, int K, int renorm, int* offsets, int* sorted, int* inv, int* meta) {
+    __shared__ bf16 lg[RT_MAX_T * 512];
+    __shared__ bool last;
+    const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+    const int chunks = H / 8;
+    for (int e = blockIdx.x * warps + (threadIdx.x >> 5); e < E; e += gridDim.x * warps) {
+        const bf16* w = router + (size_t)e * H;
+        float acc[RT_MAX_T];
+#pragma unroll
+        for (int t = 0; t < RT_MAX_T; t++) acc[t] = 0.f;
+        for (int c = lane; c < chunks; c += 32) {
+            const uint4 wv = __ldg((const uint4*)(w + (size_t)c * 8));
+            const bf16* wb = (const bf16*)&wv;
+#pragma unroll
+            for (int t = 0; t < RT_MAX_T; t++) {
+                if (t < T) {
+                    const uint4 xv = __ldg((const uint4*)(x + (size_t)t * H + (size_t)c * 8));
+                    const bf16* xb = (const bf16*)&xv;
+#pragma unroll
+                    for (int i = 0; i < 8; i++) acc[t] += to_f(wb[i]) * to_f(xb[i]);
+                }
+            }
+        }
+#pragma unroll
+        for (int t = 0; t < RT_MAX_T; t++) {
+            if (t < T) {
+                const float v = warp_sum(acc[t]);
+                if (lane == 0) logits[(size_t)t * E + e] = to_bf(v);
+            }
+        }
+    }
+    // Every block's logits out before it is counted.
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(counter, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    for (int i = threadIdx.x; i < T * E; i += blockDim.x) lg[i] = __ldcg(logits + i);
+    if (threadIdx.x == 0) *counter = 0;
+    __syncthreads();
+    if (T == 1) {
+        route_one(lg, E, K, renorm, ids, weights, offsets, sorted, inv, meta);
+        return;
+    }
+    for (int t = threadIdx.x >> 5; t < T; t += warps) topk_token(lg, ids, weights, t, E, K, renorm);
+    __syncthreads();
+    align_block(ids, T * K, E, offsets, sorted, inv, meta);
+}
+
 // Grouped GEMM for few rows per expert: for expert e = blockIdx.y and each
 // of its pairs p, out[p, n] = sum_k W[e, n, k] * x[p / row_div, k].
 // One warp per output row n (8 per block); the pairs' x rows are staged in

@@ -282,8 +282,11 @@ fn moe_expert_paths_match_a_host_reference_at_production_widths() {
     let kernels = Kernels::load(dev.as_cuda_device().unwrap()).unwrap();
     let mut rng = rand::rngs::StdRng::seed_from_u64(7);
     let bf = |v: Vec<f32>| v.into_iter().map(|x| half::bf16::from_f32(x).to_f32()).collect::<Vec<f32>>();
-    // 3 and 5 tokens route in one block (moe_route), 40 and 100 over many (moe_topk, moe_align).
+    // 1 (a one-token decode: the one-row kernel), 3 and 5 tokens route in
+    // one block (moe_route), 40 and 100 over many (moe_topk, moe_align).
     for (h, i, e, top_k, tokens, one_expert) in [
+        (2048, 768, 128, 8, 1, false),
+        (4096, 1536, 8, 2, 1, false),
         (2048, 768, 8, 4, 3, false),
         (2048, 768, 8, 4, 40, false),
         (4096, 1536, 8, 2, 5, false),

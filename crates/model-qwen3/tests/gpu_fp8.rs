@@ -136,15 +136,27 @@ fn greedy_agreement(got: &[Vec<f32>], want: &[Vec<f32>]) -> usize {
 #[test]
 #[ignore = "needs an sm90 GPU: run with scripts/gpu_run.sh"]
 fn fp8_weights_answer_as_the_dequantized_load_within_activation_rounding() {
+    fp8_answers_as_the_dequantized_load(PROMPTS, "gpu-answers");
+}
+
+/// One sequence: its decode steps take the one-row kernels (gemv.cu's
+/// `one_row_gemm_fp8`) for the dense layers and the experts alike.
+#[test]
+#[ignore = "needs an sm90 GPU: run with scripts/gpu_run.sh"]
+fn fp8_weights_at_batch_one_answer_as_the_dequantized_load() {
+    fp8_answers_as_the_dequantized_load(1, "gpu-answers-one");
+}
+
+fn fp8_answers_as_the_dequantized_load(sequences: usize, name: &str) {
     let (_one, dev) = fp8_gpu();
-    let tiny = tiny_fp8_checkpoint("gpu-answers");
-    let prompts = tiny_prompts(PROMPTS);
+    let tiny = tiny_fp8_checkpoint(name);
+    let prompts = tiny_prompts(sequences);
     let reference = load(&tiny.fp8, false, &dev);
     let fp8 = load(&tiny.fp8, true, &dev);
     // The FP8 model's decode steps through CUDA graphs (captured at the
-    // first step of the 8-sequence bucket, replayed after), the reference
+    // first step of the batch's bucket, replayed after), the reference
     // eagerly: the FP8 calls must be capturable.
-    fp8.set_cuda_graphs(PROMPTS);
+    fp8.set_cuda_graphs(sequences);
     let (want, greedy) = run(&reference, &prompts, None, &dev);
     let (got, _) = run(&fp8, &prompts, Some(&greedy), &dev);
     assert_eq!(fp8.cuda_graphs_disabled(), None, "the FP8 model's decode graphs were turned off");
@@ -179,8 +191,11 @@ fn fp8_weights_answer_as_the_dequantized_load_within_activation_rounding() {
     assert!(overall <= OVERALL_TOL, "relative RMS logit error {overall:.4} over all positions > {OVERALL_TOL}");
     assert!(worst <= POSITION_TOL, "relative RMS logit error {worst:.4} at position {worst_at} > {POSITION_TOL}");
     // The activations really were quantized (else the two would agree to
-    // the rerun's noise floor).
-    assert!(overall > 10.0 * floor.max(1e-6), "FP8 path indistinguishable from the dequantized one ({overall:.2e}): not running FP8?");
+    // the rerun's noise floor); one short prompt's rows mostly take the
+    // few-row kernels, whose input stays bf16.
+    if sequences > 1 {
+        assert!(overall > 10.0 * floor.max(1e-6), "FP8 path indistinguishable from the dequantized one ({overall:.2e}): not running FP8?");
+    }
     let share = agree as f64 / got.len() as f64;
     assert!(share >= GREEDY_AGREEMENT, "greedy tokens agree at {:.1} % of positions (< {} %)", 100.0 * share, 100.0 * GREEDY_AGREEMENT);
 }

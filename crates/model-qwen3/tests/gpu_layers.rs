@@ -327,7 +327,17 @@ fn few_row_products_match_an_f64_host_reference() {
     let (dev, k, mut rng) = setup(17);
     // Decode shapes (q/k/v, o, router) and odd ones: K not a multiple of
     // 256 (a partial stretch), more rows than one pass takes (9, 17).
-    for (m, n, kd) in [(1usize, 5120usize, 2048usize), (8, 2048, 4096), (3, 128, 2048), (9, 64, 24), (17, 6, 1032), (1, 2, 8)] {
+    // One row takes the one-row kernel: K over several of its stretches (4104).
+    for (m, n, kd) in [
+        (1usize, 5120usize, 2048usize),
+        (8, 2048, 4096),
+        (3, 128, 2048),
+        (9, 64, 24),
+        (17, 6, 1032),
+        (1, 2, 8),
+        (1, 6, 1032),
+        (1, 64, 4104),
+    ] {
         let x = randn(&mut rng, m * kd, 2.0);
         let w = randn(&mut rng, n * kd, 0.5);
         let got = host(&small_m_linear(&k, &upload_bf16(&x, &[m, kd], &dev), &upload_bf16(&w, &[n, kd], &dev)).unwrap());
@@ -345,7 +355,17 @@ fn few_row_fp8_products_match_an_f64_host_reference_over_the_dequantized_weights
     let fp8 = BlockFp8 { block: (128, 128) };
     // Decode shapes (q|k|v, o, an expert's gate|up and down) at 1-4 rows,
     // a partial last weight-scale block (N 130) and more rows than one pass.
-    for (m, n, kd) in [(1usize, 5120usize, 2048usize), (4, 2048, 4096), (2, 1536, 2048), (3, 130, 256), (9, 2048, 768)] {
+    // One row (the one-row kernel): K of one stretch or two (8192), N with a partial scale block.
+    for (m, n, kd) in [
+        (1usize, 5120usize, 2048usize),
+        (4, 2048, 4096),
+        (2, 1536, 2048),
+        (3, 130, 256),
+        (9, 2048, 768),
+        (1, 2048, 768),
+        (1, 130, 256),
+        (1, 258, 8192),
+    ] {
         let x = randn(&mut rng, m * kd, 2.0);
         let w = randn(&mut rng, n * kd, 0.05);
         // The CPU path's block quantization (checked against transformers

@@ -10,7 +10,8 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use candle_core::cuda::cudarc::driver::LaunchConfig;
 use candle_core::{bail, DType, Device, Result, Tensor};
 
-use super::cudnn_attention::{CudnnPlan, E4m3Output, PrefillContext, MIN_CUDNN_ROWS};
+use super::cudnn_attention::{CudnnPlan, LayerArgs, PrefillContext, MIN_CUDNN_ROWS};
+use super::cudnn_fp8::E4m3Output;
 use super::{cuda_dev, empty, launch, launch_slices, overwrite_u32, ptr, upload_u32, CacheFormat, Kernels};
 use crate::batch::{BatchInput, SeqChunk};
 
@@ -213,10 +214,9 @@ impl AttentionPlan {
             None => None,
         };
         let kvc_takes = |s: &SeqChunk| cudnn.is_none() || !on_cudnn(s);
-        let e4m3_io =
-            cudnn.as_ref().is_some_and(|c| c.fp8() && c.fp8_row_count() == batch.tokens.len()) && !batch.seqs.iter().any(kvc_takes);
+        let e4m3_io = cudnn.as_ref().is_some_and(CudnnPlan::e4m3_io);
         if e4m3_io {
-            super::cudnn_attention::count_e4m3_io_plan();
+            super::cudnn_fp8::count_e4m3_io_plan();
         }
         let tok_per_tile = BR / group;
         let v2 = decode_v2();
@@ -436,12 +436,24 @@ pub struct PagedAttention {
     pub head_dim: usize,
     pub scale: f32,
     /// A bound on every element of the layer's queries
-    /// (`cudnn_attention::q_absmax`): cuDNN's FP8 attention quantizes Q
+    /// (`cudnn_fp8::q_absmax`): cuDNN's FP8 attention quantizes Q
     /// over it; None where unknown (an FP8 plan then fails).
     pub q_absmax: Option<f32>,
 }
 
 impl PagedAttention {
+    /// This layer as a cuDNN plan runs over it, with `nkv` KV heads.
+    fn cudnn_layer(&self, nkv: usize) -> LayerArgs {
+        LayerArgs {
+            layer_ptr: self.layer_ptr,
+            cache: self.cache,
+            q_absmax: self.q_absmax,
+            nkv,
+            hd: self.head_dim,
+            block_size: self.block_size,
+        }
+    }
+
     /// [`Self::forward`] for a plan whose every row is on cuDNN's FP8
     /// route ([`AttentionPlan::e4m3_io`]): `q8` u8 `[tokens, num_heads *
     /// head_dim]` holding e4m3(q x 448 / q_absmax) (RoPE's e4m3 form), O in
@@ -450,7 +462,7 @@ impl PagedAttention {
         let (nkv, hd) = (plan.num_kv_heads, self.head_dim);
         match &plan.cudnn {
             Some(c) if plan.e4m3_io && q8.dtype() == DType::U8 && q8.dims2()? == (c.fp8_row_count(), plan.num_heads * hd) => {
-                c.run_fp8(k, q8, self.layer_ptr, self.cache, self.q_absmax, nkv, hd, self.block_size)
+                c.run_fp8(k, q8, &self.cudnn_layer(nkv))
             }
             _ => bail!("attention: an e4m3 Q {:?} {:?} for a plan not wholly on cuDNN's FP8 route", q8.shape(), q8.dtype()),
         }
@@ -475,7 +487,7 @@ impl PagedAttention {
         let out = empty(dev, (t, nh * hd), DType::BF16)?;
         // cuDNN first: kvc's kernels then write their rows after it.
         if let Some(c) = &plan.cudnn {
-            c.run(k, q, &out, self.layer_ptr, self.cache, self.q_absmax, nkv, hd, self.block_size)?;
+            c.run(k, q, &out, &self.cudnn_layer(nkv))?;
         }
         let parts = plan.num_parts.max(1) * nkv * BR;
         let part_o = if plan.num_parts > 0 { empty(dev, parts * hd, DType::F32)? } else { empty(dev, 1, DType::F32)? };

@@ -11,21 +11,23 @@
 //! Over an FP8 pool (`--kv-cache-dtype fp8`) a step whose prefill chunks
 //! have no cached context (a prompt's first chunk) runs cuDNN's FP8
 //! attention: Q quantized to e4m3 over a static per-layer scale (its
-//! bound, see [`q_absmax`]), K/V gathered as the pool's e4m3 bytes with the
-//! layer's scales, the softmax probabilities and O in e4m3 (O over the
-//! V scale: |O| <= max |V|), widened to bf16 for o_proj. cuDNN's FP8
-//! forward on Hopper aligns the causal mask top-left only and writes e4m3
-//! only, so a chunk after cached context widens K/V to bf16 as before.
-//! The route pays a fixed price per layer, so it is taken only from a
-//! count of prompt tokens in the step ([`DEFAULT_FP8_BOUNDS`]; kvc-policy's
-//! `fp8_attention` decision; `KVC_FP8_ATTENTION_MIN_TOKENS` through the
-//! engine's kernel plan); `KVC_FP8_ATTENTION=0` keeps every step on the
-//! bf16 route. Where the whole step is on it (`AttentionPlan::e4m3_io`),
-//! RoPE writes Q in e4m3 itself and O stays e4m3 for an FP8 o_proj
-//! ([`E4m3Output`]), so neither is widened and quantized again: that
-//! price is lower, and so is the bound for such steps; beside decode rows
-//! or cached chunks Q is quantized, V's amax taken and O widened in passes
-//! of their own.
+//! bound, see [`q_absmax`](super::cudnn_fp8::q_absmax)), K/V gathered as
+//! the pool's e4m3 bytes with the layer's scales, the softmax
+//! probabilities and O in e4m3 (O over the V scale: |O| <= max |V|),
+//! widened to bf16 for o_proj. cuDNN's FP8 forward on Hopper aligns the
+//! causal mask top-left only and writes e4m3 only, so a chunk after cached
+//! context widens K/V to bf16 as before. The route pays a fixed price per
+//! layer, so it is taken only from a count of prompt tokens in the step
+//! (kvc-policy's `fp8_attention` decision over
+//! [`DEFAULT_FP8_BOUNDS`](super::cudnn_fp8::DEFAULT_FP8_BOUNDS);
+//! `KVC_FP8_ATTENTION_MIN_TOKENS` through the engine's kernel plan);
+//! `KVC_FP8_ATTENTION=0` keeps every step on the bf16 route. Where the
+//! whole step is on it (`AttentionPlan::e4m3_io`), RoPE writes Q in e4m3
+//! itself and O stays e4m3 for an FP8 o_proj ([`E4m3Output`]), so neither
+//! is widened and quantized again: that price is lower, and so is the
+//! bound for such steps; beside decode rows or cached chunks Q is
+//! quantized, V's amax taken and O widened in passes of their own. Those
+//! FP8 pieces live in cudnn_fp8.rs.
 //!
 //! The engine's kernel plan picks the route (`KVC_ATTENTION_BACKEND`, as
 //! vLLM's `VLLM_ATTENTION_BACKEND`, requests it, read once at start):
@@ -34,16 +36,16 @@
 //! falls back to kvc's kernels with one warning.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use candle_core::cuda::WrapErr;
 use candle_core::{bail, DType, Device, Result, Tensor};
 use cudnn_sys::{Cudnn, Fp8Scales, SdpaArgs, SdpaDesc, SdpaGraph};
-use kvc_policy::fp8_attention::{decide_fp8_attention, Fp8Attention, Fp8AttentionBounds, Fp8AttentionInputs};
-use kvc_policy::log_decision;
+use kvc_policy::fp8_attention::Fp8AttentionBounds;
 
+use super::cudnn_fp8::{checked_q_absmax, fp8_attention_bounds, fp8_route, quantize_q, E4m3Output, Fp8Bounds, Fp8Operands};
 use super::{cuda_dev, empty, grid1, launch, ptr, upload_u32, CacheFormat, Kernels};
 use crate::batch::SeqChunk;
 
@@ -95,99 +97,12 @@ fn bucket(n: usize) -> usize {
     n.max(64).next_power_of_two()
 }
 
-/// Prompt tokens a step needs in its fresh chunks before cuDNN's FP8
-/// attention pays for its passes, per kind of step (kvc-policy's measured
-/// defaults).
-pub const DEFAULT_FP8_BOUNDS: Fp8AttentionBounds = Fp8AttentionBounds::DEFAULT;
-
-/// Bounds in two atomic words (mixed, whole step): `usize::MAX` in both
-/// for None (off).
-struct BoundsWords([AtomicUsize; 2]);
-
-impl BoundsWords {
-    const fn new(b: Option<Fp8AttentionBounds>) -> Self {
-        let [m, w] = Self::words(b);
-        Self([AtomicUsize::new(m), AtomicUsize::new(w)])
-    }
-
-    const fn words(b: Option<Fp8AttentionBounds>) -> [usize; 2] {
-        match b {
-            None => [usize::MAX; 2],
-            Some(b) => [Self::bound(b.mixed), Self::bound(b.whole_step)],
-        }
-    }
-
-    const fn bound(n: usize) -> usize {
-        if n == usize::MAX {
-            usize::MAX - 1
-        } else {
-            n
-        }
-    }
-
-    fn store(&self, b: Option<Fp8AttentionBounds>) {
-        for (word, v) in self.0.iter().zip(Self::words(b)) {
-            word.store(v, Ordering::Relaxed);
-        }
-    }
-
-    fn load(&self) -> Option<Fp8AttentionBounds> {
-        let [m, w] = [0, 1].map(|i| self.0[i].load(Ordering::Relaxed));
-        (m != usize::MAX).then_some(Fp8AttentionBounds { mixed: m, whole_step: w })
-    }
-}
-
-/// The bounds of the handles opened from now on.
-static FP8_BOUNDS: BoundsWords = BoundsWords::new(Some(DEFAULT_FP8_BOUNDS));
-
-/// From how many prompt tokens in a step plans over an FP8 pool take
-/// cuDNN's FP8 attention; None: never. The engine's kernel plan sets it
-/// (`KVC_FP8_ATTENTION`, `KVC_FP8_ATTENTION_MIN_TOKENS`); unset,
-/// [`DEFAULT_FP8_BOUNDS`].
-pub fn fp8_attention_bounds() -> Option<Fp8AttentionBounds> {
-    FP8_BOUNDS.load()
-}
-
-/// Sets [`fp8_attention_bounds`] for the cuDNN handles opened from now
-/// on (a model's at load; the kernel plan, tests and benchmarks).
-pub fn set_fp8_attention_bounds(b: Option<Fp8AttentionBounds>) {
-    FP8_BOUNDS.store(b);
-}
-
-static E4M3_IO_PLANS: AtomicU64 = AtomicU64::new(0);
-
-/// Plans so far whose every row was on the FP8 route (e4m3 Q from RoPE, e4m3
-/// O into o_proj: [`CudnnPlan::fp8_row_count`] covering the batch).
-pub fn e4m3_io_plans() -> u64 {
-    E4M3_IO_PLANS.load(Ordering::Relaxed)
-}
-
-pub(crate) fn count_e4m3_io_plan() {
-    E4M3_IO_PLANS.fetch_add(1, Ordering::Relaxed);
-}
-
-/// Whether a step's cuDNN sequences over an FP8 pool take the FP8 route
-/// (kvc-policy's `fp8_attention` decision, logged and counted), before
-/// cuDNN is asked for the graph.
-fn fp8_route(seqs: &[&SeqChunk], step_tokens: usize, head_dim: usize, bounds: Option<Fp8AttentionBounds>) -> bool {
-    let tokens = seqs.iter().map(|s| s.len).sum();
-    let d = decide_fp8_attention(&Fp8AttentionInputs {
-        bounds,
-        head_dim,
-        fresh: seqs.iter().all(|s| s.context_len == s.len),
-        whole_step: tokens == step_tokens,
-        tokens,
-    });
-    log_decision(&d);
-    d.reason.route() == Fp8Attention::Fp8
-}
-
 /// A cuDNN handle and the plans built so far, one per shape bucket.
 pub struct CudnnAttention {
     cudnn: Cudnn,
     paged: bool,
     /// [`fp8_attention_bounds`] at open.
-    fp8_bounds: BoundsWords,
+    fp8_bounds: Fp8Bounds,
     /// None: cuDNN has no engine for that shape (said once, then kvc's kernels).
     graphs: Mutex<HashMap<SdpaDesc, Option<Arc<SdpaGraph>>>>,
 }
@@ -208,7 +123,7 @@ impl CudnnAttention {
                 let paged = backend == PrefillBackend::CudnnPaged;
                 let fp8_bounds = fp8_attention_bounds();
                 tracing::info!(version = cudnn.version(), paged, ?fp8_bounds, "prefill attention on cuDNN");
-                let fp8_bounds = BoundsWords::new(fp8_bounds);
+                let fp8_bounds = Fp8Bounds::new(fp8_bounds);
                 Some(Arc::new(Self { cudnn, paged, fp8_bounds, graphs: Mutex::new(HashMap::new()) }))
             }
             Err(e) => {
@@ -240,11 +155,11 @@ impl CudnnAttention {
     /// From how many prompt tokens plans built from now on over an FP8
     /// pool take cuDNN's FP8 attention; None: never.
     pub fn set_fp8_bounds(&self, b: Option<Fp8AttentionBounds>) {
-        self.fp8_bounds.store(b);
+        self.fp8_bounds.set(b);
     }
 
     fn fp8_bounds(&self) -> Option<Fp8AttentionBounds> {
-        self.fp8_bounds.load()
+        self.fp8_bounds.get()
     }
 
     /// The plan for `desc`, built on first use.
@@ -301,15 +216,6 @@ fn desc(b: usize, nh: usize, nkv: usize, hd: usize, s_q: usize, s_kv: usize, poo
     }
 }
 
-/// A bound on every element of a layer's queries, for their static e4m3
-/// scale: q_norm's output is at most sqrt(head_dim) x max |weight| in each
-/// element (a normalised vector's element is at most sqrt(n) times its
-/// RMS), RoPE rotates pairs of elements (a pair's length is at most that
-/// bound too) and scales by `rope_scale` (YaRN's attention factor).
-pub fn q_absmax(head_dim: usize, q_norm_absmax: f32, rope_scale: f32) -> f32 {
-    (head_dim as f32).sqrt() * q_norm_absmax * rope_scale.abs().max(1.0)
-}
-
 /// What the model's layout adds to a batch for cuDNN.
 #[derive(Clone, Copy)]
 pub struct PrefillContext<'a> {
@@ -339,6 +245,23 @@ pub struct CudnnPlan {
     /// e4m3 O is widened back into).
     fp8_rows: Option<Tensor>,
     fp8_row_count: usize,
+    /// FP8 over every row of the step: Q comes from RoPE in e4m3 and O goes
+    /// to o_proj in e4m3.
+    e4m3_io: bool,
+}
+
+/// The layer a plan runs over: its pool memory and what it holds.
+#[derive(Debug, Clone, Copy)]
+pub struct LayerArgs {
+    /// Device address of the layer's first block.
+    pub layer_ptr: u64,
+    pub cache: CacheFormat,
+    /// A bound on every element of the layer's queries (an FP8 plan's
+    /// static Q scale, see [`q_absmax`](super::cudnn_fp8::q_absmax)); None where unknown.
+    pub q_absmax: Option<f32>,
+    pub nkv: usize,
+    pub hd: usize,
+    pub block_size: usize,
 }
 
 impl CudnnPlan {
@@ -366,7 +289,8 @@ impl CudnnPlan {
         // FP8 when every chunk starts its sequence (top-left causal is
         // then bottom-right), there are enough of them, and cuDNN has an
         // FP8 engine for the shape.
-        let fp8_graph = if ctx.fp8_cache && fp8_route(seqs, step_tokens, hd, ctx.attention.fp8_bounds()) {
+        let whole_step = seqs.iter().map(|s| s.len).sum::<usize>() == step_tokens;
+        let fp8_graph = if ctx.fp8_cache && fp8_route(seqs, whole_step, hd, ctx.attention.fp8_bounds()) {
             ctx.attention.graph(desc(b, nh, nkv, hd, s_q, s_kv, None, true))
         } else {
             None
@@ -408,6 +332,7 @@ impl CudnnPlan {
         Ok(Some(Self {
             attention: ctx.attention.clone(),
             graph,
+            e4m3_io: fp8 && whole_step,
             fp8_row_count: rows.len(),
             fp8_rows: if fp8 { Some(upload_u32(rows, device)?) } else { None },
             seq_len_q: upload_u32(u32s(&|s| s.len), device)?,
@@ -425,71 +350,41 @@ impl CudnnPlan {
         self.fp8_rows.is_some()
     }
 
+    /// Whether the plan is FP8 and its sequences are every row of the step
+    /// (e4m3 Q in, e4m3 O out: `AttentionPlan::e4m3_io`).
+    pub fn e4m3_io(&self) -> bool {
+        self.e4m3_io
+    }
+
     /// The batch rows an FP8 plan writes (0 for a bf16 plan).
     pub fn fp8_row_count(&self) -> usize {
         self.fp8_row_count
     }
 
     /// Writes the attention of the plan's sequences into their rows of
-    /// `out` (`[tokens, nh * hd]` bf16, like `q`), reading one layer of
-    /// the pool at `layer_ptr` (holding `cache`); `q_absmax` bounds every
-    /// element of `q` (an FP8 plan's static Q scale, see [`q_absmax`]).
-    #[allow(clippy::too_many_arguments)]
-    pub fn run(
-        &self,
-        k: &Kernels,
-        q: &Tensor,
-        out: &Tensor,
-        layer_ptr: u64,
-        cache: CacheFormat,
-        q_absmax: Option<f32>,
-        nkv: usize,
-        hd: usize,
-        block_size: usize,
-    ) -> Result<()> {
+    /// `out` (`[tokens, nh * hd]` bf16, like `q`), reading `layer` of the
+    /// pool (whose `q_absmax` bounds every element of `q` for an FP8 plan).
+    pub fn run(&self, k: &Kernels, q: &Tensor, out: &Tensor, layer: &LayerArgs) -> Result<()> {
         let Some(rows) = &self.fp8_rows else {
-            return self.enqueue(k, q, out, None, layer_ptr, cache, nkv, hd, block_size);
+            return self.enqueue(k, q, out, None, layer);
         };
-        let q_max = checked_q_absmax(q_absmax)?;
+        let q_max = checked_q_absmax(layer.q_absmax)?;
         let q8 = empty(cuda_dev(q.device())?, q.dims(), DType::U8)?;
         quantize_q(k, q, &q8, 448.0 / q_max)?;
-        let o = self.run_e4m3(k, &q8, rows, layer_ptr, cache, q_max, nkv, hd, block_size)?;
+        let o = self.run_e4m3(k, &q8, rows, layer, q_max)?;
         o.widen_into(k, out)
     }
 
     /// An FP8 plan over Q already in e4m3 (`q8`: u8 `[tokens, nh * hd]`,
     /// e4m3(q x 448 / q_absmax), as [`quantize_q`] or RoPE's e4m3 form
     /// writes it): O of the plan's rows in e4m3 with its scale.
-    #[allow(clippy::too_many_arguments)]
-    pub fn run_fp8(
-        &self,
-        k: &Kernels,
-        q8: &Tensor,
-        layer_ptr: u64,
-        cache: CacheFormat,
-        q_absmax: Option<f32>,
-        nkv: usize,
-        hd: usize,
-        block_size: usize,
-    ) -> Result<E4m3Output> {
+    pub fn run_fp8(&self, k: &Kernels, q8: &Tensor, layer: &LayerArgs) -> Result<E4m3Output> {
         let Some(rows) = &self.fp8_rows else { bail!("an e4m3 Q for a plan off cuDNN's FP8 route") };
-        self.run_e4m3(k, q8, rows, layer_ptr, cache, checked_q_absmax(q_absmax)?, nkv, hd, block_size)
+        self.run_e4m3(k, q8, rows, layer, checked_q_absmax(layer.q_absmax)?)
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn run_e4m3(
-        &self,
-        k: &Kernels,
-        q8: &Tensor,
-        rows: &Tensor,
-        layer_ptr: u64,
-        cache: CacheFormat,
-        q_max: f32,
-        nkv: usize,
-        hd: usize,
-        block_size: usize,
-    ) -> Result<E4m3Output> {
-        let CacheFormat::Fp8 { k_scale, v_scale } = cache else { bail!("an FP8 attention plan over a {cache:?} layer") };
+    fn run_e4m3(&self, k: &Kernels, q8: &Tensor, rows: &Tensor, layer: &LayerArgs, q_max: f32) -> Result<E4m3Output> {
+        let CacheFormat::Fp8 { k_scale, v_scale } = layer.cache else { bail!("an FP8 attention plan over a {:?} layer", layer.cache) };
         let dev = cuda_dev(q8.device())?;
         let cudnn = Fp8Scales { descale_q: q_max / 448.0, descale_k: k_scale, descale_v: v_scale, scale_o: 1.0 / v_scale };
         let mut scales = cudnn.to_device_order().to_vec();
@@ -501,24 +396,13 @@ impl CudnnPlan {
             row_count: self.fp8_row_count,
         };
         let f = Fp8Operands { out: &out, v_scale };
-        self.enqueue(k, q8, &out.o, Some(&f), layer_ptr, cache, nkv, hd, block_size)?;
+        self.enqueue(k, q8, &out.o, Some(&f), layer)?;
         Ok(out)
     }
 
     /// Queues the graph: Q from `q`, O into `out` (bf16, or e4m3 with `fp8`).
-    #[allow(clippy::too_many_arguments)]
-    fn enqueue(
-        &self,
-        k: &Kernels,
-        q: &Tensor,
-        out: &Tensor,
-        fp8: Option<&Fp8Operands>,
-        layer_ptr: u64,
-        cache: CacheFormat,
-        nkv: usize,
-        hd: usize,
-        block_size: usize,
-    ) -> Result<()> {
+    fn enqueue(&self, k: &Kernels, q: &Tensor, out: &Tensor, fp8: Option<&Fp8Operands>, layer: &LayerArgs) -> Result<()> {
+        let LayerArgs { layer_ptr, cache, nkv, hd, block_size, .. } = *layer;
         let dev = cuda_dev(q.device())?;
         let stream = dev.cuda_stream();
         let mut args = SdpaArgs {
@@ -589,97 +473,5 @@ impl CudnnPlan {
             .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
         drop(keep);
         Ok(())
-    }
-}
-
-/// `q_absmax` where it can scale Q.
-fn checked_q_absmax(q_absmax: Option<f32>) -> Result<f32> {
-    match q_absmax.filter(|m| m.is_finite() && *m > 0.0) {
-        Some(m) => Ok(m),
-        None => bail!("cuDNN's FP8 attention needs a bound on |q| (PagedAttention::q_absmax), got {q_absmax:?}"),
-    }
-}
-
-/// `q8 = e4m3(q x inv)` for bf16 `q` (elements a multiple of 8) into u8
-/// `q8` of as many elements: cuDNN's FP8 attention's Q.
-pub fn quantize_q(k: &Kernels, q: &Tensor, q8: &Tensor, inv: f32) -> Result<()> {
-    let n = q.elem_count();
-    if q.dtype() != DType::BF16 || q8.dtype() != DType::U8 || q8.elem_count() != n || n % 8 != 0 {
-        bail!("e4m3 Q: bf16 {:?} into u8 {:?} (elements a multiple of 8)", q.shape(), q8.shape());
-    }
-    launch!(k.bf16_to_e4m3, grid1(n / 8, 256); &[], ptr(q)?, ptr(q8)?, (n / 8) as u64, inv)
-}
-
-/// cuDNN's FP8 attention output: O of the plan's rows in e4m3, worth
-/// `scales[9]` (a device float: O's scale comes from V's amax) a unit.
-pub struct E4m3Output {
-    /// u8 `[tokens, nh * hd]`: the plan's rows written.
-    pub o: Tensor,
-    /// cuDNN's eight floats (`Fp8Scales`), V's largest e4m3 byte
-    /// (`e4m3_amax`) and the factor that widens O (`fp8_o_scale`).
-    scales: Tensor,
-    /// The token rows cuDNN writes.
-    rows: Tensor,
-    row_count: usize,
-}
-
-impl E4m3Output {
-    /// The device address of O's widening factor.
-    fn widen_ptr(&self) -> Result<u64> {
-        Ok(ptr(&self.scales)? + 9 * 4)
-    }
-
-    /// O's rows widened into those rows of bf16 `out` (same shape as `o`).
-    pub fn widen_into(&self, k: &Kernels, out: &Tensor) -> Result<()> {
-        let row = out.dim(1)?;
-        if self.row_count == 0 {
-            return Ok(());
-        }
-        launch!(
-            k.e4m3_rows_to_bf16,
-            grid1(self.row_count * row / 16, 256); &[],
-            ptr(&self.o)?,
-            ptr(&self.rows)?,
-            self.row_count as i32,
-            row as i32,
-            self.widen_ptr()?,
-            ptr(out)?
-        )
-    }
-
-    /// O widened to bf16 `[tokens, nh * hd]` (a plan covering every row).
-    pub fn to_bf16(&self, k: &Kernels) -> Result<Tensor> {
-        let out = empty(cuda_dev(self.o.device())?, self.o.dims(), DType::BF16)?;
-        self.widen_into(k, &out)?;
-        Ok(out)
-    }
-
-    /// O's scale spread over `[tokens, nh * hd / group]` f32: the per-token,
-    /// per-group activation scales an FP8 GEMM takes, all equal here.
-    pub fn group_scales(&self, k: &Kernels, group: usize) -> Result<Tensor> {
-        let (t, row) = self.o.dims2()?;
-        let s = empty(cuda_dev(self.o.device())?, (t, row.div_ceil(group)), DType::F32)?;
-        let n = s.elem_count();
-        if n > 0 {
-            launch!(k.fill_from, grid1(n, 256); &[], self.widen_ptr()?, ptr(&s)?, n as u64)?;
-        }
-        Ok(s)
-    }
-}
-
-/// What an FP8 run adds: O with its scales, and V's layer scale.
-struct Fp8Operands<'a> {
-    out: &'a E4m3Output,
-    v_scale: f32,
-}
-
-impl Fp8Operands<'_> {
-    /// Scale O from the largest of V's `n` gathered e4m3 bytes `v`.
-    fn scale_o_from(&self, k: &Kernels, v: &Tensor, n: usize) -> Result<()> {
-        let amax = ptr(&self.out.scales)? + 8 * 4;
-        if n > 0 {
-            launch!(k.e4m3_amax, grid1(n / 16, 256); &[], ptr(v)?, (n / 16) as u64, amax)?;
-        }
-        launch!(k.fp8_o_scale, grid1(1, 32); &[], ptr(&self.out.scales)?, self.v_scale)
     }
 }

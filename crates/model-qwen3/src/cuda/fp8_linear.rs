@@ -20,7 +20,7 @@ use candle_core::{bail, CudaDevice, DType, Result, Tensor};
 use candle_nn::{Init, VarBuilder};
 use cutlass_sys::fp8;
 
-use super::cudnn_attention::E4m3Output;
+use super::cudnn_fp8::E4m3Output;
 use super::gemv::{fits_fp8, small_m_linear_fp8};
 use super::layers::{silu_mul, Form};
 use super::moe_gemm::{cutlass_tiling, moe_gemm, MoeGemm};

@@ -11,6 +11,13 @@
 //! CUTLASS's (experts) tensor-core kernels win, so it runs only the
 //! experts of a single-token decode, and the dense layers stay on cuBLAS.
 //! [`small_m_linear`] is its dense form, for the benchmark and the tests.
+//!
+//! One row a group (a one-token decode: the FP8 model's dense layers, and
+//! the experts of either) goes to the one-row kernels instead: a warp per
+//! task and a grid of every task, the warp's weights requested before the
+//! routing's dependent loads (gemv.cu's `one_row_stream`; per layer's four
+//! products on one H100 36.0 us against 44.5 in FP8, 55.6 against 67.9 in
+//! bf16, docs/benchmarks.md).
 
 use candle_core::cuda::cudarc::driver::LaunchConfig;
 use candle_core::{bail, DType, Result, Tensor};
@@ -34,6 +41,13 @@ fn grid(k: &Kernels, tasks: usize) -> LaunchConfig {
     LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 }
 }
 
+/// The one-row kernels' 16-byte chunks a lane and output column: the
+/// smallest that holds a row of K (more: the kernel loops over K).
+pub(crate) const ONE_ROW_CHUNKS: [usize; 3] = [2, 4, 8];
+
+/// Warps of a one-row block.
+const ONE_ROW_WARPS: usize = 4;
+
 /// The weights of one product: bf16, or e4m3 with its 128x128 block scales.
 #[derive(Clone, Copy)]
 pub(crate) enum Weight<'a> {
@@ -48,21 +62,52 @@ impl<'a> Weight<'a> {
     }
 }
 
-/// Launches `small_m_gemm` or its FP8 form: `x` against `w` into `out`,
-/// over the routing (offsets, sorted pairs, meta) of grouped experts or
-/// none (dense); `dims` = (row_div, rows, groups, N, K).
-fn run(k: &Kernels, x: &Tensor, w: Weight, out: &Tensor, routing: Option<(&Tensor, &Tensor, &Tensor)>, dims: [i32; 5]) -> Result<()> {
-    let (f, mut ptrs) = match w {
-        Weight::Bf16(w) => (&k.small_m_gemm, vec![ptr(x)?, ptr(w)?]),
-        Weight::Fp8 { q, scale } => (&k.small_m_gemm_fp8, vec![ptr(x)?, ptr(q)?, ptr(scale)?]),
+/// Which kernel a product takes: `small_m_gemm` (any rows a group), or a
+/// one-row kernel.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Rows {
+    Few,
+    One,
+}
+
+/// Launches `small_m_gemm`, a one-row kernel, or their FP8 forms: `x`
+/// against `w` into `out`, over the routing (offsets, sorted pairs, meta)
+/// of grouped experts or none (dense); `dims` = (row_div, rows, groups, N, K).
+fn run(
+    k: &Kernels,
+    x: &Tensor,
+    w: Weight,
+    out: &Tensor,
+    routing: Option<(&Tensor, &Tensor, &Tensor)>,
+    dims: [i32; 5],
+    rows: Rows,
+) -> Result<()> {
+    let tasks = dims[2] as usize * dims[3] as usize / 2;
+    let kd = dims[4] as usize;
+    let fp8 = matches!(w, Weight::Fp8 { .. });
+    let mut ptrs = match w {
+        Weight::Bf16(w) => vec![ptr(x)?, ptr(w)?],
+        Weight::Fp8 { q, scale } => vec![ptr(x)?, ptr(q)?, ptr(scale)?],
+    };
+    let (f, cfg) = if rows == Rows::Few {
+        (if fp8 { &k.small_m_gemm_fp8 } else { &k.small_m_gemm }, grid(k, tasks))
+    } else {
+        if !fp8 {
+            ptrs.push(0); // the one-row kernels' (unused) weight scales
+        }
+        let per_lane = (kd / if fp8 { 16 } else { 8 }).div_ceil(32);
+        let i = ONE_ROW_CHUNKS.iter().position(|&c| c >= per_lane).unwrap_or(ONE_ROW_CHUNKS.len() - 1);
+        let set = if fp8 { &k.one_row_gemm_fp8 } else { &k.one_row_gemm };
+        let f = &set[i];
+        let blocks = tasks.div_ceil(ONE_ROW_WARPS).max(1) as u32;
+        (f, LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (32 * ONE_ROW_WARPS as u32, 1, 1), shared_mem_bytes: 0 })
     };
     ptrs.push(ptr(out)?);
     match routing {
         Some((offsets, sorted, meta)) => ptrs.extend([ptr(offsets)?, ptr(sorted)?, ptr(meta)?]),
         None => ptrs.extend([0u64; 3]),
     }
-    let tasks = dims[2] as usize * dims[3] as usize / 2;
-    launch_slices(f, grid(k, tasks), &ptrs, &dims, &[])
+    launch_slices(f, cfg, &ptrs, &dims, &[])
 }
 
 /// `x [M, K] @ w [N, K]^T -> [M, N]` bf16, for small M.
@@ -73,7 +118,7 @@ pub fn small_m_linear(k: &Kernels, x: &Tensor, w: &Tensor) -> Result<Tensor> {
         bail!("small_m_linear: x {:?} {:?}, w {:?} {:?}", x.shape(), x.dtype(), w.shape(), w.dtype());
     }
     let out = empty(cuda_dev(x.device())?, (m, n), DType::BF16)?;
-    run(k, x, Weight::Bf16(w), &out, None, [1, m as i32, 1, n as i32, kd as i32])?;
+    run(k, x, Weight::Bf16(w), &out, None, [1, m as i32, 1, n as i32, kd as i32], if m == 1 { Rows::One } else { Rows::Few })?;
     Ok(out)
 }
 
@@ -102,7 +147,9 @@ pub(crate) fn small_m_grouped(
     if !fits {
         bail!("small_m_grouped: expert weights of [{n}, {kd}] per expert");
     }
-    run(k, x, w, out, Some(routing), [row_div as i32, 0, groups as i32, n as i32, kd as i32])
+    // A one-token step: each active expert has one pair.
+    let rows = if out.dim(0)? == groups { Rows::One } else { Rows::Few };
+    run(k, x, w, out, Some(routing), [row_div as i32, 0, groups as i32, n as i32, kd as i32], rows)
 }
 
 /// Whether the FP8 form takes a `[N, K]` e4m3 weight: N even, K a
@@ -122,6 +169,7 @@ pub fn small_m_linear_fp8(k: &Kernels, x: &Tensor, q: &Tensor, scale: &Tensor) -
     }
     let x = x.contiguous()?;
     let out = empty(cuda_dev(x.device())?, (m, n), DType::BF16)?;
-    run(k, &x, Weight::Fp8 { q, scale }, &out, None, [1, m as i32, 1, n as i32, kd as i32])?;
+    let rows = if m == 1 { Rows::One } else { Rows::Few };
+    run(k, &x, Weight::Fp8 { q, scale }, &out, None, [1, m as i32, 1, n as i32, kd as i32], rows)?;
     Ok(out)
 }

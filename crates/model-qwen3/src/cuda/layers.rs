@@ -98,7 +98,7 @@ impl RopeStore<'_> {
             None => {
                 let q = empty(cuda_dev(self.qkv.device())?, self.q_out.shape(), DType::BF16)?;
                 self.launch_into(k, form, &q, None)?;
-                super::cudnn_attention::quantize_q(k, &q, self.q_out, inv)
+                super::cudnn_fp8::quantize_q(k, &q, self.q_out, inv)
             }
         }
     }

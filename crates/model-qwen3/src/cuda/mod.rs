@@ -5,6 +5,7 @@
 
 mod attention;
 mod cudnn_attention;
+mod cudnn_fp8;
 mod fp8_linear;
 mod gemv;
 mod graph;
@@ -15,10 +16,8 @@ mod moe_cublas;
 mod moe_gemm;
 
 pub use attention::{set_decode_kernel_v1, AttentionPlan, PagedAttention};
-pub use cudnn_attention::{
-    e4m3_io_plans, fp8_attention_bounds, q_absmax, quantize_q, set_fp8_attention_bounds, CudnnAttention, E4m3Output, PrefillBackend,
-    PrefillContext, DEFAULT_FP8_BOUNDS,
-};
+pub use cudnn_attention::{CudnnAttention, PrefillBackend, PrefillContext};
+pub use cudnn_fp8::{e4m3_io_plans, fp8_attention_bounds, q_absmax, quantize_q, set_fp8_attention_bounds, E4m3Output, DEFAULT_FP8_BOUNDS};
 pub use fp8_linear::{
     fp8_gemm_runs, fp8_weights, quantize_blocks, quantize_rows, set_fp8_weights, silu_mul_quantized, Fp8Weight, GpuLinear, WeightBytes,
 };
@@ -174,6 +173,10 @@ pub struct Kernels {
     pub moe_topk: CudaFunc,
     pub moe_align: CudaFunc,
     pub moe_route: CudaFunc,
+    /// The router's logits and the routing in one launch (a few tokens),
+    /// and the count of its blocks done (one u32, 0 between launches).
+    pub moe_router_route: CudaFunc,
+    pub route_counter: Tensor,
     pub moe_gemm_small: CudaFunc,
     /// gemv.cu: products of a few rows (gemv.rs).
     pub small_m_gemm: CudaFunc,
@@ -181,6 +184,10 @@ pub struct Kernels {
     pub small_m_gemm_fp8: CudaFunc,
     /// Its launch grid: blocks resident on the whole device at once.
     pub small_m_blocks: u32,
+    /// gemv.cu's one-row kernels (a one-token decode), by chunks a lane
+    /// ([`gemv::ONE_ROW_CHUNKS`]): bf16 weights, then block-FP8.
+    pub one_row_gemm: [CudaFunc; 3],
+    pub one_row_gemm_fp8: [CudaFunc; 3],
     pub moe_gemm_tc: CudaFunc,
     pub moe_sum: CudaFunc,
     pub moe_sum_scalar: CudaFunc,
@@ -233,6 +240,10 @@ impl Kernels {
         let sms = stream.context().attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).w()? as u32;
         let per_sm = small_m_gemm.func.occupancy_max_active_blocks_per_multiprocessor(gemv::BLOCK, 0, None).w()?;
         let small_m_blocks = sms * per_sm.max(1);
+        let one_row = |fp8: &str| -> Result<[CudaFunc; 3]> {
+            let [a, b, c] = gemv::ONE_ROW_CHUNKS.map(|kc| get(&format!("one_row_gemm{fp8}_kc{kc}"), "kvc_gemv", PTX_GEMV));
+            Ok([a?, b?, c?])
+        };
         Ok(Self {
             rmsnorm: l("rmsnorm")?,
             add_rmsnorm: l("add_rmsnorm")?,
@@ -255,10 +266,14 @@ impl Kernels {
             moe_topk: m("moe_topk")?,
             moe_align: m("moe_align")?,
             moe_route: m("moe_route")?,
+            moe_router_route: m("moe_router_route")?,
+            route_counter: Tensor::zeros(1, DType::U32, &Device::Cuda(dev.clone()))?,
             moe_gemm_small: m("moe_gemm_small")?,
             small_m_gemm,
             small_m_gemm_fp8,
             small_m_blocks,
+            one_row_gemm: one_row("")?,
+            one_row_gemm_fp8: one_row("_fp8")?,
             moe_gemm_tc: m("moe_gemm_tc")?,
             moe_sum: m("moe_sum")?,
             moe_sum_scalar: m("moe_sum_scalar")?,

@@ -86,7 +86,6 @@ fn route(k: &Kernels, x: &Tensor, router: &Tensor, e: usize, i: usize, kk: usize
     if h % 8 != 0 || i % 8 != 0 || e > 1024 || kk > 32 {
         candle_core::bail!("moe kernels need hidden and moe_intermediate multiples of 8, <= 1024 experts, top-k <= 32");
     }
-    let logits = x.matmul(&router.t()?)?; // [T, E] bf16
     let ids = empty(dev, tk, DType::U32)?;
     let w = empty(dev, tk, DType::F32)?;
     let offsets = empty(dev, e + 1, DType::U32)?;
@@ -95,6 +94,37 @@ fn route(k: &Kernels, x: &Tensor, router: &Tensor, e: usize, i: usize, kk: usize
     let meta = empty(dev, 2 * e + 1, DType::U32)?;
     let renorm = norm_topk_prob as i32;
     let (ids_p, w_p, off_p, sorted_p, inv_p, meta_p) = (ptr(&ids)?, ptr(&w)?, ptr(&offsets)?, ptr(&sorted)?, ptr(&inv)?, ptr(&meta)?);
+    let fused = t <= ROUTER_ROUTE_TOKENS && e <= ROUTE_BLOCK && x.dtype() == DType::BF16 && router.dtype() == DType::BF16;
+    if fused && x.is_contiguous() && router.is_contiguous() {
+        // A few tokens: the router's logits, the routing and the grouping
+        // in one launch (a warp an expert; the last block routes).
+        let logits = empty(dev, (t, e), DType::BF16)?;
+        let threads = (e.next_multiple_of(32)).max(256);
+        let blocks = e.div_ceil(threads / 32);
+        let cfg = LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (threads as u32, 1, 1), shared_mem_bytes: 0 };
+        let (ti, ei, hi, ki) = (t as i32, e as i32, h as i32, kk as i32);
+        launch!(
+            k.moe_router_route,
+            cfg,
+            ptr(x)?,
+            ptr(router)?,
+            ptr(&logits)?,
+            ptr(&k.route_counter)?,
+            ids_p,
+            w_p,
+            ti,
+            ei,
+            hi,
+            ki,
+            renorm,
+            off_p,
+            sorted_p,
+            inv_p,
+            meta_p
+        )?;
+        return Ok(Routing { w, offsets, sorted, inv, meta });
+    }
+    let logits = x.matmul(&router.t()?)?; // [T, E] bf16
     if t <= ROUTE_ONE_BLOCK_TOKENS && e <= ROUTE_BLOCK {
         // Decode: routing and grouping in one block, one launch.
         let one = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (ROUTE_BLOCK as u32, 1, 1), shared_mem_bytes: 0 };
@@ -169,6 +199,10 @@ const ROUTE_BLOCK: usize = 512;
 /// many blocks (at 64 tokens, 4 per warp took 41 us per layer against 14
 /// for the two kernels on the H200).
 const ROUTE_ONE_BLOCK_TOKENS: usize = ROUTE_BLOCK / 32;
+/// Most tokens whose router logits `moe_router_route` computes itself
+/// (kernels/moe.cu's RT_MAX_T): a decode step of a few sequences, where
+/// the router's cuBLAS GEMM was a launch of its own on two CTAs.
+const ROUTER_ROUTE_TOKENS: usize = 8;
 
 impl GpuMoe {
     /// `x: [T, H]` bf16 -> `[T, H]`.
