@@ -182,8 +182,6 @@ pub struct AttentionPlan {
     num_kv_heads: usize,
     /// The prefill-shaped sequences, where cuDNN takes them.
     cudnn: Option<CudnnPlan>,
-    /// Every row of the batch is on cuDNN's FP8 route ([`Self::e4m3_io`]).
-    e4m3_io: bool,
 }
 
 impl AttentionPlan {
@@ -214,10 +212,6 @@ impl AttentionPlan {
             None => None,
         };
         let kvc_takes = |s: &SeqChunk| cudnn.is_none() || !on_cudnn(s);
-        let e4m3_io = cudnn.as_ref().is_some_and(CudnnPlan::e4m3_io);
-        if e4m3_io {
-            super::cudnn_fp8::count_e4m3_io_plan();
-        }
         let tok_per_tile = BR / group;
         let v2 = decode_v2();
         let mut seqs = Vec::with_capacity(batch.seqs.len() * 4);
@@ -291,7 +285,6 @@ impl AttentionPlan {
             num_heads,
             num_kv_heads,
             cudnn,
-            e4m3_io,
         })
     }
 
@@ -308,7 +301,7 @@ impl AttentionPlan {
     /// Whether every row of the batch is on cuDNN's FP8 route: Q can come
     /// in e4m3 ([`PagedAttention::forward_fp8`]) and O stay e4m3.
     pub fn e4m3_io(&self) -> bool {
-        self.e4m3_io
+        self.cudnn.as_ref().is_some_and(CudnnPlan::e4m3_io)
     }
 }
 
@@ -410,7 +403,6 @@ impl FixedPlanHost {
             num_heads,
             num_kv_heads,
             cudnn: None,
-            e4m3_io: false,
         })
     }
 
@@ -461,7 +453,7 @@ impl PagedAttention {
     pub fn forward_fp8(&self, k: &Kernels, q8: &Tensor, plan: &AttentionPlan) -> Result<E4m3Output> {
         let (nkv, hd) = (plan.num_kv_heads, self.head_dim);
         match &plan.cudnn {
-            Some(c) if plan.e4m3_io && q8.dtype() == DType::U8 && q8.dims2()? == (c.fp8_row_count(), plan.num_heads * hd) => {
+            Some(c) if c.e4m3_io() && q8.dtype() == DType::U8 && q8.dims2()? == (c.fp8_row_count(), plan.num_heads * hd) => {
                 c.run_fp8(k, q8, &self.cudnn_layer(nkv))
             }
             _ => bail!("attention: an e4m3 Q {:?} {:?} for a plan not wholly on cuDNN's FP8 route", q8.shape(), q8.dtype()),

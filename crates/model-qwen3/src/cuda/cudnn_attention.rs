@@ -45,7 +45,9 @@ use candle_core::{bail, DType, Device, Result, Tensor};
 use cudnn_sys::{Cudnn, Fp8Scales, SdpaArgs, SdpaDesc, SdpaGraph};
 use kvc_policy::fp8_attention::Fp8AttentionBounds;
 
-use super::cudnn_fp8::{checked_q_absmax, fp8_attention_bounds, fp8_route, quantize_q, E4m3Output, Fp8Bounds, Fp8Operands};
+use super::cudnn_fp8::{
+    checked_q_absmax, count_e4m3_io_plan, fp8_attention_bounds, fp8_route, quantize_q, E4m3Output, Fp8Bounds, Fp8Operands,
+};
 use super::{cuda_dev, empty, grid1, launch, ptr, upload_u32, CacheFormat, Kernels};
 use crate::batch::SeqChunk;
 
@@ -329,6 +331,9 @@ impl CudnnPlan {
         }
         let rows: Vec<u32> =
             if fp8 { seqs.iter().flat_map(|s| (s.start..s.start + s.len).map(|r| r as u32)).collect() } else { Vec::new() };
+        if fp8 && whole_step {
+            count_e4m3_io_plan();
+        }
         Ok(Some(Self {
             attention: ctx.attention.clone(),
             graph,

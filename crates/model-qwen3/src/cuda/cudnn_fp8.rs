@@ -61,7 +61,7 @@ pub fn e4m3_io_plans() -> u64 {
     E4M3_IO_PLANS.load(Ordering::Relaxed)
 }
 
-pub(crate) fn count_e4m3_io_plan() {
+pub(super) fn count_e4m3_io_plan() {
     E4M3_IO_PLANS.fetch_add(1, Ordering::Relaxed);
 }
 

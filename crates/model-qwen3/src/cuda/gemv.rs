@@ -62,17 +62,10 @@ impl<'a> Weight<'a> {
     }
 }
 
-/// Which kernel a product takes: `small_m_gemm` (any rows a group), or a
-/// one-row kernel.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Rows {
-    Few,
-    One,
-}
-
 /// Launches `small_m_gemm`, a one-row kernel, or their FP8 forms: `x`
 /// against `w` into `out`, over the routing (offsets, sorted pairs, meta)
-/// of grouped experts or none (dense); `dims` = (row_div, rows, groups, N, K).
+/// of grouped experts or none (dense); `dims` = (row_div, rows, groups, N,
+/// K); `one_row`: every group has one row (the one-row kernels).
 fn run(
     k: &Kernels,
     x: &Tensor,
@@ -80,7 +73,7 @@ fn run(
     out: &Tensor,
     routing: Option<(&Tensor, &Tensor, &Tensor)>,
     dims: [i32; 5],
-    rows: Rows,
+    one_row: bool,
 ) -> Result<()> {
     let tasks = dims[2] as usize * dims[3] as usize / 2;
     let kd = dims[4] as usize;
@@ -89,7 +82,7 @@ fn run(
         Weight::Bf16(w) => vec![ptr(x)?, ptr(w)?],
         Weight::Fp8 { q, scale } => vec![ptr(x)?, ptr(q)?, ptr(scale)?],
     };
-    let (f, cfg) = if rows == Rows::Few {
+    let (f, cfg) = if !one_row {
         (if fp8 { &k.small_m_gemm_fp8 } else { &k.small_m_gemm }, grid(k, tasks))
     } else {
         if !fp8 {
@@ -118,7 +111,7 @@ pub fn small_m_linear(k: &Kernels, x: &Tensor, w: &Tensor) -> Result<Tensor> {
         bail!("small_m_linear: x {:?} {:?}, w {:?} {:?}", x.shape(), x.dtype(), w.shape(), w.dtype());
     }
     let out = empty(cuda_dev(x.device())?, (m, n), DType::BF16)?;
-    run(k, x, Weight::Bf16(w), &out, None, [1, m as i32, 1, n as i32, kd as i32], if m == 1 { Rows::One } else { Rows::Few })?;
+    run(k, x, Weight::Bf16(w), &out, None, [1, m as i32, 1, n as i32, kd as i32], m == 1)?;
     Ok(out)
 }
 
@@ -148,8 +141,8 @@ pub(crate) fn small_m_grouped(
         bail!("small_m_grouped: expert weights of [{n}, {kd}] per expert");
     }
     // A one-token step: each active expert has one pair.
-    let rows = if out.dim(0)? == groups { Rows::One } else { Rows::Few };
-    run(k, x, w, out, Some(routing), [row_div as i32, 0, groups as i32, n as i32, kd as i32], rows)
+    let one_row = out.dim(0)? == groups;
+    run(k, x, w, out, Some(routing), [row_div as i32, 0, groups as i32, n as i32, kd as i32], one_row)
 }
 
 /// Whether the FP8 form takes a `[N, K]` e4m3 weight: N even, K a
@@ -169,7 +162,6 @@ pub fn small_m_linear_fp8(k: &Kernels, x: &Tensor, q: &Tensor, scale: &Tensor) -
     }
     let x = x.contiguous()?;
     let out = empty(cuda_dev(x.device())?, (m, n), DType::BF16)?;
-    let rows = if m == 1 { Rows::One } else { Rows::Few };
-    run(k, &x, Weight::Fp8 { q, scale }, &out, None, [1, m as i32, 1, n as i32, kd as i32], rows)?;
+    run(k, &x, Weight::Fp8 { q, scale }, &out, None, [1, m as i32, 1, n as i32, kd as i32], m == 1)?;
     Ok(out)
 }
