@@ -23,7 +23,6 @@
 #include "expert_groups.h"
 
 #include <cstdint>
-#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <type_traits>
@@ -108,9 +107,7 @@ using Problem = kvc_cutlass::GroupProblem;
 // to 128. The swap's scales trade places: the weights' 128x128 blocks are
 // SFA (granularity 128 on M), the tokens' groups SFB (granularity 1 on N),
 // both still K-major, so the same arrays serve both tilings.
-template <class TileT, class ScaleConfigT, class LayoutAT, class LayoutBT, class LayoutDT,
-          class EpilogueSchedule = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative,
-          class KernelSchedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8BlockScaledAccum>
+template <class TileT, class ScaleConfigT, class LayoutAT, class LayoutBT, class LayoutDT>
 struct GroupedT {
     using Tile = TileT;
     using Scales = ScaleConfigT;
@@ -119,12 +116,13 @@ struct GroupedT {
     using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
         cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Tile, Cluster,
         cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, LayoutDT*, kAlignD, Bf16, LayoutDT*,
-        kAlignD, EpilogueSchedule, cutlass::epilogue::fusion::LinearCombination<Bf16, float, void, float>>::CollectiveOp;
+        kAlignD, cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative,
+        cutlass::epilogue::fusion::LinearCombination<Bf16, float, void, float>>::CollectiveOp;
     using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
         cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, E4m3, cute::tuple<LayoutAT*, LayoutSFA*>, kAlignAB, E4m3,
         cute::tuple<LayoutBT*, LayoutSFB*>, kAlignAB, float, Tile, Cluster,
         cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
-        KernelSchedule>::CollectiveOp;
+        cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8BlockScaledAccum>::CollectiveOp;
     using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, Mainloop, Epilogue>;
     using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
     using StrideA = typename Kernel::InternalStrideA;
@@ -140,20 +138,6 @@ using GroupedRows = GroupedT<Tile, ScaleConfig, LayoutA, LayoutB, LayoutD>;
 // (column-major K x N), d^T = [n, m] column-major.
 using GroupedSwap = GroupedT<Shape<_128, _64, _128>, SwapScaleConfig, cutlass::layout::RowMajor,
                              cutlass::layout::ColumnMajor, cutlass::layout::ColumnMajor>;
-// EXPERIMENT (KVC_FP8_SWAP_PINGPONG=1): the swap on the ping-pong schedule, each consumer
-// warpgroup a whole 128x64 tile, so one's epilogue overlaps the other's mainloop (the
-// down GEMM's K = 768 gives each tile only six k blocks).
-using GroupedSwapPingpong =
-    GroupedT<Shape<_128, _64, _128>, SwapScaleConfig, cutlass::layout::RowMajor, cutlass::layout::ColumnMajor,
-             cutlass::layout::ColumnMajor, cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong,
-             cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpongFP8BlockScaledAccum>;
-bool swap_pingpong() {
-    static const bool on = [] {
-        const char* v = std::getenv("KVC_FP8_SWAP_PINGPONG");
-        return v && v[0] == '1';
-    }();
-    return on;
-}
 
 int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
@@ -354,9 +338,7 @@ uint64_t grouped_workspace_bytes(int experts) {
 uint64_t grouped_workspace_bytes(int experts, int variant) {
     switch (variant) {
         case KVC_MOE_GEMM_ROWS: return grouped_workspace_bytes<GroupedRows>(experts);
-        case KVC_MOE_GEMM_SWAP:
-            return swap_pingpong() ? grouped_workspace_bytes<GroupedSwapPingpong>(experts)
-                                   : grouped_workspace_bytes<GroupedSwap>(experts);
+        case KVC_MOE_GEMM_SWAP: return grouped_workspace_bytes<GroupedSwap>(experts);
         default: return 0;
     }
 }
@@ -387,8 +369,6 @@ int grouped_run(const kvc_fp8_grouped_args* a, cudaStream_t stream, char* err, s
     uint64_t need = grouped_workspace_bytes(g.experts, g.variant);
     if (need == 0) return fail(err, errlen, "kvc_fp8_grouped_run", "unknown variant");
     if (a->op.workspace_bytes < need) return fail(err, errlen, "kvc_fp8_grouped_run", "workspace too small");
-    if (g.variant == KVC_MOE_GEMM_SWAP && swap_pingpong())
-        return grouped_launch<GroupedSwapPingpong, true>(a, stream, err, errlen);
     if (g.variant == KVC_MOE_GEMM_SWAP) return grouped_launch<GroupedSwap, true>(a, stream, err, errlen);
     return grouped_launch<GroupedRows, false>(a, stream, err, errlen);
 }
