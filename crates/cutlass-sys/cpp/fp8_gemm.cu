@@ -22,10 +22,12 @@
 #include "cutlass_call.h"
 #include "expert_groups.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <type_traits>
+#include <string>
 #include <vector>
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
@@ -225,6 +227,64 @@ int quant_rows(const void* x, void* q, void* s, int m, int k, cudaStream_t strea
 // ---------------------------------------------------------------------------
 // Dense GEMM.
 
+// EXPERIMENT (KVC_FP8_DENSE_SPLIT, read once): how a dense FP8 GEMM whose
+// 128x128 output tiles cover under half the SMs (a decode step: 64 rows give
+// o_proj 16 tiles, qkv 40 on 132 SMs) shares out its K blocks.
+//   unset or 0  data-parallel, one CTA a tile (the default)
+//   sk          CUTLASS's stream-K heuristic (an H100 measured it slower)
+//   auto        split-K into min(SMs / tiles, K blocks / 4) parts
+//   N (2..16)   split-K into N parts
+// A trailing 'n' (autn, 4n) adds the partial sums in any order
+// (ReductionMode::Nondeterministic) instead of in K order.
+struct DenseSplit {
+    bool on = false;
+    int splits = 1;  // 1: stream-K's own decomposition
+    bool deterministic = true;
+};
+struct DenseSplitEnv {
+    int mode = 0;  // 0 off, 1 stream-K heuristic, 2 auto, 3 fixed
+    int splits = 1;
+    bool deterministic = true;
+};
+DenseSplitEnv dense_split_env() {
+    static const DenseSplitEnv env = [] {
+        DenseSplitEnv e;
+        const char* v = std::getenv("KVC_FP8_DENSE_SPLIT");
+        if (!v || !v[0] || std::strcmp(v, "0") == 0) return e;
+        std::string s(v);
+        if (s.back() == 'n') {
+            e.deterministic = false;
+            s.pop_back();
+        }
+        if (s == "sk") e.mode = 1;
+        else if (s == "auto" || s == "aut") e.mode = 2;
+        else {
+            int n = std::atoi(s.c_str());
+            if (n >= 2 && n <= 16) {
+                e.mode = 3;
+                e.splits = n;
+            }
+        }
+        std::fprintf(stderr, "kvc_fp8: KVC_FP8_DENSE_SPLIT=%s -> mode %d splits %d %s\n", v, e.mode, e.splits,
+                     e.deterministic ? "deterministic" : "nondeterministic");
+        return e;
+    }();
+    return env;
+}
+DenseSplit dense_split(int m, int n, int k) {
+    DenseSplitEnv env = dense_split_env();
+    int tiles = ceil_div(m, 128) * ceil_div(n, 128);
+    int kblocks = k / kBlock;
+    DenseSplit d;
+    if (env.mode == 0 || 2 * tiles >= kvc_cutlass::sm_count() || kblocks < 2) return d;
+    d.on = true;
+    d.deterministic = env.deterministic;
+    if (env.mode == 2) d.splits = std::max(1, std::min(kvc_cutlass::sm_count() / tiles, kblocks / 4));
+    if (env.mode == 3) d.splits = std::min(env.splits, kblocks);
+    return d;
+}
+bool dense_wants_stream_k(int m, int n, int k) { return dense_split(m, n, k).on; }
+
 template <class D>
 typename D::Gemm::Arguments dense_arguments(const kvc_fp8_gemm_args& a) {
     int m = a.m, n = a.n, k = a.k;
@@ -243,10 +303,16 @@ typename D::Gemm::Arguments dense_arguments(const kvc_fp8_gemm_args& a) {
     args.epilogue.thread.alpha = 1.0f;
     args.epilogue.thread.beta = 0.0f;
     if constexpr (!std::is_same_v<D, Dense>) {
-        // Deterministic: the same partial sums in the same order every run
-        // (graph replays and eager passes agree bit for bit).
         using Params = cutlass::gemm::kernel::detail::PersistentTileSchedulerSm90StreamKParams;
-        args.scheduler.reduction_mode = Params::ReductionMode::Deterministic;
+        DenseSplit split = dense_split(m, n, k);
+        // Deterministic unless asked otherwise: the same partial sums in the
+        // same order every run (graph replays and eager passes agree bit for bit).
+        args.scheduler.reduction_mode =
+            split.deterministic ? Params::ReductionMode::Deterministic : Params::ReductionMode::Nondeterministic;
+        if (split.splits > 1) {
+            args.scheduler.splits = split.splits;
+            args.scheduler.decomposition_mode = Params::DecompositionMode::SplitK;
+        }
     }
     return args;
 }
@@ -256,12 +322,6 @@ struct Tag {
     using type = T;
 };
 
-// Stream-K when the 128x128 output tiles cover under half the SMs (and K
-// has more than one 128-deep block to share out).
-bool dense_wants_stream_k(int m, int n, int k) {
-    int tiles = ceil_div(m, 128) * ceil_div(n, 128);
-    return 2 * tiles < kvc_cutlass::sm_count() && k > kBlock;
-}
 
 int dense_shape_ok(int m, int n, int k, char* err, size_t errlen) {
     if (m <= 0 || n <= 0 || k <= 0) return fail(err, errlen, "kvc_fp8_gemm", "empty problem");
