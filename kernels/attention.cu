@@ -546,12 +546,11 @@ struct Cfg {
     static constexpr int LD = HD + 8;   // 2-byte row stride of Q/K/V tiles: ldmatrix rows in distinct banks
     static constexpr int LDO = HD + 8;  // f32 row stride of the warps' O tiles (float2 stores conflict-free)
     static constexpr int STAGE = 2 * TK * LD;  // elements of one 2-byte K tile, then V tile
-    static constexpr int LD8 = HD + 16;        // byte row stride of an e4m3 tile
-    // Bytes of one ring slot (K then V as the cache holds them) and of the
-    // warp's widened tile pair (e4m3 cache: f16, what the MMAs read).
+    static constexpr int LD8 = HD + 16;        // byte row stride of an e4m3 tile (16-byte aligned rows for ldmatrix)
+    // Bytes of one ring slot: K then V as the cache holds them (the MMAs
+    // read an e4m3 slot through ldmatrix and widen in registers).
     static constexpr int SLOT = FP8 ? 2 * TK * LD8 : 2 * STAGE;
-    static constexpr int WIDE = FP8 ? 2 * STAGE : 0;
-    static constexpr int WARP_BYTES = STAGES * SLOT + WIDE;
+    static constexpr int WARP_BYTES = STAGES * SLOT;
     static constexpr int KV_BYTES = NW * WARP_BYTES;
     static constexpr int Q_OFF = KV_BYTES;
     static constexpr int M_OFF = Q_OFF + ROWS * LD * 2;  // [NW][16] each warp's row maxima
@@ -609,6 +608,32 @@ __device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4], unsig
             : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
+
+__device__ __forceinline__ void ldsm2(unsigned (&r)[2], const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
+                 : "=r"(r[0]), "=r"(r[1])
+                 : "r"(smem_u32(p))
+                 : "memory");
+}
+__device__ __forceinline__ void ldsm2t(unsigned (&r)[2], const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n"
+                 : "=r"(r[0]), "=r"(r[1])
+                 : "r"(smem_u32(p))
+                 : "memory");
+}
+
+// An e4m3 tile read in place (no widened copy). ldmatrix treats a byte
+// pair as one b16 element, so a 16-byte row chunk is one 8x8 matrix row:
+// - K (no .trans): lane (g, t) gets bytes 4t..4t+3 of key g's 16-column
+//   chunk. Within each 16-column chunk the MMA's k order is permuted:
+//   logical columns (2t, 2t+1) are bytes 4t, 4t+1 and (2t+8, 2t+9) are
+//   4t+2, 4t+3; Q is staged in the same order (q_col_perm), and a dot
+//   product does not depend on the order of its terms.
+// - V (.trans): lane (g, t) gets keys 2t and 2t+1 at columns 2g and 2g+1;
+//   the even columns make one n-tile's B fragment and the odd ones a
+//   second, so O's n-tiles 2c and 2c+1 hold chunk c's even and odd columns.
+// Logical column of physical column p of a 16-column chunk (Q staging).
+__device__ __forceinline__ int q_col_perm(int p) { return 2 * (p >> 2) + (p & 1) + ((p & 2) ? 8 : 0); }
 
 __device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
@@ -734,10 +759,11 @@ __device__ void merge_parts(unsigned char* smem, const float* __restrict__ part_
 }  // namespace dec2
 
 // FP8: the cache holds e4m3 (cache_t = fp8): a warp's ring slots hold its
-// bytes, and each tile is widened to f16 in the warp's own buffer before
-// the MMAs, which then run in f16 (Q staged as f16, P packed as f16); its
-// k_scale is in `scale` (the entry point's product), its v_scale multiplies
-// the output. hd % 16 == 0.
+// bytes, which ldmatrix reads in place and the MMAs' fragments widen to
+// f16 in registers (exact), so the MMAs run in f16 (Q staged as f16 in the
+// permuted column order above, P packed as f16); its k_scale is in
+// `scale` (the entry point's product), its v_scale multiplies the output.
+// hd % 16 == 0.
 template <int HD, bool FP8, typename cache_t>
 __device__ void attn_decode2(const bf16* __restrict__ q, const cache_t* __restrict__ cache, const int* __restrict__ tables,
                              const int* __restrict__ seqs, const int* __restrict__ items, bf16* __restrict__ out,
@@ -786,7 +812,6 @@ __device__ void attn_decode2(const bf16* __restrict__ q, const cache_t* __restri
     const int ntiles = kv_hi > kv_begin ? (kv_hi - kv_begin + TK - 1) / TK : 0;
     const int my_tiles = ntiles > warp ? (ntiles - warp + NW - 1) / NW : 0;
     cache_t* ring = (cache_t*)(smem + warp * C::WARP_BYTES);
-    bf16* wide = (bf16*)(smem + warp * C::WARP_BYTES + S * C::SLOT);  // FP8: the widened tile (f16 bits)
 
     // Lane l (and l + 16) looks up key row l % 16 of this warp's tile i:
     // the block id (raw table entry, -1 past the range) and the row's
@@ -849,7 +874,15 @@ __device__ void attn_decode2(const bf16* __restrict__ q, const cache_t* __restri
                 }
             }
         }
-        *(uint4*)(sQ + r * LD + c * 8) = v;
+        if constexpr (FP8) {
+            // Column pairs (p, p + 1), p even, stay pairs in the permuted order.
+            const unsigned* w = (const unsigned*)&v;
+            const int base = (c >> 1) * 16, p0 = (c & 1) * 8;
+#pragma unroll
+            for (int k = 0; k < 4; k++) *(unsigned*)(sQ + r * LD + base + q_col_perm(p0 + 2 * k)) = w[k];
+        } else {
+            *(uint4*)(sQ + r * LD + c * 8) = v;
+        }
     }
     __syncthreads();
 
@@ -883,21 +916,11 @@ __device__ void attn_decode2(const bf16* __restrict__ q, const cache_t* __restri
         lookup(i + S + 1, nb1, no1);
         wait<S - 1>();  // this lane's copies of tile i have landed
         __syncwarp();   // ... and every lane's
-        const bf16* sK = (const bf16*)(ring + (i % S) * (C::SLOT / sizeof(cache_t)));
-        if constexpr (FP8) {
-            // Widen the slot's 2 x 16 rows of e4m3 into the warp's f16 tile.
-            const fp8* src = (const fp8*)sK;
-            for (int e = lane; e < 2 * TK * CPR; e += 32) {
-                int r = e / CPR, c = e % CPR;
-                uint4 lo, hi;
-                e4m3x16_widen<true>(*(const uint4*)(src + r * LDC + c * 16), lo, hi);
-                *(uint4*)(wide + r * LD + c * 16) = lo;
-                *(uint4*)(wide + r * LD + c * 16 + 8) = hi;
-            }
-            __syncwarp();
-            sK = wide;
-        }
+        const cache_t* slot = ring + (i % S) * (C::SLOT / sizeof(cache_t));
+        const bf16* sK = (const bf16*)slot;
         const bf16* sV = sK + TK * LD;
+        const fp8* sK8 = (const fp8*)slot;  // FP8: e4m3 rows of LDC bytes
+        const fp8* sV8 = sK8 + TK * LDC;
         const int kb = kv_begin + (warp + i * NW) * TK;
 
         float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
@@ -912,7 +935,17 @@ __device__ void attn_decode2(const bf16* __restrict__ q, const cache_t* __restri
             } else {
                 ldsm4(a, sQ + a_row * LD + k * 16 + a_col);
             }
-            ldsm4(b, sK + k_row * LD + k * 16 + k_col);
+            if constexpr (FP8) {
+                // Keys 0-7 and 8-15 of chunk k: lanes 0-7 and 8-15 give the rows.
+                unsigned r[2];
+                ldsm2(r, sK8 + ((lane & 7) + ((lane >> 3) & 1) * 8) * LDC + k * 16);
+                b[0] = e4m3x2_to_h2(r[0] & 0xffffu);
+                b[1] = e4m3x2_to_h2(r[0] >> 16);
+                b[2] = e4m3x2_to_h2(r[1] & 0xffffu);
+                b[3] = e4m3x2_to_h2(r[1] >> 16);
+            } else {
+                ldsm4(b, sK + k_row * LD + k * 16 + k_col);
+            }
             mma<FP8>(s[0], a, b[0], b[1]);
             mma<FP8>(s[1], a, b[2], b[3]);
         }
@@ -963,10 +996,20 @@ __device__ void attn_decode2(const bf16* __restrict__ q, const cache_t* __restri
                                 pack2<FP8>(p[1][2], p[1][3])};
 #pragma unroll
         for (int dt = 0; dt < HD / 16; dt++) {
-            unsigned b[4];
-            ldsm4t(b, sV + a_row * LD + dt * 16 + a_col);
-            mma<FP8>(o[2 * dt], pa, b[0], b[1]);
-            mma<FP8>(o[2 * dt + 1], pa, b[2], b[3]);
+            if constexpr (FP8) {
+                // Keys 0-7 and 8-15 of column chunk dt; bytes (0, 2) of a
+                // register are the even column's key pair, (1, 3) the odd one's.
+                unsigned r[2];
+                ldsm2t(r, sV8 + ((lane & 7) + ((lane >> 3) & 1) * 8) * LDC + dt * 16);
+                const unsigned p0 = __byte_perm(r[0], 0u, 0x3120), p1 = __byte_perm(r[1], 0u, 0x3120);
+                mma<FP8>(o[2 * dt], pa, e4m3x2_to_h2(p0 & 0xffffu), e4m3x2_to_h2(p1 & 0xffffu));
+                mma<FP8>(o[2 * dt + 1], pa, e4m3x2_to_h2(p0 >> 16), e4m3x2_to_h2(p1 >> 16));
+            } else {
+                unsigned b[4];
+                ldsm4t(b, sV + a_row * LD + dt * 16 + a_col);
+                mma<FP8>(o[2 * dt], pa, b[0], b[1]);
+                mma<FP8>(o[2 * dt + 1], pa, b[2], b[3]);
+            }
         }
         __syncwarp();  // every lane has read slot i % S before it is refilled
     }
@@ -985,10 +1028,22 @@ __device__ void attn_decode2(const bf16* __restrict__ q, const cache_t* __restri
         sL[warp * ROWS + g] = l0;
         sL[warp * ROWS + g + 8] = l1;
     }
+    if constexpr (FP8) {
+        // n-tiles 2c and 2c + 1 are chunk c's even and odd columns: lane
+        // (g, t) holds columns 16c + 4t .. 16c + 4t + 3 of rows g and g + 8.
 #pragma unroll
-    for (int n = 0; n < HD / 8; n++) {
-        *(float2*)(sO + (warp * ROWS + g) * C::LDO + n * 8 + 2 * t) = make_float2(o[n][0], o[n][1]);
-        *(float2*)(sO + (warp * ROWS + g + 8) * C::LDO + n * 8 + 2 * t) = make_float2(o[n][2], o[n][3]);
+        for (int c = 0; c < HD / 16; c++) {
+            const float* e = o[2 * c];
+            const float* d = o[2 * c + 1];
+            *(float4*)(sO + (warp * ROWS + g) * C::LDO + c * 16 + 4 * t) = make_float4(e[0], d[0], e[1], d[1]);
+            *(float4*)(sO + (warp * ROWS + g + 8) * C::LDO + c * 16 + 4 * t) = make_float4(e[2], d[2], e[3], d[3]);
+        }
+    } else {
+#pragma unroll
+        for (int n = 0; n < HD / 8; n++) {
+            *(float2*)(sO + (warp * ROWS + g) * C::LDO + n * 8 + 2 * t) = make_float2(o[n][0], o[n][1]);
+            *(float2*)(sO + (warp * ROWS + g + 8) * C::LDO + n * 8 + 2 * t) = make_float2(o[n][2], o[n][3]);
+        }
     }
     __syncthreads();
     if (tid < ROWS) {

@@ -8,53 +8,83 @@
 #include <mma.h>
 using namespace nvcuda;
 
+// Top-k keys: a bf16 logit's bits made order-preserving as an unsigned
+// (negatives' bits flipped, -0 taken as +0, NaN below every number) in the
+// high half and 0xffff - expert in the low, so the largest key is the
+// largest logit with ties to the lower expert id, and a warp's largest is
+// one __reduce_max_sync (redux.sync). Every expert's key is distinct and
+// above 0, the key of an empty or an already chosen slot.
+__device__ __forceinline__ unsigned topk_key(bf16 x, int e) {
+    unsigned b = __bfloat16_as_ushort(x);
+    if (b == 0x8000u) b = 0;
+    const unsigned o = (b & 0x7fffu) > 0x7f80u ? 0u : (b & 0x8000u) ? (~b & 0xffffu) : (b | 0x8000u);
+    return (o << 16) | (0xffffu - (unsigned)e);
+}
+
+// The logit a key was made from (NaN for NaN).
+__device__ __forceinline__ float topk_key_logit(unsigned key) {
+    const unsigned o = key >> 16;
+    return to_f(__ushort_as_bfloat16((unsigned short)((o & 0x8000u) ? (o & 0x7fffu) : (~o & 0xffffu))));
+}
+
+__device__ __forceinline__ unsigned warp_max_u32(unsigned v) {
+#if __CUDA_ARCH__ >= 800
+    return __reduce_max_sync(0xffffffffu, v);
+#else
+    for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+#endif
+}
+
 // Routing of one token (warp `t`): softmax over logits [T, E] (bf16, the
 // router's output) in f32, top-k with ties to the lower expert id, optional
 // renormalisation, weights rounded to bf16 as transformers does. Each lane
-// keeps its slice of the row (experts lane, lane + 32, ...) in registers
-// and drops an expert from it once chosen. E <= 1024, K <= 32.
-__device__ __forceinline__ void topk_token(const bf16* logits, int* ids, float* weights, int t, int E, int K, int renorm) {
+// keeps its slice of the row (experts lane, lane + 32, ...; NV * 32 >= E)
+// in registers as keys; each of the K rounds takes the warp's largest key
+// and clears it where it lies.
+template <int NV>
+__device__ __forceinline__ void topk_token_n(const bf16* logits, int* ids, float* weights, int t, int E, int K, int renorm) {
     const int lane = threadIdx.x & 31;
     const bf16* row = logits + (size_t)t * E;
-    float v[32];
+    float v[NV];
+    unsigned key[NV];
     float mx = -INFINITY;
 #pragma unroll
-    for (int i = 0; i < 32; i++) {
-        int e = lane + 32 * i;
-        v[i] = e < E ? to_f(row[e]) : -INFINITY;
+    for (int i = 0; i < NV; i++) {
+        const int e = lane + 32 * i;
+        const bf16 x = e < E ? row[e] : to_bf(0.f);
+        v[i] = e < E ? to_f(x) : -INFINITY;
+        key[i] = e < E ? topk_key(x, e) : 0u;
         mx = fmaxf(mx, v[i]);
     }
     mx = warp_max(mx);
     float sum = 0.f;
 #pragma unroll
-    for (int i = 0; i < 32; i++)
+    for (int i = 0; i < NV; i++)
         if (lane + 32 * i < E) sum += __expf(v[i] - mx);
     sum = warp_sum(sum);
     float chosen_sum = 0.f, mine = 0.f;
     for (int k = 0; k < K; k++) {
-        float best = -INFINITY;
-        int best_e = 0x7fffffff;
+        unsigned best = 0;
 #pragma unroll
-        for (int i = 0; i < 32; i++) {
-            int e = lane + 32 * i;
-            if (e < E && (v[i] > best || (v[i] == best && e < best_e))) { best = v[i]; best_e = e; }
-        }
-        for (int o = 16; o > 0; o >>= 1) {
-            float ov = __shfl_xor_sync(0xffffffffu, best, o);
-            int oe = __shfl_xor_sync(0xffffffffu, best_e, o);
-            if (ov > best || (ov == best && oe < best_e)) { best = ov; best_e = oe; }
-        }
-        if ((best_e & 31) == lane) {
+        for (int i = 0; i < NV; i++) best = max(best, key[i]);
+        best = warp_max_u32(best);
 #pragma unroll
-            for (int i = 0; i < 32; i++)
-                if (i == (best_e >> 5)) v[i] = -INFINITY;
-        }
-        float p = __expf(best - mx) / sum;
+        for (int i = 0; i < NV; i++)
+            if (key[i] == best) key[i] = 0;
+        const float p = __expf(topk_key_logit(best) - mx) / sum;
         chosen_sum += p;
         if (lane == k) mine = p;
-        if (lane == 0) ids[t * K + k] = best_e;
+        if (lane == 0) ids[t * K + k] = (int)(0xffffu - (best & 0xffffu));
     }
     if (lane < K) weights[t * K + lane] = round_bf(renorm ? mine / chosen_sum : mine);
+}
+
+// E <= 1024, K <= 32; the slice's registers sized to E.
+__device__ __forceinline__ void topk_token(const bf16* logits, int* ids, float* weights, int t, int E, int K, int renorm) {
+    if (E <= 128) topk_token_n<4>(logits, ids, weights, t, E, K, renorm);
+    else if (E <= 256) topk_token_n<8>(logits, ids, weights, t, E, K, renorm);
+    else topk_token_n<32>(logits, ids, weights, t, E, K, renorm);
 }
 
 // One warp per token.

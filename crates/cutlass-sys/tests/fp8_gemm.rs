@@ -71,7 +71,7 @@ fn fp8_block_scaled_gemms_match_the_reference_and_are_timed() {
     let mut failures = Vec::new();
     header();
     for &(name, n, k) in dense.iter().filter(|d| wanted(d.0)) {
-        for m in [1usize, 16, 128, 2048, 8192] {
+        for m in [1usize, 16, 64, 128, 2048, 8192] {
             let flops = 2.0 * (m * n * k) as f64;
             let shape = format!("m={m} n={n} k={k}");
             match fp8::selftest_dense(m, n, k, iters(flops)) {

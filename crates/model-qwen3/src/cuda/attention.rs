@@ -85,14 +85,14 @@ pub(crate) fn decode2_threads(hd: usize) -> u32 {
 
 /// Dynamic shared memory of `paged_decode2` (dec2::Cfg::SMEM; the kernel
 /// traps if it is given less): per warp a ring of K/V tiles of 16 keys
-/// (bf16 rows of hd + 8, or e4m3 rows of hd + 16 bytes and the warp's
-/// widened f16 tile pair), then Q, the warps' row maxima, sums and
-/// weights, the CTA's row state and a flag.
+/// (bf16 rows of hd + 8, or e4m3 rows of hd + 16 bytes, read in place),
+/// then Q, the warps' row maxima, sums and weights, the CTA's row state
+/// and a flag.
 pub(crate) fn decode2_smem_bytes(hd: usize, fp8: bool) -> usize {
     let (warps, stages) = decode2_shape(hd, fp8);
     let ld = hd + 8;
     let pair = 2 * DECODE_TILE * ld * 2;
-    let per_warp = if fp8 { stages * 2 * DECODE_TILE * (hd + 16) + pair } else { stages * pair };
+    let per_warp = if fp8 { stages * 2 * DECODE_TILE * (hd + 16) } else { stages * pair };
     warps * per_warp + DECODE_ROWS * ld * 2 + 3 * warps * DECODE_ROWS * 4 + 2 * DECODE_ROWS * 4 + 16
 }
 
