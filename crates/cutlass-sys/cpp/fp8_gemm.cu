@@ -22,12 +22,9 @@
 #include "cutlass_call.h"
 #include "expert_groups.h"
 
-#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <type_traits>
-#include <string>
 #include <vector>
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
@@ -86,15 +83,6 @@ struct Dense {
     using StrideB = typename Kernel::StrideB;
     using StrideC = typename Kernel::StrideC;
     using StrideD = typename Kernel::StrideD;
-};
-// The same GEMM on CUTLASS's stream-K scheduler, for problems of too few
-// output tiles to fill the GPU (decode batches: 64 rows give o_proj's
-// 2,048 columns 16 tiles of 128x128): CTAs share out the K blocks of a
-// tile and add up their partial sums.
-struct DenseStreamK : Dense {
-    using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Dense::Mainloop, Dense::Epilogue,
-                                                        cutlass::gemm::StreamKScheduler>;
-    using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 };
 
 using ProblemShape = kvc_cutlass::GroupShape;
@@ -227,73 +215,14 @@ int quant_rows(const void* x, void* q, void* s, int m, int k, cudaStream_t strea
 // ---------------------------------------------------------------------------
 // Dense GEMM.
 
-// EXPERIMENT (KVC_FP8_DENSE_SPLIT, read once): how a dense FP8 GEMM whose
-// 128x128 output tiles cover under half the SMs (a decode step: 64 rows give
-// o_proj 16 tiles, qkv 40 on 132 SMs) shares out its K blocks.
-//   unset or 0  data-parallel, one CTA a tile (the default)
-//   sk          CUTLASS's stream-K heuristic (an H100 measured it slower)
-//   auto        split-K into min(SMs / tiles, K blocks / 4) parts
-//   N (2..16)   split-K into N parts
-// A trailing 'n' (autn, 4n) adds the partial sums in any order
-// (ReductionMode::Nondeterministic) instead of in K order.
-struct DenseSplit {
-    bool on = false;
-    int splits = 1;  // 1: stream-K's own decomposition
-    bool deterministic = true;
-};
-struct DenseSplitEnv {
-    int mode = 0;  // 0 off, 1 stream-K heuristic, 2 auto, 3 fixed
-    int splits = 1;
-    bool deterministic = true;
-};
-DenseSplitEnv dense_split_env() {
-    static const DenseSplitEnv env = [] {
-        DenseSplitEnv e;
-        const char* v = std::getenv("KVC_FP8_DENSE_SPLIT");
-        if (!v || !v[0] || std::strcmp(v, "0") == 0) return e;
-        std::string s(v);
-        if (s.back() == 'n') {
-            e.deterministic = false;
-            s.pop_back();
-        }
-        if (s == "sk") e.mode = 1;
-        else if (s == "auto" || s == "aut") e.mode = 2;
-        else {
-            int n = std::atoi(s.c_str());
-            if (n >= 2 && n <= 16) {
-                e.mode = 3;
-                e.splits = n;
-            }
-        }
-        std::fprintf(stderr, "kvc_fp8: KVC_FP8_DENSE_SPLIT=%s -> mode %d splits %d %s\n", v, e.mode, e.splits,
-                     e.deterministic ? "deterministic" : "nondeterministic");
-        return e;
-    }();
-    return env;
-}
-DenseSplit dense_split(int m, int n, int k) {
-    DenseSplitEnv env = dense_split_env();
-    int tiles = ceil_div(m, 128) * ceil_div(n, 128);
-    int kblocks = k / kBlock;
-    DenseSplit d;
-    if (env.mode == 0 || 2 * tiles >= kvc_cutlass::sm_count() || kblocks < 2) return d;
-    d.on = true;
-    d.deterministic = env.deterministic;
-    if (env.mode == 2) d.splits = std::max(1, std::min(kvc_cutlass::sm_count() / tiles, kblocks / 4));
-    if (env.mode == 3) d.splits = std::min(env.splits, kblocks);
-    return d;
-}
-bool dense_wants_stream_k(int m, int n, int k) { return dense_split(m, n, k).on; }
-
-template <class D>
-typename D::Gemm::Arguments dense_arguments(const kvc_fp8_gemm_args& a) {
+typename Dense::Gemm::Arguments dense_arguments(const kvc_fp8_gemm_args& a) {
     int m = a.m, n = a.n, k = a.k;
-    auto stride_a = cutlass::make_cute_packed_stride(typename D::StrideA{}, make_shape(m, k, 1));
-    auto stride_b = cutlass::make_cute_packed_stride(typename D::StrideB{}, make_shape(n, k, 1));
-    auto stride_d = cutlass::make_cute_packed_stride(typename D::StrideD{}, make_shape(m, n, 1));
+    auto stride_a = cutlass::make_cute_packed_stride(typename Dense::StrideA{}, make_shape(m, k, 1));
+    auto stride_b = cutlass::make_cute_packed_stride(typename Dense::StrideB{}, make_shape(n, k, 1));
+    auto stride_d = cutlass::make_cute_packed_stride(typename Dense::StrideD{}, make_shape(m, n, 1));
     auto layout_sfa = ScaleConfig::tile_atom_to_shape_SFA(make_shape(m, n, k, 1));
     auto layout_sfb = ScaleConfig::tile_atom_to_shape_SFB(make_shape(m, n, k, 1));
-    typename D::Gemm::Arguments args{
+    typename Dense::Gemm::Arguments args{
         cutlass::gemm::GemmUniversalMode::kGemm,
         {m, n, k, 1},
         {reinterpret_cast<const E4m3*>(a.op.a), stride_a, reinterpret_cast<const E4m3*>(a.op.w), stride_b,
@@ -302,26 +231,8 @@ typename D::Gemm::Arguments dense_arguments(const kvc_fp8_gemm_args& a) {
         hardware()};
     args.epilogue.thread.alpha = 1.0f;
     args.epilogue.thread.beta = 0.0f;
-    if constexpr (!std::is_same_v<D, Dense>) {
-        using Params = cutlass::gemm::kernel::detail::PersistentTileSchedulerSm90StreamKParams;
-        DenseSplit split = dense_split(m, n, k);
-        // Deterministic unless asked otherwise: the same partial sums in the
-        // same order every run (graph replays and eager passes agree bit for bit).
-        args.scheduler.reduction_mode =
-            split.deterministic ? Params::ReductionMode::Deterministic : Params::ReductionMode::Nondeterministic;
-        if (split.splits > 1) {
-            args.scheduler.splits = split.splits;
-            args.scheduler.decomposition_mode = Params::DecompositionMode::SplitK;
-        }
-    }
     return args;
 }
-
-template <class T>
-struct Tag {
-    using type = T;
-};
-
 
 int dense_shape_ok(int m, int n, int k, char* err, size_t errlen) {
     if (m <= 0 || n <= 0 || k <= 0) return fail(err, errlen, "kvc_fp8_gemm", "empty problem");
@@ -334,16 +245,10 @@ int dense_run(const kvc_fp8_gemm_args* a, cudaStream_t stream, char* err, size_t
     if (dense_shape_ok(a->m, a->n, a->k, err, errlen)) return 1;
     if ((a->op.a | a->op.w | a->op.d) % 16 || (a->op.sa | a->op.sw) % 4)
         return fail(err, errlen, "kvc_fp8_gemm_run", "a, w, d must be 16-byte aligned, the scales 4-byte");
-    auto run = [&](auto tag) {
-        using D = typename decltype(tag)::type;
-        auto args = dense_arguments<D>(*a);
-        size_t need = D::Gemm::get_workspace_size(args);
-        if (a->op.workspace_bytes < need) return fail(err, errlen, "kvc_fp8_gemm_run", "workspace too small");
-        return kvc_cutlass::run_gemm<typename D::Gemm>(args, reinterpret_cast<void*>(a->op.workspace), stream, err,
-                                                       errlen);
-    };
-    if (dense_wants_stream_k(a->m, a->n, a->k)) return run(Tag<DenseStreamK>{});
-    return run(Tag<Dense>{});
+    auto args = dense_arguments(*a);
+    size_t need = Dense::Gemm::get_workspace_size(args);
+    if (a->op.workspace_bytes < need) return fail(err, errlen, "kvc_fp8_gemm_run", "workspace too small");
+    return kvc_cutlass::run_gemm<Dense::Gemm>(args, reinterpret_cast<void*>(a->op.workspace), stream, err, errlen);
 }
 
 // ---------------------------------------------------------------------------
@@ -913,8 +818,7 @@ extern "C" int kvc_fp8_gemm_workspace(int32_t m, int32_t n, int32_t k, uint64_t*
     a.m = m;
     a.n = n;
     a.k = k;
-    *bytes = dense_wants_stream_k(m, n, k) ? up(DenseStreamK::Gemm::get_workspace_size(dense_arguments<DenseStreamK>(a)))
-                                           : up(Dense::Gemm::get_workspace_size(dense_arguments<Dense>(a)));
+    *bytes = up(Dense::Gemm::get_workspace_size(dense_arguments(a)));
     return 0;
 }
 
