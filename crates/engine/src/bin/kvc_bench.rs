@@ -47,6 +47,8 @@ mod layers_bench;
 mod model_bench;
 #[path = "bench/moe.rs"]
 mod moe_bench;
+#[path = "bench/roofs.rs"]
+mod roofs;
 
 use kvc_engine::{EngineConfig, EngineHandle, GenerateRequest, KvCacheDtype, LoadFormat, ModelSource, SamplingParams, StreamEvent};
 

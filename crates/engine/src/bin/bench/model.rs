@@ -26,9 +26,7 @@ use kvc_engine::KvCacheDtype;
 use kvc_kv_pool::{BlockId, KvPool};
 use kvc_model_qwen3::{BatchInput, Qwen3Config, Qwen3Model, SeqChunk, QWEN3_30B_A3B};
 
-/// H200 SXM: HBM3e bandwidth and dense bf16 tensor-core peak (datasheet).
-const HBM_BYTES_PER_S: f64 = 4.8e12;
-const PEAK_BF16_FLOPS: f64 = 989e12;
+use super::roofs::{hbm_bytes_per_s, PEAK_BF16_FLOPS};
 
 pub struct Opts {
     pub device: String,
@@ -380,8 +378,8 @@ fn mixed_step(model: &Qwen3Model, pool: &mut KvPool, device: &Device, (n, depth,
         ms[2] - ms[0],
         (ms[2] - ms[0]) / b as f64,
         kv / 1e9,
-        kv / HBM_BYTES_PER_S * 1e3,
-        HBM_BYTES_PER_S / 1e12
+        kv / hbm_bytes_per_s(device) * 1e3,
+        hbm_bytes_per_s(device) / 1e12
     );
 }
 
@@ -630,7 +628,7 @@ fn run_weights(o: &Opts, mix: &[(usize, usize)], device: &Device, run: Run) -> S
             s * 1e3,
             b as f64 / s,
             bytes / 1e9,
-            100.0 * bytes / s / HBM_BYTES_PER_S,
+            100.0 * bytes / s / hbm_bytes_per_s(&device),
             100.0 * flops / s / PEAK_BF16_FLOPS
         );
         summary.decode.push((b, context, b as f64 / s, None));
@@ -656,7 +654,7 @@ fn run_weights(o: &Opts, mix: &[(usize, usize)], device: &Device, run: Run) -> S
     }
     println!(
         "\n(median of 3 prefills / of the decode steps; HBM roof {:.1} TB/s, bf16 peak {:.0} TFLOP/s)",
-        HBM_BYTES_PER_S / 1e12,
+        hbm_bytes_per_s(&device) / 1e12,
         PEAK_BF16_FLOPS / 1e12
     );
     summary
