@@ -45,6 +45,8 @@ mod attention_bench;
 mod layers_bench;
 #[path = "bench/model.rs"]
 mod model_bench;
+#[path = "bench/model_mixed.rs"]
+mod model_mixed;
 #[path = "bench/moe.rs"]
 mod moe_bench;
 #[path = "bench/roofs.rs"]
