@@ -354,6 +354,7 @@ fn run_weights(o: &Opts, mix: &[(usize, usize)], device: &Device, run: Run) -> S
     let mix_len = mix.iter().map(|&(c, n)| c + n).max().unwrap_or(0);
     cfg.max_position_embeddings = cfg.max_position_embeddings.max(mix_len);
     let shape = Shape::of(&cfg);
+    let hbm = hbm_bytes_per_s(&device);
     let dtype = if device.is_cpu() { DType::F32 } else { DType::BF16 };
     let t0 = Instant::now();
     let model = Qwen3Model::dummy(cfg.clone(), 0, dtype, &device).expect("model");
@@ -505,7 +506,7 @@ fn run_weights(o: &Opts, mix: &[(usize, usize)], device: &Device, run: Run) -> S
             s * 1e3,
             b as f64 / s,
             bytes / 1e9,
-            100.0 * bytes / s / hbm_bytes_per_s(&device),
+            100.0 * bytes / s / hbm,
             100.0 * flops / s / PEAK_BF16_FLOPS
         );
         summary.decode.push((b, context, b as f64 / s, None));
@@ -531,7 +532,7 @@ fn run_weights(o: &Opts, mix: &[(usize, usize)], device: &Device, run: Run) -> S
     }
     println!(
         "\n(median of 3 prefills / of the decode steps; HBM roof {:.1} TB/s, bf16 peak {:.0} TFLOP/s)",
-        hbm_bytes_per_s(&device) / 1e12,
+        hbm / 1e12,
         PEAK_BF16_FLOPS / 1e12
     );
     summary

@@ -137,13 +137,14 @@ pub(crate) fn mixed_step(
         // GPU waits for the host (launch-bound); well under, for its kernels.
         println!("{name:>16} {:>9.2} ms (host launches in {:.2} ms)", times[2] * 1e3, enqueue[2] * 1e3);
     }
+    let hbm = hbm_bytes_per_s(device);
     let kv = (b * (ctx + 1)) as f64 * model.kv_layout(bs).bytes_per_block() as f64 / bs as f64;
     println!(
         "decodes inside the step: {:+.2} ms ({:.2} ms each; their K/V, {:.1} GB, is {:.2} ms at {:.1} TB/s)",
         ms[2] - ms[0],
         (ms[2] - ms[0]) / b as f64,
         kv / 1e9,
-        kv / hbm_bytes_per_s(device) * 1e3,
-        hbm_bytes_per_s(device) / 1e12
+        kv / hbm * 1e3,
+        hbm / 1e12
     );
 }
