@@ -79,11 +79,31 @@ fn capture(model: &GpuModel, embed: &Embedding, lm_head: &Tensor, inputs: StepIn
     let ended = stream.end_capture(sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH);
     let logits = logits?;
     let Some(graph) = ended.w()? else { candle_core::bail!("the capture recorded no work") };
+    if let Some(dir) = std::env::var_os("KVC_GRAPH_DOT") {
+        dump_dot(&graph, std::path::Path::new(&dir))?;
+    }
     // One replay now, so that the output's memory exists before anything
     // reads or frees it.
     graph.launch().w()?;
     stream.synchronize().w()?;
     Ok(CapturedStep { logits, graph, inputs })
+}
+
+/// Writes `graph` as Graphviz (the driver's verbose dump: every node's
+/// type, kernel and arguments) to `dir/graph-N.dot`, N counting the
+/// captures of this process: `KVC_GRAPH_DOT=dir`, a diagnostic for what a
+/// replay runs besides the kernels a profiler lists.
+fn dump_dot(graph: &CudaGraph, dir: &std::path::Path) -> Result<()> {
+    static CAPTURES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = CAPTURES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let path = dir.join(format!("graph-{n}.dot"));
+    let Some(c) = path.to_str().and_then(|p| std::ffi::CString::new(p).ok()) else {
+        candle_core::bail!("KVC_GRAPH_DOT: {} is not a usable path", path.display())
+    };
+    let flags = sys::CUgraphDebugDot_flags::CU_GRAPH_DEBUG_DOT_FLAGS_VERBOSE as u32;
+    // SAFETY: a live graph and a NUL-terminated path.
+    unsafe { sys::cuGraphDebugDotPrint(graph.cu_graph(), c.as_ptr(), flags) }.result().w()?;
+    Ok(())
 }
 
 /// The serving path's CUDA graphs: one decode step per bucket of batch
