@@ -240,6 +240,7 @@ __device__ __forceinline__ void route_one(const bf16* lg, int E, int K, int reno
 // copied into its shared memory (one token: route_one). Blocks of at
 // least E threads (E <= 512), H % 8 == 0, T <= RT_MAX_T.
 #define RT_MAX_T 8
+#define RT_LOADS 8
 extern "C" __global__ void __launch_bounds__(512) moe_router_route(
     const bf16* __restrict__ x, const bf16* __restrict__ router, bf16* logits, unsigned* counter, int* ids,
     float* weights, int T, int E, int H, int K, int renorm, int* offsets, int* sorted, int* inv, int* meta) {
@@ -252,16 +253,36 @@ extern "C" __global__ void __launch_bounds__(512) moe_router_route(
         float acc[RT_MAX_T];
 #pragma unroll
         for (int t = 0; t < RT_MAX_T; t++) acc[t] = 0.f;
-        for (int c = lane; c < chunks; c += 32) {
-            const uint4 wv = __ldg((const uint4*)(w + (size_t)c * 8));
-            const bf16* wb = (const bf16*)&wv;
+        // RT_LOADS 16-byte loads of the expert's row in flight per lane
+        // before any math (a one-token step's whole row at H = 2048: one
+        // DRAM round trip instead of one per chunk, which ncu found
+        // serialised), then each token's x chunks likewise; per token the
+        // sums run over the chunks in the same order as one at a time.
+        for (int c0 = lane; c0 < chunks; c0 += 32 * RT_LOADS) {
+            uint4 wv[RT_LOADS];
+#pragma unroll
+            for (int u = 0; u < RT_LOADS; u++) {
+                const int c = c0 + u * 32;
+                wv[u] = c < chunks ? __ldg((const uint4*)(w + (size_t)c * 8)) : make_uint4(0, 0, 0, 0);
+            }
 #pragma unroll
             for (int t = 0; t < RT_MAX_T; t++) {
                 if (t < T) {
-                    const uint4 xv = __ldg((const uint4*)(x + (size_t)t * H + (size_t)c * 8));
-                    const bf16* xb = (const bf16*)&xv;
+                    uint4 xv[RT_LOADS];
 #pragma unroll
-                    for (int i = 0; i < 8; i++) acc[t] += to_f(wb[i]) * to_f(xb[i]);
+                    for (int u = 0; u < RT_LOADS; u++) {
+                        const int c = c0 + u * 32;
+                        xv[u] = c < chunks ? __ldg((const uint4*)(x + (size_t)t * H + (size_t)c * 8)) : make_uint4(0, 0, 0, 0);
+                    }
+#pragma unroll
+                    for (int u = 0; u < RT_LOADS; u++) {
+                        if (c0 + u * 32 < chunks) {
+                            const bf16* wb = (const bf16*)&wv[u];
+                            const bf16* xb = (const bf16*)&xv[u];
+#pragma unroll
+                            for (int i = 0; i < 8; i++) acc[t] += to_f(wb[i]) * to_f(xb[i]);
+                        }
+                    }
                 }
             }
         }
