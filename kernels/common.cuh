@@ -13,6 +13,10 @@ __device__ __forceinline__ float to_f(bf16 x) { return __bfloat162float(x); }
 __device__ __forceinline__ bf16 to_bf(float x) { return __float2bfloat16(x); }
 // Rounds through bf16, where the reference (transformers in bf16) rounds.
 __device__ __forceinline__ float round_bf(float x) { return to_f(to_bf(x)); }
+// SwiGLU's product before its bf16 rounding: bf16(silu(g)) * u, as
+// transformers' bf16 act_fn(gate) * up (layers.cu's silu_mul, gemv.cu's
+// fused gate|up epilogue).
+__device__ __forceinline__ float silu_times(float g, float u) { return round_bf(g / (1.f + __expf(-g))) * u; }
 
 // x in e4m3: rounded to nearest even, saturated at +-448 (vLLM's
 // convention, as kv-pool's quantize_e4m3 on the host).

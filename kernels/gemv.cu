@@ -175,7 +175,12 @@ __device__ __forceinline__ uint4 ld_stream(const void* p) {
     return r;
 }
 
-template <bool FP8, int KC>
+// SWIGLU: the weight is an MoE block's gate|up [2I, K] (N = 2I), a task's
+// two columns are gate row j and up row j + I, and it writes
+// bf16(silu(gate) * up) of their bf16 products to out [rows, I] at column j:
+// layers.cu's silu_mul in the products' epilogue, the same roundings, one
+// launch and no [rows, 2I] in memory. The two rows' scale blocks differ.
+template <bool FP8, int KC, bool SWIGLU>
 __device__ __forceinline__ void one_row_stream(const bf16* __restrict__ x, const void* __restrict__ Wv,
                                                const float* __restrict__ sw, bf16* __restrict__ out,
                                                const int* __restrict__ offsets, const int* __restrict__ sorted,
@@ -187,17 +192,20 @@ __device__ __forceinline__ void one_row_stream(const bf16* __restrict__ x, const
     const long task = (long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (task >= (long)groups * half_n) return;
     const int g = (int)(task / half_n);
-    const int n = (int)(task - (long)g * half_n) * 2;
+    const int j = (int)(task - (long)g * half_n);
+    const int n0 = SWIGLU ? j : 2 * j, n1 = SWIGLU ? j + half_n : 2 * j + 1;
     const int e = meta ? __ldg(meta + g) : 0;
     if (e < 0) return;
     const size_t row_bytes = (size_t)K * (FP8 ? 1 : 2);
-    const unsigned char* w0 = (const unsigned char*)Wv + ((size_t)e * N + n) * row_bytes;
-    const unsigned char* w1 = w0 + row_bytes;
+    const unsigned char* w0 = (const unsigned char*)Wv + ((size_t)e * N + n0) * row_bytes;
+    const unsigned char* w1 = (const unsigned char*)Wv + ((size_t)e * N + n1) * row_bytes;
     const int chunks = K / PER;
     const int kb = (K + 127) / 128, nb = (N + 127) / 128;
-    const float* srow = FP8 ? sw + ((size_t)e * nb + n / 128) * kb : nullptr;
+    // n0 even and n1 = n0 + 1 share a scale block; gate and up rows may not.
+    const float* srow0 = FP8 ? sw + ((size_t)e * nb + n0 / 128) * kb : nullptr;
+    const float* srow1 = FP8 ? sw + ((size_t)e * nb + n1 / 128) * kb : nullptr;
     uint4 a[KC], b[KC];
-    float sc[KC];
+    float sc0[KC], sc1[KC];
     auto load = [&](int c0) {
 #pragma unroll
         for (int u = 0; u < KC; u++) {
@@ -205,7 +213,8 @@ __device__ __forceinline__ void one_row_stream(const bf16* __restrict__ x, const
             const bool in = c < chunks;
             a[u] = in ? ld_stream(w0 + (size_t)c * 16) : make_uint4(0, 0, 0, 0);
             b[u] = in ? ld_stream(w1 + (size_t)c * 16) : make_uint4(0, 0, 0, 0);
-            sc[u] = FP8 && in ? __ldg(srow + c * PER / 128) : 0.f;
+            sc0[u] = FP8 && in ? __ldg(srow0 + c * PER / 128) : 0.f;
+            sc1[u] = SWIGLU && FP8 && in ? __ldg(srow1 + c * PER / 128) : sc0[u];
         }
     };
     load(0);
@@ -224,8 +233,8 @@ __device__ __forceinline__ void one_row_stream(const bf16* __restrict__ x, const
                     const uint4 xv = __ldg((const uint4*)(xr + (size_t)c * PER));
                     if constexpr (FP8) {
                         const uint4 xv1 = __ldg((const uint4*)(xr + (size_t)c * PER + 8));
-                        acc0 += sc[u] * dot16_e4m3(a[u], xv, xv1);
-                        acc1 += sc[u] * dot16_e4m3(b[u], xv, xv1);
+                        acc0 += sc0[u] * dot16_e4m3(a[u], xv, xv1);
+                        acc1 += sc1[u] * dot16_e4m3(b[u], xv, xv1);
                     } else {
                         acc0 += dot8(a[u], xv);
                         acc1 += dot8(b[u], xv);
@@ -236,10 +245,14 @@ __device__ __forceinline__ void one_row_stream(const bf16* __restrict__ x, const
         acc0 = warp_sum(acc0);
         acc1 = warp_sum(acc1);
         if (lane == 0) {
-            __nv_bfloat162 v;
-            v.x = to_bf(acc0);
-            v.y = to_bf(acc1);
-            *(__nv_bfloat162*)(out + (size_t)row * N + n) = v;
+            if constexpr (SWIGLU) {
+                out[(size_t)row * half_n + j] = to_bf(silu_times(round_bf(acc0), round_bf(acc1)));
+            } else {
+                __nv_bfloat162 v;
+                v.x = to_bf(acc0);
+                v.y = to_bf(acc1);
+                *(__nv_bfloat162*)(out + (size_t)row * N + n0) = v;
+            }
         }
     }
 }
@@ -247,16 +260,20 @@ __device__ __forceinline__ void one_row_stream(const bf16* __restrict__ x, const
 // one_row_gemm_kc{2,4,8} (bf16 weights) and one_row_gemm_fp8_kc{2,4,8}
 // (block-FP8, as small_m_gemm_fp8): small_m_gemm_fp8's arguments (the bf16
 // ones ignore `sw`); blocks of 128 threads, one per 4 tasks.
-#define ONE_ROW_KERNEL(NAME, FP8, WT, KC)                                                                             \
+// one_row_swiglu{,_fp8}_kc{2,4,8}: the same over a gate|up weight, SiLU *
+// up out (SWIGLU above).
+#define ONE_ROW_KERNEL(NAME, FP8, WT, KC, SWIGLU)                                                                     \
     extern "C" __global__ void __launch_bounds__(128) NAME##_kc##KC(                                                  \
         const bf16* __restrict__ x, const WT* __restrict__ W, const float* __restrict__ sw, bf16* __restrict__ out,  \
         const int* __restrict__ offsets, const int* __restrict__ sorted, const int* __restrict__ meta, int row_div,    \
         int dense_rows, int groups, int N, int K) {                                                                   \
-        one_row_stream<FP8, KC>(x, W, sw, out, offsets, sorted, meta, row_div, dense_rows, groups, N, K);            \
+        one_row_stream<FP8, KC, SWIGLU>(x, W, sw, out, offsets, sorted, meta, row_div, dense_rows, groups, N, K);    \
     }
-#define ONE_ROW(KC)                                    \
-    ONE_ROW_KERNEL(one_row_gemm, false, bf16, KC)      \
-    ONE_ROW_KERNEL(one_row_gemm_fp8, true, unsigned char, KC)
+#define ONE_ROW(KC)                                                  \
+    ONE_ROW_KERNEL(one_row_gemm, false, bf16, KC, false)             \
+    ONE_ROW_KERNEL(one_row_gemm_fp8, true, unsigned char, KC, false) \
+    ONE_ROW_KERNEL(one_row_swiglu, false, bf16, KC, true)            \
+    ONE_ROW_KERNEL(one_row_swiglu_fp8, true, unsigned char, KC, true)
 ONE_ROW(2)
 ONE_ROW(4)
 ONE_ROW(8)

@@ -62,6 +62,59 @@ extern "C" __global__ void add_rmsnorm(bf16* x, const bf16* h, const bf16* w, bf
     rmsnorm_row(xr, w, out + row * H, H, eps);
 }
 
+// add_rmsnorm whose h is the MoE block's weighted sum (moe.cu's moe_sum),
+// computed here instead of read: h[t] = bf16(sum_k bf16(w[t, k] *
+// rows[pos(t K + k)])), pos = inv[.] (or the identity when inv is null);
+// x[t] = bf16(x[t] + h[t]), out[t] = rmsnorm(x[t]). The same sums in the
+// same order as moe_sum then add_rmsnorm: bit for bit their result when H
+// <= 8 * blockDim.x (add_rmsnorm's one-pass form; a larger H sums the
+// squares in another order). One launch, no [T, H] h in memory.
+// grid: rows, block: 256. H % 8 == 0.
+extern "C" __global__ void moe_sum_add_rmsnorm(bf16* x, const bf16* __restrict__ rows, const float* __restrict__ w,
+                                               const int* __restrict__ inv, const bf16* __restrict__ nw, bf16* out,
+                                               int K, int H, float eps) {
+    const size_t t = blockIdx.x;
+    bf16* xr = x + t * H;
+    float ss = 0.f;
+    for (int c = threadIdx.x * 8; c < H; c += blockDim.x * 8) {
+        float acc[8];
+#pragma unroll
+        for (int i = 0; i < 8; i++) acc[i] = 0.f;
+        for (int k = 0; k < K; k++) {
+            const size_t p = t * K + k;
+            const int r = inv ? inv[p] : (int)p;
+            const float wp = w[p];
+            const uint4 v = *(const uint4*)(rows + (size_t)r * H + c);
+            const bf16* vb = (const bf16*)&v;
+#pragma unroll
+            for (int i = 0; i < 8; i++) acc[i] += round_bf(to_f(vb[i]) * wp);
+        }
+        const uint4 a = *(const uint4*)(xr + c);
+        const bf16* ab = (const bf16*)&a;
+        uint4 o;
+        bf16* ob = (bf16*)&o;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            ob[i] = to_bf(to_f(ab[i]) + round_bf(acc[i]));
+            const float v = to_f(ob[i]);
+            ss += v * v;
+        }
+        *(uint4*)(xr + c) = o;
+    }
+    const float r = rsqrtf(block_sum(ss) / H + eps);
+    // Each thread reads back only the chunks it wrote.
+    for (int c = threadIdx.x * 8; c < H; c += blockDim.x * 8) {
+        const uint4 a = *(const uint4*)(xr + c), wv = *(const uint4*)(nw + c);
+        const bf16* ab = (const bf16*)&a;
+        const bf16* wb = (const bf16*)&wv;
+        uint4 o;
+        bf16* ob = (bf16*)&o;
+#pragma unroll
+        for (int i = 0; i < 8; i++) ob[i] = to_bf(round_bf(to_f(ab[i]) * r) * to_f(wb[i]));
+        *(uint4*)(out + t * H + c) = o;
+    }
+}
+
 // qkv: [T, (nh + 2 nkv) * hd] (q heads, k heads, v heads). One block per
 // token, one warp per head in turn: q and k heads get RMSNorm over head_dim
 // and rotate-half RoPE at the token's position; q goes to q_out
@@ -290,8 +343,6 @@ __device__ __forceinline__ void qk_norm_rope_store_vec(
 QK_VEC(2)
 QK_VEC(4)
 QK_VEC(8)
-
-__device__ __forceinline__ float silu_times(float g, float u) { return round_bf(g / (1.f + __expf(-g))) * u; }
 
 // gu: [R, 2I] (gate | up) -> out [R, I] = bf16(silu(gate)) * up. Any I.
 extern "C" __global__ void silu_mul_scalar(const bf16* gu, bf16* out, int R, int I) {

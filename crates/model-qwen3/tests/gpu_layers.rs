@@ -383,3 +383,108 @@ fn few_row_fp8_products_match_an_f64_host_reference_over_the_dequantized_weights
         assert!(worst <= 1.0, "{m}x{n}x{kd}: off by {worst:.2} of the allowed error");
     }
 }
+
+#[test]
+#[ignore = "needs a CUDA device: run with scripts/gpu_run.sh"]
+fn one_row_swiglu_equals_the_product_then_silu_mul_bit_for_bit_bf16_and_fp8() {
+    use kvc_model_qwen3::cuda::{small_m_linear, small_m_linear_fp8, swiglu_linear, swiglu_linear_fp8};
+    use kvc_model_qwen3::fp8::BlockFp8;
+    let (dev, k, mut rng) = setup(29);
+    let fp8 = BlockFp8 { block: (128, 128) };
+    // (I, K): Qwen3-30B-A3B's experts; an I whose up rows start inside a
+    // weight-scale block (65: gate and up rows take different scales); K
+    // over several of the one-row kernel's stretches; the smallest shapes.
+    for (i, kd) in [(768usize, 2048usize), (65, 256), (96, 8192), (4, 128)] {
+        let n = 2 * i;
+        let x = randn(&mut rng, kd, 2.0);
+        let w = randn(&mut rng, n * kd, 0.05);
+        let xt = upload_bf16(&x, &[1, kd], &dev);
+        let wt = upload_bf16(&w, &[n, kd], &dev);
+        let fused = host(&swiglu_linear(&k, &xt, &wt).unwrap());
+        let apart = host(&silu_mul(&k, &small_m_linear(&k, &xt, &wt).unwrap(), Form::Auto).unwrap());
+        let differ = fused.iter().zip(&apart).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+        assert_eq!((fused.len(), differ), (i, 0), "bf16 {i}x{kd}: {differ} of {i} values differ");
+
+        let (q, scale) = fp8.quantize(&Tensor::from_vec(w, (n, kd), &Device::Cpu).unwrap()).unwrap();
+        let (q, scale) = (q.to_device(&dev).unwrap(), scale.to_device(&dev).unwrap());
+        let fused = host(&swiglu_linear_fp8(&k, &xt, &q, &scale).unwrap());
+        let apart = host(&silu_mul(&k, &small_m_linear_fp8(&k, &xt, &q, &scale).unwrap(), Form::Auto).unwrap());
+        let differ = fused.iter().zip(&apart).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+        assert_eq!((fused.len(), differ), (i, 0), "fp8 {i}x{kd}: {differ} of {i} values differ");
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA device: run with scripts/gpu_run.sh"]
+fn moe_sum_add_rmsnorm_equals_moe_sum_then_add_rmsnorm_and_the_host() {
+    use kvc_model_qwen3::cuda::{add_rmsnorm, moe_sum_add_rmsnorm, MoeRows};
+    let (dev, k, mut rng) = setup(31);
+    let eps = 1e-6f32;
+    // (T, top-k, H, permuted): a decode step and a prefill chunk at the 30B
+    // shape, H over one pass of the block (4096, 24 + 8 * 256 = 2072), and
+    // a tiny one. Up to H = 2048 the fused kernel is bit for bit the two
+    // launches; beyond, its sum of squares runs in another order.
+    for (t, top_k, h, permuted) in
+        [(1usize, 8usize, 2048usize, false), (517, 8, 2048, true), (3, 4, 4096, true), (2, 2, 2072, false), (5, 1, 8, true)]
+    {
+        let pairs = t * top_k;
+        let rows = randn(&mut rng, pairs * h, 4.0);
+        let w: Vec<f32> = (0..pairs).map(|_| bf(rng.random::<f32>())).collect();
+        let x = randn(&mut rng, t * h, 3.0);
+        let norm = randn(&mut rng, h, 1.5);
+        let mut inv: Vec<u32> = (0..pairs as u32).collect();
+        if permuted {
+            for i in (1..pairs).rev() {
+                inv.swap(i, rng.random_range(0..=i));
+            }
+        }
+        let moe = MoeRows {
+            rows: upload_bf16(&rows, &[pairs, h], &dev),
+            w: Tensor::from_slice(&w, pairs, &dev).unwrap(),
+            inv: permuted.then(|| Tensor::from_slice(&inv, pairs, &dev).unwrap()),
+            top_k,
+            tokens: t,
+        };
+        let norm_t = upload_bf16(&norm, &[h], &dev);
+        let (x1, x2) = (upload_bf16(&x, &[t, h], &dev), upload_bf16(&x, &[t, h], &dev));
+        let fused = host(&moe_sum_add_rmsnorm(&k, &x1, &moe, &norm_t, eps).unwrap());
+        let apart = host(&add_rmsnorm(&k, &x2, &moe.sum(&k).unwrap(), &norm_t, eps).unwrap());
+        let (r1, r2) = (host(&x1), host(&x2));
+        // The residual (updated in place) is the same bits either way: sums
+        // and adds in the same order.
+        assert!(r1.iter().zip(&r2).all(|(a, b)| a.to_bits() == b.to_bits()), "{t}x{h}: residuals differ");
+        if h <= 2048 {
+            let differ = fused.iter().zip(&apart).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+            assert_eq!(differ, 0, "{t}x{h} top-{top_k}: {differ} normalised values differ from the two launches");
+        }
+        // The host: residual + weighted sum in f32 with the kernels'
+        // bf16 roundings (the same bits), the norm in f64: within two bf16
+        // steps (rsqrtf's error can move the normalised value's rounding,
+        // then the weight's).
+        let mut off = 0;
+        for tok in 0..t {
+            let res: Vec<f32> = (0..h)
+                .map(|c| {
+                    let mut acc = 0f32;
+                    for kk in 0..top_k {
+                        let p = tok * top_k + kk;
+                        let r = if permuted { inv[p] as usize } else { p };
+                        acc += bf(rows[r * h + c] * w[p]);
+                    }
+                    bf(x[tok * h + c] + bf(acc))
+                })
+                .collect();
+            assert!(res.iter().zip(&r1[tok * h..(tok + 1) * h]).all(|(a, b)| a.to_bits() == b.to_bits()), "{t}x{h}: residual off the host");
+            let ms = res.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / h as f64;
+            let r = 1.0 / (ms + eps as f64).sqrt();
+            for c in 0..h {
+                let want = bf(bf((res[c] as f64 * r) as f32) * norm[c]);
+                let got = fused[tok * h + c];
+                if (got - want).abs() > want.abs() * 2f32.powi(-6) + 1e-30 {
+                    off += 1;
+                }
+            }
+        }
+        assert_eq!(off, 0, "{t}x{h}: {off} normalised values more than two bf16 steps from the host");
+    }
+}

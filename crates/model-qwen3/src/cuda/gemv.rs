@@ -62,10 +62,21 @@ impl<'a> Weight<'a> {
     }
 }
 
+/// Which kernel [`run`] launches.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kernel {
+    /// `small_m_gemm{,_fp8}`: any rows a group.
+    SmallM,
+    /// `one_row_gemm{,_fp8}`: one row a group.
+    OneRow,
+    /// `one_row_swiglu{,_fp8}`: one row a group, a gate|up weight, SiLU * up out.
+    OneRowSwiglu,
+}
+
 /// Launches `small_m_gemm`, a one-row kernel, or their FP8 forms: `x`
 /// against `w` into `out`, over the routing (offsets, sorted pairs, meta)
 /// of grouped experts or none (dense); `dims` = (row_div, rows, groups, N,
-/// K); `one_row`: every group has one row (the one-row kernels).
+/// K).
 fn run(
     k: &Kernels,
     x: &Tensor,
@@ -73,7 +84,7 @@ fn run(
     out: &Tensor,
     routing: Option<(&Tensor, &Tensor, &Tensor)>,
     dims: [i32; 5],
-    one_row: bool,
+    kernel: Kernel,
 ) -> Result<()> {
     let tasks = dims[2] as usize * dims[3] as usize / 2;
     let kd = dims[4] as usize;
@@ -82,7 +93,7 @@ fn run(
         Weight::Bf16(w) => vec![ptr(x)?, ptr(w)?],
         Weight::Fp8 { q, scale } => vec![ptr(x)?, ptr(q)?, ptr(scale)?],
     };
-    let (f, cfg) = if !one_row {
+    let (f, cfg) = if kernel == Kernel::SmallM {
         (if fp8 { &k.small_m_gemm_fp8 } else { &k.small_m_gemm }, grid(k, tasks))
     } else {
         if !fp8 {
@@ -90,7 +101,12 @@ fn run(
         }
         let per_lane = (kd / if fp8 { 16 } else { 8 }).div_ceil(32);
         let i = ONE_ROW_CHUNKS.iter().position(|&c| c >= per_lane).unwrap_or(ONE_ROW_CHUNKS.len() - 1);
-        let set = if fp8 { &k.one_row_gemm_fp8 } else { &k.one_row_gemm };
+        let set = match (kernel, fp8) {
+            (Kernel::OneRowSwiglu, true) => &k.one_row_swiglu_fp8,
+            (Kernel::OneRowSwiglu, false) => &k.one_row_swiglu,
+            (_, true) => &k.one_row_gemm_fp8,
+            (_, false) => &k.one_row_gemm,
+        };
         let f = &set[i];
         let blocks = tasks.div_ceil(ONE_ROW_WARPS).max(1) as u32;
         (f, LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (32 * ONE_ROW_WARPS as u32, 1, 1), shared_mem_bytes: 0 })
@@ -111,7 +127,7 @@ pub fn small_m_linear(k: &Kernels, x: &Tensor, w: &Tensor) -> Result<Tensor> {
         bail!("small_m_linear: x {:?} {:?}, w {:?} {:?}", x.shape(), x.dtype(), w.shape(), w.dtype());
     }
     let out = empty(cuda_dev(x.device())?, (m, n), DType::BF16)?;
-    run(k, x, Weight::Bf16(w), &out, None, [1, m as i32, 1, n as i32, kd as i32], m == 1)?;
+    run(k, x, Weight::Bf16(w), &out, None, [1, m as i32, 1, n as i32, kd as i32], one_row_if(m == 1))?;
     Ok(out)
 }
 
@@ -142,7 +158,48 @@ pub(crate) fn small_m_grouped(
     }
     // A one-token step: each active expert has one pair.
     let one_row = out.dim(0)? == groups;
-    run(k, x, w, out, Some(routing), [row_div as i32, 0, groups as i32, n as i32, kd as i32], one_row)
+    run(k, x, w, out, Some(routing), [row_div as i32, 0, groups as i32, n as i32, kd as i32], one_row_if(one_row))
+}
+
+fn one_row_if(one_row: bool) -> Kernel {
+    if one_row {
+        Kernel::OneRow
+    } else {
+        Kernel::SmallM
+    }
+}
+
+/// The gate|up product of a one-token MoE step with SiLU * up in its
+/// epilogue: for the `groups` first active experts of `meta`, each with one
+/// pair p, `act[p] = bf16(silu(gu[p, ..I])) * gu[p, I..]` where `gu[p] =
+/// x[p / row_div] w[e]^T`, the same bits as [`small_m_grouped`] then
+/// `silu_mul` (layers.rs) with one launch. `w: [E, 2I, K]` as
+/// [`small_m_grouped`]'s; `act: [groups, I]`. False (nothing launched)
+/// where the shape does not fit the kernel or a group has more than one
+/// pair.
+pub(crate) fn one_row_swiglu(
+    k: &Kernels,
+    x: &Tensor,
+    w: Weight,
+    routing: (&Tensor, &Tensor, &Tensor),
+    act: &Tensor,
+    row_div: usize,
+    groups: usize,
+) -> Result<bool> {
+    let (_, n, kd) = match w {
+        Weight::Bf16(w) => w.dims3()?,
+        Weight::Fp8 { q, .. } => q.dims3()?,
+    };
+    let fits = match w {
+        Weight::Bf16(w) => fits(n, kd) && w.dtype() == DType::BF16,
+        Weight::Fp8 { q, .. } => fits_fp8(n, kd) && q.dtype() == DType::F8E4M3,
+    };
+    let (rows, i) = act.dims2()?;
+    if !fits || rows != groups || 2 * i != n || x.dtype() != DType::BF16 {
+        return Ok(false);
+    }
+    run(k, x, w, act, Some(routing), [row_div as i32, 0, groups as i32, n as i32, kd as i32], Kernel::OneRowSwiglu)?;
+    Ok(true)
 }
 
 /// Whether the FP8 form takes a `[N, K]` e4m3 weight: N even, K a
@@ -162,6 +219,39 @@ pub fn small_m_linear_fp8(k: &Kernels, x: &Tensor, q: &Tensor, scale: &Tensor) -
     }
     let x = x.contiguous()?;
     let out = empty(cuda_dev(x.device())?, (m, n), DType::BF16)?;
-    run(k, &x, Weight::Fp8 { q, scale }, &out, None, [1, m as i32, 1, n as i32, kd as i32], m == 1)?;
+    run(k, &x, Weight::Fp8 { q, scale }, &out, None, [1, m as i32, 1, n as i32, kd as i32], one_row_if(m == 1))?;
+    Ok(out)
+}
+
+/// `silu_mul(x w^T)` for one row `x: [1, K]` and a gate|up weight `w: [2I,
+/// K]` bf16 (gate rows, then up rows) in one launch: `[1, I]`, the same
+/// bits as [`small_m_linear`] then `silu_mul` (the one-token experts'
+/// fused kernel in its dense form, for tests and benchmarks).
+pub fn swiglu_linear(k: &Kernels, x: &Tensor, w: &Tensor) -> Result<Tensor> {
+    swiglu_dense(k, x, Weight::Bf16(w))
+}
+
+/// [`swiglu_linear`] over block-FP8 weights (e4m3 `q: [2I, K]` and its
+/// 128x128 block scales), as [`small_m_linear_fp8`] then `silu_mul`.
+pub fn swiglu_linear_fp8(k: &Kernels, x: &Tensor, q: &Tensor, scale: &Tensor) -> Result<Tensor> {
+    swiglu_dense(k, x, Weight::Fp8 { q, scale })
+}
+
+fn swiglu_dense(k: &Kernels, x: &Tensor, w: Weight) -> Result<Tensor> {
+    let (m, kd) = x.dims2()?;
+    let (n, kw) = match w {
+        Weight::Bf16(w) => w.dims2()?,
+        Weight::Fp8 { q, .. } => q.dims2()?,
+    };
+    let fits = match w {
+        Weight::Bf16(w) => fits(n, kd) && w.dtype() == DType::BF16,
+        Weight::Fp8 { q, .. } => fits_fp8(n, kd) && q.dtype() == DType::F8E4M3,
+    };
+    if m != 1 || kd != kw || !fits || x.dtype() != DType::BF16 {
+        bail!("swiglu_linear: x {:?} {:?}, w [{n}, {kw}] (one row, 2I even, K a multiple of 8; of 128 for FP8)", x.shape(), x.dtype());
+    }
+    let x = x.contiguous()?;
+    let out = empty(cuda_dev(x.device())?, (1, n / 2), DType::BF16)?;
+    run(k, &x, w, &out, None, [1, 1, 1, n as i32, kd as i32], Kernel::OneRowSwiglu)?;
     Ok(out)
 }

@@ -53,6 +53,61 @@ pub fn moe_sum(k: &Kernels, rows: &Tensor, w: &Tensor, inv: Option<&Tensor>, y: 
     }
 }
 
+/// `x += h` in place (bf16 adds), then returns `rmsnorm(x)` with weight
+/// `w` (`add_rmsnorm`); `x, h: [T, H]` bf16.
+pub fn add_rmsnorm(k: &Kernels, x: &Tensor, h: &Tensor, w: &Tensor, eps: f32) -> Result<Tensor> {
+    let (t, hid) = x.dims2()?;
+    let out = empty(cuda_dev(x.device())?, (t, hid), DType::BF16)?;
+    let cfg = LaunchConfig { grid_dim: (t as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    launch!(k.add_rmsnorm, cfg, ptr(x)?, ptr(h)?, ptr(w)?, ptr(&out)?, hid as i32, eps).map(|_| out)
+}
+
+/// An MoE block's result before its routing-weighted sum: every (token,
+/// chosen expert) pair's output row and weight. [`MoeRows::sum`] is the
+/// block's `[T, H]`; the model adds the sum to the residual and normalises
+/// in the same launch instead ([`moe_sum_add_rmsnorm`]).
+pub struct MoeRows {
+    /// `[T * top_k, H]` bf16: pair p's row at `inv[p]` (rows in expert
+    /// order), or at p without `inv`.
+    pub rows: Tensor,
+    /// `[T * top_k]` f32: each pair's routing weight.
+    pub w: Tensor,
+    /// `[T * top_k]` u32, or None (the identity).
+    pub inv: Option<Tensor>,
+    pub top_k: usize,
+    /// T.
+    pub tokens: usize,
+}
+
+impl MoeRows {
+    /// `y[t] = sum_k w[t, k] * rows[pos(t, k)]`: `[T, H]` bf16 ([`moe_sum`]).
+    pub fn sum(&self, k: &Kernels) -> Result<Tensor> {
+        let h = self.rows.dim(1)?;
+        let y = empty(cuda_dev(self.rows.device())?, (self.tokens, h), DType::BF16)?;
+        moe_sum(k, &self.rows, &self.w, self.inv.as_ref(), &y, self.top_k, Form::Auto)?;
+        Ok(y)
+    }
+}
+
+/// `x += moe.sum()` in place, then returns `rmsnorm(x)` with weight `w`:
+/// [`MoeRows::sum`] then [`add_rmsnorm`] in one launch
+/// (`moe_sum_add_rmsnorm`: the same bits for H <= 2048; beyond, the sum of
+/// squares in another order) where H % 8 == 0, else those two.
+pub fn moe_sum_add_rmsnorm(k: &Kernels, x: &Tensor, moe: &MoeRows, w: &Tensor, eps: f32) -> Result<Tensor> {
+    let (t, h) = x.dims2()?;
+    if h % 8 != 0 || moe.tokens != t || moe.rows.dims2()? != (t * moe.top_k, h) {
+        return add_rmsnorm(k, x, &moe.sum(k)?, w, eps);
+    }
+    let out = empty(cuda_dev(x.device())?, (t, h), DType::BF16)?;
+    let inv = match &moe.inv {
+        Some(i) => ptr(i)?,
+        None => 0u64,
+    };
+    let cfg = LaunchConfig { grid_dim: (t as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    let (kk, hi) = (moe.top_k as i32, h as i32);
+    launch!(k.moe_sum_add_rmsnorm, cfg, ptr(x)?, ptr(&moe.rows)?, ptr(&moe.w)?, inv, ptr(w)?, ptr(&out)?, kk, hi, eps).map(|_| out)
+}
+
 /// One layer's q/k RMSNorm + RoPE + paged K/V store (`qk_norm_rope_store`):
 /// q heads to `q_out`, K and V heads into the layer's cache at each token's
 /// slot (negative: not stored).

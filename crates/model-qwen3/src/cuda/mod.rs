@@ -21,11 +21,11 @@ pub use cudnn_fp8::{e4m3_io_plans, fp8_attention_bounds, q_absmax, quantize_q, s
 pub use fp8_linear::{
     fp8_gemm_runs, fp8_weights, quantize_blocks, quantize_rows, set_fp8_weights, silu_mul_quantized, Fp8Weight, GpuLinear, WeightBytes,
 };
-pub use gemv::{small_m_linear, small_m_linear_fp8};
+pub use gemv::{small_m_linear, small_m_linear_fp8, swiglu_linear, swiglu_linear_fp8};
 pub use graph::CapturedStep;
 pub(crate) use graph::DecodeGraphs;
 pub use kvc_policy::fp8_attention::Fp8AttentionBounds;
-pub use layers::{moe_sum, silu_mul, Form, RopeStore};
+pub use layers::{add_rmsnorm, moe_sum, moe_sum_add_rmsnorm, silu_mul, Form, MoeRows, RopeStore};
 pub(crate) use model::GpuModel;
 pub use moe::{set_moe_small_pairs, Fp8Moe, GpuMoe, SMALL_PAIRS, SMALL_PAIRS_CUTLASS};
 pub use moe_gemm::{cutlass_runs, cutlass_tiling, grouped_projection, moe_gemm, set_moe_gemm, CutlassTiling, MoeGemm, SWAP_BELOW_ROWS};
@@ -151,6 +151,9 @@ pub struct CacheKernels {
 pub struct Kernels {
     pub rmsnorm: CudaFunc,
     pub add_rmsnorm: CudaFunc,
+    /// The MoE block's weighted sum, the residual add and the next RMSNorm
+    /// in one launch.
+    pub moe_sum_add_rmsnorm: CudaFunc,
     pub bf16_cache: CacheKernels,
     pub fp8_cache: CacheKernels,
     pub silu_mul: CudaFunc,
@@ -188,6 +191,10 @@ pub struct Kernels {
     /// ([`gemv::ONE_ROW_CHUNKS`]): bf16 weights, then block-FP8.
     pub one_row_gemm: [CudaFunc; 3],
     pub one_row_gemm_fp8: [CudaFunc; 3],
+    /// The same over an MoE gate|up weight with SiLU * up in the
+    /// epilogue: bf16 weights, then block-FP8.
+    pub one_row_swiglu: [CudaFunc; 3],
+    pub one_row_swiglu_fp8: [CudaFunc; 3],
     pub moe_gemm_tc: CudaFunc,
     pub moe_sum: CudaFunc,
     pub moe_sum_scalar: CudaFunc,
@@ -240,13 +247,14 @@ impl Kernels {
         let sms = stream.context().attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).w()? as u32;
         let per_sm = small_m_gemm.func.occupancy_max_active_blocks_per_multiprocessor(gemv::BLOCK, 0, None).w()?;
         let small_m_blocks = sms * per_sm.max(1);
-        let one_row = |fp8: &str| -> Result<[CudaFunc; 3]> {
-            let [a, b, c] = gemv::ONE_ROW_CHUNKS.map(|kc| get(&format!("one_row_gemm{fp8}_kc{kc}"), "kvc_gemv", PTX_GEMV));
+        let one_row = |name: &str| -> Result<[CudaFunc; 3]> {
+            let [a, b, c] = gemv::ONE_ROW_CHUNKS.map(|kc| get(&format!("{name}_kc{kc}"), "kvc_gemv", PTX_GEMV));
             Ok([a?, b?, c?])
         };
         Ok(Self {
             rmsnorm: l("rmsnorm")?,
             add_rmsnorm: l("add_rmsnorm")?,
+            moe_sum_add_rmsnorm: l("moe_sum_add_rmsnorm")?,
             bf16_cache: cache_kernels("")?,
             fp8_cache: cache_kernels("_fp8")?,
             silu_mul: l("silu_mul")?,
@@ -272,8 +280,10 @@ impl Kernels {
             small_m_gemm,
             small_m_gemm_fp8,
             small_m_blocks,
-            one_row_gemm: one_row("")?,
-            one_row_gemm_fp8: one_row("_fp8")?,
+            one_row_gemm: one_row("one_row_gemm")?,
+            one_row_gemm_fp8: one_row("one_row_gemm_fp8")?,
+            one_row_swiglu: one_row("one_row_swiglu")?,
+            one_row_swiglu_fp8: one_row("one_row_swiglu_fp8")?,
             moe_gemm_tc: m("moe_gemm_tc")?,
             moe_sum: m("moe_sum")?,
             moe_sum_scalar: m("moe_sum_scalar")?,

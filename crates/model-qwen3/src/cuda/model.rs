@@ -11,7 +11,7 @@ use kvc_kv_pool::KvStorage;
 
 use super::attention::FixedPlanHost;
 use super::fp8_linear::{ExpertWeights, GpuLinear, ProjectionLoader, WeightBytes};
-use super::layers::{silu_mul, Form, RopeStore};
+use super::layers::{add_rmsnorm, moe_sum_add_rmsnorm, silu_mul, Form, RopeStore};
 use super::moe::{Fp8Moe, GpuMoe};
 use super::{
     cuda_dev, empty, gather_rows, launch, overwrite_u32, ptr, upload_u32, AttentionPlan, CacheFormat, CudnnAttention, Kernels,
@@ -247,11 +247,7 @@ impl GpuModel {
 
     /// `x += h` in place, then returns rmsnorm(x).
     fn add_rmsnorm(&self, x: &Tensor, h: &Tensor, w: &Tensor) -> Result<Tensor> {
-        let (t, hid) = x.dims2()?;
-        let out = empty(cuda_dev(x.device())?, (t, hid), DType::BF16)?;
-        let cfg = LaunchConfig { grid_dim: (t as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-        launch!(self.kernels.add_rmsnorm, cfg, ptr(x)?, ptr(h)?, ptr(w)?, ptr(&out)?, hid as i32, self.eps)?;
-        Ok(out)
+        add_rmsnorm(&self.kernels, x, h, w, self.eps)
     }
 
     fn linear(&self, x: &Tensor, w: &GpuLinear, b: Option<&Tensor>) -> Result<Tensor> {
@@ -414,16 +410,19 @@ impl GpuModel {
                 self.linear(&attn.forward(&self.kernels, &q, plan)?, &layer.o_proj, layer.o_bias.as_ref())?
             };
             let hn = self.add_rmsnorm(&x, &o, &layer.post_norm)?;
-            let f = match &layer.ffn {
+            let next = self.layers.get(l + 1).map(|n| &n.input_norm).unwrap_or(&self.final_norm);
+            // The MoE blocks' weighted sum joins the residual add and the
+            // next norm in one launch.
+            h = match &layer.ffn {
                 Ffn::Dense { gate_up, down } => {
                     let act = silu_mul(&self.kernels, &self.linear(&hn, gate_up, None)?, Form::Auto)?;
-                    self.linear(&act, down, None)?
+                    self.add_rmsnorm(&x, &self.linear(&act, down, None)?, next)?
                 }
-                Ffn::Moe(moe) => moe.forward(&self.kernels, &hn, !capturing)?,
-                Ffn::Fp8Moe(moe) => moe.forward(&self.kernels, &hn)?,
+                Ffn::Moe(moe) => {
+                    moe_sum_add_rmsnorm(&self.kernels, &x, &moe.forward_rows(&self.kernels, &hn, !capturing)?, next, self.eps)?
+                }
+                Ffn::Fp8Moe(moe) => moe_sum_add_rmsnorm(&self.kernels, &x, &moe.forward_rows(&self.kernels, &hn)?, next, self.eps)?,
             };
-            let next = self.layers.get(l + 1).map(|n| &n.input_norm).unwrap_or(&self.final_norm);
-            h = self.add_rmsnorm(&x, &f, next)?;
         }
         gather_rows(&self.kernels, &h, &inputs.rows, 1, inputs.rows.dim(0)?)
     }

@@ -12,8 +12,8 @@ use candle_core::cuda::cudarc::driver::LaunchConfig;
 use candle_core::{DType, Result, Tensor};
 
 use super::fp8_linear::Fp8Weight;
-use super::gemv::{fits_fp8, small_m_grouped, Weight};
-use super::layers::{moe_sum, silu_mul, Form};
+use super::gemv::{fits_fp8, one_row_swiglu, small_m_grouped, Weight};
+use super::layers::{silu_mul, Form, MoeRows};
 use super::moe_cublas::{cublas_grouped, host_offsets};
 use super::moe_gemm::{cutlass_grouped, cutlass_tiling, experts_down, gathered_experts, moe_gemm, MoeGemm};
 use super::{cuda_dev, empty, grid1, launch, ptr, Kernels};
@@ -164,6 +164,11 @@ pub struct Fp8Moe {
 impl Fp8Moe {
     /// `x: [T, H]` bf16 -> `[T, H]`; nothing is read back to the host.
     pub fn forward(&self, k: &Kernels, x: &Tensor) -> Result<Tensor> {
+        self.forward_rows(k, x)?.sum(k)
+    }
+
+    /// [`Fp8Moe::forward`] before the routing-weighted sum.
+    pub fn forward_rows(&self, k: &Kernels, x: &Tensor) -> Result<MoeRows> {
         let dev = cuda_dev(x.device())?;
         let (e, i, kk) = (self.num_experts, self.intermediate, self.top_k);
         let r = route(k, x, &self.router, e, i, kk, self.norm_topk_prob)?;
@@ -174,21 +179,40 @@ impl Fp8Moe {
             // by the few-row kernel against its pairs' rows in bf16.
             let (tk, groups) = (t * kk, (t * kk).min(e));
             let routing = (&r.offsets, &r.sorted, &r.meta);
-            let gu = empty(dev, (tk, 2 * i), DType::BF16)?;
-            small_m_grouped(k, x, Weight::fp8(self.gate_up.parts()), routing, &gu, kk, groups)?;
-            let act = silu_mul(k, &gu, Form::Auto)?;
+            let act = swiglu(k, x, Weight::fp8(self.gate_up.parts()), routing, (tk, i), kk, groups)?;
             let dn = empty(dev, (tk, h), DType::BF16)?;
             small_m_grouped(k, &act, Weight::fp8(self.down.parts()), routing, &dn, 1, groups)?;
-            let y = empty(dev, (t, h), DType::BF16)?;
-            moe_sum(k, &dn, &r.w, None, &y, kk, Form::Auto)?;
-            return Ok(y);
+            return Ok(MoeRows { rows: dn, w: r.w, inv: None, top_k: kk, tokens: t });
         }
         // Each token quantized once, then gathered into expert order as
         // e4m3 rows (not each of its top-k copies quantized after a bf16 gather).
         let gu = empty(dev, (t * kk, 2 * i), DType::BF16)?;
         self.gate_up.grouped_gathered(k, &r.offsets, x, &r.sorted, kk, &gu)?;
-        experts_down(k, dev, &gu, (t, h), &r.w, &r.inv, kk, |gu, dn| self.down.grouped_silu(k, &r.offsets, gu, dn))
+        experts_down(dev, &gu, (t, h), &r.w, &r.inv, kk, |gu, dn| self.down.grouped_silu(k, &r.offsets, gu, dn))
     }
+}
+
+/// `[pairs, I]` = SiLU * up of the experts' gate|up product over one
+/// token's pairs (`dims` = (pairs, I)): in the product's epilogue
+/// (gemv.rs's `one_row_swiglu`) where it fits, else the product then
+/// `silu_mul`; the same bits either way.
+fn swiglu(
+    k: &Kernels,
+    x: &Tensor,
+    w: Weight,
+    routing: (&Tensor, &Tensor, &Tensor),
+    (pairs, i): (usize, usize),
+    row_div: usize,
+    groups: usize,
+) -> Result<Tensor> {
+    let dev = cuda_dev(x.device())?;
+    let act = empty(dev, (pairs, i), DType::BF16)?;
+    if one_row_swiglu(k, x, w, routing, &act, row_div, groups)? {
+        return Ok(act);
+    }
+    let gu = empty(dev, (pairs, 2 * i), DType::BF16)?;
+    small_m_grouped(k, x, w, routing, &gu, row_div, groups)?;
+    silu_mul(k, &gu, Form::Auto)
 }
 
 /// Threads of `moe_route`'s one block (kernels/moe.cu): it takes at most
@@ -210,6 +234,11 @@ impl GpuMoe {
     /// back to the host (not inside a CUDA graph capture; the CUTLASS path
     /// never does). The expert GEMM is moe_gemm.rs's choice.
     pub fn forward(&self, k: &Kernels, x: &Tensor, host_sync: bool) -> Result<Tensor> {
+        self.forward_rows(k, x, host_sync)?.sum(k)
+    }
+
+    /// [`GpuMoe::forward`] before the routing-weighted sum.
+    pub fn forward_rows(&self, k: &Kernels, x: &Tensor, host_sync: bool) -> Result<MoeRows> {
         let dev = cuda_dev(x.device())?;
         let (t, h) = x.dims2()?;
         let (e, i, kk) = (self.num_experts, self.intermediate, self.top_k);
@@ -234,14 +263,24 @@ impl GpuMoe {
             // kvc's kernels; also cuBLAS's choice inside a graph capture.
             MoeGemm::Cublas | MoeGemm::Kvc => {}
         }
-        let y = empty(dev, (t, h), DType::BF16)?;
-        let gu = empty(dev, (tk, 2 * i), DType::BF16)?;
-        self.grouped_gemm(k, x, &self.gate_up, &offsets, &sorted, &meta, &gu, 2 * i, h, kk, tk, small)?;
-        let act = silu_mul(k, &gu, Form::Auto)?;
+        let act = if self.one_row(tk, small) {
+            // One token: SiLU * up in the gate|up product's epilogue.
+            swiglu(k, x, Weight::Bf16(&self.gate_up), (&offsets, &sorted, &meta), (tk, i), kk, tk)?
+        } else {
+            let gu = empty(dev, (tk, 2 * i), DType::BF16)?;
+            self.grouped_gemm(k, x, &self.gate_up, &offsets, &sorted, &meta, &gu, 2 * i, h, kk, tk, small)?;
+            silu_mul(k, &gu, Form::Auto)?
+        };
         let dn = empty(dev, (tk, h), DType::BF16)?;
         self.grouped_gemm(k, &act, &self.down, &offsets, &sorted, &meta, &dn, h, i, 1, tk, small)?;
-        moe_sum(k, &dn, &w, None, &y, kk, Form::Auto)?;
-        Ok(y)
+        Ok(MoeRows { rows: dn, w, inv: None, top_k: kk, tokens: t })
+    }
+
+    /// Whether `pairs` routed pairs are one token's, each on its own
+    /// expert, for the few-row kernels (below `small_pairs`): the one-row
+    /// kernels' case.
+    fn one_row(&self, pairs: usize, small_pairs: usize) -> bool {
+        pairs <= small_pairs && pairs == self.top_k && pairs <= self.num_experts
     }
 
     /// `out[p] = x[p / row_div] W[expert(p)]^T` for every pair p.

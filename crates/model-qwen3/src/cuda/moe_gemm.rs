@@ -28,7 +28,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use candle_core::{bail, CudaDevice, DType, Result, Tensor};
 pub use cutlass_sys::Variant as CutlassTiling;
 
-use super::layers::{moe_sum, silu_mul, Form};
+use super::layers::{silu_mul, Form, MoeRows};
 use super::{empty, ptr, Kernels};
 
 /// The expert GEMM for prefill-sized batches.
@@ -109,7 +109,8 @@ pub fn cutlass_tiling(pairs: usize, experts: usize) -> CutlassTiling {
 /// The expert part of the MoE block over gathered rows: `pairs` routed by
 /// `moe_align` (`sorted`, `inv`), weighted by `w`, each projection run by
 /// `gemm(a, weights, out)` (every expert's rows contiguous in `a`,
-/// gate|up `i2` rows wide): `[T, H]` bf16. The FP8 experts gather their
+/// gate|up `i2` rows wide): each pair's row, to be weighted and summed
+/// ([`MoeRows`]). The FP8 experts gather their
 /// rows after quantizing them instead (moe.rs's `Fp8Moe`) and share
 /// [`experts_down`].
 #[allow(clippy::too_many_arguments)]
@@ -125,22 +126,20 @@ pub(crate) fn gathered_experts<W>(
     w: &Tensor,
     top_k: usize,
     mut gemm: impl FnMut(&Tensor, &W, &Tensor) -> Result<()>,
-) -> Result<Tensor> {
+) -> Result<MoeRows> {
     let (t, h) = x.dims2()?;
     let tk = t * top_k;
     let xs = super::gather_rows(k, x, sorted, top_k, tk)?;
     let gu = empty(dev, (tk, i2), DType::BF16)?;
     gemm(&xs, gate_up, &gu)?;
-    experts_down(k, dev, &gu, (t, h), w, inv, top_k, |gu, dn| gemm(&silu_mul(k, gu, Form::Auto)?, down, dn))
+    experts_down(dev, &gu, (t, h), w, inv, top_k, |gu, dn| gemm(&silu_mul(k, gu, Form::Auto)?, down, dn))
 }
 
 /// The rest of the MoE block after its gate|up projection `gu: [T k, 2I]`
 /// (rows in expert order): SiLU * up and the down projection into
-/// `[T k, H]` by `down(gu, out)`, then the routing-weighted sum back into
-/// token order (`inv`), `[T, H]` for `(t, h)` = (T, H).
-#[allow(clippy::too_many_arguments)]
+/// `[T k, H]` by `down(gu, out)`, its rows weighted and summed back into
+/// token order (`inv`) by the caller ([`MoeRows`]); `(t, h)` = (T, H).
 pub(crate) fn experts_down(
-    k: &Kernels,
     dev: &CudaDevice,
     gu: &Tensor,
     (t, h): (usize, usize),
@@ -148,12 +147,10 @@ pub(crate) fn experts_down(
     inv: &Tensor,
     top_k: usize,
     down: impl FnOnce(&Tensor, &Tensor) -> Result<()>,
-) -> Result<Tensor> {
+) -> Result<MoeRows> {
     let dn = empty(dev, (gu.dim(0)?, h), DType::BF16)?;
     down(gu, &dn)?;
-    let y = empty(dev, (t, h), DType::BF16)?;
-    moe_sum(k, &dn, w, Some(inv), &y, top_k, Form::Auto)?;
-    Ok(y)
+    Ok(MoeRows { rows: dn, w: w.clone(), inv: Some(inv.clone()), top_k, tokens: t })
 }
 
 /// For every expert e: `out[r] = a[r] W[e]^T` over its rows
