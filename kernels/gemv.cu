@@ -261,9 +261,11 @@ __device__ __forceinline__ void one_row_stream(const bf16* __restrict__ x, const
 // (block-FP8, as small_m_gemm_fp8): small_m_gemm_fp8's arguments (the bf16
 // ones ignore `sw`); blocks of 128 threads, one per 4 tasks.
 // one_row_swiglu{,_fp8}_kc{2,4,8}: the same over a gate|up weight, SiLU *
-// up out (SWIGLU above).
+// up out (SWIGLU above). Registers capped for ONE_ROW_BLOCKS blocks an SM
+// (none spills): a grid of every task runs in fewer waves.
+#define ONE_ROW_BLOCKS(KC) ((KC) <= 2 ? 8 : (KC) <= 4 ? 5 : 1)
 #define ONE_ROW_KERNEL(NAME, FP8, WT, KC, SWIGLU)                                                                     \
-    extern "C" __global__ void __launch_bounds__(128) NAME##_kc##KC(                                                  \
+    extern "C" __global__ void __launch_bounds__(128, ONE_ROW_BLOCKS(KC)) NAME##_kc##KC(                              \
         const bf16* __restrict__ x, const WT* __restrict__ W, const float* __restrict__ sw, bf16* __restrict__ out,  \
         const int* __restrict__ offsets, const int* __restrict__ sorted, const int* __restrict__ meta, int row_div,    \
         int dense_rows, int groups, int N, int K) {                                                                   \

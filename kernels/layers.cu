@@ -70,6 +70,7 @@ extern "C" __global__ void add_rmsnorm(bf16* x, const bf16* h, const bf16* w, bf
 // <= 8 * blockDim.x (add_rmsnorm's one-pass form; a larger H sums the
 // squares in another order). One launch, no [T, H] h in memory.
 // grid: rows, block: 256. H % 8 == 0.
+#define MS_LOADS 8
 extern "C" __global__ void moe_sum_add_rmsnorm(bf16* x, const bf16* __restrict__ rows, const float* __restrict__ w,
                                                const int* __restrict__ inv, const bf16* __restrict__ nw, bf16* out,
                                                int K, int H, float eps) {
@@ -80,16 +81,29 @@ extern "C" __global__ void moe_sum_add_rmsnorm(bf16* x, const bf16* __restrict__
         float acc[8];
 #pragma unroll
         for (int i = 0; i < 8; i++) acc[i] = 0.f;
-        for (int k = 0; k < K; k++) {
-            const size_t p = t * K + k;
-            const int r = inv ? inv[p] : (int)p;
-            const float wp = w[p];
-            const uint4 v = *(const uint4*)(rows + (size_t)r * H + c);
-            const bf16* vb = (const bf16*)&v;
-#pragma unroll
-            for (int i = 0; i < 8; i++) acc[i] += round_bf(to_f(vb[i]) * wp);
-        }
         const uint4 a = *(const uint4*)(xr + c);
+        // MS_LOADS pairs' rows in flight before any math (a decode step's
+        // whole top-8: one round trip, not one a pair), summed in order.
+        for (int k0 = 0; k0 < K; k0 += MS_LOADS) {
+            uint4 v[MS_LOADS];
+            float wp[MS_LOADS];
+#pragma unroll
+            for (int u = 0; u < MS_LOADS; u++) {
+                const size_t p = t * K + k0 + u;
+                const bool in = k0 + u < K;
+                const int r = !in ? 0 : inv ? inv[p] : (int)p;
+                wp[u] = in ? w[p] : 0.f;
+                v[u] = in ? *(const uint4*)(rows + (size_t)r * H + c) : make_uint4(0, 0, 0, 0);
+            }
+#pragma unroll
+            for (int u = 0; u < MS_LOADS; u++) {
+                if (k0 + u < K) {
+                    const bf16* vb = (const bf16*)&v[u];
+#pragma unroll
+                    for (int i = 0; i < 8; i++) acc[i] += round_bf(to_f(vb[i]) * wp[u]);
+                }
+            }
+        }
         const bf16* ab = (const bf16*)&a;
         uint4 o;
         bf16* ob = (bf16*)&o;
