@@ -60,6 +60,22 @@ impl<'a> Weight<'a> {
     pub(crate) fn fp8((q, scale): (&'a Tensor, &'a Tensor)) -> Self {
         Self::Fp8 { q, scale }
     }
+
+    /// (N, K) of each `[N, K]` matrix (the last two dims), and whether the
+    /// kernels take it ([`fits`] and bf16, or [`fits_fp8`] and e4m3).
+    fn matrix(&self) -> Result<(usize, usize, bool)> {
+        let t = match self {
+            Weight::Bf16(w) => w,
+            Weight::Fp8 { q, .. } => q,
+        };
+        let dims = t.dims();
+        let [n, kd] = dims[dims.len().saturating_sub(2)..] else { bail!("weight of shape {:?}: not a matrix", t.shape()) };
+        let ok = match self {
+            Weight::Bf16(w) => fits(n, kd) && w.dtype() == DType::BF16,
+            Weight::Fp8 { q, .. } => fits_fp8(n, kd) && q.dtype() == DType::F8E4M3,
+        };
+        Ok((n, kd, ok))
+    }
 }
 
 /// Which kernel [`run`] launches.
@@ -145,14 +161,7 @@ pub(crate) fn small_m_grouped(
     row_div: usize,
     groups: usize,
 ) -> Result<()> {
-    let (_, n, kd) = match w {
-        Weight::Bf16(w) => w.dims3()?,
-        Weight::Fp8 { q, .. } => q.dims3()?,
-    };
-    let fits = match w {
-        Weight::Bf16(_) => fits(n, kd),
-        Weight::Fp8 { q, .. } => fits_fp8(n, kd) && q.dtype() == DType::F8E4M3,
-    };
+    let (n, kd, fits) = w.matrix()?;
     if !fits {
         bail!("small_m_grouped: expert weights of [{n}, {kd}] per expert");
     }
@@ -186,14 +195,7 @@ pub(crate) fn one_row_swiglu(
     row_div: usize,
     groups: usize,
 ) -> Result<bool> {
-    let (_, n, kd) = match w {
-        Weight::Bf16(w) => w.dims3()?,
-        Weight::Fp8 { q, .. } => q.dims3()?,
-    };
-    let fits = match w {
-        Weight::Bf16(w) => fits(n, kd) && w.dtype() == DType::BF16,
-        Weight::Fp8 { q, .. } => fits_fp8(n, kd) && q.dtype() == DType::F8E4M3,
-    };
+    let (n, kd, fits) = w.matrix()?;
     let (rows, i) = act.dims2()?;
     if !fits || rows != groups || 2 * i != n || x.dtype() != DType::BF16 {
         return Ok(false);
@@ -239,14 +241,7 @@ pub fn swiglu_linear_fp8(k: &Kernels, x: &Tensor, q: &Tensor, scale: &Tensor) ->
 
 fn swiglu_dense(k: &Kernels, x: &Tensor, w: Weight) -> Result<Tensor> {
     let (m, kd) = x.dims2()?;
-    let (n, kw) = match w {
-        Weight::Bf16(w) => w.dims2()?,
-        Weight::Fp8 { q, .. } => q.dims2()?,
-    };
-    let fits = match w {
-        Weight::Bf16(w) => fits(n, kd) && w.dtype() == DType::BF16,
-        Weight::Fp8 { q, .. } => fits_fp8(n, kd) && q.dtype() == DType::F8E4M3,
-    };
+    let (n, kw, fits) = w.matrix()?;
     if m != 1 || kd != kw || !fits || x.dtype() != DType::BF16 {
         bail!("swiglu_linear: x {:?} {:?}, w [{n}, {kw}] (one row, 2I even, K a multiple of 8; of 128 for FP8)", x.shape(), x.dtype());
     }

@@ -301,7 +301,7 @@ impl GpuMoe {
         small_pairs: usize,
     ) -> Result<()> {
         let e = self.num_experts;
-        if pairs <= small_pairs && pairs == self.top_k {
+        if self.one_row(pairs, small_pairs) {
             // One token (its pairs on distinct experts, a row each): the
             // flat few-row kernel streams the experts' weights fastest
             // (a batch-1 decode step 4.64 ms against 4.83, H200); from
