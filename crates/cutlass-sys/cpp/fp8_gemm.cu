@@ -16,7 +16,8 @@
 // Tiles: 128x128x128 (K must be a whole 128-block per k-tile for the
 // per-block promotion; N 128 = the weight scale granularity), 1x1 cluster;
 // the grouped GEMM's swapped tiling (GroupedSwap below) 128x64x128 with
-// the weights on M.
+// the weights on M; the dense decode tiling (DenseSwap64 below) 64x64x128
+// with the weights on M and their scales repeated to 64-row granularity.
 #include "fp8_gemm.h"
 #include "moe_gemm.h"
 #include "cutlass_call.h"
@@ -66,24 +67,48 @@ using LayoutD = cutlass::layout::RowMajor;
 constexpr int kAlignAB = 16;  // 16 bytes of e4m3
 constexpr int kAlignD = 8;    // 16 bytes of bf16
 
-struct Dense {
+// A dense GEMM of one tile shape, scale layout and schedule.
+template <class TileT, class ScaleConfigT, class LayoutAT, class LayoutBT, class LayoutDT, class EpilogueSchedule,
+          class KernelSchedule>
+struct DenseT {
+    using Tile = TileT;
+    using Scales = ScaleConfigT;
+    using LayoutSFA = decltype(ScaleConfigT::deduce_layoutSFA());
+    using LayoutSFB = decltype(ScaleConfigT::deduce_layoutSFB());
     using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
         cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Tile, Cluster,
-        cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, LayoutD, kAlignD, Bf16, LayoutD, kAlignD,
-        cutlass::epilogue::TmaWarpSpecializedCooperative,
-        cutlass::epilogue::fusion::LinearCombination<Bf16, float, void, float>>::CollectiveOp;
+        cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, LayoutDT, kAlignD, Bf16, LayoutDT, kAlignD,
+        EpilogueSchedule, cutlass::epilogue::fusion::LinearCombination<Bf16, float, void, float>>::CollectiveOp;
     using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-        cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, E4m3, cute::tuple<LayoutA, LayoutSFA>, kAlignAB, E4m3,
-        cute::tuple<LayoutB, LayoutSFB>, kAlignAB, float, Tile, Cluster,
+        cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, E4m3, cute::tuple<LayoutAT, LayoutSFA>, kAlignAB, E4m3,
+        cute::tuple<LayoutBT, LayoutSFB>, kAlignAB, float, Tile, Cluster,
         cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
-        cutlass::gemm::KernelTmaWarpSpecializedCooperativeFP8BlockScaledAccum>::CollectiveOp;
+        KernelSchedule>::CollectiveOp;
     using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop, Epilogue>;
     using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
     using StrideA = typename Kernel::StrideA;
     using StrideB = typename Kernel::StrideB;
-    using StrideC = typename Kernel::StrideC;
     using StrideD = typename Kernel::StrideD;
 };
+
+// Rows (KVC_FP8_DENSE_ROWS): the tokens on M, 128x128x128 cooperative.
+using Dense = DenseT<Tile, ScaleConfig, LayoutA, LayoutB, LayoutD, cutlass::epilogue::TmaWarpSpecializedCooperative,
+                     cutlass::gemm::KernelTmaWarpSpecializedCooperativeFP8BlockScaledAccum>;
+// Swap64 (KVC_FP8_DENSE_SWAP64): d^T = w_q . a_q^T, 64 weight rows on M
+// and up to 64 tokens on N a tile (64x64x128, ping-pong: each consumer
+// warpgroup a whole tile). A decode step's 64 tokens against a 128-row
+// tile give o_proj (n = 2048) 16 CTAs of 132; 64-row tiles give it 32,
+// each streaming half the weight bytes. The weights' scales are then SFA
+// at granularity 64 on M: the checkpoint's [n/128, k/128] with every row
+// repeated (repeat_scale_rows below; the model's Fp8Weight keeps such a
+// copy of each dense projection's), since CUTLASS wants the
+// granularity to divide the tile.
+using Swap64ScaleConfig =
+    cutlass::detail::Sm90BlockwiseScaleConfig<64, 1, kBlock, cute::GMMA::Major::K, cute::GMMA::Major::K>;
+using DenseSwap64 = DenseT<Shape<_64, _64, _128>, Swap64ScaleConfig, cutlass::layout::RowMajor,
+                           cutlass::layout::ColumnMajor, cutlass::layout::ColumnMajor,
+                           cutlass::epilogue::TmaWarpSpecialized,
+                           cutlass::gemm::KernelTmaWarpSpecializedPingpongFP8BlockScaledAccum>;
 
 using ProblemShape = kvc_cutlass::GroupShape;
 using Problem = kvc_cutlass::GroupProblem;
@@ -234,21 +259,66 @@ typename Dense::Gemm::Arguments dense_arguments(const kvc_fp8_gemm_args& a) {
     return args;
 }
 
-int dense_shape_ok(int m, int n, int k, char* err, size_t errlen) {
+// The swap: problem (n, m, k), A = the weights [n, k] row-major with
+// their 64-row scales, B = the tokens [m, k] (column-major k x m) with
+// theirs, D^T = [n, m] column-major, i.e. d [m, n] row-major.
+typename DenseSwap64::Gemm::Arguments dense_swap64_arguments(const kvc_fp8_gemm_args& a) {
+    using G = DenseSwap64;
+    int m = a.m, n = a.n, k = a.k;
+    auto stride_a = cutlass::make_cute_packed_stride(typename G::StrideA{}, make_shape(n, k, 1));
+    auto stride_b = cutlass::make_cute_packed_stride(typename G::StrideB{}, make_shape(m, k, 1));
+    auto stride_d = cutlass::make_cute_packed_stride(typename G::StrideD{}, make_shape(n, m, 1));
+    auto layout_sfa = G::Scales::tile_atom_to_shape_SFA(make_shape(n, m, k, 1));
+    auto layout_sfb = G::Scales::tile_atom_to_shape_SFB(make_shape(n, m, k, 1));
+    typename G::Gemm::Arguments args{
+        cutlass::gemm::GemmUniversalMode::kGemm,
+        {n, m, k, 1},
+        {reinterpret_cast<const E4m3*>(a.op.w), stride_a, reinterpret_cast<const E4m3*>(a.op.a), stride_b,
+         reinterpret_cast<const float*>(a.op.sw), layout_sfa, reinterpret_cast<const float*>(a.op.sa), layout_sfb},
+        {{}, nullptr, stride_d, reinterpret_cast<Bf16*>(a.op.d), stride_d},
+        hardware()};
+    args.epilogue.thread.alpha = 1.0f;
+    args.epilogue.thread.beta = 0.0f;
+    return args;
+}
+
+int dense_shape_ok(int m, int n, int k, int variant, char* err, size_t errlen) {
     if (m <= 0 || n <= 0 || k <= 0) return fail(err, errlen, "kvc_fp8_gemm", "empty problem");
     if (n % 16) return fail(err, errlen, "kvc_fp8_gemm", "n must be a multiple of 16");
     if (k % kBlock) return fail(err, errlen, "kvc_fp8_gemm", "k must be a multiple of 128");
+    if (variant != KVC_FP8_DENSE_ROWS && variant != KVC_FP8_DENSE_SWAP64)
+        return fail(err, errlen, "kvc_fp8_gemm", "unknown variant");
     return 0;
 }
 
+uint64_t dense_workspace_bytes(const kvc_fp8_gemm_args& a) {
+    if (a.variant == KVC_FP8_DENSE_SWAP64) return up(DenseSwap64::Gemm::get_workspace_size(dense_swap64_arguments(a)));
+    return up(Dense::Gemm::get_workspace_size(dense_arguments(a)));
+}
+
 int dense_run(const kvc_fp8_gemm_args* a, cudaStream_t stream, char* err, size_t errlen) {
-    if (dense_shape_ok(a->m, a->n, a->k, err, errlen)) return 1;
+    if (dense_shape_ok(a->m, a->n, a->k, a->variant, err, errlen)) return 1;
     if ((a->op.a | a->op.w | a->op.d) % 16 || (a->op.sa | a->op.sw) % 4)
         return fail(err, errlen, "kvc_fp8_gemm_run", "a, w, d must be 16-byte aligned, the scales 4-byte");
-    auto args = dense_arguments(*a);
-    size_t need = Dense::Gemm::get_workspace_size(args);
-    if (a->op.workspace_bytes < need) return fail(err, errlen, "kvc_fp8_gemm_run", "workspace too small");
-    return kvc_cutlass::run_gemm<Dense::Gemm>(args, reinterpret_cast<void*>(a->op.workspace), stream, err, errlen);
+    if (a->op.workspace_bytes < dense_workspace_bytes(*a))
+        return fail(err, errlen, "kvc_fp8_gemm_run", "workspace too small");
+    void* ws = reinterpret_cast<void*>(a->op.workspace);
+    if (a->variant == KVC_FP8_DENSE_SWAP64)
+        return kvc_cutlass::run_gemm<DenseSwap64::Gemm>(dense_swap64_arguments(*a), ws, stream, err, errlen);
+    return kvc_cutlass::run_gemm<Dense::Gemm>(dense_arguments(*a), ws, stream, err, errlen);
+}
+
+// sw64[r, kb] = sw[r / 2, kb] for r < ceil(n / 64): the checkpoint's
+// 128-row block scales as the swap's 64-row ones.
+__global__ void repeat_scale_rows_kernel(const float* __restrict__ sw, float* __restrict__ sw64, int rows64, int kb) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= rows64 * kb) return;
+    sw64[i] = sw[(i / kb) / 2 * kb + i % kb];
+}
+
+void repeat_scale_rows(const float* sw, float* sw64, int n, int k, cudaStream_t stream) {
+    int rows64 = ceil_div(n, 64), kb = ceil_div(k, kBlock);
+    repeat_scale_rows_kernel<<<ceil_div(rows64 * kb, 256), 256, 0, stream>>>(sw, sw64, rows64, kb);
 }
 
 // ---------------------------------------------------------------------------
@@ -693,9 +763,10 @@ kvc_fp8_operands operands(const Operands& o, char* ws, uint64_t bytes) {
     return kvc_fp8_operands{addr(o.q), addr(o.s), addr(o.wq), addr(o.sw), addr(o.d), addr(ws), bytes};
 }
 
-int dense_selftest(int m, int n, int k, int iters, kvc_fp8_selftest_result* out, char* err, size_t errlen) {
+int dense_selftest(int m, int n, int k, int variant, int iters, kvc_fp8_selftest_result* out, char* err,
+                   size_t errlen) {
     memset(out, 0, sizeof *out);
-    if (dense_shape_ok(m, n, k, err, errlen)) return 1;
+    if (dense_shape_ok(m, n, k, variant, err, errlen)) return 1;
     Arena ar;
     if (setup(ar, err, errlen)) return 1;
     int64_t mn = static_cast<int64_t>(m) * n;
@@ -711,10 +782,18 @@ int dense_selftest(int m, int n, int k, int iters, kvc_fp8_selftest_result* out,
     a.m = m;
     a.n = n;
     a.k = k;
-    uint64_t ws_bytes = 0;
-    if (kvc_fp8_gemm_workspace(m, n, k, &ws_bytes, err, errlen)) return 1;
+    a.variant = variant;
+    uint64_t ws_bytes = dense_workspace_bytes(a);
     KVC_CK(ar.alloc(&ws, ws_bytes));
     a.op = operands(o, ws, ws_bytes);
+    if (variant == KVC_FP8_DENSE_SWAP64) {
+        // The swap reads the 64-row copy of the scales; the reference the checkpoint's.
+        float* sw64;
+        KVC_CK(ar.alloc(&sw64, static_cast<size_t>(ceil_div(n, 64)) * (k / kBlock) * 4));
+        repeat_scale_rows(sw, sw64, n, k, ar.stream);
+        KVC_CK(cudaGetLastError());
+        a.op.sw = reinterpret_cast<uint64_t>(sw64);
+    }
     if (dense_run(&a, ar.stream, err, errlen)) return 1;
     reference_gemm<<<dim3(ceil_div(n, kRefTile), ceil_div(m, kRefTile)), 256, 0, ar.stream>>>(q, s, wq, sw, ref, m, n, k);
     KVC_CK(cudaGetLastError());
@@ -812,13 +891,15 @@ extern "C" int kvc_fp8_quant_blocks(uint64_t w, uint64_t q, uint64_t sw, int32_t
     return 0;
 }
 
-extern "C" int kvc_fp8_gemm_workspace(int32_t m, int32_t n, int32_t k, uint64_t* bytes, char* err, size_t errlen) {
-    if (dense_shape_ok(m, n, k, err, errlen)) return 1;
+extern "C" int kvc_fp8_gemm_workspace(int32_t m, int32_t n, int32_t k, int32_t variant, uint64_t* bytes, char* err,
+                                      size_t errlen) {
+    if (dense_shape_ok(m, n, k, variant, err, errlen)) return 1;
     kvc_fp8_gemm_args a{};
     a.m = m;
     a.n = n;
     a.k = k;
-    *bytes = up(Dense::Gemm::get_workspace_size(dense_arguments(a)));
+    a.variant = variant;
+    *bytes = dense_workspace_bytes(a);
     return 0;
 }
 
@@ -838,15 +919,15 @@ extern "C" int kvc_fp8_grouped_run(const kvc_fp8_grouped_args* args, void* strea
     return grouped_run(args, static_cast<cudaStream_t>(stream), err, errlen);
 }
 
-extern "C" int kvc_fp8_gemm_selftest_ex(int m, int n, int k, int iters, kvc_fp8_selftest_result* out, char* err,
-                                        size_t errlen) {
-    return dense_selftest(m, n, k, iters, out, err, errlen);
+extern "C" int kvc_fp8_gemm_selftest_ex(int m, int n, int k, int variant, int iters, kvc_fp8_selftest_result* out,
+                                        char* err, size_t errlen) {
+    return dense_selftest(m, n, k, variant, iters, out, err, errlen);
 }
 
 extern "C" int kvc_fp8_gemm_selftest(int m, int n, int k, int iters, double* max_rel_err, double* fp8_us,
                                      double* bf16_us, char* err, size_t errlen) {
     kvc_fp8_selftest_result r;
-    int rc = dense_selftest(m, n, k, iters, &r, err, errlen);
+    int rc = dense_selftest(m, n, k, KVC_FP8_DENSE_ROWS, iters, &r, err, errlen);
     if (max_rel_err) *max_rel_err = r.max_rel_err;
     if (fp8_us) *fp8_us = r.fp8_us;
     if (bf16_us) *bf16_us = r.bf16_us;

@@ -57,16 +57,24 @@ typedef struct {
 } kvc_fp8_operands;
 
 // Dense: d[m, n] = a_q . w_q^T with the block scales (see above).
-// m >= 1; n a multiple of 16; k a multiple of 128.
+// m >= 1; n a multiple of 16; k a multiple of 128. Tilings:
+//   KVC_FP8_DENSE_ROWS:   the tokens on M, 128x128x128 tiles (prefill);
+//   KVC_FP8_DENSE_SWAP64: d^T = w_q . a_q^T, 64 weight rows on M and up to
+//                         64 tokens on N a tile (decode: twice the CTAs of
+//                         ROWS over the same weights). `sw` is then the
+//                         weights' scales at 64-row granularity,
+//                         [ceil(n/64), k/128] (sw64[r] = sw[r / 2]).
+enum { KVC_FP8_DENSE_ROWS = 0, KVC_FP8_DENSE_SWAP64 = 1 };
 typedef struct {
     int32_t m;
     int32_t n;
     int32_t k;
-    int32_t reserved;
+    int32_t variant;
     kvc_fp8_operands op;
 } kvc_fp8_gemm_args;
 
-int kvc_fp8_gemm_workspace(int32_t m, int32_t n, int32_t k, uint64_t* bytes, char* err, size_t errlen);
+int kvc_fp8_gemm_workspace(int32_t m, int32_t n, int32_t k, int32_t variant, uint64_t* bytes, char* err,
+                           size_t errlen);
 int kvc_fp8_gemm_run(const kvc_fp8_gemm_args* args, void* stream, char* err, size_t errlen);
 
 // Grouped (MoE experts), the calling convention of kvc_moe_gemm_run: for
@@ -103,7 +111,8 @@ typedef struct {
 // The brief's entry: dense m x n x k.
 int kvc_fp8_gemm_selftest(int m, int n, int k, int iters, double* max_rel_err, double* fp8_us, double* bf16_us,
                           char* err, size_t errlen);
-int kvc_fp8_gemm_selftest_ex(int m, int n, int k, int iters, kvc_fp8_selftest_result* out, char* err, size_t errlen);
+int kvc_fp8_gemm_selftest_ex(int m, int n, int k, int variant, int iters, kvc_fp8_selftest_result* out, char* err,
+                             size_t errlen);
 // Grouped: `tokens` tokens each routed to `topk` distinct experts of
 // `experts` (deterministic pseudo-random routing), expert weights [n, k],
 // in tiling `variant`.

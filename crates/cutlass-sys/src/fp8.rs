@@ -11,7 +11,8 @@
 //!   f32 accumulation with the block scales applied per K block, bf16 out,
 //!   through CUTLASS's sm90 blockwise-scaled FP8 kernels
 //!   (`KernelTmaWarpSpecializedCooperativeFP8BlockScaledAccum`, 128x128x128
-//!   tiles), dense ([`dense_run`]) and grouped over experts
+//!   tiles; a decode step's few tokens on a swapped 64x64 tiling,
+//!   [`DenseTiling::Swap64`]), dense ([`dense_run`]) and grouped over experts
 //!   ([`grouped_run`], the calling convention of [`crate::run`], in both of
 //!   its tilings: rows on M, or the weights on M and a decode step's few
 //!   rows per expert on N, 128x64x128).
@@ -33,18 +34,34 @@ pub use crate::error::Error;
 use crate::error::{bytes, call, int, ERR_LEN};
 pub use crate::Variant;
 
+/// The dense GEMM's tilings (cpp/fp8_gemm.h's KVC_FP8_DENSE_*).
+#[repr(i32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DenseTiling {
+    /// The tokens on M, 128x128x128 tiles: prefill.
+    #[default]
+    Rows = 0,
+    /// `d^T = w a^T`, 64 weight rows on M and up to 64 tokens on N a tile
+    /// (ping-pong): a decode step's few tokens get twice the CTAs of
+    /// `Rows` over the same weights. Its `sw` is the weights' scales at
+    /// 64-row granularity, `[ceil(n/64), k/128]`: the 128-row ones with
+    /// every row repeated.
+    Swap64 = 1,
+}
+
 /// One dense call's operands (cpp/fp8_gemm.h's kvc_fp8_gemm_args), all
 /// device addresses: `a: e4m3 [m, k]`, `sa: f32 [m, k/128]`,
-/// `w: e4m3 [n, k]`, `sw: f32 [ceil(n/128), k/128]`, `d: bf16 [m, n]`, all
-/// row-major. `n` a multiple of 16, `k` of 128; `a`, `w`, `d` 16-byte
-/// aligned.
+/// `w: e4m3 [n, k]`, `sw: f32 [ceil(n/128), k/128]` (`[ceil(n/64), k/128]`
+/// in [`DenseTiling::Swap64`]), `d: bf16 [m, n]`, all row-major. `n` a
+/// multiple of 16, `k` of 128; `a`, `w`, `d` 16-byte aligned. `variant`
+/// is a [`DenseTiling`] as i32.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 pub struct DenseArgs {
     pub m: i32,
     pub n: i32,
     pub k: i32,
-    pub reserved: i32,
+    pub variant: i32,
     pub op: Operands,
 }
 
@@ -114,11 +131,20 @@ mod ffi {
             err: *mut c_char,
             len: usize,
         ) -> i32;
-        pub fn kvc_fp8_gemm_workspace(m: i32, n: i32, k: i32, bytes: *mut u64, err: *mut c_char, len: usize) -> i32;
+        pub fn kvc_fp8_gemm_workspace(m: i32, n: i32, k: i32, variant: i32, bytes: *mut u64, err: *mut c_char, len: usize) -> i32;
         pub fn kvc_fp8_gemm_run(args: *const DenseArgs, stream: *mut c_void, err: *mut c_char, len: usize) -> i32;
         pub fn kvc_fp8_grouped_workspace(experts: i32, variant: i32, bytes: *mut u64, err: *mut c_char, len: usize) -> i32;
         pub fn kvc_fp8_grouped_run(args: *const GroupedArgs, stream: *mut c_void, err: *mut c_char, len: usize) -> i32;
-        pub fn kvc_fp8_gemm_selftest_ex(m: i32, n: i32, k: i32, iters: i32, out: *mut SelfTest, err: *mut c_char, len: usize) -> i32;
+        pub fn kvc_fp8_gemm_selftest_ex(
+            m: i32,
+            n: i32,
+            k: i32,
+            variant: i32,
+            iters: i32,
+            out: *mut SelfTest,
+            err: *mut c_char,
+            len: usize,
+        ) -> i32;
         pub fn kvc_fp8_grouped_selftest(
             experts: i32,
             tokens: i32,
@@ -169,12 +195,12 @@ pub unsafe fn quant_blocks(w: u64, q: u64, sw: u64, experts: usize, n: usize, k:
     })
 }
 
-/// Device scratch bytes one dense call of this shape needs.
-pub fn dense_workspace_bytes(m: usize, n: usize, k: usize) -> Result<usize, Error> {
-    shim!([m, n, k], {
+/// Device scratch bytes one dense call of this shape and tiling needs.
+pub fn dense_workspace_bytes(m: usize, n: usize, k: usize, tiling: DenseTiling) -> Result<usize, Error> {
+    shim!([m, n, k, tiling], {
         let (m, n, k) = (int(m, "m")?, int(n, "n")?, int(k, "k")?);
         // SAFETY: the byte count and err are valid for writes.
-        bytes(|b, e| unsafe { ffi::kvc_fp8_gemm_workspace(m, n, k, b, e, ERR_LEN) })
+        bytes(|b, e| unsafe { ffi::kvc_fp8_gemm_workspace(m, n, k, tiling as i32, b, e, ERR_LEN) })
     })
 }
 
@@ -210,13 +236,15 @@ pub unsafe fn grouped_run(args: &GroupedArgs, stream: *mut c_void) -> Result<(),
 /// pseudo-random `[m, k]` activations and `[n, k]` weights, runs
 /// [`dense_run`], compares with a plain CUDA reference over the same
 /// quantized values, and times `iters` calls of it and of CUTLASS's bf16
-/// GEMM of the same shape. Allocates and frees its own device memory.
-pub fn selftest_dense(m: usize, n: usize, k: usize, iters: usize) -> Result<SelfTest, Error> {
-    shim!([m, n, k, iters], {
+/// GEMM of the same shape, in tiling `tiling` (the swap's 64-row scales
+/// made from the 128-row ones on the device; the reference reads those).
+/// Allocates and frees its own device memory.
+pub fn selftest_dense(m: usize, n: usize, k: usize, tiling: DenseTiling, iters: usize) -> Result<SelfTest, Error> {
+    shim!([m, n, k, tiling, iters], {
         let (m, n, k, iters) = (int(m, "m")?, int(n, "n")?, int(k, "k")?, int(iters, "iters")?);
         let mut out = SelfTest::default();
         // SAFETY: out and err are valid for writes; the shim owns its device memory.
-        call(|e| unsafe { ffi::kvc_fp8_gemm_selftest_ex(m, n, k, iters, &mut out, e, ERR_LEN) }, Error::Cutlass)?;
+        call(|e| unsafe { ffi::kvc_fp8_gemm_selftest_ex(m, n, k, tiling as i32, iters, &mut out, e, ERR_LEN) }, Error::Cutlass)?;
         Ok(out)
     })
 }
@@ -259,9 +287,9 @@ mod tests {
         let e = check().unwrap_err();
         assert!(matches!(e, Error::Unavailable(_)), "{e}");
         assert!(e.to_string().contains("scripts/cutlass_setup.sh"), "{e}");
-        assert!(matches!(dense_workspace_bytes(1, 2048, 2048), Err(Error::Unavailable(_))));
+        assert!(matches!(dense_workspace_bytes(1, 2048, 2048, DenseTiling::Rows), Err(Error::Unavailable(_))));
         assert!(matches!(grouped_workspace_bytes(128, Variant::Swap), Err(Error::Unavailable(_))));
-        assert!(matches!(selftest_dense(1, 2048, 2048, 1), Err(Error::Unavailable(_))));
+        assert!(matches!(selftest_dense(1, 2048, 2048, DenseTiling::Swap64, 1), Err(Error::Unavailable(_))));
         assert!(matches!(selftest_grouped(128, 1, 8, 1536, 2048, Variant::Rows, 1), Err(Error::Unavailable(_))));
     }
 

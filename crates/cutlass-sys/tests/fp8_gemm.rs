@@ -71,10 +71,16 @@ fn fp8_block_scaled_gemms_match_the_reference_and_are_timed() {
     let mut failures = Vec::new();
     header();
     for &(name, n, k) in dense.iter().filter(|d| wanted(d.0)) {
-        for m in [1usize, 16, 64, 128, 2048, 8192] {
+        // Both tilings up to 128 rows (the swap is a decode step's), rows beyond.
+        let sizes = [1usize, 8, 16, 32, 64, 128, 2048, 8192];
+        let runs = sizes.into_iter().flat_map(|m| {
+            let swap = (m <= 128).then_some((m, fp8::DenseTiling::Swap64));
+            [Some((m, fp8::DenseTiling::Rows)), swap].into_iter().flatten()
+        });
+        for (m, tiling) in runs {
             let flops = 2.0 * (m * n * k) as f64;
-            let shape = format!("m={m} n={n} k={k}");
-            match fp8::selftest_dense(m, n, k, iters(flops)) {
+            let shape = format!("m={m} n={n} k={k} {}", if tiling == fp8::DenseTiling::Swap64 { "swap64" } else { "rows" });
+            match fp8::selftest_dense(m, n, k, tiling, iters(flops)) {
                 Ok(r) => {
                     row(name, &shape, flops, &r);
                     if !(r.max_rel_err < MAX_REL_ERR) || !(r.quant_err <= MAX_QUANT_ERR) {
@@ -115,6 +121,6 @@ fn fp8_block_scaled_gemms_match_the_reference_and_are_timed() {
 fn without_a_usable_build_or_device_the_fp8_path_says_why() {
     if let Err(e) = fp8::check() {
         assert!(matches!(e, fp8::Error::Unavailable(_)), "{e}");
-        assert!(fp8::selftest_dense(1, 2048, 2048, 1).is_err());
+        assert!(fp8::selftest_dense(1, 2048, 2048, fp8::DenseTiling::Rows, 1).is_err());
     }
 }

@@ -11,7 +11,8 @@ use crate::error::EngineError;
 
 /// The request the environment makes (`KVC_ATTENTION_BACKEND`,
 /// `KVC_DECODE_KERNEL`, `KVC_MOE_GEMM`, `KVC_MOE_SMALL_PAIRS`,
-/// `KVC_FP8_GEMM`, `KVC_FP8_ATTENTION`, `KVC_FP8_ATTENTION_MIN_TOKENS`); a
+/// `KVC_FP8_GEMM`, `KVC_FP8_ATTENTION`, `KVC_FP8_ATTENTION_MIN_TOKENS`,
+/// `KVC_FP8_DENSE_SWAP_ROWS`); a
 /// value kvc does not know is an error naming the variable.
 pub fn request_from_env() -> Result<KernelRequest, EngineError> {
     KernelRequest::from_vars(|k| std::env::var(k).ok()).map_err(EngineError::Load)
@@ -38,7 +39,7 @@ fn apply_gpu(request: &KernelRequest) -> Result<(), EngineError> {
     let facts = KernelFacts { cutlass: k::cutlass_runs(), fp8_gemm: k::fp8_gemm_runs() };
     let d = decide_kernel_plan(request, &facts).map_err(EngineError::Load)?;
     let p = d.plan;
-    let [(_, attention), (_, decode), (_, gemm), (_, small), (_, fp8), (_, fp8_reason), (_, fp8_attention)] = d.terms();
+    let [(_, attention), (_, decode), (_, gemm), (_, small), (_, fp8), (_, fp8_reason), (_, fp8_attention), (_, swap_rows)] = d.terms();
     kvc_policy::log_decision(&d.decision());
     tracing::info!(
         reason = d.reason.as_str(),
@@ -49,6 +50,7 @@ fn apply_gpu(request: &KernelRequest) -> Result<(), EngineError> {
         fp8_weights = %fp8,
         fp8_weights_reason = %fp8_reason,
         fp8_attention = %fp8_attention,
+        fp8_dense_swap_rows = %swap_rows,
         fp8_gemm_unavailable = facts.fp8_gemm.as_ref().err().map(String::as_str).unwrap_or(""),
         "kernel plan"
     );
@@ -69,6 +71,7 @@ fn apply_gpu(request: &KernelRequest) -> Result<(), EngineError> {
     k::set_moe_small_pairs(p.moe_small_pairs);
     k::set_fp8_weights(p.fp8_weights == Fp8Weights::Fp8);
     k::set_fp8_attention_bounds(p.fp8_attention);
+    k::set_fp8_dense_swap_rows(p.fp8_dense_swap_rows);
     Ok(())
 }
 

@@ -32,7 +32,8 @@ use common::fp8_checkpoint::{tiny_fp8_checkpoint, tiny_prompts};
 use common::{argmax, gpu, rel_err};
 use kvc_kv_pool::{BlockId, KvStorage};
 use kvc_model_qwen3::cuda::{
-    e4m3_io_plans, fp8_gemm_runs, set_fp8_attention_bounds, set_fp8_weights, Fp8AttentionBounds, DEFAULT_FP8_BOUNDS,
+    e4m3_io_plans, fp8_gemm_runs, set_fp8_attention_bounds, set_fp8_dense_swap_rows, set_fp8_weights, Fp8AttentionBounds,
+    DEFAULT_FP8_BOUNDS,
 };
 use kvc_model_qwen3::fp8::AT_LOAD;
 use kvc_model_qwen3::{BatchInput, Qwen3Model, SeqChunk};
@@ -137,6 +138,20 @@ fn greedy_agreement(got: &[Vec<f32>], want: &[Vec<f32>]) -> usize {
 #[ignore = "needs an sm90 GPU: run with scripts/gpu_run.sh"]
 fn fp8_weights_answer_as_the_dequantized_load_within_activation_rounding() {
     fp8_answers_as_the_dequantized_load(PROMPTS, "gpu-answers");
+}
+
+/// The same over the swapped 64-row tiling of the dense FP8 GEMMs
+/// (`KVC_FP8_DENSE_SWAP_ROWS`): the eight sequences' decode steps (8 rows)
+/// and the prompts' prefill rows up to 64 take it.
+#[test]
+#[ignore = "needs an sm90 GPU: run with scripts/gpu_run.sh"]
+fn fp8_weights_on_the_swapped_dense_tiling_answer_as_the_dequantized_load() {
+    set_fp8_dense_swap_rows(Some(64));
+    let run = std::panic::catch_unwind(|| fp8_answers_as_the_dequantized_load(PROMPTS, "gpu-answers-swap"));
+    set_fp8_dense_swap_rows(None);
+    if let Err(e) = run {
+        std::panic::resume_unwind(e);
+    }
 }
 
 /// One sequence: its decode steps take the one-row kernels (gemv.cu's

@@ -174,10 +174,13 @@ pub struct KernelRequest {
     pub fp8_attention: Option<bool>,
     /// From how many prompt tokens in a step it runs.
     pub fp8_attention_min_tokens: Option<usize>,
+    /// Most tokens a dense FP8 projection takes on the swapped 64-row
+    /// tiling before the 128-row one (0: never).
+    pub fp8_dense_swap_rows: Option<usize>,
 }
 
 /// The environment variables [`KernelRequest::from_vars`] reads.
-pub const KERNEL_ENV_VARS: [&str; 7] = [
+pub const KERNEL_ENV_VARS: [&str; 8] = [
     "KVC_ATTENTION_BACKEND",
     "KVC_DECODE_KERNEL",
     "KVC_MOE_GEMM",
@@ -185,6 +188,7 @@ pub const KERNEL_ENV_VARS: [&str; 7] = [
     "KVC_FP8_GEMM",
     "KVC_FP8_ATTENTION",
     "KVC_FP8_ATTENTION_MIN_TOKENS",
+    "KVC_FP8_DENSE_SWAP_ROWS",
 ];
 
 /// `value` as one of `all` (by [`as_str`](PrefillAttention::as_str)), or
@@ -202,7 +206,7 @@ impl KernelRequest {
     /// None when unset; an empty value counts as unset).
     pub fn from_vars(get: impl Fn(&str) -> Option<String>) -> Result<Self, String> {
         let var = |name: &str| get(name).filter(|v| !v.trim().is_empty());
-        let [attention, decode, gemm, small, fp8, fp8_attention, fp8_min] = KERNEL_ENV_VARS;
+        let [attention, decode, gemm, small, fp8, fp8_attention, fp8_min, swap_rows] = KERNEL_ENV_VARS;
         Ok(Self {
             prefill_attention: var(attention)
                 .map(|v| parse_choice(attention, &v, &PrefillAttention::ALL, PrefillAttention::as_str))
@@ -218,6 +222,9 @@ impl KernelRequest {
                 .transpose()?,
             fp8_attention_min_tokens: var(fp8_min)
                 .map(|v| v.trim().parse::<usize>().map_err(|_| format!("{fp8_min}={v:?}: expected a number of prompt tokens")))
+                .transpose()?,
+            fp8_dense_swap_rows: var(swap_rows)
+                .map(|v| v.trim().parse::<usize>().map_err(|_| format!("{swap_rows}={v:?}: expected a number of tokens")))
                 .transpose()?,
         })
     }
@@ -246,6 +253,9 @@ pub struct KernelPlan {
     /// From how many prompt tokens a step's attention over an FP8 KV cache
     /// may take cuDNN's FP8 route, per kind of step; None: never.
     pub fp8_attention: Option<Fp8AttentionBounds>,
+    /// Most tokens a dense FP8 projection takes on the swapped 64-row
+    /// tiling; None: the measured default.
+    pub fp8_dense_swap_rows: Option<usize>,
 }
 
 crate::decision::reasons! {
@@ -289,7 +299,7 @@ impl KernelPlanDecision {
     }
 
     /// The plan as named fields, for the one log line at start.
-    pub fn terms(&self) -> [(&'static str, String); 7] {
+    pub fn terms(&self) -> [(&'static str, String); 8] {
         let p = &self.plan;
         let small = p.moe_small_pairs.map_or_else(|| "default".to_string(), |n| n.to_string());
         let fp8_attention = p
@@ -303,6 +313,7 @@ impl KernelPlanDecision {
             ("fp8_weights", p.fp8_weights.as_str().to_string()),
             ("fp8_weights_reason", p.fp8_weights_reason.as_str().to_string()),
             ("fp8_attention", fp8_attention),
+            ("fp8_dense_swap_rows", p.fp8_dense_swap_rows.map_or_else(|| "default".to_string(), |n| n.to_string())),
         ]
     }
 }
@@ -339,6 +350,7 @@ pub fn decide_kernel_plan(request: &KernelRequest, facts: &KernelFacts) -> Resul
             Some(false) => None,
             _ => Some(request.fp8_attention_min_tokens.map_or(Fp8AttentionBounds::DEFAULT, Fp8AttentionBounds::all)),
         },
+        fp8_dense_swap_rows: request.fp8_dense_swap_rows,
     };
     Ok(KernelPlanDecision { plan, reason })
 }
@@ -380,6 +392,7 @@ mod tests {
         assert_eq!(vars(&[("KVC_FP8_ATTENTION", "0")]).unwrap().fp8_attention, Some(false));
         assert_eq!(vars(&[("KVC_FP8_ATTENTION", "1")]).unwrap().fp8_attention, Some(true));
         assert_eq!(vars(&[("KVC_FP8_ATTENTION_MIN_TOKENS", "2048")]).unwrap().fp8_attention_min_tokens, Some(2048));
+        assert_eq!(vars(&[("KVC_FP8_DENSE_SWAP_ROWS", "0")]).unwrap().fp8_dense_swap_rows, Some(0));
     }
 
     #[test]
@@ -392,6 +405,7 @@ mod tests {
             ("KVC_FP8_GEMM", "fp16", "dequantize"),
             ("KVC_FP8_ATTENTION", "yes", "0, 1"),
             ("KVC_FP8_ATTENTION_MIN_TOKENS", "4k", "prompt tokens"),
+            ("KVC_FP8_DENSE_SWAP_ROWS", "-1", "tokens"),
         ] {
             let e = vars(&[(var, value)]).unwrap_err();
             assert!(e.contains(var) && e.contains(value) && e.contains(choice), "{e}");
@@ -412,6 +426,7 @@ mod tests {
                 fp8_weights: Fp8Weights::Fp8,
                 fp8_weights_reason: Fp8WeightsReason::Default,
                 fp8_attention: Some(Fp8AttentionBounds::DEFAULT),
+                fp8_dense_swap_rows: None,
             }
         );
         let v1 = KernelRequest { decode_kernel: Some(DecodeKernel::V1), ..Default::default() };
@@ -450,9 +465,15 @@ mod tests {
 
     #[test]
     fn the_terms_name_every_choice() {
-        let r = KernelRequest { moe_small_pairs: Some(4), prefill_attention: Some(PrefillAttention::Kvc), ..Default::default() };
+        let r = KernelRequest {
+            moe_small_pairs: Some(4),
+            prefill_attention: Some(PrefillAttention::Kvc),
+            fp8_dense_swap_rows: Some(32),
+            ..Default::default()
+        };
         let d = decide_kernel_plan(&r, &CUTLASS).unwrap();
         let t: HashMap<_, _> = d.terms().into_iter().collect();
+        assert_eq!(t["fp8_dense_swap_rows"], "32");
         assert_eq!(t["prefill_attention"], "kvc");
         assert_eq!(t["decode_kernel"], "v2");
         assert_eq!(t["moe_gemm"], "cutlass");

@@ -14,7 +14,7 @@
 //! and says once which FP8 weights it had to dequantize, and why.
 
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 
 use candle_core::{bail, CudaDevice, DType, Result, Tensor};
 use candle_nn::{Init, VarBuilder};
@@ -31,6 +31,30 @@ use crate::fp8::{BlockFp8, GEMM_BLOCK};
 /// (gemv.cu's `small_m_gemm_fp8`) instead of quantizing its input for
 /// CUTLASS's 128-row tiles: decode steps of a few sequences.
 pub const FEW_ROWS: usize = 4;
+
+/// Rows up to which a dense FP8 projection runs on CUTLASS's swapped
+/// 64-row tiling ([`fp8::DenseTiling::Swap64`]: 64 weight rows a tile,
+/// twice the CTAs of the 128-row one) unless the kernel plan says
+/// otherwise (`KVC_FP8_DENSE_SWAP_ROWS`). 0 until it has run on a GPU:
+/// the tiling is opt-in (`KVC_FP8_DENSE_SWAP_ROWS=64`) for its first
+/// measurement (docs/experiments/dense-swap-2026-12-07/run1.sh).
+pub const SWAP64_ROWS: usize = 0;
+
+/// The kernel plan's bound for the swapped tiling; `usize::MAX`: not set.
+static SWAP_ROWS: AtomicUsize = AtomicUsize::new(usize::MAX);
+
+/// Sets the most rows a dense FP8 projection takes on the swapped 64-row
+/// tiling (0: never; None: [`SWAP64_ROWS`]).
+pub fn set_fp8_dense_swap_rows(rows: Option<usize>) {
+    SWAP_ROWS.store(rows.unwrap_or(usize::MAX), Ordering::Relaxed);
+}
+
+fn swap_rows() -> usize {
+    match SWAP_ROWS.load(Ordering::Relaxed) {
+        usize::MAX => SWAP64_ROWS,
+        n => n,
+    }
+}
 
 /// 0: not chosen (FP8 where the GEMMs run); 1: FP8; 2: dequantize.
 static CHOICE: AtomicU8 = AtomicU8::new(0);
@@ -167,21 +191,24 @@ pub fn quantize_blocks(w: &Tensor) -> Result<(Tensor, Tensor)> {
 }
 
 /// One FP8 projection, or a stack of them (experts): `q` e4m3 `[.., N, K]`,
-/// `scale` f32 `[.., ceil(N / 128), K / 128]`.
+/// `scale` f32 `[.., ceil(N / 128), K / 128]`; a single projection also
+/// keeps `scale64`, its scales with every row repeated
+/// (`[ceil(N / 64), K / 128]`), for the swapped 64-row tiling.
 pub struct Fp8Weight {
     q: Tensor,
     scale: Tensor,
+    scale64: Option<Tensor>,
 }
 
 impl Fp8Weight {
     /// The CUTLASS call's operands: quantized rows `a` against these
     /// weights into `d`, with scratch `ws` of `bytes`.
-    fn operands(&self, a: &QuantRows, d: &Tensor, (ws, bytes): (&Tensor, u64)) -> Result<fp8::Operands> {
+    fn operands(&self, a: &QuantRows, d: &Tensor, (ws, bytes): (&Tensor, u64), sw: &Tensor) -> Result<fp8::Operands> {
         Ok(fp8::Operands {
             a: ptr(&a.q)?,
             sa: ptr(&a.s)?,
             w: ptr(&self.q)?,
-            sw: ptr(&self.scale)?,
+            sw: ptr(sw)?,
             d: ptr(d)?,
             workspace: ptr(ws)?,
             workspace_bytes: bytes,
@@ -200,7 +227,13 @@ impl Fp8Weight {
         if sd != want || n % 16 != 0 || k % GEMM_BLOCK != 0 {
             bail!("FP8 weight {qd:?} with scales {sd:?}: the GEMMs take N a multiple of 16, K of 128, scales {want:?}");
         }
-        Ok(Self { q: q.contiguous()?, scale: scale.contiguous()? })
+        let scale64 = match sd[..] {
+            [nb, kb] => {
+                Some(scale.unsqueeze(1)?.broadcast_as((nb, 2, kb))?.reshape((2 * nb, kb))?.narrow(0, 0, n.div_ceil(64))?.contiguous()?)
+            }
+            _ => None,
+        };
+        Ok(Self { q: q.contiguous()?, scale: scale.contiguous()?, scale64 })
     }
 
     /// Row blocks fused into one weight (q|k|v, gate|up): every part but
@@ -230,7 +263,7 @@ impl Fp8Weight {
 
     /// Bytes on the device: the e4m3 weight and its scales.
     pub fn bytes(&self) -> usize {
-        self.q.elem_count() + 4 * self.scale.elem_count()
+        self.q.elem_count() + 4 * (self.scale.elem_count() + self.scale64.as_ref().map_or(0, Tensor::elem_count))
     }
 
     /// The e4m3 weight and its block scales.
@@ -273,14 +306,20 @@ impl Fp8Weight {
         self.dense(&QuantRows { q: q.clone(), s: s.clone() })
     }
 
-    /// CUTLASS's dense FP8 GEMM over quantized rows.
+    /// CUTLASS's dense FP8 GEMM over quantized rows: up to the plan's
+    /// swap bound on the swapped 64-row tiling, else on 128-row tiles.
     fn dense(&self, a: &QuantRows) -> Result<Tensor> {
         let dev = cuda_dev(a.q.device())?;
         let ((m, k), (n, _)) = (a.q.dims2()?, self.q.dims2()?);
+        let (tiling, sw) = match &self.scale64 {
+            Some(s64) if m <= swap_rows() => (fp8::DenseTiling::Swap64, s64),
+            _ => (fp8::DenseTiling::Rows, &self.scale),
+        };
         let d = empty(dev, (m, n), DType::BF16)?;
-        let (ws, ws_bytes) = workspace(dev, fp8::dense_workspace_bytes(m, n, k).map_err(err)?)?;
+        let (ws, ws_bytes) = workspace(dev, fp8::dense_workspace_bytes(m, n, k, tiling).map_err(err)?)?;
         let int = |v: usize| i32::try_from(v).map_err(|_| candle_core::Error::Msg(format!("FP8 linear: {v} does not fit an i32")));
-        let args = fp8::DenseArgs { m: int(m)?, n: int(n)?, k: int(k)?, reserved: 0, op: self.operands(a, &d, (&ws, ws_bytes))? };
+        let op = self.operands(a, &d, (&ws, ws_bytes), sw)?;
+        let args = fp8::DenseArgs { m: int(m)?, n: int(n)?, k: int(k)?, variant: tiling as i32, op };
         // SAFETY: every address is a live contiguous tensor of the sizes in
         // `args` on this device; the stream orders their frees after the GEMM.
         unsafe { fp8::dense_run(&args, stream(dev)?) }.map_err(err)?;
@@ -339,7 +378,7 @@ impl Fp8Weight {
         };
         let (ws, ws_bytes) = workspace(dev, fp8::grouped_workspace_bytes(e, variant).map_err(err)?)?;
         let groups = cutlass_sys::Groups::new(ptr(offsets)?, (e, n, k), variant).map_err(err)?;
-        let args = fp8::GroupedArgs { groups, op: self.operands(aq, out, (&ws, ws_bytes))? };
+        let args = fp8::GroupedArgs { groups, op: self.operands(aq, out, (&ws, ws_bytes), &self.scale)? };
         // SAFETY: as in `linear`; `offsets` holds E + 1 row offsets into `a` and `out`.
         unsafe { fp8::grouped_run(&args, stream(dev)?) }.map_err(err)
     }

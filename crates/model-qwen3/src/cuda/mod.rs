@@ -19,7 +19,8 @@ pub use attention::{set_decode_kernel_v1, AttentionPlan, PagedAttention};
 pub use cudnn_attention::{CudnnAttention, PrefillBackend, PrefillContext};
 pub use cudnn_fp8::{e4m3_io_plans, fp8_attention_bounds, q_absmax, quantize_q, set_fp8_attention_bounds, E4m3Output, DEFAULT_FP8_BOUNDS};
 pub use fp8_linear::{
-    fp8_gemm_runs, fp8_weights, quantize_blocks, quantize_rows, set_fp8_weights, silu_mul_quantized, Fp8Weight, GpuLinear, WeightBytes,
+    fp8_gemm_runs, fp8_weights, quantize_blocks, quantize_rows, set_fp8_dense_swap_rows, set_fp8_weights, silu_mul_quantized, Fp8Weight,
+    GpuLinear, WeightBytes,
 };
 pub use gemv::{small_m_linear, small_m_linear_fp8, swiglu_linear, swiglu_linear_fp8};
 pub use graph::CapturedStep;

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Issue 35 (2026-12-07, late): run1.sh cut to ~6 min for the session's
+# last device seconds: the swap's kernels against the reference and timed,
+# the model's FP8 tests (one with the swap), then 64 x 2K graphed decode,
+# fp8 weights over an fp8 pool, swap off / on / on / off in one binary.
+# Copy into .gpu/; carry [".gpu"].
+cd "$(dirname "$0")/.."
+G=.gpu
+nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem,memory.total --format=csv,noheader | tee $OUT/gpu.txt
+T() { echo "== $1"; timeout ${2:-120} bash $G/gpu_run.sh /tmp/kvc-gpu-bin/test-$1 --ignored --test-threads 1 --nocapture 2>&1; echo "rc=$?"; }
+KVC_FP8_TEST_ONLY=qkv,o_proj T fp8_gemm 80 > $OUT/fp8_gemm.log
+grep -E "^(gemm|qkv|o_proj) " $OUT/fp8_gemm.log | awk '{print $1, $2, $5, $6, $7, $11}'; grep -h "test result\|FAILED\|panicked" $OUT/fp8_gemm.log
+T gpu_fp8 120 > $OUT/tests_fp8.log; grep -h "^== \|test result\|FAILED\|panicked\|^rc=" $OUT/tests_fp8.log
+B="engine --shape qwen3-30b-a3b --device cuda --prefill 1024 --cuda-graph --dtype fp8 --kv-cache-dtype fp8 --decode 64x2048"
+for s in 0 64 64 0; do echo "== swap $s"; KVC_FP8_DENSE_SWAP_ROWS=$s timeout 60 bash $G/gpu_run.sh kvc-bench $B 2>&1; echo "rc=$?"; done > $OUT/ab.txt
+awk '/^== swap/{m=$3} $1 ~ /^[0-9]+$/ && $2=="2048" {b=$1} $1=="graph" {print "swap", m, "batch", b, $3, $4}' $OUT/ab.txt
+echo "elapsed $SECONDS s"
+true
