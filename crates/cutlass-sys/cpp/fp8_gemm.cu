@@ -240,41 +240,27 @@ int quant_rows(const void* x, void* q, void* s, int m, int k, cudaStream_t strea
 // ---------------------------------------------------------------------------
 // Dense GEMM.
 
-typename Dense::Gemm::Arguments dense_arguments(const kvc_fp8_gemm_args& a) {
-    int m = a.m, n = a.n, k = a.k;
-    auto stride_a = cutlass::make_cute_packed_stride(typename Dense::StrideA{}, make_shape(m, k, 1));
-    auto stride_b = cutlass::make_cute_packed_stride(typename Dense::StrideB{}, make_shape(n, k, 1));
-    auto stride_d = cutlass::make_cute_packed_stride(typename Dense::StrideD{}, make_shape(m, n, 1));
-    auto layout_sfa = ScaleConfig::tile_atom_to_shape_SFA(make_shape(m, n, k, 1));
-    auto layout_sfb = ScaleConfig::tile_atom_to_shape_SFB(make_shape(m, n, k, 1));
-    typename Dense::Gemm::Arguments args{
-        cutlass::gemm::GemmUniversalMode::kGemm,
-        {m, n, k, 1},
-        {reinterpret_cast<const E4m3*>(a.op.a), stride_a, reinterpret_cast<const E4m3*>(a.op.w), stride_b,
-         reinterpret_cast<const float*>(a.op.sa), layout_sfa, reinterpret_cast<const float*>(a.op.sw), layout_sfb},
-        {{}, nullptr, stride_d, reinterpret_cast<Bf16*>(a.op.d), stride_d},
-        hardware()};
-    args.epilogue.thread.alpha = 1.0f;
-    args.epilogue.thread.beta = 0.0f;
-    return args;
-}
-
-// The swap: problem (n, m, k), A = the weights [n, k] row-major with
-// their 64-row scales, B = the tokens [m, k] (column-major k x m) with
-// theirs, D^T = [n, m] column-major, i.e. d [m, n] row-major.
-typename DenseSwap64::Gemm::Arguments dense_swap64_arguments(const kvc_fp8_gemm_args& a) {
-    using G = DenseSwap64;
-    int m = a.m, n = a.n, k = a.k;
-    auto stride_a = cutlass::make_cute_packed_stride(typename G::StrideA{}, make_shape(n, k, 1));
-    auto stride_b = cutlass::make_cute_packed_stride(typename G::StrideB{}, make_shape(m, k, 1));
-    auto stride_d = cutlass::make_cute_packed_stride(typename G::StrideD{}, make_shape(n, m, 1));
-    auto layout_sfa = G::Scales::tile_atom_to_shape_SFA(make_shape(n, m, k, 1));
-    auto layout_sfb = G::Scales::tile_atom_to_shape_SFB(make_shape(n, m, k, 1));
+// The dense call's arguments in tiling G. Rows: problem (m, n, k), A = the
+// tokens [m, k], B = the weights [n, k] (column-major k x n), D = [m, n]
+// row-major. The swap (kSwap): problem (n, m, k), A = the weights [n, k]
+// row-major with their 64-row scales, B = the tokens [m, k] (column-major
+// k x m) with theirs, D^T = [n, m] column-major, i.e. d [m, n] row-major.
+template <class G, bool kSwap>
+typename G::Gemm::Arguments dense_arguments(const kvc_fp8_gemm_args& a) {
+    int rows = kSwap ? a.n : a.m, cols = kSwap ? a.m : a.n, k = a.k;
+    const E4m3* ta = reinterpret_cast<const E4m3*>(a.op.a);
+    const E4m3* tw = reinterpret_cast<const E4m3*>(a.op.w);
+    const float* sa = reinterpret_cast<const float*>(a.op.sa);
+    const float* sw = reinterpret_cast<const float*>(a.op.sw);
+    auto stride_a = cutlass::make_cute_packed_stride(typename G::StrideA{}, make_shape(rows, k, 1));
+    auto stride_b = cutlass::make_cute_packed_stride(typename G::StrideB{}, make_shape(cols, k, 1));
+    auto stride_d = cutlass::make_cute_packed_stride(typename G::StrideD{}, make_shape(rows, cols, 1));
+    auto shape = make_shape(rows, cols, k, 1);
     typename G::Gemm::Arguments args{
         cutlass::gemm::GemmUniversalMode::kGemm,
-        {n, m, k, 1},
-        {reinterpret_cast<const E4m3*>(a.op.w), stride_a, reinterpret_cast<const E4m3*>(a.op.a), stride_b,
-         reinterpret_cast<const float*>(a.op.sw), layout_sfa, reinterpret_cast<const float*>(a.op.sa), layout_sfb},
+        {rows, cols, k, 1},
+        {kSwap ? tw : ta, stride_a, kSwap ? ta : tw, stride_b, kSwap ? sw : sa, G::Scales::tile_atom_to_shape_SFA(shape),
+         kSwap ? sa : sw, G::Scales::tile_atom_to_shape_SFB(shape)},
         {{}, nullptr, stride_d, reinterpret_cast<Bf16*>(a.op.d), stride_d},
         hardware()};
     args.epilogue.thread.alpha = 1.0f;
@@ -292,8 +278,9 @@ int dense_shape_ok(int m, int n, int k, int variant, char* err, size_t errlen) {
 }
 
 uint64_t dense_workspace_bytes(const kvc_fp8_gemm_args& a) {
-    if (a.variant == KVC_FP8_DENSE_SWAP64) return up(DenseSwap64::Gemm::get_workspace_size(dense_swap64_arguments(a)));
-    return up(Dense::Gemm::get_workspace_size(dense_arguments(a)));
+    if (a.variant == KVC_FP8_DENSE_SWAP64)
+        return up(DenseSwap64::Gemm::get_workspace_size(dense_arguments<DenseSwap64, true>(a)));
+    return up(Dense::Gemm::get_workspace_size(dense_arguments<Dense, false>(a)));
 }
 
 int dense_run(const kvc_fp8_gemm_args* a, cudaStream_t stream, char* err, size_t errlen) {
@@ -304,8 +291,8 @@ int dense_run(const kvc_fp8_gemm_args* a, cudaStream_t stream, char* err, size_t
         return fail(err, errlen, "kvc_fp8_gemm_run", "workspace too small");
     void* ws = reinterpret_cast<void*>(a->op.workspace);
     if (a->variant == KVC_FP8_DENSE_SWAP64)
-        return kvc_cutlass::run_gemm<DenseSwap64::Gemm>(dense_swap64_arguments(*a), ws, stream, err, errlen);
-    return kvc_cutlass::run_gemm<Dense::Gemm>(dense_arguments(*a), ws, stream, err, errlen);
+        return kvc_cutlass::run_gemm<DenseSwap64::Gemm>(dense_arguments<DenseSwap64, true>(*a), ws, stream, err, errlen);
+    return kvc_cutlass::run_gemm<Dense::Gemm>(dense_arguments<Dense, false>(*a), ws, stream, err, errlen);
 }
 
 // sw64[r, kb] = sw[r / 2, kb] for r < ceil(n / 64): the checkpoint's
