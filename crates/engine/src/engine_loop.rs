@@ -17,7 +17,7 @@ use arc_swap::ArcSwap;
 use kvc_kv_pool::{BlockAllocator, KvPool, KvStorage};
 use kvc_model_qwen3::Qwen3Model;
 use kvc_scheduler::{Scheduler, SchedulerConfig, SeqId};
-use kvc_session_cache::{salt_root, BlockHash, CacheConfig, ReusePath, SessionAwareCache};
+use kvc_session_cache::{salt_root, CacheConfig, ReusePath, SessionAwareCache};
 use tokio::sync::mpsc;
 
 use crate::command::{Command, SubmitKv};
@@ -26,6 +26,7 @@ use crate::kv_handoff::SnapshotJob;
 use kvc_text_front::constrained::ConstraintState;
 use kvc_text_front::detokenizer::IncrementalDecoder;
 
+mod active;
 mod backlog_drain;
 mod cache_hooks;
 mod handoff_commands;
@@ -37,6 +38,7 @@ mod step;
 mod step_kinds;
 mod watchdog;
 
+use active::Active;
 use cache_hooks::CacheHooks;
 use role_parts::{Ctx, RoleParts};
 use snapshot_pushes::SnapshotPushes;
@@ -47,62 +49,8 @@ use crate::sampler::Sampler;
 use crate::step_model::{StepModel, WeightReads};
 use crate::{EngineConfig, EngineError, EngineStats, FinishReason, GenerateRequest, Logprobs, MatchedStop, StreamEvent, Usage};
 use handoff_commands::Handoff;
-use kvc_text_front::stop::{StopMatcher, StopOutcome};
+use kvc_text_front::stop::StopMatcher;
 use kvc_text_front::tokenizer::TextTokenizer;
-
-/// Per-request state the scheduler does not know about.
-struct Active {
-    tx: mpsc::UnboundedSender<StreamEvent>,
-    sampler: Sampler,
-    decoder: IncrementalDecoder,
-    stop: StopMatcher,
-    stop_token_ids: Vec<u32>,
-    prompt_len: usize,
-    session_id: Option<String>,
-    /// The session's busy mark was taken (released by commit or abandon).
-    turn_open: bool,
-    cached_tokens: usize,
-    reuse_reason: ReusePath,
-    /// The session cache's own answer to the last acquire (where the
-    /// reuse came from, tokens): undone if the request gives it back.
-    cache_answer: Option<(ReusePath, usize)>,
-    restored_blocks: usize,
-    /// Its restored blocks are being copied in beside other work: it
-    /// computes nothing until this batch of copies is done.
-    restore_ticket: Option<kvc_kv_pool::CopyTicket>,
-    /// Full blocks already offered to the prefix index, and the last one's hash.
-    registered_blocks: usize,
-    last_hash: Option<BlockHash>,
-    /// The parent of the prompt's first block: its cache salt's root.
-    cache_root: Option<BlockHash>,
-    /// Prefill worker: lease the prompt's KV at the end; the session whose
-    /// snapshot may cover the prompt (bypass).
-    export: bool,
-    snapshot_session: Option<String>,
-    /// When it was handed to the loop (the oldest waiting one's age is a
-    /// watchdog gauge).
-    submitted: Instant,
-    /// Time waited in the engine before the first token, by cause.
-    admission_wait: Duration,
-    prefill_wait: Duration,
-    /// Structured outputs: the grammar's state (None: unconstrained).
-    constraint: Option<ConstraintState>,
-    /// `prompt_logprobs`: the prompt tokens scored so far
-    /// (prompt_logprobs.rs).
-    scoring: Option<prompt_logprobs::PromptScoring>,
-}
-
-impl Active {
-    /// Feeds new text to the stop matcher, `generated` tokens being out: a
-    /// stop string can complete only after `min_tokens` of them (vLLM).
-    fn stop_text(&mut self, text: &str, generated: usize) -> StopOutcome {
-        if generated > self.sampler.params().min_tokens {
-            self.stop.push(text)
-        } else {
-            self.stop.push_early(text)
-        }
-    }
-}
 
 pub(crate) struct EngineLoop {
     model: Qwen3Model,

@@ -35,10 +35,12 @@ pub const FEW_ROWS: usize = 4;
 /// Rows up to which a dense FP8 projection runs on CUTLASS's swapped
 /// 64-row tiling ([`fp8::DenseTiling::Swap64`]: 64 weight rows a tile,
 /// twice the CTAs of the 128-row one) unless the kernel plan says
-/// otherwise (`KVC_FP8_DENSE_SWAP_ROWS`). 0 until it has run on a GPU:
-/// the tiling is opt-in (`KVC_FP8_DENSE_SWAP_ROWS=64`) for its first
-/// measurement (docs/experiments/dense-swap-2026-12-07/run1.sh).
-pub const SWAP64_ROWS: usize = 0;
+/// otherwise (`KVC_FP8_DENSE_SWAP_ROWS`). On one H100 (2026-12-08,
+/// docs/benchmarks.md) the swap took 67-87 % of the 128-row tiles' time
+/// for qkv and o_proj at 1-64 rows, a graphed 64 x 2K step 1.2-1.4 % less
+/// and an 8 x 2K one 2-3 %; at 128 rows (two token tiles) qkv was slower
+/// on it.
+pub const SWAP64_ROWS: usize = 64;
 
 /// The kernel plan's bound for the swapped tiling; `usize::MAX`: not set.
 static SWAP_ROWS: AtomicUsize = AtomicUsize::new(usize::MAX);
