@@ -25,7 +25,7 @@ impl DrainRate {
 
     /// Folds in `seconds` of busy time in which `tokens` left the backlog.
     pub fn observe(&mut self, tokens: usize, seconds: f64) {
-        if !(seconds > 0.0) || !seconds.is_finite() {
+        if !seconds.is_finite() || seconds <= 0.0 {
             return;
         }
         let keep = (-seconds / TAU_S).exp();

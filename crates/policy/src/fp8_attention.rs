@@ -122,7 +122,7 @@ pub fn decide_fp8_attention(i: &Fp8AttentionInputs) -> Decision<Fp8AttentionReas
     let min_tokens = i.bounds.map(|b| b.for_step(i.whole_step));
     let reason = match min_tokens {
         None => R::Off,
-        Some(_) if i.head_dim % 16 != 0 => R::HeadDim,
+        Some(_) if !i.head_dim.is_multiple_of(16) => R::HeadDim,
         Some(_) if !i.fresh => R::CachedContext,
         Some(min) if i.tokens < min => R::FewTokens,
         Some(_) => R::FreshPrompts,

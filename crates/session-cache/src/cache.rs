@@ -13,12 +13,12 @@ use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use kvc_kv_pool::{BlockAllocator, BlockId, CopyTicket, KvStorage};
-use kvc_policy::reuse::ReuseSource;
 use kvc_policy::session_cap::{decide_session_cap, SessionCapCandidate};
 
 use crate::block_hash::{hash_block, BlockHash};
 use crate::host_tier::HostTier;
 use crate::prefix_index::PrefixIndex;
+use crate::reuse_path::ReusePath;
 use crate::session::{common_prefix, BlockLoc, Session, SessionInfo};
 use crate::stats::CacheStats;
 
@@ -40,57 +40,6 @@ pub struct CacheConfig {
     /// used idle session, so one client cannot push every other client's
     /// sessions out.
     pub max_sessions_per_key: usize,
-}
-
-/// Where a request's reused KV came from: the cache's own answers, and
-/// (set by a prefill worker's engine) its snapshot store. Strings only at
-/// the JSON edge ([`Self::as_str`], serde: the same names).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ReusePath {
-    /// Nothing reused.
-    #[default]
-    Cold,
-    /// The session's own KV.
-    SessionHit,
-    /// Blocks of the prefix index.
-    PrefixHit,
-    /// A prefill worker's snapshot of the session (prefill bypass).
-    Bypass,
-}
-
-impl ReusePath {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ReusePath::Cold => "cold",
-            ReusePath::SessionHit => "session_hit",
-            ReusePath::PrefixHit => "prefix_hit",
-            ReusePath::Bypass => "bypass",
-        }
-    }
-}
-
-/// The reuse decision's sources ([`kvc_policy::reuse`]) are these paths.
-impl From<ReuseSource> for ReusePath {
-    fn from(s: ReuseSource) -> Self {
-        match s {
-            ReuseSource::Cold => ReusePath::Cold,
-            ReuseSource::SessionHit => ReusePath::SessionHit,
-            ReuseSource::PrefixHit => ReusePath::PrefixHit,
-            ReuseSource::Bypass => ReusePath::Bypass,
-        }
-    }
-}
-
-impl From<ReusePath> for ReuseSource {
-    fn from(p: ReusePath) -> Self {
-        match p {
-            ReusePath::Cold => ReuseSource::Cold,
-            ReusePath::SessionHit => ReuseSource::SessionHit,
-            ReusePath::PrefixHit => ReuseSource::PrefixHit,
-            ReusePath::Bypass => ReuseSource::Bypass,
-        }
-    }
 }
 
 /// What [`SessionAwareCache::acquire`] hands a new request: blocks (one

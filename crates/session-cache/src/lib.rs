@@ -10,6 +10,7 @@ mod changes;
 mod host_tier;
 mod namespace;
 mod prefix_index;
+mod reuse_path;
 mod session;
 mod snapshot_store;
 mod stats;
@@ -17,7 +18,7 @@ mod stats;
 mod test_arena;
 
 pub use block_hash::{hash_block, hash_blocks, salt_root, BlockHash};
-pub use cache::{Acquired, CacheConfig, ReusePath, SessionAwareCache};
+pub use cache::{Acquired, CacheConfig, SessionAwareCache};
 // The eviction and write-back decisions live in kvc-policy (issue 32);
 // re-exported under their old names so callers keep compiling.
 pub use host_tier::{HostBlockId, HostTier};
@@ -27,6 +28,7 @@ pub use kvc_policy::eviction::{
 };
 pub use kvc_policy::write_back::{decide_write_back, WriteBack, WriteBackInputs, WriteBackSkip};
 pub use namespace::{client_session_id, is_valid_client_part, scoped_session_id, session_key};
+pub use reuse_path::ReusePath;
 pub use session::{common_prefix, SessionInfo, Tier};
 pub use snapshot_store::{
     decide_spill, BypassAsk, SnapshotError, SnapshotInfo, SnapshotReservation, SnapshotStats, SnapshotStore, SpillAction, SpillDecision,

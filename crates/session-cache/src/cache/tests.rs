@@ -275,11 +275,3 @@ fn acquire_at_most_reuses_no_more_than_its_limit() {
     assert_eq!(got.tokens, 2 * BS);
     alloc.free_all(&got.blocks);
 }
-
-#[test]
-fn reuse_paths_and_the_reuse_decisions_sources_are_one_set_of_names() {
-    for p in [ReusePath::Cold, ReusePath::SessionHit, ReusePath::PrefixHit, ReusePath::Bypass] {
-        let s = ReuseSource::from(p);
-        assert_eq!((s.as_str(), ReusePath::from(s)), (p.as_str(), p));
-    }
-}
