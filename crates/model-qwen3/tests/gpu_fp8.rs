@@ -140,14 +140,15 @@ fn fp8_weights_answer_as_the_dequantized_load_within_activation_rounding() {
     fp8_answers_as_the_dequantized_load(PROMPTS, "gpu-answers");
 }
 
-/// The same over the swapped 64-row tiling of the dense FP8 GEMMs
-/// (`KVC_FP8_DENSE_SWAP_ROWS`): the eight sequences' decode steps (8 rows)
-/// and the prompts' prefill rows up to 64 take it.
+/// The same on the 128-row tiles of the dense FP8 GEMMs alone
+/// (`KVC_FP8_DENSE_SWAP_ROWS=0`): the default sends the eight sequences'
+/// decode steps (8 rows) and the prompts' prefill rows up to 64 to the
+/// swapped 64-row tiling, which the test above covers.
 #[test]
 #[ignore = "needs an sm90 GPU: run with scripts/gpu_run.sh"]
-fn fp8_weights_on_the_swapped_dense_tiling_answer_as_the_dequantized_load() {
-    set_fp8_dense_swap_rows(Some(64));
-    let run = std::panic::catch_unwind(|| fp8_answers_as_the_dequantized_load(PROMPTS, "gpu-answers-swap"));
+fn fp8_weights_on_the_128_row_dense_tiling_answer_as_the_dequantized_load() {
+    set_fp8_dense_swap_rows(Some(0));
+    let run = std::panic::catch_unwind(|| fp8_answers_as_the_dequantized_load(PROMPTS, "gpu-answers-rows"));
     set_fp8_dense_swap_rows(None);
     if let Err(e) = run {
         std::panic::resume_unwind(e);

@@ -201,6 +201,11 @@ fn parse_choice<T: Copy>(var: &str, value: &str, all: &[T], name: impl Fn(T) -> 
     })
 }
 
+/// `value` as a count of `what`, or an error naming the variable.
+fn parse_count(var: &str, value: &str, what: &str) -> Result<usize, String> {
+    value.trim().parse::<usize>().map_err(|_| format!("{var}={value:?}: expected a number of {what}"))
+}
+
 impl KernelRequest {
     /// The request the environment makes, through `get` (a variable's value,
     /// None when unset; an empty value counts as unset).
@@ -213,19 +218,13 @@ impl KernelRequest {
                 .transpose()?,
             decode_kernel: var(decode).map(|v| parse_choice(decode, &v, &DecodeKernel::ALL, DecodeKernel::as_str)).transpose()?,
             moe_gemm: var(gemm).map(|v| parse_choice(gemm, &v, &MoeGemm::ALL, MoeGemm::as_str)).transpose()?,
-            moe_small_pairs: var(small)
-                .map(|v| v.trim().parse::<usize>().map_err(|_| format!("{small}={v:?}: expected a number of (token, expert) pairs")))
-                .transpose()?,
+            moe_small_pairs: var(small).map(|v| parse_count(small, &v, "(token, expert) pairs")).transpose()?,
             fp8_gemm: var(fp8).map(|v| parse_choice(fp8, &v, &Fp8Gemm::ALL, Fp8Gemm::as_str)).transpose()?,
             fp8_attention: var(fp8_attention)
                 .map(|v| parse_choice(fp8_attention, &v, &[false, true], |on| if on { "1" } else { "0" }))
                 .transpose()?,
-            fp8_attention_min_tokens: var(fp8_min)
-                .map(|v| v.trim().parse::<usize>().map_err(|_| format!("{fp8_min}={v:?}: expected a number of prompt tokens")))
-                .transpose()?,
-            fp8_dense_swap_rows: var(swap_rows)
-                .map(|v| v.trim().parse::<usize>().map_err(|_| format!("{swap_rows}={v:?}: expected a number of tokens")))
-                .transpose()?,
+            fp8_attention_min_tokens: var(fp8_min).map(|v| parse_count(fp8_min, &v, "prompt tokens")).transpose()?,
+            fp8_dense_swap_rows: var(swap_rows).map(|v| parse_count(swap_rows, &v, "tokens")).transpose()?,
         })
     }
 }

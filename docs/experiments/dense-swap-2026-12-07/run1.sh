@@ -21,7 +21,7 @@ T() { echo "== $1"; timeout ${2:-120} bash $G/gpu_run.sh /tmp/kvc-gpu-bin/test-$
 show() { grep -h "^== \|test result\|FAILED\|panicked\|^rc=\|relative RMS" "$@"; }
 KVC_FP8_TEST_ONLY=qkv,o_proj T fp8_gemm 90 > $OUT/fp8_gemm.log
 grep -E "^(gemm|qkv|o_proj) " $OUT/fp8_gemm.log | awk '{print $1, $2, $5, $6, $7, $11}'; grep -h "test result\|FAILED\|panicked" $OUT/fp8_gemm.log
-if [ "$MODE" = tiny ]; then T gpu_fp8 60 swapped_dense > $OUT/tests_fp8.log; else T gpu_fp8 150 > $OUT/tests_fp8.log; fi
+if [ "$MODE" = tiny ]; then T gpu_fp8 60 dense_tiling > $OUT/tests_fp8.log; else T gpu_fp8 150 > $OUT/tests_fp8.log; fi
 show $OUT/tests_fp8.log
 case $MODE in
   full) KV=auto,fp8 D=8x2048,64x2048 ORDER="0 64 64 0" ;;
